@@ -1,0 +1,7 @@
+"""fusegrad: lazy tensors fused into few kernels, compiled and run. Public names only (API.md §1)."""
+from fusegrad.tensor import Tensor
+from fusegrad.dtype import dtypes
+from fusegrad.runtime.device import Device
+from fusegrad.helpers import Context, GlobalCounters, getenv
+
+__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv"]

@@ -1,0 +1,56 @@
+"""Orders a lowered kernel into a linear instruction list with explicit loop begin/end and accumulators."""
+from __future__ import annotations
+from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from fusegrad.codegen.lowerer import identity
+
+def _reduce_to_acc(r: UOp, ctx: list[int]) -> UOp:
+  """REDUCE(value, *ranges) -> ACC_UPDATE(DEFINE_ACC, value, *ranges); uses read the accumulator after the loop."""
+  ctx[0] += 1
+  acc = UOp(Ops.DEFINE_ACC, r.dtype, (UOp.const(r.dtype, identity(r.arg, r.dtype)),), ctx[0] - 1)
+  return UOp(Ops.ACC_UPDATE, r.dtype, (acc, *r.src), r.arg)
+
+pm_accumulators = PatternMatcher([(UPat(Ops.REDUCE, name="r"), _reduce_to_acc)])
+
+def linearize(kernel: UOp) -> list[UOp]:
+  kernel = graph_rewrite(kernel, pm_accumulators, ctx=[0])
+  nodes = kernel.toposort()
+  # the loops each node depends on (an accumulator result no longer depends on its own reduce loops)
+  deps: dict[UOp, frozenset[UOp]] = {}
+  for u in nodes:
+    if u.op is Ops.RANGE: deps[u] = frozenset((u,))
+    elif u.op is Ops.ACC_UPDATE: deps[u] = deps[u.src[1]].difference(u.src[2:])
+    else: deps[u] = frozenset().union(*(deps[s] for s in u.src))
+  params = sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])
+  global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
+  lin: list[UOp] = list(params) + list(global_ranges)
+  done: set[UOp] = set(lin)
+  open_ranges: set[UOp] = set(global_ranges)
+
+  def emit(u: UOp) -> None:
+    if u in done: return
+    if u.op is Ops.ACC_UPDATE:
+      acc, value, loops = u.src[0], u.src[1], u.src[2:]
+      # hoist what the loop body needs but does not vary inside the loop
+      for n in value.toposort(gate=lambda x: x not in done):
+        if n not in done and n.op is not Ops.RANGE and deps[n] <= open_ranges: emit(n)
+      lin.append(acc)
+      done.add(acc)
+      for r in loops:
+        lin.append(r)
+        done.add(r)
+        open_ranges.add(r)
+      emit(value)
+      lin.append(u)
+      for r in reversed(loops):
+        lin.append(UOp(Ops.ENDRANGE, src=(r,)))
+        open_ranges.discard(r)
+      done.add(u)
+      return
+    for s in u.src: emit(s)
+    if u.op is not Ops.SINK: lin.append(u)
+    done.add(u)
+
+  emit(kernel)
+  lin.extend(UOp(Ops.ENDRANGE, src=(r,)) for r in reversed(global_ranges))
+  return lin

@@ -1,0 +1,103 @@
+"""Kernel AST (tensor-level ops over DEFINE_GLOBALs) -> loops over ranges with explicit index arithmetic."""
+from __future__ import annotations
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import prod
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from fusegrad.uop.symbolic import pm_symbolic
+
+TRUE = UOp.const(dtypes.bool, True)
+
+class Lowerer:
+  """Evaluates each tensor-level node at given per-dimension indices; movement ops become index arithmetic."""
+  def __init__(self, idx_dtype):
+    self.idx_dtype = idx_dtype
+    self.memo: dict[tuple, UOp] = {}
+    self.next_range = 0
+
+  def new_range(self, size: int, kind: str) -> UOp:
+    if size == 1: return UOp.const(self.idx_dtype, 0)
+    r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, size),), (self.next_range, kind))
+    self.next_range += 1
+    return r
+
+  def flat_index(self, idxs: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+    out, stride = UOp.const(self.idx_dtype, 0), 1
+    for i, d in reversed(list(zip(idxs, shape))):
+      if d != 1: out = out + i * stride
+      stride *= d
+    return out
+
+  def unflatten(self, flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
+    out, stride = [], 1
+    for j, d in reversed(list(enumerate(shape))):
+      if d == 1: out.append(UOp.const(self.idx_dtype, 0))
+      else: out.append((flat // stride) % d if j > 0 else flat // stride)
+      stride *= d
+    return tuple(reversed(out))
+
+  def lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+    key = (u, idxs, valid)
+    if (r := self.memo.get(key)) is None: r = self.memo[key] = self._lower(u, idxs, valid)
+    return r
+
+  def _lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+    op, src = u.op, u.src
+    if op is Ops.DEFINE_GLOBAL: return UOp(Ops.LOAD, u.dtype, (u, idxs[0]) + (() if valid is TRUE else (valid,)))
+    if op is Ops.CONST: return u
+    if op is Ops.ARANGE: return idxs[0].cast(u.dtype)
+    if op is Ops.RESHAPE:
+      old = src[0].shape
+      if tuple(d for d in old if d != 1) == tuple(d for d in u.arg if d != 1):  # only size-1 dims moved
+        it = iter(i for i, d in zip(idxs, u.arg) if d != 1)
+        return self.lower(src[0], tuple(UOp.const(self.idx_dtype, 0) if d == 1 else next(it) for d in old), valid)
+      return self.lower(src[0], self.unflatten(self.flat_index(idxs, u.arg), old), valid)
+    if op is Ops.PERMUTE:
+      old_idxs: list[UOp] = [UOp.const(self.idx_dtype, 0)] * len(idxs)
+      for new_axis, old_axis in enumerate(u.arg): old_idxs[old_axis] = idxs[new_axis]
+      return self.lower(src[0], tuple(old_idxs), valid)
+    if op is Ops.EXPAND:
+      return self.lower(src[0], tuple(UOp.const(self.idx_dtype, 0) if o == 1 else i for i, o in zip(idxs, src[0].shape)), valid)
+    if op is Ops.SHRINK: return self.lower(src[0], tuple(i + b if b else i for i, (b, _) in zip(idxs, u.arg)), valid)
+    if op is Ops.FLIP:
+      return self.lower(src[0], tuple((d - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape)), valid)
+    if op is Ops.PAD:
+      in_bounds = TRUE
+      for i, (b, a), d in zip(idxs, u.arg, src[0].shape):
+        if b: in_bounds = in_bounds & (i >= b)
+        if a: in_bounds = in_bounds & (i < d + b)
+      inner = self.lower(src[0], tuple(i - b if b else i for i, (b, _) in zip(idxs, u.arg)), valid & in_bounds)
+      return in_bounds.where(inner, UOp.const(u.dtype, 0))
+    if op is Ops.REDUCE_AXIS:
+      reduce_op, axes = u.arg
+      new_idxs = tuple(self.new_range(d, "reduce") if a in axes else i for a, (i, d) in enumerate(zip(idxs, src[0].shape)))
+      ranges = tuple(new_idxs[a] for a in axes if new_idxs[a].op is Ops.RANGE)
+      value = self.lower(src[0], new_idxs, valid)
+      if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes): value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
+      return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
+    if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+      return UOp(op, u.dtype, tuple(self.lower(s, idxs, valid) for s in src), u.arg)
+    if op in (Ops.CONTIGUOUS, Ops.DETACH): return self.lower(src[0], idxs, valid)
+    raise NotImplementedError(f"cannot lower {op} inside a kernel")
+
+def identity(op: Ops, dtype) -> object:
+  if op is Ops.ADD: return 0
+  if op is Ops.MUL: return 1
+  return dtype.min  # MAX
+
+pm_loads = PatternMatcher([
+  (UPat(Ops.LOAD, src=(UPat.var("b"), UPat.var("i"), UPat.const(dtypes.bool, True))), lambda b, i: UOp(Ops.LOAD, b.dtype, (b, i))),
+  (UPat(Ops.LOAD, name="ld", src=(UPat.var(), UPat.var(), UPat.const(dtypes.bool, False))), lambda ld: UOp.const(ld.dtype, 0)),
+])
+
+def lower_kernel(ast: UOp) -> UOp:
+  """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value)) with RANGE loops and LOADs."""
+  store = ast.src[0]
+  out, value = store.src
+  sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
+  idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
+  lowerer = Lowerer(idx_dtype)
+  idxs = tuple(lowerer.new_range(d, "global") for d in value.shape)
+  val = lowerer.lower(value, idxs, TRUE)
+  kernel = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, lowerer.flat_index(idxs, value.shape), val)),))
+  return graph_rewrite(kernel, pm_symbolic + pm_loads)

@@ -1,0 +1,167 @@
+"""Turns lazy tensor graphs into an ordered list of kernels: decides what is realized into a buffer and fuses the rest."""
+from __future__ import annotations
+import itertools, weakref
+from dataclasses import dataclass
+from fusegrad.dtype import DType
+from fusegrad.helpers import DEBUG
+from fusegrad.runtime.device import Buffer
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+
+@dataclass(frozen=True)
+class ScheduleItem:
+  """One launch: a kernel (ast is a SINK) or a transfer (ast is a COPY). buffers[0] is the output."""
+  ast: UOp
+  buffers: tuple[Buffer, ...]
+  device: str
+
+# BUFFER uop -> its storage; several uops (versions, after an assign) may share one Buffer
+buffer_of: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+# a computed tensor-level uop -> the buffer view holding its value, so realized work is never redone
+realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+_unique = itertools.count()
+
+def buffer_uop(buf: Buffer) -> UOp:
+  """A fresh BUFFER node (a new version) for an existing Buffer."""
+  u = UOp(Ops.BUFFER, buf.dtype, (), (next(_unique), buf.device, buf.size))
+  buffer_of[u] = buf
+  return u
+
+def new_buffer(device: str, size: int, dtype: DType) -> UOp: return buffer_uop(Buffer(device, size, dtype))
+
+def base_buffer(u: UOp) -> UOp | None:
+  """The BUFFER under a chain of movement ops, if u is only a view of one."""
+  while u.op in GroupOp.Movement: u = u.src[0]
+  return u if u.op is Ops.BUFFER else None
+
+def is_contiguous_view(u: UOp) -> bool:
+  """u reads its buffer in order, element for element (only reshapes over a whole buffer)."""
+  while u.op is Ops.RESHAPE: u = u.src[0]
+  return u.op is Ops.BUFFER
+
+def substitute_realized(roots: list[UOp]) -> list[UOp]:
+  """Replace every already-realized subgraph by its buffer view."""
+  memo: dict[UOp, UOp] = {}
+  for u in UOp(Ops.SINK, src=tuple(roots)).toposort(gate=lambda x: x not in realized):
+    if (r := realized.get(u)) is not None: memo[u] = r
+    else:
+      new_src = tuple(memo[s] for s in u.src)
+      memo[u] = u if new_src == u.src else u.replace(src=new_src)
+  return [memo[r] for r in roots]
+
+class _Planner:
+  """Finds realize points, then emits one ScheduleItem per point in dependency order."""
+  def __init__(self, roots: list[UOp], devices: list[str]):
+    self.roots = roots
+    self.points: dict[UOp, str] = {}  # realize point -> device
+    self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
+    self.items: list[ScheduleItem] = []
+    sink = UOp(Ops.SINK, src=tuple(roots))
+    self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
+    self.parents: dict[UOp, int] = {}
+    for u in self.nodes:
+      for s in dict.fromkeys(u.src): self.parents[s] = self.parents.get(s, 0) + 1
+    self.device_of: dict[UOp, str | None] = {}
+    for u in self.nodes: self.device_of[u] = self._device(u)
+    for r, d in zip(roots, devices):
+      if base_buffer(r) is None: self._mark(r, self.device_of[r] or d)
+
+  def _device(self, u: UOp) -> str | None:
+    if u.op is Ops.BUFFER: return u.arg[1]
+    if u.op is Ops.COPY: return u.arg
+    devs = {d for s in u.src if (d := self.device_of[s]) is not None}
+    if len(devs) > 1: raise RuntimeError(f"{u.op} mixes tensors on different devices {sorted(devs)}; move them with .to() first")
+    return devs.pop() if devs else None
+
+  def _mark(self, point: UOp, device: str) -> None:
+    """Make `point` a realize point and walk its kernel to find the points it needs."""
+    if point in self.points: return
+    self.points[point] = device
+    value = point.src[1] if point.op is Ops.ASSIGN else point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
+    if point.op is Ops.COPY:
+      if not is_contiguous_view(value): self._mark(value, self.device_of[value] or device)
+      return
+    if point.op is Ops.ASSIGN:
+      target = base_buffer(point.src[0])
+      if target is None or not is_contiguous_view(point.src[0]):
+        raise RuntimeError("assign target must be a whole realized buffer")
+      if self._reads_shifted(value, buffer_of[target]): self._mark(value, device)
+    stack: list[tuple[UOp, bool]] = [(value, False)]
+    seen: set[tuple[UOp, bool]] = set()
+    while stack:
+      u, expanded = stack.pop()
+      if (u, expanded) in seen or u.op is Ops.BUFFER: continue
+      seen.add((u, expanded))
+      if u is not value and (u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) or
+                             u.op is Ops.REDUCE_AXIS and (expanded or self.parents.get(u, 0) > 1)):
+        self._mark(u, self.device_of[u] or device)
+        continue
+      grows = u.op is Ops.EXPAND and u.size > u.src[0].size
+      stack.extend((s, expanded or grows) for s in u.src)
+
+  def _reads_shifted(self, value: UOp, buf: Buffer) -> bool:
+    """Does `value` read `buf` anywhere other than at the element it writes (an in-place hazard)?"""
+    stack: list[tuple[UOp, bool]] = [(value, False)]
+    while stack:
+      u, moved = stack.pop()
+      if u.op is Ops.BUFFER:
+        if buffer_of[u] is buf and moved: return True
+        continue
+      if u in self.points and u is not value: continue
+      shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op is Ops.REDUCE_AXIS
+      stack.extend((s, moved or shifts) for s in u.src)
+    return False
+
+  def plan(self) -> list[ScheduleItem]:
+    order = [u for u in self.nodes if u in self.points]
+    for point in order: self._emit(point, self.points[point])
+    return self.items
+
+  def _emit(self, point: UOp, device: str) -> None:
+    if point.op is Ops.COPY:
+      src = self.result.get(point.src[0], point.src[0])
+      src_buf = buffer_of[base_buffer(src)]  # type: ignore[index]
+      out = new_buffer(device, point.size, point.dtype)
+      self.items.append(ScheduleItem(point, (buffer_of[out], src_buf), device))
+      self.result[point] = _view(out, point.shape)
+      return
+    if point.op is Ops.ASSIGN:
+      target_buf = buffer_of[base_buffer(point.src[0])]  # type: ignore[index]
+      out, value = buffer_uop(target_buf), point.src[1]
+    else:
+      out, value = new_buffer(device, point.size, point.dtype), point.src[0] if point.op is Ops.CONTIGUOUS else point
+    if value in self.result and value is not point: value = self.result[value]
+    params: dict[Buffer, UOp] = {}
+    out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size))
+    ast_value = self._to_ast(value, params, buffer_of[out], point)
+    ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)),))
+    self.items.append(ScheduleItem(ast, (buffer_of[out], *params), device))
+    self.result[point] = _view(out, point.shape)
+
+  def _to_ast(self, value: UOp, params: dict[Buffer, UOp], out_buf: Buffer, point: UOp) -> UOp:
+    """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers."""
+    memo: dict[UOp, UOp] = {}
+    def visit(u: UOp) -> UOp:
+      if (r := memo.get(u)) is not None: return r
+      if u is not point and u in self.result: ret = visit(self.result[u])
+      elif u.op is Ops.BUFFER:
+        buf = buffer_of[u]
+        if buf not in params: params[buf] = UOp(Ops.DEFINE_GLOBAL, u.dtype, (), (len(params) + 1, u.arg[2]))
+        ret = params[buf]
+      elif u.op is Ops.DETACH: ret = visit(u.src[0])
+      else:
+        new_src = tuple(visit(s) for s in u.src)
+        ret = u if new_src == u.src else u.replace(src=new_src)
+      memo[u] = ret
+      return ret
+    return visit(value)
+
+def _view(buf: UOp, shape: tuple[int, ...]) -> UOp: return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
+
+def create_schedule(roots: list[UOp], devices: list[str]) -> tuple[list[ScheduleItem], list[UOp]]:
+  """Schedule the kernels that compute `roots`; returns the items and each root's resulting buffer view."""
+  roots = substitute_realized(roots)
+  planner = _Planner(roots, devices)
+  items = planner.plan()
+  results = [planner.result.get(r, r) for r in roots]
+  if DEBUG >= 3: print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
+  return items, results
