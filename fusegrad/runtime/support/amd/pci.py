@@ -25,6 +25,8 @@ KNOWN_DEVICES: dict[int, str] = {
     0x74A1: "Instinct MI300X", 0x74B5: "Instinct MI300X VF", 0x74B9: "Instinct MI325X VF",
     0x75A0: "Instinct MI350X", 0x75B0: "Instinct MI350X VF", 0x75A3: "Instinct MI355X", 0x75B3: "Instinct MI355X VF",
 }
+# Device IDs of SR-IOV VFs: inside a guest a passed-through VF has no `physfn` link, so the ID is what tells.
+KNOWN_VF_IDS = frozenset({0x74B5, 0x74B9, 0x75B0, 0x75B3})
 # PCI base classes of GPU functions: display controller and processing accelerator (skips the HDMI audio function).
 GPU_BASE_CLASSES = (0x03, 0x12)
 
@@ -50,11 +52,11 @@ class PCIFunction:
     subsystem_device: int
     class_code: int
     driver: str | None
-    physfn: str | None  # address of the parent PF when this function is an SR-IOV VF
+    physfn: str | None  # address of the parent PF, seen only on the host that owns the VF
 
     @property
     def is_vf(self) -> bool:
-        return self.physfn is not None
+        return self.physfn is not None or (self.vendor == AMD_VENDOR and self.device in KNOWN_VF_IDS)
 
     @property
     def name(self) -> str:
