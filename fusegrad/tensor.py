@@ -265,10 +265,16 @@ class Tensor:
       if isinstance(x, bool): out_dt = self.dtype
       elif isinstance(x, int): out_dt = dtypes.default_int if self.dtype is dtypes.bool else self.dtype
       else: out_dt = self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float
-      a, b = self, Tensor(UOp.const(out_dt, x), device=self.device)
+      const = UOp.const(out_dt, x)
+      a = self.cast(out_dt)
+      # a scalar becomes a broadcast constant directly: this is the hot path of elementwise code
+      if a.shape: const = UOp(Ops.EXPAND, out_dt, (UOp(Ops.RESHAPE, out_dt, (const,), (1,) * a.ndim),), a.shape)
+      b = a._new(const)
+      return (b, a) if reverse else (a, b)
     a, b = a.cast(out_dt), b.cast(out_dt)
-    shape = _broadcast_shape(a.shape, b.shape)
-    a, b = a._broadcast_to(shape), b._broadcast_to(shape)
+    if a.shape != b.shape:
+      shape = _broadcast_shape(a.shape, b.shape)
+      a, b = a._broadcast_to(shape), b._broadcast_to(shape)
     return (b, a) if reverse else (a, b)
   def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
     if self.shape == shape: return self
@@ -562,7 +568,7 @@ class Tensor:
     if Ellipsis in idx:
       e = idx.index(Ellipsis)
       idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]
-    idx += [slice(None)] * (self.ndim - n_real)
+    else: idx += [slice(None)] * (self.ndim - n_real)
     t, dim, new_shape = self, 0, []
     for i in idx:
       if i is None:

@@ -5,7 +5,7 @@ from typing import Any
 from fusegrad.helpers import DEBUG, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.runtime.device import Device
-from fusegrad.schedule import ScheduleItem, buffer_of, create_schedule, realized
+from fusegrad.schedule import ScheduleItem, buffer_of, create_schedule, record_realized
 from fusegrad.uop.ops import Ops, UOp
 
 class Runner:
@@ -58,7 +58,7 @@ def realize_uops(roots: list[UOp], devices: list[str]) -> list[UOp]:
   items, results = create_schedule(roots, devices)
   run_schedule(items)
   for r, res in zip(roots, results):
-    if r is not res: realized[r] = res
+    if r is not res: record_realized(r, res)
   return results
 
 __all__ = ["realize_uops", "run_schedule", "get_runner", "buffer_of"]

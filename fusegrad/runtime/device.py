@@ -1,6 +1,6 @@
 """Device registry, Buffer and the host allocator shared by the CPU and PYTHON devices."""
 from __future__ import annotations
-import importlib, weakref
+import functools, importlib, weakref
 from typing import Any
 import numpy as np
 from fusegrad.dtype import DType, to_numpy_dtype
@@ -79,8 +79,9 @@ class _DeviceRegistry:
         yield base
       except Exception: pass
 
-def _known_devices() -> set[str]:
+@functools.cache
+def _known_devices() -> frozenset[str]:
   import pkgutil, fusegrad.runtime as rt
-  return {m.name[4:].upper() for m in pkgutil.iter_modules(rt.__path__) if m.name.startswith("ops_")}
+  return frozenset(m.name[4:].upper() for m in pkgutil.iter_modules(rt.__path__) if m.name.startswith("ops_"))
 
 Device = _DeviceRegistry()

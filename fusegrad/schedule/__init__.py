@@ -16,8 +16,14 @@ class ScheduleItem:
 
 # BUFFER uop -> its storage; several uops (versions, after an assign) may share one Buffer
 buffer_of: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
-# a computed tensor-level uop -> the buffer view holding its value, so realized work is never redone
-realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# a computed tensor-level uop -> the buffer view holding its value, so realized work is not redone while some
+# tensor still holds that result (both sides are weak: the cache alone keeps no buffer alive)
+realized: weakref.WeakKeyDictionary[UOp, weakref.ref[UOp]] = weakref.WeakKeyDictionary()
+
+def realized_value(u: UOp) -> UOp | None:
+  return ref() if (ref := realized.get(u)) is not None else None
+
+def record_realized(u: UOp, value: UOp) -> None: realized[u] = weakref.ref(value)
 _unique = itertools.count()
 
 def buffer_uop(buf: Buffer) -> UOp:
@@ -41,8 +47,8 @@ def is_contiguous_view(u: UOp) -> bool:
 def substitute_realized(roots: list[UOp]) -> list[UOp]:
   """Replace every already-realized subgraph by its buffer view."""
   memo: dict[UOp, UOp] = {}
-  for u in UOp(Ops.SINK, src=tuple(roots)).toposort(gate=lambda x: x not in realized):
-    if (r := realized.get(u)) is not None: memo[u] = r
+  for u in UOp(Ops.SINK, src=tuple(roots)).toposort(gate=lambda x: realized_value(x) is None):
+    if (r := realized_value(u)) is not None: memo[u] = r
     else:
       new_src = tuple(memo[s] for s in u.src)
       memo[u] = u if new_src == u.src else u.replace(src=new_src)
@@ -91,7 +97,7 @@ class _Planner:
       u, expanded = stack.pop()
       if (u, expanded) in seen or u.op is Ops.BUFFER: continue
       seen.add((u, expanded))
-      if u is not value and (u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) or
+      if u is not point and (u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) or
                              u.op is Ops.REDUCE_AXIS and (expanded or self.parents.get(u, 0) > 1)):
         self._mark(u, self.device_of[u] or device)
         continue

@@ -119,7 +119,7 @@ def combine_like_terms(a: UOp) -> UOp | None:
   merged: dict[UOp, int] = {}
   for k, t in terms: merged[t] = merged.get(t, 0) + k
   if len(merged) == len(terms): return None
-  return build_sum(list(merged.items()), const, a)
+  return build_sum([(k, t) for t, k in merged.items()], const, a)
 
 _INT = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
 _x, _y, _c1, _c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
