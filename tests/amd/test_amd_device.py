@@ -1,0 +1,204 @@
+"""The full device bring-up on the simulator: VF probe, injected faults, mid-session FLR and revoke, PF path."""
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+from amd_testlib import QUICK, ROOMY, SLACK_S, assert_protocol_invariants, request_budget, sent, wait_until
+
+from fusegrad.runtime.support.amd.bootplan import IP_STEP_NAMES, PF_OWNED, STEPS
+from fusegrad.runtime.support.amd.device import AMDDevice
+from fusegrad.runtime.support.amd.discovery import DISCOVERY_OFFSET_FROM_END, MI350X_VF_IPS, parse_discovery
+from fusegrad.runtime.support.amd.errors import (
+    DeviceError,
+    DiscoveryError,
+    FLRNotified,
+    MailboxAckStuck,
+    MailboxAckTimeout,
+    MailboxEventTimeout,
+    PFRejected,
+    UnrecoverableError,
+)
+from fusegrad.runtime.support.amd.mailbox import Event, Request
+from fusegrad.runtime.support.amd.memory import MiB
+from fusegrad.runtime.support.amd.regs import MAILBOX_FIRST, MAILBOX_LAST, PCI_COMMAND, PCI_COMMAND_MASTER
+from fusegrad.runtime.support.amd.sim import open_sim
+
+INIT = [(Request.REQ_GPU_INIT_DATA, 2), (Request.REQ_GPU_INIT_ACCESS, 0)]
+RELEASE = [(Request.REL_GPU_INIT_ACCESS, 0)]
+
+
+def test_full_vf_probe_follows_the_oracle_sequence():
+    with open_sim() as pci:
+        with AMDDevice(pci, ROOMY) as dev:
+            assert dev.is_vf and dev.lease.acquired
+            assert sent(pci) == INIT
+            assert dev.vram_size == 32768 * MiB
+            assert dev.discovery.versions()["GC"] == (9, 5, 0)
+            assert dev.discovery.ips == MI350X_VF_IPS
+            assert dev.memory.paddr_base == 1 * MiB
+            assert dev.pci.config_read(PCI_COMMAND, 2) & PCI_COMMAND_MASTER
+        assert sent(pci) == INIT + RELEASE
+        assert dev.trace[-1] == "vf.release_init_access"
+        dev.close()
+        del dev
+        gc.collect()
+        assert sent(pci) == INIT + RELEASE
+        assert_protocol_invariants(pci)
+        assert "REL_INIT_ACCESS: full access ended, MMIO writes disabled" in pci.sim.pf_log
+
+
+def test_vram_reads_all_ff_when_the_handshake_is_skipped():
+    with open_sim() as pci:
+        vram = pci.map_vram()
+        for offset in (0, 4096, 1 * MiB, vram.size - DISCOVERY_OFFSET_FROM_END, vram.size - 16):
+            assert vram.read(offset, 16) == b"\xff" * 16
+        vram.write(0, b"\x00" * 16)  # dropped while the framebuffer is closed
+        with pytest.raises(DiscoveryError, match="probably not granted by the PF"):
+            parse_discovery(vram.read(vram.size - DISCOVERY_OFFSET_FROM_END, 10240))
+        assert pci.requests() == []
+
+
+FAULTS = [
+    # (knobs, error type, requests on the wire; INIT_ACCESS never answered, so no release is ever sent)
+    ({"never_ack": True}, MailboxAckTimeout, [6]),
+    ({"stuck_ack": True}, MailboxAckStuck, []),
+    ({"ack_no_event": True}, MailboxEventTimeout, [6] * QUICK.retries),
+    ({"wrong_event": Event.SUCCESS}, MailboxEventTimeout, [6] * QUICK.retries),
+    ({"wrong_event": Event.FAIL}, PFRejected, [6]),
+    ({"wrong_event": Event.FLR_NOTIFICATION}, FLRNotified, [6]),
+    ({"wrong_event": Event.UNRECOV_ERR_NOTIFICATION}, UnrecoverableError, [6]),
+    ({"guard_drop_every": 1}, MailboxAckTimeout, [6]),
+]
+
+
+@pytest.mark.parametrize(("knobs", "error_type", "wire"), FAULTS, ids=[str(f[0]) for f in FAULTS])
+def test_injected_fault_raises_its_error_within_its_timeout_and_sends_no_release(knobs, error_type, wire):
+    with open_sim(**knobs) as pci:
+        start = time.monotonic()
+        with pytest.raises(error_type) as info:
+            AMDDevice(pci, QUICK)
+        assert time.monotonic() - start < request_budget(QUICK) + SLACK_S
+        assert info.value.request == Request.REQ_GPU_INIT_DATA and info.value.waited_s >= 0
+        assert pci.requests() == wire
+        gc.collect()
+        assert pci.requests() == wire
+        assert_protocol_invariants(pci)
+
+
+def test_failure_after_the_lease_releases_it_exactly_once():
+    with open_sim(write_discovery=False) as pci:
+        with pytest.raises(DiscoveryError, match="signature mismatch") as info:
+            AMDDevice(pci, ROOMY)
+        assert "did not write a table" in str(info.value)
+        assert sent(pci) == INIT + RELEASE
+        gc.collect()
+        assert sent(pci) == INIT + RELEASE
+
+
+def test_crit_region_v2_reply_is_named_when_discovery_is_missing():
+    with open_sim(write_discovery=False, crit_region_version=2) as pci:
+        with pytest.raises(DiscoveryError, match="critical-region v2"):
+            AMDDevice(pci, ROOMY)
+        assert sent(pci) == INIT + RELEASE
+
+
+def test_crit_region_v2_with_discovery_at_the_v1_place_works():
+    with open_sim(crit_region_version=2) as pci, AMDDevice(pci, ROOMY) as dev:
+        assert dev.init_data.data == (2, 0, 132)
+        assert dev.discovery.versions()["GC"] == (9, 5, 0)
+
+
+def test_exception_inside_with_releases_the_lease():
+    with open_sim() as pci:
+        with pytest.raises(RuntimeError, match="user code"), AMDDevice(pci, ROOMY):
+            raise RuntimeError("user code")
+        assert sent(pci) == INIT + RELEASE
+
+
+@pytest.mark.parametrize("knobs", [{"revoke_after_s": 0.15}, {"flr_after_s": 0.15, "revoke_after_s": None}],
+                         ids=["revoke", "flr"])
+def test_flr_mid_session_is_reported_and_vram_goes_dark(knobs):
+    with open_sim(**knobs) as pci:
+        dev = AMDDevice(pci, ROOMY)
+        assert dev.check_pf_events() is None
+        start = time.monotonic()
+        with pytest.raises(FLRNotified, match="FLR"):
+            while time.monotonic() - start < 0.15 + SLACK_S:
+                dev.check_pf_events()
+                time.sleep(0.002)
+        assert time.monotonic() - start < 0.15 + SLACK_S
+        assert wait_until(lambda: Event.FLR_NOTIFICATION_CMPL in [m.id for m in pci.sim.posted])
+        top = dev.vram_size - DISCOVERY_OFFSET_FROM_END
+        assert dev.vram.read(top, 64) == b"\xff" * 64
+        dev.close()
+        dev.close()
+        # the PF ignores a release without a matching grant, and skipping it could leak a lease the PF still holds
+        assert sent(pci) == INIT + RELEASE
+        assert wait_until(lambda: "REL_INIT_ACCESS ignored: no matching REQ" in pci.sim.pf_log)
+        assert_protocol_invariants(pci)
+
+
+def test_no_revoke_while_the_lease_is_returned_in_time():
+    with open_sim(revoke_after_s=0.3) as pci:
+        with AMDDevice(pci, ROOMY):
+            pass
+        time.sleep(0.4)
+        assert Event.FLR_NOTIFICATION not in [m.id for m in pci.sim.posted]
+
+
+def test_vf_touches_no_pf_owned_block_and_no_register_outside_the_mailbox():
+    calls = []
+    handlers = {name: (lambda dev, name=name: calls.append(name)) for name in IP_STEP_NAMES}
+    with open_sim() as pci:
+        with AMDDevice(pci, ROOMY, ip_handlers=handlers, xccs=4) as dev:
+            assert dev.deferred == []
+        touched = set().union(*(s.touches for s in STEPS if s.name in calls))
+        assert not touched & PF_OWNED, touched & PF_OWNED
+        for forbidden in ("init_hw.psp", "init_hw.smu", "partial_boot_detect", "gfx.spatial_partition",
+                          "smu.set_clocks", "clock_gating.gfx", "scratch.write_state", "ih.read_aca_banks"):
+            assert forbidden not in calls
+        assert calls == [s.name for s in dev.plan.steps if s.layer == "ip"]
+        outside = [(dw, value) for dw, value, _ in pci.sim.mmio_writes if not MAILBOX_FIRST <= dw <= MAILBOX_LAST]
+        assert outside == []
+        assert [(offset, size) for offset, size, _ in pci.sim.config_writes] == [(PCI_COMMAND, 2)]
+
+
+def test_pf_takes_the_pf_owned_steps_and_no_lease():
+    calls = []
+    handlers = {name: (lambda dev, name=name: calls.append(name)) for name in IP_STEP_NAMES}
+    with open_sim(vf=False) as pci, AMDDevice(pci, ROOMY, ip_handlers=handlers, xccs=4) as dev:
+        assert not dev.is_vf and dev.lease is None and dev.memory.paddr_base == 0
+        assert {"init_hw.psp", "init_hw.smu", "gfx.spatial_partition", "scratch.write_state"} <= set(calls)
+    assert pci.requests() == []
+    assert "vf.release_init_access" not in dev.trace
+
+
+def test_small_bar_reads_discovery_through_mm_index():
+    with open_sim(bar0_mib=256) as pci, AMDDevice(pci, ROOMY) as dev:
+        assert dev.vram.size < dev.vram_size
+        assert dev.discovery.ips == MI350X_VF_IPS
+        assert any(dw == 0 for dw, _, accepted in pci.sim.mmio_writes if accepted)  # MM_INDEX was used
+
+
+def test_unknown_ip_handler_is_rejected_before_touching_the_device():
+    with open_sim() as pci:
+        with pytest.raises(ValueError, match="init_hw.nope"):
+            AMDDevice(pci, ROOMY, ip_handlers={"init_hw.nope": lambda dev: None})
+        assert pci.requests() == []
+
+
+def test_dead_device_is_reported():
+    with open_sim() as pci:
+        pci.close()
+        with pytest.raises(Exception, match="closed"):
+            AMDDevice(pci, QUICK)
+
+
+def test_all_ones_function_identifier_is_a_device_error(monkeypatch):
+    with open_sim() as pci:
+        monkeypatch.setattr(pci.sim, "_static", lambda dword: 0xFFFFFFFF)
+        with pytest.raises(DeviceError, match="not responding"):
+            AMDDevice(pci, QUICK)
+        assert pci.requests() == []
