@@ -65,10 +65,8 @@ DEV = ContextVar("DEV", "")
 TRAINING = ContextVar("TRAINING", 0)
 DEFAULT_FLOAT = ContextVar("DEFAULT_FLOAT", "float32")
 DEFAULT_INT = ContextVar("DEFAULT_INT", "int32")
-NOOPT = ContextVar("NOOPT", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 NUM_CPU_THREADS = ContextVar("NUM_CPU_THREADS", min(os.cpu_count() or 1, 8))
-SPEC = ContextVar("SPEC", 0)
 CC = ContextVar("CC", "")
 
 def cache_dir() -> str:
