@@ -27,25 +27,34 @@ def linearize(kernel: UOp) -> list[UOp]:
   done: set[UOp] = set(lin)
   open_ranges: set[UOp] = set(global_ranges)
 
+  # accumulators over the same loops (unrolled copies of one reduce) share one loop nest
+  groups: dict[tuple[UOp, ...], list[UOp]] = {}
+  for u in nodes:
+    if u.op is Ops.ACC_UPDATE: groups.setdefault(u.src[2:], []).append(u)
+
   def emit(u: UOp) -> None:
     if u in done: return
     if u.op is Ops.ACC_UPDATE:
-      acc, value, loops = u.src[0], u.src[1], u.src[2:]
+      loops = u.src[2:]
+      group = [w for w in groups[loops] if w not in done]
       # hoist what the loop body needs but does not vary inside the loop
-      for n in value.toposort(gate=lambda x: x not in done):
-        if n not in done and n.op is not Ops.RANGE and deps[n] <= open_ranges: emit(n)
-      lin.append(acc)
-      done.add(acc)
+      for w in group:
+        for n in w.src[1].toposort(gate=lambda x: x not in done):
+          if n not in done and n.op is not Ops.RANGE and deps[n] <= open_ranges: emit(n)
+      for w in group:
+        lin.append(w.src[0])
+        done.add(w.src[0])
       for r in loops:
         lin.append(r)
         done.add(r)
         open_ranges.add(r)
-      emit(value)
-      lin.append(u)
+      for w in group: emit(w.src[1])
+      for w in group:
+        lin.append(w)
+        done.add(w)
       for r in reversed(loops):
         lin.append(UOp(Ops.ENDRANGE, src=(r,)))
         open_ranges.discard(r)
-      done.add(u)
       return
     for s in u.src: emit(s)
     if u.op is not Ops.SINK: lin.append(u)

@@ -13,6 +13,7 @@ class Lowerer:
   def __init__(self, idx_dtype):
     self.idx_dtype = idx_dtype
     self.memo: dict[tuple, UOp] = {}
+    self.reduce_ranges: dict[UOp, tuple[UOp, ...]] = {}
     self.next_range = 0
 
   def new_range(self, size: int, kind: str) -> UOp:
@@ -70,8 +71,11 @@ class Lowerer:
       return in_bounds.where(inner, UOp.const(u.dtype, 0))
     if op is Ops.REDUCE_AXIS:
       reduce_op, axes = u.arg
-      new_idxs = tuple(self.new_range(d, "reduce") if a in axes else i for a, (i, d) in enumerate(zip(idxs, src[0].shape)))
-      ranges = tuple(new_idxs[a] for a in axes if new_idxs[a].op is Ops.RANGE)
+      # every lowering of one reduce shares its loops, so unrolled copies accumulate in the same loop
+      if u not in self.reduce_ranges: self.reduce_ranges[u] = tuple(self.new_range(src[0].shape[a], "reduce") for a in axes)
+      loop_of = dict(zip(axes, self.reduce_ranges[u]))
+      new_idxs = tuple(loop_of.get(a, i) for a, i in enumerate(idxs))
+      ranges = tuple(r for r in self.reduce_ranges[u] if r.op is Ops.RANGE)
       value = self.lower(src[0], new_idxs, valid)
       if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes): value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
       return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
@@ -90,14 +94,27 @@ pm_loads = PatternMatcher([
   (UPat(Ops.LOAD, name="ld", src=(UPat.var(), UPat.var(), UPat.const(dtypes.bool, False))), lambda ld: UOp.const(ld.dtype, 0)),
 ])
 
-def lower_kernel(ast: UOp) -> UOp:
-  """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value)) with RANGE loops and LOADs."""
+UPCAST_SIZES = (16, 8, 4)
+
+def choose_upcast(value: UOp) -> int:
+  """How many outputs along the last dim one loop iteration computes: a reduce then keeps that many accumulators,
+  which turns a strided walk over the reduced dim (like B's rows in a matmul) into contiguous vector loads."""
+  if not value.shape or not any(u.op is Ops.REDUCE_AXIS for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL)):
+    return 1
+  return next((up for up in UPCAST_SIZES if value.shape[-1] % up == 0 and value.shape[-1] > up), 1)
+
+def lower_kernel(ast: UOp, upcast: int | None = None) -> UOp:
+  """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs."""
   store = ast.src[0]
   out, value = store.src
   sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
   idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
   lowerer = Lowerer(idx_dtype)
-  idxs = tuple(lowerer.new_range(d, "global") for d in value.shape)
-  val = lowerer.lower(value, idxs, TRUE)
-  kernel = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out, lowerer.flat_index(idxs, value.shape), val)),))
-  return graph_rewrite(kernel, pm_symbolic + pm_loads)
+  up = choose_upcast(value) if upcast is None else upcast
+  shape = value.shape
+  outer = tuple(lowerer.new_range(d // up if a == len(shape) - 1 else d, "global") for a, d in enumerate(shape))
+  stores = []
+  for lane in range(up):
+    idxs = outer if up == 1 else outer[:-1] + (outer[-1] * up + lane,)
+    stores.append(UOp(Ops.STORE, src=(out, lowerer.flat_index(idxs, shape), lowerer.lower(value, idxs, TRUE))))
+  return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)

@@ -143,7 +143,8 @@ class CStyleRenderer:
       if u.op is Ops.RANGE: return None
       body.append(u)
     updates = [u for u in body if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
-    if not updates or any(u.arg is not Ops.ADD or u.dtype not in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
+    # several accumulators are better vectorized across each other (SLP) than along the loop
+    if len(updates) != 1 or any(u.arg is not Ops.ADD or u.dtype not in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
                           for u in updates): return None
     accs = ", ".join(names[u.src[0]] for u in updates)
     return f"#pragma omp simd reduction(+:{accs})"
