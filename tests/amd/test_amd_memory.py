@@ -1,6 +1,8 @@
 """The physical VRAM allocator: paddr_base, physical alignment, out-of-memory errors, no overlap under fuzzing."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -117,7 +119,7 @@ def test_fuzzed_alloc_free_keeps_alignment_bounds_and_no_overlap(ops, vf):
         assert paddr >= mem.paddr_base and (not vf or paddr >= 1 * MiB)
         live[paddr] = (size, align, name)
     spans = sorted((paddr, paddr + size) for paddr, (size, _, _) in live.items())
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False)), "overlap"
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans)), "overlap"
     for region in mem.regions.values():
         assert region._free == _holes(region), "free list must be the exact, coalesced complement"
         assert region.free_bytes + sum(region.allocations().values()) == region.size
