@@ -1,0 +1,20 @@
+"""The driver layer stands alone: stdlib and its own modules only, never fusegrad's tensor layers."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+from fusegrad.runtime.support import amd
+
+PACKAGE = Path(amd.__file__).parent
+
+
+def test_only_stdlib_and_relative_imports():
+    for path in sorted(PACKAGE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level == 1 or node.module.split(".")[0] in sys.stdlib_module_names, (path.name, node.module)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert alias.name.split(".")[0] in sys.stdlib_module_names, (path.name, alias.name)
