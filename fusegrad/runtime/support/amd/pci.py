@@ -100,8 +100,13 @@ def list_functions(sysfs_root: str | Path = SYSFS_PCI_DEVICES, vendor: int = AMD
     for entry in sorted(root.iterdir()):
         if not _ADDRESS.match(entry.name) or not (entry / "vendor").exists():
             continue
+        try:  # other vendors' functions are skipped before their remaining attributes are read
+            if _read_hex(entry / "vendor") != vendor:
+                continue
+        except (OSError, ValueError):
+            continue
         function = read_function(entry.name, root)
-        if function.vendor == vendor and (function.class_code >> 16) in GPU_BASE_CLASSES:
+        if (function.class_code >> 16) in GPU_BASE_CLASSES:
             found.append(function)
     return found
 
