@@ -90,3 +90,8 @@ def test_assign_in_place_sees_new_values_and_old_views_stay_consistent():
   np.testing.assert_array_equal((a * 1).numpy(), np.arange(6) + 10)  # not the cached pre-assign value
   a.assign(a.flip(0)).realize()  # reads other elements of the target: goes through a temporary
   np.testing.assert_array_equal(a.numpy(), (np.arange(6) + 10)[::-1])
+
+def test_kernel_whose_loads_simplify_away_still_gets_every_buffer():
+  a = np.array([-7, 7, 100], dtype=np.int32)
+  np.testing.assert_array_equal((Tensor(a) % 1).numpy(), np.zeros(3, np.int32))
+  np.testing.assert_array_equal((Tensor(a) * 0 + 5).numpy(), np.full(3, 5, np.int32))

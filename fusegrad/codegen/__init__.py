@@ -29,7 +29,8 @@ def lower_to_linear(ast: UOp, half_native: bool = True) -> KernelInfo:
   kernel = lower_kernel(ast)
   if DEBUG >= 5: print(kernel)
   kernel = decompose_for_device(kernel, half_native=half_native)
-  lin = linearize(kernel)
+  # every buffer stays a parameter even when simplification removed its loads (x % 1 reads nothing)
+  lin = linearize(kernel, params=[u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL])
   if DEBUG >= 6:
     for i, u in enumerate(lin): print(f"{i:4d} {u.op.name:12s} {u.dtype!r:18s} {[lin.index(s) if s in lin else s.op.name for s in u.src]} {u.arg!r}")
   outer = next((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"), None)

@@ -12,7 +12,7 @@ def _reduce_to_acc(r: UOp, ctx: list[int]) -> UOp:
 
 pm_accumulators = PatternMatcher([(UPat(Ops.REDUCE, name="r"), _reduce_to_acc)])
 
-def linearize(kernel: UOp) -> list[UOp]:
+def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
   kernel = graph_rewrite(kernel, pm_accumulators, ctx=[0])
   nodes = kernel.toposort()
   # the loops each node depends on (an accumulator result no longer depends on its own reduce loops)
@@ -21,7 +21,7 @@ def linearize(kernel: UOp) -> list[UOp]:
     if u.op is Ops.RANGE: deps[u] = frozenset((u,))
     elif u.op is Ops.ACC_UPDATE: deps[u] = deps[u.src[1]].difference(u.src[2:])
     else: deps[u] = frozenset().union(*(deps[s] for s in u.src))
-  params = sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])
+  params = sorted({u for u in nodes if u.op is Ops.DEFINE_GLOBAL} | set(params or ()), key=lambda u: u.arg[0])
   global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
   lin: list[UOp] = list(params) + list(global_ranges)
   done: set[UOp] = set(lin)
