@@ -205,7 +205,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     out = tuple(self._axis(a) for a in axes)
     if len(set(out)) != len(out): raise RuntimeError(f"axis {axis} repeats a dimension")
-    return out
+    return out if self.ndim else ()  # a 0-d tensor accepts axis 0 / -1 and has nothing to reduce
   def _axis(self, a: int, extra: int = 0) -> int:
     n = self.ndim + extra
     if not isinstance(a, int): raise TypeError(f"axis must be an int, got {type(a).__name__}")

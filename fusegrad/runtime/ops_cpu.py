@@ -66,8 +66,9 @@ class CPUProgram:
     self.fn = getattr(self.lib, name)
     self.fn.argtypes = [ctypes.c_void_p] * nparams + [ctypes.c_longlong, ctypes.c_longlong]
     self.fn.restype = None
-    self.outer_size, self.ops = outer_size, ops
+    self.outer_size, self.ops, self.nparams = outer_size, ops, nparams
   def __call__(self, buffers: list[Buffer]) -> None:
+    if len(buffers) != self.nparams: raise RuntimeError(f"kernel takes {self.nparams} buffers, got {len(buffers)}")
     addrs = [b.address() for b in buffers]
     threads = int(NUM_CPU_THREADS.value)
     if threads <= 1 or self.outer_size < 2 or self.ops < self.MIN_OPS_PER_THREAD * 2:
