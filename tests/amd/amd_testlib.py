@@ -17,6 +17,9 @@ QUICK = MailboxTimeouts(ack_clear_s=0.1, ack_s=0.1, event_s=0.15, retries=2, ack
 # For paths expected to succeed: room for a descheduled PF thread on a loaded machine, at no cost when all is well.
 ROOMY = MailboxTimeouts(ack_clear_s=2.0, ack_s=2.0, event_s=2.0, retries=2, ack_clear_poll_s=0.001, ack_poll_s=0.001,
                         event_poll_s=0.002)
+# For a wrong-but-ordinary event: each attempt must be long enough to see the PF's reply even on a loaded machine.
+PATIENT = MailboxTimeouts(ack_clear_s=1.0, ack_s=1.0, event_s=0.3, retries=2, ack_clear_poll_s=0.001, ack_poll_s=0.001,
+                          event_poll_s=0.002)
 # Slack on "within its timeout" checks; the machine is noisy, so only gross overruns fail.
 SLACK_S = 3.0
 

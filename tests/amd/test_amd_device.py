@@ -5,7 +5,7 @@ import gc
 import time
 
 import pytest
-from amd_testlib import QUICK, ROOMY, SLACK_S, assert_protocol_invariants, request_budget, sent, wait_until
+from amd_testlib import PATIENT, QUICK, ROOMY, SLACK_S, assert_protocol_invariants, request_budget, sent, wait_until
 
 from fusegrad.runtime.support.amd.bootplan import IP_STEP_NAMES, PF_OWNED, STEPS
 from fusegrad.runtime.support.amd.device import AMDDevice
@@ -61,25 +61,26 @@ def test_vram_reads_all_ff_when_the_handshake_is_skipped():
 
 
 FAULTS = [
-    # (knobs, error type, requests on the wire; INIT_ACCESS never answered, so no release is ever sent)
-    ({"never_ack": True}, MailboxAckTimeout, [6]),
-    ({"stuck_ack": True}, MailboxAckStuck, []),
-    ({"ack_no_event": True}, MailboxEventTimeout, [6] * QUICK.retries),
-    ({"wrong_event": Event.SUCCESS}, MailboxEventTimeout, [6] * QUICK.retries),
-    ({"wrong_event": Event.FAIL}, PFRejected, [6]),
-    ({"wrong_event": Event.FLR_NOTIFICATION}, FLRNotified, [6]),
-    ({"wrong_event": Event.UNRECOV_ERR_NOTIFICATION}, UnrecoverableError, [6]),
-    ({"guard_drop_every": 1}, MailboxAckTimeout, [6]),
+    # (knobs, timeouts, error type, requests on the wire). INIT_ACCESS is never answered, so no release is ever sent.
+    # Faults answered at once get ROOMY timeouts: a long event window costs nothing when the PF replies promptly.
+    ({"never_ack": True}, QUICK, MailboxAckTimeout, [6]),
+    ({"stuck_ack": True}, QUICK, MailboxAckStuck, []),
+    ({"ack_no_event": True}, QUICK, MailboxEventTimeout, [6] * QUICK.retries),
+    ({"wrong_event": Event.SUCCESS}, PATIENT, MailboxEventTimeout, [6] * PATIENT.retries),
+    ({"wrong_event": Event.FAIL}, ROOMY, PFRejected, [6]),
+    ({"wrong_event": Event.FLR_NOTIFICATION}, ROOMY, FLRNotified, [6]),
+    ({"wrong_event": Event.UNRECOV_ERR_NOTIFICATION}, ROOMY, UnrecoverableError, [6]),
+    ({"guard_drop_every": 1}, QUICK, MailboxAckTimeout, [6]),
 ]
 
 
-@pytest.mark.parametrize(("knobs", "error_type", "wire"), FAULTS, ids=[str(f[0]) for f in FAULTS])
-def test_injected_fault_raises_its_error_within_its_timeout_and_sends_no_release(knobs, error_type, wire):
+@pytest.mark.parametrize(("knobs", "timeouts", "error_type", "wire"), FAULTS, ids=[str(f[0]) for f in FAULTS])
+def test_injected_fault_raises_its_error_within_its_timeout_and_sends_no_release(knobs, timeouts, error_type, wire):
     with open_sim(**knobs) as pci:
         start = time.monotonic()
         with pytest.raises(error_type) as info:
-            AMDDevice(pci, QUICK)
-        assert time.monotonic() - start < request_budget(QUICK) + SLACK_S
+            AMDDevice(pci, timeouts)
+        assert time.monotonic() - start < request_budget(timeouts) + SLACK_S
         assert info.value.request == Request.REQ_GPU_INIT_DATA and info.value.waited_s >= 0
         assert pci.requests() == wire
         gc.collect()
@@ -117,7 +118,7 @@ def test_exception_inside_with_releases_the_lease():
         assert sent(pci) == INIT + RELEASE
 
 
-@pytest.mark.parametrize("knobs", [{"revoke_after_s": 0.15}, {"flr_after_s": 0.15, "revoke_after_s": None}],
+@pytest.mark.parametrize("knobs", [{"revoke_after_s": 0.4}, {"flr_after_s": 0.4, "revoke_after_s": None}],
                          ids=["revoke", "flr"])
 def test_flr_mid_session_is_reported_and_vram_goes_dark(knobs):
     with open_sim(**knobs) as pci:
@@ -125,10 +126,10 @@ def test_flr_mid_session_is_reported_and_vram_goes_dark(knobs):
         assert dev.check_pf_events() is None
         start = time.monotonic()
         with pytest.raises(FLRNotified, match="FLR"):
-            while time.monotonic() - start < 0.15 + SLACK_S:
+            while time.monotonic() - start < 0.4 + SLACK_S:
                 dev.check_pf_events()
                 time.sleep(0.002)
-        assert time.monotonic() - start < 0.15 + SLACK_S
+        assert time.monotonic() - start < 0.4 + SLACK_S
         assert wait_until(lambda: Event.FLR_NOTIFICATION_CMPL in [m.id for m in pci.sim.posted])
         top = dev.vram_size - DISCOVERY_OFFSET_FROM_END
         assert dev.vram.read(top, 64) == b"\xff" * 64
@@ -141,10 +142,13 @@ def test_flr_mid_session_is_reported_and_vram_goes_dark(knobs):
 
 
 def test_no_revoke_while_the_lease_is_returned_in_time():
-    with open_sim(revoke_after_s=0.3) as pci:
+    with open_sim(revoke_after_s=0.5) as pci:
         with AMDDevice(pci, ROOMY):
             pass
-        time.sleep(0.4)
+        held = pci.sim.sent[-1].t - pci.sim.posted[-1].t
+        if held >= 0.5:
+            pytest.skip(f"machine too loaded: the lease was held {held:.3f} s, past the simulated PF's timeout")
+        time.sleep(0.6)
         assert Event.FLR_NOTIFICATION not in [m.id for m in pci.sim.posted]
 
 
