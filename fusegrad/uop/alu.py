@@ -40,7 +40,10 @@ def _log(x: float) -> float:
 def _pow(a: float, b: float) -> float:
   try: return math.pow(a, b)
   except OverflowError: return math.inf if a > 0 or float(b).is_integer() and int(b) % 2 == 0 else -math.inf
-  except (ValueError, ZeroDivisionError): return math.inf if a == 0 else math.nan
+  except (ValueError, ZeroDivisionError):
+    if a != 0: return math.nan
+    odd = float(b).is_integer() and int(b) % 2 == 1
+    return math.copysign(math.inf, a) if odd else math.inf  # C pow: (+-0) ** negative odd keeps the zero's sign
 
 def _trig(fn: Callable[[float], float]) -> Callable[[float], float]: return _safe(fn, lambda x: math.nan)
 
