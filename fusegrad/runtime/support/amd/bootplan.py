@@ -73,7 +73,8 @@ STEPS: tuple[BootStep, ...] = (
     _step("scratch.write_state_fini", "fini", "SCRATCH", on_vf=False),
     _step("vf.release_init_access", "fini", "MAILBOX", "driver", on_pf=False),
 )
-STEP_NAMES = frozenset(s.name for s in STEPS)
+STEPS_BY_NAME = {s.name: s for s in STEPS}
+STEP_NAMES = frozenset(STEPS_BY_NAME)
 IP_STEP_NAMES = frozenset(s.name for s in STEPS if s.layer == "ip")
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Self
 
-from .bootplan import IP_STEP_NAMES, BootPlan, BootStep, plan_boot
+from .bootplan import IP_STEP_NAMES, STEPS_BY_NAME, BootPlan, BootStep, plan_boot
 from .discovery import Discovery, read_discovery
 from .errors import DeviceError
 from .lease import VFLease
@@ -45,8 +45,9 @@ class AMDDevice:
         self.lease: VFLease | None = None
         self.booted = self.closed = False
         try:
-            self._run(BootStep("map_bars", "boot", frozenset({"PCI_BARS"}), "driver"))
-            self._run(BootStep("detect_vf", "boot", frozenset({"NBIO_REGS"}), "driver"))
+            # the plan depends on what detection finds, so its first two steps run before it exists
+            for name in ("map_bars", "detect_vf"):
+                self._run(STEPS_BY_NAME[name])
             self.plan: BootPlan = plan_boot(self.is_vf, xccs)
             for step in self.plan.phase("boot"):
                 if step.name not in ("map_bars", "detect_vf"):
@@ -81,6 +82,8 @@ class AMDDevice:
             self.lease = VFLease(self.mailbox)
 
     def _request_init_data(self) -> None:
+        # Conflict (§12 item 2): the seed's comment says "only when discovery isn't readable", its code always asks.
+        # Always asking is safer: a table readable before the grant could be stale, and MMIO writes stay gated anyway.
         assert self.lease is not None
         self.lease.request_init_data()
 

@@ -11,7 +11,12 @@ log = logging.getLogger(__name__)
 
 
 class VFLease:
-    """Holds full access to a VF. Release is idempotent, best-effort, and never sent unless the lease was acquired."""
+    """Holds full access to a VF. Release is idempotent, best-effort, and never sent unless the lease was acquired.
+
+    Conflict (facts §12 item 1): the seed holds INIT access for the whole session, while GIM revokes it after 3 s (or
+    1.5 s) and FLRs the VF. Releasing early instead would make GIM disable the VF's MMIO writes, so the lease is held
+    as in the seed, and the revocation is made visible: `Mailbox.poll` raises FLRNotified instead of leaving hangs.
+    """
 
     def __init__(self, mailbox: Mailbox):
         self.mailbox = mailbox
@@ -23,6 +28,8 @@ class VFLease:
 
     def request_init_data(self) -> Message:
         """REQ_GPU_INIT_DATA (data2 = critical region v2); the PF opens the framebuffer and writes discovery."""
+        # Conflict (§12 item 3): the kernel carries on when this fails; we stop as the seed does, since without it the
+        # framebuffer stays closed and every VRAM read would be 0xFF.
         reply = self.mailbox.request(Request.REQ_GPU_INIT_DATA, Event.REQ_GPU_INIT_DATA_READY, data2=GPU_CRIT_REGION_V2)
         assert reply is not None
         self.init_data = reply
@@ -30,6 +37,7 @@ class VFLease:
 
     def request_init_access(self) -> Message:
         """REQ_GPU_INIT_ACCESS; the lease counts as acquired only once the PF's READY_TO_ACCESS_GPU arrived."""
+        # A grant arriving after we gave up is not ours to release (facts §6 edge); the PF's full-access timer reclaims it.
         if self.init_data is None:
             raise RuntimeError("REQ_GPU_INIT_ACCESS needs a successful REQ_GPU_INIT_DATA first")
         reply = self.mailbox.request(Request.REQ_GPU_INIT_ACCESS, Event.READY_TO_ACCESS_GPU)
@@ -49,6 +57,7 @@ class VFLease:
             return False
         # cleared before sending, so a failed send is never followed by a second release
         self.acquired = False
+        # sent even after an FLR: the PF ignores a release without a grant, and skipping it could leak one it still holds
         self.releases_sent += 1
         try:
             self.mailbox.request(Request.REL_GPU_INIT_ACCESS, None, retries=1)

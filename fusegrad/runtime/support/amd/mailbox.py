@@ -119,11 +119,9 @@ def is_vf(regs: RegisterBAR) -> bool:
     return bool(read_func_identifier(regs) & FUNC_IDENTIFIER_IS_VF)
 
 
-def _terminal_error(msg: Message, request: int | None, awaited: int | None, waited_s: float) -> PFEventError:
-    if request is None or awaited is None:
-        head = f"PF sent {msg} outside any request"
-    else:
-        head = f"{describe_request(request)}: awaited {describe_event(awaited)}, PF sent {msg} after {waited_s:.3f} s"
+def _terminal_error(msg: Message, context: str, request: int | None, awaited: int | None,
+                    waited_s: float) -> PFEventError:
+    head = f"{context}PF sent {msg}"
     kwargs = {"request": request, "awaited": awaited, "read": msg.event, "waited_s": waited_s}
     if msg.event in FLR_EVENTS:
         return FLRNotified(f"{head}: the PF is resetting this VF (FLR), so its access is gone; reopen the device", **kwargs)
@@ -222,7 +220,7 @@ class Mailbox:
             self._ack_rcv()
             # an RMA'd VF is ignored by the PF: say so now instead of timing out (FLR leftovers are harmless)
             if stale.event in UNRECOVERABLE_EVENTS:
-                raise _terminal_error(stale, request, event if event is not None else stale.event, 0.0)
+                raise _terminal_error(stale, f"{describe_request(request)}: before it was posted, ", request, event, 0.0)
         last_read: int | None = None
         for attempt in range(attempts):
             self._send(request, (data1, data2, data3), started, event)
@@ -234,7 +232,9 @@ class Mailbox:
                 self._ack_rcv()
                 if reply.event == event:
                     return reply
-                raise _terminal_error(reply, request, event, time.monotonic() - started)
+                waited = time.monotonic() - started
+                context = f"{describe_request(request)}: awaited {describe_event(event)}, after {waited:.3f} s "
+                raise _terminal_error(reply, context, request, event, waited)
             log.debug("%s: no %s after attempt %d/%d, retrying", describe_request(request), describe_event(event),
                       attempt + 1, attempts)
         waited = time.monotonic() - started
@@ -252,5 +252,5 @@ class Mailbox:
             return None
         self._ack_rcv()
         if msg.event in TERMINAL_EVENTS:
-            raise _terminal_error(msg, None, None, 0.0)
+            raise _terminal_error(msg, "outside any request, ", None, None, 0.0)
         return msg

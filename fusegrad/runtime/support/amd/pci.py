@@ -257,7 +257,7 @@ class PCIDevice(ABC):
         self.close()
 
 
-class _FileBackedPCIDevice(PCIDevice):
+class FileBackedPCIDevice(PCIDevice):
     """Shared mapping and config plumbing: subclasses say where a BAR lives (file, offset) and where config space is."""
 
     def __init__(self) -> None:
@@ -324,7 +324,7 @@ class _FileBackedPCIDevice(PCIDevice):
         self._fds.clear()
 
 
-class SysfsPCIDevice(_FileBackedPCIDevice):
+class SysfsPCIDevice(FileBackedPCIDevice):
     """A function opened through sysfs: `resourceN` files for BARs, `config` for config space. Needs root."""
 
     def __init__(self, address: str, sysfs_root: str | Path = SYSFS_PCI_DEVICES):

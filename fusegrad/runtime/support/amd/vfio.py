@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 
 from .errors import PCIError
-from .pci import SYSFS_PCI_DEVICES, _FileBackedPCIDevice, read_function
+from .pci import SYSFS_PCI_DEVICES, FileBackedPCIDevice, read_function
 
 _VFIO_TYPE, _VFIO_BASE = ord(";"), 100
 VFIO_GET_API_VERSION = (_VFIO_TYPE << 8) | (_VFIO_BASE + 0)
@@ -33,7 +33,7 @@ def _ioctl(fd: int, request: int, arg: int | bytearray = 0) -> int:
     return fcntl.ioctl(fd, request, arg, True) if isinstance(arg, bytearray) else fcntl.ioctl(fd, request, arg)
 
 
-class VFIOPCIDevice(_FileBackedPCIDevice):
+class VFIOPCIDevice(FileBackedPCIDevice):
     """A function bound to vfio-pci, used through a no-IOMMU VFIO group."""
 
     def __init__(self, address: str, sysfs_root: str | Path = SYSFS_PCI_DEVICES, dev_vfio: str | Path = "/dev/vfio"):
