@@ -94,7 +94,7 @@ GRAD_RULES: dict[Ops, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {
   Ops.SHRINK: lambda n, g: (UOp(Ops.PAD, g.dtype, (g,), tuple((b, s - e) for (b, e), s in zip(n.arg, n.src[0].shape))),),
   Ops.FLIP: lambda n, g: (UOp(Ops.FLIP, g.dtype, (g,), n.arg),),
   Ops.REDUCE_AXIS: _reduce_grad,
-  Ops.CONTIGUOUS: lambda n, g: (g,),
+  Ops.CONTIGUOUS: lambda n, g: (UOp(Ops.CONTIGUOUS, g.dtype, (g,)) if n.arg == "backward" else g,),
   Ops.COPY: lambda n, g: (UOp(Ops.COPY, g.dtype, (g,), n.arg),),
 }
 NO_GRADIENT = {Ops.DETACH, Ops.BITCAST, Ops.ASSIGN, Ops.BUFFER, Ops.CONST, Ops.ARANGE} | GroupOp.Comparison | \

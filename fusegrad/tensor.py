@@ -106,6 +106,12 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def requires_grad_(self, flag: bool = True) -> Tensor:
     self.requires_grad, self.is_param = flag, flag
     return self
+  def is_param_(self, is_param: bool = True) -> Tensor:
+    self.is_param = is_param
+    return self
+  @property
+  def max_shape(self) -> tuple[int, ...]: return self.shape
+  def max_numel(self) -> int: return self.numel()
   # ------------------------------------------------------------------ realization and data
   def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
     Tensor.realize_all([self, *lst])
@@ -130,7 +136,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return self._host_data().reshape(()).item()
   def data(self) -> memoryview:
     arr = self._host_data()
-    return memoryview(arr.reshape(-1)).cast(arr.dtype.char, self.shape) if self.shape else memoryview(arr.reshape(1)).cast(arr.dtype.char)
+    raw = memoryview(arr.reshape(-1)).cast("B")
+    return raw.cast(arr.dtype.char, self.shape) if self.shape and 0 not in self.shape else raw.cast(arr.dtype.char)
   # ------------------------------------------------------------------ placement and mutation
   def to(self, device: str | None) -> Tensor:
     device = Device.canonicalize(device)
@@ -143,6 +150,17 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     self.uop, self.device, self.grad = moved.uop, moved.device, moved.grad
     return self
   def contiguous(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+  def contiguous_backward(self) -> Tensor:
+    """Identity forward; the gradient flowing back through it is materialized in its own buffer."""
+    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), "backward"))
+  def schedule_linear(self, *lst: Tensor) -> list:
+    """The kernels that would realize these tensors (nothing runs)."""
+    from fusegrad.schedule import create_schedule
+    tensors = [self, *lst]
+    return create_schedule([t.uop for t in tensors], [t.device for t in tensors])[0]
+  def linear_with_vars(self, *lst: Tensor) -> tuple[list, dict]: return self.schedule_linear(*lst), {}
+  schedule = schedule_linear
+  schedule_with_vars = linear_with_vars
   def clone(self, device: str | None = None) -> Tensor:
     out = (self.to(device) if device is not None else self).contiguous()
     if self.grad is not None: out.grad = self.grad.clone(device)

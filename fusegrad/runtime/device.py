@@ -33,6 +33,9 @@ class Buffer:
         self.host_view()[:] = self._initial.reshape(-1)
         self._initial = None
     return self
+  def use_external(self, mem: np.ndarray) -> None:
+    """Back this buffer by memory someone else owns (from_blob); it is neither copied nor freed here."""
+    self._mem, self._initial = mem, None
   def host_view(self) -> np.ndarray:
     """The buffer's memory as a flat numpy array of its storage dtype (no copy)."""
     self.ensure_allocated()

@@ -97,7 +97,7 @@ class _Planner:
       u, expanded = stack.pop()
       if (u, expanded) in seen or u.op is Ops.BUFFER: continue
       seen.add((u, expanded))
-      if u is not point and (u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) or
+      if u is not point and (u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward" or
                              u.op is Ops.REDUCE_AXIS and (expanded or self.parents.get(u, 0) > 1)):
         self._mark(u, self.device_of[u] or device)
         continue
@@ -153,7 +153,7 @@ class _Planner:
         buf = buffer_of[u]
         if buf not in params: params[buf] = UOp(Ops.DEFINE_GLOBAL, u.dtype, (), (len(params) + 1, u.arg[2]))
         ret = params[buf]
-      elif u.op is Ops.DETACH: ret = visit(u.src[0])
+      elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward": ret = visit(u.src[0])
       else:
         new_src = tuple(visit(s) for s in u.src)
         ret = u if new_src == u.src else u.replace(src=new_src)

@@ -1,8 +1,10 @@
 """Creation, deterministic and random (API.md G5, G6)."""
 from __future__ import annotations
 
-import math
+import ctypes, math
 from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from fusegrad.helpers import argfix, prod
@@ -126,3 +128,72 @@ class CreationMixin:
     return Tensor.rand(self.shape, device=kwargs.get("device", self.device), dtype=kwargs.get("dtype", self.dtype))
   def randn_like(self, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
     return Tensor.randn(self.shape, dtype=dtype or self.dtype, device=kwargs.get("device", self.device))
+  @staticmethod
+  def const(b: Scalar, dtype: DTypeLike | None = None) -> Tensor:
+    """A device-less-looking 0-d constant (it lives on the default device until combined)."""
+    return Tensor(UOp.const(to_dtype(dtype) if dtype is not None else dtypes.from_py(b), b))
+  def const_like(self, b: Scalar, dtype: DTypeLike | None = None) -> Tensor:
+    return Tensor.full(self.shape, b, dtype=dtype or self.dtype, device=self.device)
+  @staticmethod
+  def invalids(*shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> Tensor:
+    return Tensor.empty(*shape, device=device, dtype=dtype)
+  @staticmethod
+  def from_blob(ptr: int, shape: tuple[int, ...], **kwargs: Any) -> Tensor:
+    """Wrap external host memory at address ptr without copying or owning it (the caller keeps it alive)."""
+    device, dt = Tensor._creation_kwargs(kwargs)
+    dt = dt or dtypes.default_float
+    shape = check_shape(tuple(shape))
+    buf = Buffer(device, prod(shape), dt)
+    nbytes = max(buf.nbytes, 1)
+    buf.use_external(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), shape=(nbytes,)))
+    return Tensor(buffer_uop(buf), device=device).reshape(shape)
+  @staticmethod
+  def from_url(url: str, gunzip: bool = False, **kwargs: Any) -> Tensor:
+    from fusegrad.helpers import fetch
+    return Tensor(fetch(url, gunzip=gunzip).read_bytes(), **kwargs)
+
+  # ---- random
+  @staticmethod
+  def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, **kwargs: Any) -> Tensor:
+    dt = to_dtype(dtype)
+    if not isinstance(low, int) or not isinstance(high, int): raise TypeError(f"randint bounds must be ints, got low={low!r}, high={high!r}")
+    if not dtypes.is_int(dt): raise TypeError(f"randint needs an integer dtype, got {dt}")
+    if low >= high: raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+    shape = check_shape(argfix(*shape))
+    bits = Tensor._random_bits(shape, kwargs.get("device"))
+    # 64-bit arithmetic keeps ranges wider than 2**31 exact
+    return ((bits.cast(dtypes.uint64) % (high - low)).cast(dtypes.int64) + low).cast(dt).contiguous()
+  @staticmethod
+  def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor:
+    if std < 0: raise ValueError(f"normal needs std >= 0, got {std}")
+    dt = kwargs.pop("dtype", None)
+    out = Tensor.randn(*shape, **kwargs) * std + mean
+    return out.cast(dt) if dt is not None else out
+  @staticmethod
+  def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
+    if low >= high: raise ValueError(f"uniform needs low < high, got low={low}, high={high}")
+    out = Tensor.rand(*shape, contiguous=False, device=kwargs.get("device")) * (high - low) + low
+    return out.cast(to_dtype(dtype) if dtype is not None else dtypes.default_float).contiguous()
+  @staticmethod
+  def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+    return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * prod(argfix(*shape)) ** -0.5
+  @staticmethod
+  def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+    s = argfix(*shape)
+    bound = math.sqrt(6 / (s[0] + prod(s[1:])))
+    return Tensor.uniform(*s, low=-bound, high=bound, **kwargs)
+  @staticmethod
+  def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+    s = argfix(*shape)
+    bound = math.sqrt(6 / (1 + a * a) / prod(s[1:]))
+    return Tensor.uniform(*s, low=-bound, high=bound, **kwargs)
+  @staticmethod
+  def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+    s = argfix(*shape)
+    return Tensor.normal(*s, std=math.sqrt(2 / (1 + a * a) / prod(s[1:])), **kwargs)
+  @staticmethod
+  def randperm(n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32, **kwargs: Any) -> Tensor:
+    if n < 0: raise ValueError(f"randperm needs n >= 0, got {n}")
+    # sorting distinct random keys gives a uniform permutation; 31 random bits plus the index break ties
+    keys = Tensor._random_bits((n,), device).cast(dtypes.int64) * max(n, 1) + Tensor.arange(n, device=device, dtype=dtypes.int64)
+    return keys.argsort().cast(to_dtype(dtype))
