@@ -132,7 +132,6 @@ class AMDDevice:
         "memory": _memory, "pci.bus_master_set": _bus_master_set,
     }
 
-    # -- public -------------------------------------------------------------------------------------------------------
     def _read_vram_indirect(self, offset: int, length: int) -> bytes:
         """VRAM through MM_INDEX/MM_INDEX_HI/MM_DATA, for a BAR0 smaller than VRAM."""
         out = bytearray()
@@ -142,6 +141,7 @@ class AMDDevice:
             out += self.regs.read32(MM_DATA).to_bytes(4, "little")
         return bytes(out[offset & 3:(offset & 3) + length])
 
+    # -- public -------------------------------------------------------------------------------------------------------
     @property
     def init_data(self) -> Message | None:
         return self.lease.init_data if self.lease else None
