@@ -95,3 +95,14 @@ def test_kernel_whose_loads_simplify_away_still_gets_every_buffer():
   a = np.array([-7, 7, 100], dtype=np.int32)
   np.testing.assert_array_equal((Tensor(a) % 1).numpy(), np.zeros(3, np.int32))
   np.testing.assert_array_equal((Tensor(a) * 0 + 5).numpy(), np.full(3, 5, np.int32))
+
+def test_assigns_run_after_every_kernel_that_reads_the_old_value():
+  # like an optimizer step realized in the "wrong" order: w's update must still read the old m
+  w = Tensor(np.ones(4, np.float32)).realize()
+  m = Tensor(np.full(4, 2.0, np.float32)).realize()
+  old_m = m * 1
+  m.assign(m * 3)
+  upd = w.assign(w + old_m)
+  Tensor.realize(m, upd)
+  np.testing.assert_array_equal(m.numpy(), np.full(4, 6.0))
+  np.testing.assert_array_equal(w.numpy(), np.full(4, 3.0))

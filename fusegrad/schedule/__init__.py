@@ -117,9 +117,32 @@ class _Planner:
       stack.extend((s, moved or shifts) for s in u.src)
     return False
 
+  def _kernel_inputs(self, point: UOp) -> tuple[set[UOp], set[Buffer]]:
+    """The points and the buffers a point's kernel reads (the walk stops at other points)."""
+    value = point.src[1] if point.op is Ops.ASSIGN else point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
+    deps: set[UOp] = set()
+    bufs: set[Buffer] = set()
+    for u in value.toposort(gate=lambda x: x is value or x not in self.points):
+      if u in self.points and u is not point: deps.add(u)
+      elif u.op is Ops.BUFFER: bufs.add(buffer_of[u])
+    return deps, bufs
+
   def plan(self) -> list[ScheduleItem]:
     order = [u for u in self.nodes if u in self.points]
-    for point in order: self._emit(point, self.points[point])
+    inputs = {p: self._kernel_inputs(p) for p in order}
+    # write-after-read: a kernel reading a buffer that an assign overwrites must run before that assign
+    after: dict[UOp, set[UOp]] = {p: set(inputs[p][0]) for p in order}
+    for a in order:
+      if a.op is not Ops.ASSIGN: continue
+      target = buffer_of[base_buffer(a.src[0])]  # type: ignore[index]
+      after[a] |= {p for p in order if p is not a and target in inputs[p][1]}
+    emitted: set[UOp] = set()
+    while len(emitted) < len(order):
+      ready = [p for p in order if p not in emitted and after[p] <= emitted]
+      if not ready: raise RuntimeError("cannot order these assigns: a kernel needs both the old and the new value of a buffer")
+      for p in ready[:1]:
+        self._emit(p, self.points[p])
+        emitted.add(p)
     return self.items
 
   def _emit(self, point: UOp, device: str) -> None:
