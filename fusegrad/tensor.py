@@ -50,6 +50,11 @@ def _nested_shape(data: Any) -> tuple[int, ...]:
   return (len(data),) + (shapes[0] if shapes else ())
 
 class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin, SortingMixin):
+  """An n-dimensional array on a device, computed lazily."""
+  training: bool = False  # [compat] legacy switch, read alongside TRAINING
+  _seed: int = 0
+  _rng_calls: int = 0
+
   def __init__(self, data: Any = None, device: str | tuple | None = None, dtype: DTypeLike | None = None,
                requires_grad: bool | None = None):
     dt = to_dtype(dtype) if dtype is not None else None
