@@ -1,0 +1,1 @@
+"""Neural-network layers (API.md §7.1); optim, state and datasets are submodules."""
