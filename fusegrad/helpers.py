@@ -1,6 +1,6 @@
 """Small pure utilities and the one place environment flags are read (see README's env-var table)."""
 from __future__ import annotations
-import contextlib, functools, math, os, time
+import contextlib, functools, math, os, pathlib, time
 from typing import Any, Iterable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -69,9 +69,93 @@ SUM_DTYPE = ContextVar("SUM_DTYPE", "")  # minimum float accumulation dtype of s
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 NUM_CPU_THREADS = ContextVar("NUM_CPU_THREADS", min(os.cpu_count() or 1, 8))
 CC = ContextVar("CC", "")
+FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0)
+CONST_LR = ContextVar("CONST_LR", 0)
+OPTIM_DTYPE = ContextVar("OPTIM_DTYPE", "float32")
 
 def cache_dir() -> str:
   return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusegrad")
+
+DISABLE_HTTP_CACHE = ContextVar("DISABLE_HTTP_CACHE", 0)
+
+def fetch(url: str, name: str | os.PathLike | None = None, subdir: str | None = None, gunzip: bool = False,
+          allow_caching: bool = True, headers: dict[str, str] = {}, sha256: str | None = None,  # noqa: B006
+          extract: bool = False) -> pathlib.Path:
+  """Download `url` into the cache (cache_dir()/downloads[/subdir]/name) once and return its pathlib.Path. A local path
+  (starting with "/" or ".") is returned unchanged. `sha256` checks the bytes as downloaded before they enter the cache;
+  `gunzip` caches the decompressed file; `extract` unpacks a tar or zip archive and returns its directory."""
+  import hashlib
+  if url.startswith(("/", ".")): return pathlib.Path(url)
+  if name is not None and not isinstance(name, str): dest = pathlib.Path(name)
+  else:
+    fname = name or hashlib.sha256(url.encode()).hexdigest()[:32] + (".gunzip" if gunzip else "")
+    dest = pathlib.Path(cache_dir()) / "downloads" / (subdir or "") / fname
+  if not (allow_caching and not DISABLE_HTTP_CACHE and dest.is_file()): _download(url, dest, headers, sha256, gunzip)
+  return _extract(dest) if extract else dest
+
+def _download(url: str, dest: pathlib.Path, headers: dict[str, str], sha256: str | None, gunzip: bool) -> None:
+  import gzip, hashlib, shutil, tempfile, urllib.request  # here, not at the top: `import fusegrad` stays light
+  dest.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".download-")
+  try:
+    digest = hashlib.sha256()
+    try:
+      with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "fusegrad", **headers}), timeout=60) as resp, \
+           os.fdopen(fd, "wb") as f:
+        bar = _Progress(int(resp.headers.get("content-length") or 0), dest.name)
+        while chunk := resp.read(1 << 16):
+          f.write(chunk)
+          digest.update(chunk)
+          bar.update(len(chunk))
+        bar.close()
+    except OSError as e:  # URLError and HTTPError are OSErrors, as is a connection dropped mid-download
+      raise ConnectionError(f"cannot download {url}: {getattr(e, 'reason', e)}; offline, put the file at {dest}") from None
+    if sha256 is not None and digest.hexdigest() != sha256.lower():
+      raise ValueError(f"download of {url} has sha256 {digest.hexdigest()}, expected {sha256.lower()}: corrupt or changed file")
+    if gunzip:
+      with gzip.open(tmp, "rb") as src, open(tmp + ".gunzip", "wb") as dst: shutil.copyfileobj(src, dst)
+      os.replace(tmp + ".gunzip", tmp)
+    os.replace(tmp, dest)  # atomic: the cache never holds a partial or unverified file
+  finally:
+    for leftover in (tmp, tmp + ".gunzip"):
+      if os.path.exists(leftover): os.unlink(leftover)
+
+def _extract(archive: pathlib.Path) -> pathlib.Path:
+  """Unpack a tar (any compression) or zip archive once, next to it; returns the directory."""
+  import shutil, tarfile, tempfile, zipfile
+  out = archive.with_name(archive.name + ".extracted")
+  if out.is_dir(): return out
+  tmp = tempfile.mkdtemp(dir=archive.parent, prefix=".extract-")
+  try:
+    if zipfile.is_zipfile(archive):
+      with zipfile.ZipFile(archive) as zf: zf.extractall(tmp)
+    elif tarfile.is_tarfile(archive):
+      with tarfile.open(archive) as tf: tf.extractall(tmp, filter="data")  # "data": no paths outside tmp, no devices
+    else: raise ValueError(f"{archive} is neither a tar nor a zip archive, cannot extract it")
+    os.replace(tmp, out)
+  finally:
+    if os.path.exists(tmp): shutil.rmtree(tmp)
+  return out
+
+class _Progress:
+  """A one-line progress bar on stderr, redrawn at most ten times a second."""
+  def __init__(self, total: int, desc: str):
+    self.total, self.desc, self.done, self.last = total, desc, 0, 0.0
+  def update(self, n: int) -> None:
+    self.done += n
+    if time.perf_counter() - self.last > 0.1: self.draw()
+  def draw(self) -> None:
+    import sys
+    self.last = time.perf_counter()
+    frac = min(self.done / self.total, 1.0) if self.total else 0.0
+    bar = ("#" * int(frac * 30)).ljust(30, ".") if self.total else "?" * 30
+    total = f"/{self.total/1e6:.1f}" if self.total else ""
+    sys.stderr.write(f"\r{self.desc} [{bar}] {frac*100:3.0f}% {self.done/1e6:.1f}{total} MB")
+    sys.stderr.flush()
+  def close(self) -> None:
+    import sys
+    self.draw()
+    sys.stderr.write("\n")
 
 class GlobalCounters:
   """Process-wide counters of launched work."""

@@ -1,7 +1,7 @@
 """Tensor: the user API. Every method builds a lazy UOp graph; nothing computes until realize() or a data accessor."""
 from __future__ import annotations
 
-import weakref
+import itertools, weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -123,8 +123,13 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return self
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
-    todo = [t for t in tensors if base_buffer(t.uop) is None]
+    todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None}.values())
     if not todo: return
+    # two tensors holding one graph still get two buffers: an assign into one must not change the other
+    seen: set[UOp] = set()
+    for t in todo:
+      if t.uop in seen: t.uop = t.contiguous().uop
+      seen.add(t.uop)
     results = realize_uops([t.uop for t in todo], [t.device for t in todo])
     for t, r in zip(todo, results): t.uop = r
   def _host_data(self) -> np.ndarray:
@@ -154,7 +159,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     moved = self.to(device)
     self.uop, self.device, self.grad = moved.uop, moved.device, moved.grad
     return self
-  def contiguous(self) -> Tensor: return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+  def contiguous(self) -> Tensor:
+    # each call is a distinct node: contiguous() promises a buffer of its own, even for equal graphs
+    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), next(_contiguous_ids)))
   def contiguous_backward(self) -> Tensor:
     """Identity forward; the gradient flowing back through it is materialized in its own buffer."""
     return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), "backward"))
@@ -273,6 +280,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return Context(TRAINING=int(mode))
 
 _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+_contiguous_ids = itertools.count()
 
 def _scalar(x: Any) -> Scalar:
   if isinstance(x, np.generic): return x.item()

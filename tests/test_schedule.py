@@ -106,3 +106,13 @@ def test_assigns_run_after_every_kernel_that_reads_the_old_value():
   Tensor.realize(m, upd)
   np.testing.assert_array_equal(m.numpy(), np.full(4, 6.0))
   np.testing.assert_array_equal(w.numpy(), np.full(4, 3.0))
+
+def test_equal_graphs_realize_into_separate_buffers():
+  m, v = Tensor.zeros(3).contiguous().realize(), Tensor.zeros(3).contiguous().realize()
+  a, b = Tensor.ones(3) * 2, Tensor.ones(3) * 2
+  Tensor.realize(a, b)
+  c = (Tensor.ones(3) * 2).realize()
+  m.assign(m + 1).realize()
+  a.assign(a + 1).realize()
+  assert v.tolist() == [0, 0, 0] and m.tolist() == [1, 1, 1]
+  assert b.tolist() == [2, 2, 2] and c.tolist() == [2, 2, 2] and a.tolist() == [3, 3, 3]

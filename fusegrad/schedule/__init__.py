@@ -45,10 +45,12 @@ def is_contiguous_view(u: UOp) -> bool:
   return u.op is Ops.BUFFER
 
 def substitute_realized(roots: list[UOp]) -> list[UOp]:
-  """Replace every already-realized subgraph by its buffer view."""
+  """Replace every already-realized subgraph below the roots by its buffer view. A root itself is computed again:
+  its tensor gets a buffer of its own, so an assign into it can never change another tensor."""
   memo: dict[UOp, UOp] = {}
-  for u in UOp(Ops.SINK, src=tuple(roots)).toposort(gate=lambda x: realized_value(x) is None):
-    if (r := realized_value(u)) is not None: memo[u] = r
+  root_set = set(roots)
+  for u in UOp(Ops.SINK, src=tuple(roots)).toposort(gate=lambda x: x in root_set or realized_value(x) is None):
+    if u not in root_set and (r := realized_value(u)) is not None: memo[u] = r
     else:
       new_src = tuple(memo[s] for s in u.src)
       memo[u] = u if new_src == u.src else u.replace(src=new_src)
@@ -66,6 +68,8 @@ class _Planner:
     self.parents: dict[UOp, int] = {}
     for u in self.nodes:
       for s in dict.fromkeys(u.src): self.parents[s] = self.parents.get(s, 0) + 1
+    # buffers overwritten by an assign in this schedule: reading one from another assign needs a temporary
+    self.assigned = {buffer_of[b] for u in self.nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None}
     self.device_of: dict[UOp, str | None] = {}
     for u in self.nodes: self.device_of[u] = self._device(u)
     for r, d in zip(roots, devices):
@@ -90,7 +94,8 @@ class _Planner:
       target = base_buffer(point.src[0])
       if target is None or not is_contiguous_view(point.src[0]):
         raise RuntimeError("assign target must be a whole realized buffer")
-      if self._reads_shifted(value, buffer_of[target]): self._mark(value, device)
+      if self._reads_shifted(value, buffer_of[target]) or self._reads_any(value, self.assigned - {buffer_of[target]}):
+        self._mark(value, device)
     stack: list[tuple[UOp, bool]] = [(value, False)]
     seen: set[tuple[UOp, bool]] = set()
     while stack:
@@ -103,6 +108,9 @@ class _Planner:
         continue
       grows = u.op is Ops.EXPAND and u.size > u.src[0].size
       stack.extend((s, expanded or grows) for s in u.src)
+
+  def _reads_any(self, value: UOp, bufs: set[Buffer]) -> bool:
+    return any(u.op is Ops.BUFFER and buffer_of[u] in bufs for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN))
 
   def _reads_shifted(self, value: UOp, buf: Buffer) -> bool:
     """Does `value` read `buf` anywhere other than at the element it writes (an in-place hazard)?"""
@@ -122,6 +130,7 @@ class _Planner:
     value = point.src[1] if point.op is Ops.ASSIGN else point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
     deps: set[UOp] = set()
     bufs: set[Buffer] = set()
+    if value is not point and value in self.points: return {value}, bufs
     for u in value.toposort(gate=lambda x: x is value or x not in self.points):
       if u in self.points and u is not point: deps.add(u)
       elif u.op is Ops.BUFFER: bufs.add(buffer_of[u])
