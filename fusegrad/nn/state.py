@@ -350,6 +350,9 @@ class _TorchUnpickler(_RestrictedUnpickler):
       **{("torch", k): v for k, v in _TORCH_DTYPES.items()}}
     super().__init__(file, name, torch_globals)
     self.storage = storage
+  def find_class(self, module: str, name: str) -> Any:
+    # legacy tensor type names (torch.FloatTensor, ...) only label records of the tar format
+    return name if module == "torch" and name.endswith("Tensor") else super().find_class(module, name)
   def persistent_load(self, pid: Any) -> Any: return self.storage(pid)
 
 def _storage_dtype(storage_type: Any, blob: _Blob) -> DType:
@@ -422,7 +425,7 @@ def _torch_tar(blob: _Blob) -> Any:
   tblob = members["tensors"]
   f = io.BufferedReader(_BlobIO(tblob))
   for _ in range(_RestrictedUnpickler(f, blob.name).load()):
-    key, storage_id, _ = _RestrictedUnpickler(f, blob.name).load()
+    key, storage_id, _ = _TorchUnpickler(f, blob.name, lambda pid: None).load()
     pos = f.tell()
     ndim = struct.unpack("<i", tblob.read(pos, 4, f"rank of tensor {key!r}"))[0]
     # the rank is followed by 4 bytes of padding, then sizes, strides and the storage offset as int64
