@@ -13,7 +13,7 @@ class Lowerer:
   def __init__(self, idx_dtype):
     self.idx_dtype = idx_dtype
     self.memo: dict[tuple, UOp] = {}
-    self.reduce_ranges: dict[UOp, tuple[UOp, ...]] = {}
+    self.reduce_ranges: dict[tuple[UOp, frozenset[UOp]], tuple[UOp, ...]] = {}
     self.next_range = 0
 
   def new_range(self, size: int, kind: str) -> UOp:
@@ -71,11 +71,13 @@ class Lowerer:
       return in_bounds.where(inner, UOp.const(u.dtype, 0))
     if op is Ops.REDUCE_AXIS:
       reduce_op, axes = u.arg
-      # every lowering of one reduce shares its loops, so unrolled copies accumulate in the same loop
-      if u not in self.reduce_ranges: self.reduce_ranges[u] = tuple(self.new_range(src[0].shape[a], "reduce") for a in axes)
-      loop_of = dict(zip(axes, self.reduce_ranges[u]))
+      # lowerings of one reduce inside the same enclosing reduce loops share their loops, so unrolled copies accumulate
+      # in one loop; inside different enclosing loops (one reduce feeding two reduces) each gets its own loops
+      key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
+      if key not in self.reduce_ranges: self.reduce_ranges[key] = tuple(self.new_range(src[0].shape[a], "reduce") for a in axes)
+      loop_of = dict(zip(axes, self.reduce_ranges[key]))
       new_idxs = tuple(loop_of.get(a, i) for a, i in enumerate(idxs))
-      ranges = tuple(r for r in self.reduce_ranges[u] if r.op is Ops.RANGE)
+      ranges = tuple(r for r in self.reduce_ranges[key] if r.op is Ops.RANGE)
       value = self.lower(src[0], new_idxs, valid)
       if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes): value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
       return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
