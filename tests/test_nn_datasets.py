@@ -101,7 +101,7 @@ def test_mnist_offline(tmp_path, cache, monkeypatch, fashion):
   assert again[1].device == "PYTHON" and again[1].tolist() == arrays[1].tolist()
 
 def test_mnist_bad_downloads(tmp_path, cache, monkeypatch):
-  arrays, hashes = write_mnist(tmp_path / "src")
+  _, hashes = write_mnist(tmp_path / "src")
   monkeypatch.setattr(datasets, "MNIST_URL", (tmp_path / "src").as_uri() + "/")
   monkeypatch.setattr(datasets, "MNIST_SHA256", ("0" * 64,) + hashes[1:])
   with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz has sha256 .* expected 0000"): mnist()

@@ -5,7 +5,7 @@ when it is first used. Every malformed file raises ValueError naming the file, t
 """
 from __future__ import annotations
 
-import collections, io, json, os, pickle, struct, tarfile, tempfile, time, zipfile
+import collections, io, json, os, pickle, struct, tarfile, tempfile, time, types, zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +32,7 @@ def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> di
     if hasattr(x, "_asdict") and isinstance(x, tuple): x = x._asdict()
     if isinstance(x, dict): items = x.items()
     elif isinstance(x, (list, tuple)): items = enumerate(x)
-    elif hasattr(x, "__dict__") and not isinstance(x, (type, type(os), type(walk))): items = vars(x).items()
+    elif hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType, types.FunctionType)): items = vars(x).items()
     else: return
     for k, v in items: walk(v, f"{key}{k}.", path)
   walk(obj, prefix, frozenset())
