@@ -277,6 +277,8 @@ def test_torch_load_files_torch_writes(tmp_path, zip_format):
   np.testing.assert_array_equal(ours["views"][3].numpy(), ckpt["views"][3].numpy())  # a broadcast view
   # the same bytes as a uint8 tensor
   _check_same(torch_load(Tensor((tmp_path / "c.pt").read_bytes()))["views"], ckpt["views"])
+  on_python = torch_load(Tensor((tmp_path / "c.pt").read_bytes(), device="PYTHON"))["views"]
+  assert {t.device for t in on_python} == {"PYTHON"} and on_python[1].numpy().tolist() == ckpt["views"][1].tolist()
 
 def _write_legacy_tar(path, tensors: dict):
   """The pre-zip tar layout: 'storages' (count, then per storage a (key, location, type) pickle, int64 size and raw

@@ -293,7 +293,7 @@ def _strided(storage: _Storage | None, offset: int, size: tuple, stride: tuple, 
   blob, dt = storage.blob, dtype or storage.dtype
   size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
   n = prod(size)
-  if n == 0: return Tensor.empty(size, dtype=dt, device=Device.DEFAULT if blob.device.startswith("DISK:") else blob.device)
+  if n == 0: return Tensor.empty(size, dtype=dt, device=_host_device(blob))
   reach = offset + sum((s - 1) * st for s, st in zip(size, stride))
   if offset < 0 or min(stride, default=0) < 0 or (reach + 1) * dt.itemsize > len(blob):
     raise ValueError(f"{blob.name}: tensor of shape {size}, strides {stride}, offset {offset} reaches past its storage "
@@ -304,13 +304,13 @@ def _strided(storage: _Storage | None, offset: int, size: tuple, stride: tuple, 
     block = blob.tensor(offset * dt.itemsize, dt, tuple(size[i] for i in real), "tensor")
     if real == sorted(real) and all(st > 0 or s == 1 for s, st in zip(size, stride)): return block.reshape(size)
     # a permuted (e.g. transposed) or broadcast view of a dense block: materialized on a compute device
-    if block.device.startswith("DISK:"): block = block.to(Device.DEFAULT)
-    block = block.permute(sorted(range(len(real)), key=lambda k: real[k]))
+    block = block.to(_host_device(blob)).permute(sorted(range(len(real)), key=lambda k: real[k]))
     return block.reshape(tuple(s if i in real else 1 for i, s in enumerate(size))).expand(size)
   # an overlapping or gapped view: gather the elements on the host
   span = np.frombuffer(blob.mem, to_numpy_dtype(dt), count=reach - offset + 1, offset=offset * dt.itemsize)
   strided = np.lib.stride_tricks.as_strided(span, size, tuple(st * span.itemsize for st in stride))
-  return Tensor(buffer_uop(Buffer(Device.DEFAULT, n, dt, initial=np.ascontiguousarray(strided))), device=Device.DEFAULT).reshape(size)
+  device = _host_device(blob)
+  return Tensor(buffer_uop(Buffer(device, n, dt, initial=np.ascontiguousarray(strided))), device=device).reshape(size)
 
 def _reconstruct_numpy() -> dict[tuple[str, str], Any]:
   """numpy's pickling constructors (scalars, dtypes, arrays) under their module names in numpy 1 and 2."""
