@@ -51,8 +51,7 @@ class MovementMixin:
     new = list(argfix(shape, *args))
     if any(d is None for d in new[self.ndim:]): raise ValueError(f"None in reshape {tuple(new)} has no dim to keep in {self.shape}")
     new = [self.shape[i] if d is None else d for i, d in enumerate(new)]
-    if sum(1 for d in new if isinstance(d, int) and d == -1) > 1:
-      raise RuntimeError(f"only one dimension can be inferred in reshape {tuple(new)}")
+    if new.count(-1) > 1: raise RuntimeError(f"only one dimension can be inferred in reshape {tuple(new)}")
     if -1 in new:
       known = prod(d for d in new if d != -1)
       if known == 0 or self.numel() % known: raise ValueError(f"cannot reshape {self.shape} into {tuple(new)}")
