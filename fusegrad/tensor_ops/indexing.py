@@ -22,6 +22,7 @@ if TYPE_CHECKING: from fusegrad.tensor import Tensor
 
 Scalar = int | float | bool
 SCATTER_REDUCES = ("sum", "prod", "mean", "amax", "amin")
+NO_MASKS = "boolean masks: use masked_select or where"
 
 class _IndexPlan(NamedTuple):
   """An index split into its basic part (one (start, count, step) window per dim, then a reshape that drops int dims
@@ -52,16 +53,13 @@ def _adv_order(view_ndim: int, dims: tuple[int, ...], n_batch: int) -> list[int]
 
 def _flat_index(indices: Sequence[Tensor], sizes: Sequence[int], shape: tuple[int, ...]) -> Tensor:
   """Row-major position in a block of `sizes` addressed by the broadcast indices; -1 where any index is out of range."""
-  wide = dtypes.int64 if prod(sizes) >= 2**31 or any(i.dtype.itemsize == 8 or i.dtype is dtypes.uint32 for i in indices) \
-    else dtypes.int32
-  flat: Tensor | None = None
-  valid: Tensor | None = None
+  big = prod(sizes) >= 2**31 or any(i.dtype.itemsize == 8 or i.dtype is dtypes.uint32 for i in indices)
+  wide, device = dtypes.int64 if big else dtypes.int32, indices[0].device
+  flat, valid = Tensor.zeros(shape, dtype=wide, device=device), Tensor.ones(shape, dtype=dtypes.bool, device=device)
   for index, size in zip(indices, sizes):
     i = index.cast(wide)._broadcast_to(shape)
-    ok = (i >= -size) & (i < size)
-    i = (i < 0).where(i + size, i)
-    flat, valid = (i, ok) if flat is None or valid is None else (flat * size + i, valid & ok)
-  assert flat is not None and valid is not None
+    valid = valid & (i >= -size) & (i < size)
+    flat = flat * size + (i < 0).where(i + size, i)
   return valid.where(flat, -1).cast(dtypes.int32 if prod(sizes) < 2**31 else dtypes.int64)
 
 def _one_hot_axis(index: Tensor, d: int, size: int) -> Tensor:
@@ -94,7 +92,7 @@ class IndexingMixin:
   def _index_entry(self, i: Any) -> Any:
     """One validated index: int, slice, None, Ellipsis, or an integer Tensor on self's device."""
     if isinstance(i, (bool, np.bool_, float, np.floating)):
-      raise IndexError(f"index {i!r} of type {type(i).__name__} is not supported (boolean masks: use masked_select or where)")
+      raise IndexError(f"index {i!r} of type {type(i).__name__} is not supported ({NO_MASKS})")
     if isinstance(i, (int, np.integer)): return int(i)
     if i is None or i is Ellipsis: return i
     if isinstance(i, slice):
@@ -105,13 +103,13 @@ class IndexingMixin:
       return i
     if isinstance(i, Tensor):
       if not dtypes.is_int(i.dtype):
-        raise IndexError(f"tensors used as indices must be integer tensors, got {i.dtype} (boolean masks: use masked_select or where)")
+        raise IndexError(f"tensors used as indices must be integer tensors, got {i.dtype} ({NO_MASKS})")
       return i.to(self.device)
     if isinstance(i, (list, tuple, np.ndarray)):
       try: arr = np.asarray(i)
       except ValueError: raise IndexError(f"list index {i!r} is ragged") from None
       if arr.size and arr.dtype.kind not in "iu":
-        raise IndexError(f"list index {i!r} must hold only ints, got {arr.dtype} (boolean masks: use masked_select or where)")
+        raise IndexError(f"list index {i!r} must hold only ints, got {arr.dtype} ({NO_MASKS})")
       small = not arr.size or (arr.min() >= -2**31 and arr.max() < 2**31)
       return Tensor(arr.astype(np.int32 if small else np.int64), device=self.device)
     raise IndexError(f"unsupported index {i!r} of type {type(i).__name__}")
@@ -197,14 +195,16 @@ class IndexingMixin:
   def __setitem__(self, indices: Any, v: Any) -> None:
     plan = self._index_plan(indices)
     if isinstance(v, Tensor):
-      if v.dtype != self.dtype: raise RuntimeError(f"setitem of a {v.dtype} value into a {self.dtype} tensor; cast it first")
+      if v.dtype != self.dtype:
+        raise RuntimeError(f"setitem of a {v.dtype} value into a {self.dtype} tensor; cast it first")
       v = v.to(self.device)
     else: v = Tensor(v, device=self.device, dtype=self.dtype)
     self._check_no_lazy_readers({id(v)} | {id(i) for i in plan.adv_index})
     region = self._region_shape(plan)
     if v.ndim > len(region):
       lead = v.shape[:v.ndim - len(region)]
-      if any(s != 1 for s in lead): raise ValueError(f"cannot broadcast value of shape {v.shape} to indexed region {region}")
+      if any(s != 1 for s in lead):
+        raise ValueError(f"cannot broadcast value of shape {v.shape} to indexed region {region}")
       v = v.reshape(v.shape[len(lead):])
     v = v._broadcast_to(region)
     if plan.adv_dims: value, written = v._put(plan)
@@ -237,8 +237,8 @@ class IndexingMixin:
     flat = _flat_index(plan.adv_index, sizes, batch).reshape(n_batch)
     # of several writes to one place the last wins: drop a write when a later one hits the same place
     order = Tensor.arange(n_batch, device=self.device)
-    later = (flat.reshape(n_batch, 1) == flat.reshape(1, n_batch)) & (order.reshape(1, n_batch) > order.reshape(n_batch, 1))
-    flat = later.any(1).where(-1, flat)
+    same = flat.reshape(n_batch, 1) == flat.reshape(1, n_batch)
+    flat = (same & (order.reshape(1, n_batch) > order.reshape(n_batch, 1))).any(1).where(-1, flat)
     hit = flat.reshape(n_batch, 1) == Tensor.arange(n_pick, device=self.device).reshape(1, n_pick)
     value = _masked_sum(hit.reshape((n_batch, n_pick) + (1,) * len(rest)), v, 0)
     written = hit.any(0).reshape(tuple(sizes) + (1,) * len(rest)).expand(tuple(sizes) + n_rest)
@@ -246,7 +246,7 @@ class IndexingMixin:
     return value.reshape(tuple(sizes) + n_rest).permute(back), written.permute(back)
 
   def _check_no_lazy_readers(self, consumed: set[int]) -> None:
-    """An in-place write must not change what an unrealized tensor (other than those the write consumes) will compute."""
+    """An in-place write must not change what an unrealized tensor (other than those it consumes) will compute."""
     from fusegrad.tensor import _all_tensors
     buf = base_buffer(self.uop)
     if buf is None or not is_contiguous_view(self.uop): return  # self gets a fresh buffer: no one else reads it
@@ -259,11 +259,14 @@ class IndexingMixin:
   # ------------------------------------------------------------------ gather / scatter
   def _check_index(self, name: str, d: int, index: Any, src: Tensor | None = None) -> None:
     if not isinstance(index, Tensor) or not dtypes.is_int(index.dtype):
-      raise RuntimeError(f"{name}(): index must be an integer Tensor, got {getattr(index, 'dtype', type(index).__name__)}")
+      got = getattr(index, "dtype", type(index).__name__)
+      raise RuntimeError(f"{name}(): index must be an integer Tensor, got {got}")
     if index.ndim != self.ndim:
-      raise RuntimeError(f"{name}(): index has {index.ndim} dims but the tensor has {self.ndim} (shapes {index.shape}, {self.shape})")
+      raise RuntimeError(f"{name}(): index has {index.ndim} dims but the tensor has {self.ndim} "
+                         f"(shapes {index.shape}, {self.shape})")
     if any(i != d and n > s for i, (n, s) in enumerate(zip(index.shape, self.shape))):
-      raise RuntimeError(f"{name}(): index shape {index.shape} is larger than the tensor shape {self.shape} outside dim {d}")
+      raise RuntimeError(f"{name}(): index shape {index.shape} is larger than the tensor shape {self.shape} "
+                         f"outside dim {d}")
     if src is not None and (src.ndim != index.ndim or any(n > s for n, s in zip(index.shape, src.shape))):
       raise RuntimeError(f"{name}(): index shape {index.shape} does not fit in src shape {src.shape}")
 
@@ -279,7 +282,7 @@ class IndexingMixin:
     return inside.where(region.pad(pads), self)
 
   def gather(self, dim: int, index: Tensor) -> Tensor:
-    if self.ndim == 0: return self.reshape(1).gather(self._axis(dim), index.reshape(1) if isinstance(index, Tensor) else index).reshape(())
+    if self.ndim == 0: return self._via_1d(dim, index, None, lambda x, i, _: x.gather(0, i))
     d = self._axis(dim)
     self._check_index("gather", d, index)
     index = index.to(self.device)
@@ -289,15 +292,18 @@ class IndexingMixin:
   def _scatter_src(self, name: str, d: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
     """src as a tensor of self's dtype shrunk to index's shape."""
     if not isinstance(src, Tensor): return Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
-    if src.dtype != self.dtype: raise RuntimeError(f"{name}(): src dtype {src.dtype} must equal the tensor dtype {self.dtype}")
+    if src.dtype != self.dtype:
+      raise RuntimeError(f"{name}(): src dtype {src.dtype} must equal the tensor dtype {self.dtype}")
     return src.to(self.device).shrink(tuple((0, n) for n in index.shape))
 
   def scatter(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:
     if reduce is not None:
-      if reduce not in ("add", "multiply"): raise TypeError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
-      if isinstance(src, Tensor): raise TypeError("scatter with reduce takes a scalar src; use scatter_reduce for a Tensor src")
+      if reduce not in ("add", "multiply"):
+        raise TypeError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+      if isinstance(src, Tensor):
+        raise TypeError("scatter with reduce takes a scalar src; use scatter_reduce for a Tensor src")
       return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
-    if self.ndim == 0: return self._scatter_0d(dim, index, src, lambda x, i, s: x.scatter(0, i, s))
+    if self.ndim == 0: return self._via_1d(dim, index, src, lambda x, i, s: x.scatter(0, i, s))
     d = self._axis(dim)
     self._check_index("scatter", d, index, src if isinstance(src, Tensor) else None)
     index = index.to(self.device)
@@ -316,32 +322,35 @@ class IndexingMixin:
     region = self._index_region(index.shape, d)
     return self._paste(hit.any(d).where(value, region))
 
-  def _scatter_0d(self, dim: int, index: Any, src: Any, fn: Any) -> Tensor:
-    """0-d scatters run as 1-element ones."""
+  def _via_1d(self, dim: int, index: Any, src: Any, fn: Any) -> Tensor:
+    """0-d gathers and scatters run as 1-element ones."""
     self._axis(dim)
     as_1d = [t.reshape(1) if isinstance(t, Tensor) else t for t in (index, src)]
     return fn(self.reshape(1), *as_1d).reshape(())
 
-  def scatter_reduce(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str, include_self: bool = True) -> Tensor:
-    if reduce not in SCATTER_REDUCES: raise RuntimeError(f"scatter_reduce reduce must be one of {SCATTER_REDUCES}, got {reduce!r}")
+  def scatter_reduce(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str,
+                     include_self: bool = True) -> Tensor:
+    if reduce not in SCATTER_REDUCES:
+      raise RuntimeError(f"scatter_reduce reduce must be one of {SCATTER_REDUCES}, got {reduce!r}")
     if self.ndim == 0:
-      return self._scatter_0d(dim, index, src, lambda x, i, s: x.scatter_reduce(0, i, s, reduce, include_self))
+      return self._via_1d(dim, index, src, lambda x, i, s: x.scatter_reduce(0, i, s, reduce, include_self))
     d = self._axis(dim)
     self._check_index("scatter_reduce", d, index, src if isinstance(src, Tensor) else None)
     index = index.to(self.device)
     src = self._scatter_src("scatter_reduce", d, index, src).unsqueeze(d + 1)
     hit = _one_hot_axis(index, d, self.shape[d])
     x, touched = self._index_region(index.shape, d), hit.any(d)
-    if reduce == "sum": out = hit.where(src, _const(src, 0)).sum(d).cast(self.dtype)
-    elif reduce == "prod": out = hit.where(src, _const(src, 1)).prod(d)
-    elif reduce == "mean":
-      total = hit.where(src, _const(src, 0)).sum(d).cast(self.dtype) + (x if include_self else 0)
-      count = (hit.cast(dtypes.int32).sum(d) + int(include_self)).maximum(1)
-      out = (total.div(count, rounding_mode="floor") if dtypes.is_int(self.dtype) else total.div(count)).cast(self.dtype)
-      return self._paste(touched.where(out, x))
-    else: out = self._scatter_extreme(d, hit, src, x, reduce == "amin", include_self)
-    if include_self and reduce != "amax" and reduce != "amin": out = x + out if reduce == "sum" else x * out
-    return self._paste(touched.where(out, x))
+    if reduce in ("amax", "amin"): out = self._scatter_extreme(d, hit, src, x, reduce == "amin", include_self)
+    elif reduce == "prod":
+      out = hit.where(src, _const(src, 1)).prod(d)
+      if include_self: out = x * out
+    else:
+      out = hit.where(src, _const(src, 0)).sum(d).cast(self.dtype)
+      if include_self: out = x + out
+      if reduce == "mean":
+        count = (hit.cast(dtypes.int32).sum(d) + int(include_self)).maximum(1)
+        out = out.div(count, rounding_mode="floor") if dtypes.is_int(self.dtype) else out.div(count)
+    return self._paste(touched.where(out.cast(self.dtype), x))
 
   def _scatter_extreme(self, d: int, hit: Tensor, src: Tensor, x: Tensor, is_min: bool, include_self: bool) -> Tensor:
     """amax/amin over the hits (and self): one max reduce, so ties share the gradient evenly as in torch."""
@@ -360,7 +369,8 @@ class IndexingMixin:
   # ------------------------------------------------------------------ selection by mask, one-hot
   def masked_select(self, mask: Tensor, size: int | None = None, fill_value: Scalar = 0) -> Tensor:
     if not isinstance(mask, Tensor) or mask.dtype is not dtypes.bool:
-      raise RuntimeError(f"masked_select: mask must be a bool Tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+      got = getattr(mask, "dtype", type(mask).__name__)
+      raise RuntimeError(f"masked_select: mask must be a bool Tensor, got {got}")
     shape = broadcast_shape(self.shape, mask.shape)
     flags = mask.to(self.device)._broadcast_to(shape).reshape(-1)
     hit, valid = _selected(flags, size)
@@ -371,9 +381,9 @@ class IndexingMixin:
     hit, valid = _selected((self != 0).reshape(-1), size)
     n = self.numel()
     position = _masked_sum(hit, Tensor.arange(n, device=self.device).reshape(1, n), 1).reshape(-1, 1)
-    strides = [prod(self.shape[d + 1:]) for d in range(self.ndim)]
-    per_dim = Tensor(np.array(strides, np.int32), device=self.device), Tensor(np.array(self.shape, np.int32), device=self.device)
-    coords = (position // per_dim[0].reshape(1, -1)) % per_dim[1].reshape(1, -1)
+    strides = Tensor(np.array([prod(self.shape[d + 1:]) for d in range(self.ndim)], np.int32), device=self.device)
+    sizes = Tensor(np.array(self.shape, np.int32), device=self.device)
+    coords = (position // strides.reshape(1, -1)) % sizes.reshape(1, -1)
     return valid.reshape(-1, 1).where(coords, _const(coords, fill_value)).cast(dtypes.int32)
 
   def one_hot(self, num_classes: int = -1) -> Tensor:
