@@ -55,8 +55,10 @@ def render_alu(op: Ops, dt: DType, args: list[str], srcs: tuple[UOp, ...]) -> st
   elif op in (Ops.IDIV, Ops.MOD):
     sym = "/" if op is Ops.IDIV else "%"
     # C traps on integer division by zero; the result is defined as 0 instead (matches the PYTHON backend)
-    expr = f"({args[0]}{sym}{args[1]})" if srcs[1].op is Ops.CONST and srcs[1].arg > 0 else \
-      f"(({args[1]})==0?0:({args[0]}{sym}{args[1]}))"
+    if srcs[1].op is Ops.CONST and srcs[1].arg > 0: expr = f"({args[0]}{sym}{args[1]})"
+    elif dtypes.is_unsigned(dt): expr = f"(({args[1]})==0?0:({args[0]}{sym}{args[1]}))"
+    # signed MIN / -1 traps too; x / -1 is -x (wrapping, -fwrapv) and x % -1 is 0
+    else: expr = f"(({args[1]})==0?0:({args[1]})==-1?{f'(-({args[0]}))' if op is Ops.IDIV else '0'}:({args[0]}{sym}{args[1]}))"
   elif op is Ops.WHERE: expr = f"({args[0]}?{args[1]}:{args[2]})"
   elif op is Ops.ADD and dt is dtypes.bool: expr = f"({args[0]}|{args[1]})"
   elif op is Ops.MUL and dt is dtypes.bool: expr = f"({args[0]}&{args[1]})"
