@@ -125,6 +125,14 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def realize_all(tensors: Sequence[Tensor]) -> None:
     todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None}.values())
     if not todo: return
+    # an assign reached through another tensor's graph runs now, so its own tensor must take the result (or it runs again)
+    for key, t in list(_pending_assigns.items()):
+      if t.uop.op is not Ops.ASSIGN: del _pending_assigns[key]
+    todo_ids = {id(t) for t in todo}
+    pending = [t for key, t in _pending_assigns.items() if key not in todo_ids]
+    if pending:
+      nodes = set(UOp(Ops.SINK, src=tuple(t.uop for t in todo)).toposort())
+      todo += [t for t in pending if t.uop in nodes]
     # two tensors holding one graph still get two buffers: an assign into one must not change the other
     seen: set[UOp] = set()
     for t in todo:
@@ -185,6 +193,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     x = x._broadcast_to(self.shape)
     if base_buffer(self.uop) is None or not is_contiguous_view(self.uop): self.replace(self.contiguous().realize())
     self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
+    _pending_assigns[id(self)] = self
     return self
   def replace(self, x: Tensor) -> Tensor:
     if x.shape != self.shape: raise ValueError(f"replace needs equal shapes, got {self.shape} and {x.shape}")
@@ -280,6 +289,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return Context(TRAINING=int(mode))
 
 _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+# tensors that were assigned to (by id: Tensor.__eq__ is elementwise); realize_all picks up those still pending
+_pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 _contiguous_ids = itertools.count()
 
 def _scalar(x: Any) -> Scalar:
