@@ -80,7 +80,8 @@ def _log_big_or(x: Tensor, small: Callable[[Tensor], Tensor]) -> Tensor:
   return big.where(big.where(x, 1).log() + LN2, small(big.where(1, x)))
 
 def _fmod_wide(a: Tensor, b: Tensor) -> Tensor:
-  """C fmod, exact for operands narrower than the compute dtype: a - trunc(a/b)*b (a itself when the quotient is 0)."""
+  """C fmod as a - trunc(a/b)*b (a itself when the quotient is 0; b = inf keeps a).
+  Exact when a, b are narrower than the compute dtype and |a/b| < 2**29, where trunc(a/b) and q*b are exact."""
   q = (a / b).trunc()
   return (q == 0).where(a, a - q * b)
 
@@ -98,7 +99,7 @@ class ElementwiseMixin:
     return wrapped if dt is dtypes.uint32 else (self < 0).where(wrapped, direct)
   def bitcast(self, dtype: DTypeLike) -> Tensor:
     dt = to_dtype(dtype)
-    if dt in dtypes.weaks or self.dtype in dtypes.weaks: raise RuntimeError(f"bitcast between {self.dtype} and {dt}: weak dtypes have no bits")
+    if dt in dtypes.weaks: raise RuntimeError(f"bitcast of a {self.dtype} tensor to {dt}: weak dtypes have no bits")
     if dt == self.dtype: return self
     if dt.itemsize == self.dtype.itemsize: return self._new(UOp(Ops.BITCAST, dt, (self.uop,)))
     if not self.shape: raise RuntimeError(f"bitcast of a 0-d tensor from {self.dtype} to {dt} would change its element count")
@@ -165,9 +166,9 @@ class ElementwiseMixin:
   def cosh(self) -> Tensor: return self._float_fn(lambda x: (x - LN2).exp() + (-x - LN2).exp())
   def asinh(self) -> Tensor:
     return self._float_fn(lambda x: _odd(x, lambda a: _log_big_or(a, lambda s: (s + (s * s + 1).sqrt()).log())))
-  def acosh(self) -> Tensor:  # (two roots: a negative x * x overflowing must still give nan)
+  def acosh(self) -> Tensor:  # sqrt(s-1) is nan below 1 even where (s-1)*(s+1) would overflow to inf
     return self._float_fn(lambda x: _log_big_or(x, lambda s: (s + (s - 1).sqrt() * (s + 1).sqrt()).log()))
-  def atanh(self) -> Tensor: return self._float_fn(lambda x: ((1 + x) / (1 - x)).log() * 0.5)
+  def atanh(self) -> Tensor: return self._float_fn(lambda x: ((1 + x).log() - (1 - x).log()) * 0.5)  # gradient inf at +-1
   def erf(self) -> Tensor: return self._float_fn(lambda x: _odd(x, _erf_nonneg))
   def trunc(self) -> Tensor: return self._alu(Ops.TRUNC) if dtypes.is_float(self.dtype) else self
   def floor(self) -> Tensor:
