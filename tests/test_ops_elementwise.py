@@ -224,6 +224,15 @@ def test_inverse_trig_hyperbolic_edges():
   for fn, tfn in [(Tensor.asin, torch.asin), (Tensor.acos, torch.acos), (Tensor.atan, torch.atan), (Tensor.atanh, torch.atanh)]:
     check(fn(Tensor(x64)), tfn(torch.tensor(x64)), atol=1e-9, rtol=1e-9)
 
+def test_unary_bad_inputs():
+  t = Tensor([1.0, 4.0])
+  with pytest.raises(TypeError):
+    t.sqrt(2)  # like torch.sqrt(x, 2): no such argument
+  with pytest.raises(TypeError):
+    t.round(decimals=1)  # API.md round() rounds to integers only
+  with pytest.raises(TypeError, match="str"):
+    t.maximum("1")
+
 def test_activation_bad_inputs():
   with pytest.raises(RuntimeError, match="'erf'"):
     Tensor([1.0]).gelu(approximate="erf")
