@@ -30,7 +30,7 @@ def _einsum_labels(subscripts: str, ndim: int, index: int, ell_rank: int) -> lis
 def _diagonal(t: Tensor, a: int, b: int) -> Tensor:
   """The diagonal over dims a < b of t, placed at dim a (dim b removed), made of movement ops."""
   if t.shape[a] != t.shape[b]:
-    raise RuntimeError(f"einsum(): a subscript repeated in one operand needs one size, got {t.shape[a]} and {t.shape[b]}")
+    raise RuntimeError(f"einsum(): a subscript repeated in an operand needs one size, got {t.shape[a]}, {t.shape[b]}")
   n = t.shape[a]
   order = [i for i in range(t.ndim) if i not in (a, b)] + [a, b]
   x = t.permute(order).reshape(tuple(t.shape[i] for i in order[:-2]) + (n * n,))
@@ -52,9 +52,14 @@ class LinalgMixin:
     batch_a, batch_b = self.shape[:-2], w.shape[:-2]
     for x, y in zip(batch_a[::-1], batch_b[::-1]):
       if x != y and 1 not in (x, y): raise RuntimeError(f"matmul batch dims do not broadcast: {self.shape} @ {w.shape}")
-    if w.ndim == 1: products = self * w
-    elif self.ndim == 1: products = self.reshape(1, k) * w.transpose(-1, -2)
-    else: products = self.reshape(self.shape[:-1] + (1, k)) * w.transpose(-1, -2).unsqueeze(-3)
+    x = self
+    if dtype is not None:
+      # products are formed in the accumulation dtype when it is the wider one, like torch's upcast inputs
+      wide = least_upper_dtype(x.dtype, w.dtype, to_dtype(dtype))
+      x, w = x.cast(wide), w.cast(wide)
+    if w.ndim == 1: products = x * w
+    elif x.ndim == 1: products = x.reshape(1, k) * w.transpose(-1, -2)
+    else: products = x.reshape(x.shape[:-1] + (1, k)) * w.transpose(-1, -2).unsqueeze(-3)
     if dtype is not None: return products.sum(-1, dtype=to_dtype(dtype))
     return products.sum(-1).cast(products.dtype)
   def matmul(self, x: Tensor, reverse: bool = False, dtype: DTypeLike | None = None) -> Tensor:
@@ -109,7 +114,9 @@ class LinalgMixin:
       t = t.permute([ls.index(c) for c in present])
       aligned.append(t.reshape(tuple(t.shape[present.index(c)] if c in present else 1 for c in order)))
     out_dt = least_upper_dtype(*(t.dtype for t in ops))
-    product = functools.reduce(lambda a, b: a * b, (t.cast(out_dt) for t in aligned))
+    # with an accumulation dtype, products are formed in it when it is the wider one (as in dot)
+    wide = out_dt if dtype is None else least_upper_dtype(out_dt, to_dtype(dtype))
+    product = functools.reduce(lambda a, b: a * b, (t.cast(wide) for t in aligned))
     product = product._broadcast_to(tuple(sizes.get(c, 1) for c in order))
     axes = tuple(range(len(out), len(order)))
     if dtype is not None: return product.sum(axes, dtype=to_dtype(dtype)) if axes else product.cast(to_dtype(dtype))
