@@ -335,6 +335,11 @@ def test_sdpa_masks_and_dtypes():
   ref = F.scaled_dot_product_attention(*(torch.tensor(a).float() for a in (q, k, v)))
   assert out.dtype == dtypes.float16
   np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=3e-3, rtol=3e-3)
+  masked = Tensor(qh).scaled_dot_product_attention(Tensor(kh), Tensor(vh), attn_mask=Tensor(float_mask))
+  ref = F.scaled_dot_product_attention(*(torch.tensor(a).float() for a in (q, k, v)),
+                                       attn_mask=torch.tensor(float_mask))
+  assert masked.dtype == dtypes.float16
+  np.testing.assert_allclose(masked.numpy(), ref.numpy(), atol=3e-3, rtol=3e-3)
   with pytest.raises(RuntimeError, match="is_causal"):
     Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), attn_mask=Tensor(bool_mask), is_causal=True)
 
@@ -385,6 +390,17 @@ def test_cross_entropy_probabilities(reduction, label_smoothing):
   kw = {"reduction": reduction, "label_smoothing": label_smoothing}
   compare(lambda x, p: x.cross_entropy(p, **kw), lambda x, p: F.cross_entropy(x, p, **kw), rand(4, 5), probs, atol=1e-5)
 
+def test_cross_entropy_spatial_dims():
+  labels = rand(2, 4, 3, dtype=np.int64, hi=5)
+  compare(lambda x: x.cross_entropy(Tensor(labels), label_smoothing=0.1),
+          lambda x: F.cross_entropy(x, torch.tensor(labels), label_smoothing=0.1), rand(2, 5, 4, 3), atol=1e-5)
+  probs = F.softmax(torch.tensor(rand(2, 5, 4, 3, seed=1)), 1).numpy()
+  compare(lambda x, p: x.cross_entropy(p, reduction="none"), lambda x, p: F.cross_entropy(x, p, reduction="none"),
+          rand(2, 5, 4, 3), probs, atol=1e-5)
+  logp = F.log_softmax(torch.tensor(rand(2, 5, 4, 3)), 1).numpy()
+  compare(lambda x: x.nll_loss(Tensor(labels), reduction="none"),
+          lambda x: F.nll_loss(x, torch.tensor(labels), reduction="none"), logp)
+
 def test_cross_entropy_1d_views_dtypes_errors():
   compare(lambda x: x.cross_entropy(Tensor(np.array(2, np.int32))), lambda x: F.cross_entropy(x, torch.tensor(2)),
           rand(5))
@@ -415,6 +431,9 @@ def test_sparse_categorical_crossentropy_classes_last():
   labels = rand(2, 3, dtype=np.int64, hi=4)
   compare(lambda x: x.sparse_categorical_crossentropy(Tensor(labels)),
           lambda x: F.cross_entropy(x.permute(0, 2, 1), torch.tensor(labels)), rand(2, 3, 4), atol=1e-5)
+  # integer-valued float labels are accepted too
+  check(Tensor(rand(2, 3, 4)).sparse_categorical_crossentropy(Tensor(labels.astype(np.float32))),
+        F.cross_entropy(torch.tensor(rand(2, 3, 4)).permute(0, 2, 1), torch.tensor(labels)), atol=1e-5)
   x = Tensor(rand(2, 3, 4))
   with pytest.raises(RuntimeError, match="labels"):
     x.sparse_categorical_crossentropy(Tensor(np.zeros((2, 4), np.int32)))

@@ -82,40 +82,33 @@ def _reduce_loss(loss: Tensor, reduction: str, count: Tensor | int | None = None
   return loss.sum() / (loss.numel() if count is None else count)
 
 def _classes_last(x: Tensor, class_axis: int) -> Tensor:
-  return x if class_axis == x.ndim - 1 else x.transpose(class_axis, -1)
+  return x.permute([i for i in range(x.ndim) if i != class_axis] + [class_axis])
 
 # ---------------------------------------------------------------------------------------------------------------------
 
 class NNMixin:
   def _windows(self, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
     """(..., *spatial) -> (..., *out, *kernel) sliding windows as a view made of movement ops only."""
-    n = len(kernel)
-    prefix, spatial = self.shape[:-n], self.shape[-n:]
+    n, p = len(kernel), self.ndim - len(kernel)
+    prefix, spatial, keep = self.shape[:p], self.shape[p:], (None,) * p
     outs = tuple((i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(spatial, kernel, stride, dilation))
-    keep = tuple((0, 0) for _ in prefix)
     if all(k == s and d == 1 for k, s, d in zip(kernel, stride, dilation)):
-      # non-overlapping windows are a plain split of each dim
-      x = self.shrink(tuple(None for _ in prefix) + tuple((0, o * k) for o, k in zip(outs, kernel)))
-      x = x.reshape(prefix + _cat((o, k) for o, k in zip(outs, kernel)))
-    else:
-      # tile each dim e times; rows of length i+d then start d elements further into the input each
-      tiles = tuple(ceildiv(k * (i + d), i) for i, k, d in zip(spatial, kernel, dilation))
-      x = self.reshape(prefix + _cat((1, i) for i in spatial)).expand(prefix + _cat(zip(tiles, spatial)))
-      x = x.reshape(prefix + tuple(e * i for e, i in zip(tiles, spatial)))
-      x = x.shrink(tuple(None for _ in prefix) + tuple((0, k * (i + d)) for i, k, d in zip(spatial, kernel, dilation)))
-      x = x.reshape(prefix + _cat((k, i + d) for i, k, d in zip(spatial, kernel, dilation)))
-      # every s-th start position: take o*s positions (padding past the end), split (o, s), keep the first
-      spans = tuple(min(o * s, i + d) for o, s, i, d in zip(outs, stride, spatial, dilation))
-      x = x.shrink(tuple(None for _ in prefix) + _cat((None, (0, sp)) for sp in spans))
-      x = x.pad(keep + _cat(((0, 0), (0, o * s - sp)) for o, s, sp in zip(outs, stride, spans)))
-      x = x.reshape(prefix + _cat((k, o, s) for k, o, s in zip(kernel, outs, stride)))
-      x = x.shrink(tuple(None for _ in prefix) + _cat((None, None, (0, 1)) for _ in kernel))
-      x = x.reshape(prefix + _cat((k, o) for k, o in zip(kernel, outs)))
-      p = len(prefix)
-      x = x.permute(tuple(range(p)) + tuple(p + 2 * i + 1 for i in range(n)) + tuple(p + 2 * i for i in range(n)))
-      return x
-    p = len(prefix)
-    return x.permute(tuple(range(p)) + tuple(p + 2 * i for i in range(n)) + tuple(p + 2 * i + 1 for i in range(n)))
+      # non-overlapping windows are a plain split of each dim into (out, kernel)
+      x = self.shrink(keep + tuple((0, o * k) for o, k in zip(outs, kernel))).reshape(prefix + _cat(zip(outs, kernel)))
+      return x.permute(tuple(range(p)) + tuple(p + 2 * i for i in range(n)) + tuple(p + 2 * i + 1 for i in range(n)))
+    # tile each dim e times and fold it into rows of length i+d: row a then starts a*d elements into the input
+    tiles = tuple(ceildiv(k * (i + d), i) for i, k, d in zip(spatial, kernel, dilation))
+    x = self.reshape(prefix + _cat((1, i) for i in spatial)).expand(prefix + _cat(zip(tiles, spatial)))
+    x = x.reshape(prefix + tuple(e * i for e, i in zip(tiles, spatial)))
+    x = x.shrink(keep + tuple((0, k * (i + d)) for i, k, d in zip(spatial, kernel, dilation)))
+    x = x.reshape(prefix + _cat((k, i + d) for i, k, d in zip(spatial, kernel, dilation)))
+    # every s-th start position: take o*s positions (padding past the end), split (o, s), keep the first
+    spans = tuple(min(o * s, i + d) for o, s, i, d in zip(outs, stride, spatial, dilation))
+    x = x.shrink(keep + _cat((None, (0, sp)) for sp in spans))
+    x = x.pad(((0, 0),) * p + _cat(((0, 0), (0, o * s - sp)) for o, s, sp in zip(outs, stride, spans)))
+    x = x.reshape(prefix + _cat(zip(kernel, outs, stride))).shrink(keep + _cat((None, None, (0, 1)) for _ in kernel))
+    x = x.reshape(prefix + _cat(zip(kernel, outs)))
+    return x.permute(tuple(range(p)) + tuple(p + 2 * i + 1 for i in range(n)) + tuple(p + 2 * i for i in range(n)))
   # ------------------------------------------------------------------ convolution
   def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride: IntOrInts = 1,
              dilation: IntOrInts = 1, padding: IntOrInts = 0, dtype: DTypeLike | None = None) -> Tensor:
@@ -339,7 +332,8 @@ class NNMixin:
       rows, cols = Tensor.arange(self.shape[-2], device=self.device), Tensor.arange(key.shape[-2], device=self.device)
       attn_mask = rows.reshape(-1, 1) >= cols.reshape(1, -1)
     if attn_mask is not None:
-      scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype is dtypes.bool else scores + attn_mask
+      if attn_mask.dtype is dtypes.bool: scores = attn_mask.where(scores, -math.inf)
+      else: scores = scores + attn_mask.cast(scores.dtype)
     return scores.softmax(-1).dropout(dropout_p) @ value
   def _repeat_heads(self, times: int) -> Tensor:
     """(..., H, S, E) -> (..., H*times, S, E), each head repeated `times` times in place (like repeat_interleave)."""
@@ -366,14 +360,12 @@ class NNMixin:
     return _reduce_loss((1 - Y) * self + pos, reduction)
   def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
                                       reduction: str = "mean") -> Tensor:
-    """Cross-entropy of logits with the classes on the LAST axis and integer labels Y."""
+    """Cross-entropy of logits with the classes on the LAST axis and class labels Y (integer-valued)."""
     _check_reduction(reduction)
     _check_smoothing(label_smoothing)
     if self.ndim == 0 or Y.shape != self.shape[:-1]:
       raise RuntimeError(f"sparse_categorical_crossentropy labels of shape {Y.shape} must have the shape of the logits "
                          f"{self.shape} without its last (class) axis")
-    if not dtypes.is_int(Y.dtype):
-      raise RuntimeError(f"sparse_categorical_crossentropy labels must be ints, got {Y.dtype}")
     classes, logp = self.shape[-1], self.log_softmax(-1)
     picked = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)).where(logp, 0).sum(-1)
     loss = -(1 - label_smoothing) * picked - label_smoothing / classes * logp.sum(-1)
