@@ -115,8 +115,11 @@ class _Planner:
   def _reads_shifted(self, value: UOp, buf: Buffer) -> bool:
     """Does `value` read `buf` anywhere other than at the element it writes (an in-place hazard)?"""
     stack: list[tuple[UOp, bool]] = [(value, False)]
+    seen: set[tuple[UOp, bool]] = set()
     while stack:
       u, moved = stack.pop()
+      if (u, moved) in seen: continue
+      seen.add((u, moved))
       if u.op is Ops.BUFFER:
         if buffer_of[u] is buf and moved: return True
         continue
