@@ -164,8 +164,8 @@ def _canonical_signs(u, axis):
   big = np.take_along_axis(u, np.abs(u).argmax(axis, keepdims=True), axis)
   return u * np.sign(big)
 
-@pytest.mark.parametrize("shape", [(4, 4), (5, 3), (3, 5), (2, 4, 3), (1, 1), (6, 6)])
-@pytest.mark.parametrize("full_matrices", [True, False])
+@pytest.mark.parametrize("shape,full_matrices", [((4, 4), True), ((5, 3), True), ((5, 3), False), ((3, 5), True),
+                                                ((3, 5), False), ((2, 4, 3), True), ((1, 1), True)])
 def test_svd(shape, full_matrices):
   a = rand(*shape)
   u, s, vh = Tensor(a).svd(full_matrices=full_matrices)
@@ -212,7 +212,7 @@ def test_newton_schulz():
   out = Tensor(g).newton_schulz(2, per_step)
   np.testing.assert_allclose(out.numpy(), _newton_schulz_ref(g, 2, per_step), atol=1e-5, rtol=1e-4)
   # the classic cubic iteration converges to the orthogonal polar factor
-  orth = Tensor(g.astype(np.float64)).newton_schulz(60, (1.5, -0.5, 0.0)).numpy()
+  orth = Tensor(g.astype(np.float64)).newton_schulz(40, (1.5, -0.5, 0.0)).numpy()
   np.testing.assert_allclose(orth.T @ orth, np.eye(4), atol=1e-6)
   with pytest.raises(ValueError, match="params"): Tensor(g).newton_schulz(3, (1.0, 2.0))
 

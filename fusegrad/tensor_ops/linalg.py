@@ -189,7 +189,8 @@ class LinalgMixin:
     x = x / (x.square().sum((-2, -1), keepdim=True).sqrt() + eps)
     for a, b, c in per_step[:steps]:
       gram = x @ x.transpose(-1, -2)
-      x = a * x + (b * gram + c * (gram @ gram)) @ x
+      # each step in its own buffer: later steps reuse one compiled kernel instead of inlining all earlier ones
+      x = (a * x + (b * gram + c * (gram @ gram)) @ x).contiguous()
     return x.transpose(-1, -2) if tall else x
 
 _JACOBI_SWEEPS = 8
