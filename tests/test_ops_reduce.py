@@ -174,6 +174,19 @@ def test_any_all():
   check(Tensor(empty).any(), np.bool_(False))
   check(Tensor(empty).all(0), np.ones(3, np.bool_))
 
+def test_bfloat16_reductions_and_scans():
+  """bfloat16 has no numpy type: compare against torch's bfloat16 (sums accumulate in float32 and round once)."""
+  a = rnd(4, 40, seed=25)
+  t, tt = Tensor(a).cast(dtypes.bfloat16), torch.tensor(a).bfloat16()
+  check(t.sum(1), tt.float().sum(1).bfloat16())
+  check(t.max(0), tt.amax(0))
+  check(t.min(), tt.min())
+  check(t.mean(1), tt.float().mean(1).bfloat16())
+  check(t.argmax(1), tt.argmax(1).int())
+  check(t.cumsum(1), tt.float().cumsum(1).bfloat16())
+  check(t.softmax(1), tt.float().softmax(1).bfloat16())
+  check(t.logsumexp(1), tt.float().logsumexp(1).bfloat16())
+
 # ---------------------------------------------------------------------------------------------------------------------
 # mean / var / std
 
@@ -206,6 +219,7 @@ def test_var_std_gradients():
   grad_check(lambda t: t.mean((0, 1), keepdim=True) * t, a, torch_fn=lambda t: t.mean((0, 1), keepdim=True) * t)
   grad_check(lambda t: t.std_mean(1)[0] + t.std_mean(1)[1], a, torch_fn=lambda t: sum(torch.std_mean(t, 1)))
 
+@pytest.mark.filterwarnings("ignore:var\\(\\)|std\\(\\):UserWarning")
 def test_mean_var_degenerate_counts():
   empty = np.zeros((0, 4), np.float32)
   check(Tensor(empty).mean(), torch.tensor(empty).mean())
@@ -327,6 +341,7 @@ def test_reductions_of_views(i):
     fg_view, th_view = VIEWS[view]
     grad_check(lambda t, v=fg_view: fg_fn(v(t), 1), a, torch_fn=lambda t, v=th_view: th_fn(v(t), 1))
 
+@pytest.mark.filterwarnings("ignore:var\\(\\)|std\\(\\):UserWarning")
 @pytest.mark.parametrize("name,th_fn", REDUCTIONS, ids=[r[0] for r in REDUCTIONS])
 def test_reductions_of_scalar_and_empty(name, th_fn):
   fg_fn = {"max": lambda t, ax: t.max(ax), "min": lambda t, ax: t.min(ax)}.get(name, lambda t, ax: getattr(t, name)(ax))

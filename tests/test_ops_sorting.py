@@ -104,6 +104,16 @@ def test_long_rows_by_default_network():
   check(index, stable_order(b, 0, False))
   check(values, b[stable_order(b, 0, False)])
 
+def test_sort_bfloat16(path):
+  a = np.random.default_rng(10).permutation(np.arange(-6, 7)).astype(np.float32) / 4  # exact in bfloat16
+  t, tt = Tensor(a).cast(dtypes.bfloat16), torch.tensor(a).bfloat16()
+  for descending in (False, True):
+    values, index = t.sort(descending=descending)
+    ref_values, ref_index = tt.sort(descending=descending, stable=True)
+    assert values.dtype == dtypes.bfloat16
+    np.testing.assert_array_equal(values.numpy(), ref_values.float().numpy())
+    check(index, ref_index)
+
 def test_sort_along_other_dims_and_views(path):
   a = np.random.default_rng(4).standard_normal((4, 5, 6)).astype(np.float32)
   t, tt = Tensor(a), torch.tensor(a)
