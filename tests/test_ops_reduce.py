@@ -15,7 +15,8 @@ from fusegrad.tensor_ops import reduce as reduce_ops
 NP2FG = {np.dtype(np.bool_): dtypes.bool, np.dtype(np.int8): dtypes.int8, np.dtype(np.uint8): dtypes.uint8,
          np.dtype(np.int16): dtypes.int16, np.dtype(np.uint16): dtypes.uint16, np.dtype(np.int32): dtypes.int32,
          np.dtype(np.uint32): dtypes.uint32, np.dtype(np.int64): dtypes.int64, np.dtype(np.uint64): dtypes.uint64,
-         np.dtype(np.float16): dtypes.float16, np.dtype(np.float32): dtypes.float32, np.dtype(np.float64): dtypes.float64}
+         np.dtype(np.float16): dtypes.float16, np.dtype(np.float32): dtypes.float32,
+         np.dtype(np.float64): dtypes.float64}
 TORCH2FG = {torch.bool: dtypes.bool, torch.int8: dtypes.int8, torch.uint8: dtypes.uint8, torch.int16: dtypes.int16,
             torch.int32: dtypes.int32, torch.int64: dtypes.int64, torch.float16: dtypes.float16,
             torch.bfloat16: dtypes.bfloat16, torch.float32: dtypes.float32, torch.float64: dtypes.float64}
@@ -74,7 +75,8 @@ def kernels(fn, *arrays):
 
 SUM_DTYPE_OF = {np.bool_: dtypes.int32, np.int8: dtypes.int32, np.uint8: dtypes.uint32, np.int16: dtypes.int32,
                 np.uint16: dtypes.uint32, np.int32: dtypes.int32, np.uint32: dtypes.uint32, np.int64: dtypes.int64,
-                np.uint64: dtypes.uint64, np.float16: dtypes.float16, np.float32: dtypes.float32, np.float64: dtypes.float64}
+                np.uint64: dtypes.uint64, np.float16: dtypes.float16, np.float32: dtypes.float32,
+                np.float64: dtypes.float64}
 
 @pytest.mark.parametrize("np_dt", NP_TYPES, ids=lambda d: np.dtype(d).name)
 def test_sum_every_dtype(np_dt):
@@ -272,7 +274,8 @@ def test_logsumexp_extremes():
   check(Tensor(a).logsumexp(1), torch.tensor(a).logsumexp(1))
   check(Tensor(np.arange(6, dtype=np.int32)).logsumexp(), torch.arange(6).float().logsumexp(0))
   check(Tensor(np.zeros((2, 0), np.float32)).logsumexp(1), torch.zeros(2, 0).logsumexp(1))
-  check(Tensor(rnd(6, seed=1).astype(np.float16)).logsumexp(), torch.tensor(rnd(6, seed=1).astype(np.float16)).logsumexp(0))
+  half = rnd(6, seed=1).astype(np.float16)
+  check(Tensor(half).logsumexp(), torch.tensor(half).logsumexp(0))
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "softmin"])
 def test_softmax_family(name):

@@ -38,7 +38,7 @@ def _shift_right(t: Tensor, fill: Scalar) -> Tensor:
   return t.pad(tuple((0, 0) for _ in t.shape[:-1]) + ((1, 0),), value=fill).shrink(tuple((0, d) for d in t.shape))
 
 def _masked_rows(x: Tensor, fill: Scalar) -> Tensor:
-  """(..., n) -> (..., n, n) view whose row i holds x[..., :i+1] and `fill` after it (no memory: fused into a reduce)."""
+  """(..., n) -> (..., n, n) view whose row i holds x[..., :i+1], then `fill` (no memory: it fuses into a reduce)."""
   n = x.shape[-1]
   pos = Tensor.arange(n, device=x.device)
   keep = pos.reshape(n, 1) >= pos.reshape(1, n)
@@ -61,8 +61,8 @@ class _Scan(NamedTuple):
   identity: Callable[[DType], Scalar]
 
 def _alu_scan(op: Ops, combine: Callable[[Tensor, Tensor], Tensor]) -> _Scan:
-  return _Scan(lambda x: _masked_rows(x, _identity(op, x.dtype))._reduce(op, -1, False), lambda x: x._reduce(op, -1, False),
-               combine, lambda dt: _identity(op, dt))
+  return _Scan(lambda x: _masked_rows(x, _identity(op, x.dtype))._reduce(op, -1, False),
+               lambda x: x._reduce(op, -1, False), combine, lambda dt: _identity(op, dt))
 
 SCANS = {
   "sum": _alu_scan(Ops.ADD, lambda a, b: a + b),
@@ -171,7 +171,8 @@ class ReduceMixin:
     elif p == 1: norm = magnitude.sum(dim, keepdim=True)
     else:
       powered = magnitude.pow(p).sum(dim, keepdim=True)
-      # the root's gradient is infinite at 0: take it of 1 there (and discard) so the zero vector's gradient stays finite
+      # the root's slope is infinite at 0: take the root of 1 there (and discard it), so the zero vector's gradient
+      # stays finite
       is_zero = powered == 0
       norm = is_zero.where(0, is_zero.where(1, powered).pow(1 / p))
     return x / norm.maximum(eps)

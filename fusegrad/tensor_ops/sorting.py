@@ -4,7 +4,9 @@ Sorting compares order rows (an order-preserving integer key of each value plus 
 total and the sort stable. Long rows go through a bitonic network over the row padded to a power of two:
 log2(n)*(log2(n)+1)/2 compare-exchange steps built from movement ops and `where`, a few steps per kernel. Short rows
 are ranked instead (all pairs compared in one reduce). Float values ride along, so their gradient flows back through
-the same exchanges (each network kernel materializes its gradient, see contiguous_backward)."""
+the same exchanges (each network kernel materializes its gradient, see contiguous_backward).
+
+keccak is the SHA-3 sponge with Keccak-f[1600] as lane arithmetic on uint64 tensors, one kernel per round."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -48,7 +50,8 @@ def _decode_key(key: Tensor, dt: DType, descending: bool) -> Tensor:
   """The integer or bool value of an order key (the inverse of _order_key for non-float dtypes)."""
   key = ~key if descending else key
   if dtypes.is_unsigned(dt) or dt is dtypes.bool: return key.cast(dt)
-  return (key ^ (1 << (key.dtype.bitsize - 1))).bitcast(dtypes.int64 if key.dtype.itemsize == 8 else dtypes.int32).cast(dt)
+  signed = dtypes.int64 if key.dtype.itemsize == 8 else dtypes.int32
+  return (key ^ (1 << (key.dtype.bitsize - 1))).bitcast(signed).cast(dt)
 
 def _precedes(a: list[Tensor], b: list[Tensor]) -> Tensor:
   """a < b, comparing the lists of order tensors lexicographically."""
@@ -83,7 +86,8 @@ def _rank_sort(x: Tensor, descending: bool) -> tuple[Tensor, Tensor]:
   order = order_of(state)
   rank = _precedes([o.unsqueeze(-2) for o in order], [o.unsqueeze(-1) for o in order]).cast(dtypes.int32).sum(-1)
   rank_is = rank.unsqueeze(-2).eq(Tensor.arange(n, device=x.device).reshape(n, 1))  # [..., r, i]: element i has rank r
-  def pick(t: Tensor) -> Tensor: return rank_is.where(t.unsqueeze(-2), False if t.dtype is dtypes.bool else 0)._reduce(Ops.ADD, -1, False)
+  def pick(t: Tensor) -> Tensor:  # a sum over one selected element (bool adds as or)
+    return rank_is.where(t.unsqueeze(-2), False if t.dtype is dtypes.bool else 0)._reduce(Ops.ADD, -1, False)
   return _sorted_result([pick(t) for t in state], x.dtype, descending)
 
 def _bitonic_steps(n: int) -> Iterator[tuple[int, bool]]:
@@ -114,7 +118,8 @@ def _bitonic_sort(x: Tensor, descending: bool) -> tuple[Tensor, Tensor]:
   state, order_of = _sort_state(x, descending)
   steps = list(_bitonic_steps(x.shape[-1]))
   for first in range(0, len(steps), STEPS_PER_KERNEL):
-    for block, mirrored in steps[first:first + STEPS_PER_KERNEL]: state = _compare_exchange(state, order_of, block, mirrored)
+    for block, mirrored in steps[first:first + STEPS_PER_KERNEL]:
+      state = _compare_exchange(state, order_of, block, mirrored)
     state = [t.contiguous().contiguous_backward() if dtypes.is_float(t.dtype) else t.contiguous() for t in state]
   return _sorted_result(state, x.dtype, descending)
 
@@ -127,6 +132,68 @@ def _sort_last(x: Tensor, descending: bool) -> tuple[Tensor, Tensor]:
   values, index = _bitonic_sort(padded, descending)
   keep = tuple((0, d) for d in x.shape)
   return values.shrink(keep), index.shrink(keep)
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Keccak (FIPS 202): the permutation's constants, derived as the standard defines them
+
+def _round_constants() -> list[int]:
+  """The 24 iota constants from the degree-8 LFSR (FIPS 202, algorithm 5)."""
+  state, bits = 1, []
+  for _ in range(7 * 24):
+    bits.append(state & 1)
+    state = ((state << 1) ^ (0x71 if state & 0x80 else 0)) & 0xFF
+  return [sum(bits[7 * r + j] << (2 ** j - 1) for j in range(7)) for r in range(24)]
+
+def _rotation_offsets() -> list[int]:
+  """rho's rotation of lane x + 5y, walking (x, y) -> (y, 2x + 3y) from (1, 0)."""
+  offsets, x, y = [0] * 25, 1, 0
+  for t in range(24):
+    offsets[x + 5 * y] = (t + 1) * (t + 2) // 2 % 64
+    x, y = y, (2 * x + 3 * y) % 5
+  return offsets
+
+KECCAK_ROUND_CONSTANTS, KECCAK_ROTATIONS = _round_constants(), _rotation_offsets()
+# pi moves lane (x, y) to (y, 2x + 3y): output lane X + 5Y reads input lane (X + 3Y) % 5 + 5X
+KECCAK_PI_SOURCE = [(x + 3 * y) % 5 + 5 * x for y in range(5) for x in range(5)]
+KECCAK_CONFIGS = {"sha3_224": (144, 0x06), "sha3_256": (136, 0x06), "shake_128": (168, 0x1F)}
+HASH_CHUNK = 168 * 8  # hash() digests chunks of this many bytes side by side, then the digests
+
+def _rotl(lanes: Tensor, amount: Tensor | int) -> Tensor: return (lanes << amount) | (lanes >> ((64 - amount) & 63))
+
+def _keccak_round(a: Tensor, pis: list[Tensor], rotations: Tensor, iota: Tensor) -> Tensor:
+  """One round of Keccak-f[1600] on lanes (..., 25), lane x + 5y; pis[k] picks lane (x + k, y) after pi."""
+  lead = a.shape[:-1]
+  rows = a.reshape(lead + (5, 5))  # [y][x]
+  planes = [rows.shrink(tuple((0, d) for d in lead) + ((y, y + 1), (0, 5))).reshape(lead + (5,)) for y in range(5)]
+  parity = planes[0] ^ planes[1] ^ planes[2] ^ planes[3] ^ planes[4]
+  theta = rows ^ (parity.roll(1, -1) ^ _rotl(parity.roll(-1, -1), 1)).unsqueeze(-2)
+  rotated = _rotl(theta.reshape(a.shape), rotations).unsqueeze(-2)
+  # each pick is a one-hot reduce (one source lane per output lane); three of them keep chi in the same kernel
+  picked = [pi.where(rotated, 0).sum(-1) for pi in pis]
+  return picked[0] ^ (~picked[1] & picked[2]) ^ iota
+
+def _keccak(data: Tensor, rate: int, dsbyte: int) -> Tensor:
+  """Sponge over the last axis of uint8 data: pad10*1 after the domain byte, absorb rate bytes per block, squeeze
+  (200 - rate) // 2 bytes."""
+  if not 0 < rate < 200 or rate % 8: raise ValueError(f"keccak rate must be a multiple of 8 in (0, 200), got {rate}")
+  n, lead, dev = data.shape[-1], data.shape[:-1], data.device
+  size = (n // rate + 1) * rate
+  pos = Tensor.arange(size, device=dev)
+  padding = pos.eq(n).where(dsbyte, 0).cast(dtypes.uint8) | pos.eq(size - 1).where(0x80, 0).cast(dtypes.uint8)
+  blocks = (data.pad(((0, 0),) * len(lead) + ((0, size - n),)) | padding).bitcast(dtypes.uint64)
+  blocks = blocks.reshape(lead + (size // rate, rate // 8)).pad(((0, 0),) * (len(lead) + 1) + ((0, 25 - rate // 8),))
+  blocks = blocks.contiguous()  # the byte packing once, not inside every round's kernel
+  pis = [Tensor([KECCAK_PI_SOURCE[(o + k) % 5 + o // 5 * 5] for o in range(25)], device=dev).reshape(25, 1)
+         .eq(Tensor.arange(25, device=dev)) for k in range(3)]
+  rotations = Tensor(KECCAK_ROTATIONS, dtype=dtypes.uint64, device=dev)
+  iotas = [Tensor([rc] + [0] * 24, dtype=dtypes.uint64, device=dev) for rc in KECCAK_ROUND_CONSTANTS]
+  state = Tensor.zeros(lead + (25,), dtype=dtypes.uint64, device=dev)
+  for b in range(size // rate):
+    block = blocks.shrink(tuple((0, d) for d in lead) + ((b, b + 1), (0, 25))).reshape(lead + (25,))
+    state = (state ^ block).contiguous()
+    # every round is its own kernel, the same one each time (its constant comes from a buffer): one compile
+    for iota in iotas: state = _keccak_round(state, pis, rotations, iota).contiguous()
+  return state.bitcast(dtypes.uint8).shrink(tuple((0, d) for d in lead) + ((0, (200 - rate) // 2),))
 
 class SortingMixin:
   def sort(self, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
@@ -149,7 +216,7 @@ class SortingMixin:
     keep = tuple((0, k) if i == ax else (0, d) for i, d in enumerate(self.shape))
     return values.shrink(keep), index.shrink(keep)
   def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Tensor:
-    if self.ndim not in (1, 2): raise RuntimeError(f"multinomial needs a 1-D or 2-D weight tensor, got shape {self.shape}")
+    if self.ndim not in (1, 2): raise RuntimeError(f"multinomial needs 1-D or 2-D weights, got shape {self.shape}")
     if num_samples < 1: raise RuntimeError(f"multinomial needs num_samples >= 1, got {num_samples}")
     categories = self.shape[-1]
     if not replacement and num_samples > categories:
@@ -167,3 +234,19 @@ class SortingMixin:
       arrival = -(1 - Tensor.rand(rows, categories, device=self.device)).log() / weights
       picked = arrival.argsort(1)[:, :num_samples]
     return picked.cast(dtypes.int32).reshape(self.shape[:-1] + (num_samples,))
+  def keccak(self, cfg: str | tuple[int, int] = "sha3_256") -> Tensor:
+    if isinstance(cfg, str) and cfg not in KECCAK_CONFIGS:
+      raise ValueError(f"unknown keccak cfg {cfg!r}; known: {sorted(KECCAK_CONFIGS)}")
+    rate, dsbyte = KECCAK_CONFIGS[cfg] if isinstance(cfg, str) else cfg
+    if not self.ndim: raise ValueError("keccak needs byte data with at least one dim (it digests the last)")
+    return _keccak(self if self.dtype is dtypes.uint8 else self.bitcast(dtypes.uint8), rate, dsbyte)
+  def hash(self) -> Tensor:
+    """shake_128 over the bytes; longer data digests HASH_CHUNK-byte chunks side by side, then (digests, length)."""
+    data = self.reshape(-1) if self.ndim != 1 else self
+    data = data if data.dtype is dtypes.uint8 else data.bitcast(dtypes.uint8)
+    while data.shape[0] > HASH_CHUNK:
+      n = data.shape[0]
+      chunks = data.pad(((0, -n % HASH_CHUNK),)).reshape(-1, HASH_CHUNK)
+      length = Tensor(list(n.to_bytes(8, "little")), dtype=dtypes.uint8, device=self.device)
+      data = chunks.keccak("shake_128").reshape(-1).cat(length)
+    return data.keccak("shake_128")
