@@ -92,6 +92,9 @@ def identity(op: Ops, dtype) -> object:
   return dtype.min  # MAX
 
 pm_loads = PatternMatcher([
+  # a padded load is already gated: selecting its zero again is redundant
+  (UPat(Ops.WHERE, src=(UPat.var("g"), UPat(Ops.LOAD, name="ld", src=(UPat.var(), UPat.var(), UPat.var("g"))), UPat.cvar("z"))),
+   lambda g, ld, z: ld if z.arg == 0 else None),
   (UPat(Ops.LOAD, src=(UPat.var("b"), UPat.var("i"), UPat.const(dtypes.bool, True))), lambda b, i: UOp(Ops.LOAD, b.dtype, (b, i))),
   (UPat(Ops.LOAD, name="ld", src=(UPat.var(), UPat.var(), UPat.const(dtypes.bool, False))), lambda ld: UOp.const(ld.dtype, 0)),
 ])

@@ -7,6 +7,9 @@ from fusegrad.helpers import DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
+# a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead
+RECOMPUTE_LIMIT = 1 << 22
+
 @dataclass(frozen=True)
 class ScheduleItem:
   """One launch: a kernel (ast is a SINK) or a transfer (ast is a COPY). buffers[0] is the output."""
@@ -65,15 +68,27 @@ class _Planner:
     self.items: list[ScheduleItem] = []
     sink = UOp(Ops.SINK, src=tuple(roots))
     self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
-    self.parents: dict[UOp, int] = {}
+    self.parents: dict[UOp, list[UOp]] = {}
     for u in self.nodes:
-      for s in dict.fromkeys(u.src): self.parents[s] = self.parents.get(s, 0) + 1
+      for s in dict.fromkeys(u.src): self.parents.setdefault(s, []).append(u)
     # buffers overwritten by an assign in this schedule: reading one from another assign needs a temporary
     self.assigned = {buffer_of[b] for u in self.nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None}
     self.device_of: dict[UOp, str | None] = {}
     for u in self.nodes: self.device_of[u] = self._device(u)
     for r, d in zip(roots, devices):
       if base_buffer(r) is None: self._mark(r, self.device_of[r] or d)
+    # a reduce fused into several kernels would be computed once per kernel: realize it once instead
+    while shared := self._reduces_in_several_kernels():
+      for u in shared: self._mark(u, self.device_of[u] or self.points[next(iter(self.points))])
+
+  def _reduces_in_several_kernels(self) -> list[UOp]:
+    seen_in: dict[UOp, int] = {}
+    for point in self.points:
+      value = point.src[1] if point.op is Ops.ASSIGN else point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
+      if value is not point and value in self.points: continue
+      for u in value.toposort(gate=lambda x: x is value or x not in self.points):
+        if u.op is Ops.REDUCE_AXIS and u not in self.points: seen_in[u] = seen_in.get(u, 0) + 1
+    return [u for u, n in seen_in.items() if n > 1]
 
   def _device(self, u: UOp) -> str | None:
     if u.op is Ops.BUFFER: return u.arg[1]
@@ -103,11 +118,25 @@ class _Planner:
       if (u, expanded) in seen or u.op is Ops.BUFFER: continue
       seen.add((u, expanded))
       if u is not point and (u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward" or
-                             u.op is Ops.REDUCE_AXIS and (expanded or self.parents.get(u, 0) > 1)):
+                             u.op is Ops.REDUCE_AXIS and expanded):
         self._mark(u, self.device_of[u] or device)
         continue
       grows = u.op is Ops.EXPAND and u.size > u.src[0].size
+      if grows and self._recompute_cost(u.src[0]) * (u.size - u.src[0].size) >= RECOMPUTE_LIMIT:
+        # a broadcast would recompute this expression for every copy: compute it once into a buffer instead
+        self._mark(u.src[0], self.device_of[u.src[0]] or device)
+        continue
       stack.extend((s, expanded or grows) for s in u.src)
+
+  def _recompute_cost(self, u: UOp) -> int:
+    """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is
+    free (the compiler folds or hoists it), and the walk stops at buffers, reduces and realize points."""
+    nodes = u.toposort(gate=lambda x: x is u or x not in self.points and x.op is not Ops.REDUCE_AXIS)
+    reads_data: dict[UOp, bool] = {}
+    for n in nodes:
+      reads_data[n] = n.op is Ops.BUFFER or n.op is Ops.REDUCE_AXIS or (n in self.points and n is not u) or \
+        any(reads_data.get(s, False) for s in n.src)
+    return sum(1 for n in nodes if n.op in GroupOp.ALU and reads_data[n])
 
   def _reads_any(self, value: UOp, bufs: set[Buffer]) -> bool:
     return any(u.op is Ops.BUFFER and buffer_of[u] in bufs for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN))

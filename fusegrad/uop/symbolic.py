@@ -92,23 +92,23 @@ def build_sum(terms: list[tuple[int, UOp]], const: int, like: UOp) -> UOp:
   return out + UOp.const(like.dtype, const) if const != 0 else out
 
 def fold_divmod(d: UOp, x: UOp, c: UOp) -> UOp | None:
-  """(sum of terms) // c and % c: terms whose coefficient c divides move out when every part is non-negative."""
+  """(sum of k*t) // c and % c with every part non-negative: each k splits into q*c + r, the q*t parts leave the
+  division, and what remains is dropped from // (or kept whole by %) when its range is below c."""
   cv = c.arg
   if cv <= 0 or x.vmin < 0: return None
   terms, const = split_terms(x)
-  if not terms: return None
-  keep = [(k, t) for k, t in terms if k % cv != 0]
-  moved = [(k // cv, t) for k, t in terms if k % cv == 0]
+  if not terms or any(t.vmin < 0 for _, t in terms): return None
+  moved = [(k // cv, t) for k, t in terms if k // cv != 0]
+  keep = [(k % cv, t) for k, t in terms if k % cv != 0]
   moved_const, rest_const = const // cv, const % cv
   rest = build_sum(keep, rest_const, x)
-  if rest.vmin < 0 or any(t.vmin < 0 for _, t in moved): return None
-  if not moved and moved_const == 0:
-    # nothing divisible, but the remainder may be provably below c
-    if d.op is Ops.MOD and x.vmax < cv: return x
-    return None
-  if d.op is Ops.MOD: return rest % c if rest.vmax >= cv else rest
-  quotient = rest // c if rest.vmax >= cv else None
-  return build_sum(moved + ([(1, quotient)] if quotient is not None else []), moved_const, x)
+  if rest.vmin < 0: return None
+  changed = bool(moved) or moved_const != 0 or any(k >= cv for k, _ in terms)
+  if d.op is Ops.MOD:
+    if rest.vmax < cv: return rest
+    return rest % c if changed else None
+  if rest.vmax < cv: return build_sum(moved, moved_const, x)
+  return build_sum(moved + [(1, rest // c)], moved_const, x) if changed else None
 
 def reorder_const_add(x: UOp, c1: UOp, y: UOp) -> UOp | None:
   """(x + c) + y -> (x + y) + c keeps constants outermost so they meet and fold."""
@@ -132,6 +132,7 @@ pm_symbolic = PatternMatcher([
   # identities (x*0 only for ints: inf*0 is nan; x+0 only for ints: -0.0+0 is +0.0)
   (_ix + 0, lambda x: x), (_x * 1, lambda x: x), (_ix * 0, lambda x: x.const_like(0)),
   (_x // 1, lambda x: x), (_ix % 1, lambda x: x.const_like(0)),
+  (UPat(Ops.MUL, src=[_x, UPat.const(None, 1.0)]), lambda x: x if dtypes.is_float(x.dtype) else None),
   (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(_x,)),)), lambda x: x),
   (UPat(Ops.CAST, name="c", src=(_x,)), lambda c, x: x if c.dtype == x.dtype else None),
   # constants move right and re-associate
