@@ -1,6 +1,6 @@
 """The main demo: a fused computation, how many kernels it took, and the C it became.
 
-Run: python -m fusegrad.examples.hello"""
+Run: python examples/hello.py"""
 import numpy as np
 from fusegrad import Context, GlobalCounters, Tensor
 
