@@ -4,7 +4,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
-from fusegrad.uop.symbolic import pm_symbolic
+from fusegrad.uop.symbolic import pm_symbolic, split_terms
 
 TRUE = UOp.const(dtypes.bool, True)
 
@@ -101,10 +101,24 @@ pm_loads = PatternMatcher([
 
 UPCAST_SIZES = (16, 8, 4)
 
-def choose_upcast(value: UOp) -> int:
+def _coefficient(index: UOp, r: UOp) -> int | None:
+  """The stride of index along loop r, or None when r appears inside division or modulo."""
+  terms, _ = split_terms(index)
+  if any(t is not r and r in t.toposort() for _, t in terms): return None
+  return sum(k for k, t in terms if t is r)
+
+def choose_upcast(value: UOp, plain_kernel: UOp) -> int:
   """How many outputs along the last dim one loop iteration computes: a reduce then keeps that many accumulators,
-  which turns a strided walk over the reduced dim (like B's rows in a matmul) into contiguous vector loads."""
-  if not value.shape or not any(u.op is Ops.REDUCE_AXIS for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL)):
+  which turns a strided walk over the reduced dim (like B's rows in a matmul) into contiguous vector loads. Only
+  worth it when some input is contiguous along that output dim but not along the innermost reduce loop."""
+  if not value.shape or value.shape[-1] == 1: return 1
+  nodes = plain_kernel.toposort()
+  ranges = [u for u in nodes if u.op is Ops.RANGE]
+  last = [r for r in ranges if r.arg[1] == "global"]
+  inner = [r for r in ranges if r.arg[1] == "reduce"]
+  if not last or not inner: return 1
+  last_r, inner_r = max(last, key=lambda r: r.arg[0]), max(inner, key=lambda r: r.arg[0])
+  if not any(_coefficient(u.src[1], last_r) == 1 and _coefficient(u.src[1], inner_r) != 1 for u in nodes if u.op is Ops.LOAD):
     return 1
   return next((up for up in UPCAST_SIZES if value.shape[-1] % up == 0 and value.shape[-1] > up), 1)
 
@@ -114,9 +128,11 @@ def lower_kernel(ast: UOp, upcast: int | None = None) -> UOp:
   out, value = store.src
   sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
   idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
-  lowerer = Lowerer(idx_dtype)
-  up = choose_upcast(value) if upcast is None else upcast
-  shape = value.shape
+  if upcast is None:
+    plain = lower_kernel(ast, upcast=1)
+    upcast = choose_upcast(value, plain) if any(u.op is Ops.REDUCE for u in plain.toposort()) else 1
+    if upcast == 1: return plain
+  lowerer, up, shape = Lowerer(idx_dtype), upcast, value.shape
   outer = tuple(lowerer.new_range(d // up if a == len(shape) - 1 else d, "global") for a, d in enumerate(shape))
   stores = []
   for lane in range(up):
