@@ -55,10 +55,11 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 def realize_uops(roots: list[UOp], devices: list[str]) -> list[UOp]:
   """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
-  items, results = create_schedule(roots, devices)
+  items, results, inner = create_schedule(roots, devices)
   run_schedule(items)
   for r, res in zip(roots, results):
     if r is not res: record_realized(r, res)
+  for point, res in inner.items(): record_realized(point, res, strong=True)
   return results
 
 __all__ = ["realize_uops", "run_schedule", "get_runner", "buffer_of"]

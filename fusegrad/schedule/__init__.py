@@ -19,14 +19,16 @@ class ScheduleItem:
 
 # BUFFER uop -> its storage; several uops (versions, after an assign) may share one Buffer
 buffer_of: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
-# a computed tensor-level uop -> the buffer view holding its value, so realized work is not redone while some
-# tensor still holds that result (both sides are weak: the cache alone keeps no buffer alive)
-realized: weakref.WeakKeyDictionary[UOp, weakref.ref[UOp]] = weakref.WeakKeyDictionary()
+# a computed tensor-level uop -> the buffer view holding its value, so realized work is not redone. A tensor's own
+# result is held weakly (it lives as long as the tensor holds it); an intermediate that read data is held as long as
+# the graph node that computed it is alive (loss.item() after opt.step() reuses the forward pass)
+realized: weakref.WeakKeyDictionary[UOp, UOp | weakref.ref[UOp]] = weakref.WeakKeyDictionary()
 
 def realized_value(u: UOp) -> UOp | None:
-  return ref() if (ref := realized.get(u)) is not None else None
+  if (ref := realized.get(u)) is None: return None
+  return ref if isinstance(ref, UOp) else ref()
 
-def record_realized(u: UOp, value: UOp) -> None: realized[u] = weakref.ref(value)
+def record_realized(u: UOp, value: UOp, strong: bool = False) -> None: realized[u] = value if strong else weakref.ref(value)
 _unique = itertools.count()
 
 def buffer_uop(buf: Buffer) -> UOp:
@@ -68,6 +70,7 @@ class _Planner:
     self.items: list[ScheduleItem] = []
     sink = UOp(Ops.SINK, src=tuple(roots))
     self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
+    self.cost_memo: dict[UOp, int] = {}
     self.parents: dict[UOp, list[UOp]] = {}
     for u in self.nodes:
       for s in dict.fromkeys(u.src): self.parents.setdefault(s, []).append(u)
@@ -131,6 +134,10 @@ class _Planner:
   def _recompute_cost(self, u: UOp) -> int:
     """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is
     free (the compiler folds or hoists it), and the walk stops at buffers, reduces and realize points."""
+    if (cost := self.cost_memo.get(u)) is None: cost = self.cost_memo[u] = self._count_data_ops(u)
+    return cost
+
+  def _count_data_ops(self, u: UOp) -> int:
     nodes = u.toposort(gate=lambda x: x is u or x not in self.points and x.op is not Ops.REDUCE_AXIS)
     reads_data: dict[UOp, bool] = {}
     for n in nodes:
@@ -227,11 +234,15 @@ class _Planner:
 
 def _view(buf: UOp, shape: tuple[int, ...]) -> UOp: return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
 
-def create_schedule(roots: list[UOp], devices: list[str]) -> tuple[list[ScheduleItem], list[UOp]]:
-  """Schedule the kernels that compute `roots`; returns the items and each root's resulting buffer view."""
+def create_schedule(roots: list[UOp], devices: list[str]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+  """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
+  buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel)."""
   roots = substitute_realized(roots)
   planner = _Planner(roots, devices)
   items = planner.plan()
   results = [planner.result.get(r, r) for r in roots]
+  root_set = set(roots)
+  inner = {p: planner.result[p] for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS)
+           and any(planner._kernel_inputs(p))}
   if DEBUG >= 3: print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
-  return items, results
+  return items, results, inner
