@@ -188,14 +188,15 @@ def truncate(x: Any, dt: DType) -> Any:
     return x - (1 << dt.bitsize) if dt.kind == "int" and x >= (1 << (dt.bitsize - 1)) else x
   if dt.kind == "float":
     x = float(x)
-    if dt is dtypes.float32: return struct.unpack("f", struct.pack("f", x))[0] if math.isfinite(x) and abs(x) < 3.5e38 else _f32_overflow(x)
-    if dt is dtypes.float16: return float(np.float16(x))
+    if dt is dtypes.float32: return struct.unpack("f", struct.pack("f", x))[0] if math.isfinite(x) and abs(x) < 3.4e38 else _narrow(x, np.float32)
+    if dt is dtypes.float16: return _narrow(x, np.float16)
     if dt is dtypes.bfloat16: return bf16_to_float(float_to_bf16(x))
     return x
   return x
 
-def _f32_overflow(x: float) -> float:
-  return float(np.float32(x))
+def _narrow(x: float, np_type: type) -> float:
+  """Round to a narrower float; overflowing to inf is the intended IEEE result, not a warning."""
+  with np.errstate(over="ignore"): return float(np_type(x))
 
 def as_const(x: Any, dt: DType) -> Any:
   """A Python constant of the right Python type for dt (bool / int / float), wrapped like a stored value."""

@@ -63,13 +63,11 @@ def check(t, ref, dtype=None, atol=1e-6, rtol=1e-3):
 def rnd(*shape, dtype=np.float32, lo=-2.0, hi=2.0, seed=0):
   return np.random.default_rng(seed).uniform(lo, hi, size=shape).astype(dtype)
 
-# fusegrad bugs found by this suite that are still open (tests showing them are xfail(strict=True) with these reasons).
-# Found and already fixed (kept as regression tests): kernels dropping the parameter of a buffer whose loads simplify
+# Bugs found by this suite and fixed (kept as regression tests): comparing an int tensor with itself failed to compile
+# on CPU (gcc -Wtautological-compare raised as CompileError); kernels dropping the parameter of a buffer whose loads simplify
 # away (x % 1, bool * False, 0-size reductions, K=0 matmul wrote garbage / segfaulted on CPU); int min() with the
 # dtype's minimum; PYTHON (-0.0) ** -1; float % precision for large quotients; float // and % with infinities;
 # 0-d sum(axis=0).
-BUG_INT_SELF_CMP = ("CPU device: comparing an int tensor with itself (a == a, a != a, a < a, a <= a) renders "
-                    "`val0==val0`, gcc warns -Wtautological-compare, and the warning is raised as CompileError")
 
 @pytest.fixture(params=DEVICES)
 def dev(request): return request.param
@@ -1255,7 +1253,7 @@ def test_unrealized_graph_survives_failed_realize(dev):
   check(a.exp(), np.exp(x), rtol=1e-5)
 
 # ---------------------------------------------------------------------------------------------------------------------
-# minimal reproducers of the bugs above (each xfail until fixed) and more exactness checks
+# minimal reproducers of the bugs above and more exactness checks
 
 def test_min_with_dtype_minimum(dev):
   """min must not be computed as -max(-x): -INT_MIN wraps."""
@@ -1270,8 +1268,7 @@ def test_pow_negative_zero_base(dev):
   check(T(b, dev) ** T(e, dev), torch.tensor(b) ** torch.tensor(e))
 
 @pytest.mark.parametrize("name", list(CMPS))
-def test_compare_int_with_itself(dev, name, request):
-  if dev == "CPU": request.applymarker(pytest.mark.xfail(strict=True, reason=BUG_INT_SELF_CMP))
+def test_compare_int_with_itself(dev, name):
   a = np.array([-7, 0, 5], np.int32)
   t = T(a, dev)
   check(CMPS[name](t, t), CMPS[name](a, a))

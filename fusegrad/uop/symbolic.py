@@ -153,6 +153,9 @@ pm_symbolic = PatternMatcher([
    lambda x, c1, c2: x * (c1.arg // c2.arg) if c2.arg != 0 and c1.arg % c2.arg == 0 else None),
   (UPat(Ops.MOD, src=(UPat(Ops.MUL, src=(_ix, _c1)), _c2)),
    lambda x, c1, c2: x.const_like(0) if c2.arg != 0 and c1.arg % c2.arg == 0 else None),
+  # an integer compared with itself (gcc would also warn about the tautology); floats keep x == x as a NaN test
+  (UPat(Ops.CMPEQ, src=(_ix, _ix)), lambda x: UOp.const(dtypes.bool, True)),
+  (UPat((Ops.CMPNE, Ops.CMPLT), src=(_ix, _ix)), lambda x: UOp.const(dtypes.bool, False)),
   # boolean algebra and selects
   (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, True)]), lambda x: x),
   (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, False)]), lambda x: x.const_like(False)),
