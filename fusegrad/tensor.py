@@ -1,7 +1,7 @@
 """Tensor: the user API. Every method builds a lazy UOp graph; nothing computes until realize() or a data accessor."""
 from __future__ import annotations
 
-import itertools, weakref
+import itertools, pathlib, weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -76,7 +76,15 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
                            dtype=to_numpy_dtype(inferred)).reshape(shape)
       self.uop = self._from_numpy(arr, inferred)
     elif isinstance(data, (np.ndarray, np.generic)): self.uop = self._from_numpy(np.asarray(data), dt)
+    elif isinstance(data, pathlib.Path): self.uop = self._from_file(data, dt or dtypes.uint8)
     else: raise TypeError(f"cannot build a Tensor from {type(data).__name__}")
+  def _from_file(self, path: pathlib.Path, dt: DType) -> UOp:
+    """A 1-D tensor over the file's bytes on device DISK:<abs path>; nothing is read until it is used."""
+    from fusegrad.runtime.ops_disk import DiskBuffer
+    self.device = f"DISK:{path.resolve()}"
+    mapping = Device[self.device].mapping()
+    return buffer_uop(DiskBuffer(self.device, len(mapping) // dt.itemsize, dt, mapping, 0))
+
   def _from_numpy(self, arr: np.ndarray, dt: DType | None) -> UOp:
     src_dt = from_numpy(arr.dtype)
     dt = dt or src_dt

@@ -178,3 +178,25 @@ def test_training_compat_switches():
     assert TRAINING.value == 1
   with Context(TRAINING=0):
     assert not TRAINING
+
+def test_tensor_from_path_is_a_lazy_disk_tensor(tmp_path):
+  import pathlib
+  f = tmp_path / "data.bin"
+  np.arange(10, dtype=np.float32).tofile(f)
+  t = Tensor(pathlib.Path(f), dtype=dtypes.float32)
+  assert t.device == f"DISK:{f}" and t.shape == (10,) and t.dtype is dtypes.float32
+  np.testing.assert_array_equal((t.to("CPU") * 2).numpy(), np.arange(10) * 2)
+  raw = Tensor(pathlib.Path(f))
+  assert raw.dtype is dtypes.uint8 and raw.shape == (40,)
+  with pytest.raises(FileNotFoundError, match="missing.bin"): Tensor(pathlib.Path(tmp_path / "missing.bin"))
+
+def test_raw_building_blocks():
+  from fusegrad.uop.ops import Ops
+  a, b = Tensor([1.0, 2.0]), Tensor([3.0, 5.0])
+  assert a.alu(Ops.ADD, b).tolist() == [4.0, 7.0] and a.alu(Ops.CMPLT, b).tolist() == [True, True]
+  assert Tensor.usum(a, b, a).tolist() == [5.0, 9.0] and Tensor.uprod(a, b).tolist() == [3.0, 10.0]
+  bits = Tensor.random_bits(7, 0, 1000).numpy()
+  assert bits.dtype == np.uint32 and len(np.unique(bits)) > 990
+  assert np.array_equal(Tensor.random_bits(7, 0, 1000).numpy(), bits) and not np.array_equal(Tensor.random_bits(8, 0, 1000).numpy(), bits)
+  np.testing.assert_allclose(a.reshape(1, 2).image_dot(b.reshape(2, 1)).numpy(), [[13.0]])
+  with pytest.raises(NotImplementedError): a.custom_kernel(b, fxn=None)

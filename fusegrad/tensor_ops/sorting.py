@@ -250,3 +250,48 @@ class SortingMixin:
       length = Tensor(list(n.to_bytes(8, "little")), dtype=dtypes.uint8, device=self.device)
       data = chunks.keccak("shake_128").reshape(-1).cat(length)
     return data.keccak("shake_128")
+
+  # ---- raw building blocks [adv]
+  def threefry(self, seed: int) -> Tensor:
+    """uint32 random bits: Threefry-2x32 of this uint32 counter tensor under the key `seed`."""
+    from fusegrad.tensor_ops.creation import threefry2x32
+    return threefry2x32(self.cast(dtypes.uint32), 0, seed)
+  @staticmethod
+  def random_bits(key: int, counter: int, num: int) -> Tensor:
+    """`num` uint32 random bits for a key, starting at a counter: the primitive under rand/randint."""
+    return (Tensor.arange(num, dtype=dtypes.uint32) + (counter & 0xFFFFFFFF)).threefry(key)
+  def alu(self, op: Ops, *src: Tensor) -> Tensor:
+    """One raw elementwise op on broadcast, promoted operands."""
+    if op is Ops.WHERE: return self.where(*src)
+    if len(src) == 0: return self._alu(op)
+    a, b = self._operand(src[0])
+    return a._alu(op, b, dtype=dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) else None)
+  @staticmethod
+  def usum(*xs: Tensor) -> Tensor:
+    """The elementwise sum of several tensors."""
+    out = xs[0]
+    for x in xs[1:]: out = out + x
+    return out
+  @staticmethod
+  def uprod(*xs: Tensor) -> Tensor:
+    """The elementwise product of several tensors."""
+    out = xs[0]
+    for x in xs[1:]: out = out * x
+    return out
+  def image_dot(self, w: Tensor, dtype=None) -> Tensor:
+    """IMAGE=1 variant of dot; without image textures it is dot."""
+    return self.dot(w, dtype=dtype)
+  def image_conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1, padding=0,
+                   dtype=None) -> Tensor:
+    """IMAGE=1 variant of conv2d; without image textures it is conv2d."""
+    return self.conv2d(weight, bias, groups=groups, stride=stride, dilation=dilation, padding=padding, dtype=dtype)
+  def custom_kernel(self, *lst: Tensor, fxn=None, grad_fxn=None) -> list[Tensor]:
+    raise NotImplementedError("custom_kernel (user-written kernels) is not supported yet")
+  def call(self, *lst: Tensor, fxn=None, grad_fxn=None) -> list[Tensor]:
+    raise NotImplementedError("call (graph functions) is not supported yet")
+  def callify(self, *lst: Tensor) -> list[Tensor]:
+    raise NotImplementedError("callify (graph functions) is not supported yet")
+  def as_param(self, slot: int) -> Tensor:
+    raise NotImplementedError("as_param (graph function parameters) is not supported yet")
+  def decode_hevc_frame(self, *args, **kwargs) -> Tensor:
+    raise NotImplementedError("HEVC video decoding is not supported")
