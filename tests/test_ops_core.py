@@ -9,20 +9,13 @@ import pytest
 import torch
 
 from fusegrad import Tensor, dtypes, Device
+from reference import FG2NP, NP2FG, TORCH2FG
 
 DEVICES = ["CPU", "PYTHON"]
 
 # ---------------------------------------------------------------------------------------------------------------------
 # helpers
 
-NP2FG = {np.dtype(np.bool_): dtypes.bool, np.dtype(np.int8): dtypes.int8, np.dtype(np.uint8): dtypes.uint8,
-         np.dtype(np.int16): dtypes.int16, np.dtype(np.uint16): dtypes.uint16, np.dtype(np.int32): dtypes.int32,
-         np.dtype(np.uint32): dtypes.uint32, np.dtype(np.int64): dtypes.int64, np.dtype(np.uint64): dtypes.uint64,
-         np.dtype(np.float16): dtypes.float16, np.dtype(np.float32): dtypes.float32, np.dtype(np.float64): dtypes.float64}
-FG2NP = {v: k for k, v in NP2FG.items()}
-TORCH2FG = {torch.bool: dtypes.bool, torch.int8: dtypes.int8, torch.uint8: dtypes.uint8, torch.int16: dtypes.int16,
-            torch.int32: dtypes.int32, torch.int64: dtypes.int64, torch.float16: dtypes.float16,
-            torch.bfloat16: dtypes.bfloat16, torch.float32: dtypes.float32, torch.float64: dtypes.float64}
 FG2TORCH = {v: k for k, v in TORCH2FG.items()}
 
 ALL_DTYPES = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,

@@ -7,14 +7,9 @@ import pytest
 import torch
 
 from fusegrad import GlobalCounters, Tensor, dtypes
+from reference import FG2NP, TORCH2FG
 
-TORCH2FG = {torch.bool: dtypes.bool, torch.int8: dtypes.int8, torch.uint8: dtypes.uint8, torch.int16: dtypes.int16,
-            torch.int32: dtypes.int32, torch.int64: dtypes.int64, torch.float16: dtypes.float16,
-            torch.bfloat16: dtypes.bfloat16, torch.float32: dtypes.float32, torch.float64: dtypes.float64}
 FG2TORCH = {v: k for k, v in TORCH2FG.items()}
-FG2NP = {dtypes.bool: np.bool_, dtypes.int8: np.int8, dtypes.uint8: np.uint8, dtypes.int16: np.int16,
-         dtypes.int32: np.int32, dtypes.int64: np.int64, dtypes.float16: np.float16, dtypes.float32: np.float32,
-         dtypes.float64: np.float64}
 
 def check(t: Tensor, ref, dtype=None, atol=1e-6, rtol=1e-3):
   """t matches ref (torch tensor or numpy array) in dtype, shape and values."""

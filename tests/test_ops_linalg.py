@@ -4,10 +4,8 @@ import pytest
 import torch
 
 from fusegrad import GlobalCounters, Tensor, dtypes
+from reference import TORCH2FG
 
-TORCH2FG = {torch.bool: dtypes.bool, torch.int8: dtypes.int8, torch.uint8: dtypes.uint8, torch.int16: dtypes.int16,
-            torch.int32: dtypes.int32, torch.int64: dtypes.int64, torch.float16: dtypes.float16,
-            torch.bfloat16: dtypes.bfloat16, torch.float32: dtypes.float32, torch.float64: dtypes.float64}
 FWD_TOL = {dtypes.float32: (1e-6, 1e-3), dtypes.float64: (1e-6, 1e-3), dtypes.float16: (1e-3, 2e-3),
            dtypes.bfloat16: (1e-2, 1e-2)}
 GRAD_ATOL, GRAD_RTOL = 1e-4, 1e-3

@@ -11,10 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from fusegrad import GlobalCounters, Tensor, dtypes
+from reference import TORCH2FG
 
-TORCH2FG = {torch.bool: dtypes.bool, torch.int8: dtypes.int8, torch.uint8: dtypes.uint8, torch.int16: dtypes.int16,
-            torch.int32: dtypes.int32, torch.int64: dtypes.int64, torch.float16: dtypes.float16,
-            torch.float32: dtypes.float32, torch.float64: dtypes.float64}
 GRAD_ATOL, GRAD_RTOL = 1e-5, 1e-4
 
 def rand(*shape, dtype=np.float32, seed=0):

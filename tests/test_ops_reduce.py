@@ -10,16 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from fusegrad import Context, GlobalCounters, Tensor, dtypes
+from reference import NP2FG, TORCH2FG
 from fusegrad.tensor_ops import reduce as reduce_ops
 
-NP2FG = {np.dtype(np.bool_): dtypes.bool, np.dtype(np.int8): dtypes.int8, np.dtype(np.uint8): dtypes.uint8,
-         np.dtype(np.int16): dtypes.int16, np.dtype(np.uint16): dtypes.uint16, np.dtype(np.int32): dtypes.int32,
-         np.dtype(np.uint32): dtypes.uint32, np.dtype(np.int64): dtypes.int64, np.dtype(np.uint64): dtypes.uint64,
-         np.dtype(np.float16): dtypes.float16, np.dtype(np.float32): dtypes.float32,
-         np.dtype(np.float64): dtypes.float64}
-TORCH2FG = {torch.bool: dtypes.bool, torch.int8: dtypes.int8, torch.uint8: dtypes.uint8, torch.int16: dtypes.int16,
-            torch.int32: dtypes.int32, torch.int64: dtypes.int64, torch.float16: dtypes.float16,
-            torch.bfloat16: dtypes.bfloat16, torch.float32: dtypes.float32, torch.float64: dtypes.float64}
 NP_TYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64, np.float16,
             np.float32, np.float64]
 

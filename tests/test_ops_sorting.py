@@ -11,13 +11,9 @@ import pytest
 import torch
 
 from fusegrad import GlobalCounters, Tensor, dtypes
+from reference import NP2FG
 from fusegrad.tensor_ops import sorting
 
-NP2FG = {np.dtype(np.bool_): dtypes.bool, np.dtype(np.int8): dtypes.int8, np.dtype(np.uint8): dtypes.uint8,
-         np.dtype(np.int16): dtypes.int16, np.dtype(np.uint16): dtypes.uint16, np.dtype(np.int32): dtypes.int32,
-         np.dtype(np.uint32): dtypes.uint32, np.dtype(np.int64): dtypes.int64, np.dtype(np.uint64): dtypes.uint64,
-         np.dtype(np.float16): dtypes.float16, np.dtype(np.float32): dtypes.float32,
-         np.dtype(np.float64): dtypes.float64}
 SHORT, LONG = 9, 100  # row lengths on either side of RANK_SORT_MAX
 
 @pytest.fixture(params=["rank", "network"])
