@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusegrad import GlobalCounters, Tensor, dtypes
+from fusegrad import GlobalCounters, Tensor
 from reference import TORCH2FG
 
 GRAD_ATOL, GRAD_RTOL = 1e-5, 1e-4
