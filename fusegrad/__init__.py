@@ -1,4 +1,5 @@
 """fusegrad: lazy tensors fused into few kernels, compiled and run. Public names only (API.md §1)."""
+
 from fusegrad.tensor import Tensor
 from fusegrad.dtype import dtypes
 from fusegrad.runtime.device import Device

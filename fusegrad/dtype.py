@@ -1,220 +1,343 @@
 """DType, the dtypes namespace, the promotion lattice (API.md §3) and numpy interop."""
+
 from __future__ import annotations
-import math, struct
+import math
+import struct
 from dataclasses import dataclass
 from typing import Any, Final
 import numpy as np
 from fusegrad.helpers import DEFAULT_FLOAT, DEFAULT_INT
 
+
 @dataclass(frozen=True, eq=False)
 class DType:
-  priority: int
-  bitsize: int
-  name: str
-  fmt: str | None
-  kind: str  # "bool", "int", "uint", "float", "weak", "void"
-  attr: str  # the dtypes attribute name, used by repr and to_dtype
+    priority: int
+    bitsize: int
+    name: str
+    fmt: str | None
+    kind: str  # "bool", "int", "uint", "float", "weak", "void"
+    attr: str  # the dtypes attribute name, used by repr and to_dtype
 
-  @property
-  def itemsize(self) -> int: return (self.bitsize + 7) // 8
-  @property
-  def min(self) -> Any:
-    if self.kind == "bool": return False
-    if self.kind == "int": return -(1 << (self.bitsize - 1))
-    if self.kind == "uint": return 0
-    return -math.inf
-  @property
-  def max(self) -> Any:
-    if self.kind == "bool": return True
-    if self.kind == "int": return (1 << (self.bitsize - 1)) - 1
-    if self.kind == "uint": return (1 << self.bitsize) - 1
-    return math.inf
-  def __repr__(self) -> str: return f"dtypes.{self.attr}"
-  def __reduce__(self): return (to_dtype, (self.attr,))
-  def __lt__(self, other: DType) -> bool: return self.priority < other.priority
+    @property
+    def itemsize(self) -> int:
+        return (self.bitsize + 7) // 8
+
+    @property
+    def min(self) -> Any:
+        if self.kind == "bool":
+            return False
+        if self.kind == "int":
+            return -(1 << (self.bitsize - 1))
+        if self.kind == "uint":
+            return 0
+        return -math.inf
+
+    @property
+    def max(self) -> Any:
+        if self.kind == "bool":
+            return True
+        if self.kind == "int":
+            return (1 << (self.bitsize - 1)) - 1
+        if self.kind == "uint":
+            return (1 << self.bitsize) - 1
+        return math.inf
+
+    def __repr__(self) -> str:
+        return f"dtypes.{self.attr}"
+
+    def __reduce__(self):
+        return (to_dtype, (self.attr,))
+
+    def __lt__(self, other: DType) -> bool:
+        return self.priority < other.priority
+
 
 def _dt(priority: int, bits: int, name: str, fmt: str | None, kind: str, attr: str) -> DType:
-  return DType(priority, bits, name, fmt, kind, attr)
+    return DType(priority, bits, name, fmt, kind, attr)
+
 
 class dtypes:
-  void: Final = _dt(-1, 0, "void", None, "void", "void")
-  bool: Final = _dt(0, 8, "bool", "?", "bool", "bool")
-  weakint: Final = _dt(1, 64, "weakint", None, "weak", "weakint")
-  int8: Final = _dt(2, 8, "signed char", "b", "int", "int8")
-  uint8: Final = _dt(3, 8, "unsigned char", "B", "uint", "uint8")
-  int16: Final = _dt(4, 16, "short", "h", "int", "int16")
-  uint16: Final = _dt(5, 16, "unsigned short", "H", "uint", "uint16")
-  int32: Final = _dt(6, 32, "int", "i", "int", "int32")
-  uint32: Final = _dt(7, 32, "unsigned int", "I", "uint", "uint32")
-  int64: Final = _dt(8, 64, "long long", "q", "int", "int64")
-  uint64: Final = _dt(9, 64, "unsigned long long", "Q", "uint", "uint64")
-  weakfloat: Final = _dt(10, 64, "weakfloat", None, "weak", "weakfloat")
-  fp8e4m3: Final = _dt(11, 8, "float8_e4m3", None, "float", "fp8e4m3")
-  fp8e5m2: Final = _dt(12, 8, "float8_e5m2", None, "float", "fp8e5m2")
-  fp8e4m3fnuz: Final = _dt(13, 8, "float8_e4m3fnuz", None, "float", "fp8e4m3fnuz")
-  fp8e5m2fnuz: Final = _dt(14, 8, "float8_e5m2fnuz", None, "float", "fp8e5m2fnuz")
-  float16: Final = _dt(15, 16, "half", "e", "float", "float16")
-  bfloat16: Final = _dt(16, 16, "__bf16", None, "float", "bfloat16")
-  float32: Final = _dt(17, 32, "float", "f", "float", "float32")
-  float64: Final = _dt(18, 64, "double", "d", "float", "float64")
-  # aliases
-  half, float, double = float16, float32, float64
-  char, uchar, short, ushort, int, uint, long, ulong = int8, uint8, int16, uint16, int32, uint32, int64, uint64
+    void: Final = _dt(-1, 0, "void", None, "void", "void")
+    bool: Final = _dt(0, 8, "bool", "?", "bool", "bool")
+    weakint: Final = _dt(1, 64, "weakint", None, "weak", "weakint")
+    int8: Final = _dt(2, 8, "signed char", "b", "int", "int8")
+    uint8: Final = _dt(3, 8, "unsigned char", "B", "uint", "uint8")
+    int16: Final = _dt(4, 16, "short", "h", "int", "int16")
+    uint16: Final = _dt(5, 16, "unsigned short", "H", "uint", "uint16")
+    int32: Final = _dt(6, 32, "int", "i", "int", "int32")
+    uint32: Final = _dt(7, 32, "unsigned int", "I", "uint", "uint32")
+    int64: Final = _dt(8, 64, "long long", "q", "int", "int64")
+    uint64: Final = _dt(9, 64, "unsigned long long", "Q", "uint", "uint64")
+    weakfloat: Final = _dt(10, 64, "weakfloat", None, "weak", "weakfloat")
+    fp8e4m3: Final = _dt(11, 8, "float8_e4m3", None, "float", "fp8e4m3")
+    fp8e5m2: Final = _dt(12, 8, "float8_e5m2", None, "float", "fp8e5m2")
+    fp8e4m3fnuz: Final = _dt(13, 8, "float8_e4m3fnuz", None, "float", "fp8e4m3fnuz")
+    fp8e5m2fnuz: Final = _dt(14, 8, "float8_e5m2fnuz", None, "float", "fp8e5m2fnuz")
+    float16: Final = _dt(15, 16, "half", "e", "float", "float16")
+    bfloat16: Final = _dt(16, 16, "__bf16", None, "float", "bfloat16")
+    float32: Final = _dt(17, 32, "float", "f", "float", "float32")
+    float64: Final = _dt(18, 64, "double", "d", "float", "float64")
+    # aliases
+    half, float, double = float16, float32, float64
+    char, uchar, short, ushort, int, uint, long, ulong = int8, uint8, int16, uint16, int32, uint32, int64, uint64
 
-  fp8_ocp = (fp8e4m3, fp8e5m2)
-  fp8_fnuz = (fp8e4m3fnuz, fp8e5m2fnuz)
-  fp8s = fp8_ocp + fp8_fnuz
-  floats = fp8s + (float16, bfloat16, float32, float64)
-  uints = (uint8, uint16, uint32, uint64)
-  sints = (int8, int16, int32, int64)
-  ints = uints + sints
-  int8s, int16s, int32s, int64s = (int8, uint8), (int16, uint16), (int32, uint32), (int64, uint64)
-  weaks = (weakint, weakfloat)
-  all = floats + ints + (bool,)
+    fp8_ocp = (fp8e4m3, fp8e5m2)
+    fp8_fnuz = (fp8e4m3fnuz, fp8e5m2fnuz)
+    fp8s = fp8_ocp + fp8_fnuz
+    floats = fp8s + (float16, bfloat16, float32, float64)
+    uints = (uint8, uint16, uint32, uint64)
+    sints = (int8, int16, int32, int64)
+    ints = uints + sints
+    int8s, int16s, int32s, int64s = (int8, uint8), (int16, uint16), (int32, uint32), (int64, uint64)
+    weaks = (weakint, weakfloat)
+    all = floats + ints + (bool,)
 
-  @staticmethod
-  def is_float(x: DType) -> bool: return x.kind == "float" or x is dtypes.weakfloat
-  @staticmethod
-  def is_int(x: DType) -> bool: return x.kind in ("int", "uint") or x is dtypes.weakint
-  @staticmethod
-  def is_unsigned(x: DType) -> bool: return x.kind == "uint"
-  @staticmethod
-  def is_bool(x: DType) -> bool: return x.kind == "bool"
-  @staticmethod
-  def from_py(x: Any) -> DType:
-    if isinstance(x, (list, tuple)):
-      return max((dtypes.from_py(v) for v in x), default=dtypes.default_float, key=lambda d: d.priority)
-    if isinstance(x, float): return dtypes.default_float
-    if isinstance(x, bool): return dtypes.bool
-    if isinstance(x, int): return dtypes.default_int
-    raise TypeError(f"cannot infer a dtype for {type(x).__name__} value {x!r}")
-  @staticmethod
-  def finfo(x: DType) -> tuple[int, int]:
-    table = {dtypes.float16: (5, 10), dtypes.bfloat16: (8, 7), dtypes.float32: (8, 23), dtypes.float64: (11, 52),
-             dtypes.fp8e4m3: (4, 3), dtypes.fp8e5m2: (5, 2), dtypes.fp8e4m3fnuz: (4, 3), dtypes.fp8e5m2fnuz: (5, 2)}
-    if x not in table: raise ValueError(f"{x} is not a floating point type")
-    return table[x]
-  @staticmethod
-  def min(x: DType) -> Any: return x.min
-  @staticmethod
-  def max(x: DType) -> Any: return x.max
-  @staticmethod
-  def fields() -> dict[str, DType]: return dict(_NAME_TO_DTYPE)
-  @staticmethod
-  def as_const(x: Any, dtype: DType) -> Any: return as_const(x, dtype)
+    @staticmethod
+    def is_float(x: DType) -> bool:
+        return x.kind == "float" or x is dtypes.weakfloat
+
+    @staticmethod
+    def is_int(x: DType) -> bool:
+        return x.kind in ("int", "uint") or x is dtypes.weakint
+
+    @staticmethod
+    def is_unsigned(x: DType) -> bool:
+        return x.kind == "uint"
+
+    @staticmethod
+    def is_bool(x: DType) -> bool:
+        return x.kind == "bool"
+
+    @staticmethod
+    def from_py(x: Any) -> DType:
+        if isinstance(x, (list, tuple)):
+            return max((dtypes.from_py(v) for v in x), default=dtypes.default_float, key=lambda d: d.priority)
+        if isinstance(x, float):
+            return dtypes.default_float
+        if isinstance(x, bool):
+            return dtypes.bool
+        if isinstance(x, int):
+            return dtypes.default_int
+        raise TypeError(f"cannot infer a dtype for {type(x).__name__} value {x!r}")
+
+    @staticmethod
+    def finfo(x: DType) -> tuple[int, int]:
+        table = {
+            dtypes.float16: (5, 10),
+            dtypes.bfloat16: (8, 7),
+            dtypes.float32: (8, 23),
+            dtypes.float64: (11, 52),
+            dtypes.fp8e4m3: (4, 3),
+            dtypes.fp8e5m2: (5, 2),
+            dtypes.fp8e4m3fnuz: (4, 3),
+            dtypes.fp8e5m2fnuz: (5, 2),
+        }
+        if x not in table:
+            raise ValueError(f"{x} is not a floating point type")
+        return table[x]
+
+    @staticmethod
+    def min(x: DType) -> Any:
+        return x.min
+
+    @staticmethod
+    def max(x: DType) -> Any:
+        return x.max
+
+    @staticmethod
+    def fields() -> dict[str, DType]:
+        return dict(_NAME_TO_DTYPE)
+
+    @staticmethod
+    def as_const(x: Any, dtype: DType) -> Any:
+        return as_const(x, dtype)
+
 
 class _DefaultDTypes(type):
-  """Makes dtypes.default_float / default_int properties driven by the DEFAULT_FLOAT / DEFAULT_INT context vars."""
-  @property
-  def default_float(cls) -> DType: return _default(DEFAULT_FLOAT.value, "DEFAULT_FLOAT", "float")
-  @default_float.setter
-  def default_float(cls, v: DType) -> None: DEFAULT_FLOAT.value = to_dtype(v).attr
-  @property
-  def default_int(cls) -> DType: return _default(DEFAULT_INT.value, "DEFAULT_INT", "int")
-  @default_int.setter
-  def default_int(cls, v: DType) -> None: DEFAULT_INT.value = to_dtype(v).attr
+    """Makes dtypes.default_float / default_int properties driven by the DEFAULT_FLOAT / DEFAULT_INT context vars."""
+
+    @property
+    def default_float(cls) -> DType:
+        return _default(DEFAULT_FLOAT.value, "DEFAULT_FLOAT", "float")
+
+    @default_float.setter
+    def default_float(cls, v: DType) -> None:
+        DEFAULT_FLOAT.value = to_dtype(v).attr
+
+    @property
+    def default_int(cls) -> DType:
+        return _default(DEFAULT_INT.value, "DEFAULT_INT", "int")
+
+    @default_int.setter
+    def default_int(cls, v: DType) -> None:
+        DEFAULT_INT.value = to_dtype(v).attr
+
 
 dtypes = _DefaultDTypes("dtypes", (dtypes,), {})  # type: ignore[misc]
 
 _NAME_TO_DTYPE: dict[str, DType] = {k: v for k, v in vars(dtypes.__mro__[1]).items() if isinstance(v, DType)}
 
+
 def _default(name: str, var: str, kind: str) -> DType:
-  dt = _NAME_TO_DTYPE.get(str(name).lower())
-  if dt is None or (dt.kind != kind): raise ValueError(f"{var}={name!r} is not a valid {kind} dtype name")
-  return dt
+    dt = _NAME_TO_DTYPE.get(str(name).lower())
+    if dt is None or (dt.kind != kind):
+        raise ValueError(f"{var}={name!r} is not a valid {kind} dtype name")
+    return dt
+
 
 def to_dtype(x: Any) -> DType:
-  """DType from a DType, its attribute name (case-insensitive) or a numpy dtype."""
-  if isinstance(x, DType): return x
-  if isinstance(x, str):
-    dt = _NAME_TO_DTYPE.get(x.lower())
-    if dt is None: raise AttributeError(f"unknown dtype {x!r}; known: {sorted(_NAME_TO_DTYPE)}")
-    return dt
-  try: return from_numpy(np.dtype(x))
-  except TypeError: raise TypeError(f"cannot interpret {x!r} as a dtype") from None
+    """DType from a DType, its attribute name (case-insensitive) or a numpy dtype."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str):
+        dt = _NAME_TO_DTYPE.get(x.lower())
+        if dt is None:
+            raise AttributeError(f"unknown dtype {x!r}; known: {sorted(_NAME_TO_DTYPE)}")
+        return dt
+    try:
+        return from_numpy(np.dtype(x))
+    except TypeError:
+        raise TypeError(f"cannot interpret {x!r} as a dtype") from None
+
 
 # promotion lattice of API.md §3.2: each dtype lists what it may promote to
 _PROMO: dict[DType, tuple[DType, ...]] = {
-  dtypes.bool: (dtypes.weakint,), dtypes.weakint: (dtypes.int8, dtypes.uint8),
-  dtypes.int8: (dtypes.int16,), dtypes.int16: (dtypes.int32,), dtypes.int32: (dtypes.int64,), dtypes.int64: (dtypes.weakfloat,),
-  dtypes.uint8: (dtypes.int16, dtypes.uint16), dtypes.uint16: (dtypes.int32, dtypes.uint32),
-  dtypes.uint32: (dtypes.int64, dtypes.uint64), dtypes.uint64: (dtypes.weakfloat,),
-  dtypes.weakfloat: dtypes.fp8s, **{f: (dtypes.float16, dtypes.bfloat16) for f in dtypes.fp8s},
-  dtypes.float16: (dtypes.float32,), dtypes.bfloat16: (dtypes.float32,), dtypes.float32: (dtypes.float64,), dtypes.float64: (),
+    dtypes.bool: (dtypes.weakint,),
+    dtypes.weakint: (dtypes.int8, dtypes.uint8),
+    dtypes.int8: (dtypes.int16,),
+    dtypes.int16: (dtypes.int32,),
+    dtypes.int32: (dtypes.int64,),
+    dtypes.int64: (dtypes.weakfloat,),
+    dtypes.uint8: (dtypes.int16, dtypes.uint16),
+    dtypes.uint16: (dtypes.int32, dtypes.uint32),
+    dtypes.uint32: (dtypes.int64, dtypes.uint64),
+    dtypes.uint64: (dtypes.weakfloat,),
+    dtypes.weakfloat: dtypes.fp8s,
+    **{f: (dtypes.float16, dtypes.bfloat16) for f in dtypes.fp8s},
+    dtypes.float16: (dtypes.float32,),
+    dtypes.bfloat16: (dtypes.float32,),
+    dtypes.float32: (dtypes.float64,),
+    dtypes.float64: (),
 }
 
+
 def _ancestors(dt: DType) -> set[DType]:
-  out = {dt}
-  for p in _PROMO[dt]: out |= _ancestors(p)
-  return out
+    out = {dt}
+    for p in _PROMO[dt]:
+        out |= _ancestors(p)
+    return out
+
 
 def least_upper_dtype(*ds: DType) -> DType:
-  """The promotion of several dtypes; a weakfloat result resolves to default_float."""
-  common = set.intersection(*(_ancestors(d) for d in ds))
-  out = min(common, key=lambda d: d.priority)
-  return dtypes.default_float if out is dtypes.weakfloat else out
+    """The promotion of several dtypes; a weakfloat result resolves to default_float."""
+    common = set.intersection(*(_ancestors(d) for d in ds))
+    out = min(common, key=lambda d: d.priority)
+    return dtypes.default_float if out is dtypes.weakfloat else out
 
-def least_upper_float(dt: DType) -> DType: return dt if dtypes.is_float(dt) else dtypes.default_float
+
+def least_upper_float(dt: DType) -> DType:
+    return dt if dtypes.is_float(dt) else dtypes.default_float
+
 
 def sum_acc_dtype(dt: DType) -> DType:
-  """Accumulation dtype of sum (API.md G13)."""
-  if dt.kind == "uint": return dt if dt.itemsize >= 4 else dtypes.uint32
-  if dt.kind in ("int", "bool"): return dt if dt.itemsize >= 4 and dt.kind == "int" else dtypes.int32
-  return dtypes.float32 if dt.itemsize < 4 else dt
+    """Accumulation dtype of sum (API.md G13)."""
+    if dt.kind == "uint":
+        return dt if dt.itemsize >= 4 else dtypes.uint32
+    if dt.kind in ("int", "bool"):
+        return dt if dt.itemsize >= 4 and dt.kind == "int" else dtypes.int32
+    return dtypes.float32 if dt.itemsize < 4 else dt
 
-_NP = {dtypes.bool: np.bool_, dtypes.int8: np.int8, dtypes.uint8: np.uint8, dtypes.int16: np.int16, dtypes.uint16: np.uint16,
-       dtypes.int32: np.int32, dtypes.uint32: np.uint32, dtypes.int64: np.int64, dtypes.uint64: np.uint64,
-       dtypes.float16: np.float16, dtypes.float32: np.float32, dtypes.float64: np.float64}
+
+_NP = {
+    dtypes.bool: np.bool_,
+    dtypes.int8: np.int8,
+    dtypes.uint8: np.uint8,
+    dtypes.int16: np.int16,
+    dtypes.uint16: np.uint16,
+    dtypes.int32: np.int32,
+    dtypes.uint32: np.uint32,
+    dtypes.int64: np.int64,
+    dtypes.uint64: np.uint64,
+    dtypes.float16: np.float16,
+    dtypes.float32: np.float32,
+    dtypes.float64: np.float64,
+}
 _FROM_NP = {np.dtype(v): k for k, v in _NP.items()}
 
+
 def to_numpy_dtype(dt: DType) -> np.dtype:
-  """numpy dtype that stores this dtype's values (bfloat16 / fp8 are stored as raw unsigned ints)."""
-  if dt in _NP: return np.dtype(_NP[dt])
-  if dt.kind == "float": return np.dtype(np.uint16 if dt.itemsize == 2 else np.uint8)
-  raise TypeError(f"{dt} has no numpy storage type")
+    """numpy dtype that stores this dtype's values (bfloat16 / fp8 are stored as raw unsigned ints)."""
+    if dt in _NP:
+        return np.dtype(_NP[dt])
+    if dt.kind == "float":
+        return np.dtype(np.uint16 if dt.itemsize == 2 else np.uint8)
+    raise TypeError(f"{dt} has no numpy storage type")
+
 
 def from_numpy(npdt: np.dtype) -> DType:
-  if npdt not in _FROM_NP: raise TypeError(f"numpy dtype {npdt} is not supported; supported: {sorted(str(k) for k in _FROM_NP)}")
-  return _FROM_NP[npdt]
+    if npdt not in _FROM_NP:
+        raise TypeError(f"numpy dtype {npdt} is not supported; supported: {sorted(str(k) for k in _FROM_NP)}")
+    return _FROM_NP[npdt]
+
 
 def truncate(x: Any, dt: DType) -> Any:
-  """Python value as stored in dt: ints wrap, floats round to the dtype's precision."""
-  if dt.kind == "bool": return bool(x)
-  if dt.kind in ("int", "uint"):
-    if isinstance(x, float):
-      if math.isnan(x) or math.isinf(x): return 0
-      x = int(x)
-    x = int(x) & ((1 << dt.bitsize) - 1)
-    return x - (1 << dt.bitsize) if dt.kind == "int" and x >= (1 << (dt.bitsize - 1)) else x
-  if dt.kind == "float":
-    x = float(x)
-    if dt is dtypes.float32: return struct.unpack("f", struct.pack("f", x))[0] if math.isfinite(x) and abs(x) < 3.4e38 else _narrow(x, np.float32)
-    if dt is dtypes.float16: return _narrow(x, np.float16)
-    if dt is dtypes.bfloat16: return bf16_to_float(float_to_bf16(x))
+    """Python value as stored in dt: ints wrap, floats round to the dtype's precision."""
+    if dt.kind == "bool":
+        return bool(x)
+    if dt.kind in ("int", "uint"):
+        if isinstance(x, float):
+            if math.isnan(x) or math.isinf(x):
+                return 0
+            x = int(x)
+        x = int(x) & ((1 << dt.bitsize) - 1)
+        return x - (1 << dt.bitsize) if dt.kind == "int" and x >= (1 << (dt.bitsize - 1)) else x
+    if dt.kind == "float":
+        x = float(x)
+        if dt is dtypes.float32:
+            return (
+                struct.unpack("f", struct.pack("f", x))[0]
+                if math.isfinite(x) and abs(x) < 3.4e38
+                else _narrow(x, np.float32)
+            )
+        if dt is dtypes.float16:
+            return _narrow(x, np.float16)
+        if dt is dtypes.bfloat16:
+            return bf16_to_float(float_to_bf16(x))
+        return x
     return x
-  return x
+
 
 def _narrow(x: float, np_type: type) -> float:
-  """Round to a narrower float; overflowing to inf is the intended IEEE result, not a warning."""
-  with np.errstate(over="ignore"): return float(np_type(x))
+    """Round to a narrower float; overflowing to inf is the intended IEEE result, not a warning."""
+    with np.errstate(over="ignore"):
+        return float(np_type(x))
+
 
 def as_const(x: Any, dt: DType) -> Any:
-  """A Python constant of the right Python type for dt (bool / int / float), wrapped like a stored value."""
-  return truncate(x, dt)
+    """A Python constant of the right Python type for dt (bool / int / float), wrapped like a stored value."""
+    return truncate(x, dt)
+
 
 def float_to_bf16(x: float) -> int:
-  """float -> bfloat16 bits, round to nearest even (NaN stays NaN)."""
-  if math.isnan(x): return 0x7FC0
-  bits = struct.unpack("<I", struct.pack("<f", np.float32(x)))[0]
-  return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    """float -> bfloat16 bits, round to nearest even (NaN stays NaN)."""
+    if math.isnan(x):
+        return 0x7FC0
+    bits = struct.unpack("<I", struct.pack("<f", np.float32(x)))[0]
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
 
-def bf16_to_float(b: int) -> float: return struct.unpack("<f", struct.pack("<I", (int(b) & 0xFFFF) << 16))[0]
 
-def np_bf16_to_f32(a: np.ndarray) -> np.ndarray: return (a.astype(np.uint32) << 16).view(np.float32)
+def bf16_to_float(b: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", (int(b) & 0xFFFF) << 16))[0]
+
+
+def np_bf16_to_f32(a: np.ndarray) -> np.ndarray:
+    return (a.astype(np.uint32) << 16).view(np.float32)
+
 
 def np_f32_to_bf16(a: np.ndarray) -> np.ndarray:
-  bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-  out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-  return np.where(np.isnan(a), np.uint16(0x7FC0), out)
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(a), np.uint16(0x7FC0), out)
+
 
 DTypeLike = DType | str

@@ -1,64 +1,116 @@
 """Small pure utilities and the one place environment flags are read (see README's env-var table)."""
+
 from __future__ import annotations
-import contextlib, functools, math, os, pathlib, time
+import contextlib
+import functools
+import math
+import os
+import pathlib
+import time
 from typing import Any, Iterable, Sequence, TypeVar
 
 T = TypeVar("T")
 
-def prod(xs: Iterable[Any], start: Any = 1) -> Any:
-  return functools.reduce(lambda a, b: a * b, xs, start)
 
-def all_same(xs: Sequence[Any]) -> bool: return all(x == xs[0] for x in xs)
+def prod(xs: Iterable[Any], start: Any = 1) -> Any:
+    return functools.reduce(lambda a, b: a * b, xs, start)
+
+
+def all_same(xs: Sequence[Any]) -> bool:
+    return all(x == xs[0] for x in xs)
+
 
 def argfix(*args: Any) -> tuple:
-  """Accept f(2, 3), f((2, 3)) and f([2, 3]) alike."""
-  if len(args) == 1 and isinstance(args[0], (tuple, list)): return tuple(args[0])
-  return tuple(args)
+    """Accept f(2, 3), f((2, 3)) and f([2, 3]) alike."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return tuple(args)
 
-def dedup(xs: Iterable[T]) -> list[T]: return list(dict.fromkeys(xs))
 
-def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]
+def dedup(xs: Iterable[T]) -> list[T]:
+    return list(dict.fromkeys(xs))
 
-def ceildiv(a: int, b: int) -> int: return -(-a // b)
 
-def round_up(x: int, multiple: int) -> int: return ceildiv(x, multiple) * multiple
+def flatten(xss: Iterable[Iterable[T]]) -> list[T]:
+    return [x for xs in xss for x in xs]
+
+
+def ceildiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(x: int, multiple: int) -> int:
+    return ceildiv(x, multiple) * multiple
+
 
 @functools.cache
 def getenv(key: str, default: Any = 0) -> Any:
-  """Read an environment variable once, converted to type(default); a bad value names the variable."""
-  raw = os.environ.get(key)
-  if raw is None: return default
-  try: return type(default)(raw)
-  except ValueError: raise ValueError(f"environment variable {key}={raw!r} is not a valid {type(default).__name__}") from None
+    """Read an environment variable once, converted to type(default); a bad value names the variable."""
+    raw = os.environ.get(key)
+    if raw is None:
+        return default
+    try:
+        return type(default)(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {key}={raw!r} is not a valid {type(default).__name__}") from None
+
 
 class ContextVar:
-  """A configuration value read from the environment at import, overridable with Context(NAME=value)."""
-  registry: dict[str, ContextVar] = {}
-  def __init__(self, key: str, default: Any):
-    self.key, self.value = key, getenv(key, default)
-    ContextVar.registry[key] = self
-  def __bool__(self) -> bool: return bool(self.value)
-  def __ge__(self, x: Any) -> bool: return self.value >= x
-  def __gt__(self, x: Any) -> bool: return self.value > x
-  def __lt__(self, x: Any) -> bool: return self.value < x
-  def __le__(self, x: Any) -> bool: return self.value <= x
-  def __eq__(self, x: Any) -> bool: return self.value == x
-  def __hash__(self) -> int: return hash(self.key)
-  def __int__(self) -> int: return int(self.value)
-  def __repr__(self) -> str: return f"ContextVar({self.key}={self.value!r})"
+    """A configuration value read from the environment at import, overridable with Context(NAME=value)."""
+
+    registry: dict[str, ContextVar] = {}
+
+    def __init__(self, key: str, default: Any):
+        self.key, self.value = key, getenv(key, default)
+        ContextVar.registry[key] = self
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __ge__(self, x: Any) -> bool:
+        return self.value >= x
+
+    def __gt__(self, x: Any) -> bool:
+        return self.value > x
+
+    def __lt__(self, x: Any) -> bool:
+        return self.value < x
+
+    def __le__(self, x: Any) -> bool:
+        return self.value <= x
+
+    def __eq__(self, x: Any) -> bool:
+        return self.value == x
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __repr__(self) -> str:
+        return f"ContextVar({self.key}={self.value!r})"
+
 
 class Context(contextlib.ContextDecorator):
-  """Temporarily override ContextVars: `with Context(DEBUG=2): ...` or as a decorator."""
-  def __init__(self, **kwargs: Any):
-    unknown = [k for k in kwargs if k not in ContextVar.registry]
-    if unknown: raise KeyError(f"unknown context variable(s) {unknown}; known: {sorted(ContextVar.registry)}")
-    self.kwargs = kwargs
-  def __enter__(self):
-    self.old = {k: ContextVar.registry[k].value for k in self.kwargs}
-    for k, v in self.kwargs.items(): ContextVar.registry[k].value = v
-    return self
-  def __exit__(self, *exc: Any) -> None:
-    for k, v in self.old.items(): ContextVar.registry[k].value = v
+    """Temporarily override ContextVars: `with Context(DEBUG=2): ...` or as a decorator."""
+
+    def __init__(self, **kwargs: Any):
+        unknown = [k for k in kwargs if k not in ContextVar.registry]
+        if unknown:
+            raise KeyError(f"unknown context variable(s) {unknown}; known: {sorted(ContextVar.registry)}")
+        self.kwargs = kwargs
+
+    def __enter__(self):
+        self.old = {k: ContextVar.registry[k].value for k in self.kwargs}
+        for k, v in self.kwargs.items():
+            ContextVar.registry[k].value = v
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for k, v in self.old.items():
+            ContextVar.registry[k].value = v
+
 
 DEBUG = ContextVar("DEBUG", 0)
 DEV = ContextVar("DEV", "")
@@ -73,115 +125,182 @@ FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0)
 CONST_LR = ContextVar("CONST_LR", 0)
 OPTIM_DTYPE = ContextVar("OPTIM_DTYPE", "float32")
 
+
 def cache_dir() -> str:
-  return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusegrad")
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fusegrad")
+
 
 DISABLE_HTTP_CACHE = ContextVar("DISABLE_HTTP_CACHE", 0)
 
-def fetch(url: str, name: str | os.PathLike | None = None, subdir: str | None = None, gunzip: bool = False,
-          allow_caching: bool = True, headers: dict[str, str] = {}, sha256: str | None = None,  # noqa: B006
-          extract: bool = False) -> pathlib.Path:
-  """Download `url` into the cache (cache_dir()/downloads[/subdir]/name) once and return its pathlib.Path. A local path
-  (starting with "/" or ".") is returned unchanged. `sha256` checks the bytes as downloaded before they enter the cache;
-  `gunzip` caches the decompressed file; `extract` unpacks a tar or zip archive and returns its directory."""
-  import hashlib
-  if url.startswith(("/", ".")): return pathlib.Path(url)
-  if name is not None and not isinstance(name, str): dest = pathlib.Path(name)
-  else:
-    fname = name or hashlib.sha256(url.encode()).hexdigest()[:32] + (".gunzip" if gunzip else "")
-    dest = pathlib.Path(cache_dir()) / "downloads" / (subdir or "") / fname
-  if not (allow_caching and not DISABLE_HTTP_CACHE and dest.is_file()): _download(url, dest, headers, sha256, gunzip)
-  return _extract(dest) if extract else dest
+
+def fetch(
+    url: str,
+    name: str | os.PathLike | None = None,
+    subdir: str | None = None,
+    gunzip: bool = False,
+    allow_caching: bool = True,
+    headers: dict[str, str] = {},
+    sha256: str | None = None,  # noqa: B006
+    extract: bool = False,
+) -> pathlib.Path:
+    """Download `url` into the cache (cache_dir()/downloads[/subdir]/name) once and return its pathlib.Path. A local path
+    (starting with "/" or ".") is returned unchanged. `sha256` checks the bytes as downloaded before they enter the cache;
+    `gunzip` caches the decompressed file; `extract` unpacks a tar or zip archive and returns its directory."""
+    import hashlib
+
+    if url.startswith(("/", ".")):
+        return pathlib.Path(url)
+    if name is not None and not isinstance(name, str):
+        dest = pathlib.Path(name)
+    else:
+        fname = name or hashlib.sha256(url.encode()).hexdigest()[:32] + (".gunzip" if gunzip else "")
+        dest = pathlib.Path(cache_dir()) / "downloads" / (subdir or "") / fname
+    if not (allow_caching and not DISABLE_HTTP_CACHE and dest.is_file()):
+        _download(url, dest, headers, sha256, gunzip)
+    return _extract(dest) if extract else dest
+
 
 def _download(url: str, dest: pathlib.Path, headers: dict[str, str], sha256: str | None, gunzip: bool) -> None:
-  import gzip, hashlib, shutil, tempfile, urllib.request  # here, not at the top: `import fusegrad` stays light
-  dest.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".download-")
-  try:
-    digest = hashlib.sha256()
+    import gzip
+    import hashlib
+    import shutil
+    import tempfile
+    import urllib.request  # here, not at the top: `import fusegrad` stays light
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".download-")
     try:
-      with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "fusegrad", **headers}), timeout=60) as resp, \
-           os.fdopen(fd, "wb") as f:
-        bar = _Progress(int(resp.headers.get("content-length") or 0), dest.name)
-        while chunk := resp.read(1 << 16):
-          f.write(chunk)
-          digest.update(chunk)
-          bar.update(len(chunk))
-        bar.close()
-    except OSError as e:  # URLError and HTTPError are OSErrors, as is a connection dropped mid-download
-      raise ConnectionError(f"cannot download {url}: {getattr(e, 'reason', e)}; offline, put the file at {dest}") from None
-    if sha256 is not None and digest.hexdigest() != sha256.lower():
-      raise ValueError(f"download of {url} has sha256 {digest.hexdigest()}, expected {sha256.lower()}: corrupt or changed file")
-    if gunzip:
-      with gzip.open(tmp, "rb") as src, open(tmp + ".gunzip", "wb") as dst: shutil.copyfileobj(src, dst)
-      os.replace(tmp + ".gunzip", tmp)
-    os.replace(tmp, dest)  # atomic: the cache never holds a partial or unverified file
-  finally:
-    for leftover in (tmp, tmp + ".gunzip"):
-      if os.path.exists(leftover): os.unlink(leftover)
+        digest = hashlib.sha256()
+        try:
+            with (
+                urllib.request.urlopen(
+                    urllib.request.Request(url, headers={"User-Agent": "fusegrad", **headers}), timeout=60
+                ) as resp,
+                os.fdopen(fd, "wb") as f,
+            ):
+                bar = _Progress(int(resp.headers.get("content-length") or 0), dest.name)
+                while chunk := resp.read(1 << 16):
+                    f.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+                bar.close()
+        except OSError as e:  # URLError and HTTPError are OSErrors, as is a connection dropped mid-download
+            raise ConnectionError(
+                f"cannot download {url}: {getattr(e, 'reason', e)}; offline, put the file at {dest}"
+            ) from None
+        if sha256 is not None and digest.hexdigest() != sha256.lower():
+            raise ValueError(
+                f"download of {url} has sha256 {digest.hexdigest()}, expected {sha256.lower()}: corrupt or changed file"
+            )
+        if gunzip:
+            with gzip.open(tmp, "rb") as src, open(tmp + ".gunzip", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(tmp + ".gunzip", tmp)
+        os.replace(tmp, dest)  # atomic: the cache never holds a partial or unverified file
+    finally:
+        for leftover in (tmp, tmp + ".gunzip"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+
 
 def _extract(archive: pathlib.Path) -> pathlib.Path:
-  """Unpack a tar (any compression) or zip archive once, next to it; returns the directory."""
-  import shutil, tarfile, tempfile, zipfile
-  out = archive.with_name(archive.name + ".extracted")
-  if out.is_dir(): return out
-  tmp = tempfile.mkdtemp(dir=archive.parent, prefix=".extract-")
-  try:
-    if zipfile.is_zipfile(archive):
-      with zipfile.ZipFile(archive) as zf: zf.extractall(tmp)
-    elif tarfile.is_tarfile(archive):
-      with tarfile.open(archive) as tf: tf.extractall(tmp, filter="data")  # "data": no paths outside tmp, no devices
-    else: raise ValueError(f"{archive} is neither a tar nor a zip archive, cannot extract it")
-    os.replace(tmp, out)
-  finally:
-    if os.path.exists(tmp): shutil.rmtree(tmp)
-  return out
+    """Unpack a tar (any compression) or zip archive once, next to it; returns the directory."""
+    import shutil
+    import tarfile
+    import tempfile
+    import zipfile
+
+    out = archive.with_name(archive.name + ".extracted")
+    if out.is_dir():
+        return out
+    tmp = tempfile.mkdtemp(dir=archive.parent, prefix=".extract-")
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(tmp)
+        elif tarfile.is_tarfile(archive):
+            with tarfile.open(archive) as tf:
+                tf.extractall(tmp, filter="data")  # "data": no paths outside tmp, no devices
+        else:
+            raise ValueError(f"{archive} is neither a tar nor a zip archive, cannot extract it")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+    return out
+
 
 class _Progress:
-  """A one-line progress bar on stderr, redrawn at most ten times a second."""
-  def __init__(self, total: int, desc: str):
-    self.total, self.desc, self.done, self.last = total, desc, 0, 0.0
-  def update(self, n: int) -> None:
-    self.done += n
-    if time.perf_counter() - self.last > 0.1: self.draw()
-  def draw(self) -> None:
-    import sys
-    self.last = time.perf_counter()
-    frac = min(self.done / self.total, 1.0) if self.total else 0.0
-    bar = ("#" * int(frac * 30)).ljust(30, ".") if self.total else "?" * 30
-    total = f"/{self.total/1e6:.1f}" if self.total else ""
-    sys.stderr.write(f"\r{self.desc} [{bar}] {frac*100:3.0f}% {self.done/1e6:.1f}{total} MB")
-    sys.stderr.flush()
-  def close(self) -> None:
-    import sys
-    self.draw()
-    sys.stderr.write("\n")
+    """A one-line progress bar on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.done, self.last = total, desc, 0, 0.0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if time.perf_counter() - self.last > 0.1:
+            self.draw()
+
+    def draw(self) -> None:
+        import sys
+
+        self.last = time.perf_counter()
+        frac = min(self.done / self.total, 1.0) if self.total else 0.0
+        bar = ("#" * int(frac * 30)).ljust(30, ".") if self.total else "?" * 30
+        total = f"/{self.total / 1e6:.1f}" if self.total else ""
+        sys.stderr.write(f"\r{self.desc} [{bar}] {frac * 100:3.0f}% {self.done / 1e6:.1f}{total} MB")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        import sys
+
+        self.draw()
+        sys.stderr.write("\n")
+
 
 class GlobalCounters:
-  """Process-wide counters of launched work."""
-  global_ops: int = 0
-  global_mem: int = 0
-  time_sum_s: float = 0.0
-  kernel_count: int = 0
-  mem_used: int = 0
-  mem_used_per_device: dict[str, int] = {}
-  @staticmethod
-  def reset() -> None:
-    GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s, GlobalCounters.kernel_count = 0, 0, 0.0, 0
+    """Process-wide counters of launched work."""
+
+    global_ops: int = 0
+    global_mem: int = 0
+    time_sum_s: float = 0.0
+    kernel_count: int = 0
+    mem_used: int = 0
+    mem_used_per_device: dict[str, int] = {}
+
+    @staticmethod
+    def reset() -> None:
+        GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s, GlobalCounters.kernel_count = (
+            0,
+            0,
+            0.0,
+            0,
+        )
+
 
 class Timing(contextlib.ContextDecorator):
-  """Print the elapsed time of a block in ms."""
-  def __init__(self, prefix: str = "", on_exit: Any = None, enabled: bool = True):
-    self.prefix, self.on_exit, self.enabled = prefix, on_exit, enabled
-  def __enter__(self):
-    self.st = time.perf_counter_ns()
-    return self
-  def __exit__(self, *exc: Any) -> None:
-    self.et = time.perf_counter_ns() - self.st
-    if self.enabled: print(f"{self.prefix}{self.et*1e-6:6.2f} ms" + (self.on_exit(self.et) if self.on_exit else ""))
+    """Print the elapsed time of a block in ms."""
 
-def to_function_name(s: str) -> str: return "".join(c if c.isalnum() or c == "_" else "_" for c in s)
+    def __init__(self, prefix: str = "", on_exit: Any = None, enabled: bool = True):
+        self.prefix, self.on_exit, self.enabled = prefix, on_exit, enabled
 
-def is_pow2(x: int) -> bool: return x > 0 and (x & (x - 1)) == 0
+    def __enter__(self):
+        self.st = time.perf_counter_ns()
+        return self
 
-def log2_int(x: int) -> int: return int(math.log2(x))
+    def __exit__(self, *exc: Any) -> None:
+        self.et = time.perf_counter_ns() - self.st
+        if self.enabled:
+            print(f"{self.prefix}{self.et * 1e-6:6.2f} ms" + (self.on_exit(self.et) if self.on_exit else ""))
+
+
+def to_function_name(s: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in s)
+
+
+def is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def log2_int(x: int) -> int:
+    return int(math.log2(x))

@@ -1,4 +1,5 @@
 """Optimizers against torch.optim (SGD, Adam, AdamW) and a numpy reference (LAMB, LARS) over several steps."""
+
 import numpy as np
 import pytest
 import torch
@@ -7,119 +8,159 @@ from fusegrad.nn.optim import LAMB, LARS, SGD, Adam, AdamW, OptimizerGroup
 
 STEPS = 5
 
+
 def problem(seed=0):
-  rng = np.random.default_rng(seed)
-  return rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(3).astype(np.float32), \
-    rng.standard_normal((5, 4)).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    return (
+        rng.standard_normal((4, 3)).astype(np.float32),
+        rng.standard_normal(3).astype(np.float32),
+        rng.standard_normal((5, 4)).astype(np.float32),
+    )
+
 
 def run_fusegrad(make_opt, seed=0):
-  w0, b0, x0 = problem(seed)
-  w, b, x = Tensor(w0), Tensor(b0), Tensor(x0)
-  opt = make_opt([w, b])
-  with Context(TRAINING=1):
-    for _ in range(STEPS):
-      opt.zero_grad()
-      loss = ((x @ w + b).relu() ** 2).mean() + (w * w).sum() * 0.1
-      loss.backward()
-      opt.step()
-  return w.numpy(), b.numpy()
+    w0, b0, x0 = problem(seed)
+    w, b, x = Tensor(w0), Tensor(b0), Tensor(x0)
+    opt = make_opt([w, b])
+    with Context(TRAINING=1):
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = ((x @ w + b).relu() ** 2).mean() + (w * w).sum() * 0.1
+            loss.backward()
+            opt.step()
+    return w.numpy(), b.numpy()
+
 
 def run_torch(make_opt, seed=0):
-  w0, b0, x0 = problem(seed)
-  w, b, x = torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True), torch.tensor(x0)
-  opt = make_opt([w, b])
-  for _ in range(STEPS):
-    opt.zero_grad()
-    loss = ((x @ w + b).relu() ** 2).mean() + (w * w).sum() * 0.1
-    loss.backward()
-    opt.step()
-  return w.detach().numpy(), b.detach().numpy()
+    w0, b0, x0 = problem(seed)
+    w, b, x = torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True), torch.tensor(x0)
+    opt = make_opt([w, b])
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = ((x @ w + b).relu() ** 2).mean() + (w * w).sum() * 0.1
+        loss.backward()
+        opt.step()
+    return w.detach().numpy(), b.detach().numpy()
 
-@pytest.mark.parametrize("name, ours, theirs", [
-  ("sgd", lambda p: SGD(p, lr=0.1), lambda p: torch.optim.SGD(p, lr=0.1)),
-  ("sgd_momentum_wd", lambda p: SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01),
-   lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01)),
-  ("sgd_nesterov", lambda p: SGD(p, lr=0.05, momentum=0.8, nesterov=True),
-   lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True)),
-  ("adam", lambda p: Adam(p, lr=0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
-  ("adam_betas", lambda p: Adam(p, lr=0.02, b1=0.8, b2=0.99, eps=1e-6), lambda p: torch.optim.Adam(p, lr=0.02, betas=(0.8, 0.99), eps=1e-6)),
-  ("adamw", lambda p: AdamW(p, lr=0.01, weight_decay=0.1), lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)),
-])
+
+@pytest.mark.parametrize(
+    "name, ours, theirs",
+    [
+        ("sgd", lambda p: SGD(p, lr=0.1), lambda p: torch.optim.SGD(p, lr=0.1)),
+        (
+            "sgd_momentum_wd",
+            lambda p: SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01),
+            lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01),
+        ),
+        (
+            "sgd_nesterov",
+            lambda p: SGD(p, lr=0.05, momentum=0.8, nesterov=True),
+            lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True),
+        ),
+        ("adam", lambda p: Adam(p, lr=0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
+        (
+            "adam_betas",
+            lambda p: Adam(p, lr=0.02, b1=0.8, b2=0.99, eps=1e-6),
+            lambda p: torch.optim.Adam(p, lr=0.02, betas=(0.8, 0.99), eps=1e-6),
+        ),
+        (
+            "adamw",
+            lambda p: AdamW(p, lr=0.01, weight_decay=0.1),
+            lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+        ),
+    ],
+)
 def test_matches_torch(name, ours, theirs):
-  for a, b in zip(run_fusegrad(ours), run_torch(theirs)):
-    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+    for a, b in zip(run_fusegrad(ours), run_torch(theirs)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+
 
 def numpy_steps(update):
-  """Same problem with gradients from torch autograd and the update rule written in numpy."""
-  w0, b0, x0 = problem()
-  params = [w0.astype(np.float64), b0.astype(np.float64)]
-  state: dict = {}
-  for step in range(1, STEPS + 1):
-    w, b = torch.tensor(params[0], requires_grad=True), torch.tensor(params[1], requires_grad=True)
-    loss = ((torch.tensor(x0, dtype=torch.float64) @ w + b).relu() ** 2).mean() + (w * w).sum() * 0.1
-    loss.backward()
-    params = [update(i, p, g.numpy(), step, state) for i, (p, g) in enumerate(zip(params, (w.grad, b.grad)))]
-  return params
+    """Same problem with gradients from torch autograd and the update rule written in numpy."""
+    w0, b0, x0 = problem()
+    params = [w0.astype(np.float64), b0.astype(np.float64)]
+    state: dict = {}
+    for step in range(1, STEPS + 1):
+        w, b = torch.tensor(params[0], requires_grad=True), torch.tensor(params[1], requires_grad=True)
+        loss = ((torch.tensor(x0, dtype=torch.float64) @ w + b).relu() ** 2).mean() + (w * w).sum() * 0.1
+        loss.backward()
+        params = [update(i, p, g.numpy(), step, state) for i, (p, g) in enumerate(zip(params, (w.grad, b.grad)))]
+    return params
+
 
 def lamb_ref(lr=0.01, b1=0.9, b2=0.999, eps=1e-6, wd=0.01):
-  def update(i, p, g, t, state):
-    m, v = state.get(("m", i), 0.0), state.get(("v", i), 0.0)
-    m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
-    state[("m", i)], state[("v", i)] = m, v
-    up = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps) + wd * p
-    r1, r2 = np.linalg.norm(p), np.linalg.norm(up)
-    return p - lr * (r1 / r2 if r1 > 0 and r2 > 0 else 1.0) * up
-  return update
+    def update(i, p, g, t, state):
+        m, v = state.get(("m", i), 0.0), state.get(("v", i), 0.0)
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        state[("m", i)], state[("v", i)] = m, v
+        up = (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps) + wd * p
+        r1, r2 = np.linalg.norm(p), np.linalg.norm(up)
+        return p - lr * (r1 / r2 if r1 > 0 and r2 > 0 else 1.0) * up
+
+    return update
+
 
 def lars_ref(lr=0.01, momentum=0.9, wd=1e-4, tcoef=0.001):
-  def update(i, p, g, t, state):
-    wn, gn = np.linalg.norm(p), np.linalg.norm(g)
-    ratio = tcoef * wn / (gn + wd * wn) if wn > 0 and gn > 0 else 1.0
-    g = (g + wd * p) * ratio * lr
-    b = momentum * state.get(("b", i), 0.0) + g
-    state[("b", i)] = b
-    return p - b
-  return update
+    def update(i, p, g, t, state):
+        wn, gn = np.linalg.norm(p), np.linalg.norm(g)
+        ratio = tcoef * wn / (gn + wd * wn) if wn > 0 and gn > 0 else 1.0
+        g = (g + wd * p) * ratio * lr
+        b = momentum * state.get(("b", i), 0.0) + g
+        state[("b", i)] = b
+        return p - b
 
-@pytest.mark.parametrize("ours, ref", [
-  (lambda p: LAMB(p, lr=0.01, weight_decay=0.01), lamb_ref()),
-  (lambda p: LARS(p, lr=0.01), lars_ref()),
-])
+    return update
+
+
+@pytest.mark.parametrize(
+    "ours, ref",
+    [
+        (lambda p: LAMB(p, lr=0.01, weight_decay=0.01), lamb_ref()),
+        (lambda p: LARS(p, lr=0.01), lars_ref()),
+    ],
+)
 def test_matches_numpy_reference(ours, ref):
-  for a, b in zip(run_fusegrad(ours), numpy_steps(ref)):
-    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+    for a, b in zip(run_fusegrad(ours), numpy_steps(ref)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+
 
 def test_lr_is_a_tensor_a_schedule_can_change():
-  w = Tensor([1.0, 2.0])
-  opt = SGD([w], lr=0.5)
-  with Context(TRAINING=1):
-    (w * w).sum().backward()
-    opt.step()
-    np.testing.assert_allclose(w.numpy(), [0.0, 0.0])
-    opt.lr.assign(Tensor(0.25))
-    opt.zero_grad()
-    w.assign(Tensor([1.0, 2.0]))
-    (w * w).sum().backward()
-    opt.step()
-  np.testing.assert_allclose(w.numpy(), [0.5, 1.0])
+    w = Tensor([1.0, 2.0])
+    opt = SGD([w], lr=0.5)
+    with Context(TRAINING=1):
+        (w * w).sum().backward()
+        opt.step()
+        np.testing.assert_allclose(w.numpy(), [0.0, 0.0])
+        opt.lr.assign(Tensor(0.25))
+        opt.zero_grad()
+        w.assign(Tensor([1.0, 2.0]))
+        (w * w).sum().backward()
+        opt.step()
+    np.testing.assert_allclose(w.numpy(), [0.5, 1.0])
+
 
 def test_optimizer_group_and_buffers():
-  a, b = Tensor([1.0]), Tensor([2.0])
-  stat = Tensor([5.0]).is_param_(False)
-  group = OptimizerGroup(SGD([a, stat], lr=1.0), SGD([b], lr=0.5))
-  assert group[1].params == [b] and group[0].buffers == [stat]
-  with Context(TRAINING=1):
-    (a * 3 + b * 4).sum().backward()
-    group.step()
-  assert a.item() == pytest.approx(-2.0) and b.item() == pytest.approx(0.0) and stat.item() == 5.0
-  group.zero_grad()
-  assert a.grad is None and b.grad is None
+    a, b = Tensor([1.0]), Tensor([2.0])
+    stat = Tensor([5.0]).is_param_(False)
+    group = OptimizerGroup(SGD([a, stat], lr=1.0), SGD([b], lr=0.5))
+    assert group[1].params == [b] and group[0].buffers == [stat]
+    with Context(TRAINING=1):
+        (a * 3 + b * 4).sum().backward()
+        group.step()
+    assert a.item() == pytest.approx(-2.0) and b.item() == pytest.approx(0.0) and stat.item() == 5.0
+    group.zero_grad()
+    assert a.grad is None and b.grad is None
+
 
 def test_errors():
-  with pytest.raises(ValueError, match="-1"): SGD([Tensor([1.0])], lr=-1)
-  with pytest.raises(AssertionError): SGD([Tensor([1.0]).is_param_(False)])
-  w = Tensor([1.0])
-  opt = Adam([w])
-  with pytest.raises(RuntimeError, match="TRAINING"): opt.step()
-  with Context(TRAINING=1):
-    with pytest.raises(RuntimeError, match=r"parameter 0 \(shape \(1,\)\) has no .grad"): opt.step()
+    with pytest.raises(ValueError, match="-1"):
+        SGD([Tensor([1.0])], lr=-1)
+    with pytest.raises(AssertionError):
+        SGD([Tensor([1.0]).is_param_(False)])
+    w = Tensor([1.0])
+    opt = Adam([w])
+    with pytest.raises(RuntimeError, match="TRAINING"):
+        opt.step()
+    with Context(TRAINING=1):
+        with pytest.raises(RuntimeError, match=r"parameter 0 \(shape \(1,\)\) has no .grad"):
+            opt.step()

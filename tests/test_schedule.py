@@ -1,118 +1,138 @@
 """Fusion: how many kernels each pattern of issue 2 costs, with values checked against numpy."""
+
 import numpy as np
 import pytest
 from fusegrad import GlobalCounters, Tensor
 
+
 def run_counting(fn, *arrays):
-  tensors = [Tensor(a).realize() for a in arrays]
-  GlobalCounters.reset()
-  out = fn(*tensors).realize()
-  count = GlobalCounters.kernel_count
-  return out.numpy(), count
+    tensors = [Tensor(a).realize() for a in arrays]
+    GlobalCounters.reset()
+    out = fn(*tensors).realize()
+    count = GlobalCounters.kernel_count
+    return out.numpy(), count
+
 
 @pytest.fixture
 def mats():
-  rng = np.random.default_rng(1)
-  return [rng.standard_normal((8, 16), dtype=np.float32) for _ in range(3)]
+    rng = np.random.default_rng(1)
+    return [rng.standard_normal((8, 16), dtype=np.float32) for _ in range(3)]
+
 
 def test_elementwise_into_reduce_is_one_kernel(mats):
-  a, b, c = mats
-  out, n = run_counting(lambda a, b, c: ((a * b + c).relu()).sum(axis=1), a, b, c)
-  assert n == 1
-  np.testing.assert_allclose(out, np.maximum(a * b + c, 0).sum(axis=1), rtol=1e-5, atol=1e-6)
+    a, b, c = mats
+    out, n = run_counting(lambda a, b, c: ((a * b + c).relu()).sum(axis=1), a, b, c)
+    assert n == 1
+    np.testing.assert_allclose(out, np.maximum(a * b + c, 0).sum(axis=1), rtol=1e-5, atol=1e-6)
+
 
 def test_matmul_is_one_kernel(mats):
-  a, b, _ = mats
-  out, n = run_counting(lambda a, b: a @ b.T, a, b)
-  assert n == 1
-  np.testing.assert_allclose(out, a @ b.T, rtol=1e-5, atol=1e-5)
+    a, b, _ = mats
+    out, n = run_counting(lambda a, b: a @ b.T, a, b)
+    assert n == 1
+    np.testing.assert_allclose(out, a @ b.T, rtol=1e-5, atol=1e-5)
+
 
 def test_matmul_epilogue_fuses(mats):
-  a, b, c = mats
-  bias = c[0, :8].copy()
-  out, n = run_counting(lambda a, b, bias: (a @ b.T).relu() + bias, a, b, bias)
-  assert n == 1
-  np.testing.assert_allclose(out, np.maximum(a @ b.T, 0) + bias, rtol=1e-5, atol=1e-5)
+    a, b, c = mats
+    bias = c[0, :8].copy()
+    out, n = run_counting(lambda a, b, bias: (a @ b.T).relu() + bias, a, b, bias)
+    assert n == 1
+    np.testing.assert_allclose(out, np.maximum(a @ b.T, 0) + bias, rtol=1e-5, atol=1e-5)
+
 
 def test_subtract_broadcast_max_at_most_two(mats):
-  x = mats[0]
-  out, n = run_counting(lambda x: x - x.max(axis=1, keepdim=True), x)
-  assert n <= 2
-  np.testing.assert_allclose(out, x - x.max(axis=1, keepdims=True))
+    x = mats[0]
+    out, n = run_counting(lambda x: x - x.max(axis=1, keepdim=True), x)
+    assert n <= 2
+    np.testing.assert_allclose(out, x - x.max(axis=1, keepdims=True))
+
 
 def test_softmax_from_primitives_at_most_three(mats):
-  x = mats[0]
-  def softmax(x):
-    e = (x - x.max(axis=-1, keepdim=True)).exp()
-    return e / e.sum(axis=-1, keepdim=True)
-  out, n = run_counting(softmax, x)
-  assert n <= 3
-  ref = np.exp(x - x.max(-1, keepdims=True))
-  np.testing.assert_allclose(out, ref / ref.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    x = mats[0]
+
+    def softmax(x):
+        e = (x - x.max(axis=-1, keepdim=True)).exp()
+        return e / e.sum(axis=-1, keepdim=True)
+
+    out, n = run_counting(softmax, x)
+    assert n <= 3
+    ref = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, ref / ref.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
 
 def test_reduce_used_twice_is_computed_once(mats):
-  x = mats[0]
-  # s is read by two different broadcasts: it must be loaded from one buffer, not reduced twice per element
-  def f(x):
-    s = x.sum(axis=1, keepdim=True)
-    return x * s + s.permute(1, 0).sum() * x
-  out, n = run_counting(f, x)
-  s = x.sum(axis=1, keepdims=True)
-  np.testing.assert_allclose(out, x * s + s.sum() * x, rtol=1e-4)
-  assert n <= 3
+    x = mats[0]
+
+    # s is read by two different broadcasts: it must be loaded from one buffer, not reduced twice per element
+    def f(x):
+        s = x.sum(axis=1, keepdim=True)
+        return x * s + s.permute(1, 0).sum() * x
+
+    out, n = run_counting(f, x)
+    s = x.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(out, x * s + s.sum() * x, rtol=1e-4)
+    assert n <= 3
+
 
 def test_movement_ops_cost_no_kernel(mats):
-  x = mats[0]
-  out, n = run_counting(lambda x: (x.T.reshape(4, 32)[1:, ::2].flip(0).pad(((1, 1), (0, 0))) * 2), x)
-  assert n == 1
-  np.testing.assert_allclose(out, np.pad(np.flip(x.T.reshape(4, 32)[1:, ::2], 0), ((1, 1), (0, 0))) * 2)
+    x = mats[0]
+    out, n = run_counting(lambda x: x.T.reshape(4, 32)[1:, ::2].flip(0).pad(((1, 1), (0, 0))) * 2, x)
+    assert n == 1
+    np.testing.assert_allclose(out, np.pad(np.flip(x.T.reshape(4, 32)[1:, ::2], 0), ((1, 1), (0, 0))) * 2)
+
 
 def test_nested_reduce_fuses(mats):
-  x = mats[0]
-  out, n = run_counting(lambda x: x.sum(axis=1).max(), x)
-  assert n == 1
-  np.testing.assert_allclose(out, x.sum(axis=1).max(), rtol=1e-5)
+    x = mats[0]
+    out, n = run_counting(lambda x: x.sum(axis=1).max(), x)
+    assert n == 1
+    np.testing.assert_allclose(out, x.sum(axis=1).max(), rtol=1e-5)
+
 
 def test_realized_value_is_not_recomputed(mats):
-  x = Tensor(mats[0]).realize()
-  s = x.sum()
-  s.realize()
-  GlobalCounters.reset()
-  (x.sum() + 1).realize()  # the same graph node: its value is already in a buffer
-  assert GlobalCounters.kernel_count == 1
+    x = Tensor(mats[0]).realize()
+    s = x.sum()
+    s.realize()
+    GlobalCounters.reset()
+    (x.sum() + 1).realize()  # the same graph node: its value is already in a buffer
+    assert GlobalCounters.kernel_count == 1
+
 
 def test_assign_in_place_sees_new_values_and_old_views_stay_consistent():
-  a = Tensor(np.arange(6, dtype=np.float32)).realize()
-  before = (a * 1).realize()
-  a.assign(a + 10).realize()
-  np.testing.assert_array_equal(a.numpy(), np.arange(6) + 10)
-  np.testing.assert_array_equal(before.numpy(), np.arange(6))
-  np.testing.assert_array_equal((a * 1).numpy(), np.arange(6) + 10)  # not the cached pre-assign value
-  a.assign(a.flip(0)).realize()  # reads other elements of the target: goes through a temporary
-  np.testing.assert_array_equal(a.numpy(), (np.arange(6) + 10)[::-1])
+    a = Tensor(np.arange(6, dtype=np.float32)).realize()
+    before = (a * 1).realize()
+    a.assign(a + 10).realize()
+    np.testing.assert_array_equal(a.numpy(), np.arange(6) + 10)
+    np.testing.assert_array_equal(before.numpy(), np.arange(6))
+    np.testing.assert_array_equal((a * 1).numpy(), np.arange(6) + 10)  # not the cached pre-assign value
+    a.assign(a.flip(0)).realize()  # reads other elements of the target: goes through a temporary
+    np.testing.assert_array_equal(a.numpy(), (np.arange(6) + 10)[::-1])
+
 
 def test_kernel_whose_loads_simplify_away_still_gets_every_buffer():
-  a = np.array([-7, 7, 100], dtype=np.int32)
-  np.testing.assert_array_equal((Tensor(a) % 1).numpy(), np.zeros(3, np.int32))
-  np.testing.assert_array_equal((Tensor(a) * 0 + 5).numpy(), np.full(3, 5, np.int32))
+    a = np.array([-7, 7, 100], dtype=np.int32)
+    np.testing.assert_array_equal((Tensor(a) % 1).numpy(), np.zeros(3, np.int32))
+    np.testing.assert_array_equal((Tensor(a) * 0 + 5).numpy(), np.full(3, 5, np.int32))
+
 
 def test_assigns_run_after_every_kernel_that_reads_the_old_value():
-  # like an optimizer step realized in the "wrong" order: w's update must still read the old m
-  w = Tensor(np.ones(4, np.float32)).realize()
-  m = Tensor(np.full(4, 2.0, np.float32)).realize()
-  old_m = m * 1
-  m.assign(m * 3)
-  upd = w.assign(w + old_m)
-  Tensor.realize(m, upd)
-  np.testing.assert_array_equal(m.numpy(), np.full(4, 6.0))
-  np.testing.assert_array_equal(w.numpy(), np.full(4, 3.0))
+    # like an optimizer step realized in the "wrong" order: w's update must still read the old m
+    w = Tensor(np.ones(4, np.float32)).realize()
+    m = Tensor(np.full(4, 2.0, np.float32)).realize()
+    old_m = m * 1
+    m.assign(m * 3)
+    upd = w.assign(w + old_m)
+    Tensor.realize(m, upd)
+    np.testing.assert_array_equal(m.numpy(), np.full(4, 6.0))
+    np.testing.assert_array_equal(w.numpy(), np.full(4, 3.0))
+
 
 def test_equal_graphs_realize_into_separate_buffers():
-  m, v = Tensor.zeros(3).contiguous().realize(), Tensor.zeros(3).contiguous().realize()
-  a, b = Tensor.ones(3) * 2, Tensor.ones(3) * 2
-  Tensor.realize(a, b)
-  c = (Tensor.ones(3) * 2).realize()
-  m.assign(m + 1).realize()
-  a.assign(a + 1).realize()
-  assert v.tolist() == [0, 0, 0] and m.tolist() == [1, 1, 1]
-  assert b.tolist() == [2, 2, 2] and c.tolist() == [2, 2, 2] and a.tolist() == [3, 3, 3]
+    m, v = Tensor.zeros(3).contiguous().realize(), Tensor.zeros(3).contiguous().realize()
+    a, b = Tensor.ones(3) * 2, Tensor.ones(3) * 2
+    Tensor.realize(a, b)
+    c = (Tensor.ones(3) * 2).realize()
+    m.assign(m + 1).realize()
+    a.assign(a + 1).realize()
+    assert v.tolist() == [0, 0, 0] and m.tolist() == [1, 1, 1]
+    assert b.tolist() == [2, 2, 2] and c.tolist() == [2, 2, 2] and a.tolist() == [3, 3, 3]

@@ -1,4 +1,5 @@
 """The IR: hash-consing, pattern matching, graph_rewrite and the symbolic simplifier (fuzzed with hypothesis)."""
+
 import pytest
 from hypothesis import given, settings, strategies as st
 from fusegrad.dtype import dtypes
@@ -6,102 +7,130 @@ from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, RewriteLoopError, UPat, graph_rewrite
 from fusegrad.uop.symbolic import simplify, sym_eval
 
+
 def rng(size: int, axis: int) -> UOp:
-  return UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, size),), (axis, "global"))
+    return UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, size),), (axis, "global"))
+
 
 def test_hash_consing_gives_same_object():
-  a = UOp.const(dtypes.int32, 3) + UOp.const(dtypes.int32, 4)
-  b = UOp.const(dtypes.int32, 3) + UOp.const(dtypes.int32, 4)
-  assert a is b
-  assert UOp.const(dtypes.float32, 0.0) is not UOp.const(dtypes.float32, -0.0)
-  assert UOp.const(dtypes.int32, 1) is not UOp.const(dtypes.bool, True)
+    a = UOp.const(dtypes.int32, 3) + UOp.const(dtypes.int32, 4)
+    b = UOp.const(dtypes.int32, 3) + UOp.const(dtypes.int32, 4)
+    assert a is b
+    assert UOp.const(dtypes.float32, 0.0) is not UOp.const(dtypes.float32, -0.0)
+    assert UOp.const(dtypes.int32, 1) is not UOp.const(dtypes.bool, True)
+
 
 def test_pattern_matcher_commutative_and_named():
-  x = rng(10, 0)
-  pm = PatternMatcher([(UPat.var("x") * 2, lambda x: x + x)])
-  assert graph_rewrite(x * 2, pm) is x + x
-  assert graph_rewrite(UOp.const(dtypes.int32, 2) * x, pm) is x + x
-  same = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("a"), UPat.var("a"))), lambda a: a * 2)])
-  assert graph_rewrite(x + x, same) is x * 2
-  assert graph_rewrite(x + rng(3, 1), same) is x + rng(3, 1)
+    x = rng(10, 0)
+    pm = PatternMatcher([(UPat.var("x") * 2, lambda x: x + x)])
+    assert graph_rewrite(x * 2, pm) is x + x
+    assert graph_rewrite(UOp.const(dtypes.int32, 2) * x, pm) is x + x
+    same = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("a"), UPat.var("a"))), lambda a: a * 2)])
+    assert graph_rewrite(x + x, same) is x * 2
+    assert graph_rewrite(x + rng(3, 1), same) is x + rng(3, 1)
+
 
 def test_graph_rewrite_top_down_and_context():
-  x = rng(10, 0)
-  seen = []
-  def record(ctx, n):
-    ctx.append(n.op)
-    return None
-  pm = PatternMatcher([(UPat(name="n"), record)])
-  graph_rewrite(x + 1, pm, ctx=seen, bottom_up=False)
-  assert seen[0] is Ops.ADD  # the root is visited before its sources
-  seen.clear()
-  graph_rewrite(x + 1, pm, ctx=seen, bottom_up=True)
-  assert seen[-1] is Ops.ADD
+    x = rng(10, 0)
+    seen = []
+
+    def record(ctx, n):
+        ctx.append(n.op)
+        return None
+
+    pm = PatternMatcher([(UPat(name="n"), record)])
+    graph_rewrite(x + 1, pm, ctx=seen, bottom_up=False)
+    assert seen[0] is Ops.ADD  # the root is visited before its sources
+    seen.clear()
+    graph_rewrite(x + 1, pm, ctx=seen, bottom_up=True)
+    assert seen[-1] is Ops.ADD
+
 
 def test_graph_rewrite_loop_raises_instead_of_hanging():
-  x = rng(10, 0)
-  flip = PatternMatcher([(UPat(Ops.ADD, name="a"), lambda a: UOp(Ops.ADD, a.dtype, a.src[::-1]))])
-  with pytest.raises(RewriteLoopError):
-    graph_rewrite(x + rng(5, 1), flip)
-  grow = PatternMatcher([(UPat(Ops.ADD, name="a"), lambda a: a + 1)])
-  with pytest.raises(RewriteLoopError):
-    graph_rewrite(x + 1, grow)
+    x = rng(10, 0)
+    flip = PatternMatcher([(UPat(Ops.ADD, name="a"), lambda a: UOp(Ops.ADD, a.dtype, a.src[::-1]))])
+    with pytest.raises(RewriteLoopError):
+        graph_rewrite(x + rng(5, 1), flip)
+    grow = PatternMatcher([(UPat(Ops.ADD, name="a"), lambda a: a + 1)])
+    with pytest.raises(RewriteLoopError):
+        graph_rewrite(x + 1, grow)
 
-@pytest.mark.parametrize("expr, expected", [
-  (lambda i, j: (i * 4 + j) // 4, lambda i, j: i),
-  (lambda i, j: (i * 4 + j) % 4, lambda i, j: j),
-  (lambda i, j: i + 0, lambda i, j: i),
-  (lambda i, j: i * 1, lambda i, j: i),
-  (lambda i, j: i * 0, lambda i, j: UOp.const(dtypes.int32, 0)),
-  (lambda i, j: i // 1, lambda i, j: i),
-  (lambda i, j: i % 1, lambda i, j: UOp.const(dtypes.int32, 0)),
-  (lambda i, j: (i + 3) + 5, lambda i, j: i + 8),
-  (lambda i, j: j // 4, lambda i, j: UOp.const(dtypes.int32, 0)),
-  (lambda i, j: j % 4, lambda i, j: j),
-  (lambda i, j: ((i * 8 + j * 2) // 2), lambda i, j: i * 4 + j),
-  (lambda i, j: (i * 4 + j) // 4 * 4 + (i * 4 + j) % 4, lambda i, j: i * 4 + j),
-])
+
+@pytest.mark.parametrize(
+    "expr, expected",
+    [
+        (lambda i, j: (i * 4 + j) // 4, lambda i, j: i),
+        (lambda i, j: (i * 4 + j) % 4, lambda i, j: j),
+        (lambda i, j: i + 0, lambda i, j: i),
+        (lambda i, j: i * 1, lambda i, j: i),
+        (lambda i, j: i * 0, lambda i, j: UOp.const(dtypes.int32, 0)),
+        (lambda i, j: i // 1, lambda i, j: i),
+        (lambda i, j: i % 1, lambda i, j: UOp.const(dtypes.int32, 0)),
+        (lambda i, j: (i + 3) + 5, lambda i, j: i + 8),
+        (lambda i, j: j // 4, lambda i, j: UOp.const(dtypes.int32, 0)),
+        (lambda i, j: j % 4, lambda i, j: j),
+        (lambda i, j: (i * 8 + j * 2) // 2, lambda i, j: i * 4 + j),
+        (lambda i, j: (i * 4 + j) // 4 * 4 + (i * 4 + j) % 4, lambda i, j: i * 4 + j),
+    ],
+)
 def test_simplifier_identities(expr, expected):
-  i, j = rng(10, 0), rng(4, 1)
-  assert simplify(expr(i, j)) is simplify(expected(i, j))
+    i, j = rng(10, 0), rng(4, 1)
+    assert simplify(expr(i, j)) is simplify(expected(i, j))
+
 
 # ---- fuzz: a random integer expression over ranged variables evaluates like its simplification
 OPS = ["add", "mul", "div", "mod", "neg", "max", "lt", "where"]
 
+
 @st.composite
 def expressions(draw, depth=0):
-  variables = draw(st.just(None))
-  del variables
-  if depth > 3 or draw(st.booleans()) and depth > 0:
-    if draw(st.booleans()): return ("const", draw(st.integers(-8, 8)))
-    return ("var", draw(st.integers(0, 2)))
-  op = draw(st.sampled_from(OPS))
-  if op == "neg": return (op, draw(expressions(depth + 1)))
-  if op == "where": return (op, draw(expressions(depth + 1)), draw(expressions(depth + 1)), draw(expressions(depth + 1)))
-  if op in ("div", "mod"): return (op, draw(expressions(depth + 1)), ("const", draw(st.integers(1, 9))))
-  return (op, draw(expressions(depth + 1)), draw(expressions(depth + 1)))
+    variables = draw(st.just(None))
+    del variables
+    if depth > 3 or draw(st.booleans()) and depth > 0:
+        if draw(st.booleans()):
+            return ("const", draw(st.integers(-8, 8)))
+        return ("var", draw(st.integers(0, 2)))
+    op = draw(st.sampled_from(OPS))
+    if op == "neg":
+        return (op, draw(expressions(depth + 1)))
+    if op == "where":
+        return (op, draw(expressions(depth + 1)), draw(expressions(depth + 1)), draw(expressions(depth + 1)))
+    if op in ("div", "mod"):
+        return (op, draw(expressions(depth + 1)), ("const", draw(st.integers(1, 9))))
+    return (op, draw(expressions(depth + 1)), draw(expressions(depth + 1)))
+
 
 def build(tree, variables):
-  kind = tree[0]
-  if kind == "const": return UOp.const(dtypes.int32, tree[1])
-  if kind == "var": return variables[tree[1]]
-  args = [build(t, variables) for t in tree[1:]]
-  if kind == "add": return args[0] + args[1]
-  if kind == "mul": return args[0] * args[1]
-  if kind == "div": return args[0] // args[1]
-  if kind == "mod": return args[0] % args[1]
-  if kind == "neg": return -args[0]
-  if kind == "max": return args[0].maximum(args[1])
-  if kind == "lt": return (args[0] < args[1]).cast(dtypes.int32)
-  return (args[0] < UOp.const(dtypes.int32, 0)).where(args[1], args[2])
+    kind = tree[0]
+    if kind == "const":
+        return UOp.const(dtypes.int32, tree[1])
+    if kind == "var":
+        return variables[tree[1]]
+    args = [build(t, variables) for t in tree[1:]]
+    if kind == "add":
+        return args[0] + args[1]
+    if kind == "mul":
+        return args[0] * args[1]
+    if kind == "div":
+        return args[0] // args[1]
+    if kind == "mod":
+        return args[0] % args[1]
+    if kind == "neg":
+        return -args[0]
+    if kind == "max":
+        return args[0].maximum(args[1])
+    if kind == "lt":
+        return (args[0] < args[1]).cast(dtypes.int32)
+    return (args[0] < UOp.const(dtypes.int32, 0)).where(args[1], args[2])
+
 
 @settings(max_examples=300, deadline=None)
 @given(expressions(), st.lists(st.integers(1, 12), min_size=3, max_size=3), st.data())
 def test_fuzz_simplified_expression_evaluates_like_original(tree, sizes, data):
-  variables = [rng(s, k) for k, s in enumerate(sizes)]
-  expr = build(tree, variables)
-  simple = simplify(expr)
-  for _ in range(8):
-    env = {v: data.draw(st.integers(0, s - 1)) for v, s in zip(variables, sizes)}
-    assert sym_eval(simple, env) == sym_eval(expr, env), (tree, env)
-    assert simple.vmin <= sym_eval(expr, env) <= simple.vmax
+    variables = [rng(s, k) for k, s in enumerate(sizes)]
+    expr = build(tree, variables)
+    simple = simplify(expr)
+    for _ in range(8):
+        env = {v: data.draw(st.integers(0, s - 1)) for v, s in zip(variables, sizes)}
+        assert sym_eval(simple, env) == sym_eval(expr, env), (tree, env)
+        assert simple.vmin <= sym_eval(expr, env) <= simple.vmax

@@ -1,4 +1,5 @@
 """Rewrites a lowered kernel into what a backend computes directly: narrow floats are computed in float32."""
+
 from __future__ import annotations
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -6,30 +7,42 @@ from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 NARROW_FLOATS = (dtypes.float16, dtypes.bfloat16)
 
+
 def _alu_in_float32(alu: UOp) -> UOp | None:
-  """A half/bfloat16 op computes in float32 and rounds once, like torch's CPU kernels."""
-  if not any(s.dtype in NARROW_FLOATS for s in alu.src): return None
-  srcs = tuple(s.cast(dtypes.float32) if s.dtype in NARROW_FLOATS else s for s in alu.src)
-  if alu.op is Ops.WHERE: srcs = (alu.src[0],) + srcs[1:]
-  out_dtype = dtypes.float32 if alu.dtype in NARROW_FLOATS else alu.dtype
-  return UOp(alu.op, out_dtype, srcs, alu.arg).cast(alu.dtype)
+    """A half/bfloat16 op computes in float32 and rounds once, like torch's CPU kernels."""
+    if not any(s.dtype in NARROW_FLOATS for s in alu.src):
+        return None
+    srcs = tuple(s.cast(dtypes.float32) if s.dtype in NARROW_FLOATS else s for s in alu.src)
+    if alu.op is Ops.WHERE:
+        srcs = (alu.src[0],) + srcs[1:]
+    out_dtype = dtypes.float32 if alu.dtype in NARROW_FLOATS else alu.dtype
+    return UOp(alu.op, out_dtype, srcs, alu.arg).cast(alu.dtype)
+
 
 def _cast_via_float32(c: UOp, x: UOp) -> UOp | None:
-  """bfloat16 converts only to and from float32 in the renderers."""
-  if x.dtype is dtypes.bfloat16 and c.dtype is not dtypes.float32: return x.cast(dtypes.float32).cast(c.dtype)
-  if c.dtype is dtypes.bfloat16 and x.dtype is not dtypes.float32: return x.cast(dtypes.float32).cast(c.dtype)
-  return None
+    """bfloat16 converts only to and from float32 in the renderers."""
+    if x.dtype is dtypes.bfloat16 and c.dtype is not dtypes.float32:
+        return x.cast(dtypes.float32).cast(c.dtype)
+    if c.dtype is dtypes.bfloat16 and x.dtype is not dtypes.float32:
+        return x.cast(dtypes.float32).cast(c.dtype)
+    return None
+
 
 def _acc_in_float32(r: UOp) -> UOp | None:
-  if r.dtype not in NARROW_FLOATS: return None
-  return UOp(Ops.REDUCE, dtypes.float32, (r.src[0].cast(dtypes.float32), *r.src[1:]), r.arg).cast(r.dtype)
+    if r.dtype not in NARROW_FLOATS:
+        return None
+    return UOp(Ops.REDUCE, dtypes.float32, (r.src[0].cast(dtypes.float32), *r.src[1:]), r.arg).cast(r.dtype)
 
-pm_narrow_floats = PatternMatcher([
-  (UPat(GroupOp.ALU, name="alu"), _alu_in_float32),
-  (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), _cast_via_float32),
-  (UPat(Ops.REDUCE, name="r"), _acc_in_float32),
-  # a float32 value cast to half and straight back is the rounded value, which must be kept
-])
+
+pm_narrow_floats = PatternMatcher(
+    [
+        (UPat(GroupOp.ALU, name="alu"), _alu_in_float32),
+        (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), _cast_via_float32),
+        (UPat(Ops.REDUCE, name="r"), _acc_in_float32),
+        # a float32 value cast to half and straight back is the rounded value, which must be kept
+    ]
+)
+
 
 def decompose_for_device(kernel: UOp, half_native: bool = True) -> UOp:
-  return graph_rewrite(kernel, pm_narrow_floats)
+    return graph_rewrite(kernel, pm_narrow_floats)

@@ -1,65 +1,78 @@
 """Orders a lowered kernel into a linear instruction list with explicit loop begin/end and accumulators."""
+
 from __future__ import annotations
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.codegen.lowerer import identity
 
+
 def _reduce_to_acc(r: UOp, ctx: list[int]) -> UOp:
-  """REDUCE(value, *ranges) -> ACC_UPDATE(DEFINE_ACC, value, *ranges); uses read the accumulator after the loop."""
-  ctx[0] += 1
-  acc = UOp(Ops.DEFINE_ACC, r.dtype, (UOp.const(r.dtype, identity(r.arg, r.dtype)),), ctx[0] - 1)
-  return UOp(Ops.ACC_UPDATE, r.dtype, (acc, *r.src), r.arg)
+    """REDUCE(value, *ranges) -> ACC_UPDATE(DEFINE_ACC, value, *ranges); uses read the accumulator after the loop."""
+    ctx[0] += 1
+    acc = UOp(Ops.DEFINE_ACC, r.dtype, (UOp.const(r.dtype, identity(r.arg, r.dtype)),), ctx[0] - 1)
+    return UOp(Ops.ACC_UPDATE, r.dtype, (acc, *r.src), r.arg)
+
 
 pm_accumulators = PatternMatcher([(UPat(Ops.REDUCE, name="r"), _reduce_to_acc)])
 
+
 def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
-  kernel = graph_rewrite(kernel, pm_accumulators, ctx=[0])
-  nodes = kernel.toposort()
-  # the loops each node depends on (an accumulator result no longer depends on its own reduce loops)
-  deps: dict[UOp, frozenset[UOp]] = {}
-  for u in nodes:
-    if u.op is Ops.RANGE: deps[u] = frozenset((u,))
-    elif u.op is Ops.ACC_UPDATE: deps[u] = deps[u.src[1]].difference(u.src[2:])
-    else: deps[u] = frozenset().union(*(deps[s] for s in u.src))
-  params = sorted({u for u in nodes if u.op is Ops.DEFINE_GLOBAL} | set(params or ()), key=lambda u: u.arg[0])
-  global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
-  lin: list[UOp] = list(params) + list(global_ranges)
-  done: set[UOp] = set(lin)
-  open_ranges: set[UOp] = set(global_ranges)
+    kernel = graph_rewrite(kernel, pm_accumulators, ctx=[0])
+    nodes = kernel.toposort()
+    # the loops each node depends on (an accumulator result no longer depends on its own reduce loops)
+    deps: dict[UOp, frozenset[UOp]] = {}
+    for u in nodes:
+        if u.op is Ops.RANGE:
+            deps[u] = frozenset((u,))
+        elif u.op is Ops.ACC_UPDATE:
+            deps[u] = deps[u.src[1]].difference(u.src[2:])
+        else:
+            deps[u] = frozenset().union(*(deps[s] for s in u.src))
+    params = sorted({u for u in nodes if u.op is Ops.DEFINE_GLOBAL} | set(params or ()), key=lambda u: u.arg[0])
+    global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
+    lin: list[UOp] = list(params) + list(global_ranges)
+    done: set[UOp] = set(lin)
+    open_ranges: set[UOp] = set(global_ranges)
 
-  # accumulators over the same loops (unrolled copies of one reduce) share one loop nest
-  groups: dict[tuple[UOp, ...], list[UOp]] = {}
-  for u in nodes:
-    if u.op is Ops.ACC_UPDATE: groups.setdefault(u.src[2:], []).append(u)
+    # accumulators over the same loops (unrolled copies of one reduce) share one loop nest
+    groups: dict[tuple[UOp, ...], list[UOp]] = {}
+    for u in nodes:
+        if u.op is Ops.ACC_UPDATE:
+            groups.setdefault(u.src[2:], []).append(u)
 
-  def emit(u: UOp) -> None:
-    if u in done: return
-    if u.op is Ops.ACC_UPDATE:
-      loops = u.src[2:]
-      group = [w for w in groups[loops] if w not in done]
-      # hoist what the loop body needs but does not vary inside the loop
-      for w in group:
-        for n in w.src[1].toposort(gate=lambda x: x not in done):
-          if n not in done and n.op is not Ops.RANGE and deps[n] <= open_ranges: emit(n)
-      for w in group:
-        lin.append(w.src[0])
-        done.add(w.src[0])
-      for r in loops:
-        lin.append(r)
-        done.add(r)
-        open_ranges.add(r)
-      for w in group: emit(w.src[1])
-      for w in group:
-        lin.append(w)
-        done.add(w)
-      for r in reversed(loops):
-        lin.append(UOp(Ops.ENDRANGE, src=(r,)))
-        open_ranges.discard(r)
-      return
-    for s in u.src: emit(s)
-    if u.op is not Ops.SINK: lin.append(u)
-    done.add(u)
+    def emit(u: UOp) -> None:
+        if u in done:
+            return
+        if u.op is Ops.ACC_UPDATE:
+            loops = u.src[2:]
+            group = [w for w in groups[loops] if w not in done]
+            # hoist what the loop body needs but does not vary inside the loop
+            for w in group:
+                for n in w.src[1].toposort(gate=lambda x: x not in done):
+                    if n not in done and n.op is not Ops.RANGE and deps[n] <= open_ranges:
+                        emit(n)
+            for w in group:
+                lin.append(w.src[0])
+                done.add(w.src[0])
+            for r in loops:
+                lin.append(r)
+                done.add(r)
+                open_ranges.add(r)
+            for w in group:
+                emit(w.src[1])
+            for w in group:
+                lin.append(w)
+                done.add(w)
+            for r in reversed(loops):
+                lin.append(UOp(Ops.ENDRANGE, src=(r,)))
+                open_ranges.discard(r)
+            return
+        for s in u.src:
+            emit(s)
+        if u.op is not Ops.SINK:
+            lin.append(u)
+        done.add(u)
 
-  emit(kernel)
-  lin.extend(UOp(Ops.ENDRANGE, src=(r,)) for r in reversed(global_ranges))
-  return lin
+    emit(kernel)
+    lin.extend(UOp(Ops.ENDRANGE, src=(r,)) for r in reversed(global_ranges))
+    return lin

@@ -1,4 +1,5 @@
 """Kernel AST (tensor-level ops over DEFINE_GLOBALs) -> loops over ranges with explicit index arithmetic."""
+
 from __future__ import annotations
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
@@ -8,134 +9,185 @@ from fusegrad.uop.symbolic import pm_symbolic, split_terms
 
 TRUE = UOp.const(dtypes.bool, True)
 
+
 class Lowerer:
-  """Evaluates each tensor-level node at given per-dimension indices; movement ops become index arithmetic."""
-  def __init__(self, idx_dtype):
-    self.idx_dtype = idx_dtype
-    self.memo: dict[tuple, UOp] = {}
-    self.reduce_ranges: dict[tuple[UOp, frozenset[UOp]], tuple[UOp, ...]] = {}
-    self.next_range = 0
+    """Evaluates each tensor-level node at given per-dimension indices; movement ops become index arithmetic."""
 
-  def new_range(self, size: int, kind: str) -> UOp:
-    if size == 1: return UOp.const(self.idx_dtype, 0)
-    r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, size),), (self.next_range, kind))
-    self.next_range += 1
-    return r
+    def __init__(self, idx_dtype):
+        self.idx_dtype = idx_dtype
+        self.memo: dict[tuple, UOp] = {}
+        self.reduce_ranges: dict[tuple[UOp, frozenset[UOp]], tuple[UOp, ...]] = {}
+        self.next_range = 0
 
-  def flat_index(self, idxs: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
-    out, stride = UOp.const(self.idx_dtype, 0), 1
-    for i, d in reversed(list(zip(idxs, shape))):
-      if d != 1: out = out + i * stride
-      stride *= d
-    return out
+    def new_range(self, size: int, kind: str) -> UOp:
+        if size == 1:
+            return UOp.const(self.idx_dtype, 0)
+        r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, size),), (self.next_range, kind))
+        self.next_range += 1
+        return r
 
-  def unflatten(self, flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
-    out, stride = [], 1
-    for j, d in reversed(list(enumerate(shape))):
-      if d == 1: out.append(UOp.const(self.idx_dtype, 0))
-      else: out.append((flat // stride) % d if j > 0 else flat // stride)
-      stride *= d
-    return tuple(reversed(out))
+    def flat_index(self, idxs: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+        out, stride = UOp.const(self.idx_dtype, 0), 1
+        for i, d in reversed(list(zip(idxs, shape))):
+            if d != 1:
+                out = out + i * stride
+            stride *= d
+        return out
 
-  def lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
-    key = (u, idxs, valid)
-    if (r := self.memo.get(key)) is None: r = self.memo[key] = self._lower(u, idxs, valid)
-    return r
+    def unflatten(self, flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
+        out, stride = [], 1
+        for j, d in reversed(list(enumerate(shape))):
+            if d == 1:
+                out.append(UOp.const(self.idx_dtype, 0))
+            else:
+                out.append((flat // stride) % d if j > 0 else flat // stride)
+            stride *= d
+        return tuple(reversed(out))
 
-  def _lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
-    op, src = u.op, u.src
-    if op is Ops.DEFINE_GLOBAL: return UOp(Ops.LOAD, u.dtype, (u, idxs[0]) + (() if valid is TRUE else (valid,)))
-    if op is Ops.CONST: return u
-    if op is Ops.ARANGE: return idxs[0].cast(u.dtype)
-    if op is Ops.RESHAPE:
-      old = src[0].shape
-      if tuple(d for d in old if d != 1) == tuple(d for d in u.arg if d != 1):  # only size-1 dims moved
-        it = iter(i for i, d in zip(idxs, u.arg) if d != 1)
-        return self.lower(src[0], tuple(UOp.const(self.idx_dtype, 0) if d == 1 else next(it) for d in old), valid)
-      return self.lower(src[0], self.unflatten(self.flat_index(idxs, u.arg), old), valid)
-    if op is Ops.PERMUTE:
-      old_idxs: list[UOp] = [UOp.const(self.idx_dtype, 0)] * len(idxs)
-      for new_axis, old_axis in enumerate(u.arg): old_idxs[old_axis] = idxs[new_axis]
-      return self.lower(src[0], tuple(old_idxs), valid)
-    if op is Ops.EXPAND:
-      return self.lower(src[0], tuple(UOp.const(self.idx_dtype, 0) if o == 1 else i for i, o in zip(idxs, src[0].shape)), valid)
-    if op is Ops.SHRINK: return self.lower(src[0], tuple(i + b if b else i for i, (b, _) in zip(idxs, u.arg)), valid)
-    if op is Ops.FLIP:
-      return self.lower(src[0], tuple((d - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape)), valid)
-    if op is Ops.PAD:
-      in_bounds = TRUE
-      for i, (b, a), d in zip(idxs, u.arg, src[0].shape):
-        if b: in_bounds = in_bounds & (i >= b)
-        if a: in_bounds = in_bounds & (i < d + b)
-      inner = self.lower(src[0], tuple(i - b if b else i for i, (b, _) in zip(idxs, u.arg)), valid & in_bounds)
-      return in_bounds.where(inner, UOp.const(u.dtype, 0))
-    if op is Ops.REDUCE_AXIS:
-      reduce_op, axes = u.arg
-      # lowerings of one reduce inside the same enclosing reduce loops share their loops, so unrolled copies accumulate
-      # in one loop; inside different enclosing loops (one reduce feeding two reduces) each gets its own loops
-      key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
-      if key not in self.reduce_ranges: self.reduce_ranges[key] = tuple(self.new_range(src[0].shape[a], "reduce") for a in axes)
-      loop_of = dict(zip(axes, self.reduce_ranges[key]))
-      new_idxs = tuple(loop_of.get(a, i) for a, i in enumerate(idxs))
-      ranges = tuple(r for r in self.reduce_ranges[key] if r.op is Ops.RANGE)
-      value = self.lower(src[0], new_idxs, valid)
-      if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes): value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
-      return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
-    if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-      return UOp(op, u.dtype, tuple(self.lower(s, idxs, valid) for s in src), u.arg)
-    if op in (Ops.CONTIGUOUS, Ops.DETACH): return self.lower(src[0], idxs, valid)
-    raise NotImplementedError(f"cannot lower {op} inside a kernel")
+    def lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+        key = (u, idxs, valid)
+        if (r := self.memo.get(key)) is None:
+            r = self.memo[key] = self._lower(u, idxs, valid)
+        return r
+
+    def _lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+        op, src = u.op, u.src
+        if op is Ops.DEFINE_GLOBAL:
+            return UOp(Ops.LOAD, u.dtype, (u, idxs[0]) + (() if valid is TRUE else (valid,)))
+        if op is Ops.CONST:
+            return u
+        if op is Ops.ARANGE:
+            return idxs[0].cast(u.dtype)
+        if op is Ops.RESHAPE:
+            old = src[0].shape
+            if tuple(d for d in old if d != 1) == tuple(d for d in u.arg if d != 1):  # only size-1 dims moved
+                it = iter(i for i, d in zip(idxs, u.arg) if d != 1)
+                return self.lower(
+                    src[0], tuple(UOp.const(self.idx_dtype, 0) if d == 1 else next(it) for d in old), valid
+                )
+            return self.lower(src[0], self.unflatten(self.flat_index(idxs, u.arg), old), valid)
+        if op is Ops.PERMUTE:
+            old_idxs: list[UOp] = [UOp.const(self.idx_dtype, 0)] * len(idxs)
+            for new_axis, old_axis in enumerate(u.arg):
+                old_idxs[old_axis] = idxs[new_axis]
+            return self.lower(src[0], tuple(old_idxs), valid)
+        if op is Ops.EXPAND:
+            return self.lower(
+                src[0], tuple(UOp.const(self.idx_dtype, 0) if o == 1 else i for i, o in zip(idxs, src[0].shape)), valid
+            )
+        if op is Ops.SHRINK:
+            return self.lower(src[0], tuple(i + b if b else i for i, (b, _) in zip(idxs, u.arg)), valid)
+        if op is Ops.FLIP:
+            return self.lower(src[0], tuple((d - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape)), valid)
+        if op is Ops.PAD:
+            in_bounds = TRUE
+            for i, (b, a), d in zip(idxs, u.arg, src[0].shape):
+                if b:
+                    in_bounds = in_bounds & (i >= b)
+                if a:
+                    in_bounds = in_bounds & (i < d + b)
+            inner = self.lower(src[0], tuple(i - b if b else i for i, (b, _) in zip(idxs, u.arg)), valid & in_bounds)
+            return in_bounds.where(inner, UOp.const(u.dtype, 0))
+        if op is Ops.REDUCE_AXIS:
+            reduce_op, axes = u.arg
+            # lowerings of one reduce inside the same enclosing reduce loops share their loops, so unrolled copies accumulate
+            # in one loop; inside different enclosing loops (one reduce feeding two reduces) each gets its own loops
+            key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
+            if key not in self.reduce_ranges:
+                self.reduce_ranges[key] = tuple(self.new_range(src[0].shape[a], "reduce") for a in axes)
+            loop_of = dict(zip(axes, self.reduce_ranges[key]))
+            new_idxs = tuple(loop_of.get(a, i) for a, i in enumerate(idxs))
+            ranges = tuple(r for r in self.reduce_ranges[key] if r.op is Ops.RANGE)
+            value = self.lower(src[0], new_idxs, valid)
+            if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes):
+                value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
+            return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
+        if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+            return UOp(op, u.dtype, tuple(self.lower(s, idxs, valid) for s in src), u.arg)
+        if op in (Ops.CONTIGUOUS, Ops.DETACH):
+            return self.lower(src[0], idxs, valid)
+        raise NotImplementedError(f"cannot lower {op} inside a kernel")
+
 
 def identity(op: Ops, dtype) -> object:
-  if op is Ops.ADD: return 0
-  if op is Ops.MUL: return 1
-  return dtype.min  # MAX
+    if op is Ops.ADD:
+        return 0
+    if op is Ops.MUL:
+        return 1
+    return dtype.min  # MAX
 
-pm_loads = PatternMatcher([
-  # a padded load is already gated: selecting its zero again is redundant
-  (UPat(Ops.WHERE, src=(UPat.var("g"), UPat(Ops.LOAD, name="ld", src=(UPat.var(), UPat.var(), UPat.var("g"))), UPat.cvar("z"))),
-   lambda g, ld, z: ld if z.arg == 0 else None),
-  (UPat(Ops.LOAD, src=(UPat.var("b"), UPat.var("i"), UPat.const(dtypes.bool, True))), lambda b, i: UOp(Ops.LOAD, b.dtype, (b, i))),
-  (UPat(Ops.LOAD, name="ld", src=(UPat.var(), UPat.var(), UPat.const(dtypes.bool, False))), lambda ld: UOp.const(ld.dtype, 0)),
-])
+
+pm_loads = PatternMatcher(
+    [
+        # a padded load is already gated: selecting its zero again is redundant
+        (
+            UPat(
+                Ops.WHERE,
+                src=(
+                    UPat.var("g"),
+                    UPat(Ops.LOAD, name="ld", src=(UPat.var(), UPat.var(), UPat.var("g"))),
+                    UPat.cvar("z"),
+                ),
+            ),
+            lambda g, ld, z: ld if z.arg == 0 else None,
+        ),
+        (
+            UPat(Ops.LOAD, src=(UPat.var("b"), UPat.var("i"), UPat.const(dtypes.bool, True))),
+            lambda b, i: UOp(Ops.LOAD, b.dtype, (b, i)),
+        ),
+        (
+            UPat(Ops.LOAD, name="ld", src=(UPat.var(), UPat.var(), UPat.const(dtypes.bool, False))),
+            lambda ld: UOp.const(ld.dtype, 0),
+        ),
+    ]
+)
 
 UPCAST_SIZES = (16, 8, 4)
 
+
 def _coefficient(index: UOp, r: UOp) -> int | None:
-  """The stride of index along loop r, or None when r appears inside division or modulo."""
-  terms, _ = split_terms(index)
-  if any(t is not r and r in t.toposort() for _, t in terms): return None
-  return sum(k for k, t in terms if t is r)
+    """The stride of index along loop r, or None when r appears inside division or modulo."""
+    terms, _ = split_terms(index)
+    if any(t is not r and r in t.toposort() for _, t in terms):
+        return None
+    return sum(k for k, t in terms if t is r)
+
 
 def choose_upcast(value: UOp, plain_kernel: UOp) -> int:
-  """How many outputs along the last dim one loop iteration computes: a reduce then keeps that many accumulators,
-  which turns a strided walk over the reduced dim (like B's rows in a matmul) into contiguous vector loads. Only
-  worth it when some input is contiguous along that output dim but not along the innermost reduce loop."""
-  if not value.shape or value.shape[-1] == 1: return 1
-  nodes = plain_kernel.toposort()
-  ranges = [u for u in nodes if u.op is Ops.RANGE]
-  last = [r for r in ranges if r.arg[1] == "global"]
-  inner = [r for r in ranges if r.arg[1] == "reduce"]
-  if not last or not inner: return 1
-  last_r, inner_r = max(last, key=lambda r: r.arg[0]), max(inner, key=lambda r: r.arg[0])
-  if not any(_coefficient(u.src[1], last_r) == 1 and _coefficient(u.src[1], inner_r) != 1 for u in nodes if u.op is Ops.LOAD):
-    return 1
-  return next((up for up in UPCAST_SIZES if value.shape[-1] % up == 0 and value.shape[-1] > up), 1)
+    """How many outputs along the last dim one loop iteration computes: a reduce then keeps that many accumulators,
+    which turns a strided walk over the reduced dim (like B's rows in a matmul) into contiguous vector loads. Only
+    worth it when some input is contiguous along that output dim but not along the innermost reduce loop."""
+    if not value.shape or value.shape[-1] == 1:
+        return 1
+    nodes = plain_kernel.toposort()
+    ranges = [u for u in nodes if u.op is Ops.RANGE]
+    last = [r for r in ranges if r.arg[1] == "global"]
+    inner = [r for r in ranges if r.arg[1] == "reduce"]
+    if not last or not inner:
+        return 1
+    last_r, inner_r = max(last, key=lambda r: r.arg[0]), max(inner, key=lambda r: r.arg[0])
+    if not any(
+        _coefficient(u.src[1], last_r) == 1 and _coefficient(u.src[1], inner_r) != 1 for u in nodes if u.op is Ops.LOAD
+    ):
+        return 1
+    return next((up for up in UPCAST_SIZES if value.shape[-1] % up == 0 and value.shape[-1] > up), 1)
+
 
 def lower_kernel(ast: UOp, upcast: int | None = None) -> UOp:
-  """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs."""
-  store = ast.src[0]
-  out, value = store.src
-  sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
-  idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
-  if upcast is None:
-    plain = lower_kernel(ast, upcast=1)
-    upcast = choose_upcast(value, plain) if any(u.op is Ops.REDUCE for u in plain.toposort()) else 1
-    if upcast == 1: return plain
-  lowerer, up, shape = Lowerer(idx_dtype), upcast, value.shape
-  outer = tuple(lowerer.new_range(d // up if a == len(shape) - 1 else d, "global") for a, d in enumerate(shape))
-  stores = []
-  for lane in range(up):
-    idxs = outer if up == 1 else outer[:-1] + (outer[-1] * up + lane,)
-    stores.append(UOp(Ops.STORE, src=(out, lowerer.flat_index(idxs, shape), lowerer.lower(value, idxs, TRUE))))
-  return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)
+    """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs."""
+    store = ast.src[0]
+    out, value = store.src
+    sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
+    idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
+    if upcast is None:
+        plain = lower_kernel(ast, upcast=1)
+        upcast = choose_upcast(value, plain) if any(u.op is Ops.REDUCE for u in plain.toposort()) else 1
+        if upcast == 1:
+            return plain
+    lowerer, up, shape = Lowerer(idx_dtype), upcast, value.shape
+    outer = tuple(lowerer.new_range(d // up if a == len(shape) - 1 else d, "global") for a, d in enumerate(shape))
+    stores = []
+    for lane in range(up):
+        idxs = outer if up == 1 else outer[:-1] + (outer[-1] * up + lane,)
+        stores.append(UOp(Ops.STORE, src=(out, lowerer.flat_index(idxs, shape), lowerer.lower(value, idxs, TRUE))))
+    return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)

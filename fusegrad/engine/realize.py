@@ -1,4 +1,5 @@
 """Runs a schedule: compiles each kernel once (cached by its AST), launches it, and keeps the counters."""
+
 from __future__ import annotations
 import time
 from typing import Any
@@ -8,58 +9,77 @@ from fusegrad.runtime.device import Device
 from fusegrad.schedule import ScheduleItem, buffer_of, create_schedule, record_realized
 from fusegrad.uop.ops import Ops, UOp
 
+
 class Runner:
-  """A compiled kernel for one device, callable on a list of buffers."""
-  def __init__(self, info: KernelInfo, program: Any, device: str):
-    self.info, self.program, self.device = info, program, device
-  def __call__(self, buffers) -> None: self.program(buffers)
+    """A compiled kernel for one device, callable on a list of buffers."""
+
+    def __init__(self, info: KernelInfo, program: Any, device: str):
+        self.info, self.program, self.device = info, program, device
+
+    def __call__(self, buffers) -> None:
+        self.program(buffers)
+
 
 _runners: dict[tuple[str, UOp], Runner] = {}
 
+
 def get_runner(device: str, ast: UOp) -> Runner:
-  key = (device, ast)
-  if (r := _runners.get(key)) is None:
-    dev = Device[device]
-    if DEBUG >= 3: print(ast)
-    info = lower_to_linear(ast)
-    r = _runners[key] = Runner(info, dev.build(info), device)
-  return r
+    key = (device, ast)
+    if (r := _runners.get(key)) is None:
+        dev = Device[device]
+        if DEBUG >= 3:
+            print(ast)
+        info = lower_to_linear(ast)
+        r = _runners[key] = Runner(info, dev.build(info), device)
+    return r
+
 
 def run_item(item: ScheduleItem) -> None:
-  for b in item.buffers: b.ensure_allocated()
-  st = time.perf_counter()
-  if item.ast.op is Ops.COPY:
-    dst, src = item.buffers
-    dst.host_view()[:] = src.host_view()
-    name, ops = f"copy {src.device} -> {dst.device}", 0
-  else:
-    if item.buffers[0].size == 0: return
-    runner = get_runner(item.device, item.ast)
-    runner(list(item.buffers))
-    name, ops = runner.info.name, runner.info.ops_estimate
-  et = time.perf_counter() - st
-  mem = sum(b.nbytes for b in item.buffers)
-  GlobalCounters.kernel_count += 1
-  GlobalCounters.global_ops += ops
-  GlobalCounters.global_mem += mem
-  GlobalCounters.time_sum_s += et
-  if DEBUG >= 2:
-    print(f"*** {item.device:6s} {GlobalCounters.kernel_count:4d} {name:32s} arg {len(item.buffers):2d} mem {GlobalCounters.mem_used/1e9:6.2f} GB"
-          f" tm {et*1e6:9.2f}us {ops/max(et, 1e-9)/1e9:8.2f} GFLOPS {mem/max(et, 1e-9)/1e9:7.2f} GB/s")
+    for b in item.buffers:
+        b.ensure_allocated()
+    st = time.perf_counter()
+    if item.ast.op is Ops.COPY:
+        dst, src = item.buffers
+        dst.host_view()[:] = src.host_view()
+        name, ops = f"copy {src.device} -> {dst.device}", 0
+    else:
+        if item.buffers[0].size == 0:
+            return
+        runner = get_runner(item.device, item.ast)
+        runner(list(item.buffers))
+        name, ops = runner.info.name, runner.info.ops_estimate
+    et = time.perf_counter() - st
+    mem = sum(b.nbytes for b in item.buffers)
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += ops
+    GlobalCounters.global_mem += mem
+    GlobalCounters.time_sum_s += et
+    if DEBUG >= 2:
+        print(
+            f"*** {item.device:6s} {GlobalCounters.kernel_count:4d} {name:32s} arg {len(item.buffers):2d} mem {GlobalCounters.mem_used / 1e9:6.2f} GB"
+            f" tm {et * 1e6:9.2f}us {ops / max(et, 1e-9) / 1e9:8.2f} GFLOPS {mem / max(et, 1e-9) / 1e9:7.2f} GB/s"
+        )
+
 
 def run_schedule(items: list[ScheduleItem]) -> None:
-  # compile everything first: a compiler error then leaves every buffer untouched
-  for item in items:
-    if item.ast.op is Ops.SINK and item.buffers[0].size: get_runner(item.device, item.ast)
-  for item in items: run_item(item)
+    # compile everything first: a compiler error then leaves every buffer untouched
+    for item in items:
+        if item.ast.op is Ops.SINK and item.buffers[0].size:
+            get_runner(item.device, item.ast)
+    for item in items:
+        run_item(item)
+
 
 def realize_uops(roots: list[UOp], devices: list[str]) -> list[UOp]:
-  """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
-  items, results, inner = create_schedule(roots, devices)
-  run_schedule(items)
-  for r, res in zip(roots, results):
-    if r is not res: record_realized(r, res)
-  for point, res in inner.items(): record_realized(point, res, strong=True)
-  return results
+    """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
+    items, results, inner = create_schedule(roots, devices)
+    run_schedule(items)
+    for r, res in zip(roots, results):
+        if r is not res:
+            record_realized(r, res)
+    for point, res in inner.items():
+        record_realized(point, res, strong=True)
+    return results
+
 
 __all__ = ["realize_uops", "run_schedule", "get_runner", "buffer_of"]

@@ -3,9 +3,20 @@
 Files are read through a memory map (device "DISK:<path>"), so loading reads headers only: a tensor's bytes are read
 when it is first used. Every malformed file raises ValueError naming the file, the key and the values involved.
 """
+
 from __future__ import annotations
 
-import collections, io, json, os, pickle, struct, tarfile, tempfile, time, types, zipfile
+import collections
+import io
+import json
+import os
+import pickle
+import struct
+import tarfile
+import tempfile
+import time
+import types
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -20,561 +31,887 @@ from fusegrad.tensor import Tensor
 
 # ------------------------------------------------------------------ state dicts
 
+
 def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> dict[str, Tensor]:
-  """Every tensor reachable through attributes, lists, tuples, dicts and namedtuples, keyed by its dotted path."""
-  out: dict[str, Tensor] = {}
-  def walk(x: Any, key: str, path: frozenset[int]) -> None:
-    if isinstance(x, tensor_type):
-      out[key.strip(".")] = x
-      return
-    if id(x) in path: return  # a reference cycle (e.g. a child that points to its parent)
-    path = path | {id(x)}
-    if hasattr(x, "_asdict") and isinstance(x, tuple): x = x._asdict()
-    if isinstance(x, dict): items = x.items()
-    elif isinstance(x, (list, tuple)): items = enumerate(x)
-    elif hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType, types.FunctionType)): items = vars(x).items()
-    else: return
-    for k, v in items: walk(v, f"{key}{k}.", path)
-  walk(obj, prefix, frozenset())
-  return out
+    """Every tensor reachable through attributes, lists, tuples, dicts and namedtuples, keyed by its dotted path."""
+    out: dict[str, Tensor] = {}
 
-def get_parameters(obj: Any) -> list[Tensor]: return list(get_state_dict(obj).values())
+    def walk(x: Any, key: str, path: frozenset[int]) -> None:
+        if isinstance(x, tensor_type):
+            out[key.strip(".")] = x
+            return
+        if id(x) in path:
+            return  # a reference cycle (e.g. a child that points to its parent)
+        path = path | {id(x)}
+        if hasattr(x, "_asdict") and isinstance(x, tuple):
+            x = x._asdict()
+        if isinstance(x, dict):
+            items = x.items()
+        elif isinstance(x, (list, tuple)):
+            items = enumerate(x)
+        elif hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType, types.FunctionType)):
+            items = vars(x).items()
+        else:
+            return
+        for k, v in items:
+            walk(v, f"{key}{k}.", path)
 
-def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = True, verbose: bool = True,
-                    consume: bool = False, realize: bool = True) -> list[Tensor]:
-  """Copy state_dict[k] into the model's tensor k (same device and dtype as the model's). All values are built in new
-  buffers first; the model's tensors are swapped to them only once every one of them loaded."""
-  st = time.perf_counter()
-  model_sd = get_state_dict(model)
-  missing = [k for k in model_sd if k not in state_dict]
-  unexpected = [k for k in state_dict if k not in model_sd]
-  if strict and missing:
-    raise KeyError(f"load_state_dict: the state dict lacks {len(missing)} of the model's keys: {missing}"
-                   + (f"; it has keys the model does not: {unexpected}" if unexpected else ""))
-  if verbose and (missing or unexpected): print(f"load_state_dict: not loading {missing}, unused in the state dict: {unexpected}")
-  pairs = [(k, v, state_dict[k]) for k, v in model_sd.items() if k in state_dict]
-  for k, _, s in pairs:
-    if not isinstance(s, Tensor): raise TypeError(f"load_state_dict: state dict value for key {k!r} is a {type(s).__name__}, not a Tensor")
-  mismatched = [f"{k}: model {v.shape}, state dict {s.shape}" for k, v, s in pairs
-                if v.shape != s.shape and {v.shape, s.shape} != {(), (1,)}]
-  if mismatched: raise ValueError(f"load_state_dict: shape mismatch for {len(mismatched)} key(s): {'; '.join(mismatched)}")
-  new = []
-  for _, v, s in pairs:
-    x = s.to(v.device).cast(v.dtype).reshape(v.shape)
-    # a value already on the model's device and dtype gets its own buffer, so the model never aliases the dict
-    new.append(x.contiguous() if s.device == v.device and s.dtype == v.dtype else x)
-  if realize and new: Tensor.realize(*new)
-  for (k, v, _), x in zip(pairs, new):
-    v.replace(x)
-    if consume: del state_dict[k]
-  if verbose:
-    nbytes = sum(v.nbytes() for _, v, _ in pairs)
-    print(f"load_state_dict: loaded {len(pairs)} tensors, {nbytes/1e6:.2f} MB in {(time.perf_counter()-st)*1e3:.1f} ms")
-  return [v for _, v, _ in pairs]
+    walk(obj, prefix, frozenset())
+    return out
+
+
+def get_parameters(obj: Any) -> list[Tensor]:
+    return list(get_state_dict(obj).values())
+
+
+def load_state_dict(
+    model: Any,
+    state_dict: dict[str, Tensor],
+    strict: bool = True,
+    verbose: bool = True,
+    consume: bool = False,
+    realize: bool = True,
+) -> list[Tensor]:
+    """Copy state_dict[k] into the model's tensor k (same device and dtype as the model's). All values are built in new
+    buffers first; the model's tensors are swapped to them only once every one of them loaded."""
+    st = time.perf_counter()
+    model_sd = get_state_dict(model)
+    missing = [k for k in model_sd if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in model_sd]
+    if strict and missing:
+        raise KeyError(
+            f"load_state_dict: the state dict lacks {len(missing)} of the model's keys: {missing}"
+            + (f"; it has keys the model does not: {unexpected}" if unexpected else "")
+        )
+    if verbose and (missing or unexpected):
+        print(f"load_state_dict: not loading {missing}, unused in the state dict: {unexpected}")
+    pairs = [(k, v, state_dict[k]) for k, v in model_sd.items() if k in state_dict]
+    for k, _, s in pairs:
+        if not isinstance(s, Tensor):
+            raise TypeError(f"load_state_dict: state dict value for key {k!r} is a {type(s).__name__}, not a Tensor")
+    mismatched = [
+        f"{k}: model {v.shape}, state dict {s.shape}"
+        for k, v, s in pairs
+        if v.shape != s.shape and {v.shape, s.shape} != {(), (1,)}
+    ]
+    if mismatched:
+        raise ValueError(f"load_state_dict: shape mismatch for {len(mismatched)} key(s): {'; '.join(mismatched)}")
+    new = []
+    for _, v, s in pairs:
+        x = s.to(v.device).cast(v.dtype).reshape(v.shape)
+        # a value already on the model's device and dtype gets its own buffer, so the model never aliases the dict
+        new.append(x.contiguous() if s.device == v.device and s.dtype == v.dtype else x)
+    if realize and new:
+        Tensor.realize(*new)
+    for (k, v, _), x in zip(pairs, new):
+        v.replace(x)
+        if consume:
+            del state_dict[k]
+    if verbose:
+        nbytes = sum(v.nbytes() for _, v, _ in pairs)
+        print(
+            f"load_state_dict: loaded {len(pairs)} tensors, {nbytes / 1e6:.2f} MB in {(time.perf_counter() - st) * 1e3:.1f} ms"
+        )
+    return [v for _, v, _ in pairs]
+
 
 # ------------------------------------------------------------------ where a file's bytes live
 
+
 class _Blob:
-  """A file's bytes: a range of a file on disk read through its memory map (only touched pages are read), or bytes
-  in host memory. `device` is "DISK:<path>" for a file; for host bytes, the device their tensors go to."""
-  def __init__(self, name: str, mem: memoryview, device: str, mapping: Any = None, offset: int = 0):
-    self.name, self.mem, self.device, self.mapping, self.offset = name, mem, device, mapping, offset
-  def __len__(self) -> int: return len(self.mem)
-  def read(self, start: int, n: int, what: str) -> bytes:
-    if start < 0 or n < 0 or start + n > len(self.mem):
-      raise ValueError(f"{self.name}: truncated: {what} needs bytes [{start}, {start + n}) but the file has {len(self.mem)}")
-    return bytes(self.mem[start:start + n])
-  def sub(self, start: int, n: int, name: str) -> _Blob:
-    if start < 0 or n < 0 or start + n > len(self.mem):
-      raise ValueError(f"{self.name}: truncated: {name} needs bytes [{start}, {start + n}) but the file has {len(self.mem)}")
-    return _Blob(name, self.mem[start:start + n], self.device, self.mapping, self.offset + start)
-  def tensor(self, start: int, dtype: DType, shape: tuple[int, ...], what: str) -> Tensor:
-    """The elements at byte `start`: a lazy DISK tensor for a file, else a copy of the bytes on self.device."""
-    n = prod(shape)
-    nbytes = n * dtype.itemsize
-    if start < 0 or start + nbytes > len(self.mem):
-      raise ValueError(f"{self.name}: truncated: {what} ({dtype}, shape {shape}) needs bytes [{start}, {start + nbytes}) "
-                       f"but the file has {len(self.mem)}")
-    if self.mapping is not None: buf: Buffer = DiskBuffer(self.device, n, dtype, self.mapping, self.offset + start)
-    else:
-      raw = np.frombuffer(self.mem, np.uint8, count=nbytes, offset=start).view(to_numpy_dtype(dtype)).copy()
-      buf = Buffer(self.device, n, dtype, initial=raw)
-    return Tensor(buffer_uop(buf), device=self.device).reshape(shape)
+    """A file's bytes: a range of a file on disk read through its memory map (only touched pages are read), or bytes
+    in host memory. `device` is "DISK:<path>" for a file; for host bytes, the device their tensors go to."""
+
+    def __init__(self, name: str, mem: memoryview, device: str, mapping: Any = None, offset: int = 0):
+        self.name, self.mem, self.device, self.mapping, self.offset = name, mem, device, mapping, offset
+
+    def __len__(self) -> int:
+        return len(self.mem)
+
+    def read(self, start: int, n: int, what: str) -> bytes:
+        if start < 0 or n < 0 or start + n > len(self.mem):
+            raise ValueError(
+                f"{self.name}: truncated: {what} needs bytes [{start}, {start + n}) but the file has {len(self.mem)}"
+            )
+        return bytes(self.mem[start : start + n])
+
+    def sub(self, start: int, n: int, name: str) -> _Blob:
+        if start < 0 or n < 0 or start + n > len(self.mem):
+            raise ValueError(
+                f"{self.name}: truncated: {name} needs bytes [{start}, {start + n}) but the file has {len(self.mem)}"
+            )
+        return _Blob(name, self.mem[start : start + n], self.device, self.mapping, self.offset + start)
+
+    def tensor(self, start: int, dtype: DType, shape: tuple[int, ...], what: str) -> Tensor:
+        """The elements at byte `start`: a lazy DISK tensor for a file, else a copy of the bytes on self.device."""
+        n = prod(shape)
+        nbytes = n * dtype.itemsize
+        if start < 0 or start + nbytes > len(self.mem):
+            raise ValueError(
+                f"{self.name}: truncated: {what} ({dtype}, shape {shape}) needs bytes [{start}, {start + nbytes}) "
+                f"but the file has {len(self.mem)}"
+            )
+        if self.mapping is not None:
+            buf: Buffer = DiskBuffer(self.device, n, dtype, self.mapping, self.offset + start)
+        else:
+            raw = np.frombuffer(self.mem, np.uint8, count=nbytes, offset=start).view(to_numpy_dtype(dtype)).copy()
+            buf = Buffer(self.device, n, dtype, initial=raw)
+        return Tensor(buffer_uop(buf), device=self.device).reshape(shape)
+
 
 def _file_blob(path: str | os.PathLike) -> _Blob:
-  full = os.path.abspath(os.fspath(path))
-  device = f"DISK:{full}"
-  mapping = Device[device].mapping()
-  return _Blob(os.fspath(path), memoryview(mapping), device, mapping)
+    full = os.path.abspath(os.fspath(path))
+    device = f"DISK:{full}"
+    mapping = Device[device].mapping()
+    return _Blob(os.fspath(path), memoryview(mapping), device, mapping)
+
 
 def _blob_of(fn: Any) -> _Blob:
-  """A path, or a uint8 Tensor holding a file's bytes (a DISK tensor stays lazy)."""
-  if isinstance(fn, (str, os.PathLike)): return _file_blob(fn)
-  if not isinstance(fn, Tensor): raise TypeError(f"expected a path or a uint8 Tensor, got {type(fn).__name__}")
-  if fn.dtype is not dtypes.uint8 or fn.ndim != 1: raise TypeError(f"expected a 1-D uint8 Tensor of file bytes, got {fn}")
-  base = base_buffer(fn.uop)
-  buf = buffer_of[base] if base is not None and is_contiguous_view(fn.uop) else None
-  if isinstance(buf, DiskBuffer):
-    mem = memoryview(buf.mapping)[buf.offset:buf.offset + buf.nbytes]
-    return _Blob(f"{buf.device[5:]}[{buf.offset}:{buf.offset + buf.nbytes}]", mem, buf.device, buf.mapping, buf.offset)
-  return _Blob(f"<uint8 tensor of {fn.numel()} bytes on {fn.device}>", memoryview(fn.numpy()), fn.device)
+    """A path, or a uint8 Tensor holding a file's bytes (a DISK tensor stays lazy)."""
+    if isinstance(fn, (str, os.PathLike)):
+        return _file_blob(fn)
+    if not isinstance(fn, Tensor):
+        raise TypeError(f"expected a path or a uint8 Tensor, got {type(fn).__name__}")
+    if fn.dtype is not dtypes.uint8 or fn.ndim != 1:
+        raise TypeError(f"expected a 1-D uint8 Tensor of file bytes, got {fn}")
+    base = base_buffer(fn.uop)
+    buf = buffer_of[base] if base is not None and is_contiguous_view(fn.uop) else None
+    if isinstance(buf, DiskBuffer):
+        mem = memoryview(buf.mapping)[buf.offset : buf.offset + buf.nbytes]
+        return _Blob(
+            f"{buf.device[5:]}[{buf.offset}:{buf.offset + buf.nbytes}]", mem, buf.device, buf.mapping, buf.offset
+        )
+    return _Blob(f"<uint8 tensor of {fn.numel()} bytes on {fn.device}>", memoryview(fn.numpy()), fn.device)
+
 
 def _raw_bytes(t: Tensor) -> np.ndarray:
-  """The tensor's stored bytes (bfloat16/fp8 bits unchanged), realized in one contiguous buffer."""
-  if not is_contiguous_view(t.uop): t = t.contiguous()
-  t.realize()
-  return buffer_of[base_buffer(t.uop)].host_view().view(np.uint8)  # type: ignore[index]
+    """The tensor's stored bytes (bfloat16/fp8 bits unchanged), realized in one contiguous buffer."""
+    if not is_contiguous_view(t.uop):
+        t = t.contiguous()
+    t.realize()
+    return buffer_of[base_buffer(t.uop)].host_view().view(np.uint8)  # type: ignore[index]
+
 
 class _BlobIO(io.RawIOBase):
-  """A seekable read-only file over a blob, for tarfile/zipfile/pickle."""
-  def __init__(self, blob: _Blob):
-    super().__init__()
-    self.blob, self.pos = blob, 0
-  def readable(self) -> bool: return True
-  def seekable(self) -> bool: return True
-  def tell(self) -> int: return self.pos
-  def seek(self, offset: int, whence: int = 0) -> int:
-    self.pos = max(0, (0, self.pos, len(self.blob))[whence] + offset)
-    return self.pos
-  def readinto(self, b: Any) -> int:
-    n = max(0, min(len(b), len(self.blob) - self.pos))
-    b[:n] = self.blob.mem[self.pos:self.pos + n]
-    self.pos += n
-    return n
+    """A seekable read-only file over a blob, for tarfile/zipfile/pickle."""
+
+    def __init__(self, blob: _Blob):
+        super().__init__()
+        self.blob, self.pos = blob, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = max(0, (0, self.pos, len(self.blob))[whence] + offset)
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self.blob) - self.pos))
+        b[:n] = self.blob.mem[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
 
 def TensorIO(t: Tensor) -> io.BufferedReader:
-  """A read-only, seekable file over a 1-D uint8 Tensor (a DISK tensor is read lazily)."""
-  return io.BufferedReader(_BlobIO(_blob_of(t)))
+    """A read-only, seekable file over a 1-D uint8 Tensor (a DISK tensor is read lazily)."""
+    return io.BufferedReader(_BlobIO(_blob_of(t)))
+
 
 # ------------------------------------------------------------------ safetensors
 
 SAFETENSORS_DTYPES: dict[str, DType] = {
-  "BOOL": dtypes.bool, "I8": dtypes.int8, "U8": dtypes.uint8, "I16": dtypes.int16, "U16": dtypes.uint16,
-  "I32": dtypes.int32, "U32": dtypes.uint32, "I64": dtypes.int64, "U64": dtypes.uint64, "F8_E4M3": dtypes.fp8e4m3,
-  "F8_E5M2": dtypes.fp8e5m2, "F16": dtypes.float16, "BF16": dtypes.bfloat16, "F32": dtypes.float32, "F64": dtypes.float64}
+    "BOOL": dtypes.bool,
+    "I8": dtypes.int8,
+    "U8": dtypes.uint8,
+    "I16": dtypes.int16,
+    "U16": dtypes.uint16,
+    "I32": dtypes.int32,
+    "U32": dtypes.uint32,
+    "I64": dtypes.int64,
+    "U64": dtypes.uint64,
+    "F8_E4M3": dtypes.fp8e4m3,
+    "F8_E5M2": dtypes.fp8e5m2,
+    "F16": dtypes.float16,
+    "BF16": dtypes.bfloat16,
+    "F32": dtypes.float32,
+    "F64": dtypes.float64,
+}
 _SAFETENSORS_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
+
 def _safe_header(blob: _Blob) -> tuple[int, dict]:
-  if len(blob) < 8: raise ValueError(f"{blob.name}: not a safetensors file: {len(blob)} bytes, shorter than the 8-byte header length")
-  n = struct.unpack("<Q", blob.read(0, 8, "header length"))[0]
-  if n > len(blob) - 8:
-    raise ValueError(f"{blob.name}: header length {n} exceeds the {len(blob) - 8} bytes after it (truncated, or not a safetensors file)")
-  try: header = json.loads(blob.read(8, n, "header"))
-  except (UnicodeDecodeError, json.JSONDecodeError) as e: raise ValueError(f"{blob.name}: safetensors header is not valid JSON: {e}") from None
-  if isinstance(header, dict): return 8 + n, header
-  raise ValueError(f"{blob.name}: safetensors header is a {type(header).__name__}, not an object")
+    if len(blob) < 8:
+        raise ValueError(
+            f"{blob.name}: not a safetensors file: {len(blob)} bytes, shorter than the 8-byte header length"
+        )
+    n = struct.unpack("<Q", blob.read(0, 8, "header length"))[0]
+    if n > len(blob) - 8:
+        raise ValueError(
+            f"{blob.name}: header length {n} exceeds the {len(blob) - 8} bytes after it (truncated, or not a safetensors file)"
+        )
+    try:
+        header = json.loads(blob.read(8, n, "header"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{blob.name}: safetensors header is not valid JSON: {e}") from None
+    if isinstance(header, dict):
+        return 8 + n, header
+    raise ValueError(f"{blob.name}: safetensors header is a {type(header).__name__}, not an object")
+
 
 def safe_load_metadata(fn: Any) -> tuple[Tensor, int, dict]:
-  """(the file as a uint8 Tensor, byte offset where tensor data starts, the JSON header)."""
-  blob = _blob_of(fn)
-  data_start, header = _safe_header(blob)
-  return blob.tensor(0, dtypes.uint8, (len(blob),), "file"), data_start, header
+    """(the file as a uint8 Tensor, byte offset where tensor data starts, the JSON header)."""
+    blob = _blob_of(fn)
+    data_start, header = _safe_header(blob)
+    return blob.tensor(0, dtypes.uint8, (len(blob),), "file"), data_start, header
+
 
 def safe_load(fn: Any) -> dict[str, Tensor]:
-  """Tensors of a .safetensors file (path or uint8 Tensor), lazily backed by the file: nothing is read until used."""
-  blob = _blob_of(fn)
-  data_start, header = _safe_header(blob)
-  out = {}
-  for key, info in header.items():
-    if key == "__metadata__": continue
-    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
-      raise ValueError(f"{blob.name}: entry {key!r} = {info!r} needs 'dtype', 'shape' and 'data_offsets'")
-    dt, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if dt not in SAFETENSORS_DTYPES:
-      raise ValueError(f"{blob.name}: tensor {key!r} has unknown dtype {dt!r}; known: {sorted(SAFETENSORS_DTYPES)}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-      raise ValueError(f"{blob.name}: tensor {key!r} has invalid shape {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets) and 0 <= offsets[0] <= offsets[1]):
-      raise ValueError(f"{blob.name}: tensor {key!r} has invalid data_offsets {offsets!r}")
-    dtype = SAFETENSORS_DTYPES[dt]
-    if (nbytes := offsets[1] - offsets[0]) != prod(shape) * dtype.itemsize:
-      raise ValueError(f"{blob.name}: tensor {key!r} ({dt}, shape {tuple(shape)}) needs {prod(shape) * dtype.itemsize} bytes "
-                       f"but data_offsets {offsets} hold {nbytes}")
-    out[key] = blob.tensor(data_start + offsets[0], dtype, tuple(shape), f"tensor {key!r}")
-  return out
+    """Tensors of a .safetensors file (path or uint8 Tensor), lazily backed by the file: nothing is read until used."""
+    blob = _blob_of(fn)
+    data_start, header = _safe_header(blob)
+    out = {}
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise ValueError(f"{blob.name}: entry {key!r} = {info!r} needs 'dtype', 'shape' and 'data_offsets'")
+        dt, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dt not in SAFETENSORS_DTYPES:
+            raise ValueError(
+                f"{blob.name}: tensor {key!r} has unknown dtype {dt!r}; known: {sorted(SAFETENSORS_DTYPES)}"
+            )
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"{blob.name}: tensor {key!r} has invalid shape {shape!r}")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]
+        ):
+            raise ValueError(f"{blob.name}: tensor {key!r} has invalid data_offsets {offsets!r}")
+        dtype = SAFETENSORS_DTYPES[dt]
+        if (nbytes := offsets[1] - offsets[0]) != prod(shape) * dtype.itemsize:
+            raise ValueError(
+                f"{blob.name}: tensor {key!r} ({dt}, shape {tuple(shape)}) needs {prod(shape) * dtype.itemsize} bytes "
+                f"but data_offsets {offsets} hold {nbytes}"
+            )
+        out[key] = blob.tensor(data_start + offsets[0], dtype, tuple(shape), f"tensor {key!r}")
+    return out
+
 
 def _atomic_write(fn: str | os.PathLike, chunks: list[Any]) -> None:
-  """Write to a temporary file beside fn, then rename: readers (and earlier memory maps) never see half a file."""
-  fn = os.fspath(fn)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(fn)), prefix=".tmp-", suffix="-" + os.path.basename(fn))
-  try:
-    with os.fdopen(fd, "wb") as f:
-      for c in chunks: f.write(c)
-    os.replace(tmp, fn)
-  except BaseException:
-    os.unlink(tmp)
-    raise
+    """Write to a temporary file beside fn, then rename: readers (and earlier memory maps) never see half a file."""
+    fn = os.fspath(fn)
+    fd, tmp = tempfile.mkstemp(
+        dir=os.path.dirname(os.path.abspath(fn)), prefix=".tmp-", suffix="-" + os.path.basename(fn)
+    )
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for c in chunks:
+                f.write(c)
+        os.replace(tmp, fn)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
 
 def safe_save(tensors: dict[str, Tensor], fn: str | os.PathLike, metadata: dict[str, Any] | None = None) -> None:
-  """Write tensors (any dtype of SAFETENSORS_DTYPES) as a .safetensors file."""
-  header: dict[str, Any] = {}
-  if metadata is not None:
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-      raise TypeError(f"safe_save: metadata must map str to str, got {metadata!r}")
-    header["__metadata__"] = metadata
-  datas, offset = [], 0
-  for k, t in tensors.items():
-    if not isinstance(k, str) or not isinstance(t, Tensor): raise TypeError(f"safe_save: {k!r} -> {type(t).__name__} is not str -> Tensor")
-    if t.dtype not in _SAFETENSORS_NAMES: raise ValueError(f"safe_save: tensor {k!r} has dtype {t.dtype}, which safetensors cannot store")
-    data = _raw_bytes(t)
-    header[k] = {"dtype": _SAFETENSORS_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + data.nbytes]}
-    datas.append(data)
-    offset += data.nbytes
-  raw = json.dumps(header, separators=(",", ":")).encode()
-  raw += b" " * (round_up(len(raw), 8) - len(raw))  # the data section starts 8-byte aligned
-  _atomic_write(fn, [struct.pack("<Q", len(raw)), raw, *datas])
+    """Write tensors (any dtype of SAFETENSORS_DTYPES) as a .safetensors file."""
+    header: dict[str, Any] = {}
+    if metadata is not None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise TypeError(f"safe_save: metadata must map str to str, got {metadata!r}")
+        header["__metadata__"] = metadata
+    datas, offset = [], 0
+    for k, t in tensors.items():
+        if not isinstance(k, str) or not isinstance(t, Tensor):
+            raise TypeError(f"safe_save: {k!r} -> {type(t).__name__} is not str -> Tensor")
+        if t.dtype not in _SAFETENSORS_NAMES:
+            raise ValueError(f"safe_save: tensor {k!r} has dtype {t.dtype}, which safetensors cannot store")
+        data = _raw_bytes(t)
+        header[k] = {
+            "dtype": _SAFETENSORS_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + data.nbytes],
+        }
+        datas.append(data)
+        offset += data.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (round_up(len(raw), 8) - len(raw))  # the data section starts 8-byte aligned
+    _atomic_write(fn, [struct.pack("<Q", len(raw)), raw, *datas])
+
 
 # ------------------------------------------------------------------ tar and zip archives
 
+
 def _tar_members(blob: _Blob) -> dict[str, _Blob]:
-  """Each regular file's bytes: a lazy sub-range of an uncompressed archive, host bytes of a gzipped one."""
-  compressed = blob.read(0, min(len(blob), 2), "magic") == b"\x1f\x8b"
-  try:
-    with tarfile.open(fileobj=io.BufferedReader(_BlobIO(blob)), mode="r:gz" if compressed else "r:") as tar:
-      if not compressed: return {m.name: blob.sub(m.offset_data, m.size, m.name) for m in tar if m.isfile()}
-      return {m.name: _Blob(m.name, memoryview(tar.extractfile(m).read()), _host_device(blob)) for m in tar if m.isfile()}  # type: ignore[union-attr]
-  except (tarfile.TarError, EOFError, OSError) as e: raise ValueError(f"{blob.name}: not a readable tar archive: {e}") from None
+    """Each regular file's bytes: a lazy sub-range of an uncompressed archive, host bytes of a gzipped one."""
+    compressed = blob.read(0, min(len(blob), 2), "magic") == b"\x1f\x8b"
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(_BlobIO(blob)), mode="r:gz" if compressed else "r:") as tar:
+            if not compressed:
+                return {m.name: blob.sub(m.offset_data, m.size, m.name) for m in tar if m.isfile()}
+            return {
+                m.name: _Blob(m.name, memoryview(tar.extractfile(m).read()), _host_device(blob))
+                for m in tar
+                if m.isfile()
+            }  # type: ignore[union-attr]
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ValueError(f"{blob.name}: not a readable tar archive: {e}") from None
+
 
 def _host_device(blob: _Blob) -> str:
-  """Where bytes decoded from this blob go: its own device, or the default one for a file."""
-  return Device.DEFAULT if blob.mapping is not None else blob.device
+    """Where bytes decoded from this blob go: its own device, or the default one for a file."""
+    return Device.DEFAULT if blob.mapping is not None else blob.device
+
 
 def tar_extract(fn: Any) -> dict[str, Tensor]:
-  """Regular files of a tar archive (path or uint8 Tensor) as uint8 Tensors; an uncompressed archive stays lazy."""
-  return {name: b.tensor(0, dtypes.uint8, (len(b),), name) for name, b in _tar_members(_blob_of(fn)).items()}
+    """Regular files of a tar archive (path or uint8 Tensor) as uint8 Tensors; an uncompressed archive stays lazy."""
+    return {name: b.tensor(0, dtypes.uint8, (len(b),), name) for name, b in _tar_members(_blob_of(fn)).items()}
+
 
 def _zip_members(blob: _Blob) -> dict[str, _Blob]:
-  """Each member's bytes: a lazy sub-range for stored members, decompressed host bytes otherwise."""
-  try: zf = zipfile.ZipFile(io.BufferedReader(_BlobIO(blob)))
-  except zipfile.BadZipFile as e: raise ValueError(f"{blob.name}: not a readable zip archive: {e}") from None
-  out = {}
-  with zf:
-    for info in zf.infolist():
-      if info.is_dir(): continue
-      if info.compress_type != zipfile.ZIP_STORED:
-        out[info.filename] = _Blob(info.filename, memoryview(zf.read(info)), _host_device(blob))
-        continue
-      local = blob.read(info.header_offset, 30, f"local header of {info.filename!r}")
-      if local[:4] != b"PK\x03\x04": raise ValueError(f"{blob.name}: bad local header signature for member {info.filename!r}")
-      name_len, extra_len = struct.unpack("<HH", local[26:30])
-      out[info.filename] = blob.sub(info.header_offset + 30 + name_len + extra_len, info.file_size, info.filename)
-  return out
+    """Each member's bytes: a lazy sub-range for stored members, decompressed host bytes otherwise."""
+    try:
+        zf = zipfile.ZipFile(io.BufferedReader(_BlobIO(blob)))
+    except zipfile.BadZipFile as e:
+        raise ValueError(f"{blob.name}: not a readable zip archive: {e}") from None
+    out = {}
+    with zf:
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            if info.compress_type != zipfile.ZIP_STORED:
+                out[info.filename] = _Blob(info.filename, memoryview(zf.read(info)), _host_device(blob))
+                continue
+            local = blob.read(info.header_offset, 30, f"local header of {info.filename!r}")
+            if local[:4] != b"PK\x03\x04":
+                raise ValueError(f"{blob.name}: bad local header signature for member {info.filename!r}")
+            name_len, extra_len = struct.unpack("<HH", local[26:30])
+            out[info.filename] = blob.sub(info.header_offset + 30 + name_len + extra_len, info.file_size, info.filename)
+    return out
+
 
 def zip_extract(fn: Any) -> dict[str, Tensor]:
-  """Files of a zip archive (path or uint8 Tensor) as uint8 Tensors; stored (uncompressed) members stay lazy."""
-  return {name: b.tensor(0, dtypes.uint8, (len(b),), name) for name, b in _zip_members(_blob_of(fn)).items()}
+    """Files of a zip archive (path or uint8 Tensor) as uint8 Tensors; stored (uncompressed) members stay lazy."""
+    return {name: b.tensor(0, dtypes.uint8, (len(b),), name) for name, b in _zip_members(_blob_of(fn)).items()}
+
 
 # ------------------------------------------------------------------ PyTorch checkpoints (no torch import)
 
 _TORCH_DTYPES: dict[str, DType] = {
-  "float64": dtypes.float64, "double": dtypes.float64, "float32": dtypes.float32, "float": dtypes.float32,
-  "float16": dtypes.float16, "half": dtypes.float16, "bfloat16": dtypes.bfloat16, "int64": dtypes.int64, "long": dtypes.int64,
-  "int32": dtypes.int32, "int": dtypes.int32, "int16": dtypes.int16, "short": dtypes.int16, "int8": dtypes.int8,
-  "uint8": dtypes.uint8, "uint16": dtypes.uint16, "uint32": dtypes.uint32, "uint64": dtypes.uint64, "bool": dtypes.bool,
-  "float8_e4m3fn": dtypes.fp8e4m3, "float8_e5m2": dtypes.fp8e5m2, "float8_e4m3fnuz": dtypes.fp8e4m3fnuz,
-  "float8_e5m2fnuz": dtypes.fp8e5m2fnuz}
+    "float64": dtypes.float64,
+    "double": dtypes.float64,
+    "float32": dtypes.float32,
+    "float": dtypes.float32,
+    "float16": dtypes.float16,
+    "half": dtypes.float16,
+    "bfloat16": dtypes.bfloat16,
+    "int64": dtypes.int64,
+    "long": dtypes.int64,
+    "int32": dtypes.int32,
+    "int": dtypes.int32,
+    "int16": dtypes.int16,
+    "short": dtypes.int16,
+    "int8": dtypes.int8,
+    "uint8": dtypes.uint8,
+    "uint16": dtypes.uint16,
+    "uint32": dtypes.uint32,
+    "uint64": dtypes.uint64,
+    "bool": dtypes.bool,
+    "float8_e4m3fn": dtypes.fp8e4m3,
+    "float8_e5m2": dtypes.fp8e5m2,
+    "float8_e4m3fnuz": dtypes.fp8e4m3fnuz,
+    "float8_e5m2fnuz": dtypes.fp8e5m2fnuz,
+}
 _TORCH_STORAGES: dict[str, DType] = {
-  "DoubleStorage": dtypes.float64, "FloatStorage": dtypes.float32, "HalfStorage": dtypes.float16,
-  "BFloat16Storage": dtypes.bfloat16, "LongStorage": dtypes.int64, "IntStorage": dtypes.int32,
-  "ShortStorage": dtypes.int16, "CharStorage": dtypes.int8, "ByteStorage": dtypes.uint8, "BoolStorage": dtypes.bool,
-  "UntypedStorage": dtypes.uint8}
+    "DoubleStorage": dtypes.float64,
+    "FloatStorage": dtypes.float32,
+    "HalfStorage": dtypes.float16,
+    "BFloat16Storage": dtypes.bfloat16,
+    "LongStorage": dtypes.int64,
+    "IntStorage": dtypes.int32,
+    "ShortStorage": dtypes.int16,
+    "CharStorage": dtypes.int8,
+    "ByteStorage": dtypes.uint8,
+    "BoolStorage": dtypes.bool,
+    "UntypedStorage": dtypes.uint8,
+}
 _TORCH_MAGIC, _TORCH_PROTOCOL = 0x1950A86A20F9469CFC6C, 1001
 
+
 class _Storage:
-  """A torch storage: `blob` holds its bytes (None while only its dtype is known)."""
-  def __init__(self, dtype: DType, blob: _Blob | None): self.dtype, self.blob = dtype, blob
+    """A torch storage: `blob` holds its bytes (None while only its dtype is known)."""
+
+    def __init__(self, dtype: DType, blob: _Blob | None):
+        self.dtype, self.blob = dtype, blob
+
 
 class _StorageType:
-  def __init__(self, dtype: DType): self.dtype = dtype
+    def __init__(self, dtype: DType):
+        self.dtype = dtype
 
-def _strided(storage: _Storage | None, offset: int, size: tuple, stride: tuple, dtype: DType | None = None) -> Tensor | None:
-  """The tensor torch describes as (storage, element offset, size, stride): lazy on DISK when contiguous."""
-  if storage is None or storage.blob is None: return None
-  blob, dt = storage.blob, dtype or storage.dtype
-  size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
-  n = prod(size)
-  if n == 0: return Tensor.empty(size, dtype=dt, device=_host_device(blob))
-  reach = offset + sum((s - 1) * st for s, st in zip(size, stride))
-  if offset < 0 or min(stride, default=0) < 0 or (reach + 1) * dt.itemsize > len(blob):
-    raise ValueError(f"{blob.name}: tensor of shape {size}, strides {stride}, offset {offset} reaches past its storage "
-                     f"of {len(blob) // dt.itemsize} {dt} elements")
-  # dims of size 1 and broadcast (stride 0) dims read no new memory; the rest must tile a dense block, in some order
-  real = sorted((i for i, (s, st) in enumerate(zip(size, stride)) if s > 1 and st > 0), key=lambda i: -stride[i])
-  if all(stride[i] == prod(size[j] for j in real[k + 1:]) for k, i in enumerate(real)):
-    block = blob.tensor(offset * dt.itemsize, dt, tuple(size[i] for i in real), "tensor")
-    if real == sorted(real) and all(st > 0 or s == 1 for s, st in zip(size, stride)): return block.reshape(size)
-    # a permuted (e.g. transposed) or broadcast view of a dense block: materialized on a compute device
-    block = block.to(_host_device(blob)).permute(sorted(range(len(real)), key=lambda k: real[k]))
-    return block.reshape(tuple(s if i in real else 1 for i, s in enumerate(size))).expand(size)
-  # an overlapping or gapped view: gather the elements on the host
-  span = np.frombuffer(blob.mem, to_numpy_dtype(dt), count=reach - offset + 1, offset=offset * dt.itemsize)
-  strided = np.lib.stride_tricks.as_strided(span, size, tuple(st * span.itemsize for st in stride))
-  device = _host_device(blob)
-  return Tensor(buffer_uop(Buffer(device, n, dt, initial=np.ascontiguousarray(strided))), device=device).reshape(size)
+
+def _strided(
+    storage: _Storage | None, offset: int, size: tuple, stride: tuple, dtype: DType | None = None
+) -> Tensor | None:
+    """The tensor torch describes as (storage, element offset, size, stride): lazy on DISK when contiguous."""
+    if storage is None or storage.blob is None:
+        return None
+    blob, dt = storage.blob, dtype or storage.dtype
+    size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+    n = prod(size)
+    if n == 0:
+        return Tensor.empty(size, dtype=dt, device=_host_device(blob))
+    reach = offset + sum((s - 1) * st for s, st in zip(size, stride))
+    if offset < 0 or min(stride, default=0) < 0 or (reach + 1) * dt.itemsize > len(blob):
+        raise ValueError(
+            f"{blob.name}: tensor of shape {size}, strides {stride}, offset {offset} reaches past its storage "
+            f"of {len(blob) // dt.itemsize} {dt} elements"
+        )
+    # dims of size 1 and broadcast (stride 0) dims read no new memory; the rest must tile a dense block, in some order
+    real = sorted((i for i, (s, st) in enumerate(zip(size, stride)) if s > 1 and st > 0), key=lambda i: -stride[i])
+    if all(stride[i] == prod(size[j] for j in real[k + 1 :]) for k, i in enumerate(real)):
+        block = blob.tensor(offset * dt.itemsize, dt, tuple(size[i] for i in real), "tensor")
+        if real == sorted(real) and all(st > 0 or s == 1 for s, st in zip(size, stride)):
+            return block.reshape(size)
+        # a permuted (e.g. transposed) or broadcast view of a dense block: materialized on a compute device
+        block = block.to(_host_device(blob)).permute(sorted(range(len(real)), key=lambda k: real[k]))
+        return block.reshape(tuple(s if i in real else 1 for i, s in enumerate(size))).expand(size)
+    # an overlapping or gapped view: gather the elements on the host
+    span = np.frombuffer(blob.mem, to_numpy_dtype(dt), count=reach - offset + 1, offset=offset * dt.itemsize)
+    strided = np.lib.stride_tricks.as_strided(span, size, tuple(st * span.itemsize for st in stride))
+    device = _host_device(blob)
+    return Tensor(buffer_uop(Buffer(device, n, dt, initial=np.ascontiguousarray(strided))), device=device).reshape(size)
+
 
 def _reconstruct_numpy() -> dict[tuple[str, str], Any]:
-  """numpy's pickling constructors (scalars, dtypes, arrays) under their module names in numpy 1 and 2."""
-  rebuild = np.ndarray((0,)).__reduce__()[0]
-  scalar = np.float64(0).__reduce__()[0]
-  out: dict[tuple[str, str], Any] = {}
-  for mod in ("numpy.core.multiarray", "numpy._core.multiarray"): out |= {(mod, "_reconstruct"): rebuild, (mod, "scalar"): scalar}
-  return out | {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+    """numpy's pickling constructors (scalars, dtypes, arrays) under their module names in numpy 1 and 2."""
+    rebuild = np.ndarray((0,)).__reduce__()[0]
+    scalar = np.float64(0).__reduce__()[0]
+    out: dict[tuple[str, str], Any] = {}
+    for mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        out |= {(mod, "_reconstruct"): rebuild, (mod, "scalar"): scalar}
+    return out | {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+
 
 _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
-  ("collections", "OrderedDict"): collections.OrderedDict, ("builtins", "set"): set, ("builtins", "frozenset"): frozenset,
-  ("builtins", "slice"): slice, ("builtins", "complex"): complex, ("_codecs", "encode"): lambda s, enc="utf-8": s.encode(enc),
-  ("torch", "Size"): tuple, ("torch", "device"): str, **_reconstruct_numpy()}
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "slice"): slice,
+    ("builtins", "complex"): complex,
+    ("_codecs", "encode"): lambda s, enc="utf-8": s.encode(enc),
+    ("torch", "Size"): tuple,
+    ("torch", "device"): str,
+    **_reconstruct_numpy(),
+}
+
 
 class _RestrictedUnpickler(pickle.Unpickler):
-  """Loads only plain containers, numpy values and what `extra` allows; anything else is refused by name."""
-  def __init__(self, file: Any, name: str, extra: dict[tuple[str, str], Any] | None = None, **kwargs: Any):
-    super().__init__(file, **kwargs)
-    self.name, self.allowed = name, _SAFE_GLOBALS | (extra or {})
-  def find_class(self, module: str, name: str) -> Any:
-    if (module, name) in self.allowed: return self.allowed[(module, name)]
-    raise pickle.UnpicklingError(f"{self.name}: refusing to load global {module}.{name}: only tensors, storages, plain "
-                                 "containers and numpy values are allowed")
+    """Loads only plain containers, numpy values and what `extra` allows; anything else is refused by name."""
+
+    def __init__(self, file: Any, name: str, extra: dict[tuple[str, str], Any] | None = None, **kwargs: Any):
+        super().__init__(file, **kwargs)
+        self.name, self.allowed = name, _SAFE_GLOBALS | (extra or {})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.allowed:
+            return self.allowed[(module, name)]
+        raise pickle.UnpicklingError(
+            f"{self.name}: refusing to load global {module}.{name}: only tensors, storages, plain "
+            "containers and numpy values are allowed"
+        )
+
 
 class _TorchUnpickler(_RestrictedUnpickler):
-  def __init__(self, file: Any, name: str, storage: Callable[[Any], Any]):
-    def rebuild_v3(st, offset, size, stride, requires_grad=False, hooks=None, dtype=None, metadata=None):
-      return _strided(st, offset, size, stride, dtype)
-    torch_globals: dict[tuple[str, str], Any] = {
-      ("torch._utils", "_rebuild_tensor_v2"): lambda st, offset, size, stride, *_: _strided(st, offset, size, stride),
-      ("torch._utils", "_rebuild_tensor"): lambda st, offset, size, stride: _strided(st, offset, size, stride),
-      ("torch._utils", "_rebuild_tensor_v3"): rebuild_v3,
-      ("torch._utils", "_rebuild_parameter"): lambda data, *_: data,
-      ("torch._utils", "_rebuild_parameter_with_state"): lambda data, *_: data,
-      **{("torch", k): _StorageType(v) for k, v in _TORCH_STORAGES.items()},
-      ("torch.storage", "UntypedStorage"): _StorageType(dtypes.uint8),
-      **{("torch", k): v for k, v in _TORCH_DTYPES.items()}}
-    super().__init__(file, name, torch_globals)
-    self.storage = storage
-  def find_class(self, module: str, name: str) -> Any:
-    # legacy tensor type names (torch.FloatTensor, ...) only label records of the tar format
-    return name if module == "torch" and name.endswith("Tensor") else super().find_class(module, name)
-  def persistent_load(self, pid: Any) -> Any: return self.storage(pid)
+    def __init__(self, file: Any, name: str, storage: Callable[[Any], Any]):
+        def rebuild_v3(st, offset, size, stride, requires_grad=False, hooks=None, dtype=None, metadata=None):
+            return _strided(st, offset, size, stride, dtype)
+
+        torch_globals: dict[tuple[str, str], Any] = {
+            ("torch._utils", "_rebuild_tensor_v2"): lambda st, offset, size, stride, *_: _strided(
+                st, offset, size, stride
+            ),
+            ("torch._utils", "_rebuild_tensor"): lambda st, offset, size, stride: _strided(st, offset, size, stride),
+            ("torch._utils", "_rebuild_tensor_v3"): rebuild_v3,
+            ("torch._utils", "_rebuild_parameter"): lambda data, *_: data,
+            ("torch._utils", "_rebuild_parameter_with_state"): lambda data, *_: data,
+            **{("torch", k): _StorageType(v) for k, v in _TORCH_STORAGES.items()},
+            ("torch.storage", "UntypedStorage"): _StorageType(dtypes.uint8),
+            **{("torch", k): v for k, v in _TORCH_DTYPES.items()},
+        }
+        super().__init__(file, name, torch_globals)
+        self.storage = storage
+
+    def find_class(self, module: str, name: str) -> Any:
+        # legacy tensor type names (torch.FloatTensor, ...) only label records of the tar format
+        return name if module == "torch" and name.endswith("Tensor") else super().find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self.storage(pid)
+
 
 def _storage_dtype(storage_type: Any, blob: _Blob) -> DType:
-  if isinstance(storage_type, _StorageType): return storage_type.dtype
-  raise ValueError(f"{blob.name}: unknown storage type {storage_type!r}")
+    if isinstance(storage_type, _StorageType):
+        return storage_type.dtype
+    raise ValueError(f"{blob.name}: unknown storage type {storage_type!r}")
+
 
 def _torch_zip(blob: _Blob) -> Any:
-  members = _zip_members(blob)
-  pkl = next((n for n in members if n == "data.pkl" or n.endswith("/data.pkl")), None)
-  if pkl is None: raise ValueError(f"{blob.name}: zip archive without a data.pkl: not a PyTorch checkpoint (members {sorted(members)[:8]})")
-  prefix = pkl[:-len("data.pkl")]
-  if (order := members.get(prefix + "byteorder")) is not None and bytes(order.mem) != b"little":
-    raise ValueError(f"{blob.name}: byte order {bytes(order.mem)!r} is not supported (only little-endian)")
-  def storage(pid: Any) -> _Storage:
-    if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"): raise ValueError(f"{blob.name}: unknown persistent id {pid!r}")
-    dt, key = _storage_dtype(pid[1], blob), str(pid[2])
-    if (data := members.get(f"{prefix}data/{key}")) is None: raise ValueError(f"{blob.name}: storage {key!r} is missing from the archive")
-    return _Storage(dt, data)
-  return _TorchUnpickler(io.BytesIO(bytes(members[pkl].mem)), blob.name, storage).load()
+    members = _zip_members(blob)
+    pkl = next((n for n in members if n == "data.pkl" or n.endswith("/data.pkl")), None)
+    if pkl is None:
+        raise ValueError(
+            f"{blob.name}: zip archive without a data.pkl: not a PyTorch checkpoint (members {sorted(members)[:8]})"
+        )
+    prefix = pkl[: -len("data.pkl")]
+    if (order := members.get(prefix + "byteorder")) is not None and bytes(order.mem) != b"little":
+        raise ValueError(f"{blob.name}: byte order {bytes(order.mem)!r} is not supported (only little-endian)")
+
+    def storage(pid: Any) -> _Storage:
+        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):
+            raise ValueError(f"{blob.name}: unknown persistent id {pid!r}")
+        dt, key = _storage_dtype(pid[1], blob), str(pid[2])
+        if (data := members.get(f"{prefix}data/{key}")) is None:
+            raise ValueError(f"{blob.name}: storage {key!r} is missing from the archive")
+        return _Storage(dt, data)
+
+    return _TorchUnpickler(io.BytesIO(bytes(members[pkl].mem)), blob.name, storage).load()
+
 
 def _torch_legacy(blob: _Blob) -> Any:
-  """Pre-1.6 format: pickles of magic, protocol, sys_info, the object, the storage keys, then each storage's data."""
-  f = io.BufferedReader(_BlobIO(blob))
-  def load_plain(what: str) -> Any:
-    try: return _RestrictedUnpickler(f, blob.name).load()
-    except (pickle.UnpicklingError, EOFError, ValueError) as e: raise ValueError(f"{blob.name}: cannot read {what}: {e}") from None
-  if load_plain("the magic number") != _TORCH_MAGIC: raise ValueError(f"{blob.name}: not a PyTorch file (bad magic number)")
-  if (proto := load_plain("the protocol version")) != _TORCH_PROTOCOL: raise ValueError(f"{blob.name}: unsupported protocol {proto!r}")
-  if not load_plain("sys_info").get("little_endian", True): raise ValueError(f"{blob.name}: big-endian files are not supported")
-  start, dtypes_of = f.tell(), {}
-  def record(pid: Any) -> _Storage:  # first pass: learn each storage's dtype, which sizes its data block
-    if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"): raise ValueError(f"{blob.name}: unknown persistent id {pid!r}")
-    dtypes_of[str(pid[2])] = _storage_dtype(pid[1], blob)
-    return _Storage(dtypes_of[str(pid[2])], None)
-  _TorchUnpickler(f, blob.name, record).load()
-  pos, roots = f.tell(), {}
-  f.seek(pos)
-  for key in load_plain("the storage keys"):
-    pos = f.tell()
-    numel = struct.unpack("<q", blob.read(pos, 8, f"size of storage {key!r}"))[0]
-    dt = dtypes_of.get(str(key))
-    if dt is None: raise ValueError(f"{blob.name}: storage {key!r} is not used by the pickled object")
-    roots[str(key)] = _Storage(dt, blob.sub(pos + 8, numel * dt.itemsize, f"storage {key!r}"))
-    f.seek(pos + 8 + numel * dt.itemsize)
-  def storage(pid: Any) -> _Storage:
-    root = roots[str(pid[2])]
-    if len(pid) > 5 and pid[5] is not None:  # a view: (view key, element offset, element count) of the root storage
-      _, view_offset, view_size = pid[5]
-      return _Storage(root.dtype, root.blob.sub(view_offset * root.dtype.itemsize, view_size * root.dtype.itemsize, "view"))  # type: ignore[union-attr]
-    return root
-  f.seek(start)
-  return _TorchUnpickler(f, blob.name, storage).load()
+    """Pre-1.6 format: pickles of magic, protocol, sys_info, the object, the storage keys, then each storage's data."""
+    f = io.BufferedReader(_BlobIO(blob))
+
+    def load_plain(what: str) -> Any:
+        try:
+            return _RestrictedUnpickler(f, blob.name).load()
+        except (pickle.UnpicklingError, EOFError, ValueError) as e:
+            raise ValueError(f"{blob.name}: cannot read {what}: {e}") from None
+
+    if load_plain("the magic number") != _TORCH_MAGIC:
+        raise ValueError(f"{blob.name}: not a PyTorch file (bad magic number)")
+    if (proto := load_plain("the protocol version")) != _TORCH_PROTOCOL:
+        raise ValueError(f"{blob.name}: unsupported protocol {proto!r}")
+    if not load_plain("sys_info").get("little_endian", True):
+        raise ValueError(f"{blob.name}: big-endian files are not supported")
+    start, dtypes_of = f.tell(), {}
+
+    def record(pid: Any) -> _Storage:  # first pass: learn each storage's dtype, which sizes its data block
+        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):
+            raise ValueError(f"{blob.name}: unknown persistent id {pid!r}")
+        dtypes_of[str(pid[2])] = _storage_dtype(pid[1], blob)
+        return _Storage(dtypes_of[str(pid[2])], None)
+
+    _TorchUnpickler(f, blob.name, record).load()
+    pos, roots = f.tell(), {}
+    f.seek(pos)
+    for key in load_plain("the storage keys"):
+        pos = f.tell()
+        numel = struct.unpack("<q", blob.read(pos, 8, f"size of storage {key!r}"))[0]
+        dt = dtypes_of.get(str(key))
+        if dt is None:
+            raise ValueError(f"{blob.name}: storage {key!r} is not used by the pickled object")
+        roots[str(key)] = _Storage(dt, blob.sub(pos + 8, numel * dt.itemsize, f"storage {key!r}"))
+        f.seek(pos + 8 + numel * dt.itemsize)
+
+    def storage(pid: Any) -> _Storage:
+        root = roots[str(pid[2])]
+        if len(pid) > 5 and pid[5] is not None:  # a view: (view key, element offset, element count) of the root storage
+            _, view_offset, view_size = pid[5]
+            return _Storage(
+                root.dtype, root.blob.sub(view_offset * root.dtype.itemsize, view_size * root.dtype.itemsize, "view")
+            )  # type: ignore[union-attr]
+        return root
+
+    f.seek(start)
+    return _TorchUnpickler(f, blob.name, storage).load()
+
 
 def _torch_tar(blob: _Blob) -> Any:
-  """The oldest format: a tar of 'storages' (pickled headers and raw data), 'tensors' (shape records) and 'pickle'."""
-  members = _tar_members(blob)
-  if missing := {"storages", "tensors", "pickle"} - set(members): raise ValueError(f"{blob.name}: tar checkpoint lacks {sorted(missing)}")
-  objects: dict[str, Any] = {}
-  sblob = members["storages"]
-  f = io.BufferedReader(_BlobIO(sblob))
-  for _ in range(_RestrictedUnpickler(f, blob.name).load()):
-    key, _, storage_type = _TorchUnpickler(f, blob.name, lambda pid: None).load()
-    dt, pos = _storage_dtype(storage_type, blob), f.tell()
-    numel = struct.unpack("<q", sblob.read(pos, 8, f"size of storage {key!r}"))[0]
-    objects[str(key)] = _Storage(dt, sblob.sub(pos + 8, numel * dt.itemsize, f"storage {key!r}"))
-    f.seek(pos + 8 + numel * dt.itemsize)
-  for target, root, offset, numel in _RestrictedUnpickler(f, blob.name).load():
-    r = objects[str(root)]
-    objects[str(target)] = _Storage(r.dtype, r.blob.sub(offset * r.dtype.itemsize, numel * r.dtype.itemsize, "view"))
-  tblob = members["tensors"]
-  f = io.BufferedReader(_BlobIO(tblob))
-  for _ in range(_RestrictedUnpickler(f, blob.name).load()):
-    key, storage_id, _ = _TorchUnpickler(f, blob.name, lambda pid: None).load()
-    pos = f.tell()
-    ndim = struct.unpack("<i", tblob.read(pos, 4, f"rank of tensor {key!r}"))[0]
-    # the rank is followed by 4 bytes of padding, then sizes, strides and the storage offset as int64
-    vals = struct.unpack(f"<{2 * ndim + 1}q", tblob.read(pos + 8, 8 * (2 * ndim + 1), f"shape of tensor {key!r}"))
-    objects[str(key)] = _strided(objects[str(storage_id)], vals[-1], vals[:ndim], vals[ndim:2 * ndim])
-    f.seek(pos + 8 + 8 * (2 * ndim + 1))
-  def persistent(pid: Any) -> Any:
-    if isinstance(pid, tuple): return pid[0]  # a ('module', source...) record: the object itself
-    if str(pid) not in objects: raise ValueError(f"{blob.name}: the pickle refers to unknown tensor {pid!r}")
-    return objects[str(pid)]
-  return _TorchUnpickler(io.BytesIO(bytes(members["pickle"].mem)), blob.name, persistent).load()
+    """The oldest format: a tar of 'storages' (pickled headers and raw data), 'tensors' (shape records) and 'pickle'."""
+    members = _tar_members(blob)
+    if missing := {"storages", "tensors", "pickle"} - set(members):
+        raise ValueError(f"{blob.name}: tar checkpoint lacks {sorted(missing)}")
+    objects: dict[str, Any] = {}
+    sblob = members["storages"]
+    f = io.BufferedReader(_BlobIO(sblob))
+    for _ in range(_RestrictedUnpickler(f, blob.name).load()):
+        key, _, storage_type = _TorchUnpickler(f, blob.name, lambda pid: None).load()
+        dt, pos = _storage_dtype(storage_type, blob), f.tell()
+        numel = struct.unpack("<q", sblob.read(pos, 8, f"size of storage {key!r}"))[0]
+        objects[str(key)] = _Storage(dt, sblob.sub(pos + 8, numel * dt.itemsize, f"storage {key!r}"))
+        f.seek(pos + 8 + numel * dt.itemsize)
+    for target, root, offset, numel in _RestrictedUnpickler(f, blob.name).load():
+        r = objects[str(root)]
+        objects[str(target)] = _Storage(
+            r.dtype, r.blob.sub(offset * r.dtype.itemsize, numel * r.dtype.itemsize, "view")
+        )
+    tblob = members["tensors"]
+    f = io.BufferedReader(_BlobIO(tblob))
+    for _ in range(_RestrictedUnpickler(f, blob.name).load()):
+        key, storage_id, _ = _TorchUnpickler(f, blob.name, lambda pid: None).load()
+        pos = f.tell()
+        ndim = struct.unpack("<i", tblob.read(pos, 4, f"rank of tensor {key!r}"))[0]
+        # the rank is followed by 4 bytes of padding, then sizes, strides and the storage offset as int64
+        vals = struct.unpack(f"<{2 * ndim + 1}q", tblob.read(pos + 8, 8 * (2 * ndim + 1), f"shape of tensor {key!r}"))
+        objects[str(key)] = _strided(objects[str(storage_id)], vals[-1], vals[:ndim], vals[ndim : 2 * ndim])
+        f.seek(pos + 8 + 8 * (2 * ndim + 1))
+
+    def persistent(pid: Any) -> Any:
+        if isinstance(pid, tuple):
+            return pid[0]  # a ('module', source...) record: the object itself
+        if str(pid) not in objects:
+            raise ValueError(f"{blob.name}: the pickle refers to unknown tensor {pid!r}")
+        return objects[str(pid)]
+
+    return _TorchUnpickler(io.BytesIO(bytes(members["pickle"].mem)), blob.name, persistent).load()
+
 
 def torch_load(fn: Any) -> Any:
-  """The object in a PyTorch .pt/.pth file (zip, legacy tar or legacy pickle format) with tensors as Tensors, without
-  importing torch. Only tensors, plain containers and numpy values are unpickled; contiguous tensors stay on DISK."""
-  blob = _blob_of(fn)
-  head = blob.read(0, min(len(blob), 512), "header")
-  try:
-    if head[:4] == b"PK\x03\x04": return _torch_zip(blob)
-    if len(head) >= 262 and head[257:262] == b"ustar": return _torch_tar(blob)
-    return _torch_legacy(blob)
-  except (pickle.UnpicklingError, EOFError) as e:
-    raise ValueError(str(e) if str(e).startswith(blob.name) else f"{blob.name}: corrupt pickle: {e}") from None
+    """The object in a PyTorch .pt/.pth file (zip, legacy tar or legacy pickle format) with tensors as Tensors, without
+    importing torch. Only tensors, plain containers and numpy values are unpickled; contiguous tensors stay on DISK."""
+    blob = _blob_of(fn)
+    head = blob.read(0, min(len(blob), 512), "header")
+    try:
+        if head[:4] == b"PK\x03\x04":
+            return _torch_zip(blob)
+        if len(head) >= 262 and head[257:262] == b"ustar":
+            return _torch_tar(blob)
+        return _torch_legacy(blob)
+    except (pickle.UnpicklingError, EOFError) as e:
+        raise ValueError(str(e) if str(e).startswith(blob.name) else f"{blob.name}: corrupt pickle: {e}") from None
+
 
 # ------------------------------------------------------------------ GGUF (llama.cpp)
 
 # ggml type -> (name, elements per block, bytes per block); plain types have 1-element blocks
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
-  0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24),
-  8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
-  13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
-  26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 30: ("BF16", 1, 2)}
-_GGML_PLAIN: dict[int, DType] = {0: dtypes.float32, 1: dtypes.float16, 24: dtypes.int8, 25: dtypes.int16, 26: dtypes.int32,
-                                 27: dtypes.int64, 28: dtypes.float64, 30: dtypes.bfloat16}
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    30: ("BF16", 1, 2),
+}
+_GGML_PLAIN: dict[int, DType] = {
+    0: dtypes.float32,
+    1: dtypes.float16,
+    24: dtypes.int8,
+    25: dtypes.int16,
+    26: dtypes.int32,
+    27: dtypes.int64,
+    28: dtypes.float64,
+    30: dtypes.bfloat16,
+}
+
 
 def _f16_at(blocks: Tensor, i: int) -> Tensor:
-  """The little-endian float16 at byte i of each block, as a (blocks, 1) float32 column."""
-  bits = blocks[:, i].cast(dtypes.uint16) | (blocks[:, i + 1].cast(dtypes.uint16) << 8)
-  return bits.bitcast(dtypes.float16).cast(dtypes.float32).reshape(-1, 1)
+    """The little-endian float16 at byte i of each block, as a (blocks, 1) float32 column."""
+    bits = blocks[:, i].cast(dtypes.uint16) | (blocks[:, i + 1].cast(dtypes.uint16) << 8)
+    return bits.bitcast(dtypes.float16).cast(dtypes.float32).reshape(-1, 1)
+
 
 def _split_bits(q: Tensor, width: int, count: int) -> Tensor:
-  """(..., k) bytes -> (..., count, k) int32 fields: bits [width*j, width*(j+1)) of each byte, for j < count."""
-  shifts = (Tensor.arange(count, device=q.device) * width).reshape(*(1,) * (q.ndim - 1), count, 1)
-  return (q.unsqueeze(-2).expand(*q.shape[:-1], count, q.shape[-1]).cast(dtypes.int32) >> shifts) & ((1 << width) - 1)
+    """(..., k) bytes -> (..., count, k) int32 fields: bits [width*j, width*(j+1)) of each byte, for j < count."""
+    shifts = (Tensor.arange(count, device=q.device) * width).reshape(*(1,) * (q.ndim - 1), count, 1)
+    return (q.unsqueeze(-2).expand(*q.shape[:-1], count, q.shape[-1]).cast(dtypes.int32) >> shifts) & ((1 << width) - 1)
+
 
 def _cat_last(a: Tensor, b: Tensor) -> Tensor:
-  """a and b side by side on the last axis (pads and an add fuse into the consumer)."""
-  return a.pad(((0, 0),) * (a.ndim - 1) + ((0, b.shape[-1]),)) + b.pad(((0, 0),) * (b.ndim - 1) + ((a.shape[-1], 0),))
+    """a and b side by side on the last axis (pads and an add fuse into the consumer)."""
+    return a.pad(((0, 0),) * (a.ndim - 1) + ((0, b.shape[-1]),)) + b.pad(((0, 0),) * (b.ndim - 1) + ((a.shape[-1], 0),))
 
-def _dequant_q4_0(b: Tensor) -> Tensor: return (_split_bits(b[:, 2:18], 4, 2) - 8).cast(dtypes.float32) * _f16_at(b, 0).unsqueeze(-1)
+
+def _dequant_q4_0(b: Tensor) -> Tensor:
+    return (_split_bits(b[:, 2:18], 4, 2) - 8).cast(dtypes.float32) * _f16_at(b, 0).unsqueeze(-1)
+
 
 def _dequant_q4_1(b: Tensor) -> Tensor:
-  return _split_bits(b[:, 4:20], 4, 2).cast(dtypes.float32) * _f16_at(b, 0).unsqueeze(-1) + _f16_at(b, 2).unsqueeze(-1)
+    return _split_bits(b[:, 4:20], 4, 2).cast(dtypes.float32) * _f16_at(b, 0).unsqueeze(-1) + _f16_at(b, 2).unsqueeze(
+        -1
+    )
 
-def _dequant_q8_0(b: Tensor) -> Tensor: return b[:, 2:34].bitcast(dtypes.int8).cast(dtypes.float32) * _f16_at(b, 0)
+
+def _dequant_q8_0(b: Tensor) -> Tensor:
+    return b[:, 2:34].bitcast(dtypes.int8).cast(dtypes.float32) * _f16_at(b, 0)
+
 
 def _dequant_q4_k(b: Tensor) -> Tensor:
-  s = b[:, 4:16].cast(dtypes.int32)
-  # 8 six-bit scales and mins: sub-blocks 0-3 in the low bits of bytes 0-7, 4-7 split over bytes 8-11 and bytes' top bits
-  scales = _cat_last(s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)).cast(dtypes.float32)
-  mins = _cat_last(s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)).cast(dtypes.float32)
-  q = _split_bits(b[:, 16:144].reshape(-1, 4, 32), 4, 2).reshape(-1, 8, 32).cast(dtypes.float32)
-  d, dmin = _f16_at(b, 0) * scales, _f16_at(b, 2) * mins
-  return d.unsqueeze(-1) * q - dmin.unsqueeze(-1)
+    s = b[:, 4:16].cast(dtypes.int32)
+    # 8 six-bit scales and mins: sub-blocks 0-3 in the low bits of bytes 0-7, 4-7 split over bytes 8-11 and bytes' top bits
+    scales = _cat_last(s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)).cast(dtypes.float32)
+    mins = _cat_last(s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)).cast(dtypes.float32)
+    q = _split_bits(b[:, 16:144].reshape(-1, 4, 32), 4, 2).reshape(-1, 8, 32).cast(dtypes.float32)
+    d, dmin = _f16_at(b, 0) * scales, _f16_at(b, 2) * mins
+    return d.unsqueeze(-1) * q - dmin.unsqueeze(-1)
+
 
 def _dequant_q6_k(b: Tensor) -> Tensor:
-  # per half of 128 values: group k of 32 takes nibble k//2 of ql half k%2, plus 2 high bits k of qh
-  low = _split_bits(b[:, 0:128].reshape(-1, 2, 2, 32), 4, 2).permute(0, 1, 3, 2, 4).reshape(-1, 2, 4, 32)
-  high = _split_bits(b[:, 128:192].reshape(-1, 2, 32), 2, 4)
-  q = ((low | (high << 4)) - 32).cast(dtypes.float32)
-  scales = b[:, 192:208].bitcast(dtypes.int8).cast(dtypes.float32).reshape(-1, 2, 4, 2, 1).expand(-1, 2, 4, 2, 16).reshape(-1, 2, 4, 32)
-  return _f16_at(b, 208).reshape(-1, 1, 1, 1) * scales * q
+    # per half of 128 values: group k of 32 takes nibble k//2 of ql half k%2, plus 2 high bits k of qh
+    low = _split_bits(b[:, 0:128].reshape(-1, 2, 2, 32), 4, 2).permute(0, 1, 3, 2, 4).reshape(-1, 2, 4, 32)
+    high = _split_bits(b[:, 128:192].reshape(-1, 2, 32), 2, 4)
+    q = ((low | (high << 4)) - 32).cast(dtypes.float32)
+    scales = (
+        b[:, 192:208]
+        .bitcast(dtypes.int8)
+        .cast(dtypes.float32)
+        .reshape(-1, 2, 4, 2, 1)
+        .expand(-1, 2, 4, 2, 16)
+        .reshape(-1, 2, 4, 32)
+    )
+    return _f16_at(b, 208).reshape(-1, 1, 1, 1) * scales * q
 
-_DEQUANT: dict[int, Callable[[Tensor], Tensor]] = {2: _dequant_q4_0, 3: _dequant_q4_1, 8: _dequant_q8_0, 12: _dequant_q4_k,
-                                                   14: _dequant_q6_k}
+
+_DEQUANT: dict[int, Callable[[Tensor], Tensor]] = {
+    2: _dequant_q4_0,
+    3: _dequant_q4_1,
+    8: _dequant_q8_0,
+    12: _dequant_q4_k,
+    14: _dequant_q6_k,
+}
+
 
 def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
-  """n values from the raw bytes `t` (uint8) of ggml type `ggml_type`: plain types bitcast, quantized blocks
-  dequantized to float32 with tensor ops on the device (a DISK tensor is copied to the default device first)."""
-  if ggml_type not in GGML_TYPES: raise ValueError(f"unknown ggml type {ggml_type}; known: {sorted(GGML_TYPES)}")
-  name, block, block_bytes = GGML_TYPES[ggml_type]
-  if n % block: raise ValueError(f"{n} elements of {name} do not fill whole blocks of {block}")
-  nbytes = n // block * block_bytes
-  if t.dtype is not dtypes.uint8 or t.numel() < nbytes: raise ValueError(f"{n} {name} values need {nbytes} uint8 bytes, got {t}")
-  if ggml_type in _GGML_PLAIN: return _blob_of(t.reshape(-1)).tensor(0, _GGML_PLAIN[ggml_type], (n,), name)
-  if ggml_type not in _DEQUANT:
-    raise NotImplementedError(f"ggml type {name} ({ggml_type}) is not supported; supported: "
-                              f"{sorted(GGML_TYPES[k][0] for k in (*_GGML_PLAIN, *_DEQUANT))}")
-  if t.device.startswith("DISK:"): t = t.to(Device.DEFAULT)
-  return _DEQUANT[ggml_type](t.reshape(-1)[:nbytes].reshape(n // block, block_bytes)).reshape(n)
+    """n values from the raw bytes `t` (uint8) of ggml type `ggml_type`: plain types bitcast, quantized blocks
+    dequantized to float32 with tensor ops on the device (a DISK tensor is copied to the default device first)."""
+    if ggml_type not in GGML_TYPES:
+        raise ValueError(f"unknown ggml type {ggml_type}; known: {sorted(GGML_TYPES)}")
+    name, block, block_bytes = GGML_TYPES[ggml_type]
+    if n % block:
+        raise ValueError(f"{n} elements of {name} do not fill whole blocks of {block}")
+    nbytes = n // block * block_bytes
+    if t.dtype is not dtypes.uint8 or t.numel() < nbytes:
+        raise ValueError(f"{n} {name} values need {nbytes} uint8 bytes, got {t}")
+    if ggml_type in _GGML_PLAIN:
+        return _blob_of(t.reshape(-1)).tensor(0, _GGML_PLAIN[ggml_type], (n,), name)
+    if ggml_type not in _DEQUANT:
+        raise NotImplementedError(
+            f"ggml type {name} ({ggml_type}) is not supported; supported: "
+            f"{sorted(GGML_TYPES[k][0] for k in (*_GGML_PLAIN, *_DEQUANT))}"
+        )
+    if t.device.startswith("DISK:"):
+        t = t.to(Device.DEFAULT)
+    return _DEQUANT[ggml_type](t.reshape(-1)[:nbytes].reshape(n // block, block_bytes)).reshape(n)
+
 
 class _Reader:
-  """Little-endian values at a moving position; reading past the end names the file, the offset and the size."""
-  def __init__(self, blob: _Blob): self.blob, self.pos = blob, 0
-  def take(self, n: int, what: str) -> bytes:
-    out = self.blob.read(self.pos, n, what)
-    self.pos += n
-    return out
-  def unpack(self, fmt: str, what: str) -> Any: return struct.unpack("<" + fmt, self.take(struct.calcsize(fmt), what))[0]
-  def string(self, what: str) -> str:
-    raw = self.take(self.unpack("Q", what), what)
-    try: return raw.decode()
-    except UnicodeDecodeError: raise ValueError(f"{self.blob.name}: {what} at offset {self.pos - len(raw)} is not UTF-8") from None
+    """Little-endian values at a moving position; reading past the end names the file, the offset and the size."""
+
+    def __init__(self, blob: _Blob):
+        self.blob, self.pos = blob, 0
+
+    def take(self, n: int, what: str) -> bytes:
+        out = self.blob.read(self.pos, n, what)
+        self.pos += n
+        return out
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        return struct.unpack("<" + fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        raw = self.take(self.unpack("Q", what), what)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"{self.blob.name}: {what} at offset {self.pos - len(raw)} is not UTF-8") from None
+
 
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
+
 def _gguf_value(r: _Reader, vtype: int, key: str) -> Any:
-  if vtype in _GGUF_SCALARS: return r.unpack(_GGUF_SCALARS[vtype], f"value of {key!r}")
-  if vtype == 8: return r.string(f"value of {key!r}")
-  if vtype == 9:
-    item_type, count = r.unpack("I", f"array type of {key!r}"), r.unpack("Q", f"array length of {key!r}")
-    if item_type in _GGUF_SCALARS:
-      fmt = "<" + _GGUF_SCALARS[item_type]
-      return np.frombuffer(r.take(count * struct.calcsize(fmt), f"array {key!r}"), fmt).tolist()
-    return [_gguf_value(r, item_type, key) for _ in range(count)]
-  raise ValueError(f"{r.blob.name}: metadata {key!r} has unknown value type {vtype} at offset {r.pos - 4}")
+    if vtype in _GGUF_SCALARS:
+        return r.unpack(_GGUF_SCALARS[vtype], f"value of {key!r}")
+    if vtype == 8:
+        return r.string(f"value of {key!r}")
+    if vtype == 9:
+        item_type, count = r.unpack("I", f"array type of {key!r}"), r.unpack("Q", f"array length of {key!r}")
+        if item_type in _GGUF_SCALARS:
+            fmt = "<" + _GGUF_SCALARS[item_type]
+            return np.frombuffer(r.take(count * struct.calcsize(fmt), f"array {key!r}"), fmt).tolist()
+        return [_gguf_value(r, item_type, key) for _ in range(count)]
+    raise ValueError(f"{r.blob.name}: metadata {key!r} has unknown value type {vtype} at offset {r.pos - 4}")
+
 
 def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
-  """(metadata, tensors) of a GGUF file (path or uint8 Tensor). Plain tensors stay lazily on DISK; quantized ones
-  (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) are dequantized to float32 on the default device when realized."""
-  blob = _blob_of(fn)
-  r = _Reader(blob)
-  if (magic := r.take(4, "magic")) != b"GGUF": raise ValueError(f"{blob.name}: not a GGUF file: magic {magic!r}, expected b'GGUF'")
-  if (version := r.unpack("I", "version")) not in (2, 3): raise ValueError(f"{blob.name}: GGUF version {version} is not supported (2 or 3)")
-  n_tensors, n_kv = r.unpack("Q", "tensor count"), r.unpack("Q", "metadata count")
-  kv: dict[str, Any] = {}
-  for _ in range(n_kv):
-    key = r.string("metadata key")
-    kv[key] = _gguf_value(r, r.unpack("I", f"value type of {key!r}"), key)
-  infos = []
-  for _ in range(n_tensors):
-    name = r.string("tensor name")
-    n_dims = r.unpack("I", f"rank of {name!r}")
-    dims = [r.unpack("Q", f"shape of {name!r}") for _ in range(n_dims)]
-    infos.append((name, tuple(reversed(dims)), r.unpack("I", f"type of {name!r}"), r.unpack("Q", f"offset of {name!r}")))
-  alignment = kv.get("general.alignment", 32)
-  if not isinstance(alignment, int) or alignment <= 0: raise ValueError(f"{blob.name}: invalid general.alignment {alignment!r}")
-  data_start, state = round_up(r.pos, alignment), {}
-  for name, shape, ggml_type, offset in infos:
-    if ggml_type not in GGML_TYPES: raise ValueError(f"{blob.name}: tensor {name!r} has unknown ggml type {ggml_type}")
-    tname, block, block_bytes = GGML_TYPES[ggml_type]
-    n = prod(shape)
-    if n % block: raise ValueError(f"{blob.name}: tensor {name!r} of shape {shape} does not fill whole {tname} blocks of {block}")
-    if ggml_type in _GGML_PLAIN: state[name] = blob.tensor(data_start + offset, _GGML_PLAIN[ggml_type], shape, f"tensor {name!r}")
-    else:
-      if ggml_type not in _DEQUANT: raise NotImplementedError(f"{blob.name}: tensor {name!r} has ggml type {tname}, which is not supported")
-      raw = blob.tensor(data_start + offset, dtypes.uint8, (n // block * block_bytes,), f"tensor {name!r}")
-      state[name] = ggml_data_to_tensor(raw, n, ggml_type).reshape(shape)
-  return kv, state
+    """(metadata, tensors) of a GGUF file (path or uint8 Tensor). Plain tensors stay lazily on DISK; quantized ones
+    (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) are dequantized to float32 on the default device when realized."""
+    blob = _blob_of(fn)
+    r = _Reader(blob)
+    if (magic := r.take(4, "magic")) != b"GGUF":
+        raise ValueError(f"{blob.name}: not a GGUF file: magic {magic!r}, expected b'GGUF'")
+    if (version := r.unpack("I", "version")) not in (2, 3):
+        raise ValueError(f"{blob.name}: GGUF version {version} is not supported (2 or 3)")
+    n_tensors, n_kv = r.unpack("Q", "tensor count"), r.unpack("Q", "metadata count")
+    kv: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.string("metadata key")
+        kv[key] = _gguf_value(r, r.unpack("I", f"value type of {key!r}"), key)
+    infos = []
+    for _ in range(n_tensors):
+        name = r.string("tensor name")
+        n_dims = r.unpack("I", f"rank of {name!r}")
+        dims = [r.unpack("Q", f"shape of {name!r}") for _ in range(n_dims)]
+        infos.append(
+            (name, tuple(reversed(dims)), r.unpack("I", f"type of {name!r}"), r.unpack("Q", f"offset of {name!r}"))
+        )
+    alignment = kv.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ValueError(f"{blob.name}: invalid general.alignment {alignment!r}")
+    data_start, state = round_up(r.pos, alignment), {}
+    for name, shape, ggml_type, offset in infos:
+        if ggml_type not in GGML_TYPES:
+            raise ValueError(f"{blob.name}: tensor {name!r} has unknown ggml type {ggml_type}")
+        tname, block, block_bytes = GGML_TYPES[ggml_type]
+        n = prod(shape)
+        if n % block:
+            raise ValueError(
+                f"{blob.name}: tensor {name!r} of shape {shape} does not fill whole {tname} blocks of {block}"
+            )
+        if ggml_type in _GGML_PLAIN:
+            state[name] = blob.tensor(data_start + offset, _GGML_PLAIN[ggml_type], shape, f"tensor {name!r}")
+        else:
+            if ggml_type not in _DEQUANT:
+                raise NotImplementedError(f"{blob.name}: tensor {name!r} has ggml type {tname}, which is not supported")
+            raw = blob.tensor(data_start + offset, dtypes.uint8, (n // block * block_bytes,), f"tensor {name!r}")
+            state[name] = ggml_data_to_tensor(raw, n, ggml_type).reshape(shape)
+    return kv, state
 
-__all__ = ["TensorIO", "get_parameters", "get_state_dict", "ggml_data_to_tensor", "gguf_load", "load_state_dict", "safe_load",
-           "safe_load_metadata", "safe_save", "tar_extract", "torch_load", "zip_extract"]
+
+__all__ = [
+    "TensorIO",
+    "get_parameters",
+    "get_state_dict",
+    "ggml_data_to_tensor",
+    "gguf_load",
+    "load_state_dict",
+    "safe_load",
+    "safe_load_metadata",
+    "safe_save",
+    "tar_extract",
+    "torch_load",
+    "zip_extract",
+]

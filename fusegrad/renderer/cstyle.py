@@ -1,4 +1,5 @@
 """Renders a linear kernel as readable C: one statement per value, loops as for-statements."""
+
 from __future__ import annotations
 import math
 from collections import Counter
@@ -7,7 +8,10 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 C_TYPES = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"}
 
-def ctype(dt: DType) -> str: return C_TYPES.get(dt, dt.name)
+
+def ctype(dt: DType) -> str:
+    return C_TYPES.get(dt, dt.name)
+
 
 PRELUDE = """#include <math.h>
 #include <string.h>
@@ -19,134 +23,206 @@ static inline unsigned short fg_f32_to_bf16(float f) {
 }
 """
 
-def render_const(value: object, dt: DType) -> str:
-  if dt is dtypes.bool: return "1" if value else "0"
-  if dtypes.is_float(dt):
-    v = float(value)  # type: ignore[arg-type]
-    if math.isnan(v): s = "NAN"
-    elif math.isinf(v): s = "INFINITY" if v > 0 else "(-INFINITY)"
-    else: s = repr(v) + ("f" if dt is not dtypes.float64 else "")
-    if dt is dtypes.float64 and s in ("NAN", "INFINITY", "(-INFINITY)"): return f"((double){s})"
-    if dt is dtypes.float16: return f"((_Float16){s})"
-    if dt is dtypes.bfloat16: return f"fg_f32_to_bf16({s})"
-    return s
-  v = int(value)  # type: ignore[call-overload]
-  if dt is dtypes.int64: return f"{v}LL" if v != -2**63 else "(-9223372036854775807LL-1)"
-  if dt is dtypes.uint64: return f"{v}ULL"
-  if dt is dtypes.uint32: return f"{v}u"
-  if dt is dtypes.int32 and v == -2**31: return "(-2147483647-1)"
-  return str(v) if v >= 0 else f"({v})"
 
-_MATH = {Ops.SQRT: "sqrt", Ops.EXP: "exp", Ops.LOG: "log", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin",
-         Ops.COS: "cos", Ops.TRUNC: "trunc", Ops.POW: "pow"}
-_INFIX = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&",
-          Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+def render_const(value: object, dt: DType) -> str:
+    if dt is dtypes.bool:
+        return "1" if value else "0"
+    if dtypes.is_float(dt):
+        v = float(value)  # type: ignore[arg-type]
+        if math.isnan(v):
+            s = "NAN"
+        elif math.isinf(v):
+            s = "INFINITY" if v > 0 else "(-INFINITY)"
+        else:
+            s = repr(v) + ("f" if dt is not dtypes.float64 else "")
+        if dt is dtypes.float64 and s in ("NAN", "INFINITY", "(-INFINITY)"):
+            return f"((double){s})"
+        if dt is dtypes.float16:
+            return f"((_Float16){s})"
+        if dt is dtypes.bfloat16:
+            return f"fg_f32_to_bf16({s})"
+        return s
+    v = int(value)  # type: ignore[call-overload]
+    if dt is dtypes.int64:
+        return f"{v}LL" if v != -(2**63) else "(-9223372036854775807LL-1)"
+    if dt is dtypes.uint64:
+        return f"{v}ULL"
+    if dt is dtypes.uint32:
+        return f"{v}u"
+    if dt is dtypes.int32 and v == -(2**31):
+        return "(-2147483647-1)"
+    return str(v) if v >= 0 else f"({v})"
+
+
+_MATH = {
+    Ops.SQRT: "sqrt",
+    Ops.EXP: "exp",
+    Ops.LOG: "log",
+    Ops.EXP2: "exp2",
+    Ops.LOG2: "log2",
+    Ops.SIN: "sin",
+    Ops.COS: "cos",
+    Ops.TRUNC: "trunc",
+    Ops.POW: "pow",
+}
+_INFIX = {
+    Ops.ADD: "+",
+    Ops.MUL: "*",
+    Ops.FDIV: "/",
+    Ops.CMPLT: "<",
+    Ops.CMPNE: "!=",
+    Ops.CMPEQ: "==",
+    Ops.AND: "&",
+    Ops.OR: "|",
+    Ops.XOR: "^",
+    Ops.SHL: "<<",
+    Ops.SHR: ">>",
+}
+
 
 def render_alu(op: Ops, dt: DType, args: list[str], srcs: tuple[UOp, ...]) -> str:
-  sdt = srcs[0].dtype
-  if op in _MATH:
-    fn = _MATH[op] + ("f" if sdt is dtypes.float32 else "")
-    expr = f"{fn}({', '.join(args)})"
-  elif op is Ops.NEG: expr = f"(!{args[0]})" if dt is dtypes.bool else f"(-{args[0]})"
-  elif op is Ops.RECIPROCAL: expr = f"(1/{args[0]})" if dt is dtypes.float64 else f"(1.0f/{args[0]})"
-  elif op is Ops.MAX:
-    a, b = args
-    expr = f"(({a}>{b}||{a}!={a})?{a}:{b})" if dtypes.is_float(dt) else f"(({a}>{b})?{a}:{b})"
-  elif op in (Ops.IDIV, Ops.MOD):
-    sym = "/" if op is Ops.IDIV else "%"
-    # C traps on integer division by zero; the result is defined as 0 instead (matches the PYTHON backend)
-    if srcs[1].op is Ops.CONST and srcs[1].arg > 0: expr = f"({args[0]}{sym}{args[1]})"
-    elif dtypes.is_unsigned(dt): expr = f"(({args[1]})==0?0:({args[0]}{sym}{args[1]}))"
-    # signed MIN / -1 traps too; x / -1 is -x (wrapping, -fwrapv) and x % -1 is 0
-    else: expr = f"(({args[1]})==0?0:({args[1]})==-1?{f'(-({args[0]}))' if op is Ops.IDIV else '0'}:({args[0]}{sym}{args[1]}))"
-  elif op is Ops.WHERE: expr = f"({args[0]}?{args[1]}:{args[2]})"
-  elif op is Ops.ADD and dt is dtypes.bool: expr = f"({args[0]}|{args[1]})"
-  elif op is Ops.MUL and dt is dtypes.bool: expr = f"({args[0]}&{args[1]})"
-  else: expr = f"({args[0]}{_INFIX[op]}{args[1]})"
-  # C computes narrow integers as int: cast back so wrap-around matches the dtype
-  if dtypes.is_int(dt) and dt.itemsize < 4 and op not in GroupOp.Comparison: expr = f"(({ctype(dt)}){expr})"
-  return expr
+    sdt = srcs[0].dtype
+    if op in _MATH:
+        fn = _MATH[op] + ("f" if sdt is dtypes.float32 else "")
+        expr = f"{fn}({', '.join(args)})"
+    elif op is Ops.NEG:
+        expr = f"(!{args[0]})" if dt is dtypes.bool else f"(-{args[0]})"
+    elif op is Ops.RECIPROCAL:
+        expr = f"(1/{args[0]})" if dt is dtypes.float64 else f"(1.0f/{args[0]})"
+    elif op is Ops.MAX:
+        a, b = args
+        expr = f"(({a}>{b}||{a}!={a})?{a}:{b})" if dtypes.is_float(dt) else f"(({a}>{b})?{a}:{b})"
+    elif op in (Ops.IDIV, Ops.MOD):
+        sym = "/" if op is Ops.IDIV else "%"
+        # C traps on integer division by zero; the result is defined as 0 instead (matches the PYTHON backend)
+        if srcs[1].op is Ops.CONST and srcs[1].arg > 0:
+            expr = f"({args[0]}{sym}{args[1]})"
+        elif dtypes.is_unsigned(dt):
+            expr = f"(({args[1]})==0?0:({args[0]}{sym}{args[1]}))"
+        # signed MIN / -1 traps too; x / -1 is -x (wrapping, -fwrapv) and x % -1 is 0
+        else:
+            expr = f"(({args[1]})==0?0:({args[1]})==-1?{f'(-({args[0]}))' if op is Ops.IDIV else '0'}:({args[0]}{sym}{args[1]}))"
+    elif op is Ops.WHERE:
+        expr = f"({args[0]}?{args[1]}:{args[2]})"
+    elif op is Ops.ADD and dt is dtypes.bool:
+        expr = f"({args[0]}|{args[1]})"
+    elif op is Ops.MUL and dt is dtypes.bool:
+        expr = f"({args[0]}&{args[1]})"
+    else:
+        expr = f"({args[0]}{_INFIX[op]}{args[1]})"
+    # C computes narrow integers as int: cast back so wrap-around matches the dtype
+    if dtypes.is_int(dt) and dt.itemsize < 4 and op not in GroupOp.Comparison:
+        expr = f"(({ctype(dt)}){expr})"
+    return expr
+
 
 def render_cast(x: str, src: DType, dst: DType) -> str:
-  if src is dtypes.bfloat16: return f"fg_bf16_to_f32({x})"
-  if dst is dtypes.bfloat16: return f"fg_f32_to_bf16({x})"
-  return f"(({ctype(dst)})({x}))"
+    if src is dtypes.bfloat16:
+        return f"fg_bf16_to_f32({x})"
+    if dst is dtypes.bfloat16:
+        return f"fg_f32_to_bf16({x})"
+    return f"(({ctype(dst)})({x}))"
+
 
 class CStyleRenderer:
-  """C99 with GNU extensions; the outermost global loop runs [core_start, core_end) so threads can split it."""
-  def render(self, name: str, lin: tuple[UOp, ...]) -> str:
-    uses = Counter(s for u in lin for s in u.src)
-    names: dict[UOp, str] = {}
-    counters: Counter[str] = Counter()
-    lines: list[str] = []
-    depth = 1
-    first_global = True
-    def fresh(prefix: str) -> str:
-      counters[prefix] += 1
-      return f"{prefix}{counters[prefix] - 1}"
-    def ref(u: UOp) -> str:
-      if u.op is Ops.CONST: return render_const(u.arg, u.dtype)
-      return names[u]
-    def line(s: str) -> None: lines.append("  " * depth + s)
-    params = [u for u in lin if u.op is Ops.DEFINE_GLOBAL]
-    stored = {u.src[0] for u in lin if u.op is Ops.STORE}
-    for u in lin:
-      op = u.op
-      if op is Ops.DEFINE_GLOBAL: names[u] = f"data{u.arg[0]}"
-      elif op is Ops.CONST: continue
-      elif op is Ops.RANGE:
-        names[u] = fresh("gidx" if u.arg[1] == "global" else "ridx")
-        end = ref(u.src[0])
-        if u.arg[1] == "global" and first_global:
-          first_global = False
-          line(f"for ({ctype(u.dtype)} {names[u]} = core_start; {names[u]} < core_end; {names[u]}++) {{")
-        else:
-          acc = self._simd_reduction(u, lin, names)
-          if acc: line(acc)
-          line(f"for ({ctype(u.dtype)} {names[u]} = 0; {names[u]} < {end}; {names[u]}++) {{")
-        depth += 1
-      elif op is Ops.ENDRANGE:
-        depth -= 1
-        line("}")
-      elif op is Ops.DEFINE_ACC:
-        names[u] = fresh("acc")
-        line(f"{ctype(u.dtype)} {names[u]} = {ref(u.src[0])};")
-      elif op is Ops.ACC_UPDATE:
-        acc = names[u.src[0]]
-        line(f"{acc} = {render_alu(u.arg, u.dtype, [acc, ref(u.src[1])], (u.src[0], u.src[1]))};")
-        names[u] = acc
-      elif op is Ops.LOAD:
-        names[u] = fresh("val")
-        load = f"{ref(u.src[0])}[{ref(u.src[1])}]"
-        if len(u.src) == 3: load = f"({ref(u.src[2])}?{load}:{render_const(0, u.dtype)})"
-        line(f"{ctype(u.dtype)} {names[u]} = {load};")
-      elif op is Ops.STORE: line(f"{ref(u.src[0])}[{ref(u.src[1])}] = {ref(u.src[2])};")
-      elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-        if op is Ops.CAST: expr = render_cast(ref(u.src[0]), u.src[0].dtype, u.dtype)
-        elif op is Ops.BITCAST:
-          expr = f"({{ {ctype(u.dtype)} bc_; {ctype(u.src[0].dtype)} in_ = {ref(u.src[0])}; memcpy(&bc_, &in_, sizeof(bc_)); bc_; }})"
-        else: expr = render_alu(op, u.dtype, [ref(s) for s in u.src], u.src)
-        # single-use integer index math is inlined so the indexing reads like the formula it is
-        if uses[u] == 1 and dtypes.is_int(u.dtype) and op in GroupOp.ALU: names[u] = expr
-        else:
-          names[u] = fresh("alu" if op in GroupOp.ALU else "cast")
-          line(f"{ctype(u.dtype)} {names[u]} = {expr};")
-      else: raise NotImplementedError(f"C renderer has no rule for {op}")
-    args = [f"{'const ' if p not in stored else ''}{ctype(p.dtype)}* data{p.arg[0]}" for p in params] + ["long long core_start", "long long core_end"]
-    return PRELUDE + f"void {name}({', '.join(args)}) {{\n" + "\n".join(lines) + "\n}\n"
+    """C99 with GNU extensions; the outermost global loop runs [core_start, core_end) so threads can split it."""
 
-  @staticmethod
-  def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str]) -> str | None:
-    """An innermost sum loop may be vectorized: the pragma allows reassociating only this accumulator."""
-    start = lin.index(r)
-    body = []
-    for u in lin[start + 1:]:
-      if u.op is Ops.ENDRANGE and u.src[0] is r: break
-      if u.op is Ops.RANGE: return None
-      body.append(u)
-    updates = [u for u in body if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
-    # several accumulators are better vectorized across each other (SLP) than along the loop
-    if len(updates) != 1 or any(u.arg is not Ops.ADD or u.dtype not in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
-                          for u in updates): return None
-    accs = ", ".join(names[u.src[0]] for u in updates)
-    return f"#pragma omp simd reduction(+:{accs})"
+    def render(self, name: str, lin: tuple[UOp, ...]) -> str:
+        uses = Counter(s for u in lin for s in u.src)
+        names: dict[UOp, str] = {}
+        counters: Counter[str] = Counter()
+        lines: list[str] = []
+        depth = 1
+        first_global = True
+
+        def fresh(prefix: str) -> str:
+            counters[prefix] += 1
+            return f"{prefix}{counters[prefix] - 1}"
+
+        def ref(u: UOp) -> str:
+            if u.op is Ops.CONST:
+                return render_const(u.arg, u.dtype)
+            return names[u]
+
+        def line(s: str) -> None:
+            lines.append("  " * depth + s)
+
+        params = [u for u in lin if u.op is Ops.DEFINE_GLOBAL]
+        stored = {u.src[0] for u in lin if u.op is Ops.STORE}
+        for u in lin:
+            op = u.op
+            if op is Ops.DEFINE_GLOBAL:
+                names[u] = f"data{u.arg[0]}"
+            elif op is Ops.CONST:
+                continue
+            elif op is Ops.RANGE:
+                names[u] = fresh("gidx" if u.arg[1] == "global" else "ridx")
+                end = ref(u.src[0])
+                if u.arg[1] == "global" and first_global:
+                    first_global = False
+                    line(f"for ({ctype(u.dtype)} {names[u]} = core_start; {names[u]} < core_end; {names[u]}++) {{")
+                else:
+                    acc = self._simd_reduction(u, lin, names)
+                    if acc:
+                        line(acc)
+                    line(f"for ({ctype(u.dtype)} {names[u]} = 0; {names[u]} < {end}; {names[u]}++) {{")
+                depth += 1
+            elif op is Ops.ENDRANGE:
+                depth -= 1
+                line("}")
+            elif op is Ops.DEFINE_ACC:
+                names[u] = fresh("acc")
+                line(f"{ctype(u.dtype)} {names[u]} = {ref(u.src[0])};")
+            elif op is Ops.ACC_UPDATE:
+                acc = names[u.src[0]]
+                line(f"{acc} = {render_alu(u.arg, u.dtype, [acc, ref(u.src[1])], (u.src[0], u.src[1]))};")
+                names[u] = acc
+            elif op is Ops.LOAD:
+                names[u] = fresh("val")
+                load = f"{ref(u.src[0])}[{ref(u.src[1])}]"
+                if len(u.src) == 3:
+                    load = f"({ref(u.src[2])}?{load}:{render_const(0, u.dtype)})"
+                line(f"{ctype(u.dtype)} {names[u]} = {load};")
+            elif op is Ops.STORE:
+                line(f"{ref(u.src[0])}[{ref(u.src[1])}] = {ref(u.src[2])};")
+            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+                if op is Ops.CAST:
+                    expr = render_cast(ref(u.src[0]), u.src[0].dtype, u.dtype)
+                elif op is Ops.BITCAST:
+                    expr = f"({{ {ctype(u.dtype)} bc_; {ctype(u.src[0].dtype)} in_ = {ref(u.src[0])}; memcpy(&bc_, &in_, sizeof(bc_)); bc_; }})"
+                else:
+                    expr = render_alu(op, u.dtype, [ref(s) for s in u.src], u.src)
+                # single-use integer index math is inlined so the indexing reads like the formula it is
+                if uses[u] == 1 and dtypes.is_int(u.dtype) and op in GroupOp.ALU:
+                    names[u] = expr
+                else:
+                    names[u] = fresh("alu" if op in GroupOp.ALU else "cast")
+                    line(f"{ctype(u.dtype)} {names[u]} = {expr};")
+            else:
+                raise NotImplementedError(f"C renderer has no rule for {op}")
+        args = [f"{'const ' if p not in stored else ''}{ctype(p.dtype)}* data{p.arg[0]}" for p in params] + [
+            "long long core_start",
+            "long long core_end",
+        ]
+        return PRELUDE + f"void {name}({', '.join(args)}) {{\n" + "\n".join(lines) + "\n}\n"
+
+    @staticmethod
+    def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str]) -> str | None:
+        """An innermost sum loop may be vectorized: the pragma allows reassociating only this accumulator."""
+        start = lin.index(r)
+        body = []
+        for u in lin[start + 1 :]:
+            if u.op is Ops.ENDRANGE and u.src[0] is r:
+                break
+            if u.op is Ops.RANGE:
+                return None
+            body.append(u)
+        updates = [u for u in body if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
+        # several accumulators are better vectorized across each other (SLP) than along the loop
+        if len(updates) != 1 or any(
+            u.arg is not Ops.ADD or u.dtype not in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
+            for u in updates
+        ):
+            return None
+        accs = ", ".join(names[u.src[0]] for u in updates)
+        return f"#pragma omp simd reduction(+:{accs})"

@@ -1,44 +1,65 @@
 """The DISK device: tensors backed by byte ranges of a file, memory-mapped when first read; copies only, no compute."""
+
 from __future__ import annotations
-import mmap, os
+import mmap
+import os
 import numpy as np
 from fusegrad.dtype import DType
 from fusegrad.runtime.device import Buffer
 
+
 class DiskBuffer(Buffer):
-  """`size` elements of `dtype` at byte `offset` of a file mapping; nothing is read until the buffer is used."""
-  def __init__(self, device: str, size: int, dtype: DType, mapping: mmap.mmap | bytes, offset: int):
-    super().__init__(device, size, dtype)
-    self.mapping, self.offset = mapping, offset
-  def ensure_allocated(self) -> Buffer:
-    # a view of the mapping, not host memory: it is not counted in GlobalCounters.mem_used
-    if self._mem is None: self._mem = np.frombuffer(self.mapping, np.uint8, count=self.nbytes, offset=self.offset)
-    return self
+    """`size` elements of `dtype` at byte `offset` of a file mapping; nothing is read until the buffer is used."""
+
+    def __init__(self, device: str, size: int, dtype: DType, mapping: mmap.mmap | bytes, offset: int):
+        super().__init__(device, size, dtype)
+        self.mapping, self.offset = mapping, offset
+
+    def ensure_allocated(self) -> Buffer:
+        # a view of the mapping, not host memory: it is not counted in GlobalCounters.mem_used
+        if self._mem is None:
+            self._mem = np.frombuffer(self.mapping, np.uint8, count=self.nbytes, offset=self.offset)
+        return self
+
 
 class DiskAllocator:
-  def __init__(self, device: str): self.device = device
-  def alloc(self, nbytes: int) -> np.ndarray:
-    raise RuntimeError(f"{self.device} is read-only: DISK tensors come from the loaders in fusegrad.nn.state; "
-                       "write files with nn.state.safe_save")
+    def __init__(self, device: str):
+        self.device = device
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        raise RuntimeError(
+            f"{self.device} is read-only: DISK tensors come from the loaders in fusegrad.nn.state; "
+            "write files with nn.state.safe_save"
+        )
+
 
 class DiskDevice:
-  """One file. The mapping is shared by all buffers of the file as it is now; a changed file is mapped anew."""
-  def __init__(self, name: str):
-    self.device, self.path = name, name.partition(":")[2]
-    self.allocator, self.renderer, self.compiler = DiskAllocator(name), None, None
-    self._stamp: tuple[int, int, int] | None = None
-    self._mapping: mmap.mmap | bytes = b""
-  def mapping(self) -> mmap.mmap | bytes:
-    """A read-only map of the whole file; mapping reads nothing, pages are read when a buffer touches them."""
-    try: st = os.stat(self.path)
-    except OSError as e: raise FileNotFoundError(f"{self.device}: cannot open {self.path!r}: {e.strerror}") from None
-    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-    if stamp != self._stamp:
-      with open(self.path, "rb") as f:
-        # a replaced file gets a new mapping; buffers made earlier keep the old one (and its old bytes)
-        self._mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
-      self._stamp = stamp
-    return self._mapping
-  def build(self, info):
-    raise RuntimeError(f"{self.device} cannot run kernels (kernel {info.name}); move the tensor with .to('CPU') first")
-  def synchronize(self) -> None: pass
+    """One file. The mapping is shared by all buffers of the file as it is now; a changed file is mapped anew."""
+
+    def __init__(self, name: str):
+        self.device, self.path = name, name.partition(":")[2]
+        self.allocator, self.renderer, self.compiler = DiskAllocator(name), None, None
+        self._stamp: tuple[int, int, int] | None = None
+        self._mapping: mmap.mmap | bytes = b""
+
+    def mapping(self) -> mmap.mmap | bytes:
+        """A read-only map of the whole file; mapping reads nothing, pages are read when a buffer touches them."""
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            raise FileNotFoundError(f"{self.device}: cannot open {self.path!r}: {e.strerror}") from None
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if stamp != self._stamp:
+            with open(self.path, "rb") as f:
+                # a replaced file gets a new mapping; buffers made earlier keep the old one (and its old bytes)
+                self._mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
+            self._stamp = stamp
+        return self._mapping
+
+    def build(self, info):
+        raise RuntimeError(
+            f"{self.device} cannot run kernels (kernel {info.name}); move the tensor with .to('CPU') first"
+        )
+
+    def synchronize(self) -> None:
+        pass

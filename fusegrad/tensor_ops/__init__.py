@@ -1,10 +1,13 @@
 """Tensor methods by API.md group, as mixins of Tensor; each module gets the Tensor class bound after it is defined."""
+
 from types import ModuleType
 
 from fusegrad.tensor_ops import creation, elementwise, indexing, linalg, movement, nn, reduce, sorting
 
 MODULES: tuple[ModuleType, ...] = (creation, elementwise, reduce, movement, indexing, linalg, nn, sorting)
 
+
 def bind_tensor_class(cls: type) -> None:
-  """Mixin code refers to `Tensor` by name (constructors, isinstance); bind it once the class exists."""
-  for module in MODULES: module.Tensor = cls  # type: ignore[attr-defined]
+    """Mixin code refers to `Tensor` by name (constructors, isinstance); bind it once the class exists."""
+    for module in MODULES:
+        module.Tensor = cls  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@
 Nothing here loads through a computed address: picking element j of an axis is a one-hot comparison of the index
 against an ARANGE followed by a masked reduce over that axis, which the scheduler fuses into one kernel and whose
 gradient (a masked sum, so duplicate indices accumulate) comes from the primitive rules."""
+
 from __future__ import annotations
 
 import functools
@@ -18,378 +19,449 @@ from fusegrad.schedule import base_buffer, is_contiguous_view
 from fusegrad.tensor_ops.shapes import broadcast_shape
 from fusegrad.uop.ops import Ops, UOp
 
-if TYPE_CHECKING: from fusegrad.tensor import Tensor
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
 
 Scalar = int | float | bool
 SCATTER_REDUCES = ("sum", "prod", "mean", "amax", "amin")
 NO_MASKS = "boolean masks: use masked_select or where"
 
+
 class _IndexPlan(NamedTuple):
-  """An index split into its basic part (one (start, count, step) window per dim, then a reshape that drops int dims
-  and adds None dims) and its advanced part (integer tensors applied to dims of that view)."""
-  windows: tuple[tuple[int, int, int], ...]
-  view_shape: tuple[int, ...]
-  adv_dims: tuple[int, ...]
-  adv_index: tuple[Tensor, ...]
+    """An index split into its basic part (one (start, count, step) window per dim, then a reshape that drops int dims
+    and adds None dims) and its advanced part (integer tensors applied to dims of that view)."""
+
+    windows: tuple[tuple[int, int, int], ...]
+    view_shape: tuple[int, ...]
+    adv_dims: tuple[int, ...]
+    adv_index: tuple[Tensor, ...]
+
 
 def _const(like: Tensor, value: Scalar) -> Tensor:
-  """A 0-d constant of like's dtype (a plain scalar would promote bool and int tensors)."""
-  return like._new(UOp.const(like.dtype, value))
+    """A 0-d constant of like's dtype (a plain scalar would promote bool and int tensors)."""
+    return like._new(UOp.const(like.dtype, value))
+
 
 def _masked_sum(hit: Tensor, x: Tensor, axis: int) -> Tensor:
-  """Sum over `axis` of x where hit, in x's dtype; exact when at most one element per output is hit."""
-  picked = hit.where(x, _const(x, 0))
-  return picked._reduce(Ops.MAX if x.dtype is dtypes.bool else Ops.ADD, axis, False)
+    """Sum over `axis` of x where hit, in x's dtype; exact when at most one element per output is hit."""
+    picked = hit.where(x, _const(x, 0))
+    return picked._reduce(Ops.MAX if x.dtype is dtypes.bool else Ops.ADD, axis, False)
 
-def _inverse(order: Sequence[int]) -> list[int]: return sorted(range(len(order)), key=lambda i: order[i])
+
+def _inverse(order: Sequence[int]) -> list[int]:
+    return sorted(range(len(order)), key=lambda i: order[i])
+
 
 def _adv_order(view_ndim: int, dims: tuple[int, ...], n_batch: int) -> list[int]:
-  """Result dims as a permutation of (broadcast index dims, remaining view dims): numpy puts the index dims where the
-  indexed dims were when those are adjacent, else first."""
-  n_rest = view_ndim - len(dims)
-  if dims != tuple(range(dims[0], dims[0] + len(dims))): return list(range(n_batch + n_rest))
-  p = dims[0]
-  return list(range(n_batch, n_batch + p)) + list(range(n_batch)) + list(range(n_batch + p, n_batch + n_rest))
+    """Result dims as a permutation of (broadcast index dims, remaining view dims): numpy puts the index dims where the
+    indexed dims were when those are adjacent, else first."""
+    n_rest = view_ndim - len(dims)
+    if dims != tuple(range(dims[0], dims[0] + len(dims))):
+        return list(range(n_batch + n_rest))
+    p = dims[0]
+    return list(range(n_batch, n_batch + p)) + list(range(n_batch)) + list(range(n_batch + p, n_batch + n_rest))
+
 
 def _flat_index(indices: Sequence[Tensor], sizes: Sequence[int], shape: tuple[int, ...]) -> Tensor:
-  """Row-major position in a block of `sizes` addressed by the broadcast indices; -1 where any index is out of range."""
-  big = prod(sizes) >= 2**31 or any(i.dtype.itemsize == 8 or i.dtype is dtypes.uint32 for i in indices)
-  wide, device = dtypes.int64 if big else dtypes.int32, indices[0].device
-  flat, valid = Tensor.zeros(shape, dtype=wide, device=device), Tensor.ones(shape, dtype=dtypes.bool, device=device)
-  for index, size in zip(indices, sizes):
-    i = index.cast(wide)._broadcast_to(shape)
-    valid = valid & (i >= -size) & (i < size)
-    flat = flat * size + (i < 0).where(i + size, i)
-  return valid.where(flat, -1).cast(dtypes.int32 if prod(sizes) < 2**31 else dtypes.int64)
+    """Row-major position in a block of `sizes` addressed by the broadcast indices; -1 where any index is out of range."""
+    big = prod(sizes) >= 2**31 or any(i.dtype.itemsize == 8 or i.dtype is dtypes.uint32 for i in indices)
+    wide, device = dtypes.int64 if big else dtypes.int32, indices[0].device
+    flat, valid = Tensor.zeros(shape, dtype=wide, device=device), Tensor.ones(shape, dtype=dtypes.bool, device=device)
+    for index, size in zip(indices, sizes):
+        i = index.cast(wide)._broadcast_to(shape)
+        valid = valid & (i >= -size) & (i < size)
+        flat = flat * size + (i < 0).where(i + size, i)
+    return valid.where(flat, -1).cast(dtypes.int32 if prod(sizes) < 2**31 else dtypes.int64)
+
 
 def _one_hot_axis(index: Tensor, d: int, size: int) -> Tensor:
-  """hit[..., i, k, ...] = (index[..., i, ...] == k): a one-hot axis of length `size` inserted after dim d."""
-  k = Tensor.arange(size, device=index.device).reshape((size,) + (1,) * (index.ndim - d - 1))
-  return index.unsqueeze(d + 1) == k
+    """hit[..., i, k, ...] = (index[..., i, ...] == k): a one-hot axis of length `size` inserted after dim d."""
+    k = Tensor.arange(size, device=index.device).reshape((size,) + (1,) * (index.ndim - d - 1))
+    return index.unsqueeze(d + 1) == k
+
 
 def _inclusive_count(flags: Tensor) -> Tensor:
-  """Running count of true flags (1-D bool -> int32), in blocks of ~sqrt(n) so the work is n**1.5, not n**2."""
-  n = flags.shape[0]
-  b = max(math.isqrt(max(n - 1, 0)) + 1, 1)
-  a = -(-n // b)
-  m = flags.cast(dtypes.int32).pad(((0, a * b - n),)).reshape(a, b)
-  kb, ka = Tensor.arange(b, device=flags.device), Tensor.arange(a, device=flags.device)
-  within = (kb.reshape(1, b, 1) >= kb.reshape(1, 1, b)).where(m.reshape(a, 1, b), 0).sum(2)
-  before = (ka.reshape(a, 1) > ka.reshape(1, a)).where(m.sum(1).reshape(1, a), 0).sum(1)
-  return (within + before.reshape(a, 1)).reshape(a * b).shrink(((0, n),))
+    """Running count of true flags (1-D bool -> int32), in blocks of ~sqrt(n) so the work is n**1.5, not n**2."""
+    n = flags.shape[0]
+    b = max(math.isqrt(max(n - 1, 0)) + 1, 1)
+    a = -(-n // b)
+    m = flags.cast(dtypes.int32).pad(((0, a * b - n),)).reshape(a, b)
+    kb, ka = Tensor.arange(b, device=flags.device), Tensor.arange(a, device=flags.device)
+    within = (kb.reshape(1, b, 1) >= kb.reshape(1, 1, b)).where(m.reshape(a, 1, b), 0).sum(2)
+    before = (ka.reshape(a, 1) > ka.reshape(1, a)).where(m.sum(1).reshape(1, a), 0).sum(1)
+    return (within + before.reshape(a, 1)).reshape(a * b).shrink(((0, n),))
+
 
 def _selected(flags: Tensor, size: int | None) -> tuple[Tensor, Tensor]:
-  """hit[k, p]: flat position p holds the k-th true flag, for k < size (size=None: all of them, read back to host);
-  and valid[k]: there is a k-th true flag."""
-  if size is None: size = int(flags.cast(dtypes.int32).sum().item())
-  if size < 0: raise ValueError(f"size must be non-negative, got {size}")
-  k = Tensor.arange(size, device=flags.device).reshape(size, 1)
-  hit = flags.reshape(1, -1) & (_inclusive_count(flags).reshape(1, -1) == k + 1)
-  return hit, hit.any(1)
+    """hit[k, p]: flat position p holds the k-th true flag, for k < size (size=None: all of them, read back to host);
+    and valid[k]: there is a k-th true flag."""
+    if size is None:
+        size = int(flags.cast(dtypes.int32).sum().item())
+    if size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+    k = Tensor.arange(size, device=flags.device).reshape(size, 1)
+    hit = flags.reshape(1, -1) & (_inclusive_count(flags).reshape(1, -1) == k + 1)
+    return hit, hit.any(1)
+
 
 class IndexingMixin:
-  # ------------------------------------------------------------------ __getitem__ / __setitem__
-  def _index_entry(self, i: Any) -> Any:
-    """One validated index: int, slice, None, Ellipsis, or an integer Tensor on self's device."""
-    if isinstance(i, (bool, np.bool_, float, np.floating)):
-      raise IndexError(f"index {i!r} of type {type(i).__name__} is not supported ({NO_MASKS})")
-    if isinstance(i, (int, np.integer)): return int(i)
-    if i is None or i is Ellipsis: return i
-    if isinstance(i, slice):
-      for v in (i.start, i.stop, i.step):
-        if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)):
-          raise TypeError(f"slice bounds must be ints or None, got {type(v).__name__} in {i!r}")
-      if i.step == 0: raise ValueError("slice step cannot be zero")
-      return i
-    if isinstance(i, Tensor):
-      if not dtypes.is_int(i.dtype):
-        raise IndexError(f"tensors used as indices must be integer tensors, got {i.dtype} ({NO_MASKS})")
-      return i.to(self.device)
-    if isinstance(i, (list, tuple, np.ndarray)):
-      try: arr = np.asarray(i)
-      except ValueError: raise IndexError(f"list index {i!r} is ragged") from None
-      if arr.size and arr.dtype.kind not in "iu":
-        raise IndexError(f"list index {i!r} must hold only ints, got {arr.dtype} ({NO_MASKS})")
-      small = not arr.size or (arr.min() >= -2**31 and arr.max() < 2**31)
-      return Tensor(arr.astype(np.int32 if small else np.int64), device=self.device)
-    raise IndexError(f"unsupported index {i!r} of type {type(i).__name__}")
+    # ------------------------------------------------------------------ __getitem__ / __setitem__
+    def _index_entry(self, i: Any) -> Any:
+        """One validated index: int, slice, None, Ellipsis, or an integer Tensor on self's device."""
+        if isinstance(i, (bool, np.bool_, float, np.floating)):
+            raise IndexError(f"index {i!r} of type {type(i).__name__} is not supported ({NO_MASKS})")
+        if isinstance(i, (int, np.integer)):
+            return int(i)
+        if i is None or i is Ellipsis:
+            return i
+        if isinstance(i, slice):
+            for v in (i.start, i.stop, i.step):
+                if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)):
+                    raise TypeError(f"slice bounds must be ints or None, got {type(v).__name__} in {i!r}")
+            if i.step == 0:
+                raise ValueError("slice step cannot be zero")
+            return i
+        if isinstance(i, Tensor):
+            if not dtypes.is_int(i.dtype):
+                raise IndexError(f"tensors used as indices must be integer tensors, got {i.dtype} ({NO_MASKS})")
+            return i.to(self.device)
+        if isinstance(i, (list, tuple, np.ndarray)):
+            try:
+                arr = np.asarray(i)
+            except ValueError:
+                raise IndexError(f"list index {i!r} is ragged") from None
+            if arr.size and arr.dtype.kind not in "iu":
+                raise IndexError(f"list index {i!r} must hold only ints, got {arr.dtype} ({NO_MASKS})")
+            small = not arr.size or (arr.min() >= -(2**31) and arr.max() < 2**31)
+            return Tensor(arr.astype(np.int32 if small else np.int64), device=self.device)
+        raise IndexError(f"unsupported index {i!r} of type {type(i).__name__}")
 
-  def _index_plan(self, indices: Any) -> _IndexPlan:
-    # like torch, a short top-level list holding sequences, tensors, slices, None or ... is a tuple of indices
-    if isinstance(indices, list) and len(indices) < 32 and \
-        any(isinstance(i, (list, tuple, Tensor, slice, np.ndarray)) or i is None or i is Ellipsis for i in indices):
-      indices = tuple(indices)
-    entries = [self._index_entry(i) for i in (indices if isinstance(indices, tuple) else (indices,))]
-    ellipses = [k for k, e in enumerate(entries) if e is Ellipsis]
-    if len(ellipses) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
-    n_real = sum(1 for e in entries if e is not None and e is not Ellipsis)
-    if n_real > self.ndim: raise IndexError(f"too many indices for tensor of dimension {self.ndim} ({n_real} given)")
-    fill = [slice(None)] * (self.ndim - n_real)
-    entries = entries[:ellipses[0]] + fill + entries[ellipses[0] + 1:] if ellipses else entries + fill
-    windows, view_shape, adv_dims, adv_index, dim = [], [], [], [], 0
-    for e in entries:
-      if e is None:
-        view_shape.append(1)
-        continue
-      size = self.shape[dim]
-      if isinstance(e, Tensor):
-        windows.append((0, size, 1))
-        adv_dims.append(len(view_shape))
-        adv_index.append(e)
-        view_shape.append(size)
-      elif isinstance(e, int):
-        if not -size <= e < size: raise IndexError(f"index {e} is out of bounds for dimension {dim} with size {size}")
-        windows.append((e + size if e < 0 else e, 1, 1))
-      else:
-        start, stop, step = e.indices(size)
-        windows.append((start, len(range(start, stop, step)), step))
-        view_shape.append(windows[-1][1])
-      dim += 1
-    return _IndexPlan(tuple(windows), tuple(view_shape), tuple(adv_dims), tuple(adv_index))
+    def _index_plan(self, indices: Any) -> _IndexPlan:
+        # like torch, a short top-level list holding sequences, tensors, slices, None or ... is a tuple of indices
+        if (
+            isinstance(indices, list)
+            and len(indices) < 32
+            and any(
+                isinstance(i, (list, tuple, Tensor, slice, np.ndarray)) or i is None or i is Ellipsis for i in indices
+            )
+        ):
+            indices = tuple(indices)
+        entries = [self._index_entry(i) for i in (indices if isinstance(indices, tuple) else (indices,))]
+        ellipses = [k for k, e in enumerate(entries) if e is Ellipsis]
+        if len(ellipses) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        n_real = sum(1 for e in entries if e is not None and e is not Ellipsis)
+        if n_real > self.ndim:
+            raise IndexError(f"too many indices for tensor of dimension {self.ndim} ({n_real} given)")
+        fill = [slice(None)] * (self.ndim - n_real)
+        entries = entries[: ellipses[0]] + fill + entries[ellipses[0] + 1 :] if ellipses else entries + fill
+        windows, view_shape, adv_dims, adv_index, dim = [], [], [], [], 0
+        for e in entries:
+            if e is None:
+                view_shape.append(1)
+                continue
+            size = self.shape[dim]
+            if isinstance(e, Tensor):
+                windows.append((0, size, 1))
+                adv_dims.append(len(view_shape))
+                adv_index.append(e)
+                view_shape.append(size)
+            elif isinstance(e, int):
+                if not -size <= e < size:
+                    raise IndexError(f"index {e} is out of bounds for dimension {dim} with size {size}")
+                windows.append((e + size if e < 0 else e, 1, 1))
+            else:
+                start, stop, step = e.indices(size)
+                windows.append((start, len(range(start, stop, step)), step))
+                view_shape.append(windows[-1][1])
+            dim += 1
+        return _IndexPlan(tuple(windows), tuple(view_shape), tuple(adv_dims), tuple(adv_index))
 
-  def __getitem__(self, indices: Any) -> Tensor:
-    plan = self._index_plan(indices)
-    t = self
-    for d, (start, count, step) in enumerate(plan.windows): t = t._slice_dim(d, start, count, step)
-    t = t.reshape(plan.view_shape)
-    return t._take(plan.adv_dims, plan.adv_index) if plan.adv_dims else t
+    def __getitem__(self, indices: Any) -> Tensor:
+        plan = self._index_plan(indices)
+        t = self
+        for d, (start, count, step) in enumerate(plan.windows):
+            t = t._slice_dim(d, start, count, step)
+        t = t.reshape(plan.view_shape)
+        return t._take(plan.adv_dims, plan.adv_index) if plan.adv_dims else t
 
-  def _take(self, dims: tuple[int, ...], indices: tuple[Tensor, ...]) -> Tensor:
-    """Advanced indexing of the dims `dims` by the broadcast integer tensors `indices` (out of range reads 0)."""
-    shape = functools.reduce(broadcast_shape, (i.shape for i in indices))
-    sizes = [self.shape[d] for d in dims]
-    rest = [d for d in range(self.ndim) if d not in dims]
-    n_pick, n_rest = prod(sizes), tuple(self.shape[d] for d in rest)
-    flat = _flat_index(indices, sizes, shape)
-    x = self.permute(list(dims) + rest).reshape((1,) * len(shape) + (n_pick,) + n_rest)
-    hit = flat.reshape(shape + (1,)) == Tensor.arange(n_pick, device=self.device)
-    out = _masked_sum(hit.reshape(shape + (n_pick,) + (1,) * len(rest)), x, len(shape))
-    return out.permute(_adv_order(self.ndim, dims, len(shape)))
+    def _take(self, dims: tuple[int, ...], indices: tuple[Tensor, ...]) -> Tensor:
+        """Advanced indexing of the dims `dims` by the broadcast integer tensors `indices` (out of range reads 0)."""
+        shape = functools.reduce(broadcast_shape, (i.shape for i in indices))
+        sizes = [self.shape[d] for d in dims]
+        rest = [d for d in range(self.ndim) if d not in dims]
+        n_pick, n_rest = prod(sizes), tuple(self.shape[d] for d in rest)
+        flat = _flat_index(indices, sizes, shape)
+        x = self.permute(list(dims) + rest).reshape((1,) * len(shape) + (n_pick,) + n_rest)
+        hit = flat.reshape(shape + (1,)) == Tensor.arange(n_pick, device=self.device)
+        out = _masked_sum(hit.reshape(shape + (n_pick,) + (1,) * len(rest)), x, len(shape))
+        return out.permute(_adv_order(self.ndim, dims, len(shape)))
 
-  def _slice_dim(self, dim: int, start: int, count: int, step: int) -> Tensor:
-    """Take `count` elements from `start` with stride `step` along dim, as flip/shrink/pad/reshape views."""
-    t, size = self, self.shape[dim]
-    if count == 0: return t.shrink(tuple((0, 0) if d == dim else None for d in range(t.ndim)))
-    if step < 0: t, start, step = t.flip(dim), size - 1 - start, -step
-    t = t.shrink(tuple((start, start + (count - 1) * step + 1) if d == dim else None for d in range(t.ndim)))
-    if step == 1: return t
-    t = t.pad(tuple((0, count * step - t.shape[dim]) if d == dim else (0, 0) for d in range(t.ndim)))
-    t = t.reshape(t.shape[:dim] + (count, step) + t.shape[dim + 1:])
-    t = t.shrink(tuple((0, 1) if d == dim + 1 else None for d in range(t.ndim)))
-    return t.reshape(t.shape[:dim + 1] + t.shape[dim + 2:])
+    def _slice_dim(self, dim: int, start: int, count: int, step: int) -> Tensor:
+        """Take `count` elements from `start` with stride `step` along dim, as flip/shrink/pad/reshape views."""
+        t, size = self, self.shape[dim]
+        if count == 0:
+            return t.shrink(tuple((0, 0) if d == dim else None for d in range(t.ndim)))
+        if step < 0:
+            t, start, step = t.flip(dim), size - 1 - start, -step
+        t = t.shrink(tuple((start, start + (count - 1) * step + 1) if d == dim else None for d in range(t.ndim)))
+        if step == 1:
+            return t
+        t = t.pad(tuple((0, count * step - t.shape[dim]) if d == dim else (0, 0) for d in range(t.ndim)))
+        t = t.reshape(t.shape[:dim] + (count, step) + t.shape[dim + 1 :])
+        t = t.shrink(tuple((0, 1) if d == dim + 1 else None for d in range(t.ndim)))
+        return t.reshape(t.shape[: dim + 1] + t.shape[dim + 2 :])
 
-  def _unslice_dim(self, dim: int, start: int, count: int, step: int, size: int) -> Tensor:
-    """Inverse of _slice_dim: place this dim's `count` elements at start, start+step, ... of a zero dim of `size`."""
-    def pad_dim(t: Tensor, before: int, after: int) -> Tensor:
-      return t.pad(tuple((before, after) if d == dim else (0, 0) for d in range(t.ndim)))
-    t = self
-    if count == 0: return pad_dim(t, 0, size)
-    if step < 0: t, start, step = t.flip(dim), start + (count - 1) * step, -step
-    if step > 1:  # step-1 zeros after each element, then drop the trailing ones
-      t = t.unsqueeze(dim + 1)
-      t = t.pad(tuple((0, step - 1) if d == dim + 1 else (0, 0) for d in range(t.ndim)))
-      t = t.reshape(t.shape[:dim] + (count * step,) + t.shape[dim + 2:])
-      t = t.shrink(tuple((0, (count - 1) * step + 1) if d == dim else None for d in range(t.ndim)))
-    return pad_dim(t, start, size - start - t.shape[dim])
+    def _unslice_dim(self, dim: int, start: int, count: int, step: int, size: int) -> Tensor:
+        """Inverse of _slice_dim: place this dim's `count` elements at start, start+step, ... of a zero dim of `size`."""
 
-  def __setitem__(self, indices: Any, v: Any) -> None:
-    plan = self._index_plan(indices)
-    if isinstance(v, Tensor):
-      if v.dtype != self.dtype:
-        raise RuntimeError(f"setitem of a {v.dtype} value into a {self.dtype} tensor; cast it first")
-      v = v.to(self.device)
-    else: v = Tensor(v, device=self.device, dtype=self.dtype)
-    self._check_no_lazy_readers({id(v)} | {id(i) for i in plan.adv_index})
-    region = self._region_shape(plan)
-    if v.ndim > len(region):
-      lead = v.shape[:v.ndim - len(region)]
-      if any(s != 1 for s in lead):
-        raise ValueError(f"cannot broadcast value of shape {v.shape} to indexed region {region}")
-      v = v.reshape(v.shape[len(lead):])
-    v = v._broadcast_to(region)
-    if plan.adv_dims: value, written = v._put(plan)
-    else: value, written = v, Tensor.ones(plan.view_shape, dtype=dtypes.bool, device=self.device)
-    counts = tuple(count for _, count, _ in plan.windows)
-    value, written = value.reshape(counts), written.reshape(counts)
-    for d, (start, count, step) in enumerate(plan.windows):
-      value = value._unslice_dim(d, start, count, step, self.shape[d])
-      written = written._unslice_dim(d, start, count, step, self.shape[d])
-    self.assign(written.where(value, self)).realize()
+        def pad_dim(t: Tensor, before: int, after: int) -> Tensor:
+            return t.pad(tuple((before, after) if d == dim else (0, 0) for d in range(t.ndim)))
 
-  def __delitem__(self, indices: Any) -> None: raise TypeError("Tensor does not support item deletion (del t[idx])")
+        t = self
+        if count == 0:
+            return pad_dim(t, 0, size)
+        if step < 0:
+            t, start, step = t.flip(dim), start + (count - 1) * step, -step
+        if step > 1:  # step-1 zeros after each element, then drop the trailing ones
+            t = t.unsqueeze(dim + 1)
+            t = t.pad(tuple((0, step - 1) if d == dim + 1 else (0, 0) for d in range(t.ndim)))
+            t = t.reshape(t.shape[:dim] + (count * step,) + t.shape[dim + 2 :])
+            t = t.shrink(tuple((0, (count - 1) * step + 1) if d == dim else None for d in range(t.ndim)))
+        return pad_dim(t, start, size - start - t.shape[dim])
 
-  def _region_shape(self, plan: _IndexPlan) -> tuple[int, ...]:
-    """Shape of self[indices] for a plan, without building it."""
-    if not plan.adv_dims: return plan.view_shape
-    batch = functools.reduce(broadcast_shape, (i.shape for i in plan.adv_index))
-    rest = tuple(s for d, s in enumerate(plan.view_shape) if d not in plan.adv_dims)
-    order = _adv_order(len(plan.view_shape), plan.adv_dims, len(batch))
-    return tuple((batch + rest)[o] for o in order)
+    def __setitem__(self, indices: Any, v: Any) -> None:
+        plan = self._index_plan(indices)
+        if isinstance(v, Tensor):
+            if v.dtype != self.dtype:
+                raise RuntimeError(f"setitem of a {v.dtype} value into a {self.dtype} tensor; cast it first")
+            v = v.to(self.device)
+        else:
+            v = Tensor(v, device=self.device, dtype=self.dtype)
+        self._check_no_lazy_readers({id(v)} | {id(i) for i in plan.adv_index})
+        region = self._region_shape(plan)
+        if v.ndim > len(region):
+            lead = v.shape[: v.ndim - len(region)]
+            if any(s != 1 for s in lead):
+                raise ValueError(f"cannot broadcast value of shape {v.shape} to indexed region {region}")
+            v = v.reshape(v.shape[len(lead) :])
+        v = v._broadcast_to(region)
+        if plan.adv_dims:
+            value, written = v._put(plan)
+        else:
+            value, written = v, Tensor.ones(plan.view_shape, dtype=dtypes.bool, device=self.device)
+        counts = tuple(count for _, count, _ in plan.windows)
+        value, written = value.reshape(counts), written.reshape(counts)
+        for d, (start, count, step) in enumerate(plan.windows):
+            value = value._unslice_dim(d, start, count, step, self.shape[d])
+            written = written._unslice_dim(d, start, count, step, self.shape[d])
+        self.assign(written.where(value, self)).realize()
 
-  def _put(self, plan: _IndexPlan) -> tuple[Tensor, Tensor]:
-    """Scatter self (shaped like the advanced-indexed region) back into view_shape: (values, written mask)."""
-    dims, view_shape = plan.adv_dims, plan.view_shape
-    batch = functools.reduce(broadcast_shape, (i.shape for i in plan.adv_index))
-    sizes = [view_shape[d] for d in dims]
-    rest = [d for d in range(len(view_shape)) if d not in dims]
-    n_pick, n_batch, n_rest = prod(sizes), prod(batch), tuple(view_shape[d] for d in rest)
-    v = self.permute(_inverse(_adv_order(len(view_shape), dims, len(batch)))).reshape((n_batch, 1) + n_rest)
-    flat = _flat_index(plan.adv_index, sizes, batch).reshape(n_batch)
-    # of several writes to one place the last wins: drop a write when a later one hits the same place
-    order = Tensor.arange(n_batch, device=self.device)
-    same = flat.reshape(n_batch, 1) == flat.reshape(1, n_batch)
-    flat = (same & (order.reshape(1, n_batch) > order.reshape(n_batch, 1))).any(1).where(-1, flat)
-    hit = flat.reshape(n_batch, 1) == Tensor.arange(n_pick, device=self.device).reshape(1, n_pick)
-    value = _masked_sum(hit.reshape((n_batch, n_pick) + (1,) * len(rest)), v, 0)
-    written = hit.any(0).reshape(tuple(sizes) + (1,) * len(rest)).expand(tuple(sizes) + n_rest)
-    back = _inverse(list(dims) + rest)
-    return value.reshape(tuple(sizes) + n_rest).permute(back), written.permute(back)
+    def __delitem__(self, indices: Any) -> None:
+        raise TypeError("Tensor does not support item deletion (del t[idx])")
 
-  def _check_no_lazy_readers(self, consumed: set[int]) -> None:
-    """An in-place write must not change what an unrealized tensor (other than those it consumes) will compute."""
-    from fusegrad.tensor import _all_tensors
-    buf = base_buffer(self.uop)
-    if buf is None or not is_contiguous_view(self.uop): return  # self gets a fresh buffer: no one else reads it
-    readers = [t for t in list(_all_tensors) if t is not self and id(t) not in consumed and base_buffer(t.uop) is None
-               and any(u is buf for u in t.uop.toposort())]
-    if readers:
-      raise RuntimeError(f"setitem would overwrite values that {len(readers)} unrealized tensor(s) still read "
-                         f"(shapes {[t.shape for t in readers][:4]}); realize them first")
+    def _region_shape(self, plan: _IndexPlan) -> tuple[int, ...]:
+        """Shape of self[indices] for a plan, without building it."""
+        if not plan.adv_dims:
+            return plan.view_shape
+        batch = functools.reduce(broadcast_shape, (i.shape for i in plan.adv_index))
+        rest = tuple(s for d, s in enumerate(plan.view_shape) if d not in plan.adv_dims)
+        order = _adv_order(len(plan.view_shape), plan.adv_dims, len(batch))
+        return tuple((batch + rest)[o] for o in order)
 
-  # ------------------------------------------------------------------ gather / scatter
-  def _check_index(self, name: str, d: int, index: Any, src: Tensor | None = None) -> None:
-    if not isinstance(index, Tensor) or not dtypes.is_int(index.dtype):
-      got = getattr(index, "dtype", type(index).__name__)
-      raise RuntimeError(f"{name}(): index must be an integer Tensor, got {got}")
-    if index.ndim != self.ndim:
-      raise RuntimeError(f"{name}(): index has {index.ndim} dims but the tensor has {self.ndim} "
-                         f"(shapes {index.shape}, {self.shape})")
-    if any(i != d and n > s for i, (n, s) in enumerate(zip(index.shape, self.shape))):
-      raise RuntimeError(f"{name}(): index shape {index.shape} is larger than the tensor shape {self.shape} "
-                         f"outside dim {d}")
-    if src is not None and (src.ndim != index.ndim or any(n > s for n, s in zip(index.shape, src.shape))):
-      raise RuntimeError(f"{name}(): index shape {index.shape} does not fit in src shape {src.shape}")
+    def _put(self, plan: _IndexPlan) -> tuple[Tensor, Tensor]:
+        """Scatter self (shaped like the advanced-indexed region) back into view_shape: (values, written mask)."""
+        dims, view_shape = plan.adv_dims, plan.view_shape
+        batch = functools.reduce(broadcast_shape, (i.shape for i in plan.adv_index))
+        sizes = [view_shape[d] for d in dims]
+        rest = [d for d in range(len(view_shape)) if d not in dims]
+        n_pick, n_batch, n_rest = prod(sizes), prod(batch), tuple(view_shape[d] for d in rest)
+        v = self.permute(_inverse(_adv_order(len(view_shape), dims, len(batch)))).reshape((n_batch, 1) + n_rest)
+        flat = _flat_index(plan.adv_index, sizes, batch).reshape(n_batch)
+        # of several writes to one place the last wins: drop a write when a later one hits the same place
+        order = Tensor.arange(n_batch, device=self.device)
+        same = flat.reshape(n_batch, 1) == flat.reshape(1, n_batch)
+        flat = (same & (order.reshape(1, n_batch) > order.reshape(n_batch, 1))).any(1).where(-1, flat)
+        hit = flat.reshape(n_batch, 1) == Tensor.arange(n_pick, device=self.device).reshape(1, n_pick)
+        value = _masked_sum(hit.reshape((n_batch, n_pick) + (1,) * len(rest)), v, 0)
+        written = hit.any(0).reshape(tuple(sizes) + (1,) * len(rest)).expand(tuple(sizes) + n_rest)
+        back = _inverse(list(dims) + rest)
+        return value.reshape(tuple(sizes) + n_rest).permute(back), written.permute(back)
 
-  def _index_region(self, shape: tuple[int, ...], d: int) -> Tensor:
-    """The part of self that an index of `shape` along dim d can address."""
-    return self.shrink(tuple(None if i == d else (0, n) for i, n in enumerate(shape)))
+    def _check_no_lazy_readers(self, consumed: set[int]) -> None:
+        """An in-place write must not change what an unrealized tensor (other than those it consumes) will compute."""
+        from fusegrad.tensor import _all_tensors
 
-  def _paste(self, region: Tensor) -> Tensor:
-    """self with its leading corner replaced by `region`."""
-    if region.shape == self.shape: return region
-    pads = tuple((0, s - r) for r, s in zip(region.shape, self.shape))
-    inside = Tensor.ones(region.shape, dtype=dtypes.bool, device=self.device).pad(pads)
-    return inside.where(region.pad(pads), self)
+        buf = base_buffer(self.uop)
+        if buf is None or not is_contiguous_view(self.uop):
+            return  # self gets a fresh buffer: no one else reads it
+        readers = [
+            t
+            for t in list(_all_tensors)
+            if t is not self
+            and id(t) not in consumed
+            and base_buffer(t.uop) is None
+            and any(u is buf for u in t.uop.toposort())
+        ]
+        if readers:
+            raise RuntimeError(
+                f"setitem would overwrite values that {len(readers)} unrealized tensor(s) still read "
+                f"(shapes {[t.shape for t in readers][:4]}); realize them first"
+            )
 
-  def gather(self, dim: int, index: Tensor) -> Tensor:
-    if self.ndim == 0: return self._via_1d(dim, index, None, lambda x, i, _: x.gather(0, i))
-    d = self._axis(dim)
-    self._check_index("gather", d, index)
-    index = index.to(self.device)
-    hit = _one_hot_axis(index, d, self.shape[d])
-    return _masked_sum(hit, self._index_region(index.shape, d).unsqueeze(d), d + 1)
+    # ------------------------------------------------------------------ gather / scatter
+    def _check_index(self, name: str, d: int, index: Any, src: Tensor | None = None) -> None:
+        if not isinstance(index, Tensor) or not dtypes.is_int(index.dtype):
+            got = getattr(index, "dtype", type(index).__name__)
+            raise RuntimeError(f"{name}(): index must be an integer Tensor, got {got}")
+        if index.ndim != self.ndim:
+            raise RuntimeError(
+                f"{name}(): index has {index.ndim} dims but the tensor has {self.ndim} "
+                f"(shapes {index.shape}, {self.shape})"
+            )
+        if any(i != d and n > s for i, (n, s) in enumerate(zip(index.shape, self.shape))):
+            raise RuntimeError(
+                f"{name}(): index shape {index.shape} is larger than the tensor shape {self.shape} outside dim {d}"
+            )
+        if src is not None and (src.ndim != index.ndim or any(n > s for n, s in zip(index.shape, src.shape))):
+            raise RuntimeError(f"{name}(): index shape {index.shape} does not fit in src shape {src.shape}")
 
-  def _scatter_src(self, name: str, d: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
-    """src as a tensor of self's dtype shrunk to index's shape."""
-    if not isinstance(src, Tensor): return Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
-    if src.dtype != self.dtype:
-      raise RuntimeError(f"{name}(): src dtype {src.dtype} must equal the tensor dtype {self.dtype}")
-    return src.to(self.device).shrink(tuple((0, n) for n in index.shape))
+    def _index_region(self, shape: tuple[int, ...], d: int) -> Tensor:
+        """The part of self that an index of `shape` along dim d can address."""
+        return self.shrink(tuple(None if i == d else (0, n) for i, n in enumerate(shape)))
 
-  def scatter(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:
-    if reduce is not None:
-      if reduce not in ("add", "multiply"):
-        raise TypeError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
-      if isinstance(src, Tensor):
-        raise TypeError("scatter with reduce takes a scalar src; use scatter_reduce for a Tensor src")
-      return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
-    if self.ndim == 0: return self._via_1d(dim, index, src, lambda x, i, s: x.scatter(0, i, s))
-    d = self._axis(dim)
-    self._check_index("scatter", d, index, src if isinstance(src, Tensor) else None)
-    index = index.to(self.device)
-    src = self._scatter_src("scatter", d, index, src)
-    n = index.shape[d]
-    hit = _one_hot_axis(index, d, self.shape[d])
-    order = Tensor.arange(n, device=self.device)
-    later = order.reshape((1, n) + (1,) * (self.ndim - d - 1)) > order.reshape((n, 1) + (1,) * (self.ndim - d - 1))
-    overwritten = ((index.unsqueeze(d + 1) == index.unsqueeze(d)) & later).any(d + 1)
-    if dtypes.is_float(src.dtype):
-      # an overwritten write adds an exact 0 yet keeps d/dsrc = 1, like torch's scatter backward (grad.gather(index))
-      ghost = src - src.detach()
-      src = overwritten.where((ghost == 0).where(ghost, 0.0), src)
-    else: hit = hit & overwritten.logical_not().unsqueeze(d + 1)
-    value = _masked_sum(hit, src.unsqueeze(d + 1), d)
-    region = self._index_region(index.shape, d)
-    return self._paste(hit.any(d).where(value, region))
+    def _paste(self, region: Tensor) -> Tensor:
+        """self with its leading corner replaced by `region`."""
+        if region.shape == self.shape:
+            return region
+        pads = tuple((0, s - r) for r, s in zip(region.shape, self.shape))
+        inside = Tensor.ones(region.shape, dtype=dtypes.bool, device=self.device).pad(pads)
+        return inside.where(region.pad(pads), self)
 
-  def _via_1d(self, dim: int, index: Any, src: Any, fn: Any) -> Tensor:
-    """0-d gathers and scatters run as 1-element ones."""
-    self._axis(dim)
-    as_1d = [t.reshape(1) if isinstance(t, Tensor) else t for t in (index, src)]
-    return fn(self.reshape(1), *as_1d).reshape(())
+    def gather(self, dim: int, index: Tensor) -> Tensor:
+        if self.ndim == 0:
+            return self._via_1d(dim, index, None, lambda x, i, _: x.gather(0, i))
+        d = self._axis(dim)
+        self._check_index("gather", d, index)
+        index = index.to(self.device)
+        hit = _one_hot_axis(index, d, self.shape[d])
+        return _masked_sum(hit, self._index_region(index.shape, d).unsqueeze(d), d + 1)
 
-  def scatter_reduce(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str,
-                     include_self: bool = True) -> Tensor:
-    if reduce not in SCATTER_REDUCES:
-      raise RuntimeError(f"scatter_reduce reduce must be one of {SCATTER_REDUCES}, got {reduce!r}")
-    if self.ndim == 0:
-      return self._via_1d(dim, index, src, lambda x, i, s: x.scatter_reduce(0, i, s, reduce, include_self))
-    d = self._axis(dim)
-    self._check_index("scatter_reduce", d, index, src if isinstance(src, Tensor) else None)
-    index = index.to(self.device)
-    src = self._scatter_src("scatter_reduce", d, index, src).unsqueeze(d + 1)
-    hit = _one_hot_axis(index, d, self.shape[d])
-    x, touched = self._index_region(index.shape, d), hit.any(d)
-    if reduce in ("amax", "amin"): out = self._scatter_extreme(d, hit, src, x, reduce == "amin", include_self)
-    elif reduce == "prod":
-      out = hit.where(src, _const(src, 1)).prod(d)
-      if include_self: out = x * out
-    else:
-      out = hit.where(src, _const(src, 0)).sum(d).cast(self.dtype)
-      if include_self: out = x + out
-      if reduce == "mean":
-        count = (hit.cast(dtypes.int32).sum(d) + int(include_self)).maximum(1)
-        out = out.div(count, rounding_mode="floor") if dtypes.is_int(self.dtype) else out.div(count)
-    return self._paste(touched.where(out.cast(self.dtype), x))
+    def _scatter_src(self, name: str, d: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
+        """src as a tensor of self's dtype shrunk to index's shape."""
+        if not isinstance(src, Tensor):
+            return Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+        if src.dtype != self.dtype:
+            raise RuntimeError(f"{name}(): src dtype {src.dtype} must equal the tensor dtype {self.dtype}")
+        return src.to(self.device).shrink(tuple((0, n) for n in index.shape))
 
-  def _scatter_extreme(self, d: int, hit: Tensor, src: Tensor, x: Tensor, is_min: bool, include_self: bool) -> Tensor:
-    """amax/amin over the hits (and self): one max reduce, so ties share the gradient evenly as in torch."""
-    def flip_order(t: Tensor) -> Tensor: return -t if dtypes.is_float(t.dtype) else ~t
-    if is_min: src, x = flip_order(src), flip_order(x)
-    lowest = -math.inf if dtypes.is_float(self.dtype) else False if self.dtype is dtypes.bool else self.dtype.min
-    cand = hit.where(src, _const(src, lowest))
-    if include_self:  # self joins the reduce as one more slot along d
-      n = cand.shape[d]
-      slot = Tensor.arange(n + 1, device=self.device).reshape((n + 1,) + (1,) * (cand.ndim - d - 1)) == n
-      own = x.unsqueeze(d).pad(tuple((n, 0) if i == d else (0, 0) for i in range(cand.ndim)))
-      cand = slot.where(own, cand.pad(tuple((0, 1) if i == d else (0, 0) for i in range(cand.ndim))))
-    out = cand.max(d)
-    return flip_order(out) if is_min else out
+    def scatter(self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str | None = None) -> Tensor:
+        if reduce is not None:
+            if reduce not in ("add", "multiply"):
+                raise TypeError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
+            if isinstance(src, Tensor):
+                raise TypeError("scatter with reduce takes a scalar src; use scatter_reduce for a Tensor src")
+            return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
+        if self.ndim == 0:
+            return self._via_1d(dim, index, src, lambda x, i, s: x.scatter(0, i, s))
+        d = self._axis(dim)
+        self._check_index("scatter", d, index, src if isinstance(src, Tensor) else None)
+        index = index.to(self.device)
+        src = self._scatter_src("scatter", d, index, src)
+        n = index.shape[d]
+        hit = _one_hot_axis(index, d, self.shape[d])
+        order = Tensor.arange(n, device=self.device)
+        later = order.reshape((1, n) + (1,) * (self.ndim - d - 1)) > order.reshape((n, 1) + (1,) * (self.ndim - d - 1))
+        overwritten = ((index.unsqueeze(d + 1) == index.unsqueeze(d)) & later).any(d + 1)
+        if dtypes.is_float(src.dtype):
+            # an overwritten write adds an exact 0 yet keeps d/dsrc = 1, like torch's scatter backward (grad.gather(index))
+            ghost = src - src.detach()
+            src = overwritten.where((ghost == 0).where(ghost, 0.0), src)
+        else:
+            hit = hit & overwritten.logical_not().unsqueeze(d + 1)
+        value = _masked_sum(hit, src.unsqueeze(d + 1), d)
+        region = self._index_region(index.shape, d)
+        return self._paste(hit.any(d).where(value, region))
 
-  # ------------------------------------------------------------------ selection by mask, one-hot
-  def masked_select(self, mask: Tensor, size: int | None = None, fill_value: Scalar = 0) -> Tensor:
-    if not isinstance(mask, Tensor) or mask.dtype is not dtypes.bool:
-      got = getattr(mask, "dtype", type(mask).__name__)
-      raise RuntimeError(f"masked_select: mask must be a bool Tensor, got {got}")
-    shape = broadcast_shape(self.shape, mask.shape)
-    flags = mask.to(self.device)._broadcast_to(shape).reshape(-1)
-    hit, valid = _selected(flags, size)
-    values = _masked_sum(hit, self._broadcast_to(shape).reshape(1, -1), 1)
-    return valid.where(values, _const(values, fill_value))
+    def _via_1d(self, dim: int, index: Any, src: Any, fn: Any) -> Tensor:
+        """0-d gathers and scatters run as 1-element ones."""
+        self._axis(dim)
+        as_1d = [t.reshape(1) if isinstance(t, Tensor) else t for t in (index, src)]
+        return fn(self.reshape(1), *as_1d).reshape(())
 
-  def nonzero(self, size: int | None = None, fill_value: int = 0) -> Tensor:
-    hit, valid = _selected((self != 0).reshape(-1), size)
-    n = self.numel()
-    position = _masked_sum(hit, Tensor.arange(n, device=self.device).reshape(1, n), 1).reshape(-1, 1)
-    strides = Tensor(np.array([prod(self.shape[d + 1:]) for d in range(self.ndim)], np.int32), device=self.device)
-    sizes = Tensor(np.array(self.shape, np.int32), device=self.device)
-    coords = (position // strides.reshape(1, -1)) % sizes.reshape(1, -1)
-    return valid.reshape(-1, 1).where(coords, _const(coords, fill_value)).cast(dtypes.int32)
+    def scatter_reduce(
+        self, dim: int, index: Tensor, src: Tensor | Scalar, reduce: str, include_self: bool = True
+    ) -> Tensor:
+        if reduce not in SCATTER_REDUCES:
+            raise RuntimeError(f"scatter_reduce reduce must be one of {SCATTER_REDUCES}, got {reduce!r}")
+        if self.ndim == 0:
+            return self._via_1d(dim, index, src, lambda x, i, s: x.scatter_reduce(0, i, s, reduce, include_self))
+        d = self._axis(dim)
+        self._check_index("scatter_reduce", d, index, src if isinstance(src, Tensor) else None)
+        index = index.to(self.device)
+        src = self._scatter_src("scatter_reduce", d, index, src).unsqueeze(d + 1)
+        hit = _one_hot_axis(index, d, self.shape[d])
+        x, touched = self._index_region(index.shape, d), hit.any(d)
+        if reduce in ("amax", "amin"):
+            out = self._scatter_extreme(d, hit, src, x, reduce == "amin", include_self)
+        elif reduce == "prod":
+            out = hit.where(src, _const(src, 1)).prod(d)
+            if include_self:
+                out = x * out
+        else:
+            out = hit.where(src, _const(src, 0)).sum(d).cast(self.dtype)
+            if include_self:
+                out = x + out
+            if reduce == "mean":
+                count = (hit.cast(dtypes.int32).sum(d) + int(include_self)).maximum(1)
+                out = out.div(count, rounding_mode="floor") if dtypes.is_int(self.dtype) else out.div(count)
+        return self._paste(touched.where(out.cast(self.dtype), x))
 
-  def one_hot(self, num_classes: int = -1) -> Tensor:
-    if not dtypes.is_int(self.dtype): raise RuntimeError(f"one_hot needs an integer tensor, got {self.dtype}")
-    if num_classes == -1:
-      if self.numel() == 0: raise RuntimeError("one_hot cannot infer num_classes from an empty tensor")
-      num_classes = int(self.max().item()) + 1
-    if num_classes < 0: raise ValueError(f"one_hot num_classes must be non-negative, got {num_classes}")
-    return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)
+    def _scatter_extreme(self, d: int, hit: Tensor, src: Tensor, x: Tensor, is_min: bool, include_self: bool) -> Tensor:
+        """amax/amin over the hits (and self): one max reduce, so ties share the gradient evenly as in torch."""
+
+        def flip_order(t: Tensor) -> Tensor:
+            return -t if dtypes.is_float(t.dtype) else ~t
+
+        if is_min:
+            src, x = flip_order(src), flip_order(x)
+        lowest = -math.inf if dtypes.is_float(self.dtype) else False if self.dtype is dtypes.bool else self.dtype.min
+        cand = hit.where(src, _const(src, lowest))
+        if include_self:  # self joins the reduce as one more slot along d
+            n = cand.shape[d]
+            slot = Tensor.arange(n + 1, device=self.device).reshape((n + 1,) + (1,) * (cand.ndim - d - 1)) == n
+            own = x.unsqueeze(d).pad(tuple((n, 0) if i == d else (0, 0) for i in range(cand.ndim)))
+            cand = slot.where(own, cand.pad(tuple((0, 1) if i == d else (0, 0) for i in range(cand.ndim))))
+        out = cand.max(d)
+        return flip_order(out) if is_min else out
+
+    # ------------------------------------------------------------------ selection by mask, one-hot
+    def masked_select(self, mask: Tensor, size: int | None = None, fill_value: Scalar = 0) -> Tensor:
+        if not isinstance(mask, Tensor) or mask.dtype is not dtypes.bool:
+            got = getattr(mask, "dtype", type(mask).__name__)
+            raise RuntimeError(f"masked_select: mask must be a bool Tensor, got {got}")
+        shape = broadcast_shape(self.shape, mask.shape)
+        flags = mask.to(self.device)._broadcast_to(shape).reshape(-1)
+        hit, valid = _selected(flags, size)
+        values = _masked_sum(hit, self._broadcast_to(shape).reshape(1, -1), 1)
+        return valid.where(values, _const(values, fill_value))
+
+    def nonzero(self, size: int | None = None, fill_value: int = 0) -> Tensor:
+        hit, valid = _selected((self != 0).reshape(-1), size)
+        n = self.numel()
+        position = _masked_sum(hit, Tensor.arange(n, device=self.device).reshape(1, n), 1).reshape(-1, 1)
+        strides = Tensor(np.array([prod(self.shape[d + 1 :]) for d in range(self.ndim)], np.int32), device=self.device)
+        sizes = Tensor(np.array(self.shape, np.int32), device=self.device)
+        coords = (position // strides.reshape(1, -1)) % sizes.reshape(1, -1)
+        return valid.reshape(-1, 1).where(coords, _const(coords, fill_value)).cast(dtypes.int32)
+
+    def one_hot(self, num_classes: int = -1) -> Tensor:
+        if not dtypes.is_int(self.dtype):
+            raise RuntimeError(f"one_hot needs an integer tensor, got {self.dtype}")
+        if num_classes == -1:
+            if self.numel() == 0:
+                raise RuntimeError("one_hot cannot infer num_classes from an empty tensor")
+            num_classes = int(self.max().item()) + 1
+        if num_classes < 0:
+            raise ValueError(f"one_hot num_classes must be non-negative, got {num_classes}")
+        return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)

@@ -1,4 +1,5 @@
 """NN functional ops and losses (API.md G19)."""
+
 from __future__ import annotations
 
 import functools
@@ -9,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import TRAINING, ceildiv, flatten, prod
 
-if TYPE_CHECKING: from fusegrad.tensor import Tensor
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
 
 Scalar = int | float | bool
 IntOrInts = int | Sequence[int]
@@ -17,393 +19,567 @@ IntOrInts = int | Sequence[int]
 # ---------------------------------------------------------------------------------------------------------------------
 # argument checks
 
+
 def _cat(pieces: Any) -> tuple:
-  return tuple(flatten(pieces))
+    return tuple(flatten(pieces))
+
 
 def _per_dim(value: IntOrInts, n: int, name: str) -> tuple[int, ...]:
-  """An int or one value per spatial dim -> a tuple of n ints."""
-  out = (value,) * n if isinstance(value, int) else tuple(value)
-  if len(out) != n or not all(isinstance(v, int) for v in out):
-    raise ValueError(f"{name}={value!r} must be an int or {n} ints (one per spatial dim)")
-  return out
+    """An int or one value per spatial dim -> a tuple of n ints."""
+    out = (value,) * n if isinstance(value, int) else tuple(value)
+    if len(out) != n or not all(isinstance(v, int) for v in out):
+        raise ValueError(f"{name}={value!r} must be an int or {n} ints (one per spatial dim)")
+    return out
+
 
 def _positive(value: IntOrInts, n: int, name: str) -> tuple[int, ...]:
-  out = _per_dim(value, n, name)
-  if any(v <= 0 for v in out): raise RuntimeError(f"{name} must be positive, got {value!r}")
-  return out
+    out = _per_dim(value, n, name)
+    if any(v <= 0 for v in out):
+        raise RuntimeError(f"{name} must be positive, got {value!r}")
+    return out
+
 
 def _pad_pairs(padding: IntOrInts, n: int) -> tuple[tuple[int, int], ...]:
-  """An int, one value per spatial dim, or a flat torch-order list (left, right, top, bottom, ...) -> per-dim pairs."""
-  if isinstance(padding, int): return ((padding, padding),) * n
-  pads = tuple(padding)
-  if not all(isinstance(p, int) for p in pads): raise ValueError(f"padding={padding!r} must contain ints")
-  if len(pads) == n: return tuple((p, p) for p in pads)
-  if len(pads) == 2 * n: return tuple((pads[2 * i], pads[2 * i + 1]) for i in range(n))[::-1]
-  raise ValueError(f"padding={padding!r} must be an int, {n} values or {2 * n} values (torch order) for {n} dims")
+    """An int, one value per spatial dim, or a flat torch-order list (left, right, top, bottom, ...) -> per-dim pairs."""
+    if isinstance(padding, int):
+        return ((padding, padding),) * n
+    pads = tuple(padding)
+    if not all(isinstance(p, int) for p in pads):
+        raise ValueError(f"padding={padding!r} must contain ints")
+    if len(pads) == n:
+        return tuple((p, p) for p in pads)
+    if len(pads) == 2 * n:
+        return tuple((pads[2 * i], pads[2 * i + 1]) for i in range(n))[::-1]
+    raise ValueError(f"padding={padding!r} must be an int, {n} values or {2 * n} values (torch order) for {n} dims")
+
 
 def _check_conv(x: Tensor, weight: Tensor, groups: int, in_channels: int) -> int:
-  """The number of spatial dims; x must be batched (unbatched inputs are handled by the caller)."""
-  n = weight.ndim - 2
-  if weight.ndim < 3: raise RuntimeError(f"conv weight needs 3+ dims (channels, channels, *kernel), got {weight.shape}")
-  if x.ndim != weight.ndim:
-    raise RuntimeError(f"expected a {n + 1}-D (unbatched) or {n + 2}-D (batched) input for a weight of shape "
-                       f"{weight.shape}, got input of shape {x.shape}")
-  if not isinstance(groups, int) or groups <= 0: raise RuntimeError(f"groups must be a positive int, got {groups!r}")
-  if in_channels != x.shape[1] or in_channels % groups:
-    raise RuntimeError(f"Given groups={groups}, weight of size {list(weight.shape)}, expected input{list(x.shape)} to "
-                       f"have {in_channels} channels, but got {x.shape[1]} channels instead")
-  return n
+    """The number of spatial dims; x must be batched (unbatched inputs are handled by the caller)."""
+    n = weight.ndim - 2
+    if weight.ndim < 3:
+        raise RuntimeError(f"conv weight needs 3+ dims (channels, channels, *kernel), got {weight.shape}")
+    if x.ndim != weight.ndim:
+        raise RuntimeError(
+            f"expected a {n + 1}-D (unbatched) or {n + 2}-D (batched) input for a weight of shape "
+            f"{weight.shape}, got input of shape {x.shape}"
+        )
+    if not isinstance(groups, int) or groups <= 0:
+        raise RuntimeError(f"groups must be a positive int, got {groups!r}")
+    if in_channels != x.shape[1] or in_channels % groups:
+        raise RuntimeError(
+            f"Given groups={groups}, weight of size {list(weight.shape)}, expected input{list(x.shape)} to "
+            f"have {in_channels} channels, but got {x.shape[1]} channels instead"
+        )
+    return n
+
 
 def _out_size(size: int, k: int, s: int, d: int, pads: tuple[int, int], ceil_mode: bool) -> int:
-  """Pooled length of one dim; with ceil_mode the last window must still start inside the input or left padding."""
-  span = size + pads[0] + pads[1] - d * (k - 1) - 1
-  out = (ceildiv(span, s) if ceil_mode else span // s) + 1
-  return out - 1 if ceil_mode and (out - 1) * s >= size + pads[0] else out
+    """Pooled length of one dim; with ceil_mode the last window must still start inside the input or left padding."""
+    span = size + pads[0] + pads[1] - d * (k - 1) - 1
+    out = (ceildiv(span, s) if ceil_mode else span // s) + 1
+    return out - 1 if ceil_mode and (out - 1) * s >= size + pads[0] else out
 
-def _kernel_dims(kernel_size: IntOrInts) -> int: return 2 if isinstance(kernel_size, int) else len(kernel_size)
+
+def _kernel_dims(kernel_size: IntOrInts) -> int:
+    return 2 if isinstance(kernel_size, int) else len(kernel_size)
+
 
 class _BatchSizeError(RuntimeError, ValueError):
-  """torch raises ValueError for a batch-size mismatch of a loss, API.md RuntimeError for any shape mismatch."""
+    """torch raises ValueError for a batch-size mismatch of a loss, API.md RuntimeError for any shape mismatch."""
+
 
 def _check_batch(logits: Tensor, target: Tensor) -> None:
-  if logits.ndim >= 2 and (target.ndim == 0 or target.shape[0] != logits.shape[0]):
-    raise _BatchSizeError(f"Expected input batch_size ({logits.shape[0]}) to match target batch_size "
-                          f"({target.shape[0] if target.ndim else 0}).")
+    if logits.ndim >= 2 and (target.ndim == 0 or target.shape[0] != logits.shape[0]):
+        raise _BatchSizeError(
+            f"Expected input batch_size ({logits.shape[0]}) to match target batch_size "
+            f"({target.shape[0] if target.ndim else 0})."
+        )
+
 
 def _check_reduction(reduction: str) -> None:
-  if reduction not in ("mean", "sum", "none"): raise ValueError(f"{reduction!r} is not a valid value for reduction")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{reduction!r} is not a valid value for reduction")
+
 
 def _check_smoothing(label_smoothing: float) -> None:
-  if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+
 
 def _reduce_loss(loss: Tensor, reduction: str, count: Tensor | int | None = None) -> Tensor:
-  if reduction == "none": return loss
-  if reduction == "sum": return loss.sum()
-  return loss.sum() / (loss.numel() if count is None else count)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (loss.numel() if count is None else count)
+
 
 def _classes_last(x: Tensor, class_axis: int) -> Tensor:
-  return x.permute([i for i in range(x.ndim) if i != class_axis] + [class_axis])
+    return x.permute([i for i in range(x.ndim) if i != class_axis] + [class_axis])
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 
+
 class NNMixin:
-  def _windows(self, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
-    """(..., *spatial) -> (..., *out, *kernel) sliding windows as a view made of movement ops only."""
-    n, p = len(kernel), self.ndim - len(kernel)
-    prefix, spatial, keep = self.shape[:p], self.shape[p:], (None,) * p
-    outs = tuple((i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(spatial, kernel, stride, dilation))
-    if all(k == s and d == 1 for k, s, d in zip(kernel, stride, dilation)):
-      # non-overlapping windows are a plain split of each dim into (out, kernel)
-      x = self.shrink(keep + tuple((0, o * k) for o, k in zip(outs, kernel))).reshape(prefix + _cat(zip(outs, kernel)))
-      return x.permute(tuple(range(p)) + tuple(p + 2 * i for i in range(n)) + tuple(p + 2 * i + 1 for i in range(n)))
-    # tile each dim e times and fold it into rows of length i+d: row a then starts a*d elements into the input
-    tiles = tuple(ceildiv(k * (i + d), i) for i, k, d in zip(spatial, kernel, dilation))
-    x = self.reshape(prefix + _cat((1, i) for i in spatial)).expand(prefix + _cat(zip(tiles, spatial)))
-    x = x.reshape(prefix + tuple(e * i for e, i in zip(tiles, spatial)))
-    x = x.shrink(keep + tuple((0, k * (i + d)) for i, k, d in zip(spatial, kernel, dilation)))
-    x = x.reshape(prefix + _cat((k, i + d) for i, k, d in zip(spatial, kernel, dilation)))
-    # every s-th start position: take o*s positions (padding past the end), split (o, s), keep the first
-    spans = tuple(min(o * s, i + d) for o, s, i, d in zip(outs, stride, spatial, dilation))
-    x = x.shrink(keep + _cat((None, (0, sp)) for sp in spans))
-    x = x.pad(((0, 0),) * p + _cat(((0, 0), (0, o * s - sp)) for o, s, sp in zip(outs, stride, spans)))
-    x = x.reshape(prefix + _cat(zip(kernel, outs, stride))).shrink(keep + _cat((None, None, (0, 1)) for _ in kernel))
-    x = x.reshape(prefix + _cat(zip(kernel, outs)))
-    return x.permute(tuple(range(p)) + tuple(p + 2 * i + 1 for i in range(n)) + tuple(p + 2 * i for i in range(n)))
-  # ------------------------------------------------------------------ convolution
-  def conv2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride: IntOrInts = 1,
-             dilation: IntOrInts = 1, padding: IntOrInts = 0, dtype: DTypeLike | None = None) -> Tensor:
-    """Cross-correlation over weight.ndim-2 spatial dims: pad, a windowed view, one multiply-reduce."""
-    if self.ndim == weight.ndim - 1 >= 2:
-      return self.unsqueeze(0).conv2d(weight, bias, groups, stride, dilation, padding, dtype).squeeze(0)
-    n = _check_conv(self, weight, groups, weight.shape[1] * groups)
-    cout, cin_g, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
-    if cout % groups:
-      raise RuntimeError(f"Given groups={groups}, expected weight {weight.shape} to be divisible by it at dim 0")
-    if bias is not None and bias.shape != (cout,):
-      raise RuntimeError(f"Given weight of shape {weight.shape}, expected bias of shape ({cout},), got {bias.shape}")
-    stride_t, dilation_t = _positive(stride, n, "stride"), _positive(dilation, n, "dilation")
-    x = self.pad(((0, 0), (0, 0)) + _pad_pairs(padding, n))
-    if any(i < d * (k - 1) + 1 for i, k, d in zip(x.shape[2:], kernel, dilation_t)):
-      raise RuntimeError(f"padded input size per channel {x.shape[2:]} is smaller than the dilated kernel "
-                         f"{tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation_t))}")
-    win = x._windows(kernel, stride_t, dilation_t)  # (N, C_in, *out, *kernel)
-    bs, outs = self.shape[0], win.shape[2:2 + n]
-    win = win.reshape((bs, groups, 1, cin_g) + outs + kernel)
-    w = weight.reshape((1, groups, cout // groups, cin_g) + (1,) * n + kernel)
-    axes = (3,) + tuple(range(4 + n, 4 + 2 * n))
-    out_dt = least_upper_dtype(self.dtype, weight.dtype)
-    if dtype is None: out = (win * w).sum(axes).cast(out_dt)
-    else:
-      # products are formed in the accumulation dtype when it is the wider one, like torch's upcast inputs
-      wide = least_upper_dtype(out_dt, to_dtype(dtype))
-      out = (win.cast(wide) * w.cast(wide)).sum(axes, dtype=to_dtype(dtype))
-    out = out.reshape((bs, cout) + outs)
-    return out if bias is None else out + bias.reshape((1, cout) + (1,) * n)
-  def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride: IntOrInts = 1,
-                       dilation: IntOrInts = 1, padding: IntOrInts = 0, output_padding: IntOrInts = 0) -> Tensor:
-    """The gradient of conv2d w.r.t. its input: zero-stuff the input by stride, then a conv with the flipped kernel."""
-    if self.ndim == weight.ndim - 1 >= 2:
-      batched = self.unsqueeze(0).conv_transpose2d(weight, bias, groups, stride, dilation, padding, output_padding)
-      return batched.squeeze(0)
-    n = _check_conv(self, weight, groups, weight.shape[0])
-    cin, cout_g, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
-    stride_t, dilation_t = _positive(stride, n, "stride"), _positive(dilation, n, "dilation")
-    pads, out_pad = _pad_pairs(padding, n), _per_dim(output_padding, n, "output_padding")
-    if any(not 0 <= op < max(s, d) for op, s, d in zip(out_pad, stride_t, dilation_t)):
-      raise RuntimeError(f"output padding must be non-negative and smaller than either stride or dilation, but got "
-                         f"output_padding={out_pad}, stride={stride_t}, dilation={dilation_t}")
-    # insert s-1 zeros between input elements
-    spatial = self.shape[2:]
-    x = self.reshape(self.shape[:2] + _cat((i, 1) for i in spatial))
-    x = x.pad(((0, 0), (0, 0)) + _cat(((0, 0), (0, s - 1)) for s in stride_t))
-    x = x.reshape(self.shape[:2] + tuple(i * s for i, s in zip(spatial, stride_t)))
-    x = x.shrink((None, None) + tuple((0, max(i - 1, 0) * s + min(i, 1)) for i, s in zip(spatial, stride_t)))
-    # the kernel with in/out channels swapped per group and its taps reversed
-    w = weight.reshape((groups, cin // groups, cout_g) + kernel).transpose(1, 2)
-    w = w.reshape((groups * cout_g, cin // groups) + kernel).flip(tuple(range(2, 2 + n)))
-    conv_pads = [(d * (k - 1) - b, d * (k - 1) - a + op) for (b, a), k, d, op in zip(pads, kernel, dilation_t, out_pad)]
-    return x.conv2d(w, bias, groups=groups, dilation=dilation_t, padding=_cat(reversed(conv_pads)))
-  # ------------------------------------------------------------------ pooling
-  def _pool_args(self, kernel_size: IntOrInts, stride: IntOrInts | None, dilation: IntOrInts, padding: IntOrInts,
-                 ceil_mode: bool) -> tuple[tuple[int, ...], ...]:
-    """Validated (kernel, stride, dilation, pads, outs, extra right padding for ceil_mode) of a pooling op."""
-    n = _kernel_dims(kernel_size)
-    kernel = _positive(kernel_size, n, "kernel_size")
-    no_stride = stride is None or not isinstance(stride, int) and len(stride) == 0
-    stride_t, dilation_t = kernel if no_stride else _positive(stride, n, "stride"), _positive(dilation, n, "dilation")
-    if self.ndim < n:
-      raise RuntimeError(f"pooling with a {n}-D kernel {kernel} needs {n}+ dims, got shape {self.shape}")
-    pads = _pad_pairs(padding, n)
-    if any(not 0 <= p <= (d * (k - 1) + 1) // 2 for pair, k, d in zip(pads, kernel, dilation_t) for p in pair):
-      raise RuntimeError(f"pad should be non-negative and at most half of effective kernel size, but got "
-                         f"padding={padding}, kernel_size={kernel} and dilation={dilation_t}")
-    spatial = self.shape[-n:]
-    dims = list(zip(spatial, kernel, stride_t, dilation_t, pads))
-    outs = tuple(_out_size(i, k, s, d, p, ceil_mode) for i, k, s, d, p in dims)
-    if any(o <= 0 for o in outs):
-      raise RuntimeError(f"Given input size {spatial}, kernel_size={kernel}, stride={stride_t}, dilation={dilation_t} "
-                         f"and padding={padding}: calculated output size {outs} is too small")
-    # with ceil_mode the last window may run past the right padding; those taps read extra padding
-    extra = tuple(max(0, (o - 1) * s + d * (k - 1) + 1 - (i + b + a)) for o, (i, k, s, d, (b, a)) in zip(outs, dims))
-    return kernel, stride_t, dilation_t, pads, outs, extra
-  def _pooled_windows(self, args: tuple[tuple[int, ...], ...], value: Scalar) -> Tensor:
-    """Pad with `value` (regular and ceil_mode padding) and return the (..., *out, *kernel) windows."""
-    kernel, stride, dilation, pads, outs, extra = args
-    lead = ((0, 0),) * (self.ndim - len(kernel))
-    x = self.pad(lead + tuple((b, a + e) for (b, a), e in zip(pads, extra)), value=value)
-    spans = tuple((0, (o - 1) * s + d * (k - 1) + 1) for o, s, d, k in zip(outs, stride, dilation, kernel))
-    return x.shrink((None,) * len(lead) + spans)._windows(kernel, stride, dilation)
-  def avg_pool2d(self, kernel_size: IntOrInts = (2, 2), stride: IntOrInts | None = None, dilation: IntOrInts = 1,
-                 padding: IntOrInts = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
-    args = self._pool_args(kernel_size, stride, dilation, padding, ceil_mode)
-    kernel, stride_t, dilation_t, pads, outs, _ = args
-    n = len(kernel)
-    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
-    total = x._pooled_windows(args, 0).sum(tuple(range(x.ndim, x.ndim + n)), dtype=sum_acc_dtype(x.dtype))
-    # the divisor counts the taps inside the input (count_include_pad=False) or inside input + regular padding
-    counts = []
-    for i, k, s, d, (b, a), o in zip(self.shape[-n:], kernel, stride_t, dilation_t, pads, outs):
-      lo, hi = (0, b + i + a) if count_include_pad else (b, b + i)
-      counts.append([sum(1 for t in range(k) if lo <= j * s + t * d < hi) for j in range(o)])
-    if all(c == k for cs, k in zip(counts, kernel) for c in cs): return (total / prod(kernel)).cast(x.dtype)
-    per_dim = [Tensor(c, device=self.device, dtype=total.dtype) for c in counts]
-    divisor = functools.reduce(lambda acc, c: acc.unsqueeze(-1) * c, per_dim[1:], per_dim[0])
-    return (total / divisor).cast(x.dtype)
-  def max_pool2d(self, kernel_size: IntOrInts = (2, 2), stride: IntOrInts | None = None, dilation: IntOrInts = 1,
-                 padding: IntOrInts = 0, ceil_mode: bool = False,
-                 return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-    args = self._pool_args(kernel_size, stride, dilation, padding, ceil_mode)
-    n = len(args[0])
-    lowest = -math.inf if dtypes.is_float(self.dtype) else self.dtype.min  # padding never wins
-    win = self._pooled_windows(args, lowest)
-    axes = tuple(range(self.ndim, self.ndim + n))
-    values = win.max(axes)
-    if not return_indices: return values
-    # the first tap (in input order) holding the window's max, as a flat offset into the input's spatial plane
-    spatial = self.shape[-n:]
-    plane = prod(spatial)
-    flat = Tensor.arange(plane, device=self.device).reshape(spatial)._pooled_windows(args, plane)
-    hit = win == values.reshape(values.shape + (1,) * n)
-    if dtypes.is_float(self.dtype): hit = hit | win.ne(win)  # NaN wins, like torch
-    return values, hit.where(flat, plane).min(axes)
-  def max_unpool2d(self, indices: Tensor, kernel_size: IntOrInts = (2, 2), stride: IntOrInts | None = None,
-                   dilation: IntOrInts = 1, padding: IntOrInts = 0, output_size: Sequence[int] | None = None) -> Tensor:
-    n = _kernel_dims(kernel_size)
-    kernel = _positive(kernel_size, n, "kernel_size")
-    stride_t = kernel if stride is None else _positive(stride, n, "stride")
-    dilation_t, pads = _positive(dilation, n, "dilation"), _pad_pairs(padding, n)
-    if indices.shape != self.shape:
-      raise RuntimeError(f"max_unpool: indices shape {indices.shape} must equal input shape {self.shape}")
-    if not dtypes.is_int(indices.dtype):
-      raise RuntimeError(f"max_unpool: indices must be integers, got {indices.dtype}")
-    if self.ndim < n: raise RuntimeError(f"max_unpool with a {n}-D kernel needs {n}+ dims, got shape {self.shape}")
-    prefix, pooled = self.shape[:-n], self.shape[-n:]
-    if output_size is None:
-      dims = zip(pooled, stride_t, pads, dilation_t, kernel)
-      out_sp = tuple((i - 1) * s - b - a + d * (k - 1) + 1 for i, s, (b, a), d, k in dims)
-    elif len(output_size) in (n, self.ndim): out_sp = tuple(output_size)[-n:]
-    else: raise ValueError(f"output_size {tuple(output_size)} must have {n} or {self.ndim} entries")
-    plane, count = prod(out_sp), prod(pooled)
-    vals = self.reshape(prefix + (count, 1))
-    hit = indices.reshape(prefix + (count, 1)) == Tensor.arange(plane, device=self.device).reshape(1, plane)
-    # overlapping windows can name one position several times, always with the same max value: the forward averages
-    # the copies, and every copy still gets the position's whole gradient (torch's backward gathers it)
-    copies = hit.cast(dtypes.int32).sum(-2, keepdim=True).maximum(1)
-    if dtypes.is_float(self.dtype): vals = vals.detach() / copies.cast(self.dtype) + (vals - vals.detach())
-    else: vals = vals // copies
-    out = hit.where(vals, 0).sum(-2, dtype=sum_acc_dtype(self.dtype))
-    return out.cast(self.dtype).reshape(prefix + out_sp)
-  # ------------------------------------------------------------------ resizing
-  def interpolate(self, size: Sequence[int], mode: str = "linear", align_corners: bool = False) -> Tensor:
-    """Resize the last len(size) dims, one dim at a time, each as a contraction with an (out, in) resampling matrix."""
-    if mode not in ("linear", "nearest", "nearest-exact"):
-      raise NotImplementedError(f"interpolate mode {mode!r} is not supported: use linear, nearest or nearest-exact")
-    if align_corners and mode != "linear":
-      raise ValueError(f"align_corners option can only be set with the interpolating modes (linear), not {mode!r}")
-    size = tuple(size)
-    if not 0 < len(size) <= self.ndim or not all(isinstance(s, int) and s > 0 for s in size):
-      raise ValueError(f"interpolate size {size} must be 1..{self.ndim} positive ints for input of shape {self.shape}")
-    # integer linear resizes stay in float across all dims and round once at the end
-    rounds = mode == "linear" and not dtypes.is_float(self.dtype)
-    x = self.cast(dtypes.float32) if rounds else self
-    for axis, out in zip(range(self.ndim - len(size), self.ndim), size):
-      if x.shape[axis] != out: x = x._resample(axis, out, mode, align_corners)
-    return (x + 0.5).floor().maximum(self.dtype.min).minimum(self.dtype.max).cast(self.dtype) if rounds else x
-  def _resample(self, axis: int, out: int, mode: str, align_corners: bool) -> Tensor:
-    size, trailing = self.shape[axis], (1,) * (self.ndim - axis - 1)
-    compute = dtypes.float64 if self.dtype is dtypes.float64 else dtypes.float32
-    dst = Tensor.arange(out, device=self.device).cast(compute).reshape(out, 1)
-    src = Tensor.arange(size, device=self.device).reshape(1, size)
-    if mode == "linear":
-      # torch's source positions: corner-aligned, or pixel centres clamped at 0
-      if align_corners: pos = dst * ((size - 1) / (out - 1) if out > 1 else 0.0)
-      else: pos = ((dst + 0.5) * (size / out) - 0.5).maximum(0.0)
-      lo = pos.floor().cast(dtypes.int32).minimum(size - 1)
-      hi, frac = (lo + 1).minimum(size - 1), pos - lo.cast(compute)
-      weights = (src == lo).where(1.0 - frac, 0.0) + (src == hi).where(frac, 0.0)
-      wide = self.cast(compute) if self.dtype.itemsize < 4 else self
-      mixed = wide.unsqueeze(axis) * weights.cast(wide.dtype).reshape((out, size) + trailing)
-      return mixed.sum(axis + 1).cast(self.dtype)
-    # nearest picks floor(dst * in/out) in float32 like torch; nearest-exact rounds the pixel-centre position instead
-    scale = Tensor(size / out, device=self.device, dtype=dtypes.float32)
-    pos = (dst.cast(dtypes.float32) + (0.5 if mode == "nearest-exact" else 0.0)) * scale
-    pick = (pos.floor().cast(dtypes.int32).minimum(size - 1) == src).reshape((out, size) + trailing)
-    picked = pick.where(self.unsqueeze(axis), 0)
-    if self.dtype is dtypes.bool: return picked.any(axis + 1)
-    return picked.sum(axis + 1, dtype=sum_acc_dtype(self.dtype)).cast(self.dtype)
-  # ------------------------------------------------------------------ normalisation, regularisation, attention
-  def layernorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-05) -> Tensor:
-    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
-    centered = x - x.mean(axis, keepdim=True)
-    return centered * (centered.square().mean(axis, keepdim=True) + eps).rsqrt()
-  def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
-                axis: int | Sequence[int] = 1) -> Tensor:
-    axes = self._axes(axis)
-    shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
-    for name, stat in (("weight", weight), ("bias", bias), ("mean", mean), ("invstd", invstd)):
-      if stat is not None and stat.numel() != prod(shape):
-        raise RuntimeError(f"batchnorm {name} of shape {stat.shape} does not fit input {self.shape} along axis {axis}")
-    scale = invstd.reshape(shape) if weight is None else weight.reshape(shape) * invstd.reshape(shape)
-    out = (self - mean.reshape(shape)) * scale
-    return out if bias is None else out + bias.reshape(shape)
-  def dropout(self, p: float = 0.5) -> Tensor:
-    if not 0 <= p <= 1: raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-    if not TRAINING or p == 0: return self
-    if p == 1: return self * 0
-    keep = Tensor.rand(self.shape, device=self.device, contiguous=False) >= p
-    return keep.where(self, 0) * (1 / (1 - p))
-  def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                                   dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
-    if is_causal and attn_mask is not None:
-      raise RuntimeError("scaled_dot_product_attention: explicit attn_mask should not be set when is_causal=True")
-    if min(self.ndim, key.ndim, value.ndim) < 2 or key.shape[-1] != self.shape[-1] or key.shape[-2] != value.shape[-2]:
-      raise RuntimeError(f"scaled_dot_product_attention shapes do not fit: query {self.shape}, key {key.shape}, "
-                         f"value {value.shape}")
-    if enable_gqa and self.ndim >= 3 and key.shape[-3] != self.shape[-3]:
-      heads, kv_heads = self.shape[-3], key.shape[-3]
-      if kv_heads == 0 or heads % kv_heads or value.shape[-3] != kv_heads:
-        raise RuntimeError(f"enable_gqa needs the query heads ({heads}) to be a multiple of the key/value heads "
-                           f"({kv_heads}, {value.shape[-3]})")
-      key, value = key._repeat_heads(heads // kv_heads), value._repeat_heads(heads // kv_heads)
-    # scores accumulate in at least float32, then return to the query dtype before the softmax
-    acc = least_upper_dtype(self.dtype, dtypes.float32)
-    scores = (self.matmul(key.transpose(-1, -2), dtype=acc) * (1 / math.sqrt(self.shape[-1]))).cast(self.dtype)
-    if is_causal:
-      rows, cols = Tensor.arange(self.shape[-2], device=self.device), Tensor.arange(key.shape[-2], device=self.device)
-      attn_mask = rows.reshape(-1, 1) >= cols.reshape(1, -1)
-    if attn_mask is not None:
-      if attn_mask.dtype is dtypes.bool: scores = attn_mask.where(scores, -math.inf)
-      else: scores = scores + attn_mask.cast(scores.dtype)
-    return scores.softmax(-1).dropout(dropout_p) @ value
-  def _repeat_heads(self, times: int) -> Tensor:
-    """(..., H, S, E) -> (..., H*times, S, E), each head repeated `times` times in place (like repeat_interleave)."""
-    shape = self.shape
-    x = self.reshape(shape[:-2] + (1,) + shape[-2:]).expand(shape[:-2] + (times,) + shape[-2:])
-    return x.reshape(shape[:-3] + (shape[-3] * times,) + shape[-2:])
-  def sequential(self, ll: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
-    return functools.reduce(lambda x, f: f(x), ll, self)
-  # ------------------------------------------------------------------ losses
-  def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
-    _check_reduction(reduction)
-    if self.shape != Y.shape:
-      raise ValueError(f"binary_crossentropy target shape {Y.shape} != input shape {self.shape}")
-    # torch clamps each log at -100 so that p in {0, 1} gives a finite loss
-    loss = -(Y * self.log().maximum(-100.0) + (1 - Y) * (1 - self).log().maximum(-100.0))
-    return _reduce_loss(loss, reduction)
-  def binary_crossentropy_logits(self, Y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
-    _check_reduction(reduction)
-    if self.shape != Y.shape:
-      raise ValueError(f"binary_crossentropy_logits target shape {Y.shape} != input shape {self.shape}")
-    # log(1 + e^-x) written so that it never overflows: max(-x, 0) + log(1 + e^-|x|)
-    softplus_neg = (-self).maximum(0) + (1 + (-self.abs()).exp()).log()
-    pos = softplus_neg if pos_weight is None else (1 + (pos_weight - 1) * Y) * softplus_neg
-    return _reduce_loss((1 - Y) * self + pos, reduction)
-  def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
-                                      reduction: str = "mean") -> Tensor:
-    """Cross-entropy of logits with the classes on the LAST axis and class labels Y (integer-valued)."""
-    _check_reduction(reduction)
-    _check_smoothing(label_smoothing)
-    if self.ndim == 0 or Y.shape != self.shape[:-1]:
-      raise RuntimeError(f"sparse_categorical_crossentropy labels of shape {Y.shape} must have the shape of the logits "
-                         f"{self.shape} without its last (class) axis")
-    classes, logp = self.shape[-1], self.log_softmax(-1)
-    picked = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)).where(logp, 0).sum(-1)
-    loss = -(1 - label_smoothing) * picked - label_smoothing / classes * logp.sum(-1)
-    if ignore_index == -1: return _reduce_loss(loss, reduction)
-    keep = Y != ignore_index
-    return _reduce_loss(keep.where(loss, 0), reduction, keep.sum())
-  def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-    """torch-like: classes on axis 1 (axis 0 for 1-D logits); Y holds class indices or class probabilities."""
-    _check_reduction(reduction)
-    _check_smoothing(label_smoothing)
-    if self.ndim == 0: raise RuntimeError("cross_entropy needs logits with a class axis, got a 0-d tensor")
-    class_axis = 1 if self.ndim >= 2 else 0
-    logits = _classes_last(self, class_axis)
-    if Y.shape == self.shape and dtypes.is_float(Y.dtype):
-      target = _classes_last(Y, class_axis) * (1 - label_smoothing) + label_smoothing / self.shape[class_axis]
-      return _reduce_loss(-(target * logits.log_softmax(-1)).sum(-1), reduction)
-    without = self.shape[:class_axis] + self.shape[class_axis + 1:]
-    if Y.shape != self.shape: _check_batch(self, Y)
-    if Y.shape != without or not dtypes.is_int(Y.dtype):
-      raise RuntimeError(f"cross_entropy target ({Y.shape}, {Y.dtype}) must be integer class indices of shape "
-                         f"{without} or float probabilities of shape {self.shape}")
-    return logits.sparse_categorical_crossentropy(Y, label_smoothing=label_smoothing, reduction=reduction)
-  def nll_loss(self, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
-               reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of log-probabilities (classes on axis 1, axis 0 for 1-D); a weighted mean divides by
-    the summed weights of the counted targets."""
-    _check_reduction(reduction)
-    if self.ndim == 0: raise RuntimeError("nll_loss needs log-probabilities with a class axis, got a 0-d tensor")
-    class_axis = 1 if self.ndim >= 2 else 0
-    classes, without = self.shape[class_axis], self.shape[:class_axis] + self.shape[class_axis + 1:]
-    _check_batch(self, Y)
-    if Y.shape != without:
-      raise RuntimeError(f"nll_loss target shape {Y.shape} must be {without} for input {self.shape}")
-    if not dtypes.is_int(Y.dtype): raise RuntimeError(f"nll_loss targets must be integer class indices, got {Y.dtype}")
-    if weight is not None and weight.shape != (classes,):
-      raise RuntimeError(f"nll_loss weight of shape {weight.shape} must have one entry per class ({classes})")
-    hit = Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)
-    w = hit.where(weight if weight is not None else 1.0, 0.0).cast(self.dtype).sum(-1)
-    if ignore_index is not None: w = (Y != ignore_index).where(w, 0.0)
-    loss = -hit.where(_classes_last(self, class_axis), 0).sum(-1) * w
-    return _reduce_loss(loss, reduction, w.sum())
+    def _windows(self, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...]) -> Tensor:
+        """(..., *spatial) -> (..., *out, *kernel) sliding windows as a view made of movement ops only."""
+        n, p = len(kernel), self.ndim - len(kernel)
+        prefix, spatial, keep = self.shape[:p], self.shape[p:], (None,) * p
+        outs = tuple((i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(spatial, kernel, stride, dilation))
+        if all(k == s and d == 1 for k, s, d in zip(kernel, stride, dilation)):
+            # non-overlapping windows are a plain split of each dim into (out, kernel)
+            x = self.shrink(keep + tuple((0, o * k) for o, k in zip(outs, kernel))).reshape(
+                prefix + _cat(zip(outs, kernel))
+            )
+            return x.permute(
+                tuple(range(p)) + tuple(p + 2 * i for i in range(n)) + tuple(p + 2 * i + 1 for i in range(n))
+            )
+        # tile each dim e times and fold it into rows of length i+d: row a then starts a*d elements into the input
+        tiles = tuple(ceildiv(k * (i + d), i) for i, k, d in zip(spatial, kernel, dilation))
+        x = self.reshape(prefix + _cat((1, i) for i in spatial)).expand(prefix + _cat(zip(tiles, spatial)))
+        x = x.reshape(prefix + tuple(e * i for e, i in zip(tiles, spatial)))
+        x = x.shrink(keep + tuple((0, k * (i + d)) for i, k, d in zip(spatial, kernel, dilation)))
+        x = x.reshape(prefix + _cat((k, i + d) for i, k, d in zip(spatial, kernel, dilation)))
+        # every s-th start position: take o*s positions (padding past the end), split (o, s), keep the first
+        spans = tuple(min(o * s, i + d) for o, s, i, d in zip(outs, stride, spatial, dilation))
+        x = x.shrink(keep + _cat((None, (0, sp)) for sp in spans))
+        x = x.pad(((0, 0),) * p + _cat(((0, 0), (0, o * s - sp)) for o, s, sp in zip(outs, stride, spans)))
+        x = x.reshape(prefix + _cat(zip(kernel, outs, stride))).shrink(
+            keep + _cat((None, None, (0, 1)) for _ in kernel)
+        )
+        x = x.reshape(prefix + _cat(zip(kernel, outs)))
+        return x.permute(tuple(range(p)) + tuple(p + 2 * i + 1 for i in range(n)) + tuple(p + 2 * i for i in range(n)))
+
+    # ------------------------------------------------------------------ convolution
+    def conv2d(
+        self,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        groups: int = 1,
+        stride: IntOrInts = 1,
+        dilation: IntOrInts = 1,
+        padding: IntOrInts = 0,
+        dtype: DTypeLike | None = None,
+    ) -> Tensor:
+        """Cross-correlation over weight.ndim-2 spatial dims: pad, a windowed view, one multiply-reduce."""
+        if self.ndim == weight.ndim - 1 >= 2:
+            return self.unsqueeze(0).conv2d(weight, bias, groups, stride, dilation, padding, dtype).squeeze(0)
+        n = _check_conv(self, weight, groups, weight.shape[1] * groups)
+        cout, cin_g, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
+        if cout % groups:
+            raise RuntimeError(f"Given groups={groups}, expected weight {weight.shape} to be divisible by it at dim 0")
+        if bias is not None and bias.shape != (cout,):
+            raise RuntimeError(
+                f"Given weight of shape {weight.shape}, expected bias of shape ({cout},), got {bias.shape}"
+            )
+        stride_t, dilation_t = _positive(stride, n, "stride"), _positive(dilation, n, "dilation")
+        x = self.pad(((0, 0), (0, 0)) + _pad_pairs(padding, n))
+        if any(i < d * (k - 1) + 1 for i, k, d in zip(x.shape[2:], kernel, dilation_t)):
+            raise RuntimeError(
+                f"padded input size per channel {x.shape[2:]} is smaller than the dilated kernel "
+                f"{tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation_t))}"
+            )
+        win = x._windows(kernel, stride_t, dilation_t)  # (N, C_in, *out, *kernel)
+        bs, outs = self.shape[0], win.shape[2 : 2 + n]
+        win = win.reshape((bs, groups, 1, cin_g) + outs + kernel)
+        w = weight.reshape((1, groups, cout // groups, cin_g) + (1,) * n + kernel)
+        axes = (3,) + tuple(range(4 + n, 4 + 2 * n))
+        out_dt = least_upper_dtype(self.dtype, weight.dtype)
+        if dtype is None:
+            out = (win * w).sum(axes).cast(out_dt)
+        else:
+            # products are formed in the accumulation dtype when it is the wider one, like torch's upcast inputs
+            wide = least_upper_dtype(out_dt, to_dtype(dtype))
+            out = (win.cast(wide) * w.cast(wide)).sum(axes, dtype=to_dtype(dtype))
+        out = out.reshape((bs, cout) + outs)
+        return out if bias is None else out + bias.reshape((1, cout) + (1,) * n)
+
+    def conv_transpose2d(
+        self,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        groups: int = 1,
+        stride: IntOrInts = 1,
+        dilation: IntOrInts = 1,
+        padding: IntOrInts = 0,
+        output_padding: IntOrInts = 0,
+    ) -> Tensor:
+        """The gradient of conv2d w.r.t. its input: zero-stuff the input by stride, then a conv with the flipped kernel."""
+        if self.ndim == weight.ndim - 1 >= 2:
+            batched = self.unsqueeze(0).conv_transpose2d(
+                weight, bias, groups, stride, dilation, padding, output_padding
+            )
+            return batched.squeeze(0)
+        n = _check_conv(self, weight, groups, weight.shape[0])
+        cin, cout_g, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
+        stride_t, dilation_t = _positive(stride, n, "stride"), _positive(dilation, n, "dilation")
+        pads, out_pad = _pad_pairs(padding, n), _per_dim(output_padding, n, "output_padding")
+        if any(not 0 <= op < max(s, d) for op, s, d in zip(out_pad, stride_t, dilation_t)):
+            raise RuntimeError(
+                f"output padding must be non-negative and smaller than either stride or dilation, but got "
+                f"output_padding={out_pad}, stride={stride_t}, dilation={dilation_t}"
+            )
+        # insert s-1 zeros between input elements
+        spatial = self.shape[2:]
+        x = self.reshape(self.shape[:2] + _cat((i, 1) for i in spatial))
+        x = x.pad(((0, 0), (0, 0)) + _cat(((0, 0), (0, s - 1)) for s in stride_t))
+        x = x.reshape(self.shape[:2] + tuple(i * s for i, s in zip(spatial, stride_t)))
+        x = x.shrink((None, None) + tuple((0, max(i - 1, 0) * s + min(i, 1)) for i, s in zip(spatial, stride_t)))
+        # the kernel with in/out channels swapped per group and its taps reversed
+        w = weight.reshape((groups, cin // groups, cout_g) + kernel).transpose(1, 2)
+        w = w.reshape((groups * cout_g, cin // groups) + kernel).flip(tuple(range(2, 2 + n)))
+        conv_pads = [
+            (d * (k - 1) - b, d * (k - 1) - a + op) for (b, a), k, d, op in zip(pads, kernel, dilation_t, out_pad)
+        ]
+        return x.conv2d(w, bias, groups=groups, dilation=dilation_t, padding=_cat(reversed(conv_pads)))
+
+    # ------------------------------------------------------------------ pooling
+    def _pool_args(
+        self, kernel_size: IntOrInts, stride: IntOrInts | None, dilation: IntOrInts, padding: IntOrInts, ceil_mode: bool
+    ) -> tuple[tuple[int, ...], ...]:
+        """Validated (kernel, stride, dilation, pads, outs, extra right padding for ceil_mode) of a pooling op."""
+        n = _kernel_dims(kernel_size)
+        kernel = _positive(kernel_size, n, "kernel_size")
+        no_stride = stride is None or not isinstance(stride, int) and len(stride) == 0
+        stride_t, dilation_t = (
+            kernel if no_stride else _positive(stride, n, "stride"),
+            _positive(dilation, n, "dilation"),
+        )
+        if self.ndim < n:
+            raise RuntimeError(f"pooling with a {n}-D kernel {kernel} needs {n}+ dims, got shape {self.shape}")
+        pads = _pad_pairs(padding, n)
+        if any(not 0 <= p <= (d * (k - 1) + 1) // 2 for pair, k, d in zip(pads, kernel, dilation_t) for p in pair):
+            raise RuntimeError(
+                f"pad should be non-negative and at most half of effective kernel size, but got "
+                f"padding={padding}, kernel_size={kernel} and dilation={dilation_t}"
+            )
+        spatial = self.shape[-n:]
+        dims = list(zip(spatial, kernel, stride_t, dilation_t, pads))
+        outs = tuple(_out_size(i, k, s, d, p, ceil_mode) for i, k, s, d, p in dims)
+        if any(o <= 0 for o in outs):
+            raise RuntimeError(
+                f"Given input size {spatial}, kernel_size={kernel}, stride={stride_t}, dilation={dilation_t} "
+                f"and padding={padding}: calculated output size {outs} is too small"
+            )
+        # with ceil_mode the last window may run past the right padding; those taps read extra padding
+        extra = tuple(
+            max(0, (o - 1) * s + d * (k - 1) + 1 - (i + b + a)) for o, (i, k, s, d, (b, a)) in zip(outs, dims)
+        )
+        return kernel, stride_t, dilation_t, pads, outs, extra
+
+    def _pooled_windows(self, args: tuple[tuple[int, ...], ...], value: Scalar) -> Tensor:
+        """Pad with `value` (regular and ceil_mode padding) and return the (..., *out, *kernel) windows."""
+        kernel, stride, dilation, pads, outs, extra = args
+        lead = ((0, 0),) * (self.ndim - len(kernel))
+        x = self.pad(lead + tuple((b, a + e) for (b, a), e in zip(pads, extra)), value=value)
+        spans = tuple((0, (o - 1) * s + d * (k - 1) + 1) for o, s, d, k in zip(outs, stride, dilation, kernel))
+        return x.shrink((None,) * len(lead) + spans)._windows(kernel, stride, dilation)
+
+    def avg_pool2d(
+        self,
+        kernel_size: IntOrInts = (2, 2),
+        stride: IntOrInts | None = None,
+        dilation: IntOrInts = 1,
+        padding: IntOrInts = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ) -> Tensor:
+        args = self._pool_args(kernel_size, stride, dilation, padding, ceil_mode)
+        kernel, stride_t, dilation_t, pads, outs, _ = args
+        n = len(kernel)
+        x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+        total = x._pooled_windows(args, 0).sum(tuple(range(x.ndim, x.ndim + n)), dtype=sum_acc_dtype(x.dtype))
+        # the divisor counts the taps inside the input (count_include_pad=False) or inside input + regular padding
+        counts = []
+        for i, k, s, d, (b, a), o in zip(self.shape[-n:], kernel, stride_t, dilation_t, pads, outs):
+            lo, hi = (0, b + i + a) if count_include_pad else (b, b + i)
+            counts.append([sum(1 for t in range(k) if lo <= j * s + t * d < hi) for j in range(o)])
+        if all(c == k for cs, k in zip(counts, kernel) for c in cs):
+            return (total / prod(kernel)).cast(x.dtype)
+        per_dim = [Tensor(c, device=self.device, dtype=total.dtype) for c in counts]
+        divisor = functools.reduce(lambda acc, c: acc.unsqueeze(-1) * c, per_dim[1:], per_dim[0])
+        return (total / divisor).cast(x.dtype)
+
+    def max_pool2d(
+        self,
+        kernel_size: IntOrInts = (2, 2),
+        stride: IntOrInts | None = None,
+        dilation: IntOrInts = 1,
+        padding: IntOrInts = 0,
+        ceil_mode: bool = False,
+        return_indices: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        args = self._pool_args(kernel_size, stride, dilation, padding, ceil_mode)
+        n = len(args[0])
+        lowest = -math.inf if dtypes.is_float(self.dtype) else self.dtype.min  # padding never wins
+        win = self._pooled_windows(args, lowest)
+        axes = tuple(range(self.ndim, self.ndim + n))
+        values = win.max(axes)
+        if not return_indices:
+            return values
+        # the first tap (in input order) holding the window's max, as a flat offset into the input's spatial plane
+        spatial = self.shape[-n:]
+        plane = prod(spatial)
+        flat = Tensor.arange(plane, device=self.device).reshape(spatial)._pooled_windows(args, plane)
+        hit = win == values.reshape(values.shape + (1,) * n)
+        if dtypes.is_float(self.dtype):
+            hit = hit | win.ne(win)  # NaN wins, like torch
+        return values, hit.where(flat, plane).min(axes)
+
+    def max_unpool2d(
+        self,
+        indices: Tensor,
+        kernel_size: IntOrInts = (2, 2),
+        stride: IntOrInts | None = None,
+        dilation: IntOrInts = 1,
+        padding: IntOrInts = 0,
+        output_size: Sequence[int] | None = None,
+    ) -> Tensor:
+        n = _kernel_dims(kernel_size)
+        kernel = _positive(kernel_size, n, "kernel_size")
+        stride_t = kernel if stride is None else _positive(stride, n, "stride")
+        dilation_t, pads = _positive(dilation, n, "dilation"), _pad_pairs(padding, n)
+        if indices.shape != self.shape:
+            raise RuntimeError(f"max_unpool: indices shape {indices.shape} must equal input shape {self.shape}")
+        if not dtypes.is_int(indices.dtype):
+            raise RuntimeError(f"max_unpool: indices must be integers, got {indices.dtype}")
+        if self.ndim < n:
+            raise RuntimeError(f"max_unpool with a {n}-D kernel needs {n}+ dims, got shape {self.shape}")
+        prefix, pooled = self.shape[:-n], self.shape[-n:]
+        if output_size is None:
+            dims = zip(pooled, stride_t, pads, dilation_t, kernel)
+            out_sp = tuple((i - 1) * s - b - a + d * (k - 1) + 1 for i, s, (b, a), d, k in dims)
+        elif len(output_size) in (n, self.ndim):
+            out_sp = tuple(output_size)[-n:]
+        else:
+            raise ValueError(f"output_size {tuple(output_size)} must have {n} or {self.ndim} entries")
+        plane, count = prod(out_sp), prod(pooled)
+        vals = self.reshape(prefix + (count, 1))
+        hit = indices.reshape(prefix + (count, 1)) == Tensor.arange(plane, device=self.device).reshape(1, plane)
+        # overlapping windows can name one position several times, always with the same max value: the forward averages
+        # the copies, and every copy still gets the position's whole gradient (torch's backward gathers it)
+        copies = hit.cast(dtypes.int32).sum(-2, keepdim=True).maximum(1)
+        if dtypes.is_float(self.dtype):
+            vals = vals.detach() / copies.cast(self.dtype) + (vals - vals.detach())
+        else:
+            vals = vals // copies
+        out = hit.where(vals, 0).sum(-2, dtype=sum_acc_dtype(self.dtype))
+        return out.cast(self.dtype).reshape(prefix + out_sp)
+
+    # ------------------------------------------------------------------ resizing
+    def interpolate(self, size: Sequence[int], mode: str = "linear", align_corners: bool = False) -> Tensor:
+        """Resize the last len(size) dims, one dim at a time, each as a contraction with an (out, in) resampling matrix."""
+        if mode not in ("linear", "nearest", "nearest-exact"):
+            raise NotImplementedError(
+                f"interpolate mode {mode!r} is not supported: use linear, nearest or nearest-exact"
+            )
+        if align_corners and mode != "linear":
+            raise ValueError(
+                f"align_corners option can only be set with the interpolating modes (linear), not {mode!r}"
+            )
+        size = tuple(size)
+        if not 0 < len(size) <= self.ndim or not all(isinstance(s, int) and s > 0 for s in size):
+            raise ValueError(
+                f"interpolate size {size} must be 1..{self.ndim} positive ints for input of shape {self.shape}"
+            )
+        # integer linear resizes stay in float across all dims and round once at the end
+        rounds = mode == "linear" and not dtypes.is_float(self.dtype)
+        x = self.cast(dtypes.float32) if rounds else self
+        for axis, out in zip(range(self.ndim - len(size), self.ndim), size):
+            if x.shape[axis] != out:
+                x = x._resample(axis, out, mode, align_corners)
+        return (x + 0.5).floor().maximum(self.dtype.min).minimum(self.dtype.max).cast(self.dtype) if rounds else x
+
+    def _resample(self, axis: int, out: int, mode: str, align_corners: bool) -> Tensor:
+        size, trailing = self.shape[axis], (1,) * (self.ndim - axis - 1)
+        compute = dtypes.float64 if self.dtype is dtypes.float64 else dtypes.float32
+        dst = Tensor.arange(out, device=self.device).cast(compute).reshape(out, 1)
+        src = Tensor.arange(size, device=self.device).reshape(1, size)
+        if mode == "linear":
+            # torch's source positions: corner-aligned, or pixel centres clamped at 0
+            if align_corners:
+                pos = dst * ((size - 1) / (out - 1) if out > 1 else 0.0)
+            else:
+                pos = ((dst + 0.5) * (size / out) - 0.5).maximum(0.0)
+            lo = pos.floor().cast(dtypes.int32).minimum(size - 1)
+            hi, frac = (lo + 1).minimum(size - 1), pos - lo.cast(compute)
+            weights = (src == lo).where(1.0 - frac, 0.0) + (src == hi).where(frac, 0.0)
+            wide = self.cast(compute) if self.dtype.itemsize < 4 else self
+            mixed = wide.unsqueeze(axis) * weights.cast(wide.dtype).reshape((out, size) + trailing)
+            return mixed.sum(axis + 1).cast(self.dtype)
+        # nearest picks floor(dst * in/out) in float32 like torch; nearest-exact rounds the pixel-centre position instead
+        scale = Tensor(size / out, device=self.device, dtype=dtypes.float32)
+        pos = (dst.cast(dtypes.float32) + (0.5 if mode == "nearest-exact" else 0.0)) * scale
+        pick = (pos.floor().cast(dtypes.int32).minimum(size - 1) == src).reshape((out, size) + trailing)
+        picked = pick.where(self.unsqueeze(axis), 0)
+        if self.dtype is dtypes.bool:
+            return picked.any(axis + 1)
+        return picked.sum(axis + 1, dtype=sum_acc_dtype(self.dtype)).cast(self.dtype)
+
+    # ------------------------------------------------------------------ normalisation, regularisation, attention
+    def layernorm(self, axis: int | Sequence[int] = -1, eps: float = 1e-05) -> Tensor:
+        x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+        centered = x - x.mean(axis, keepdim=True)
+        return centered * (centered.square().mean(axis, keepdim=True) + eps).rsqrt()
+
+    def batchnorm(
+        self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor, axis: int | Sequence[int] = 1
+    ) -> Tensor:
+        axes = self._axes(axis)
+        shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
+        for name, stat in (("weight", weight), ("bias", bias), ("mean", mean), ("invstd", invstd)):
+            if stat is not None and stat.numel() != prod(shape):
+                raise RuntimeError(
+                    f"batchnorm {name} of shape {stat.shape} does not fit input {self.shape} along axis {axis}"
+                )
+        scale = invstd.reshape(shape) if weight is None else weight.reshape(shape) * invstd.reshape(shape)
+        out = (self - mean.reshape(shape)) * scale
+        return out if bias is None else out + bias.reshape(shape)
+
+    def dropout(self, p: float = 0.5) -> Tensor:
+        if not 0 <= p <= 1:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        if not TRAINING or p == 0:
+            return self
+        if p == 1:
+            return self * 0
+        keep = Tensor.rand(self.shape, device=self.device, contiguous=False) >= p
+        return keep.where(self, 0) * (1 / (1 - p))
+
+    def scaled_dot_product_attention(
+        self,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        enable_gqa: bool = False,
+    ) -> Tensor:
+        if is_causal and attn_mask is not None:
+            raise RuntimeError("scaled_dot_product_attention: explicit attn_mask should not be set when is_causal=True")
+        if (
+            min(self.ndim, key.ndim, value.ndim) < 2
+            or key.shape[-1] != self.shape[-1]
+            or key.shape[-2] != value.shape[-2]
+        ):
+            raise RuntimeError(
+                f"scaled_dot_product_attention shapes do not fit: query {self.shape}, key {key.shape}, "
+                f"value {value.shape}"
+            )
+        if enable_gqa and self.ndim >= 3 and key.shape[-3] != self.shape[-3]:
+            heads, kv_heads = self.shape[-3], key.shape[-3]
+            if kv_heads == 0 or heads % kv_heads or value.shape[-3] != kv_heads:
+                raise RuntimeError(
+                    f"enable_gqa needs the query heads ({heads}) to be a multiple of the key/value heads "
+                    f"({kv_heads}, {value.shape[-3]})"
+                )
+            key, value = key._repeat_heads(heads // kv_heads), value._repeat_heads(heads // kv_heads)
+        # scores accumulate in at least float32, then return to the query dtype before the softmax
+        acc = least_upper_dtype(self.dtype, dtypes.float32)
+        scores = (self.matmul(key.transpose(-1, -2), dtype=acc) * (1 / math.sqrt(self.shape[-1]))).cast(self.dtype)
+        if is_causal:
+            rows, cols = (
+                Tensor.arange(self.shape[-2], device=self.device),
+                Tensor.arange(key.shape[-2], device=self.device),
+            )
+            attn_mask = rows.reshape(-1, 1) >= cols.reshape(1, -1)
+        if attn_mask is not None:
+            if attn_mask.dtype is dtypes.bool:
+                scores = attn_mask.where(scores, -math.inf)
+            else:
+                scores = scores + attn_mask.cast(scores.dtype)
+        return scores.softmax(-1).dropout(dropout_p) @ value
+
+    def _repeat_heads(self, times: int) -> Tensor:
+        """(..., H, S, E) -> (..., H*times, S, E), each head repeated `times` times in place (like repeat_interleave)."""
+        shape = self.shape
+        x = self.reshape(shape[:-2] + (1,) + shape[-2:]).expand(shape[:-2] + (times,) + shape[-2:])
+        return x.reshape(shape[:-3] + (shape[-3] * times,) + shape[-2:])
+
+    def sequential(self, ll: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
+        return functools.reduce(lambda x, f: f(x), ll, self)
+
+    # ------------------------------------------------------------------ losses
+    def binary_crossentropy(self, Y: Tensor, reduction: str = "mean") -> Tensor:
+        _check_reduction(reduction)
+        if self.shape != Y.shape:
+            raise ValueError(f"binary_crossentropy target shape {Y.shape} != input shape {self.shape}")
+        # torch clamps each log at -100 so that p in {0, 1} gives a finite loss
+        loss = -(Y * self.log().maximum(-100.0) + (1 - Y) * (1 - self).log().maximum(-100.0))
+        return _reduce_loss(loss, reduction)
+
+    def binary_crossentropy_logits(
+        self, Y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None
+    ) -> Tensor:
+        _check_reduction(reduction)
+        if self.shape != Y.shape:
+            raise ValueError(f"binary_crossentropy_logits target shape {Y.shape} != input shape {self.shape}")
+        # log(1 + e^-x) written so that it never overflows: max(-x, 0) + log(1 + e^-|x|)
+        softplus_neg = (-self).maximum(0) + (1 + (-self.abs()).exp()).log()
+        pos = softplus_neg if pos_weight is None else (1 + (pos_weight - 1) * Y) * softplus_neg
+        return _reduce_loss((1 - Y) * self + pos, reduction)
+
+    def sparse_categorical_crossentropy(
+        self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0, reduction: str = "mean"
+    ) -> Tensor:
+        """Cross-entropy of logits with the classes on the LAST axis and class labels Y (integer-valued)."""
+        _check_reduction(reduction)
+        _check_smoothing(label_smoothing)
+        if self.ndim == 0 or Y.shape != self.shape[:-1]:
+            raise RuntimeError(
+                f"sparse_categorical_crossentropy labels of shape {Y.shape} must have the shape of the logits "
+                f"{self.shape} without its last (class) axis"
+            )
+        classes, logp = self.shape[-1], self.log_softmax(-1)
+        picked = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)).where(logp, 0).sum(-1)
+        loss = -(1 - label_smoothing) * picked - label_smoothing / classes * logp.sum(-1)
+        if ignore_index == -1:
+            return _reduce_loss(loss, reduction)
+        keep = Y != ignore_index
+        return _reduce_loss(keep.where(loss, 0), reduction, keep.sum())
+
+    def cross_entropy(self, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+        """torch-like: classes on axis 1 (axis 0 for 1-D logits); Y holds class indices or class probabilities."""
+        _check_reduction(reduction)
+        _check_smoothing(label_smoothing)
+        if self.ndim == 0:
+            raise RuntimeError("cross_entropy needs logits with a class axis, got a 0-d tensor")
+        class_axis = 1 if self.ndim >= 2 else 0
+        logits = _classes_last(self, class_axis)
+        if Y.shape == self.shape and dtypes.is_float(Y.dtype):
+            target = _classes_last(Y, class_axis) * (1 - label_smoothing) + label_smoothing / self.shape[class_axis]
+            return _reduce_loss(-(target * logits.log_softmax(-1)).sum(-1), reduction)
+        without = self.shape[:class_axis] + self.shape[class_axis + 1 :]
+        if Y.shape != self.shape:
+            _check_batch(self, Y)
+        if Y.shape != without or not dtypes.is_int(Y.dtype):
+            raise RuntimeError(
+                f"cross_entropy target ({Y.shape}, {Y.dtype}) must be integer class indices of shape "
+                f"{without} or float probabilities of shape {self.shape}"
+            )
+        return logits.sparse_categorical_crossentropy(Y, label_smoothing=label_smoothing, reduction=reduction)
+
+    def nll_loss(
+        self, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None, reduction: str = "mean"
+    ) -> Tensor:
+        """Negative log-likelihood of log-probabilities (classes on axis 1, axis 0 for 1-D); a weighted mean divides by
+        the summed weights of the counted targets."""
+        _check_reduction(reduction)
+        if self.ndim == 0:
+            raise RuntimeError("nll_loss needs log-probabilities with a class axis, got a 0-d tensor")
+        class_axis = 1 if self.ndim >= 2 else 0
+        classes, without = self.shape[class_axis], self.shape[:class_axis] + self.shape[class_axis + 1 :]
+        _check_batch(self, Y)
+        if Y.shape != without:
+            raise RuntimeError(f"nll_loss target shape {Y.shape} must be {without} for input {self.shape}")
+        if not dtypes.is_int(Y.dtype):
+            raise RuntimeError(f"nll_loss targets must be integer class indices, got {Y.dtype}")
+        if weight is not None and weight.shape != (classes,):
+            raise RuntimeError(f"nll_loss weight of shape {weight.shape} must have one entry per class ({classes})")
+        hit = Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)
+        w = hit.where(weight if weight is not None else 1.0, 0.0).cast(self.dtype).sum(-1)
+        if ignore_index is not None:
+            w = (Y != ignore_index).where(w, 0.0)
+        loss = -hit.where(_classes_last(self, class_axis), 0).sum(-1) * w
+        return _reduce_loss(loss, reduction, w.sum())

@@ -1,6 +1,9 @@
 """UPat, PatternMatcher and graph_rewrite: declarative rules applied over a UOp graph until nothing matches."""
+
 from __future__ import annotations
-import inspect, itertools, sys
+import inspect
+import itertools
+import sys
 from typing import Any, Callable, Iterable
 from fusegrad.dtype import DType
 from fusegrad.helpers import DEBUG
@@ -9,118 +12,180 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 # tensor graphs can be thousands of nodes deep; Python 3.11 calls between Python functions do not use the C stack
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 50_000))
 
+
 class UPat:
-  """A pattern over UOps. `src` as a tuple matches in order; as a list it matches in any order (commutative ops)."""
-  __slots__ = ("op", "dtype", "src", "arg", "name", "allow_any_len")
-  def __init__(self, op: Ops | Iterable[Ops] | None = None, dtype: DType | Iterable[DType] | None = None,
-               src: tuple[UPat, ...] | list[UPat] | UPat | None = None, arg: Any = None, name: str | None = None,
-               allow_any_len: bool = False):
-    self.op = None if op is None else (frozenset((op,)) if isinstance(op, Ops) else frozenset(op))
-    self.dtype = None if dtype is None else (frozenset((dtype,)) if isinstance(dtype, DType) else frozenset(dtype))
-    self.src = (src,) if isinstance(src, UPat) else src
-    self.arg, self.name, self.allow_any_len = arg, name, allow_any_len
+    """A pattern over UOps. `src` as a tuple matches in order; as a list it matches in any order (commutative ops)."""
 
-  @staticmethod
-  def var(name: str | None = None, dtype: DType | Iterable[DType] | None = None) -> UPat: return UPat(dtype=dtype, name=name)
-  @staticmethod
-  def cvar(name: str | None = None, dtype: DType | Iterable[DType] | None = None) -> UPat:
-    return UPat(Ops.CONST, dtype, name=name)
-  @staticmethod
-  def const(dtype: DType | Iterable[DType] | None, value: Any) -> UPat: return UPat(Ops.CONST, dtype, arg=value)
+    __slots__ = ("op", "dtype", "src", "arg", "name", "allow_any_len")
 
-  def _bin(self, op: Ops, x: Any, reverse: bool = False) -> UPat:
-    other = x if isinstance(x, UPat) else UPat(Ops.CONST, arg=x)
-    srcs = [other, self] if reverse else [self, other]
-    return UPat(op, src=srcs if op in GroupOp.Commutative else tuple(srcs))
-  def __add__(self, x): return self._bin(Ops.ADD, x)
-  def __radd__(self, x): return self._bin(Ops.ADD, x, True)
-  def __mul__(self, x): return self._bin(Ops.MUL, x)
-  def __rmul__(self, x): return self._bin(Ops.MUL, x, True)
-  def __floordiv__(self, x): return self._bin(Ops.IDIV, x)
-  def __mod__(self, x): return self._bin(Ops.MOD, x)
-  def __lt__(self, x): return self._bin(Ops.CMPLT, x)
-  def maximum(self, x): return self._bin(Ops.MAX, x)
-  def ne(self, x): return self._bin(Ops.CMPNE, x)
-  def eq(self, x): return self._bin(Ops.CMPEQ, x)
-  def alu(self, op: Ops, *src: UPat) -> UPat: return UPat(op, src=[self, *src] if op in GroupOp.Commutative else (self, *src))
+    def __init__(
+        self,
+        op: Ops | Iterable[Ops] | None = None,
+        dtype: DType | Iterable[DType] | None = None,
+        src: tuple[UPat, ...] | list[UPat] | UPat | None = None,
+        arg: Any = None,
+        name: str | None = None,
+        allow_any_len: bool = False,
+    ):
+        self.op = None if op is None else (frozenset((op,)) if isinstance(op, Ops) else frozenset(op))
+        self.dtype = None if dtype is None else (frozenset((dtype,)) if isinstance(dtype, DType) else frozenset(dtype))
+        self.src = (src,) if isinstance(src, UPat) else src
+        self.arg, self.name, self.allow_any_len = arg, name, allow_any_len
 
-  def match(self, u: UOp, store: dict[str, UOp]) -> list[dict[str, UOp]]:
-    if self.op is not None and u.op not in self.op: return []
-    if self.dtype is not None and u.dtype not in self.dtype: return []
-    if self.arg is not None and (type(u.arg) is not type(self.arg) or u.arg != self.arg): return []
-    if self.name is not None:
-      if self.name in store:
-        return [store] if store[self.name] is u else []
-      store = {**store, self.name: u}
-    if self.src is None: return [store]
-    if len(u.src) != len(self.src) and not (self.allow_any_len and len(u.src) >= len(self.src)): return []
-    orders = itertools.permutations(self.src) if isinstance(self.src, list) else (self.src,)
-    out: list[dict[str, UOp]] = []
-    for order in orders:
-      stores = [store]
-      for pat, s in zip(order, u.src):
-        stores = [m for st in stores for m in pat.match(s, st)]
-        if not stores: break
-      out.extend(stores)
-    return out
+    @staticmethod
+    def var(name: str | None = None, dtype: DType | Iterable[DType] | None = None) -> UPat:
+        return UPat(dtype=dtype, name=name)
 
-  def __repr__(self) -> str:
-    return f"UPat(op={self.op and sorted(o.name for o in self.op)}, name={self.name!r}, src={self.src!r}, arg={self.arg!r})"
+    @staticmethod
+    def cvar(name: str | None = None, dtype: DType | Iterable[DType] | None = None) -> UPat:
+        return UPat(Ops.CONST, dtype, name=name)
+
+    @staticmethod
+    def const(dtype: DType | Iterable[DType] | None, value: Any) -> UPat:
+        return UPat(Ops.CONST, dtype, arg=value)
+
+    def _bin(self, op: Ops, x: Any, reverse: bool = False) -> UPat:
+        other = x if isinstance(x, UPat) else UPat(Ops.CONST, arg=x)
+        srcs = [other, self] if reverse else [self, other]
+        return UPat(op, src=srcs if op in GroupOp.Commutative else tuple(srcs))
+
+    def __add__(self, x):
+        return self._bin(Ops.ADD, x)
+
+    def __radd__(self, x):
+        return self._bin(Ops.ADD, x, True)
+
+    def __mul__(self, x):
+        return self._bin(Ops.MUL, x)
+
+    def __rmul__(self, x):
+        return self._bin(Ops.MUL, x, True)
+
+    def __floordiv__(self, x):
+        return self._bin(Ops.IDIV, x)
+
+    def __mod__(self, x):
+        return self._bin(Ops.MOD, x)
+
+    def __lt__(self, x):
+        return self._bin(Ops.CMPLT, x)
+
+    def maximum(self, x):
+        return self._bin(Ops.MAX, x)
+
+    def ne(self, x):
+        return self._bin(Ops.CMPNE, x)
+
+    def eq(self, x):
+        return self._bin(Ops.CMPEQ, x)
+
+    def alu(self, op: Ops, *src: UPat) -> UPat:
+        return UPat(op, src=[self, *src] if op in GroupOp.Commutative else (self, *src))
+
+    def match(self, u: UOp, store: dict[str, UOp]) -> list[dict[str, UOp]]:
+        if self.op is not None and u.op not in self.op:
+            return []
+        if self.dtype is not None and u.dtype not in self.dtype:
+            return []
+        if self.arg is not None and (type(u.arg) is not type(self.arg) or u.arg != self.arg):
+            return []
+        if self.name is not None:
+            if self.name in store:
+                return [store] if store[self.name] is u else []
+            store = {**store, self.name: u}
+        if self.src is None:
+            return [store]
+        if len(u.src) != len(self.src) and not (self.allow_any_len and len(u.src) >= len(self.src)):
+            return []
+        orders = itertools.permutations(self.src) if isinstance(self.src, list) else (self.src,)
+        out: list[dict[str, UOp]] = []
+        for order in orders:
+            stores = [store]
+            for pat, s in zip(order, u.src):
+                stores = [m for st in stores for m in pat.match(s, st)]
+                if not stores:
+                    break
+            out.extend(stores)
+        return out
+
+    def __repr__(self) -> str:
+        return f"UPat(op={self.op and sorted(o.name for o in self.op)}, name={self.name!r}, src={self.src!r}, arg={self.arg!r})"
+
 
 class PatternMatcher:
-  """Rules `(UPat, fn)`; fn gets the named captures (and `ctx` if it asks for it) and returns a UOp or None."""
-  def __init__(self, patterns: list[tuple[UPat, Callable[..., UOp | None]]]):
-    self.patterns = patterns
-    self.by_op: dict[Ops | None, list[tuple[UPat, Callable, bool]]] = {}
-    for pat, fn in patterns:
-      wants_ctx = "ctx" in inspect.signature(fn).parameters
-      for op in (pat.op if pat.op is not None else (None,)): self.by_op.setdefault(op, []).append((pat, fn, wants_ctx))
-    for op, rules in self.by_op.items():  # rules without an op apply to every op, after the op's own rules
-      if op is not None: rules.extend(self.by_op.get(None, []))
-  def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher(self.patterns + other.patterns)
+    """Rules `(UPat, fn)`; fn gets the named captures (and `ctx` if it asks for it) and returns a UOp or None."""
 
-  def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
-    for pat, fn, wants_ctx in self.by_op.get(u.op, self.by_op.get(None, [])):
-      for store in pat.match(u, {}):
-        ret = fn(**store, ctx=ctx) if wants_ctx else fn(**store)
-        if ret is not None and ret is not u: return ret
-    return None
+    def __init__(self, patterns: list[tuple[UPat, Callable[..., UOp | None]]]):
+        self.patterns = patterns
+        self.by_op: dict[Ops | None, list[tuple[UPat, Callable, bool]]] = {}
+        for pat, fn in patterns:
+            wants_ctx = "ctx" in inspect.signature(fn).parameters
+            for op in pat.op if pat.op is not None else (None,):
+                self.by_op.setdefault(op, []).append((pat, fn, wants_ctx))
+        for op, rules in self.by_op.items():  # rules without an op apply to every op, after the op's own rules
+            if op is not None:
+                rules.extend(self.by_op.get(None, []))
 
-class RewriteLoopError(RuntimeError): pass
+    def __add__(self, other: PatternMatcher) -> PatternMatcher:
+        return PatternMatcher(self.patterns + other.patterns)
 
-def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: bool = True, max_depth: int = 2_000) -> UOp:
-  """Apply pm until nothing matches. bottom_up: rewrite a node's sources before the node; else the node first.
-  A rule set that cycles (a -> b -> a) or keeps growing the graph raises RewriteLoopError instead of hanging."""
-  done: dict[UOp, UOp] = {}
-  active: set[UOp] = set()
-  depth = [0]
+    def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
+        for pat, fn, wants_ctx in self.by_op.get(u.op, self.by_op.get(None, [])):
+            for store in pat.match(u, {}):
+                ret = fn(**store, ctx=ctx) if wants_ctx else fn(**store)
+                if ret is not None and ret is not u:
+                    return ret
+        return None
 
-  def rebuild(n: UOp) -> UOp:
-    new_src = tuple(visit(s) for s in n.src)
-    return n if new_src == n.src else n.replace(src=new_src)
 
-  def revisit(r: UOp, origin: UOp) -> UOp:
-    if DEBUG >= 6: print(f"rewrite {origin.op} -> {r.op}")
-    depth[0] += 1
-    if depth[0] > max_depth: raise RewriteLoopError(f"graph_rewrite did not settle: {max_depth} nested rewrites from {origin.op}")
-    try: return visit(r)
-    finally: depth[0] -= 1
+class RewriteLoopError(RuntimeError):
+    pass
 
-  def visit(u: UOp) -> UOp:
-    if (ret := done.get(u)) is not None: return ret
-    if u in active: raise RewriteLoopError(f"graph_rewrite loops: rules rewrite {u.op} (arg={u.arg!r}) back into itself")
-    active.add(u)
-    if bottom_up:
-      n = rebuild(u)
-      if (r := pm.rewrite(n, ctx)) is not None: n = revisit(r, u)
-    else:
-      n = u
-      if (r := pm.rewrite(n, ctx)) is not None: n = revisit(r, u)
-      else:
-        n = rebuild(u)
-        if n is not u and (r := pm.rewrite(n, ctx)) is not None: n = revisit(r, u)
-    active.discard(u)
-    done[u] = n
-    return n
 
-  return visit(root)
+def graph_rewrite(
+    root: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: bool = True, max_depth: int = 2_000
+) -> UOp:
+    """Apply pm until nothing matches. bottom_up: rewrite a node's sources before the node; else the node first.
+    A rule set that cycles (a -> b -> a) or keeps growing the graph raises RewriteLoopError instead of hanging."""
+    done: dict[UOp, UOp] = {}
+    active: set[UOp] = set()
+    depth = [0]
+
+    def rebuild(n: UOp) -> UOp:
+        new_src = tuple(visit(s) for s in n.src)
+        return n if new_src == n.src else n.replace(src=new_src)
+
+    def revisit(r: UOp, origin: UOp) -> UOp:
+        if DEBUG >= 6:
+            print(f"rewrite {origin.op} -> {r.op}")
+        depth[0] += 1
+        if depth[0] > max_depth:
+            raise RewriteLoopError(f"graph_rewrite did not settle: {max_depth} nested rewrites from {origin.op}")
+        try:
+            return visit(r)
+        finally:
+            depth[0] -= 1
+
+    def visit(u: UOp) -> UOp:
+        if (ret := done.get(u)) is not None:
+            return ret
+        if u in active:
+            raise RewriteLoopError(f"graph_rewrite loops: rules rewrite {u.op} (arg={u.arg!r}) back into itself")
+        active.add(u)
+        if bottom_up:
+            n = rebuild(u)
+            if (r := pm.rewrite(n, ctx)) is not None:
+                n = revisit(r, u)
+        else:
+            n = u
+            if (r := pm.rewrite(n, ctx)) is not None:
+                n = revisit(r, u)
+            else:
+                n = rebuild(u)
+                if n is not u and (r := pm.rewrite(n, ctx)) is not None:
+                    n = revisit(r, u)
+        active.discard(u)
+        done[u] = n
+        return n
+
+    return visit(root)

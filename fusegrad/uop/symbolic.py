@@ -1,4 +1,5 @@
 """Value ranges (vmin/vmax) of integer UOps and the simplification rules that use them."""
+
 from __future__ import annotations
 import math
 from typing import Any
@@ -7,179 +8,254 @@ from fusegrad.uop.alu import cast_value, exec_alu
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
+
 def _trunc_div(a: int, b: int) -> int:
-  q = abs(a) // abs(b)
-  return q if (a >= 0) == (b >= 0) else -q
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
 
 def value_range(u: UOp) -> tuple[Any, Any]:
-  """Inclusive bounds of the values u can take; the dtype's own bounds when nothing better is known."""
-  dt = u.dtype
-  if u.op is Ops.CONST: return (u.arg, u.arg)
-  if u.op is Ops.RANGE: return (0, u.src[0].vmax - 1)
-  if u.op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
-  if not (dtypes.is_int(dt) or dt is dtypes.bool): return (dt.min, dt.max)
-  s = u.src
-  if u.op is Ops.ADD: return _clamp(u, s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax)
-  if u.op is Ops.NEG and dt is not dtypes.bool: return _clamp(u, -s[0].vmax, -s[0].vmin)
-  if u.op is Ops.MUL:
-    prods = [a * b for a in (s[0].vmin, s[0].vmax) for b in (s[1].vmin, s[1].vmax)]
-    return _clamp(u, min(prods), max(prods))
-  if u.op is Ops.IDIV and s[1].vmin > 0:
-    # trunc division by a positive divisor is monotonic in the dividend
-    lo, hi = s[0].vmin, s[0].vmax
-    cands = [_trunc_div(x, d) for x in (lo, hi) for d in (s[1].vmin, s[1].vmax)]
-    return (min(cands), max(cands))
-  if u.op is Ops.MOD and s[1].vmin > 0:
-    m = s[1].vmax - 1
-    if s[0].vmin >= 0: return (0, min(s[0].vmax, m)) if s[0].vmax >= s[1].vmin else (s[0].vmin, s[0].vmax)
-    return (-m if s[0].vmin < 0 else 0, m if s[0].vmax > 0 else 0)
-  if u.op is Ops.MAX: return (max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax))
-  if u.op is Ops.WHERE:
-    if s[0].vmin == s[0].vmax: return (s[1].vmin, s[1].vmax) if s[0].vmin else (s[2].vmin, s[2].vmax)
-    return (min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax))
-  if u.op is Ops.CMPLT:
-    if s[0].vmax < s[1].vmin: return (True, True)
-    if s[0].vmin >= s[1].vmax: return (False, False)
-    return (False, True)
-  if u.op is Ops.CMPEQ or u.op is Ops.CMPNE:
-    if s[0].vmax < s[1].vmin or s[0].vmin > s[1].vmax: return (u.op is Ops.CMPNE,) * 2
-    if s[0].vmin == s[0].vmax == s[1].vmin == s[1].vmax: return (u.op is Ops.CMPEQ,) * 2
-    return (False, True)
-  if dt is dtypes.bool and u.op in (Ops.AND, Ops.OR) and all(x.dtype is dtypes.bool for x in s):
-    return (exec_alu(u.op, dt, [s[0].vmin, s[1].vmin]), exec_alu(u.op, dt, [s[0].vmax, s[1].vmax]))
-  if dt is dtypes.bool and u.op is Ops.NEG: return (not s[0].vmax, not s[0].vmin)
-  if u.op is Ops.CAST and (dtypes.is_int(s[0].dtype) or s[0].dtype is dtypes.bool):
-    return _clamp(u, int(s[0].vmin), int(s[0].vmax))
-  return (dt.min, dt.max)
+    """Inclusive bounds of the values u can take; the dtype's own bounds when nothing better is known."""
+    dt = u.dtype
+    if u.op is Ops.CONST:
+        return (u.arg, u.arg)
+    if u.op is Ops.RANGE:
+        return (0, u.src[0].vmax - 1)
+    if u.op is Ops.DEFINE_VAR:
+        return (u.arg[1], u.arg[2])
+    if not (dtypes.is_int(dt) or dt is dtypes.bool):
+        return (dt.min, dt.max)
+    s = u.src
+    if u.op is Ops.ADD:
+        return _clamp(u, s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax)
+    if u.op is Ops.NEG and dt is not dtypes.bool:
+        return _clamp(u, -s[0].vmax, -s[0].vmin)
+    if u.op is Ops.MUL:
+        prods = [a * b for a in (s[0].vmin, s[0].vmax) for b in (s[1].vmin, s[1].vmax)]
+        return _clamp(u, min(prods), max(prods))
+    if u.op is Ops.IDIV and s[1].vmin > 0:
+        # trunc division by a positive divisor is monotonic in the dividend
+        lo, hi = s[0].vmin, s[0].vmax
+        cands = [_trunc_div(x, d) for x in (lo, hi) for d in (s[1].vmin, s[1].vmax)]
+        return (min(cands), max(cands))
+    if u.op is Ops.MOD and s[1].vmin > 0:
+        m = s[1].vmax - 1
+        if s[0].vmin >= 0:
+            return (0, min(s[0].vmax, m)) if s[0].vmax >= s[1].vmin else (s[0].vmin, s[0].vmax)
+        return (-m if s[0].vmin < 0 else 0, m if s[0].vmax > 0 else 0)
+    if u.op is Ops.MAX:
+        return (max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax))
+    if u.op is Ops.WHERE:
+        if s[0].vmin == s[0].vmax:
+            return (s[1].vmin, s[1].vmax) if s[0].vmin else (s[2].vmin, s[2].vmax)
+        return (min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax))
+    if u.op is Ops.CMPLT:
+        if s[0].vmax < s[1].vmin:
+            return (True, True)
+        if s[0].vmin >= s[1].vmax:
+            return (False, False)
+        return (False, True)
+    if u.op is Ops.CMPEQ or u.op is Ops.CMPNE:
+        if s[0].vmax < s[1].vmin or s[0].vmin > s[1].vmax:
+            return (u.op is Ops.CMPNE,) * 2
+        if s[0].vmin == s[0].vmax == s[1].vmin == s[1].vmax:
+            return (u.op is Ops.CMPEQ,) * 2
+        return (False, True)
+    if dt is dtypes.bool and u.op in (Ops.AND, Ops.OR) and all(x.dtype is dtypes.bool for x in s):
+        return (exec_alu(u.op, dt, [s[0].vmin, s[1].vmin]), exec_alu(u.op, dt, [s[0].vmax, s[1].vmax]))
+    if dt is dtypes.bool and u.op is Ops.NEG:
+        return (not s[0].vmax, not s[0].vmin)
+    if u.op is Ops.CAST and (dtypes.is_int(s[0].dtype) or s[0].dtype is dtypes.bool):
+        return _clamp(u, int(s[0].vmin), int(s[0].vmax))
+    return (dt.min, dt.max)
+
 
 def _clamp(u: UOp, lo: Any, hi: Any) -> tuple[Any, Any]:
-  # a range that could wrap around the dtype is unknown
-  return (lo, hi) if u.dtype.min <= lo and hi <= u.dtype.max else (u.dtype.min, u.dtype.max)
+    # a range that could wrap around the dtype is unknown
+    return (lo, hi) if u.dtype.min <= lo and hi <= u.dtype.max else (u.dtype.min, u.dtype.max)
 
-def _is_intlike(u: UOp) -> bool: return dtypes.is_int(u.dtype) or u.dtype is dtypes.bool
+
+def _is_intlike(u: UOp) -> bool:
+    return dtypes.is_int(u.dtype) or u.dtype is dtypes.bool
+
 
 def fold_constants(alu: UOp) -> UOp | None:
-  if not all(s.op is Ops.CONST for s in alu.src): return None
-  vals = [s.arg for s in alu.src]
-  if alu.op is Ops.WHERE: return alu.src[1] if vals[0] else alu.src[2]
-  return UOp.const(alu.dtype, exec_alu(alu.op, alu.dtype, vals))
+    if not all(s.op is Ops.CONST for s in alu.src):
+        return None
+    vals = [s.arg for s in alu.src]
+    if alu.op is Ops.WHERE:
+        return alu.src[1] if vals[0] else alu.src[2]
+    return UOp.const(alu.dtype, exec_alu(alu.op, alu.dtype, vals))
+
 
 def fold_by_range(x: UOp) -> UOp | None:
-  """An integer node whose range is one value is that value."""
-  if x.op is Ops.CONST or x.op is Ops.DEFINE_VAR or not _is_intlike(x): return None
-  if x.op not in GroupOp.ALU and x.op is not Ops.CAST: return None
-  return UOp.const(x.dtype, x.vmin) if x.vmin == x.vmax else None
+    """An integer node whose range is one value is that value."""
+    if x.op is Ops.CONST or x.op is Ops.DEFINE_VAR or not _is_intlike(x):
+        return None
+    if x.op not in GroupOp.ALU and x.op is not Ops.CAST:
+        return None
+    return UOp.const(x.dtype, x.vmin) if x.vmin == x.vmax else None
+
 
 def split_terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
-  """x as sum(coef * term) + const."""
-  if x.op is Ops.CONST: return [], x.arg
-  if x.op is Ops.ADD:
-    t0, c0 = split_terms(x.src[0])
-    t1, c1 = split_terms(x.src[1])
-    return t0 + t1, c0 + c1
-  if x.op is Ops.MUL and x.src[1].op is Ops.CONST:
-    terms, c = split_terms(x.src[0])
-    return [(k * x.src[1].arg, t) for k, t in terms], c * x.src[1].arg
-  return [(1, x)], 0
+    """x as sum(coef * term) + const."""
+    if x.op is Ops.CONST:
+        return [], x.arg
+    if x.op is Ops.ADD:
+        t0, c0 = split_terms(x.src[0])
+        t1, c1 = split_terms(x.src[1])
+        return t0 + t1, c0 + c1
+    if x.op is Ops.MUL and x.src[1].op is Ops.CONST:
+        terms, c = split_terms(x.src[0])
+        return [(k * x.src[1].arg, t) for k, t in terms], c * x.src[1].arg
+    return [(1, x)], 0
+
 
 def build_sum(terms: list[tuple[int, UOp]], const: int, like: UOp) -> UOp:
-  out: UOp | None = None
-  for k, t in terms:
-    if k == 0: continue
-    term = t if k == 1 else t * UOp.const(like.dtype, k)
-    out = term if out is None else out + term
-  if out is None: return UOp.const(like.dtype, const)
-  return out + UOp.const(like.dtype, const) if const != 0 else out
+    out: UOp | None = None
+    for k, t in terms:
+        if k == 0:
+            continue
+        term = t if k == 1 else t * UOp.const(like.dtype, k)
+        out = term if out is None else out + term
+    if out is None:
+        return UOp.const(like.dtype, const)
+    return out + UOp.const(like.dtype, const) if const != 0 else out
+
 
 def fold_divmod(d: UOp, x: UOp, c: UOp) -> UOp | None:
-  """(sum of k*t) // c and % c with every part non-negative: each k splits into q*c + r, the q*t parts leave the
-  division, and what remains is dropped from // (or kept whole by %) when its range is below c."""
-  cv = c.arg
-  if cv <= 0 or x.vmin < 0: return None
-  terms, const = split_terms(x)
-  if not terms or any(t.vmin < 0 for _, t in terms): return None
-  moved = [(k // cv, t) for k, t in terms if k // cv != 0]
-  keep = [(k % cv, t) for k, t in terms if k % cv != 0]
-  moved_const, rest_const = const // cv, const % cv
-  rest = build_sum(keep, rest_const, x)
-  if rest.vmin < 0: return None
-  changed = bool(moved) or moved_const != 0 or any(k >= cv for k, _ in terms)
-  if d.op is Ops.MOD:
-    if rest.vmax < cv: return rest
-    return rest % c if changed else None
-  if rest.vmax < cv: return build_sum(moved, moved_const, x)
-  return build_sum(moved + [(1, rest // c)], moved_const, x) if changed else None
+    """(sum of k*t) // c and % c with every part non-negative: each k splits into q*c + r, the q*t parts leave the
+    division, and what remains is dropped from // (or kept whole by %) when its range is below c."""
+    cv = c.arg
+    if cv <= 0 or x.vmin < 0:
+        return None
+    terms, const = split_terms(x)
+    if not terms or any(t.vmin < 0 for _, t in terms):
+        return None
+    moved = [(k // cv, t) for k, t in terms if k // cv != 0]
+    keep = [(k % cv, t) for k, t in terms if k % cv != 0]
+    moved_const, rest_const = const // cv, const % cv
+    rest = build_sum(keep, rest_const, x)
+    if rest.vmin < 0:
+        return None
+    changed = bool(moved) or moved_const != 0 or any(k >= cv for k, _ in terms)
+    if d.op is Ops.MOD:
+        if rest.vmax < cv:
+            return rest
+        return rest % c if changed else None
+    if rest.vmax < cv:
+        return build_sum(moved, moved_const, x)
+    return build_sum(moved + [(1, rest // c)], moved_const, x) if changed else None
+
 
 def reorder_const_add(x: UOp, c1: UOp, y: UOp) -> UOp | None:
-  """(x + c) + y -> (x + y) + c keeps constants outermost so they meet and fold."""
-  return None if y.op is Ops.CONST else (x + y) + c1
+    """(x + c) + y -> (x + y) + c keeps constants outermost so they meet and fold."""
+    return None if y.op is Ops.CONST else (x + y) + c1
+
 
 def combine_like_terms(a: UOp) -> UOp | None:
-  terms, const = split_terms(a)
-  merged: dict[UOp, int] = {}
-  for k, t in terms: merged[t] = merged.get(t, 0) + k
-  if len(merged) == len(terms): return None
-  return build_sum([(k, t) for t, k in merged.items()], const, a)
+    terms, const = split_terms(a)
+    merged: dict[UOp, int] = {}
+    for k, t in terms:
+        merged[t] = merged.get(t, 0) + k
+    if len(merged) == len(terms):
+        return None
+    return build_sum([(k, t) for t, k in merged.items()], const, a)
 
-_INT = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
+
+_INT = (
+    dtypes.int8,
+    dtypes.int16,
+    dtypes.int32,
+    dtypes.int64,
+    dtypes.uint8,
+    dtypes.uint16,
+    dtypes.uint32,
+    dtypes.uint64,
+)
 _x, _y, _c1, _c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
 _ix = UPat.var("x", dtype=_INT)
 
-pm_symbolic = PatternMatcher([
-  (UPat(GroupOp.ALU, name="alu"), fold_constants),
-  (UPat(Ops.CAST, src=(UPat(Ops.CONST, name="c"),), name="cast"), lambda cast, c: UOp.const(cast.dtype, cast_value(c.arg, cast.dtype))),
-  (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), fold_by_range),
-  # identities (x*0 only for ints: inf*0 is nan; x+0 only for ints: -0.0+0 is +0.0)
-  (_ix + 0, lambda x: x), (_x * 1, lambda x: x), (_ix * 0, lambda x: x.const_like(0)),
-  (_x // 1, lambda x: x), (_ix % 1, lambda x: x.const_like(0)),
-  (UPat(Ops.MUL, src=[_x, UPat.const(None, 1.0)]), lambda x: x if dtypes.is_float(x.dtype) else None),
-  (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(_x,)),)), lambda x: x),
-  (UPat(Ops.CAST, name="c", src=(_x,)), lambda c, x: x if c.dtype == x.dtype else None),
-  # constants move right and re-associate
-  (UPat(Ops.ADD, src=(UPat.cvar("c1"), _x)), lambda c1, x: x + c1 if x.op is not Ops.CONST else None),
-  (UPat(Ops.MUL, src=(UPat.cvar("c1"), _x)), lambda c1, x: x * c1 if x.op is not Ops.CONST else None),
-  (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(_ix, _c1)), _c2)), lambda x, c1, c2: x + (c1.arg + c2.arg)),
-  (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(_ix, _c1)), _c2)), lambda x, c1, c2: x * (c1.arg * c2.arg)),
-  (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(_ix, _c1)), _y)), reorder_const_add),
-  (UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(_ix, _c1)), _c2)), lambda x, c1, c2: x * c2 + (c1.arg * c2.arg)),
-  (UPat(Ops.ADD, dtype=_INT, name="a"), combine_like_terms),
-  # division and modulo folding with value ranges
-  (UPat((Ops.IDIV, Ops.MOD), name="d", src=(_ix, _c1)), lambda d, x, c1: fold_divmod(d, x, c1)),
-  (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(_ix, _c1)), _c2)),
-   lambda x, c1, c2: x // (c1.arg * c2.arg) if x.vmin >= 0 and c1.arg > 0 and c2.arg > 0 else None),
-  (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(_ix, _c1)), _c2)),
-   lambda x, c1, c2: x % c2 if x.vmin >= 0 and c2.arg > 0 and c1.arg % c2.arg == 0 else None),
-  (UPat(Ops.IDIV, src=(UPat(Ops.MUL, src=(_ix, _c1)), _c2)),
-   lambda x, c1, c2: x * (c1.arg // c2.arg) if c2.arg != 0 and c1.arg % c2.arg == 0 else None),
-  (UPat(Ops.MOD, src=(UPat(Ops.MUL, src=(_ix, _c1)), _c2)),
-   lambda x, c1, c2: x.const_like(0) if c2.arg != 0 and c1.arg % c2.arg == 0 else None),
-  # an integer compared with itself (gcc would also warn about the tautology); floats keep x == x as a NaN test
-  (UPat(Ops.CMPEQ, src=(_ix, _ix)), lambda x: UOp.const(dtypes.bool, True)),
-  (UPat((Ops.CMPNE, Ops.CMPLT), src=(_ix, _ix)), lambda x: UOp.const(dtypes.bool, False)),
-  # boolean algebra and selects
-  (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, True)]), lambda x: x),
-  (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, False)]), lambda x: x.const_like(False)),
-  (UPat(Ops.OR, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, False)]), lambda x: x),
-  (UPat(Ops.OR, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, True)]), lambda x: x.const_like(True)),
-  (UPat(Ops.AND, dtype=dtypes.bool, src=(_x, _x)), lambda x: x),
-  (UPat(Ops.WHERE, src=(UPat.var(), _x, _x)), lambda x: x),
-  # x + c < k  ->  x < k - c, so pad/shrink bounds meet the ranges they test
-  (UPat(Ops.CMPLT, src=(UPat(Ops.ADD, src=(_ix, _c1)), _c2)), lambda x, c1, c2: x < (c2.arg - c1.arg)),
-])
+pm_symbolic = PatternMatcher(
+    [
+        (UPat(GroupOp.ALU, name="alu"), fold_constants),
+        (
+            UPat(Ops.CAST, src=(UPat(Ops.CONST, name="c"),), name="cast"),
+            lambda cast, c: UOp.const(cast.dtype, cast_value(c.arg, cast.dtype)),
+        ),
+        (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), fold_by_range),
+        # identities (x*0 only for ints: inf*0 is nan; x+0 only for ints: -0.0+0 is +0.0)
+        (_ix + 0, lambda x: x),
+        (_x * 1, lambda x: x),
+        (_ix * 0, lambda x: x.const_like(0)),
+        (_x // 1, lambda x: x),
+        (_ix % 1, lambda x: x.const_like(0)),
+        (UPat(Ops.MUL, src=[_x, UPat.const(None, 1.0)]), lambda x: x if dtypes.is_float(x.dtype) else None),
+        (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(_x,)),)), lambda x: x),
+        (UPat(Ops.CAST, name="c", src=(_x,)), lambda c, x: x if c.dtype == x.dtype else None),
+        # constants move right and re-associate
+        (UPat(Ops.ADD, src=(UPat.cvar("c1"), _x)), lambda c1, x: x + c1 if x.op is not Ops.CONST else None),
+        (UPat(Ops.MUL, src=(UPat.cvar("c1"), _x)), lambda c1, x: x * c1 if x.op is not Ops.CONST else None),
+        (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(_ix, _c1)), _c2)), lambda x, c1, c2: x + (c1.arg + c2.arg)),
+        (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(_ix, _c1)), _c2)), lambda x, c1, c2: x * (c1.arg * c2.arg)),
+        (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(_ix, _c1)), _y)), reorder_const_add),
+        (UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(_ix, _c1)), _c2)), lambda x, c1, c2: x * c2 + (c1.arg * c2.arg)),
+        (UPat(Ops.ADD, dtype=_INT, name="a"), combine_like_terms),
+        # division and modulo folding with value ranges
+        (UPat((Ops.IDIV, Ops.MOD), name="d", src=(_ix, _c1)), lambda d, x, c1: fold_divmod(d, x, c1)),
+        (
+            UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(_ix, _c1)), _c2)),
+            lambda x, c1, c2: x // (c1.arg * c2.arg) if x.vmin >= 0 and c1.arg > 0 and c2.arg > 0 else None,
+        ),
+        (
+            UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(_ix, _c1)), _c2)),
+            lambda x, c1, c2: x % c2 if x.vmin >= 0 and c2.arg > 0 and c1.arg % c2.arg == 0 else None,
+        ),
+        (
+            UPat(Ops.IDIV, src=(UPat(Ops.MUL, src=(_ix, _c1)), _c2)),
+            lambda x, c1, c2: x * (c1.arg // c2.arg) if c2.arg != 0 and c1.arg % c2.arg == 0 else None,
+        ),
+        (
+            UPat(Ops.MOD, src=(UPat(Ops.MUL, src=(_ix, _c1)), _c2)),
+            lambda x, c1, c2: x.const_like(0) if c2.arg != 0 and c1.arg % c2.arg == 0 else None,
+        ),
+        # an integer compared with itself (gcc would also warn about the tautology); floats keep x == x as a NaN test
+        (UPat(Ops.CMPEQ, src=(_ix, _ix)), lambda x: UOp.const(dtypes.bool, True)),
+        (UPat((Ops.CMPNE, Ops.CMPLT), src=(_ix, _ix)), lambda x: UOp.const(dtypes.bool, False)),
+        # boolean algebra and selects
+        (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, True)]), lambda x: x),
+        (UPat(Ops.AND, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, False)]), lambda x: x.const_like(False)),
+        (UPat(Ops.OR, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, False)]), lambda x: x),
+        (UPat(Ops.OR, dtype=dtypes.bool, src=[_x, UPat.const(dtypes.bool, True)]), lambda x: x.const_like(True)),
+        (UPat(Ops.AND, dtype=dtypes.bool, src=(_x, _x)), lambda x: x),
+        (UPat(Ops.WHERE, src=(UPat.var(), _x, _x)), lambda x: x),
+        # x + c < k  ->  x < k - c, so pad/shrink bounds meet the ranges they test
+        (UPat(Ops.CMPLT, src=(UPat(Ops.ADD, src=(_ix, _c1)), _c2)), lambda x, c1, c2: x < (c2.arg - c1.arg)),
+    ]
+)
+
 
 def simplify(u: UOp) -> UOp:
-  from fusegrad.uop.pattern import graph_rewrite
-  return graph_rewrite(u, pm_symbolic)
+    from fusegrad.uop.pattern import graph_rewrite
+
+    return graph_rewrite(u, pm_symbolic)
+
 
 def sym_eval(u: UOp, env: dict[UOp, Any]) -> Any:
-  """Evaluate an expression graph with Python semantics; env gives values of RANGE / DEFINE_VAR leaves."""
-  vals: dict[UOp, Any] = {}
-  for n in u.toposort():
-    if n in env: vals[n] = env[n]
-    elif n.op is Ops.CONST: vals[n] = n.arg
-    elif n.op is Ops.CAST: vals[n] = cast_value(vals[n.src[0]], n.dtype)
-    elif n.op in GroupOp.ALU: vals[n] = exec_alu(n.op, n.dtype, [vals[s] for s in n.src])
-    else: raise ValueError(f"sym_eval cannot evaluate {n.op}")
-  return vals[u]
+    """Evaluate an expression graph with Python semantics; env gives values of RANGE / DEFINE_VAR leaves."""
+    vals: dict[UOp, Any] = {}
+    for n in u.toposort():
+        if n in env:
+            vals[n] = env[n]
+        elif n.op is Ops.CONST:
+            vals[n] = n.arg
+        elif n.op is Ops.CAST:
+            vals[n] = cast_value(vals[n.src[0]], n.dtype)
+        elif n.op in GroupOp.ALU:
+            vals[n] = exec_alu(n.op, n.dtype, [vals[s] for s in n.src])
+        else:
+            raise ValueError(f"sym_eval cannot evaluate {n.op}")
+    return vals[u]
+
 
 __all__ = ["value_range", "pm_symbolic", "simplify", "sym_eval", "math"]

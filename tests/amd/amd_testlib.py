@@ -1,4 +1,5 @@
 """Shared helpers for the AMD driver tests: short timeouts, oracles over the simulator's wire log, a fake sysfs tree."""
+
 from __future__ import annotations
 
 import os
@@ -12,14 +13,17 @@ from fusegrad.runtime.support.amd.regs import RCC_CONFIG_MEMSIZE, RCC_IOV_FUNC_I
 from fusegrad.runtime.support.amd.sim import SimPCIDevice
 
 # For paths expected to fail: short deadlines keep the suite fast.
-QUICK = MailboxTimeouts(ack_clear_s=0.1, ack_s=0.1, event_s=0.15, retries=2, ack_clear_poll_s=0.001, ack_poll_s=0.001,
-                        event_poll_s=0.002)
+QUICK = MailboxTimeouts(
+    ack_clear_s=0.1, ack_s=0.1, event_s=0.15, retries=2, ack_clear_poll_s=0.001, ack_poll_s=0.001, event_poll_s=0.002
+)
 # For paths expected to succeed: room for a descheduled PF thread on a loaded machine, at no cost when all is well.
-ROOMY = MailboxTimeouts(ack_clear_s=2.0, ack_s=2.0, event_s=2.0, retries=2, ack_clear_poll_s=0.001, ack_poll_s=0.001,
-                        event_poll_s=0.002)
+ROOMY = MailboxTimeouts(
+    ack_clear_s=2.0, ack_s=2.0, event_s=2.0, retries=2, ack_clear_poll_s=0.001, ack_poll_s=0.001, event_poll_s=0.002
+)
 # For a wrong-but-ordinary event: each attempt must be long enough to see the PF's reply even on a loaded machine.
-PATIENT = MailboxTimeouts(ack_clear_s=1.0, ack_s=1.0, event_s=0.3, retries=2, ack_clear_poll_s=0.001, ack_poll_s=0.001,
-                          event_poll_s=0.002)
+PATIENT = MailboxTimeouts(
+    ack_clear_s=1.0, ack_s=1.0, event_s=0.3, retries=2, ack_clear_poll_s=0.001, ack_poll_s=0.001, event_poll_s=0.002
+)
 # Slack on "within its timeout" checks; the machine is noisy, so only gross overruns fail.
 SLACK_S = 3.0
 
@@ -53,14 +57,26 @@ def wait_until(condition: Callable[[], object], timeout_s: float = SLACK_S) -> b
     return True
 
 
-def make_function(root: Path, address: str, vendor: int, device: int, *, class_code: int = 0x120000,
-                  subsystem: tuple[int, int] = (0x1002, 0x75A0), driver: str | None = None,
-                  physfn: str | None = None) -> Path:
+def make_function(
+    root: Path,
+    address: str,
+    vendor: int,
+    device: int,
+    *,
+    class_code: int = 0x120000,
+    subsystem: tuple[int, int] = (0x1002, 0x75A0),
+    driver: str | None = None,
+    physfn: str | None = None,
+) -> Path:
     """One function directory in a fake /sys/bus/pci/devices tree."""
     path = root / address
     path.mkdir(parents=True)
-    for name, value in (("vendor", vendor), ("device", device), ("subsystem_vendor", subsystem[0]),
-                        ("subsystem_device", subsystem[1])):
+    for name, value in (
+        ("vendor", vendor),
+        ("device", device),
+        ("subsystem_vendor", subsystem[0]),
+        ("subsystem_device", subsystem[1]),
+    ):
         (path / name).write_text(f"0x{value:04x}\n")
     (path / "class").write_text(f"0x{class_code:06x}\n")
     if driver is not None:
@@ -83,6 +99,6 @@ def add_bar_files(path: Path, *, vram_mib: int = 1024, vf: bool = False) -> None
         f.write(build_discovery())
     (path / "resource2").write_bytes(bytes(64 * 1024))
     regs = bytearray(512 * 1024)
-    regs[RCC_CONFIG_MEMSIZE * 4:RCC_CONFIG_MEMSIZE * 4 + 4] = vram_mib.to_bytes(4, "little")
+    regs[RCC_CONFIG_MEMSIZE * 4 : RCC_CONFIG_MEMSIZE * 4 + 4] = vram_mib.to_bytes(4, "little")
     regs[RCC_IOV_FUNC_IDENTIFIER * 4] = int(vf)
     (path / "resource5").write_bytes(bytes(regs))

@@ -1,4 +1,5 @@
 """The boot plan as data: what a VF runs, what it skips and why, and that nothing it runs is PF-owned."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,10 +9,24 @@ from fusegrad.runtime.support.amd.bootplan import PF_OWNED, STEP_NAMES, STEPS, p
 # Facts sheet §6: PSP and SMU bring-up, partial-boot detection, clock/power programming, clock gating, scratch-register
 # state writes, spatial-partition commands and ACA bank reads.
 VF_SKIPS = {
-    "init_sw.psp", "init_sw.smu", "init_hw.psp", "init_hw.smu", "psp.mode1_reset", "pci.bus_master_clear",
-    "xgmi.hive_check", "partial_boot_detect", "smu.power_limit", "smu.set_clocks", "smu.clocks_level0",
-    "clock_gating.soc", "clock_gating.gfx", "scratch.write_version", "scratch.write_state",
-    "scratch.write_state_fini", "gfx.spatial_partition", "ih.read_aca_banks",
+    "init_sw.psp",
+    "init_sw.smu",
+    "init_hw.psp",
+    "init_hw.smu",
+    "psp.mode1_reset",
+    "pci.bus_master_clear",
+    "xgmi.hive_check",
+    "partial_boot_detect",
+    "smu.power_limit",
+    "smu.set_clocks",
+    "smu.clocks_level0",
+    "clock_gating.soc",
+    "clock_gating.gfx",
+    "scratch.write_version",
+    "scratch.write_state",
+    "scratch.write_state_fini",
+    "gfx.spatial_partition",
+    "ih.read_aca_banks",
 }
 
 
@@ -26,8 +41,15 @@ def test_vf_plan_touches_nothing_the_pf_owns(xccs):
 
 def test_vf_plan_order():
     plan = plan_boot(is_vf=True)
-    assert plan.names("boot")[:7] == ["map_bars", "detect_vf", "vf.request_init_data", "vf.request_init_access",
-                                      "read_vram_size", "discovery", "memory"]
+    assert plan.names("boot")[:7] == [
+        "map_bars",
+        "detect_vf",
+        "vf.request_init_data",
+        "vf.request_init_access",
+        "read_vram_size",
+        "discovery",
+        "memory",
+    ]
     assert "pci.bus_master_set" in plan.names("boot")  # a VF still sets bus mastering
     assert plan.names("fini")[-1] == "vf.release_init_access"
     assert plan.names("runtime") == []

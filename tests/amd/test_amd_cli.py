@@ -1,4 +1,5 @@
 """fusegrad-amd list / probe, through main(argv) and once through `python -m`."""
+
 from __future__ import annotations
 
 import io
@@ -114,6 +115,12 @@ def test_force_overrides_the_driver_and_root_checks(sysfs, monkeypatch):
 
 
 def test_python_dash_m_entry_point(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "fusegrad.runtime.support.amd.cli", "list", "--sysfs-root",
-                             str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "fusegrad.runtime.support.amd.cli", "list", "--sysfs-root", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0 and result.stdout.startswith("No AMD GPU found"), result.stderr

@@ -1,4 +1,5 @@
 """The full device bring-up on the simulator: VF probe, injected faults, mid-session FLR and revoke, PF path."""
+
 from __future__ import annotations
 
 import gc
@@ -118,8 +119,9 @@ def test_exception_inside_with_releases_the_lease():
         assert sent(pci) == INIT + RELEASE
 
 
-@pytest.mark.parametrize("knobs", [{"revoke_after_s": 0.4}, {"flr_after_s": 0.4, "revoke_after_s": None}],
-                         ids=["revoke", "flr"])
+@pytest.mark.parametrize(
+    "knobs", [{"revoke_after_s": 0.4}, {"flr_after_s": 0.4, "revoke_after_s": None}], ids=["revoke", "flr"]
+)
 def test_flr_mid_session_is_reported_and_vram_goes_dark(knobs):
     with open_sim(**knobs) as pci:
         dev = AMDDevice(pci, ROOMY)
@@ -160,8 +162,16 @@ def test_vf_touches_no_pf_owned_block_and_no_register_outside_the_mailbox():
             assert dev.deferred == []
         touched = set().union(*(s.touches for s in STEPS if s.name in calls))
         assert not touched & PF_OWNED, touched & PF_OWNED
-        for forbidden in ("init_hw.psp", "init_hw.smu", "partial_boot_detect", "gfx.spatial_partition",
-                          "smu.set_clocks", "clock_gating.gfx", "scratch.write_state", "ih.read_aca_banks"):
+        for forbidden in (
+            "init_hw.psp",
+            "init_hw.smu",
+            "partial_boot_detect",
+            "gfx.spatial_partition",
+            "smu.set_clocks",
+            "clock_gating.gfx",
+            "scratch.write_state",
+            "ih.read_aca_banks",
+        ):
             assert forbidden not in calls
         assert calls == [s.name for s in dev.plan.steps if s.layer == "ip"]
         outside = [(dw, value) for dw, value, _ in pci.sim.mmio_writes if not MAILBOX_FIRST <= dw <= MAILBOX_LAST]

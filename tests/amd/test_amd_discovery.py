@@ -1,4 +1,5 @@
 """Discovery writer/reader round trip, and rejection of corrupted tables."""
+
 from __future__ import annotations
 
 import struct
@@ -36,7 +37,7 @@ def refresh_all_checksums(blob: bytearray) -> bytearray:
     """Make every table checksum (spans from the writer's table_list) and the binary checksum right again."""
     for index in range(3):
         offset, _, size, _ = TABLE_INFO.unpack_from(blob, 12 + index * TABLE_INFO.size)
-        struct.pack_into("<H", blob, 12 + index * TABLE_INFO.size + 2, checksum16(blob[offset:offset + size]))
+        struct.pack_into("<H", blob, 12 + index * TABLE_INFO.size + 2, checksum16(blob[offset : offset + size]))
     return refresh_binary_checksum(blob)
 
 
@@ -47,8 +48,16 @@ def table_offset(blob: bytes, index: int) -> int:
 def test_default_table_round_trips():
     d = parse_discovery(build_discovery())
     assert d.ips == MI350X_VF_IPS
-    assert d.versions() == {"GC": (9, 5, 0), "HDP": (4, 4, 5), "MMHUB": (1, 8, 1), "OSSSYS": (4, 4, 5),
-                            "NBIF": (7, 9, 0), "MP0": (13, 0, 14), "MP1": (13, 0, 12), "SDMA0": (4, 4, 5)}
+    assert d.versions() == {
+        "GC": (9, 5, 0),
+        "HDP": (4, 4, 5),
+        "MMHUB": (1, 8, 1),
+        "OSSSYS": (4, 4, 5),
+        "NBIF": (7, 9, 0),
+        "MP0": (13, 0, 14),
+        "MP1": (13, 0, 12),
+        "SDMA0": (4, 4, 5),
+    }
     assert d.find("NBIF").bases[2] == 0xD20  # segment 2 base that puts the mailbox at 0xE56
     assert d.gc_info_version == (2, 1) and d.harvested == () and d.ip_table_version == 4
     with pytest.raises(KeyError, match="UMC"):
@@ -56,15 +65,22 @@ def test_default_table_round_trips():
 
 
 ip_blocks = st.builds(
-    IPBlock, hw_id=st.integers(1, 299), instance=st.integers(0, 43),
+    IPBlock,
+    hw_id=st.integers(1, 299),
+    instance=st.integers(0, 43),
     version=st.tuples(st.integers(0, 255), st.integers(0, 255), st.integers(0, 255)),
     bases=st.lists(st.integers(0, 0xFFFFFFFF), max_size=8).map(tuple),
-    sub_revision=st.integers(0, 15), variant=st.integers(0, 15))
+    sub_revision=st.integers(0, 15),
+    variant=st.integers(0, 15),
+)
 
 
 @settings(max_examples=100, deadline=None)
-@given(ips=st.lists(ip_blocks, max_size=30), base_64=st.booleans(),
-       harvested=st.lists(st.tuples(st.integers(1, 0xFFFF), st.integers(0, 255)), max_size=32))
+@given(
+    ips=st.lists(ip_blocks, max_size=30),
+    base_64=st.booleans(),
+    harvested=st.lists(st.tuples(st.integers(1, 0xFFFF), st.integers(0, 255)), max_size=32),
+)
 def test_writer_reader_round_trip(ips, base_64, harvested):
     d = parse_discovery(build_discovery(ips, base_addr_64=base_64, harvested=harvested))
     assert d.ips == tuple(ips)

@@ -1,4 +1,5 @@
 """The driver layer stands alone: stdlib and its own modules only, never fusegrad's tensor layers."""
+
 from __future__ import annotations
 
 import ast

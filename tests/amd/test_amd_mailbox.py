@@ -1,4 +1,5 @@
 """VF detection, the mailbox handshake and the lease, against the simulated PF."""
+
 from __future__ import annotations
 
 import gc
@@ -118,10 +119,16 @@ def test_non_terminal_wrong_event_is_not_yet_then_timeout_names_it():
         assert elapsed < request_budget(PATIENT) + SLACK_S
 
 
-@pytest.mark.parametrize(("event", "error_type"), [
-    (Event.FAIL, PFRejected), (Event.FLR_NOTIFICATION, FLRNotified), (Event.FLR_NOTIFICATION_CMPL, FLRNotified),
-    (Event.UNRECOV_ERR_NOTIFICATION, UnrecoverableError), (Event.RAS_ERROR_DETECTED_OR_GPU_RMA, UnrecoverableError),
-])
+@pytest.mark.parametrize(
+    ("event", "error_type"),
+    [
+        (Event.FAIL, PFRejected),
+        (Event.FLR_NOTIFICATION, FLRNotified),
+        (Event.FLR_NOTIFICATION_CMPL, FLRNotified),
+        (Event.UNRECOV_ERR_NOTIFICATION, UnrecoverableError),
+        (Event.RAS_ERROR_DETECTED_OR_GPU_RMA, UnrecoverableError),
+    ],
+)
 def test_terminal_events_raise_at_once_without_retry(event, error_type):
     with open_sim(wrong_event=event) as pci:
         lease = lease_on(pci, ROOMY)  # raises at once, so the long event timeout costs nothing

@@ -1,4 +1,5 @@
 """The physical VRAM allocator: paddr_base, physical alignment, out-of-memory errors, no overlap under fuzzing."""
+
 from __future__ import annotations
 
 import itertools
@@ -49,8 +50,9 @@ def test_out_of_memory_names_the_request_and_the_free_space():
         RegionAllocator("main", 1 * MiB, 16 * MiB).alloc(10 * MiB, align=8 * MiB)  # 16 MiB free, none aligned
 
 
-@pytest.mark.parametrize(("size", "align", "match"), [(0, 4096, "positive"), (4096, 3, "power of two"),
-                                                      (4096, 0, "power of two")])
+@pytest.mark.parametrize(
+    ("size", "align", "match"), [(0, 4096, "positive"), (4096, 3, "power of two"), (4096, 0, "power of two")]
+)
 def test_bad_requests_raise_value_error(size, align, match):
     with pytest.raises(ValueError, match=match):
         RegionAllocator("main", 0, MiB).alloc(size, align)
@@ -85,11 +87,18 @@ def _holes(region: RegionAllocator) -> list[tuple[int, int]]:
     return holes
 
 
-ops = st.lists(st.one_of(
-    st.tuples(st.just("alloc"), st.integers(1, 6 * MiB), st.sampled_from([1, 256, 4 * KiB, 64 * KiB, 1 * MiB, 2 * MiB]),
-              st.sampled_from(["boot", "page-table", "main"])),
-    st.tuples(st.just("free"), st.integers(0, 1 << 30)),
-), max_size=60)
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("alloc"),
+            st.integers(1, 6 * MiB),
+            st.sampled_from([1, 256, 4 * KiB, 64 * KiB, 1 * MiB, 2 * MiB]),
+            st.sampled_from(["boot", "page-table", "main"]),
+        ),
+        st.tuples(st.just("free"), st.integers(0, 1 << 30)),
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=150, deadline=None)

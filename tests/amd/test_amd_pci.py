@@ -1,4 +1,5 @@
 """sysfs enumeration and the real mmap/config path, run on plain files in a fake sysfs tree; VFIO with a fake kernel."""
+
 from __future__ import annotations
 
 import os
@@ -137,7 +138,7 @@ def test_vfio_no_iommu_path(sysfs, tmp_path, monkeypatch):
         (dev_vfio / name).write_bytes(b"")
     device_file = tmp_path / "vfio-device"
     image = bytearray(3 << 20) + bytearray(4096)
-    image[(3 << 20):(3 << 20) + 2] = (0x1002).to_bytes(2, "little")
+    image[(3 << 20) : (3 << 20) + 2] = (0x1002).to_bytes(2, "little")
     image[(2 << 20) + RCC_CONFIG_MEMSIZE * 4] = 77
     device_file.write_bytes(bytes(image))
     kernel = FakeVFIOKernel(device_file)
@@ -148,8 +149,13 @@ def test_vfio_no_iommu_path(sysfs, tmp_path, monkeypatch):
         assert pci.map_vram().size == 1 << 20
     assert (path / "driver_override").read_text() == "vfio-pci"
     assert (sysfs.parent / "drivers_probe").read_text() == "0000:83:00.0"
-    assert kernel.calls[:5] == [vfio.VFIO_GET_API_VERSION, vfio.VFIO_CHECK_EXTENSION, vfio.VFIO_GROUP_SET_CONTAINER,
-                                vfio.VFIO_SET_IOMMU, vfio.VFIO_GROUP_GET_DEVICE_FD]
+    assert kernel.calls[:5] == [
+        vfio.VFIO_GET_API_VERSION,
+        vfio.VFIO_CHECK_EXTENSION,
+        vfio.VFIO_GROUP_SET_CONTAINER,
+        vfio.VFIO_SET_IOMMU,
+        vfio.VFIO_GROUP_GET_DEVICE_FD,
+    ]
     assert vfio.VFIO_GROUP_GET_DEVICE_FD == 15210  # _IO(';', 106), as in the Linux UAPI
 
 

@@ -2,6 +2,7 @@
 
 Stdlib only, and independent of fusegrad's tensor layers.
 """
+
 from .bootplan import PF_OWNED, BootPlan, BootStep, plan_boot
 from .device import AMDDevice
 from .discovery import MI350X_VF_IPS, Discovery, IPBlock, build_discovery, parse_discovery, read_discovery

@@ -2,6 +2,7 @@
 
 One table instead of `if is_vf` scattered through code, so a test can assert what a VF does and does not touch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ PF_ONLY = "the PF owns it"
 @dataclass(frozen=True)
 class BootStep:
     """One step. `layer` is "driver" (run by AMDDevice) or "ip" (run by an IP-block handler a higher layer provides)."""
+
     name: str
     phase: str
     touches: frozenset[str]
@@ -26,10 +28,19 @@ class BootStep:
     vf_skip_reason: str = ""
 
 
-def _step(name: str, phase: str, touches: str, layer: str = "ip", on_vf: bool = True, on_pf: bool = True,
-          condition: str = "", why: str = "") -> BootStep:
-    return BootStep(name, phase, frozenset(touches.split()), layer, on_vf, on_pf, condition,
-                    why or ("" if on_vf else PF_ONLY))
+def _step(
+    name: str,
+    phase: str,
+    touches: str,
+    layer: str = "ip",
+    on_vf: bool = True,
+    on_pf: bool = True,
+    condition: str = "",
+    why: str = "",
+) -> BootStep:
+    return BootStep(
+        name, phase, frozenset(touches.split()), layer, on_vf, on_pf, condition, why or ("" if on_vf else PF_ONLY)
+    )
 
 
 _ALIVE = "PSP and SMU are alive"
@@ -41,14 +52,25 @@ STEPS: tuple[BootStep, ...] = (
     _step("read_vram_size", "boot", "NBIO_REGS", "driver"),
     _step("discovery", "boot", "VRAM", "driver"),
     _step("memory", "boot", "ALLOCATOR", "driver"),
-    _step("partial_boot_detect", "boot", "SCRATCH", on_vf=False,
-          why="a VF always does a full boot; the PF owns the scratch registers it would read"),
+    _step(
+        "partial_boot_detect",
+        "boot",
+        "SCRATCH",
+        on_vf=False,
+        why="a VF always does a full boot; the PF owns the scratch registers it would read",
+    ),
     *(_step(f"init_sw.{ip}", "boot", ip.upper()) for ip in ("soc", "gmc", "ih")),
     _step("init_sw.psp", "boot", "PSP", on_vf=False, why="the PF owns PSP; its buffers would be unused boot memory"),
     _step("init_sw.smu", "boot", "SMU", on_vf=False, why="the PF owns SMU; its driver table would be unused"),
     *(_step(f"init_sw.{ip}", "boot", ip.upper()) for ip in ("gfx", "sdma")),
-    _step("pci.bus_master_clear", "boot", "PCI_CONFIG", on_vf=False, condition=_ALIVE,
-          why="only precedes a mode-1 reset, which a VF never does"),
+    _step(
+        "pci.bus_master_clear",
+        "boot",
+        "PCI_CONFIG",
+        on_vf=False,
+        condition=_ALIVE,
+        why="only precedes a mode-1 reset, which a VF never does",
+    ),
     _step("xgmi.hive_check", "boot", "XGMI_HIVE", on_vf=False, condition=_ALIVE),
     _step("psp.mode1_reset", "boot", "PSP SMU", on_vf=False, condition=_ALIVE, why="a VF never requests a GPU reset"),
     _step("pci.bus_master_set", "boot", "PCI_CONFIG", "driver"),
@@ -56,8 +78,14 @@ STEPS: tuple[BootStep, ...] = (
     _step("init_hw.psp", "boot", "PSP", on_vf=False),
     _step("init_hw.smu", "boot", "SMU", on_vf=False),
     _step("init_hw.gfx", "boot", "GFX"),
-    _step("gfx.spatial_partition", "boot", "PSP", on_vf=False, condition="more than one XCC",
-          why="the VF keeps the partition the PF assigned"),
+    _step(
+        "gfx.spatial_partition",
+        "boot",
+        "PSP",
+        on_vf=False,
+        condition="more than one XCC",
+        why="the VF keeps the partition the PF assigned",
+    ),
     _step("init_hw.sdma", "boot", "SDMA"),
     _step("smu.power_limit", "boot", "SMU", on_vf=False),
     _step("smu.set_clocks", "boot", "SMU", on_vf=False),
@@ -81,6 +109,7 @@ IP_STEP_NAMES = frozenset(s.name for s in STEPS if s.layer == "ip")
 @dataclass(frozen=True)
 class BootPlan:
     """The steps a function takes, in order, and the steps it skips with the reason."""
+
     is_vf: bool
     steps: tuple[BootStep, ...]
     skipped: tuple[tuple[BootStep, str], ...]
@@ -99,7 +128,9 @@ class BootPlan:
 
     def __str__(self) -> str:
         lines = [f"boot plan ({'VF' if self.is_vf else 'PF'}): {len(self.steps)} steps, {len(self.skipped)} skipped"]
-        lines += [f"  run   {s.phase:<7} {s.name}" + (f"  (if {s.condition})" if s.condition else "") for s in self.steps]
+        lines += [
+            f"  run   {s.phase:<7} {s.name}" + (f"  (if {s.condition})" if s.condition else "") for s in self.steps
+        ]
         lines += [f"  skip  {s.phase:<7} {s.name}: {why}" for s, why in self.skipped]
         return "\n".join(lines)
 

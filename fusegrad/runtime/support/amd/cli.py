@@ -5,6 +5,7 @@
 
 Exit status: 0 success, 1 the device failed, 2 refused or bad arguments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,17 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
         print(f"No AMD GPU found: no AMD display or accelerator function under {args.sysfs_root}.", file=out)
         return EXIT_OK
     rows = [("ADDRESS", "IDS", "SUBSYSTEM", "KIND", "DRIVER", "NAME")]
-    rows += [(f.address, f.ids, f"{f.subsystem_vendor:04x}:{f.subsystem_device:04x}", _kind(f), f.driver or "-",
-              f.name + (" (simulated)" if args.sim else "")) for f in functions]
+    rows += [
+        (
+            f.address,
+            f.ids,
+            f"{f.subsystem_vendor:04x}:{f.subsystem_device:04x}",
+            _kind(f),
+            f.driver or "-",
+            f.name + (" (simulated)" if args.sim else ""),
+        )
+        for f in functions
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1], file=out)
@@ -61,10 +71,13 @@ def check_access(function: PCIFunction, *, force: bool, vfio: bool) -> None:
         raise AccessRefused(
             f"{function.address} is bound to kernel driver '{function.driver}'; touching its BARs would race that "
             f"driver. Unbind it first (echo {function.address} > /sys/bus/pci/drivers/{function.driver}/unbind) or "
-            "pass --force")
+            "pass --force"
+        )
     if os.geteuid() != 0 and not force:
-        raise AccessRefused(f"probing {function.address} needs root (BAR resource files and config space are "
-                            f"root-only; running as uid {os.geteuid()}); run as root or pass --force")
+        raise AccessRefused(
+            f"probing {function.address} needs root (BAR resource files and config space are "
+            f"root-only; running as uid {os.geteuid()}); run as root or pass --force"
+        )
 
 
 def _open(args: argparse.Namespace) -> PCIDevice:
@@ -84,19 +97,31 @@ def _report(dev: AMDDevice, out: TextIO, plan: bool) -> None:
     print(f"{fn.address}  {fn.ids}  {fn.name}{'  (simulated)' if isinstance(dev.pci, SimPCIDevice) else ''}", file=out)
     print(f"function: {'VF' if dev.is_vf else 'PF'} (RCC_IOV_FUNC_IDENTIFIER={dev.func_identifier:#010x})", file=out)
     if dev.lease is not None and dev.init_data is not None:
-        print(f"lease: acquired (INIT_DATA_READY critical-region v{dev.init_data.data[0]}, READY_TO_ACCESS_GPU)",
-              file=out)
+        print(
+            f"lease: acquired (INIT_DATA_READY critical-region v{dev.init_data.data[0]}, READY_TO_ACCESS_GPU)", file=out
+        )
     layout = dev.memory.layout
-    print(f"VRAM: {dev.vram_size >> 20} MiB; allocator paddr_base {layout.paddr_base:#x}, main region "
-          f"[{layout.main[0]:#x}, {layout.main[1]:#x})", file=out)
+    print(
+        f"VRAM: {dev.vram_size >> 20} MiB; allocator paddr_base {layout.paddr_base:#x}, main region "
+        f"[{layout.main[0]:#x}, {layout.main[1]:#x})",
+        file=out,
+    )
     d = dev.discovery
-    print(f"discovery v{d.version[0]}.{d.version[1]} (IP table v{d.ip_table_version}), {len(d.ips)} IP blocks:", file=out)
+    print(
+        f"discovery v{d.version[0]}.{d.version[1]} (IP table v{d.ip_table_version}), {len(d.ips)} IP blocks:", file=out
+    )
     for ip in d.ips:
         version = ".".join(map(str, ip.version))
-        print(f"  {ip.name:<8} hw_id {ip.hw_id:>3}  instance {ip.instance}  version {version:<9} bases "
-              + " ".join(f"{b:#x}" for b in ip.bases), file=out)
-    print(f"boot plan: {'VF' if dev.is_vf else 'PF'}, {len(dev.plan.steps)} steps, {len(dev.plan.skipped)} skipped "
-          f"({len(dev.deferred)} IP steps deferred to IP-block drivers)", file=out)
+        print(
+            f"  {ip.name:<8} hw_id {ip.hw_id:>3}  instance {ip.instance}  version {version:<9} bases "
+            + " ".join(f"{b:#x}" for b in ip.bases),
+            file=out,
+        )
+    print(
+        f"boot plan: {'VF' if dev.is_vf else 'PF'}, {len(dev.plan.steps)} steps, {len(dev.plan.skipped)} skipped "
+        f"({len(dev.deferred)} IP steps deferred to IP-block drivers)",
+        file=out,
+    )
     if plan:
         print(dev.plan, file=out)
 
@@ -112,11 +137,14 @@ def _probe(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fusegrad-amd", description="AMD GPU functions through userspace "
-                                     "(MI350X SR-IOV VF passthrough included).")
+    parser = argparse.ArgumentParser(
+        prog="fusegrad-amd", description="AMD GPU functions through userspace (MI350X SR-IOV VF passthrough included)."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("list", "list AMD GPU functions on this host"),
-                            ("probe", "map, detect, take the VF lease, print discovery and VRAM size, release")):
+    for name, help_text in (
+        ("list", "list AMD GPU functions on this host"),
+        ("probe", "map, detect, take the VF lease, print discovery and VRAM size, release"),
+    ):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--sim", action="store_true", help="use the simulated MI350X VF instead of sysfs")
         sub.add_argument("--sysfs-root", default=SYSFS_PCI_DEVICES, help="PCI devices directory (default: %(default)s)")
@@ -125,8 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--force", action="store_true", help="touch the device even if a driver is bound or not root")
     probe.add_argument("--vfio", action="store_true", help="go through vfio-pci in no-IOMMU mode")
     probe.add_argument("--plan", action="store_true", help="also print the boot plan, step by step")
-    probe.add_argument("--event-timeout", type=float, default=MailboxTimeouts.event_s,
-                       help="seconds to wait for each PF event, per attempt (default: %(default)s)")
+    probe.add_argument(
+        "--event-timeout",
+        type=float,
+        default=MailboxTimeouts.event_s,
+        help="seconds to wait for each PF event, per attempt (default: %(default)s)",
+    )
     return parser
 
 

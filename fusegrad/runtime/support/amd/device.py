@@ -3,6 +3,7 @@
 The steps come from `bootplan.plan_boot`; driver-layer steps run here, IP-block steps run through `ip_handlers`
 that higher layers pass in (steps without a handler are listed in `deferred`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -33,8 +34,14 @@ ALL_ONES = 0xFFFFFFFF
 class AMDDevice:
     """One opened AMD GPU function, usable up to VRAM and registers. Close it (or use `with`) to return the lease."""
 
-    def __init__(self, pci: PCIDevice, timeouts: MailboxTimeouts | None = None, *, xccs: int = 1,
-                 ip_handlers: Mapping[str, IPHandler] | None = None):
+    def __init__(
+        self,
+        pci: PCIDevice,
+        timeouts: MailboxTimeouts | None = None,
+        *,
+        xccs: int = 1,
+        ip_handlers: Mapping[str, IPHandler] | None = None,
+    ):
         self.pci, self.timeouts, self.xccs = pci, timeouts or MailboxTimeouts(), xccs
         self.ip_handlers = dict(ip_handlers or {})
         if unknown := sorted(set(self.ip_handlers) - IP_STEP_NAMES):
@@ -74,8 +81,10 @@ class AMDDevice:
     def _detect_vf(self) -> None:
         self.func_identifier = read_func_identifier(self.regs)
         if self.func_identifier == ALL_ONES:
-            raise DeviceError(f"{self.pci.address}: RCC_IOV_FUNC_IDENTIFIER reads {ALL_ONES:#x}; the function is not "
-                              "responding (in reset, BAR5 not decoding, or removed)")
+            raise DeviceError(
+                f"{self.pci.address}: RCC_IOV_FUNC_IDENTIFIER reads {ALL_ONES:#x}; the function is not "
+                "responding (in reset, BAR5 not decoding, or removed)"
+            )
         self.is_vf = bool(self.func_identifier & FUNC_IDENTIFIER_IS_VF)
         if self.is_vf:
             self.mailbox = Mailbox(self.regs, self.timeouts)
@@ -105,8 +114,10 @@ class AMDDevice:
         init_data = self.lease.init_data if self.lease else None
         # Conflict (§12 item 4): we announce critical region v2 but read discovery at the v1 place (FB - 64 KiB).
         if init_data is not None and init_data.data[0] >= GPU_CRIT_REGION_V2:
-            return (f"the PF answered critical-region v{init_data.data[0]} with its init-data header at "
-                    f"{init_data.data[1]} KiB, {init_data.data[2]} KiB long; it may have put discovery there instead")
+            return (
+                f"the PF answered critical-region v{init_data.data[0]} with its init-data header at "
+                f"{init_data.data[1]} KiB, {init_data.data[2]} KiB long; it may have put discovery there instead"
+            )
         return ""
 
     def _memory(self) -> None:
@@ -114,8 +125,10 @@ class AMDDevice:
         try:
             self.memory = PhysicalMemory(usable, paddr_base=VF_PADDR_BASE if self.is_vf else 0)
         except ValueError as e:
-            raise DeviceError(f"{self.pci.address}: {self.vram_size >> 20} MiB of VRAM minus the "
-                              f"{RESERVED_VRAM_SIZE >> 20} MiB reserved is too small: {e}") from e
+            raise DeviceError(
+                f"{self.pci.address}: {self.vram_size >> 20} MiB of VRAM minus the "
+                f"{RESERVED_VRAM_SIZE >> 20} MiB reserved is too small: {e}"
+            ) from e
 
     def _bus_master_set(self) -> None:
         if not self.pci.set_bus_master() & PCI_COMMAND_MASTER:
@@ -127,9 +140,14 @@ class AMDDevice:
             self.lease.release()
 
     _DRIVER_STEPS: Mapping[str, Callable[[AMDDevice], None]] = {
-        "map_bars": _map_bars, "detect_vf": _detect_vf, "vf.request_init_data": _request_init_data,
-        "vf.request_init_access": _request_init_access, "read_vram_size": _read_vram_size, "discovery": _discovery,
-        "memory": _memory, "pci.bus_master_set": _bus_master_set,
+        "map_bars": _map_bars,
+        "detect_vf": _detect_vf,
+        "vf.request_init_data": _request_init_data,
+        "vf.request_init_access": _request_init_access,
+        "read_vram_size": _read_vram_size,
+        "discovery": _discovery,
+        "memory": _memory,
+        "pci.bus_master_set": _bus_master_set,
     }
 
     def _read_vram_indirect(self, offset: int, length: int) -> bytes:
@@ -139,7 +157,7 @@ class AMDDevice:
             self.regs.write32(MM_INDEX, (addr & 0x7FFFFFFF) | MM_INDEX_ENABLE)
             self.regs.write32(MM_INDEX_HI, addr >> 31)
             out += self.regs.read32(MM_DATA).to_bytes(4, "little")
-        return bytes(out[offset & 3:(offset & 3) + length])
+        return bytes(out[offset & 3 : (offset & 3) + length])
 
     # -- public -------------------------------------------------------------------------------------------------------
     @property
@@ -166,7 +184,9 @@ class AMDDevice:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def __del__(self) -> None:

@@ -3,6 +3,7 @@
 The table sits at `vram_size - 64 KiB`. The reader checks both signatures, the binary checksum, every table checksum
 and each die's id, and returns the IP blocks with hw id, instance, version and register-segment bases (in dwords).
 """
+
 from __future__ import annotations
 
 import struct
@@ -39,9 +40,34 @@ HARVEST_ENTRY = struct.Struct("<HBB")  # hw id, instance, reserved
 HARVEST_SIZE = HARVEST_HEADER.size + HARVEST_SLOTS * HARVEST_ENTRY.size  # 136
 
 HW_ID_NAMES: dict[int, str] = {
-    1: "MP1", 3: "THM", 4: "SMUIO", 5: "FUSE", 6: "CLKA", 10: "PWR", 11: "GC", 12: "VCN", 15: "DCI", 21: "VPE",
-    32: "VCE", 34: "MMHUB", 35: "ATHUB", 40: "OSSSYS", 41: "HDP", 42: "SDMA0", 43: "SDMA1", 46: "DF", 66: "WAFLC",
-    68: "SDMA2", 69: "SDMA3", 70: "PCIE", 91: "LSDMA", 108: "NBIF", 150: "UMC", 200: "XGMI", 255: "MP0", 271: "DMU",
+    1: "MP1",
+    3: "THM",
+    4: "SMUIO",
+    5: "FUSE",
+    6: "CLKA",
+    10: "PWR",
+    11: "GC",
+    12: "VCN",
+    15: "DCI",
+    21: "VPE",
+    32: "VCE",
+    34: "MMHUB",
+    35: "ATHUB",
+    40: "OSSSYS",
+    41: "HDP",
+    42: "SDMA0",
+    43: "SDMA1",
+    46: "DF",
+    66: "WAFLC",
+    68: "SDMA2",
+    69: "SDMA3",
+    70: "PCIE",
+    91: "LSDMA",
+    108: "NBIF",
+    150: "UMC",
+    200: "XGMI",
+    255: "MP0",
+    271: "DMU",
 }
 HW_IDS: dict[str, int] = {name: hw_id for hw_id, name in HW_ID_NAMES.items()}
 
@@ -49,6 +75,7 @@ HW_IDS: dict[str, int] = {name: hw_id for hw_id, name in HW_ID_NAMES.items()}
 @dataclass(frozen=True)
 class IPBlock:
     """One IP instance: hw id, instance number, (major, minor, revision) and register-segment bases in dwords."""
+
     hw_id: int
     instance: int
     version: tuple[int, int, int]
@@ -65,6 +92,7 @@ class IPBlock:
 @dataclass(frozen=True)
 class Discovery:
     """A parsed discovery binary."""
+
     version: tuple[int, int]
     ip_table_version: int
     ips: tuple[IPBlock, ...]
@@ -76,7 +104,9 @@ class Discovery:
         for ip in self.ips:
             if ip.hw_id == hw_id and ip.instance == instance:
                 return ip
-        raise KeyError(f"no IP block {hw!r} instance {instance} in discovery (have {sorted({i.name for i in self.ips})})")
+        raise KeyError(
+            f"no IP block {hw!r} instance {instance} in discovery (have {sorted({i.name for i in self.ips})})"
+        )
 
     def versions(self) -> dict[str, tuple[int, int, int]]:
         """Version of instance 0 of every IP, by name."""
@@ -103,9 +133,14 @@ def checksum16(data: bytes) -> int:
     return sum(data) & 0xFFFF
 
 
-def build_discovery(ips: Sequence[IPBlock] = MI350X_VF_IPS, *, base_addr_64: bool = False,
-                    harvested: Sequence[tuple[int, int]] = (), gc_info_version: tuple[int, int] = (2, 1),
-                    version: tuple[int, int] = (1, 0)) -> bytes:
+def build_discovery(
+    ips: Sequence[IPBlock] = MI350X_VF_IPS,
+    *,
+    base_addr_64: bool = False,
+    harvested: Sequence[tuple[int, int]] = (),
+    gc_info_version: tuple[int, int] = (2, 1),
+    version: tuple[int, int] = (1, 0),
+) -> bytes:
     """A valid discovery binary with one die: binary header, IPDS header (v4), die, entries, GC table, HARV table."""
     if len(harvested) > HARVEST_SLOTS:
         raise ValueError(f"at most {HARVEST_SLOTS} harvested instances fit the HARV table, got {len(harvested)}")
@@ -113,8 +148,9 @@ def build_discovery(ips: Sequence[IPBlock] = MI350X_VF_IPS, *, base_addr_64: boo
     for ip in ips:
         if not (0 <= ip.instance < 256 and 0 <= ip.hw_id < 1 << 16 and len(ip.bases) < 256):
             raise ValueError(f"IP {ip} does not fit an 8-byte discovery entry")
-        entries += IP_ENTRY.pack(ip.hw_id, ip.instance, len(ip.bases), *ip.version,
-                                 (ip.sub_revision & 0xF) | (ip.variant & 0xF) << 4)
+        entries += IP_ENTRY.pack(
+            ip.hw_id, ip.instance, len(ip.bases), *ip.version, (ip.sub_revision & 0xF) | (ip.variant & 0xF) << 4
+        )
         entries += struct.pack(f"<{len(ip.bases)}{'Q' if base_addr_64 else 'I'}", *ip.bases)
     ip_table_size = IP_HEADER_SIZE + len(entries)
     die_offset = BINARY_HEADER_SIZE + IP_HEADER_SIZE
@@ -135,13 +171,18 @@ def build_discovery(ips: Sequence[IPBlock] = MI350X_VF_IPS, *, base_addr_64: boo
     if total > DISCOVERY_READ_SIZE:
         raise ValueError(f"discovery binary of {total} bytes exceeds the {DISCOVERY_READ_SIZE} bytes a reader reads")
     blob = bytearray(total)
-    blob[BINARY_HEADER_SIZE:BINARY_HEADER_SIZE + ip_table_size] = ip_table
-    blob[gc_offset:gc_offset + len(gc_table)] = gc_table
+    blob[BINARY_HEADER_SIZE : BINARY_HEADER_SIZE + ip_table_size] = ip_table
+    blob[gc_offset : gc_offset + len(gc_table)] = gc_table
     blob[harvest_offset:total] = harvest
-    tables = {TABLE_IP_DISCOVERY: (BINARY_HEADER_SIZE, ip_table), TABLE_GC: (gc_offset, gc_table),
-              TABLE_HARVEST: (harvest_offset, bytes(harvest))}
+    tables = {
+        TABLE_IP_DISCOVERY: (BINARY_HEADER_SIZE, ip_table),
+        TABLE_GC: (gc_offset, gc_table),
+        TABLE_HARVEST: (harvest_offset, bytes(harvest)),
+    }
     for index, (offset, table) in tables.items():
-        TABLE_INFO.pack_into(blob, BINARY_HEADER.size + index * TABLE_INFO.size, offset, checksum16(table), len(table), 0)
+        TABLE_INFO.pack_into(
+            blob, BINARY_HEADER.size + index * TABLE_INFO.size, offset, checksum16(table), len(table), 0
+        )
     BINARY_HEADER.pack_into(blob, 0, BINARY_SIGNATURE, *version, 0, total)
     struct.pack_into("<H", blob, 8, checksum16(blob[10:total]))
     return bytes(blob)
@@ -156,17 +197,24 @@ class _Reader:
     def unpack(self, fmt: struct.Struct | str, offset: int, what: str) -> tuple[int, ...]:
         size = fmt.size if isinstance(fmt, struct.Struct) else struct.calcsize(fmt)
         if offset < 0 or offset + size > self.end:
-            raise DiscoveryError(f"discovery table {self.where} is truncated: {what} at offset {offset:#x} needs {size} "
-                                 f"bytes but the binary ends at {self.end:#x}")
-        return fmt.unpack_from(self.blob, offset) if isinstance(fmt, struct.Struct) else struct.unpack_from(
-            fmt, self.blob, offset)
+            raise DiscoveryError(
+                f"discovery table {self.where} is truncated: {what} at offset {offset:#x} needs {size} "
+                f"bytes but the binary ends at {self.end:#x}"
+            )
+        return (
+            fmt.unpack_from(self.blob, offset)
+            if isinstance(fmt, struct.Struct)
+            else struct.unpack_from(fmt, self.blob, offset)
+        )
 
     def verify(self, offset: int, size: int, expected: int, what: str) -> None:
         self.unpack(f"<{size}x", offset, what)
-        actual = checksum16(self.blob[offset:offset + size])
+        actual = checksum16(self.blob[offset : offset + size])
         if actual != expected:
-            raise DiscoveryError(f"discovery {what} checksum mismatch {self.where}: header says {expected:#06x}, "
-                                 f"bytes [{offset:#x}, {offset + size:#x}) sum to {actual:#06x}")
+            raise DiscoveryError(
+                f"discovery {what} checksum mismatch {self.where}: header says {expected:#06x}, "
+                f"bytes [{offset:#x}, {offset + size:#x}) sum to {actual:#06x}"
+            )
 
 
 def parse_discovery(blob: bytes, *, where: str = "", hint: str = "") -> Discovery:
@@ -174,28 +222,38 @@ def parse_discovery(blob: bytes, *, where: str = "", hint: str = "") -> Discover
     where = where or "(in memory)"
     suffix = f" ({hint})" if hint else ""
     if len(blob) and blob.count(0xFF) == len(blob):
-        raise DiscoveryError(f"discovery table {where} reads all 0xFF ({len(blob)} bytes): VRAM access was probably not "
-                             "granted by the PF (no REQ_GPU_INIT_DATA handshake, or the PF revoked it)" + suffix)
+        raise DiscoveryError(
+            f"discovery table {where} reads all 0xFF ({len(blob)} bytes): VRAM access was probably not "
+            "granted by the PF (no REQ_GPU_INIT_DATA handshake, or the PF revoked it)" + suffix
+        )
     if len(blob) < BINARY_HEADER_SIZE:
-        raise DiscoveryError(f"discovery table {where} is truncated: {len(blob)} bytes, the header alone is "
-                             f"{BINARY_HEADER_SIZE}")
+        raise DiscoveryError(
+            f"discovery table {where} is truncated: {len(blob)} bytes, the header alone is {BINARY_HEADER_SIZE}"
+        )
     signature, major, minor, binary_checksum, binary_size = BINARY_HEADER.unpack_from(blob, 0)
     if signature != BINARY_SIGNATURE:
         empty = " (the window is all zero: the PF did not write a table there)" if not any(blob) else ""
-        raise DiscoveryError(f"discovery binary signature mismatch {where}: read {signature:#010x}, expected "
-                             f"{BINARY_SIGNATURE:#010x}{empty}" + suffix)
+        raise DiscoveryError(
+            f"discovery binary signature mismatch {where}: read {signature:#010x}, expected "
+            f"{BINARY_SIGNATURE:#010x}{empty}" + suffix
+        )
     if not BINARY_HEADER_SIZE <= binary_size <= len(blob):
-        raise DiscoveryError(f"discovery table {where} is truncated: header says {binary_size} bytes, "
-                             f"{len(blob)} bytes available (at least {BINARY_HEADER_SIZE} needed)")
+        raise DiscoveryError(
+            f"discovery table {where} is truncated: header says {binary_size} bytes, "
+            f"{len(blob)} bytes available (at least {BINARY_HEADER_SIZE} needed)"
+        )
     r = _Reader(blob, binary_size, where)
     r.verify(10, binary_size - 10, binary_checksum, "binary")
-    table_list = [r.unpack(TABLE_INFO, BINARY_HEADER.size + i * TABLE_INFO.size, f"table_list[{i}]")
-                  for i in range(NUM_TABLES)]
+    table_list = [
+        r.unpack(TABLE_INFO, BINARY_HEADER.size + i * TABLE_INFO.size, f"table_list[{i}]") for i in range(NUM_TABLES)
+    ]
     ip_offset, ip_checksum, _, _ = table_list[TABLE_IP_DISCOVERY]
     ip_signature, ip_version, ip_size, _, num_dies = r.unpack(IP_HEADER, ip_offset, "IP discovery header")
     if ip_signature != IP_DISCOVERY_SIGNATURE:
-        raise DiscoveryError(f"IP discovery signature mismatch {where}: read {ip_signature:#010x} at offset "
-                             f"{ip_offset:#x}, expected {IP_DISCOVERY_SIGNATURE:#010x}")
+        raise DiscoveryError(
+            f"IP discovery signature mismatch {where}: read {ip_signature:#010x} at offset "
+            f"{ip_offset:#x}, expected {IP_DISCOVERY_SIGNATURE:#010x}"
+        )
     r.verify(ip_offset, ip_size, ip_checksum, "IP discovery table")
     if not 1 <= num_dies <= MAX_DIES:
         raise DiscoveryError(f"IP discovery header {where} claims {num_dies} dies, expected 1 to {MAX_DIES}")
@@ -205,16 +263,21 @@ def parse_discovery(blob: bytes, *, where: str = "", hint: str = "") -> Discover
         die_id, die_offset = r.unpack(DIE_INFO, ip_offset + IP_HEADER.size + die * DIE_INFO.size, f"die_info[{die}]")
         header_die_id, num_ips = r.unpack(DIE_HEADER, die_offset, f"die {die} header")
         if die_id != die or header_die_id != die:
-            raise DiscoveryError(f"discovery die {die} {where} has die_id {die_id} in the table and {header_die_id} in "
-                                 "its header; both must equal its index")
+            raise DiscoveryError(
+                f"discovery die {die} {where} has die_id {die_id} in the table and {header_die_id} in "
+                "its header; both must equal its index"
+            )
         entry = die_offset + DIE_HEADER.size
         for n in range(num_ips):
             hw_id, instance, num_bases, *version, sub = r.unpack(IP_ENTRY, entry, f"die {die} IP entry {n}")
             bases = r.unpack(f"<{num_bases}{'Q' if base_64 else 'I'}", entry + IP_ENTRY.size, f"bases of IP {hw_id}")
             entry += IP_ENTRY.size + num_bases * (8 if base_64 else 4)
             if instance < MAX_INSTANCE and hw_id < MAX_HW_ID:
-                ips.append(IPBlock(hw_id, instance, (version[0], version[1], version[2]), tuple(bases), die,
-                                   sub & 0xF, sub >> 4))
+                ips.append(
+                    IPBlock(
+                        hw_id, instance, (version[0], version[1], version[2]), tuple(bases), die, sub & 0xF, sub >> 4
+                    )
+                )
     gc_info_version = None
     gc_offset, gc_checksum, _, _ = table_list[TABLE_GC]
     if gc_offset:
@@ -228,11 +291,15 @@ def parse_discovery(blob: bytes, *, where: str = "", hint: str = "") -> Discover
     if harvest_offset:
         (harvest_signature, _) = r.unpack(HARVEST_HEADER, harvest_offset, "harvest header")
         if harvest_signature != HARVEST_SIGNATURE:
-            raise DiscoveryError(f"harvest table signature mismatch {where}: read {harvest_signature:#010x}, expected "
-                                 f"{HARVEST_SIGNATURE:#010x}")
+            raise DiscoveryError(
+                f"harvest table signature mismatch {where}: read {harvest_signature:#010x}, expected "
+                f"{HARVEST_SIGNATURE:#010x}"
+            )
         r.verify(harvest_offset, HARVEST_SIZE, harvest_checksum, "harvest table")
         for slot in range(HARVEST_SLOTS):
-            hw_id, instance, _ = r.unpack(HARVEST_ENTRY, harvest_offset + HARVEST_HEADER.size + slot * 4, "harvest entry")
+            hw_id, instance, _ = r.unpack(
+                HARVEST_ENTRY, harvest_offset + HARVEST_HEADER.size + slot * 4, "harvest entry"
+            )
             if hw_id == 0:
                 break
             harvested.append((hw_id, instance))
@@ -242,7 +309,9 @@ def parse_discovery(blob: bytes, *, where: str = "", hint: str = "") -> Discover
 def read_discovery(read: Callable[[int, int], bytes], vram_size: int, *, hint: str = "") -> Discovery:
     """Read and parse the table at `vram_size - 64 KiB` through `read(offset, length)`."""
     if vram_size < DISCOVERY_OFFSET_FROM_END:
-        raise DiscoveryError(f"VRAM size {vram_size:#x} is smaller than the {DISCOVERY_OFFSET_FROM_END:#x}-byte "
-                             "discovery window; RCC_CONFIG_MEMSIZE is wrong or the device is not responding")
+        raise DiscoveryError(
+            f"VRAM size {vram_size:#x} is smaller than the {DISCOVERY_OFFSET_FROM_END:#x}-byte "
+            "discovery window; RCC_CONFIG_MEMSIZE is wrong or the device is not responding"
+        )
     offset = vram_size - DISCOVERY_OFFSET_FROM_END
     return parse_discovery(read(offset, DISCOVERY_READ_SIZE), where=f"at VRAM offset {offset:#x}", hint=hint)

@@ -1,4 +1,5 @@
 """Exceptions of the AMD userspace driver layer. Each message names the values involved."""
+
 from __future__ import annotations
 
 

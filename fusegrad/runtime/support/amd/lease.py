@@ -1,4 +1,5 @@
 """The VF's access lease: INIT_DATA then INIT_ACCESS to take it, REL_GPU_INIT_ACCESS to give it back (facts §6)."""
+
 from __future__ import annotations
 
 import logging
@@ -72,7 +73,9 @@ class VFLease:
     def __enter__(self) -> Self:
         return self.acquire()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.release()
 
     def __del__(self) -> None:

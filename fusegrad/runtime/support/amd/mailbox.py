@@ -2,6 +2,7 @@
 
 Where the seed driver and the Linux kernel differ (§12 item 3) this file takes the safer side, and says so inline.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 class Request(IntEnum):
     """VF->PF request IDs (TRN_MSG_DATA0)."""
+
     REQ_GPU_INIT_ACCESS = 1
     REL_GPU_INIT_ACCESS = 2
     REQ_GPU_FINI_ACCESS = 3
@@ -48,6 +50,7 @@ class Request(IntEnum):
 
 class Event(IntEnum):
     """PF->VF event IDs (RCV_MSG_DATA0)."""
+
     CLR_MSG_BUF = 0
     READY_TO_ACCESS_GPU = 1
     FLR_NOTIFICATION = 2
@@ -76,6 +79,7 @@ TERMINAL_EVENTS = FLR_EVENTS | UNRECOVERABLE_EVENTS | {Event.FAIL}
 @dataclass(frozen=True)
 class MailboxTimeouts:
     """Mailbox deadlines and poll intervals in seconds; defaults are the seed driver's (facts sheet §4a)."""
+
     ack_clear_s: float = 1.0
     ack_s: float = 0.5
     event_s: float = 2.0
@@ -95,6 +99,7 @@ class MailboxTimeouts:
 @dataclass(frozen=True)
 class Message:
     """One PF->VF message: the event ID and RCV_MSG_DATA1..3."""
+
     event: int
     data: tuple[int, int, int] = (0, 0, 0)
 
@@ -119,15 +124,19 @@ def is_vf(regs: RegisterBAR) -> bool:
     return bool(read_func_identifier(regs) & FUNC_IDENTIFIER_IS_VF)
 
 
-def _terminal_error(msg: Message, context: str, request: int | None, awaited: int | None,
-                    waited_s: float) -> PFEventError:
+def _terminal_error(
+    msg: Message, context: str, request: int | None, awaited: int | None, waited_s: float
+) -> PFEventError:
     head = f"{context}PF sent {msg}"
     kwargs = {"request": request, "awaited": awaited, "read": msg.event, "waited_s": waited_s}
     if msg.event in FLR_EVENTS:
-        return FLRNotified(f"{head}: the PF is resetting this VF (FLR), so its access is gone; reopen the device", **kwargs)
+        return FLRNotified(
+            f"{head}: the PF is resetting this VF (FLR), so its access is gone; reopen the device", **kwargs
+        )
     if msg.event == Event.RAS_ERROR_DETECTED_OR_GPU_RMA:
-        return UnrecoverableError(f"{head}: read as GIM's GPU_RMA (Linux calls it RAS_ERROR_DETECTED); stop using this "
-                                  "GPU", **kwargs)
+        return UnrecoverableError(
+            f"{head}: read as GIM's GPU_RMA (Linux calls it RAS_ERROR_DETECTED); stop using this GPU", **kwargs
+        )
     if msg.event in UNRECOVERABLE_EVENTS:
         return UnrecoverableError(f"{head}: unrecoverable error, this VF must stop using the GPU (RMA)", **kwargs)
     return PFRejected(f"{head}: the PF refused the request", **kwargs)
@@ -174,7 +183,11 @@ class Mailbox:
             raise MailboxAckStuck(
                 f"{describe_request(request)}: TRN_MSG_ACK from a previous exchange did not clear within "
                 f"{t.ack_clear_s} s (TRN byte reads {trn:#04x}), so the request was not posted",
-                request=request, awaited=awaited, read=trn, waited_s=time.monotonic() - started)
+                request=request,
+                awaited=awaited,
+                read=trn,
+                waited_s=time.monotonic() - started,
+            )
         for i, value in enumerate((request, *data)):
             self.regs.write32(MAILBOX_TRN_DW0 + i, value & 0xFFFFFFFF)
         self.regs.write8(MAILBOX_TRN_BYTE, TRN_MSG_VALID)
@@ -185,7 +198,11 @@ class Mailbox:
                 raise MailboxAckTimeout(
                     f"{describe_request(request)}: awaited TRN_MSG_ACK from the PF, TRN byte read {trn:#04x} instead "
                     f"(ack never set) after {time.monotonic() - started:.3f} s (ack timeout {t.ack_s} s)",
-                    request=request, awaited=awaited, read=trn, waited_s=time.monotonic() - started)
+                    request=request,
+                    awaited=awaited,
+                    read=trn,
+                    waited_s=time.monotonic() - started,
+                )
         finally:
             # withdrawn even on timeout, so a late PF cannot pick up a request the VF has given up on
             self.regs.write8(MAILBOX_TRN_BYTE, 0)
@@ -204,12 +221,22 @@ class Mailbox:
                 return None, other
             time.sleep(min(self.timeouts.event_poll_s, remaining))
 
-    def request(self, request: int, event: int | None, data1: int = 0, data2: int = 0, data3: int = 0, *,
-                retries: int | None = None) -> Message | None:
+    def request(
+        self,
+        request: int,
+        event: int | None,
+        data1: int = 0,
+        data2: int = 0,
+        data3: int = 0,
+        *,
+        retries: int | None = None,
+    ) -> Message | None:
         """Send `request` and wait for `event` (None: fire and forget). Returns the PF's reply message."""
         if request not in SENDABLE:
-            raise ValueError(f"{describe_request(request)} is never sent by this VF driver: resets and FINI access belong "
-                             f"to the PF; sendable requests are {sorted(r.name for r in SENDABLE)}")
+            raise ValueError(
+                f"{describe_request(request)} is never sent by this VF driver: resets and FINI access belong "
+                f"to the PF; sendable requests are {sorted(r.name for r in SENDABLE)}"
+            )
         attempts = self.timeouts.retries if retries is None else retries
         if attempts < 1:
             raise ValueError(f"retries must be at least 1, got {attempts}")
@@ -220,7 +247,9 @@ class Mailbox:
             self._ack_rcv()
             # an RMA'd VF is ignored by the PF: say so now instead of timing out (FLR leftovers are harmless)
             if stale.event in UNRECOVERABLE_EVENTS:
-                raise _terminal_error(stale, f"{describe_request(request)}: before it was posted, ", request, event, 0.0)
+                raise _terminal_error(
+                    stale, f"{describe_request(request)}: before it was posted, ", request, event, 0.0
+                )
         last_read: int | None = None
         for attempt in range(attempts):
             self._send(request, (data1, data2, data3), started, event)
@@ -235,15 +264,27 @@ class Mailbox:
                 waited = time.monotonic() - started
                 context = f"{describe_request(request)}: awaited {describe_event(event)}, after {waited:.3f} s "
                 raise _terminal_error(reply, context, request, event, waited)
-            log.debug("%s: no %s after attempt %d/%d, retrying", describe_request(request), describe_event(event),
-                      attempt + 1, attempts)
+            log.debug(
+                "%s: no %s after attempt %d/%d, retrying",
+                describe_request(request),
+                describe_event(event),
+                attempt + 1,
+                attempts,
+            )
         waited = time.monotonic() - started
-        seen = (f"read {describe_event(last_read)} instead" if last_read is not None else
-                f"read no message instead (RCV_MSG_VALID stayed clear, RCV_DW0={self.regs.read32(MAILBOX_RCV_DW0):#x})")
+        seen = (
+            f"read {describe_event(last_read)} instead"
+            if last_read is not None
+            else f"read no message instead (RCV_MSG_VALID stayed clear, RCV_DW0={self.regs.read32(MAILBOX_RCV_DW0):#x})"
+        )
         raise MailboxEventTimeout(
             f"{describe_request(request)}: awaited {describe_event(event)}, {seen}, after {attempts} attempt(s) over "
             f"{waited:.3f} s (event timeout {self.timeouts.event_s} s each)",
-            request=request, awaited=event, read=last_read, waited_s=waited)
+            request=request,
+            awaited=event,
+            read=last_read,
+            waited_s=waited,
+        )
 
     def poll(self) -> Message | None:
         """Check for a PF message outside an exchange; raises for FLR, FAIL and unrecoverable errors."""

@@ -3,6 +3,7 @@
 Alignment is computed on physical addresses, not on offsets inside a region: with a 1 MiB `paddr_base` (VF) a
 region-local 2 MiB alignment would hand out blocks that are physically 1 MiB mod 2 MiB, which breaks 2 MiB pages.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -62,12 +63,14 @@ class RegionAllocator:
         for i, (start, end) in enumerate(self._free):
             paddr = round_up(start, align)  # physical alignment, the point of this allocator
             if paddr + size <= end:
-                self._free[i:i + 1] = [r for r in ((start, paddr), (paddr + size, end)) if r[0] < r[1]]
+                self._free[i : i + 1] = [r for r in ((start, paddr), (paddr + size, end)) if r[0] < r[1]]
                 self._live[paddr] = size
                 return paddr
-        raise OutOfMemory(f"region {self.name} [{self.base:#x}, {self.end:#x}): cannot allocate {size} bytes "
-                          f"({_size(size)}) aligned to {align:#x}: {self.free_bytes} bytes free in {len(self._free)} "
-                          f"hole(s), largest {self.largest_hole()} bytes")
+        raise OutOfMemory(
+            f"region {self.name} [{self.base:#x}, {self.end:#x}): cannot allocate {size} bytes "
+            f"({_size(size)}) aligned to {align:#x}: {self.free_bytes} bytes free in {len(self._free)} "
+            f"hole(s), largest {self.largest_hole()} bytes"
+        )
 
     def free(self, paddr: int) -> None:
         size = self._live.pop(paddr, None)
@@ -86,6 +89,7 @@ class RegionAllocator:
 @dataclass(frozen=True)
 class Layout:
     """Where the three regions sit, in physical addresses."""
+
     paddr_base: int
     boot: tuple[int, int]
     page_table: tuple[int, int]
@@ -95,13 +99,16 @@ class Layout:
 class PhysicalMemory:
     """The VRAM allocator of one device: boot region at `paddr_base`, then page tables, then everything else."""
 
-    def __init__(self, vram_size: int, paddr_base: int = 0, boot_size: int = BOOT_REGION_SIZE,
-                 reserve_page_tables: bool = True):
+    def __init__(
+        self, vram_size: int, paddr_base: int = 0, boot_size: int = BOOT_REGION_SIZE, reserve_page_tables: bool = True
+    ):
         page_table_size = round_up(vram_size // 512, MiB) if reserve_page_tables else 0
         main_base = paddr_base + boot_size + page_table_size
         if paddr_base < 0 or main_base >= vram_size:
-            raise ValueError(f"VRAM of {vram_size:#x} bytes cannot hold paddr_base {paddr_base:#x} + boot region "
-                             f"{boot_size:#x} + page tables {page_table_size:#x} and leave a main region")
+            raise ValueError(
+                f"VRAM of {vram_size:#x} bytes cannot hold paddr_base {paddr_base:#x} + boot region "
+                f"{boot_size:#x} + page tables {page_table_size:#x} and leave a main region"
+            )
         self.vram_size, self.paddr_base = vram_size, paddr_base
         self.boot = RegionAllocator("boot", paddr_base, boot_size)
         self.page_table = RegionAllocator("page-table", paddr_base + boot_size, page_table_size)
@@ -110,8 +117,12 @@ class PhysicalMemory:
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.paddr_base, (self.boot.base, self.boot.end), (self.page_table.base, self.page_table.end),
-                      (self.main.base, self.main.end))
+        return Layout(
+            self.paddr_base,
+            (self.boot.base, self.boot.end),
+            (self.page_table.base, self.page_table.end),
+            (self.main.base, self.main.end),
+        )
 
     def alloc(self, size: int, align: int = 4 * KiB, region: str = "main") -> int:
         if region not in self.regions:

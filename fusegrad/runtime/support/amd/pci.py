@@ -3,6 +3,7 @@
 `PCIDevice` is the one interface the layers above use; `SysfsPCIDevice` (here), `VFIOPCIDevice` (vfio.py) and
 `SimPCIDevice` (sim.py) implement it, and nothing above this file knows which one it has.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -22,8 +23,13 @@ SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"
 BAR_VRAM, BAR_DOORBELLS, BAR_REGISTERS = 0, 2, 5
 
 KNOWN_DEVICES: dict[int, str] = {
-    0x74A1: "Instinct MI300X", 0x74B5: "Instinct MI300X VF", 0x74B9: "Instinct MI325X VF",
-    0x75A0: "Instinct MI350X", 0x75B0: "Instinct MI350X VF", 0x75A3: "Instinct MI355X", 0x75B3: "Instinct MI355X VF",
+    0x74A1: "Instinct MI300X",
+    0x74B5: "Instinct MI300X VF",
+    0x74B9: "Instinct MI325X VF",
+    0x75A0: "Instinct MI350X",
+    0x75B0: "Instinct MI350X VF",
+    0x75A3: "Instinct MI355X",
+    0x75B3: "Instinct MI355X VF",
 }
 # Device IDs of SR-IOV VFs: inside a guest a passed-through VF has no `physfn` link, so the ID is what tells.
 KNOWN_VF_IDS = frozenset({0x74B5, 0x74B9, 0x75B0, 0x75B3})
@@ -45,6 +51,7 @@ def normalize_address(address: str) -> str:
 @dataclass(frozen=True)
 class PCIFunction:
     """What sysfs says about one PCI function."""
+
     address: str
     vendor: int
     device: int
@@ -84,9 +91,15 @@ def read_function(address: str, sysfs_root: str | Path = SYSFS_PCI_DEVICES) -> P
         raise PCIError(f"no PCI function {address} under {sysfs_root}")
     try:
         return PCIFunction(
-            address=address, vendor=_read_hex(path / "vendor"), device=_read_hex(path / "device"),
-            subsystem_vendor=_read_hex(path / "subsystem_vendor"), subsystem_device=_read_hex(path / "subsystem_device"),
-            class_code=_read_hex(path / "class"), driver=_link_name(path / "driver"), physfn=_link_name(path / "physfn"))
+            address=address,
+            vendor=_read_hex(path / "vendor"),
+            device=_read_hex(path / "device"),
+            subsystem_vendor=_read_hex(path / "subsystem_vendor"),
+            subsystem_device=_read_hex(path / "subsystem_device"),
+            class_code=_read_hex(path / "class"),
+            driver=_link_name(path / "driver"),
+            physfn=_link_name(path / "physfn"),
+        )
     except (OSError, ValueError) as e:
         raise PCIError(f"cannot read sysfs attributes of {address} under {sysfs_root}: {e}") from e
 
@@ -118,6 +131,7 @@ def _check_range(offset: int, length: int, size: int, what: str) -> None:
 
 class ByteBAR(ABC):
     """BAR0, VRAM seen as bytes."""
+
     size: int
 
     @abstractmethod
@@ -129,6 +143,7 @@ class ByteBAR(ABC):
 
 class RegisterBAR(ABC):
     """BAR5, registers as 32-bit dwords indexed by dword, plus a byte view indexed by byte offset."""
+
     size: int
 
     @abstractmethod
@@ -146,6 +161,7 @@ class RegisterBAR(ABC):
 
 class DoorbellBAR(ABC):
     """BAR2, doorbells as 64-bit words."""
+
     size: int
 
     @abstractmethod
@@ -177,11 +193,11 @@ class MmapByteBAR(ByteBAR):
 
     def read(self, offset: int, length: int) -> bytes:
         _check_range(offset, length, self.size, self._bar.what)
-        return bytes(self._bar.bytes[offset:offset + length])
+        return bytes(self._bar.bytes[offset : offset + length])
 
     def write(self, offset: int, data: bytes) -> None:
         _check_range(offset, len(data), self.size, self._bar.what)
-        self._bar.bytes[offset:offset + len(data)] = data
+        self._bar.bytes[offset : offset + len(data)] = data
 
 
 class MmapRegisterBAR(RegisterBAR):
@@ -220,6 +236,7 @@ class MmapDoorbellBAR(DoorbellBAR):
 
 class PCIDevice(ABC):
     """One opened PCI function: BAR views and config space."""
+
     function: PCIFunction
 
     @property
@@ -253,7 +270,9 @@ class PCIDevice(ABC):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

@@ -1,4 +1,5 @@
 """Register offsets (BAR5 dwords unless noted) and PCI config-space bits that the driver layer and simulator share."""
+
 from __future__ import annotations
 
 # Indirect VRAM access for a small BAR0: MM_INDEX gets bit 31 set, MM_INDEX_HI the address bits above 31.

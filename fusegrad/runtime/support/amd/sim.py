@@ -5,6 +5,7 @@ space, and the PF's access gates. On a VF, `SimulatedPF` runs beside it on a dae
 with configurable latencies and faults. Until the PF grants access, VRAM reads all 0xFF and ignores writes, exactly
 the symptom seen on a real guest that skipped the handshake.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -26,13 +27,15 @@ REGISTER_BAR_SIZE = 512 * 1024  # BAR5's real size is unconfirmed; it only has t
 DOORBELL_BAR_SIZE = 8 * MiB
 CONFIG_SPACE_SIZE = 4096
 # Requests the PF defers while another function holds full access (facts §4c step 3).
-DEFERRABLE = frozenset({Request.REQ_GPU_INIT_DATA, Request.REQ_GPU_INIT_ACCESS, Request.REQ_GPU_FINI_ACCESS,
-                        Request.REQ_GPU_RESET_ACCESS})
+DEFERRABLE = frozenset(
+    {Request.REQ_GPU_INIT_DATA, Request.REQ_GPU_INIT_ACCESS, Request.REQ_GPU_FINI_ACCESS, Request.REQ_GPU_RESET_ACCESS}
+)
 
 
 @dataclass(frozen=True)
 class SimConfig:
     """What to simulate. Latencies and times are seconds; every fault knob is off by default."""
+
     vf: bool = True
     address: str = "0000:83:00.0"
     vram_mib: int = 32768
@@ -73,13 +76,15 @@ class SimConfig:
 
     def function(self) -> PCIFunction:
         """How the function looks in a guest's sysfs: a passed-through VF has no physfn link there."""
-        return PCIFunction(self.address, AMD_VENDOR, 0x75B0 if self.vf else 0x75A0, AMD_VENDOR, 0x75A0, 0x120000,
-                           None, None)
+        return PCIFunction(
+            self.address, AMD_VENDOR, 0x75B0 if self.vf else 0x75A0, AMD_VENDOR, 0x75A0, 0x120000, None, None
+        )
 
 
 @dataclass(frozen=True)
 class WireMessage:
     """One mailbox message as it crossed the wire, with its monotonic time."""
+
     id: int
     data: tuple[int, int, int]
     t: float = field(compare=False)
@@ -104,9 +109,14 @@ class SimulatedFunction:
         self.doorbells: dict[int, int] = {}
         self.config_space = bytearray(CONFIG_SPACE_SIZE)
         fn = config.function()
-        for offset, size, value in ((0x00, 2, fn.vendor), (0x02, 2, fn.device), (0x09, 3, fn.class_code),
-                                    (0x2C, 2, fn.subsystem_vendor), (0x2E, 2, fn.subsystem_device)):
-            self.config_space[offset:offset + size] = value.to_bytes(size, "little")
+        for offset, size, value in (
+            (0x00, 2, fn.vendor),
+            (0x02, 2, fn.device),
+            (0x09, 3, fn.class_code),
+            (0x2C, 2, fn.subsystem_vendor),
+            (0x2E, 2, fn.subsystem_device),
+        ):
+            self.config_space[offset : offset + size] = value.to_bytes(size, "little")
         # what happened, for tests
         self.sent: list[WireMessage] = []  # every VF request (TRN_MSG_VALID rising edge)
         self.posted: list[WireMessage] = []  # every PF event
@@ -132,8 +142,11 @@ class SimulatedFunction:
             if (static := self._static(dword)) is not None:
                 return static
             if dword == R.MAILBOX_CONTROL:
-                return (self.trn_valid * R.TRN_MSG_VALID | self.trn_ack * R.TRN_MSG_ACK
-                        | (self.rcv_valid * R.RCV_MSG_VALID) << 8)
+                return (
+                    self.trn_valid * R.TRN_MSG_VALID
+                    | self.trn_ack * R.TRN_MSG_ACK
+                    | (self.rcv_valid * R.RCV_MSG_VALID) << 8
+                )
             if R.MAILBOX_TRN_DW0 <= dword < R.MAILBOX_TRN_DW0 + 4:
                 return self.trn[dword - R.MAILBOX_TRN_DW0]
             if R.MAILBOX_RCV_DW0 <= dword < R.MAILBOX_RCV_DW0 + 4:
@@ -201,7 +214,7 @@ class SimulatedFunction:
                 page, start = divmod(offset + len(out), PAGE)
                 n = min(PAGE - start, length - len(out))
                 data = self.vram_pages.get(page)
-                out += data[start:start + n] if data is not None else bytes(n)
+                out += data[start : start + n] if data is not None else bytes(n)
             return bytes(out)
 
     def write_vram(self, offset: int, data: bytes) -> None:
@@ -220,13 +233,13 @@ class SimulatedFunction:
 
     def config_read(self, offset: int, size: int) -> int:
         with self.lock:
-            return int.from_bytes(self.config_space[offset:offset + size], "little")
+            return int.from_bytes(self.config_space[offset : offset + size], "little")
 
     def config_write(self, offset: int, size: int, value: int) -> None:
         with self.lock:
             self.config_writes.append((offset, size, value))
             if (offset, size) == (R.PCI_COMMAND, 2):  # the only writable field modelled
-                self.config_space[offset:offset + size] = value.to_bytes(size, "little")
+                self.config_space[offset : offset + size] = value.to_bytes(size, "little")
 
     # -- PF side ---------------------------------------------------------------------------------------------------------
     def pf_write_vram(self, offset: int, data: bytes) -> None:
@@ -235,7 +248,7 @@ class SimulatedFunction:
             while done < len(data):
                 page, start = divmod(offset + done, PAGE)
                 n = min(PAGE - start, len(data) - done)
-                self.vram_pages.setdefault(page, bytearray(PAGE))[start:start + n] = data[done:done + n]
+                self.vram_pages.setdefault(page, bytearray(PAGE))[start : start + n] = data[done : done + n]
                 done += n
 
     def pf_receive(self, seq: int) -> tuple[int, int, int, int] | None:
@@ -383,8 +396,9 @@ class _SimBAR:
         if self._device.closed:
             raise PCIError(f"simulated device {self._device.address} is closed")
         if offset < 0 or length < 0 or offset + length > self.size:
-            raise IndexError(f"{self._what}: access of {length} bytes at {offset:#x} is outside the BAR's {self.size:#x}"
-                             " bytes")
+            raise IndexError(
+                f"{self._what}: access of {length} bytes at {offset:#x} is outside the BAR's {self.size:#x} bytes"
+            )
         return self._device.sim
 
 

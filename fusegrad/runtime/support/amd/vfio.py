@@ -3,6 +3,7 @@
 Guests without an IOMMU (the MI350X KVM guest has none) need vfio's `enable_unsafe_noiommu_mode=1`; the group then
 appears as /dev/vfio/noiommu-<group>. Ioctl numbers are the Linux UAPI's: _IO(';', 100 + n).
 """
+
 from __future__ import annotations
 
 import fcntl
