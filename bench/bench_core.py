@@ -62,7 +62,8 @@ def main() -> None:
 
     t_chain = median_time(chain, repeats=51)
     print(
-        f"python overhead: build + realize a 10-op chain on 16 elements: {t_chain * 1e6 / 10:.1f} us per op ({t_chain * 1e6:.0f} us total)"
+        f"python overhead: build + realize a 10-op chain on 16 elements: {t_chain * 1e6 / 10:.1f} us per op"
+        f" ({t_chain * 1e6:.0f} us total)"
     )
 
 

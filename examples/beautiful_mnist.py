@@ -39,7 +39,8 @@ def main() -> None:
         X_train, Y_train, X_test, Y_test = mnist()
     except (ConnectionError, OSError) as e:
         print(
-            f"MNIST is not reachable ({e}).\nPut the four IDX .gz files in the fusegrad download cache or run this online."
+            f"MNIST is not reachable ({e}).\n"
+            "Put the four IDX .gz files in the fusegrad download cache or run this online."
         )
         sys.exit(1)
     steps, bs, lr = getenv("STEPS", 70), getenv("BS", 512), getenv("LR", 0.02)

@@ -143,9 +143,9 @@ def fetch(
     sha256: str | None = None,  # noqa: B006
     extract: bool = False,
 ) -> pathlib.Path:
-    """Download `url` into the cache (cache_dir()/downloads[/subdir]/name) once and return its pathlib.Path. A local path
-    (starting with "/" or ".") is returned unchanged. `sha256` checks the bytes as downloaded before they enter the cache;
-    `gunzip` caches the decompressed file; `extract` unpacks a tar or zip archive and returns its directory."""
+    """Download `url` into the cache (cache_dir()/downloads[/subdir]/name) once and return its pathlib.Path. A local
+    path (starting with "/" or ".") is returned unchanged. `sha256` checks the bytes as downloaded before they enter the
+    cache; `gunzip` caches the decompressed file; `extract` unpacks a tar or zip archive and returns its directory."""
     import hashlib
 
     if url.startswith(("/", ".")):

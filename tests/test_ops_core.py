@@ -82,9 +82,9 @@ def rnd(*shape, dtype=np.float32, lo=-2.0, hi=2.0, seed=0):
 
 
 # Bugs found by this suite and fixed (kept as regression tests): comparing an int tensor with itself failed to compile
-# on CPU (gcc -Wtautological-compare raised as CompileError); kernels dropping the parameter of a buffer whose loads simplify
-# away (x % 1, bool * False, 0-size reductions, K=0 matmul wrote garbage / segfaulted on CPU); int min() with the
-# dtype's minimum; PYTHON (-0.0) ** -1; float % precision for large quotients; float // and % with infinities;
+# on CPU (gcc -Wtautological-compare raised as CompileError); kernels dropping the parameter of a buffer whose loads
+# simplify away (x % 1, bool * False, 0-size reductions, K=0 matmul wrote garbage / segfaulted on CPU); int min() with
+# the dtype's minimum; PYTHON (-0.0) ** -1; float % precision for large quotients; float // and % with infinities;
 # 0-d sum(axis=0).
 
 

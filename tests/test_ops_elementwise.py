@@ -1,5 +1,5 @@
-"""API.md G7-G12 (elementwise math, activations, binary arithmetic, comparison/logical/bitwise, selection, casting) and the
-G4 operators that map to them, against torch: forward values, result dtypes and shapes, gradients (torch autograd),
+"""API.md G7-G12 (elementwise math, activations, binary arithmetic, comparison/logical/bitwise, selection, casting) and
+the G4 operators that map to them, against torch: forward values, result dtypes and shapes, gradients (torch autograd),
 edge shapes and views, a PYTHON-device subset, bad inputs and kernel counts."""
 
 import math
@@ -194,7 +194,8 @@ KINKS = np.array([-6.0, -3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 6.0], np.float32)
     "name", [n for n, v in UNARY.items() if v[2] in (REAL, (-2.0, 8.0), (-5.0, 5.0), (-8.0, 8.0)) and n not in NO_GRAD]
 )
 def test_unary_grad_at_kinks(name):
-    """Gradients at 0 and at the corners of piecewise ops (relu at 0 is 0, abs at 0 is 0, clip bounds, ...) like torch."""
+    """Gradients at 0 and at the corners of piecewise ops (relu at 0 is 0, abs at 0 is 0, clip bounds, ...)
+    like torch."""
     fn, tfn, _ = UNARY[name]
     check_grads(fn, tfn, KINKS)
 
@@ -797,7 +798,8 @@ def test_bitwise(npdt):
     "npdt", [np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64], ids=lambda d: np.dtype(d).name
 )
 def test_shifts(npdt):
-    """Shifts by the bit width or more give 0 (or -1 for >> of negatives) like torch; >> of signed values is arithmetic."""
+    """Shifts by the bit width or more give 0 (or -1 for >> of negatives) like torch;
+    >> of signed values is arithmetic."""
     info = np.iinfo(npdt)
     a = np.array([1, 3, -8 if info.min else 200, info.max, info.min, 0], npdt)
 

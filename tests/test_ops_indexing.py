@@ -42,7 +42,8 @@ def rint(*shape, lo=-50, hi=50, seed=0, dtype=np.int32):
 
 def compare(fn, *arrays, grad=False, device="CPU", dt=None, torch_fn=None):
     """fn(T, *inputs) on fusegrad and (or torch_fn) on torch, where T makes an index tensor of that library from numpy
-    data: forward values, and with grad the gradients of out.sum() w.r.t. the inputs (the arrays, cast to dt if given)."""
+    data: forward values, and with grad the gradients of out.sum() w.r.t. the inputs
+    (the arrays, cast to dt if given)."""
     fg_in = [Tensor(a, device=device, dtype=dt) for a in arrays]
     th_in = [torch.tensor(a).to(FG2TORCH[dt]) if dt else torch.tensor(a, requires_grad=grad) for a in arrays]
     out, ref = fn(lambda a: Tensor(a, device=device), *fg_in), (torch_fn or fn)(torch.tensor, *th_in)

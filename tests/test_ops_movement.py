@@ -1,4 +1,5 @@
-"""Movement ops (API.md G15 shape & layout, G16 combine, tile & window) against torch: values, dtypes, shapes, gradients.
+"""Movement ops (API.md G15 shape & layout, G16 combine, tile & window) against torch: values, dtypes, shapes,
+gradients.
 
 Movement only moves data, so forward values must match exactly. Gradients go through `(out * w).sum().gradient(...)`
 with a random weight `w`, so a gradient routed to the wrong element is caught, not just a wrong count.
@@ -52,7 +53,8 @@ def check(out, ref):
 
 
 def compare(fg_fn, th_fn, *arrays, view="contiguous", device="CPU", grad=True):
-    """Run fg_fn and th_fn on the same inputs (seen through `view`); compare outputs and, for float inputs, gradients."""
+    """Run fg_fn and th_fn on the same inputs (seen through `view`); compare outputs and, for float inputs,
+    gradients."""
     fg_in = [Tensor(a, device=device) for a in arrays]
     th_in = [torch.tensor(a, requires_grad=grad and a.dtype.kind == "f") for a in arrays]
     fg_out, th_out = fg_fn(*(VIEWS[view][0](t) for t in fg_in)), th_fn(*(VIEWS[view][1](t) for t in th_in))

@@ -31,7 +31,8 @@ NP_TYPES = [
 
 
 def check(t, ref, dtype=None, atol=1e-6, rtol=1e-3):
-    """t matches ref (torch tensor, numpy array or scalar) in shape, dtype (ref's, or `dtype`) and values; NaN == NaN."""
+    """t matches ref (torch tensor, numpy array or scalar) in shape, dtype (ref's, or `dtype`) and values;
+    NaN == NaN."""
     if isinstance(ref, torch.Tensor):
         exp_dt = TORCH2FG[ref.dtype]
         ref = ref.detach().float().numpy() if ref.dtype == torch.bfloat16 else ref.detach().numpy()
@@ -391,8 +392,13 @@ def test_softmax_family_kernel_counts(name, limit):
 @pytest.mark.parametrize("p,dim", [(2.0, 1), (1.0, 0), (3.0, -1), (math.inf, 1), (-math.inf, 1), (0, 1), (0.5, 1)])
 def test_normalize(p, dim):
     a = rnd(4, 5, seed=11)
-    grad_fn = lambda t: t.normalize(p, dim) * t
-    th_fn = lambda t: F.normalize(t, p, dim) * t
+
+    def grad_fn(t):
+        return t.normalize(p, dim) * t
+
+    def th_fn(t):
+        return F.normalize(t, p, dim) * t
+
     if p == 0:  # the norm is a count: no gradient through it
         check(Tensor(a).normalize(p, dim), F.normalize(torch.tensor(a), p, dim))
     else:

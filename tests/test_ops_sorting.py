@@ -28,7 +28,8 @@ def path(request, monkeypatch):
 
 
 def check(t, ref, atol=1e-6, rtol=1e-3):
-    """t matches ref (numpy array or torch tensor; torch int64 indices are expected as int32) in shape, dtype, values."""
+    """t matches ref (numpy array or torch tensor; torch int64 indices are expected as int32)
+    in shape, dtype, values."""
     if isinstance(ref, torch.Tensor):
         ref = ref.detach().numpy().astype(np.int32) if ref.dtype == torch.int64 else ref.detach().numpy()
     ref = np.asarray(ref)

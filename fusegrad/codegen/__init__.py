@@ -45,7 +45,8 @@ def lower_to_linear(ast: UOp, half_native: bool = True) -> KernelInfo:
     if DEBUG >= 6:
         for i, u in enumerate(lin):
             print(
-                f"{i:4d} {u.op.name:12s} {u.dtype!r:18s} {[lin.index(s) if s in lin else s.op.name for s in u.src]} {u.arg!r}"
+                f"{i:4d} {u.op.name:12s} {u.dtype!r:18s}"
+                f" {[lin.index(s) if s in lin else s.op.name for s in u.src]} {u.arg!r}"
             )
     outer = next((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"), None)
     return KernelInfo(

@@ -90,8 +90,9 @@ class Lowerer:
             return in_bounds.where(inner, UOp.const(u.dtype, 0))
         if op is Ops.REDUCE_AXIS:
             reduce_op, axes = u.arg
-            # lowerings of one reduce inside the same enclosing reduce loops share their loops, so unrolled copies accumulate
-            # in one loop; inside different enclosing loops (one reduce feeding two reduces) each gets its own loops
+            # lowerings of one reduce inside the same enclosing reduce loops share their loops, so unrolled copies
+            # accumulate in one loop; inside different enclosing loops (one reduce feeding two reduces) each gets its
+            # own loops
             key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
             if key not in self.reduce_ranges:
                 self.reduce_ranges[key] = tuple(self.new_range(src[0].shape[a], "reduce") for a in axes)

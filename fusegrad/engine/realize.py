@@ -56,7 +56,8 @@ def run_item(item: ScheduleItem) -> None:
     GlobalCounters.time_sum_s += et
     if DEBUG >= 2:
         print(
-            f"*** {item.device:6s} {GlobalCounters.kernel_count:4d} {name:32s} arg {len(item.buffers):2d} mem {GlobalCounters.mem_used / 1e9:6.2f} GB"
+            f"*** {item.device:6s} {GlobalCounters.kernel_count:4d} {name:32s} arg {len(item.buffers):2d}"
+            f" mem {GlobalCounters.mem_used / 1e9:6.2f} GB"
             f" tm {et * 1e6:9.2f}us {ops / max(et, 1e-9) / 1e9:8.2f} GFLOPS {mem / max(et, 1e-9) / 1e9:7.2f} GB/s"
         )
 

@@ -99,7 +99,8 @@ def _cifar_batch(raw: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cifar(device: str | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """CIFAR-10: (X_train (50000, 3, 32, 32), Y_train (50000,), X_test (10000, 3, 32, 32), Y_test (10000,)), all uint8."""
+    """CIFAR-10: (X_train (50000, 3, 32, 32), Y_train (50000,), X_test (10000, 3, 32, 32), Y_test (10000,)),
+    all uint8."""
     path = fetch(CIFAR_URL, name="cifar-10-python.tar.gz", subdir="cifar", sha256=CIFAR_SHA256)
     names = [f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)] + ["cifar-10-batches-py/test_batch"]
     try:

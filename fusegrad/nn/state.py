@@ -110,7 +110,8 @@ def load_state_dict(
     if verbose:
         nbytes = sum(v.nbytes() for _, v, _ in pairs)
         print(
-            f"load_state_dict: loaded {len(pairs)} tensors, {nbytes / 1e6:.2f} MB in {(time.perf_counter() - st) * 1e3:.1f} ms"
+            f"load_state_dict: loaded {len(pairs)} tensors, {nbytes / 1e6:.2f} MB"
+            f" in {(time.perf_counter() - st) * 1e3:.1f} ms"
         )
     return [v for _, v, _ in pairs]
 
@@ -254,7 +255,8 @@ def _safe_header(blob: _Blob) -> tuple[int, dict]:
     n = struct.unpack("<Q", blob.read(0, 8, "header length"))[0]
     if n > len(blob) - 8:
         raise ValueError(
-            f"{blob.name}: header length {n} exceeds the {len(blob) - 8} bytes after it (truncated, or not a safetensors file)"
+            f"{blob.name}: header length {n} exceeds the {len(blob) - 8} bytes after it"
+            " (truncated, or not a safetensors file)"
         )
     try:
         header = json.loads(blob.read(8, n, "header"))
@@ -761,7 +763,8 @@ def _dequant_q8_0(b: Tensor) -> Tensor:
 
 def _dequant_q4_k(b: Tensor) -> Tensor:
     s = b[:, 4:16].cast(dtypes.int32)
-    # 8 six-bit scales and mins: sub-blocks 0-3 in the low bits of bytes 0-7, 4-7 split over bytes 8-11 and bytes' top bits
+    # 8 six-bit scales and mins: sub-blocks 0-3 in the low bits of bytes 0-7,
+    # 4-7 split over bytes 8-11 and bytes' top bits
     scales = _cat_last(s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)).cast(dtypes.float32)
     mins = _cat_last(s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)).cast(dtypes.float32)
     q = _split_bits(b[:, 16:144].reshape(-1, 4, 32), 4, 2).reshape(-1, 8, 32).cast(dtypes.float32)

@@ -15,7 +15,8 @@ def ctype(dt: DType) -> str:
 
 PRELUDE = """#include <math.h>
 #include <string.h>
-static inline float fg_bf16_to_f32(unsigned short b) { unsigned int u = (unsigned int)b << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline float fg_bf16_to_f32(unsigned short b) { unsigned int u = (unsigned int)b << 16; \
+float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned short fg_f32_to_bf16(float f) {
   unsigned int u; memcpy(&u, &f, 4);
   if (f != f) return 0x7FC0;
@@ -101,7 +102,10 @@ def render_alu(op: Ops, dt: DType, args: list[str], srcs: tuple[UOp, ...]) -> st
             expr = f"(({args[1]})==0?0:({args[0]}{sym}{args[1]}))"
         # signed MIN / -1 traps too; x / -1 is -x (wrapping, -fwrapv) and x % -1 is 0
         else:
-            expr = f"(({args[1]})==0?0:({args[1]})==-1?{f'(-({args[0]}))' if op is Ops.IDIV else '0'}:({args[0]}{sym}{args[1]}))"
+            expr = (
+                f"(({args[1]})==0?0:({args[1]})==-1?{f'(-({args[0]}))' if op is Ops.IDIV else '0'}"
+                f":({args[0]}{sym}{args[1]}))"
+            )
     elif op is Ops.WHERE:
         expr = f"({args[0]}?{args[1]}:{args[2]})"
     elif op is Ops.ADD and dt is dtypes.bool:
@@ -189,7 +193,10 @@ class CStyleRenderer:
                 if op is Ops.CAST:
                     expr = render_cast(ref(u.src[0]), u.src[0].dtype, u.dtype)
                 elif op is Ops.BITCAST:
-                    expr = f"({{ {ctype(u.dtype)} bc_; {ctype(u.src[0].dtype)} in_ = {ref(u.src[0])}; memcpy(&bc_, &in_, sizeof(bc_)); bc_; }})"
+                    expr = (
+                        f"({{ {ctype(u.dtype)} bc_; {ctype(u.src[0].dtype)} in_ = {ref(u.src[0])};"
+                        " memcpy(&bc_, &in_, sizeof(bc_)); bc_; })"
+                    )
                 else:
                     expr = render_alu(op, u.dtype, [ref(s) for s in u.src], u.src)
                 # single-use integer index math is inlined so the indexing reads like the formula it is

@@ -97,7 +97,8 @@ def _elu(x: Tensor, alpha: float, scale: float = 1.0) -> Tensor:
 
 
 def _log_big_or(x: Tensor, small: Callable[[Tensor], Tensor]) -> Tensor:
-    """For asinh/acosh: log(2x) where x*x would overflow (x > 2**28 makes the +-1 under the root vanish), else small(x)."""
+    """For asinh/acosh: log(2x) where x*x would overflow (x > 2**28 makes the +-1 under the root vanish),
+    else small(x)."""
     big = x > 2**28
     return big.where(big.where(x, 1).log() + LN2, small(big.where(1, x)))
 
@@ -144,7 +145,8 @@ class ElementwiseMixin:
         return self._bitcast_resized(dt, ratio)
 
     def _bitcast_resized(self, dt: DType, ratio: int) -> Tensor:
-        """Bitcast to another item size as unsigned-int shifts over the last axis (little-endian), so it stays lazy and fuses."""
+        """Bitcast to another item size as unsigned-int shifts over the last axis (little-endian), so it stays lazy
+        and fuses."""
         src_u, dst_u = _UINT_OF_SIZE[self.dtype.itemsize], _UINT_OF_SIZE[dt.itemsize]
         words = self.bitcast(src_u)
         if dt.itemsize < self.dtype.itemsize:  # split: part k holds bits [8*k*itemsize, 8*(k+1)*itemsize)
@@ -426,7 +428,8 @@ class ElementwiseMixin:
     def pow(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         if not reverse and isinstance(x, int) and x < 0 and not dtypes.is_float(self.dtype):
             raise RuntimeError(
-                f"integers to negative integer powers are not allowed ({self.dtype} tensor ** {x}); the base needs to be float"
+                f"integers to negative integer powers are not allowed ({self.dtype} tensor ** {x});"
+                " the base needs to be float"
             )
         a, b = self._operand(x, reverse)
         if dtypes.is_float(a.dtype):
@@ -541,7 +544,8 @@ class ElementwiseMixin:
     def isclose(
         self, other: Tensor | Scalar, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False
     ) -> Tensor:
-        """|self - other| <= atol + rtol * |other|; equal values (infinities too) are close; NaNs only with equal_nan."""
+        """|self - other| <= atol + rtol * |other|; equal values (infinities too) are close;
+        NaNs only with equal_nan."""
         if rtol < 0 or atol < 0:
             raise RuntimeError(f"isclose needs rtol >= 0 and atol >= 0, got rtol={rtol}, atol={atol}")
         a, b = self._operand(other)

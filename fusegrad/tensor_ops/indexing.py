@@ -63,7 +63,8 @@ def _adv_order(view_ndim: int, dims: tuple[int, ...], n_batch: int) -> list[int]
 
 
 def _flat_index(indices: Sequence[Tensor], sizes: Sequence[int], shape: tuple[int, ...]) -> Tensor:
-    """Row-major position in a block of `sizes` addressed by the broadcast indices; -1 where any index is out of range."""
+    """Row-major position in a block of `sizes` addressed by the broadcast indices;
+    -1 where any index is out of range."""
     big = prod(sizes) >= 2**31 or any(i.dtype.itemsize == 8 or i.dtype is dtypes.uint32 for i in indices)
     wide, device = dtypes.int64 if big else dtypes.int32, indices[0].device
     flat, valid = Tensor.zeros(shape, dtype=wide, device=device), Tensor.ones(shape, dtype=dtypes.bool, device=device)
@@ -213,7 +214,8 @@ class IndexingMixin:
         return t.reshape(t.shape[: dim + 1] + t.shape[dim + 2 :])
 
     def _unslice_dim(self, dim: int, start: int, count: int, step: int, size: int) -> Tensor:
-        """Inverse of _slice_dim: place this dim's `count` elements at start, start+step, ... of a zero dim of `size`."""
+        """Inverse of _slice_dim: place this dim's `count` elements at start, start+step, ...
+        of a zero dim of `size`."""
 
         def pad_dim(t: Tensor, before: int, after: int) -> Tensor:
             return t.pad(tuple((before, after) if d == dim else (0, 0) for d in range(t.ndim)))
@@ -374,7 +376,8 @@ class IndexingMixin:
         later = order.reshape((1, n) + (1,) * (self.ndim - d - 1)) > order.reshape((n, 1) + (1,) * (self.ndim - d - 1))
         overwritten = ((index.unsqueeze(d + 1) == index.unsqueeze(d)) & later).any(d + 1)
         if dtypes.is_float(src.dtype):
-            # an overwritten write adds an exact 0 yet keeps d/dsrc = 1, like torch's scatter backward (grad.gather(index))
+            # an overwritten write adds an exact 0 yet keeps d/dsrc = 1,
+            # like torch's scatter backward (grad.gather(index))
             ghost = src - src.detach()
             src = overwritten.where((ghost == 0).where(ghost, 0.0), src)
         else:

@@ -93,7 +93,8 @@ class LinalgMixin:
 
     @staticmethod
     def einsum(formula: str, *operands: Tensor | Sequence[Tensor], dtype: DTypeLike | None = None) -> Tensor:
-        """Einstein summation like torch.einsum: '...', implicit output, repeated subscripts (diagonals), broadcasting."""
+        """Einstein summation like torch.einsum: '...', implicit output, repeated subscripts (diagonals),
+        broadcasting."""
         one_list = len(operands) == 1 and isinstance(operands[0], (list, tuple))
         ops: list[Tensor] = list(operands[0] if one_list else operands)  # type: ignore[arg-type]
         lhs, arrow, rhs = formula.replace(" ", "").partition("->")
@@ -120,7 +121,8 @@ class LinalgMixin:
             out = ellipsis + sorted(c for c in set(letters) if letters.count(c) == 1)
         summed = sorted({c for ls in labels for c in ls} - set(out))
         order = out + summed
-        # each operand: diagonals of repeated labels, then its dims permuted into `order` with size-1 dims for absent labels
+        # each operand: diagonals of repeated labels, then its dims permuted into `order`
+        # with size-1 dims for absent labels
         sizes: dict[str, int] = {}
         aligned = []
         for i, (t, ls) in enumerate(zip(ops, labels)):
@@ -206,7 +208,8 @@ class LinalgMixin:
         order = (rank == Tensor.arange(n, device=self.device)).cast(dtypes.float64)
         sigma, g, v = (sigma.unsqueeze(-2) @ order).squeeze(-2), g @ order, v @ order
         u_thin = g / (sigma == 0).where(1, sigma).unsqueeze(-2)
-        # an orthonormal basis continuing u_thin (also covering zero singular values): QR of [u_thin | I], signs restored
+        # an orthonormal basis continuing u_thin (also covering zero singular values):
+        # QR of [u_thin | I], signs restored
         q, r = u_thin.cat(Tensor.eye(m, dtype=dtypes.float64, device=self.device).expand(batch + (m, m)), dim=-1).qr()
         flips = ((r[..., :n, :n] * Tensor.eye(n, dtype=dtypes.float64, device=self.device)).sum(-1) < 0).where(
             -1.0, 1.0
@@ -219,7 +222,8 @@ class LinalgMixin:
     def newton_schulz(
         self, steps: int, params: Sequence[float] | Sequence[Sequence[float]], eps: float = 1e-07
     ) -> Tensor:
-        """Muon's orthogonalisation of the last two dims: X <- aX + (bA + cA^2)X with A = XX^T, from X scaled to norm <= 1.
+        """Muon's orthogonalisation of the last two dims: X <- aX + (bA + cA^2)X with A = XX^T,
+        from X scaled to norm <= 1.
         `params` is one (a, b, c) for every step or a list with one (a, b, c) per step."""
         if self.ndim < 2:
             raise RuntimeError(f"newton_schulz needs a tensor of at least 2 dims, got shape {self.shape}")

@@ -23,7 +23,8 @@ PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
 def _rearrange_side(side: str) -> list[list[str] | str]:
-    """One side of an einops formula as top-level items: a list of axis names (a group; `()` and `1` are empty) or '...'."""
+    """One side of an einops formula as top-level items: a list of axis names (a group; `()` and `1` are empty)
+    or '...'."""
     tokens = re.findall(r"\.\.\.|\(|\)|[A-Za-z_]\w*|\d+|\S", side)
     items: list[list[str] | str] = []
     group: list[str] | None = None

@@ -40,7 +40,8 @@ def _positive(value: IntOrInts, n: int, name: str) -> tuple[int, ...]:
 
 
 def _pad_pairs(padding: IntOrInts, n: int) -> tuple[tuple[int, int], ...]:
-    """An int, one value per spatial dim, or a flat torch-order list (left, right, top, bottom, ...) -> per-dim pairs."""
+    """An int, one value per spatial dim, or a flat torch-order list (left, right, top, bottom, ...)
+    -> per-dim pairs."""
     if isinstance(padding, int):
         return ((padding, padding),) * n
     pads = tuple(padding)
@@ -205,7 +206,8 @@ class NNMixin:
         padding: IntOrInts = 0,
         output_padding: IntOrInts = 0,
     ) -> Tensor:
-        """The gradient of conv2d w.r.t. its input: zero-stuff the input by stride, then a conv with the flipped kernel."""
+        """The gradient of conv2d w.r.t. its input: zero-stuff the input by stride,
+        then a conv with the flipped kernel."""
         if self.ndim == weight.ndim - 1 >= 2:
             batched = self.unsqueeze(0).conv_transpose2d(
                 weight, bias, groups, stride, dilation, padding, output_padding
@@ -369,7 +371,8 @@ class NNMixin:
 
     # ------------------------------------------------------------------ resizing
     def interpolate(self, size: Sequence[int], mode: str = "linear", align_corners: bool = False) -> Tensor:
-        """Resize the last len(size) dims, one dim at a time, each as a contraction with an (out, in) resampling matrix."""
+        """Resize the last len(size) dims, one dim at a time,
+        each as a contraction with an (out, in) resampling matrix."""
         if mode not in ("linear", "nearest", "nearest-exact"):
             raise NotImplementedError(
                 f"interpolate mode {mode!r} is not supported: use linear, nearest or nearest-exact"
@@ -408,7 +411,8 @@ class NNMixin:
             wide = self.cast(compute) if self.dtype.itemsize < 4 else self
             mixed = wide.unsqueeze(axis) * weights.cast(wide.dtype).reshape((out, size) + trailing)
             return mixed.sum(axis + 1).cast(self.dtype)
-        # nearest picks floor(dst * in/out) in float32 like torch; nearest-exact rounds the pixel-centre position instead
+        # nearest picks floor(dst * in/out) in float32 like torch;
+        # nearest-exact rounds the pixel-centre position instead
         scale = Tensor(size / out, device=self.device, dtype=dtypes.float32)
         pos = (dst.cast(dtypes.float32) + (0.5 if mode == "nearest-exact" else 0.0)) * scale
         pick = (pos.floor().cast(dtypes.int32).minimum(size - 1) == src).reshape((out, size) + trailing)
@@ -492,7 +496,8 @@ class NNMixin:
         return scores.softmax(-1).dropout(dropout_p) @ value
 
     def _repeat_heads(self, times: int) -> Tensor:
-        """(..., H, S, E) -> (..., H*times, S, E), each head repeated `times` times in place (like repeat_interleave)."""
+        """(..., H, S, E) -> (..., H*times, S, E), each head repeated `times` times in place
+        (like repeat_interleave)."""
         shape = self.shape
         x = self.reshape(shape[:-2] + (1,) + shape[-2:]).expand(shape[:-2] + (times,) + shape[-2:])
         return x.reshape(shape[:-3] + (shape[-3] * times,) + shape[-2:])

@@ -112,7 +112,8 @@ class ReduceMixin:
         return prod(self.shape[i] for i in self._axes(axis))
 
     def _order_flip(self) -> Tensor:
-        """An order-reversing bijection (negation, bitwise not), so min/argmin/cummin reuse the max code; NaN stays NaN."""
+        """An order-reversing bijection (negation, bitwise not), so min/argmin/cummin reuse the max code;
+        NaN stays NaN."""
         if dtypes.is_float(self.dtype):
             return -self
         return self.logical_not() if self.dtype is dtypes.bool else ~self
@@ -228,8 +229,8 @@ class ReduceMixin:
             norm = magnitude.sum(dim, keepdim=True)
         else:
             powered = magnitude.pow(p).sum(dim, keepdim=True)
-            # the root's slope is infinite at 0: take the root of 1 there (and discard it), so the zero vector's gradient
-            # stays finite
+            # the root's slope is infinite at 0: take the root of 1 there (and discard it),
+            # so the zero vector's gradient stays finite
             is_zero = powered == 0
             norm = is_zero.where(0, is_zero.where(1, powered).pow(1 / p))
         return x / norm.maximum(eps)

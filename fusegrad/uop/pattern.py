@@ -109,7 +109,10 @@ class UPat:
         return out
 
     def __repr__(self) -> str:
-        return f"UPat(op={self.op and sorted(o.name for o in self.op)}, name={self.name!r}, src={self.src!r}, arg={self.arg!r})"
+        return (
+            f"UPat(op={self.op and sorted(o.name for o in self.op)}, name={self.name!r}, src={self.src!r},"
+            f" arg={self.arg!r})"
+        )
 
 
 class PatternMatcher:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Resources a VF must leave alone: the PF owns PSP and SMU firmware, scratch-register state, clock gating, the XGMI hive,
-# and the ACA error banks (read through the SMU).
+# Resources a VF must leave alone: the PF owns PSP and SMU firmware, scratch-register state, clock gating, the XGMI
+# hive, and the ACA error banks (read through the SMU).
 PF_OWNED = frozenset({"PSP", "SMU", "SCRATCH", "CLOCK_GATING", "XGMI_HIVE", "ACA"})
 PHASES = ("boot", "runtime", "fini")
 PF_ONLY = "the PF owns it"

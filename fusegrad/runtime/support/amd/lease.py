@@ -38,7 +38,8 @@ class VFLease:
 
     def request_init_access(self) -> Message:
         """REQ_GPU_INIT_ACCESS; the lease counts as acquired only once the PF's READY_TO_ACCESS_GPU arrived."""
-        # A grant arriving after we gave up is not ours to release (facts §6 edge); the PF's full-access timer reclaims it.
+        # A grant arriving after we gave up is not ours to release (facts §6 edge);
+        # the PF's full-access timer reclaims it.
         if self.init_data is None:
             raise RuntimeError("REQ_GPU_INIT_ACCESS needs a successful REQ_GPU_INIT_DATA first")
         reply = self.mailbox.request(Request.REQ_GPU_INIT_ACCESS, Event.READY_TO_ACCESS_GPU)
@@ -58,7 +59,8 @@ class VFLease:
             return False
         # cleared before sending, so a failed send is never followed by a second release
         self.acquired = False
-        # sent even after an FLR: the PF ignores a release without a grant, and skipping it could leak one it still holds
+        # sent even after an FLR: the PF ignores a release without a grant,
+        # and skipping it could leak one it still holds
         self.releases_sent += 1
         try:
             self.mailbox.request(Request.REL_GPU_INIT_ACCESS, None, retries=1)

@@ -1,9 +1,9 @@
 """A simulated MI350X function (PF or VF) behind the PCIDevice interface (facts sheet §9-§11).
 
-`SimulatedFunction` is the chip: a BAR5 register file with the mailbox's bit semantics, sparse VRAM and doorbells, config
-space, and the PF's access gates. On a VF, `SimulatedPF` runs beside it on a daemon thread and answers the mailbox
-with configurable latencies and faults. Until the PF grants access, VRAM reads all 0xFF and ignores writes, exactly
-the symptom seen on a real guest that skipped the handshake.
+`SimulatedFunction` is the chip: a BAR5 register file with the mailbox's bit semantics, sparse VRAM and doorbells,
+config space, and the PF's access gates. On a VF, `SimulatedPF` runs beside it on a daemon thread and answers the
+mailbox with configurable latencies and faults. Until the PF grants access, VRAM reads all 0xFF and ignores writes,
+exactly the symptom seen on a real guest that skipped the handshake.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class SimulatedFunction:
             if (offset, size) == (R.PCI_COMMAND, 2):  # the only writable field modelled
                 self.config_space[offset : offset + size] = value.to_bytes(size, "little")
 
-    # -- PF side ---------------------------------------------------------------------------------------------------------
+    # -- PF side -------------------------------------------------------------------------------------------------------
     def pf_write_vram(self, offset: int, data: bytes) -> None:
         with self.lock:
             done = 0
