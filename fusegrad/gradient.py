@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 from fusegrad.dtype import dtypes
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, device_of
 
 def _full(like: UOp, value: float) -> UOp:
   """A constant broadcast to like's shape and dtype."""
@@ -64,6 +64,19 @@ def _pow_grad(node: UOp, g: UOp) -> tuple[UOp, UOp]:
   da = UOp(Ops.WHERE, a.dtype, (b_zero, _full(a, 0), da))
   return (_alu(Ops.MUL, g, da), _alu(Ops.MUL, g, db))
 
+def _multi_grad(node: UOp, g: UOp) -> tuple[UOp, ...]:
+  """Each shard gets its slice of the (logical) gradient, copied to the shard's device."""
+  axis, devices = node.arg
+  out = []
+  for i, (src, device) in enumerate(zip(node.src, devices)):
+    if axis is None: part = g
+    else:
+      size = src.shape[axis]
+      bounds = tuple((i * size, (i + 1) * size) if j == axis else (0, d) for j, d in enumerate(g.shape))
+      part = UOp(Ops.SHRINK, g.dtype, (g,), bounds)
+    out.append(UOp(Ops.COPY, g.dtype, (part,), device))
+  return tuple(out)
+
 def _inverse_permutation(order: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(sorted(range(len(order)), key=lambda i: order[i]))
 
@@ -95,7 +108,9 @@ GRAD_RULES: dict[Ops, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {
   Ops.FLIP: lambda n, g: (UOp(Ops.FLIP, g.dtype, (g,), n.arg),),
   Ops.REDUCE_AXIS: _reduce_grad,
   Ops.CONTIGUOUS: lambda n, g: (UOp(Ops.CONTIGUOUS, g.dtype, (g,)) if n.arg == "backward" else g,),
-  Ops.COPY: lambda n, g: (UOp(Ops.COPY, g.dtype, (g,), n.arg),),
+  # the gradient goes back to the source's device (a multi-device source takes the logical gradient as is)
+  Ops.COPY: lambda n, g: (UOp(Ops.COPY, g.dtype, (g,), d) if isinstance(d := device_of(n.src[0]), str) else g,),
+  Ops.MULTI: _multi_grad,
 }
 NO_GRADIENT = {Ops.DETACH, Ops.BITCAST, Ops.ASSIGN, Ops.BUFFER, Ops.CONST, Ops.ARANGE} | GroupOp.Comparison | \
   {Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD}

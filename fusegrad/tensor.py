@@ -22,6 +22,7 @@ from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import all_same, prod
 from fusegrad.runtime.device import Buffer, Device
 from fusegrad.schedule import base_buffer, buffer_of, buffer_uop, is_contiguous_view
+from fusegrad.schedule.multi import canonical_device, is_realized_multi, multi_axis, shard_uop
 from fusegrad.tensor_ops import bind_tensor_class
 from fusegrad.tensor_ops.creation import CreationMixin
 from fusegrad.tensor_ops.elementwise import ElementwiseMixin
@@ -58,7 +59,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
   def __init__(self, data: Any = None, device: str | tuple | None = None, dtype: DTypeLike | None = None,
                requires_grad: bool | None = None):
     dt = to_dtype(dtype) if dtype is not None else None
-    self.device = Device.canonicalize(device if isinstance(device, str) or device is None else device[0])
+    placement = canonical_device(device)
+    # host data for several devices is loaded on the first one and replicated from there
+    self.device = placement[0] if isinstance(placement, tuple) and not isinstance(data, UOp) else placement
     self.grad: Tensor | None = None
     self.requires_grad, self.is_param = requires_grad, requires_grad is not False
     _all_tensors.add(self)
@@ -78,6 +81,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     elif isinstance(data, (np.ndarray, np.generic)): self.uop = self._from_numpy(np.asarray(data), dt)
     elif isinstance(data, pathlib.Path): self.uop = self._from_file(data, dt or dtypes.uint8)
     else: raise TypeError(f"cannot build a Tensor from {type(data).__name__}")
+    if isinstance(placement, tuple) and not isinstance(data, UOp):
+      self.uop, self.device = shard_uop(self.uop, placement, None), placement
   def _from_file(self, path: pathlib.Path, dt: DType) -> UOp:
     """A 1-D tensor over the file's bytes on device DISK:<abs path>; nothing is read until it is used."""
     from fusegrad.runtime.ops_disk import DiskBuffer
@@ -131,7 +136,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     return self
   @staticmethod
   def realize_all(tensors: Sequence[Tensor]) -> None:
-    todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None}.values())
+    todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
     if not todo: return
     # an assign reached through another tensor's graph runs now, so its own tensor must take the result (or it runs again)
     for key, t in list(_pending_assigns.items()):
@@ -149,7 +154,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     results = realize_uops([t.uop for t in todo], [t.device for t in todo])
     for t, r in zip(todo, results): t.uop = r
   def _host_data(self) -> np.ndarray:
-    """The values as a new numpy array (bfloat16 widened to float32)."""
+    """The values as a new numpy array (bfloat16 widened to float32); a multi-device tensor is gathered first."""
+    if isinstance(self.device, tuple): return self.to(self.device[0])._host_data()
     t = self if is_contiguous_view(self.uop) else self.contiguous()
     t.realize()
     buf = buffer_of[base_buffer(t.uop)]  # type: ignore[index]
@@ -165,16 +171,35 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     raw = memoryview(arr.reshape(-1)).cast("B")
     return raw.cast(arr.dtype.char, self.shape) if self.shape and 0 not in self.shape else raw.cast(arr.dtype.char)
   # ------------------------------------------------------------------ placement and mutation
-  def to(self, device: str | None) -> Tensor:
-    device = Device.canonicalize(device)
+  def to(self, device: str | tuple[str, ...] | None) -> Tensor:
+    device = canonical_device(device)
     if device == self.device: return self
+    if isinstance(device, tuple):
+      if isinstance(self.device, tuple): raise RuntimeError(f"tensor is already sharded on {self.device}; gather first")
+      return self.shard(device)
     out = Tensor(UOp(Ops.COPY, self.dtype, (self.uop,), device), device=device)
     if self.grad is not None: out.grad = self.grad.to(device)
     return out
-  def to_(self, device: str | None) -> Tensor:
+  def to_(self, device: str | tuple[str, ...] | None) -> Tensor:
     moved = self.to(device)
     self.uop, self.device, self.grad = moved.uop, moved.device, moved.grad
     return self
+  def shard(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+    """Split `axis` evenly over devices (or replicate the tensor on each when axis is None)."""
+    if isinstance(self.device, tuple): raise RuntimeError(f"tensor is already sharded on {self.device}; cannot reshard")
+    placement = canonical_device(devices)
+    if not isinstance(placement, tuple): return self.to(placement)
+    if axis is not None:
+      axis = self._axis(axis)
+      if self.shape[axis] % len(placement):
+        raise RuntimeError(f"cannot shard axis {axis} of size {self.shape[axis]} evenly over {len(placement)} devices")
+    return Tensor(shard_uop(self.uop, placement, axis), device=placement)
+  def shard_(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+    sharded = self.shard(devices, axis)
+    self.uop, self.device = sharded.uop, sharded.device
+    return self
+  def shard_like(self, y: Tensor) -> Tensor:
+    return self.shard(y.device, multi_axis(y.uop)) if isinstance(y.device, tuple) else self.to(y.device)
   def contiguous(self) -> Tensor:
     # each call is a distinct node: contiguous() promises a buffer of its own, even for equal graphs
     return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), next(_contiguous_ids)))
@@ -199,7 +224,7 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, Indexi
     if x.device != self.device: raise RuntimeError(f"assign from device {x.device} into a tensor on {self.device}")
     if x.dtype != self.dtype: raise RuntimeError(f"assign of {x.dtype} into a {self.dtype} tensor; cast it first")
     x = x._broadcast_to(self.shape)
-    if base_buffer(self.uop) is None or not is_contiguous_view(self.uop): self.replace(self.contiguous().realize())
+    if not is_contiguous_view(self.uop) and not is_realized_multi(self.uop): self.replace(self.contiguous().realize())
     self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
     _pending_assigns[id(self)] = self
     return self

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from fusegrad.dtype import DType
 from fusegrad.helpers import DEBUG
 from fusegrad.runtime.device import Buffer
+from fusegrad.schedule.multi import lower_multi
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 # a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead
@@ -96,6 +97,7 @@ class _Planner:
   def _device(self, u: UOp) -> str | None:
     if u.op is Ops.BUFFER: return u.arg[1]
     if u.op is Ops.COPY: return u.arg
+    if u.op is Ops.SINK: return None  # the roots of one schedule may live on different devices
     devs = {d for s in u.src if (d := self.device_of[s]) is not None}
     if len(devs) > 1: raise RuntimeError(f"{u.op} mixes tensors on different devices {sorted(devs)}; move them with .to() first")
     return devs.pop() if devs else None
@@ -234,14 +236,17 @@ class _Planner:
 
 def _view(buf: UOp, shape: tuple[int, ...]) -> UOp: return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
 
-def create_schedule(roots: list[UOp], devices: list[str]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+def create_schedule(roots: list[UOp], devices: list) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
   """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
   buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel)."""
-  roots = substitute_realized(roots)
-  planner = _Planner(roots, devices)
+  lowered = lower_multi(substitute_realized(roots), devices)
+  # a multi-device root is realized shard by shard, each on its own device
+  flat = [pair for u, d in zip(lowered, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])]
+  planner = _Planner([u for u, _ in flat], [d for _, d in flat])
   items = planner.plan()
-  results = [planner.result.get(r, r) for r in roots]
-  root_set = set(roots)
+  def result(u: UOp) -> UOp: return planner.result.get(u, u)
+  results = [u.replace(src=tuple(result(s) for s in u.src)) if u.op is Ops.MULTI else result(u) for u in lowered]
+  root_set = {u for u, _ in flat}
   inner = {p: planner.result[p] for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS)
            and any(planner._kernel_inputs(p))}
   if DEBUG >= 3: print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")

@@ -8,8 +8,9 @@ import numpy as np
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from fusegrad.helpers import argfix, prod
-from fusegrad.runtime.device import Buffer, Device
+from fusegrad.runtime.device import Buffer
 from fusegrad.schedule import buffer_uop
+from fusegrad.schedule.multi import canonical_device, make_multi, multi_axis, shard_shape
 from fusegrad.tensor_ops.shapes import check_shape
 from fusegrad.uop.ops import Ops, UOp
 
@@ -39,7 +40,7 @@ class CreationMixin:
     unknown = set(kwargs) - {"device", "dtype", "requires_grad"}
     if unknown: raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}")
     dt = kwargs.get("dtype")
-    return Device.canonicalize(kwargs.get("device")), to_dtype(dt) if dt is not None else None
+    return canonical_device(kwargs.get("device")), to_dtype(dt) if dt is not None else None
   @staticmethod
   def full(shape: int | Sequence[int], fill_value: Scalar, dtype: DTypeLike | None = None, device: str | None = None,
            buffer: bool = True, **kwargs: Any) -> Tensor:
@@ -59,14 +60,29 @@ class CreationMixin:
   def empty(*shape: Any, device: str | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
     shape = check_shape(argfix(*shape))
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-    t = Tensor(buffer_uop(Buffer(Device.canonicalize(device), prod(shape), dt)), device=device)
-    return t.reshape(shape)
+    placement = canonical_device(device)
+    if isinstance(placement, tuple):  # replicated: one uninitialized buffer per device
+      shards = [Tensor.empty(shape, device=d, dtype=dt).uop for d in placement]
+      return Tensor(make_multi(shards, None, placement), device=placement)
+    return Tensor(buffer_uop(Buffer(placement, prod(shape), dt)), device=placement).reshape(shape)
+  def _sharded_like(self, make: Any, device: str | None) -> Tensor:
+    """make(device) shaped like self; on a sharded self it is sharded the same way (then device must not be given)."""
+    if not isinstance(self.device, tuple): return make(device or self.device)
+    if device is not None: raise RuntimeError(f"cannot pass device={device!r} for a tensor sharded on {self.device}")
+    return make(self.device[0]).shard(self.device, multi_axis(self.uop))
   def full_like(self, fill_value: Scalar, dtype: DTypeLike | None = None, device: str | None = None, **kwargs: Any) -> Tensor:
-    return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=device or self.device)
+    dt = dtype or self.dtype
+    return self._sharded_like(lambda d: Tensor.full(self.shape, fill_value, dtype=dt, device=d), device)
   def zeros_like(self, **kwargs: Any) -> Tensor: return self.full_like(0, **kwargs)
   def ones_like(self, **kwargs: Any) -> Tensor: return self.full_like(1, **kwargs)
   def empty_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-    return Tensor.empty(self.shape, dtype=dtype or self.dtype, device=device or self.device)
+    dt = to_dtype(dtype or self.dtype)
+    if not isinstance(self.device, tuple) or device is not None:
+      return Tensor.empty(self.shape, dtype=dt, device=device or self.device)
+    axis = multi_axis(self.uop)
+    shape = shard_shape(self.shape, axis, len(self.device))
+    shards = [Tensor.empty(shape, dtype=dt, device=d).uop for d in self.device]
+    return Tensor(make_multi(shards, axis, self.device), device=self.device)
   @staticmethod
   def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
     device, _ = Tensor._creation_kwargs({k: v for k, v in kwargs.items() if k != "dtype"})
@@ -125,9 +141,11 @@ class CreationMixin:
     z = ((1.0 - u[0]).log() * -2.0).sqrt() * (u[1] * (2 * math.pi)).cos()
     return z.cast(to_dtype(dtype) if dtype is not None else dtypes.default_float).contiguous()
   def rand_like(self, **kwargs: Any) -> Tensor:
-    return Tensor.rand(self.shape, device=kwargs.get("device", self.device), dtype=kwargs.get("dtype", self.dtype))
+    dt = kwargs.get("dtype", self.dtype)
+    return self._sharded_like(lambda d: Tensor.rand(self.shape, device=d, dtype=dt), kwargs.get("device"))
   def randn_like(self, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
-    return Tensor.randn(self.shape, dtype=dtype or self.dtype, device=kwargs.get("device", self.device))
+    dt = dtype or self.dtype
+    return self._sharded_like(lambda d: Tensor.randn(self.shape, dtype=dt, device=d), kwargs.get("device"))
   @staticmethod
   def const(b: Scalar, dtype: DTypeLike | None = None) -> Tensor:
     """A device-less-looking 0-d constant (it lives on the default device until combined)."""

@@ -11,6 +11,7 @@ class Ops(Enum):
   BUFFER = auto(); CONST = auto(); ARANGE = auto(); CONTIGUOUS = auto(); COPY = auto(); ASSIGN = auto(); DETACH = auto()  # noqa: E702
   RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()  # noqa: E702
   REDUCE_AXIS = auto(); CAST = auto(); BITCAST = auto()  # noqa: E702
+  MULTI = auto()  # a value split along arg[0] (or replicated if None) over the devices arg[1], one src per device
   # kernel level
   SINK = auto(); DEFINE_GLOBAL = auto(); DEFINE_VAR = auto(); RANGE = auto(); REDUCE = auto()  # noqa: E702
   LOAD = auto(); STORE = auto(); DEFINE_ACC = auto(); ACC_UPDATE = auto(); ENDRANGE = auto()  # noqa: E702
@@ -139,6 +140,7 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
   if u.op is Ops.SHRINK: return tuple(e - b for b, e in u.arg)
   if u.op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else d for i, d in enumerate(s))
   if u.op is Ops.STORE: return u.src[1].shape
+  if u.op is Ops.MULTI: return tuple(d * len(u.src) if i == u.arg[0] else d for i, d in enumerate(s))
   if u.op is Ops.SINK: return ()
   if u.op is Ops.BITCAST and u.src[0].dtype.itemsize != u.dtype.itemsize:
     return s[:-1] + (s[-1] * u.src[0].dtype.itemsize // u.dtype.itemsize,)
@@ -147,6 +149,18 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
     if len(shapes) != 1: raise ValueError(f"{u.op} on mismatched shapes {[x.shape for x in u.src]}")
     return s
   return s  # FLIP, CAST, BITCAST, CONTIGUOUS, COPY, ASSIGN, DETACH keep the shape
+
+_device_memo: weakref.WeakKeyDictionary[UOp, str | tuple[str, ...] | None] = weakref.WeakKeyDictionary()
+
+def device_of(u: UOp) -> str | tuple[str, ...] | None:
+  """The device a graph computes on (a tuple when it reads a multi-device value), None for a device-less constant."""
+  for n in u.toposort(gate=lambda x: x not in _device_memo):
+    if n in _device_memo: continue
+    if n.op is Ops.BUFFER: _device_memo[n] = n.arg[1]
+    elif n.op is Ops.COPY: _device_memo[n] = n.arg
+    elif n.op is Ops.MULTI: _device_memo[n] = n.arg[1]
+    else: _device_memo[n] = next((d for s in n.src if (d := _device_memo[s]) is not None), None)
+  return _device_memo[u]
 
 def pretty(u: UOp, depth: int = 0, seen: dict[UOp, int] | None = None) -> str:
   """Indented tree view of a graph; shared nodes are printed once and then referenced as x<n>."""
