@@ -1,21 +1,24 @@
 """Tensor: the user API. Every method builds a lazy UOp graph; nothing computes until realize() or a data accessor."""
+
 from __future__ import annotations
 
-import itertools, pathlib, weakref
+import itertools
+import pathlib
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
 from fusegrad.dtype import (
-  DType,
-  DTypeLike,
-  dtypes,
-  from_numpy,
-  least_upper_dtype,
-  np_bf16_to_f32,
-  to_dtype,
-  to_numpy_dtype,
-  truncate,
+    DType,
+    DTypeLike,
+    dtypes,
+    from_numpy,
+    least_upper_dtype,
+    np_bf16_to_f32,
+    to_dtype,
+    to_numpy_dtype,
+    truncate,
 )
 from fusegrad.engine.realize import realize_uops
 from fusegrad.gradient import compute_gradient
@@ -37,297 +40,449 @@ from fusegrad.uop.ops import Ops, UOp
 
 Scalar = int | float | bool
 
+
 def _py_dtype_of(data: Any) -> DType:
-  """Dtype of nested Python data: any float -> default_float, else any int -> default_int, else bool."""
-  flat = np.asarray(data, dtype=object).reshape(-1)
-  if any(isinstance(x, float) for x in flat): return dtypes.default_float
-  if any(isinstance(x, int) and not isinstance(x, bool) for x in flat): return dtypes.default_int
-  return dtypes.bool if len(flat) else dtypes.default_float
+    """Dtype of nested Python data: any float -> default_float, else any int -> default_int, else bool."""
+    flat = np.asarray(data, dtype=object).reshape(-1)
+    if any(isinstance(x, float) for x in flat):
+        return dtypes.default_float
+    if any(isinstance(x, int) and not isinstance(x, bool) for x in flat):
+        return dtypes.default_int
+    return dtypes.bool if len(flat) else dtypes.default_float
+
 
 def _nested_shape(data: Any) -> tuple[int, ...]:
-  if not isinstance(data, (list, tuple)): return ()
-  shapes = [_nested_shape(x) for x in data]
-  if not all_same(shapes) if shapes else False: raise ValueError(f"ragged nested sequence: sub-shapes {sorted(set(shapes))}")
-  return (len(data),) + (shapes[0] if shapes else ())
+    if not isinstance(data, (list, tuple)):
+        return ()
+    shapes = [_nested_shape(x) for x in data]
+    if not all_same(shapes) if shapes else False:
+        raise ValueError(f"ragged nested sequence: sub-shapes {sorted(set(shapes))}")
+    return (len(data),) + (shapes[0] if shapes else ())
 
-class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin, SortingMixin):
-  """An n-dimensional array on a device, computed lazily."""
-  training: bool = False  # [compat] legacy switch, read alongside TRAINING
-  _seed: int = 0
-  _rng_calls: int = 0
 
-  def __init__(self, data: Any = None, device: str | tuple | None = None, dtype: DTypeLike | None = None,
-               requires_grad: bool | None = None):
-    dt = to_dtype(dtype) if dtype is not None else None
-    placement = canonical_device(device)
-    # host data for several devices is loaded on the first one and replicated from there
-    self.device = placement[0] if isinstance(placement, tuple) and not isinstance(data, UOp) else placement
-    self.grad: Tensor | None = None
-    self.requires_grad, self.is_param = requires_grad, requires_grad is not False
-    _all_tensors.add(self)
-    if isinstance(data, UOp): self.uop = data
-    elif data is None: self.uop = UOp.const(dt or dtypes.default_float, 0)
-    elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-      self.uop = UOp.const(dt or dtypes.from_py(data), data)
-    elif isinstance(data, bytes): self.uop = self._from_numpy(np.frombuffer(data, np.uint8), dt)
-    elif isinstance(data, (list, tuple)):
-      shape = _nested_shape(data)
-      inferred = dt or _py_dtype_of(data)
-      if inferred is dtypes.bfloat16 or dtypes.is_float(inferred) and inferred.fmt is None:
-        arr = np.array(data, dtype=np.float32).reshape(shape)
-      else: arr = np.array([truncate(x, inferred) for x in np.asarray(data, dtype=object).reshape(-1)],
-                           dtype=to_numpy_dtype(inferred)).reshape(shape)
-      self.uop = self._from_numpy(arr, inferred)
-    elif isinstance(data, (np.ndarray, np.generic)): self.uop = self._from_numpy(np.asarray(data), dt)
-    elif isinstance(data, pathlib.Path): self.uop = self._from_file(data, dt or dtypes.uint8)
-    else: raise TypeError(f"cannot build a Tensor from {type(data).__name__}")
-    if isinstance(placement, tuple) and not isinstance(data, UOp):
-      self.uop, self.device = shard_uop(self.uop, placement, None), placement
-  def _from_file(self, path: pathlib.Path, dt: DType) -> UOp:
-    """A 1-D tensor over the file's bytes on device DISK:<abs path>; nothing is read until it is used."""
-    from fusegrad.runtime.ops_disk import DiskBuffer
-    self.device = f"DISK:{path.resolve()}"
-    mapping = Device[self.device].mapping()
-    return buffer_uop(DiskBuffer(self.device, len(mapping) // dt.itemsize, dt, mapping, 0))
+class Tensor(
+    CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin, SortingMixin
+):
+    """An n-dimensional array on a device, computed lazily."""
 
-  def _from_numpy(self, arr: np.ndarray, dt: DType | None) -> UOp:
-    src_dt = from_numpy(arr.dtype)
-    dt = dt or src_dt
-    if dt is dtypes.bfloat16:
-      from fusegrad.dtype import np_f32_to_bf16
-      store = np_f32_to_bf16(arr.astype(np.float32))
-    elif dt.fmt is None: raise TypeError(f"cannot build {dt} tensors from numpy data yet")
-    else: store = arr.astype(to_numpy_dtype(dt), copy=True) if src_dt is not dt else np.array(arr, copy=True, order="C")
-    buf = buffer_uop(Buffer(self.device, arr.size, dt, initial=store))
-    return buf if arr.ndim == 1 else UOp(Ops.RESHAPE, dt, (buf,), arr.shape)
-  # ------------------------------------------------------------------ properties
-  @property
-  def shape(self) -> tuple[int, ...]: return self.uop.shape
-  @property
-  def dtype(self) -> DType: return self.uop.dtype
-  @property
-  def ndim(self) -> int: return len(self.shape)
-  def numel(self) -> int: return prod(self.shape)
-  def size(self, dim: int | None = None) -> Any: return self.shape if dim is None else self.shape[self._axis(dim)]
-  def element_size(self) -> int: return self.dtype.itemsize
-  def nbytes(self) -> int: return self.numel() * self.element_size()
-  def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
-  @property
-  def T(self) -> Tensor: return self.transpose()
-  def __len__(self) -> int:
-    if not self.shape: raise TypeError("len() of a 0-d tensor")
-    return self.shape[0]
-  def __bool__(self): raise TypeError("the truth value of a Tensor is ambiguous; use .item(), .any() or .all()")
-  def __hash__(self) -> int: return id(self)
-  def __repr__(self) -> str:
-    return f"<Tensor {self.device} shape={self.shape} dtype={self.dtype}{' with grad' if self.grad is not None else ''}>"
-  def requires_grad_(self, flag: bool = True) -> Tensor:
-    self.requires_grad, self.is_param = flag, flag
-    return self
-  def is_param_(self, is_param: bool = True) -> Tensor:
-    self.is_param = is_param
-    return self
-  @property
-  def max_shape(self) -> tuple[int, ...]: return self.shape
-  def max_numel(self) -> int: return self.numel()
-  # ------------------------------------------------------------------ realization and data
-  def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
-    Tensor.realize_all([self, *lst])
-    return self
-  @staticmethod
-  def realize_all(tensors: Sequence[Tensor]) -> None:
-    todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
-    if not todo: return
-    # an assign reached through another tensor's graph runs now, so its own tensor must take the result (or it runs again)
-    for key, t in list(_pending_assigns.items()):
-      if t.uop.op is not Ops.ASSIGN: del _pending_assigns[key]
-    todo_ids = {id(t) for t in todo}
-    pending = [t for key, t in _pending_assigns.items() if key not in todo_ids]
-    if pending:
-      nodes = set(UOp(Ops.SINK, src=tuple(t.uop for t in todo)).toposort())
-      todo += [t for t in pending if t.uop in nodes]
-    # two tensors holding one graph still get two buffers: an assign into one must not change the other
-    seen: set[UOp] = set()
-    for t in todo:
-      if t.uop in seen: t.uop = t.contiguous().uop
-      seen.add(t.uop)
-    results = realize_uops([t.uop for t in todo], [t.device for t in todo])
-    for t, r in zip(todo, results): t.uop = r
-  def _host_data(self) -> np.ndarray:
-    """The values as a new numpy array (bfloat16 widened to float32); a multi-device tensor is gathered first."""
-    if isinstance(self.device, tuple): return self.to(self.device[0])._host_data()
-    t = self if is_contiguous_view(self.uop) else self.contiguous()
-    t.realize()
-    buf = buffer_of[base_buffer(t.uop)]  # type: ignore[index]
-    data = buf.host_view().copy().reshape(self.shape)
-    return np_bf16_to_f32(data) if self.dtype is dtypes.bfloat16 else data
-  def numpy(self) -> np.ndarray: return self._host_data()
-  def tolist(self) -> Any: return self._host_data().tolist()
-  def item(self) -> Scalar:
-    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
-    return self._host_data().reshape(()).item()
-  def data(self) -> memoryview:
-    arr = self._host_data()
-    raw = memoryview(arr.reshape(-1)).cast("B")
-    return raw.cast(arr.dtype.char, self.shape) if self.shape and 0 not in self.shape else raw.cast(arr.dtype.char)
-  # ------------------------------------------------------------------ placement and mutation
-  def to(self, device: str | tuple[str, ...] | None) -> Tensor:
-    device = canonical_device(device)
-    if device == self.device: return self
-    if isinstance(device, tuple):
-      if isinstance(self.device, tuple): raise RuntimeError(f"tensor is already sharded on {self.device}; gather first")
-      return self.shard(device)
-    out = Tensor(UOp(Ops.COPY, self.dtype, (self.uop,), device), device=device)
-    if self.grad is not None: out.grad = self.grad.to(device)
-    return out
-  def to_(self, device: str | tuple[str, ...] | None) -> Tensor:
-    moved = self.to(device)
-    self.uop, self.device, self.grad = moved.uop, moved.device, moved.grad
-    return self
-  def shard(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
-    """Split `axis` evenly over devices (or replicate the tensor on each when axis is None)."""
-    if isinstance(self.device, tuple): raise RuntimeError(f"tensor is already sharded on {self.device}; cannot reshard")
-    placement = canonical_device(devices)
-    if not isinstance(placement, tuple): return self.to(placement)
-    if axis is not None:
-      axis = self._axis(axis)
-      if self.shape[axis] % len(placement):
-        raise RuntimeError(f"cannot shard axis {axis} of size {self.shape[axis]} evenly over {len(placement)} devices")
-    return Tensor(shard_uop(self.uop, placement, axis), device=placement)
-  def shard_(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
-    sharded = self.shard(devices, axis)
-    self.uop, self.device = sharded.uop, sharded.device
-    return self
-  def shard_like(self, y: Tensor) -> Tensor:
-    return self.shard(y.device, multi_axis(y.uop)) if isinstance(y.device, tuple) else self.to(y.device)
-  def contiguous(self) -> Tensor:
-    # each call is a distinct node: contiguous() promises a buffer of its own, even for equal graphs
-    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), next(_contiguous_ids)))
-  def contiguous_backward(self) -> Tensor:
-    """Identity forward; the gradient flowing back through it is materialized in its own buffer."""
-    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), "backward"))
-  def schedule_linear(self, *lst: Tensor) -> list:
-    """The kernels that would realize these tensors (nothing runs)."""
-    from fusegrad.schedule import create_schedule
-    tensors = [self, *lst]
-    return create_schedule([t.uop for t in tensors], [t.device for t in tensors])[0]
-  def linear_with_vars(self, *lst: Tensor) -> tuple[list, dict]: return self.schedule_linear(*lst), {}
-  schedule = schedule_linear
-  schedule_with_vars = linear_with_vars
-  def clone(self, device: str | None = None) -> Tensor:
-    out = (self.to(device) if device is not None else self).contiguous()
-    if self.grad is not None: out.grad = self.grad.clone(device)
-    return out
-  def detach(self) -> Tensor: return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
-  def assign(self, x: Any) -> Tensor:
-    if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
-    if x.device != self.device: raise RuntimeError(f"assign from device {x.device} into a tensor on {self.device}")
-    if x.dtype != self.dtype: raise RuntimeError(f"assign of {x.dtype} into a {self.dtype} tensor; cast it first")
-    x = x._broadcast_to(self.shape)
-    if not is_contiguous_view(self.uop) and not is_realized_multi(self.uop): self.replace(self.contiguous().realize())
-    self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
-    _pending_assigns[id(self)] = self
-    return self
-  def replace(self, x: Tensor) -> Tensor:
-    if x.shape != self.shape: raise ValueError(f"replace needs equal shapes, got {self.shape} and {x.shape}")
-    self.uop, self.device = x.uop, x.device
-    return self
-  def _new(self, uop: UOp) -> Tensor: return Tensor(uop, device=self.device)
-  # ------------------------------------------------------------------ creation
-  # ------------------------------------------------------------------ random numbers
-  # ------------------------------------------------------------------ broadcasting and dtype promotion
-  def _operand(self, x: Tensor | Scalar, reverse: bool = False) -> tuple[Tensor, Tensor]:
-    """Both operands broadcast to one shape and promoted to one dtype; Python scalars are weak (API.md §3.3)."""
-    if isinstance(x, Tensor):
-      if x.device != self.device: raise RuntimeError(f"operands on different devices: {self.device} and {x.device}")
-      out_dt = least_upper_dtype(self.dtype, x.dtype)
-      a, b = self, x
-    else:
-      if not isinstance(x, (bool, int, float)) or isinstance(x, np.generic): x = _scalar(x)
-      if isinstance(x, bool): out_dt = self.dtype
-      elif isinstance(x, int): out_dt = dtypes.default_int if self.dtype is dtypes.bool else self.dtype
-      else: out_dt = self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float
-      const = UOp.const(out_dt, x)
-      a = self.cast(out_dt)
-      # a scalar becomes a broadcast constant directly: this is the hot path of elementwise code
-      if a.shape: const = UOp(Ops.EXPAND, out_dt, (UOp(Ops.RESHAPE, out_dt, (const,), (1,) * a.ndim),), a.shape)
-      b = a._new(const)
-      return (b, a) if reverse else (a, b)
-    a, b = a.cast(out_dt), b.cast(out_dt)
-    if a.shape != b.shape:
-      shape = broadcast_shape(a.shape, b.shape)
-      a, b = a._broadcast_to(shape), b._broadcast_to(shape)
-    return (b, a) if reverse else (a, b)
-  def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
-    if self.shape == shape: return self
-    if len(self.shape) > len(shape): raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
-    padded = (1,) * (len(shape) - len(self.shape)) + self.shape
-    if any(s != d and s != 1 for s, d in zip(padded, shape)): raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
-    t = self.reshape(padded) if padded != self.shape else self
-    return t._new(UOp(Ops.EXPAND, t.dtype, (t.uop,), shape)) if padded != shape else t
-  def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
-    return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
-  def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
-    a, b = self._operand(x, reverse)
-    return a._alu(op, b, dtype=dtype)
-  # ------------------------------------------------------------------ elementwise math
-  # ------------------------------------------------------------------ reductions
-  def _axes(self, axis: int | Sequence[int] | None) -> tuple[int, ...]:
-    if axis is None: return tuple(range(self.ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    out = tuple(self._axis(a) for a in axes)
-    if len(set(out)) != len(out): raise RuntimeError(f"axis {axis} repeats a dimension")
-    return out if self.ndim else ()  # a 0-d tensor accepts axis 0 / -1 and has nothing to reduce
-  def _axis(self, a: int, extra: int = 0) -> int:
-    n = self.ndim + extra
-    if not isinstance(a, int): raise TypeError(f"axis must be an int, got {type(a).__name__}")
-    if not -max(n, 1) <= a < max(n, 1): raise IndexError(f"dimension {a} is out of range for a tensor with {self.ndim} dims")
-    return a + n if a < 0 else a
-  def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
-    axes = self._axes(axis)
-    out = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes))) if axes else self
-    return out if keepdim else out.reshape(tuple(d for i, d in enumerate(self.shape) if i not in axes))
-  # ------------------------------------------------------------------ movement
-  # ------------------------------------------------------------------ indexing
-  # ------------------------------------------------------------------ linear algebra
-  # ------------------------------------------------------------------ autograd
-  def _seed_gradient(self, gradient: Tensor | None) -> UOp:
-    if not dtypes.is_float(self.dtype): raise RuntimeError(f"only float Tensors have gradient (this one is {self.dtype})")
-    if gradient is None:
-      if self.shape: raise AssertionError(f"backward/gradient without a gradient needs a 0-d tensor, got shape {self.shape}")
-      return UOp.const(self.dtype, 1.0)
-    if gradient.shape != self.shape: raise ValueError(f"gradient shape {gradient.shape} does not match tensor shape {self.shape}")
-    return gradient.cast(self.dtype).uop
-  def gradient(self, *targets: Tensor, gradient: Tensor | None = None, materialize_grads: bool = True) -> list[Tensor]:
-    """d self / d target for each target, without touching .grad; unrelated targets get zeros."""
-    for t in targets:
-      if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float Tensors have gradient (target is {t.dtype})")
-    grads = compute_gradient(self.uop, self._seed_gradient(gradient), {t.uop for t in targets})
-    return [Tensor(grads[t.uop], device=t.device) if t.uop in grads else t.zeros_like() for t in targets]
-  def backward(self, gradient: Tensor | None = None) -> Tensor:
-    """Accumulate d self / d t into t.grad for every live float tensor t in self's graph."""
-    nodes = set(self.uop.toposort())
-    targets = [t for t in list(_all_tensors) if t.uop in nodes and dtypes.is_float(t.dtype) and t.requires_grad is not False
-               and t.uop.op is not Ops.CONST]
-    grads = compute_gradient(self.uop, self._seed_gradient(gradient), {t.uop for t in targets})
-    for t in targets:
-      if t.uop not in grads: continue
-      g = Tensor(grads[t.uop], device=t.device)
-      t.grad = g if t.grad is None else (t.grad + g)
-    return self
-  # ------------------------------------------------------------------ training mode [compat]
-  @staticmethod
-  def train(mode: bool = True):
-    from fusegrad.helpers import Context
-    return Context(TRAINING=int(mode))
+    training: bool = False  # [compat] legacy switch, read alongside TRAINING
+    _seed: int = 0
+    _rng_calls: int = 0
+
+    def __init__(
+        self,
+        data: Any = None,
+        device: str | tuple | None = None,
+        dtype: DTypeLike | None = None,
+        requires_grad: bool | None = None,
+    ):
+        dt = to_dtype(dtype) if dtype is not None else None
+        placement = canonical_device(device)
+        # host data for several devices is loaded on the first one and replicated from there
+        self.device = placement[0] if isinstance(placement, tuple) and not isinstance(data, UOp) else placement
+        self.grad: Tensor | None = None
+        self.requires_grad, self.is_param = requires_grad, requires_grad is not False
+        _all_tensors.add(self)
+        if isinstance(data, UOp):
+            self.uop = data
+        elif data is None:
+            self.uop = UOp.const(dt or dtypes.default_float, 0)
+        elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
+            self.uop = UOp.const(dt or dtypes.from_py(data), data)
+        elif isinstance(data, bytes):
+            self.uop = self._from_numpy(np.frombuffer(data, np.uint8), dt)
+        elif isinstance(data, (list, tuple)):
+            shape = _nested_shape(data)
+            inferred = dt or _py_dtype_of(data)
+            if inferred is dtypes.bfloat16 or dtypes.is_float(inferred) and inferred.fmt is None:
+                arr = np.array(data, dtype=np.float32).reshape(shape)
+            else:
+                arr = np.array(
+                    [truncate(x, inferred) for x in np.asarray(data, dtype=object).reshape(-1)],
+                    dtype=to_numpy_dtype(inferred),
+                ).reshape(shape)
+            self.uop = self._from_numpy(arr, inferred)
+        elif isinstance(data, (np.ndarray, np.generic)):
+            self.uop = self._from_numpy(np.asarray(data), dt)
+        elif isinstance(data, pathlib.Path):
+            self.uop = self._from_file(data, dt or dtypes.uint8)
+        else:
+            raise TypeError(f"cannot build a Tensor from {type(data).__name__}")
+        if isinstance(placement, tuple) and not isinstance(data, UOp):
+            self.uop, self.device = shard_uop(self.uop, placement, None), placement
+
+    def _from_file(self, path: pathlib.Path, dt: DType) -> UOp:
+        """A 1-D tensor over the file's bytes on device DISK:<abs path>; nothing is read until it is used."""
+        from fusegrad.runtime.ops_disk import DiskBuffer
+
+        self.device = f"DISK:{path.resolve()}"
+        mapping = Device[self.device].mapping()
+        return buffer_uop(DiskBuffer(self.device, len(mapping) // dt.itemsize, dt, mapping, 0))
+
+    def _from_numpy(self, arr: np.ndarray, dt: DType | None) -> UOp:
+        src_dt = from_numpy(arr.dtype)
+        dt = dt or src_dt
+        if dt is dtypes.bfloat16:
+            from fusegrad.dtype import np_f32_to_bf16
+
+            store = np_f32_to_bf16(arr.astype(np.float32))
+        elif dt.fmt is None:
+            raise TypeError(f"cannot build {dt} tensors from numpy data yet")
+        else:
+            store = (
+                arr.astype(to_numpy_dtype(dt), copy=True) if src_dt is not dt else np.array(arr, copy=True, order="C")
+            )
+        buf = buffer_uop(Buffer(self.device, arr.size, dt, initial=store))
+        return buf if arr.ndim == 1 else UOp(Ops.RESHAPE, dt, (buf,), arr.shape)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.uop.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.uop.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[self._axis(dim)]
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def nbytes(self) -> int:
+        return self.numel() * self.element_size()
+
+    def is_floating_point(self) -> bool:
+        return dtypes.is_float(self.dtype)
+
+    @property
+    def T(self) -> Tensor:
+        return self.transpose()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __bool__(self):
+        raise TypeError("the truth value of a Tensor is ambiguous; use .item(), .any() or .all()")
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        grad = " with grad" if self.grad is not None else ""
+        return f"<Tensor {self.device} shape={self.shape} dtype={self.dtype}{grad}>"
+
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        self.requires_grad, self.is_param = flag, flag
+        return self
+
+    def is_param_(self, is_param: bool = True) -> Tensor:
+        self.is_param = is_param
+        return self
+
+    @property
+    def max_shape(self) -> tuple[int, ...]:
+        return self.shape
+
+    def max_numel(self) -> int:
+        return self.numel()
+
+    # ------------------------------------------------------------------ realization and data
+    def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
+        Tensor.realize_all([self, *lst])
+        return self
+
+    @staticmethod
+    def realize_all(tensors: Sequence[Tensor]) -> None:
+        todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
+        if not todo:
+            return
+        # an assign reached through another tensor's graph runs now: its own tensor takes the result (or it runs again)
+        for key, t in list(_pending_assigns.items()):
+            if t.uop.op is not Ops.ASSIGN:
+                del _pending_assigns[key]
+        todo_ids = {id(t) for t in todo}
+        pending = [t for key, t in _pending_assigns.items() if key not in todo_ids]
+        if pending:
+            nodes = set(UOp(Ops.SINK, src=tuple(t.uop for t in todo)).toposort())
+            todo += [t for t in pending if t.uop in nodes]
+        # two tensors holding one graph still get two buffers: an assign into one must not change the other
+        seen: set[UOp] = set()
+        for t in todo:
+            if t.uop in seen:
+                t.uop = t.contiguous().uop
+            seen.add(t.uop)
+        results = realize_uops([t.uop for t in todo], [t.device for t in todo])
+        for t, r in zip(todo, results):
+            t.uop = r
+
+    def _host_data(self) -> np.ndarray:
+        """The values as a new numpy array (bfloat16 widened to float32); a multi-device tensor is gathered first."""
+        if isinstance(self.device, tuple):
+            return self.to(self.device[0])._host_data()
+        t = self if is_contiguous_view(self.uop) else self.contiguous()
+        t.realize()
+        buf = buffer_of[base_buffer(t.uop)]  # type: ignore[index]
+        data = buf.host_view().copy().reshape(self.shape)
+        return np_bf16_to_f32(data) if self.dtype is dtypes.bfloat16 else data
+
+    def numpy(self) -> np.ndarray:
+        return self._host_data()
+
+    def tolist(self) -> Any:
+        return self._host_data().tolist()
+
+    def item(self) -> Scalar:
+        if self.numel() != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+        return self._host_data().reshape(()).item()
+
+    def data(self) -> memoryview:
+        arr = self._host_data()
+        raw = memoryview(arr.reshape(-1)).cast("B")
+        return raw.cast(arr.dtype.char, self.shape) if self.shape and 0 not in self.shape else raw.cast(arr.dtype.char)
+
+    # ------------------------------------------------------------------ placement and mutation
+    def to(self, device: str | tuple[str, ...] | None) -> Tensor:
+        device = canonical_device(device)
+        if device == self.device:
+            return self
+        if isinstance(device, tuple):
+            if isinstance(self.device, tuple):
+                raise RuntimeError(f"tensor is already sharded on {self.device}; gather first")
+            return self.shard(device)
+        out = Tensor(UOp(Ops.COPY, self.dtype, (self.uop,), device), device=device)
+        if self.grad is not None:
+            out.grad = self.grad.to(device)
+        return out
+
+    def to_(self, device: str | tuple[str, ...] | None) -> Tensor:
+        moved = self.to(device)
+        self.uop, self.device, self.grad = moved.uop, moved.device, moved.grad
+        return self
+
+    def shard(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+        """Split `axis` evenly over devices (or replicate the tensor on each when axis is None)."""
+        if isinstance(self.device, tuple):
+            raise RuntimeError(f"tensor is already sharded on {self.device}; cannot reshard")
+        placement = canonical_device(devices)
+        if not isinstance(placement, tuple):
+            return self.to(placement)
+        if axis is not None:
+            axis = self._axis(axis)
+            if self.shape[axis] % len(placement):
+                raise RuntimeError(
+                    f"cannot shard axis {axis} of size {self.shape[axis]} evenly over {len(placement)} devices"
+                )
+        return Tensor(shard_uop(self.uop, placement, axis), device=placement)
+
+    def shard_(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+        sharded = self.shard(devices, axis)
+        self.uop, self.device = sharded.uop, sharded.device
+        return self
+
+    def shard_like(self, y: Tensor) -> Tensor:
+        return self.shard(y.device, multi_axis(y.uop)) if isinstance(y.device, tuple) else self.to(y.device)
+
+    def contiguous(self) -> Tensor:
+        # each call is a distinct node: contiguous() promises a buffer of its own, even for equal graphs
+        return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), next(_contiguous_ids)))
+
+    def contiguous_backward(self) -> Tensor:
+        """Identity forward; the gradient flowing back through it is materialized in its own buffer."""
+        return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), "backward"))
+
+    def schedule_linear(self, *lst: Tensor) -> list:
+        """The kernels that would realize these tensors (nothing runs)."""
+        from fusegrad.schedule import create_schedule
+
+        tensors = [self, *lst]
+        return create_schedule([t.uop for t in tensors], [t.device for t in tensors])[0]
+
+    def linear_with_vars(self, *lst: Tensor) -> tuple[list, dict]:
+        return self.schedule_linear(*lst), {}
+
+    schedule = schedule_linear
+    schedule_with_vars = linear_with_vars
+
+    def clone(self, device: str | None = None) -> Tensor:
+        out = (self.to(device) if device is not None else self).contiguous()
+        if self.grad is not None:
+            out.grad = self.grad.clone(device)
+        return out
+
+    def detach(self) -> Tensor:
+        return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+
+    def assign(self, x: Any) -> Tensor:
+        if not isinstance(x, Tensor):
+            x = Tensor(x, device=self.device, dtype=self.dtype)
+        if x.device != self.device:
+            raise RuntimeError(f"assign from device {x.device} into a tensor on {self.device}")
+        if x.dtype != self.dtype:
+            raise RuntimeError(f"assign of {x.dtype} into a {self.dtype} tensor; cast it first")
+        x = x._broadcast_to(self.shape)
+        if not is_contiguous_view(self.uop) and not is_realized_multi(self.uop):
+            self.replace(self.contiguous().realize())
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
+        _pending_assigns[id(self)] = self
+        return self
+
+    def replace(self, x: Tensor) -> Tensor:
+        if x.shape != self.shape:
+            raise ValueError(f"replace needs equal shapes, got {self.shape} and {x.shape}")
+        self.uop, self.device = x.uop, x.device
+        return self
+
+    def _new(self, uop: UOp) -> Tensor:
+        return Tensor(uop, device=self.device)
+
+    # ------------------------------------------------------------------ creation
+    # ------------------------------------------------------------------ random numbers
+    # ------------------------------------------------------------------ broadcasting and dtype promotion
+    def _operand(self, x: Tensor | Scalar, reverse: bool = False) -> tuple[Tensor, Tensor]:
+        """Both operands broadcast to one shape and promoted to one dtype; Python scalars are weak (API.md §3.3)."""
+        if isinstance(x, Tensor):
+            if x.device != self.device:
+                raise RuntimeError(f"operands on different devices: {self.device} and {x.device}")
+            out_dt = least_upper_dtype(self.dtype, x.dtype)
+            a, b = self, x
+        else:
+            if not isinstance(x, (bool, int, float)) or isinstance(x, np.generic):
+                x = _scalar(x)
+            if isinstance(x, bool):
+                out_dt = self.dtype
+            elif isinstance(x, int):
+                out_dt = dtypes.default_int if self.dtype is dtypes.bool else self.dtype
+            else:
+                out_dt = self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float
+            const = UOp.const(out_dt, x)
+            a = self.cast(out_dt)
+            # a scalar becomes a broadcast constant directly: this is the hot path of elementwise code
+            if a.shape:
+                const = UOp(Ops.EXPAND, out_dt, (UOp(Ops.RESHAPE, out_dt, (const,), (1,) * a.ndim),), a.shape)
+            b = a._new(const)
+            return (b, a) if reverse else (a, b)
+        a, b = a.cast(out_dt), b.cast(out_dt)
+        if a.shape != b.shape:
+            shape = broadcast_shape(a.shape, b.shape)
+            a, b = a._broadcast_to(shape), b._broadcast_to(shape)
+        return (b, a) if reverse else (a, b)
+
+    def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+        if self.shape == shape:
+            return self
+        if len(self.shape) > len(shape):
+            raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
+        padded = (1,) * (len(shape) - len(self.shape)) + self.shape
+        if any(s != d and s != 1 for s, d in zip(padded, shape)):
+            raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
+        t = self.reshape(padded) if padded != self.shape else self
+        return t._new(UOp(Ops.EXPAND, t.dtype, (t.uop,), shape)) if padded != shape else t
+
+    def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
+        return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
+
+    def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
+        a, b = self._operand(x, reverse)
+        return a._alu(op, b, dtype=dtype)
+
+    # ------------------------------------------------------------------ elementwise math
+    # ------------------------------------------------------------------ reductions
+    def _axes(self, axis: int | Sequence[int] | None) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        out = tuple(self._axis(a) for a in axes)
+        if len(set(out)) != len(out):
+            raise RuntimeError(f"axis {axis} repeats a dimension")
+        return out if self.ndim else ()  # a 0-d tensor accepts axis 0 / -1 and has nothing to reduce
+
+    def _axis(self, a: int, extra: int = 0) -> int:
+        n = self.ndim + extra
+        if not isinstance(a, int):
+            raise TypeError(f"axis must be an int, got {type(a).__name__}")
+        if not -max(n, 1) <= a < max(n, 1):
+            raise IndexError(f"dimension {a} is out of range for a tensor with {self.ndim} dims")
+        return a + n if a < 0 else a
+
+    def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
+        axes = self._axes(axis)
+        out = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes))) if axes else self
+        return out if keepdim else out.reshape(tuple(d for i, d in enumerate(self.shape) if i not in axes))
+
+    # ------------------------------------------------------------------ movement
+    # ------------------------------------------------------------------ indexing
+    # ------------------------------------------------------------------ linear algebra
+    # ------------------------------------------------------------------ autograd
+    def _seed_gradient(self, gradient: Tensor | None) -> UOp:
+        if not dtypes.is_float(self.dtype):
+            raise RuntimeError(f"only float Tensors have gradient (this one is {self.dtype})")
+        if gradient is None:
+            if self.shape:
+                raise AssertionError(f"backward/gradient without a gradient needs a 0-d tensor, got shape {self.shape}")
+            return UOp.const(self.dtype, 1.0)
+        if gradient.shape != self.shape:
+            raise ValueError(f"gradient shape {gradient.shape} does not match tensor shape {self.shape}")
+        return gradient.cast(self.dtype).uop
+
+    def gradient(
+        self, *targets: Tensor, gradient: Tensor | None = None, materialize_grads: bool = True
+    ) -> list[Tensor]:
+        """d self / d target for each target, without touching .grad; unrelated targets get zeros."""
+        for t in targets:
+            if not dtypes.is_float(t.dtype):
+                raise RuntimeError(f"only float Tensors have gradient (target is {t.dtype})")
+        grads = compute_gradient(self.uop, self._seed_gradient(gradient), {t.uop for t in targets})
+        return [Tensor(grads[t.uop], device=t.device) if t.uop in grads else t.zeros_like() for t in targets]
+
+    def backward(self, gradient: Tensor | None = None) -> Tensor:
+        """Accumulate d self / d t into t.grad for every live float tensor t in self's graph."""
+        nodes = set(self.uop.toposort())
+        targets = [
+            t
+            for t in list(_all_tensors)
+            if t.uop in nodes
+            and dtypes.is_float(t.dtype)
+            and t.requires_grad is not False
+            and t.uop.op is not Ops.CONST
+        ]
+        grads = compute_gradient(self.uop, self._seed_gradient(gradient), {t.uop for t in targets})
+        for t in targets:
+            if t.uop not in grads:
+                continue
+            g = Tensor(grads[t.uop], device=t.device)
+            t.grad = g if t.grad is None else (t.grad + g)
+        return self
+
+    # ------------------------------------------------------------------ training mode [compat]
+    @staticmethod
+    def train(mode: bool = True):
+        from fusegrad.helpers import Context
+
+        return Context(TRAINING=int(mode))
+
 
 _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 # tensors that were assigned to (by id: Tensor.__eq__ is elementwise); realize_all picks up those still pending
 _pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 _contiguous_ids = itertools.count()
 
+
 def _scalar(x: Any) -> Scalar:
-  if isinstance(x, np.generic): return x.item()
-  raise TypeError(f"unsupported operand type {type(x).__name__}")
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"unsupported operand type {type(x).__name__}")
+
 
 bind_tensor_class(Tensor)

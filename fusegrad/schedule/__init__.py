@@ -1,6 +1,8 @@
-"""Turns lazy tensor graphs into an ordered list of kernels: decides what is realized into a buffer and fuses the rest."""
+"""Turns lazy tensor graphs into an ordered list of kernels: decides what is realized into a buffer, fuses the rest."""
+
 from __future__ import annotations
-import itertools, weakref
+import itertools
+import weakref
 from dataclasses import dataclass
 from fusegrad.dtype import DType
 from fusegrad.helpers import DEBUG
@@ -11,12 +13,15 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 # a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead
 RECOMPUTE_LIMIT = 1 << 22
 
+
 @dataclass(frozen=True)
 class ScheduleItem:
-  """One launch: a kernel (ast is a SINK) or a transfer (ast is a COPY). buffers[0] is the output."""
-  ast: UOp
-  buffers: tuple[Buffer, ...]
-  device: str
+    """One launch: a kernel (ast is a SINK) or a transfer (ast is a COPY). buffers[0] is the output."""
+
+    ast: UOp
+    buffers: tuple[Buffer, ...]
+    device: str
+
 
 # BUFFER uop -> its storage; several uops (versions, after an assign) may share one Buffer
 buffer_of: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
@@ -25,229 +30,324 @@ buffer_of: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
 # the graph node that computed it is alive (loss.item() after opt.step() reuses the forward pass)
 realized: weakref.WeakKeyDictionary[UOp, UOp | weakref.ref[UOp]] = weakref.WeakKeyDictionary()
 
-def realized_value(u: UOp) -> UOp | None:
-  if (ref := realized.get(u)) is None: return None
-  return ref if isinstance(ref, UOp) else ref()
 
-def record_realized(u: UOp, value: UOp, strong: bool = False) -> None: realized[u] = value if strong else weakref.ref(value)
+def realized_value(u: UOp) -> UOp | None:
+    if (ref := realized.get(u)) is None:
+        return None
+    return ref if isinstance(ref, UOp) else ref()
+
+
+def record_realized(u: UOp, value: UOp, strong: bool = False) -> None:
+    realized[u] = value if strong else weakref.ref(value)
+
+
 _unique = itertools.count()
 
-def buffer_uop(buf: Buffer) -> UOp:
-  """A fresh BUFFER node (a new version) for an existing Buffer."""
-  u = UOp(Ops.BUFFER, buf.dtype, (), (next(_unique), buf.device, buf.size))
-  buffer_of[u] = buf
-  return u
 
-def new_buffer(device: str, size: int, dtype: DType) -> UOp: return buffer_uop(Buffer(device, size, dtype))
+def buffer_uop(buf: Buffer) -> UOp:
+    """A fresh BUFFER node (a new version) for an existing Buffer."""
+    u = UOp(Ops.BUFFER, buf.dtype, (), (next(_unique), buf.device, buf.size))
+    buffer_of[u] = buf
+    return u
+
+
+def new_buffer(device: str, size: int, dtype: DType) -> UOp:
+    return buffer_uop(Buffer(device, size, dtype))
+
 
 def base_buffer(u: UOp) -> UOp | None:
-  """The BUFFER under a chain of movement ops, if u is only a view of one."""
-  while u.op in GroupOp.Movement: u = u.src[0]
-  return u if u.op is Ops.BUFFER else None
+    """The BUFFER under a chain of movement ops, if u is only a view of one."""
+    while u.op in GroupOp.Movement:
+        u = u.src[0]
+    return u if u.op is Ops.BUFFER else None
+
 
 def is_contiguous_view(u: UOp) -> bool:
-  """u reads its buffer in order, element for element (only reshapes over a whole buffer)."""
-  while u.op is Ops.RESHAPE: u = u.src[0]
-  return u.op is Ops.BUFFER
+    """u reads its buffer in order, element for element (only reshapes over a whole buffer)."""
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u.op is Ops.BUFFER
+
 
 def substitute_realized(roots: list[UOp]) -> list[UOp]:
-  """Replace every already-realized subgraph below the roots by its buffer view. A root itself is computed again:
-  its tensor gets a buffer of its own, so an assign into it can never change another tensor."""
-  memo: dict[UOp, UOp] = {}
-  root_set = set(roots)
-  for u in UOp(Ops.SINK, src=tuple(roots)).toposort(gate=lambda x: x in root_set or realized_value(x) is None):
-    if u not in root_set and (r := realized_value(u)) is not None: memo[u] = r
-    else:
-      new_src = tuple(memo[s] for s in u.src)
-      memo[u] = u if new_src == u.src else u.replace(src=new_src)
-  return [memo[r] for r in roots]
+    """Replace every already-realized subgraph below the roots by its buffer view. A root itself is computed again:
+    its tensor gets a buffer of its own, so an assign into it can never change another tensor."""
+    memo: dict[UOp, UOp] = {}
+    root_set = set(roots)
+    for u in UOp(Ops.SINK, src=tuple(roots)).toposort(gate=lambda x: x in root_set or realized_value(x) is None):
+        if u not in root_set and (r := realized_value(u)) is not None:
+            memo[u] = r
+        else:
+            new_src = tuple(memo[s] for s in u.src)
+            memo[u] = u if new_src == u.src else u.replace(src=new_src)
+    return [memo[r] for r in roots]
+
 
 class _Planner:
-  """Finds realize points, then emits one ScheduleItem per point in dependency order."""
-  def __init__(self, roots: list[UOp], devices: list[str]):
-    self.roots = roots
-    self.points: dict[UOp, str] = {}  # realize point -> device
-    self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
-    self.items: list[ScheduleItem] = []
-    sink = UOp(Ops.SINK, src=tuple(roots))
-    self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
-    self.cost_memo: dict[UOp, int] = {}
-    self.parents: dict[UOp, list[UOp]] = {}
-    for u in self.nodes:
-      for s in dict.fromkeys(u.src): self.parents.setdefault(s, []).append(u)
-    # buffers overwritten by an assign in this schedule: reading one from another assign needs a temporary
-    self.assigned = {buffer_of[b] for u in self.nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None}
-    self.device_of: dict[UOp, str | None] = {}
-    for u in self.nodes: self.device_of[u] = self._device(u)
-    for r, d in zip(roots, devices):
-      if base_buffer(r) is None: self._mark(r, self.device_of[r] or d)
-    # a reduce fused into several kernels would be computed once per kernel: realize it once instead
-    while shared := self._reduces_in_several_kernels():
-      for u in shared: self._mark(u, self.device_of[u] or self.points[next(iter(self.points))])
+    """Finds realize points, then emits one ScheduleItem per point in dependency order."""
 
-  def _reduces_in_several_kernels(self) -> list[UOp]:
-    seen_in: dict[UOp, int] = {}
-    for point in self.points:
-      value = point.src[1] if point.op is Ops.ASSIGN else point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
-      if value is not point and value in self.points: continue
-      for u in value.toposort(gate=lambda x: x is value or x not in self.points):
-        if u.op is Ops.REDUCE_AXIS and u not in self.points: seen_in[u] = seen_in.get(u, 0) + 1
-    return [u for u, n in seen_in.items() if n > 1]
+    def __init__(self, roots: list[UOp], devices: list[str]):
+        self.roots = roots
+        self.points: dict[UOp, str] = {}  # realize point -> device
+        self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
+        self.items: list[ScheduleItem] = []
+        sink = UOp(Ops.SINK, src=tuple(roots))
+        self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
+        self.cost_memo: dict[UOp, int] = {}
+        self.parents: dict[UOp, list[UOp]] = {}
+        for u in self.nodes:
+            for s in dict.fromkeys(u.src):
+                self.parents.setdefault(s, []).append(u)
+        # buffers overwritten by an assign in this schedule: reading one from another assign needs a temporary
+        self.assigned = {
+            buffer_of[b] for u in self.nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None
+        }
+        self.device_of: dict[UOp, str | None] = {}
+        for u in self.nodes:
+            self.device_of[u] = self._device(u)
+        for r, d in zip(roots, devices):
+            if base_buffer(r) is None:
+                self._mark(r, self.device_of[r] or d)
+        # a reduce fused into several kernels would be computed once per kernel: realize it once instead
+        while shared := self._reduces_in_several_kernels():
+            for u in shared:
+                self._mark(u, self.device_of[u] or self.points[next(iter(self.points))])
 
-  def _device(self, u: UOp) -> str | None:
-    if u.op is Ops.BUFFER: return u.arg[1]
-    if u.op is Ops.COPY: return u.arg
-    if u.op is Ops.SINK: return None  # the roots of one schedule may live on different devices
-    devs = {d for s in u.src if (d := self.device_of[s]) is not None}
-    if len(devs) > 1: raise RuntimeError(f"{u.op} mixes tensors on different devices {sorted(devs)}; move them with .to() first")
-    return devs.pop() if devs else None
+    def _reduces_in_several_kernels(self) -> list[UOp]:
+        seen_in: dict[UOp, int] = {}
+        for point in self.points:
+            value = (
+                point.src[1]
+                if point.op is Ops.ASSIGN
+                else point.src[0]
+                if point.op in (Ops.CONTIGUOUS, Ops.COPY)
+                else point
+            )
+            if value is not point and value in self.points:
+                continue
+            for u in value.toposort(gate=lambda x: x is value or x not in self.points):
+                if u.op is Ops.REDUCE_AXIS and u not in self.points:
+                    seen_in[u] = seen_in.get(u, 0) + 1
+        return [u for u, n in seen_in.items() if n > 1]
 
-  def _mark(self, point: UOp, device: str) -> None:
-    """Make `point` a realize point and walk its kernel to find the points it needs."""
-    if point in self.points: return
-    self.points[point] = device
-    value = point.src[1] if point.op is Ops.ASSIGN else point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
-    if point.op is Ops.COPY:
-      if not is_contiguous_view(value): self._mark(value, self.device_of[value] or device)
-      return
-    if point.op is Ops.ASSIGN:
-      target = base_buffer(point.src[0])
-      if target is None or not is_contiguous_view(point.src[0]):
-        raise RuntimeError("assign target must be a whole realized buffer")
-      if self._reads_shifted(value, buffer_of[target]) or self._reads_any(value, self.assigned - {buffer_of[target]}):
-        self._mark(value, device)
-    stack: list[tuple[UOp, bool]] = [(value, False)]
-    seen: set[tuple[UOp, bool]] = set()
-    while stack:
-      u, expanded = stack.pop()
-      if (u, expanded) in seen or u.op is Ops.BUFFER: continue
-      seen.add((u, expanded))
-      if u is not point and (u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward" or
-                             u.op is Ops.REDUCE_AXIS and expanded):
-        self._mark(u, self.device_of[u] or device)
-        continue
-      grows = u.op is Ops.EXPAND and u.size > u.src[0].size
-      if grows and self._recompute_cost(u.src[0]) * (u.size - u.src[0].size) >= RECOMPUTE_LIMIT:
-        # a broadcast would recompute this expression for every copy: compute it once into a buffer instead
-        self._mark(u.src[0], self.device_of[u.src[0]] or device)
-        continue
-      stack.extend((s, expanded or grows) for s in u.src)
+    def _device(self, u: UOp) -> str | None:
+        if u.op is Ops.BUFFER:
+            return u.arg[1]
+        if u.op is Ops.COPY:
+            return u.arg
+        if u.op is Ops.SINK:
+            return None  # the roots of one schedule may live on different devices
+        devs = {d for s in u.src if (d := self.device_of[s]) is not None}
+        if len(devs) > 1:
+            raise RuntimeError(f"{u.op} mixes tensors on different devices {sorted(devs)}; move them with .to() first")
+        return devs.pop() if devs else None
 
-  def _recompute_cost(self, u: UOp) -> int:
-    """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is
-    free (the compiler folds or hoists it), and the walk stops at buffers, reduces and realize points."""
-    if (cost := self.cost_memo.get(u)) is None: cost = self.cost_memo[u] = self._count_data_ops(u)
-    return cost
+    def _mark(self, point: UOp, device: str) -> None:
+        """Make `point` a realize point and walk its kernel to find the points it needs."""
+        if point in self.points:
+            return
+        self.points[point] = device
+        value = (
+            point.src[1]
+            if point.op is Ops.ASSIGN
+            else point.src[0]
+            if point.op in (Ops.CONTIGUOUS, Ops.COPY)
+            else point
+        )
+        if point.op is Ops.COPY:
+            if not is_contiguous_view(value):
+                self._mark(value, self.device_of[value] or device)
+            return
+        if point.op is Ops.ASSIGN:
+            target = base_buffer(point.src[0])
+            if target is None or not is_contiguous_view(point.src[0]):
+                raise RuntimeError("assign target must be a whole realized buffer")
+            if self._reads_shifted(value, buffer_of[target]) or self._reads_any(
+                value, self.assigned - {buffer_of[target]}
+            ):
+                self._mark(value, device)
+        stack: list[tuple[UOp, bool]] = [(value, False)]
+        seen: set[tuple[UOp, bool]] = set()
+        while stack:
+            u, expanded = stack.pop()
+            if (u, expanded) in seen or u.op is Ops.BUFFER:
+                continue
+            seen.add((u, expanded))
+            if u is not point and (
+                u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)
+                and u.arg != "backward"
+                or u.op is Ops.REDUCE_AXIS
+                and expanded
+            ):
+                self._mark(u, self.device_of[u] or device)
+                continue
+            grows = u.op is Ops.EXPAND and u.size > u.src[0].size
+            if grows and self._recompute_cost(u.src[0]) * (u.size - u.src[0].size) >= RECOMPUTE_LIMIT:
+                # a broadcast would recompute this expression for every copy: compute it once into a buffer instead
+                self._mark(u.src[0], self.device_of[u.src[0]] or device)
+                continue
+            stack.extend((s, expanded or grows) for s in u.src)
 
-  def _count_data_ops(self, u: UOp) -> int:
-    nodes = u.toposort(gate=lambda x: x is u or x not in self.points and x.op is not Ops.REDUCE_AXIS)
-    reads_data: dict[UOp, bool] = {}
-    for n in nodes:
-      reads_data[n] = n.op is Ops.BUFFER or n.op is Ops.REDUCE_AXIS or (n in self.points and n is not u) or \
-        any(reads_data.get(s, False) for s in n.src)
-    return sum(1 for n in nodes if n.op in GroupOp.ALU and reads_data[n])
+    def _recompute_cost(self, u: UOp) -> int:
+        """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is
+        free (the compiler folds or hoists it), and the walk stops at buffers, reduces and realize points."""
+        if (cost := self.cost_memo.get(u)) is None:
+            cost = self.cost_memo[u] = self._count_data_ops(u)
+        return cost
 
-  def _reads_any(self, value: UOp, bufs: set[Buffer]) -> bool:
-    return any(u.op is Ops.BUFFER and buffer_of[u] in bufs for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN))
+    def _count_data_ops(self, u: UOp) -> int:
+        nodes = u.toposort(gate=lambda x: x is u or x not in self.points and x.op is not Ops.REDUCE_AXIS)
+        reads_data: dict[UOp, bool] = {}
+        for n in nodes:
+            reads_data[n] = (
+                n.op is Ops.BUFFER
+                or n.op is Ops.REDUCE_AXIS
+                or (n in self.points and n is not u)
+                or any(reads_data.get(s, False) for s in n.src)
+            )
+        return sum(1 for n in nodes if n.op in GroupOp.ALU and reads_data[n])
 
-  def _reads_shifted(self, value: UOp, buf: Buffer) -> bool:
-    """Does `value` read `buf` anywhere other than at the element it writes (an in-place hazard)?"""
-    stack: list[tuple[UOp, bool]] = [(value, False)]
-    seen: set[tuple[UOp, bool]] = set()
-    while stack:
-      u, moved = stack.pop()
-      if (u, moved) in seen: continue
-      seen.add((u, moved))
-      if u.op is Ops.BUFFER:
-        if buffer_of[u] is buf and moved: return True
-        continue
-      if u in self.points and u is not value: continue
-      shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op is Ops.REDUCE_AXIS
-      stack.extend((s, moved or shifts) for s in u.src)
-    return False
+    def _reads_any(self, value: UOp, bufs: set[Buffer]) -> bool:
+        return any(
+            u.op is Ops.BUFFER and buffer_of[u] in bufs for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN)
+        )
 
-  def _kernel_inputs(self, point: UOp) -> tuple[set[UOp], set[Buffer]]:
-    """The points and the buffers a point's kernel reads (the walk stops at other points)."""
-    value = point.src[1] if point.op is Ops.ASSIGN else point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
-    deps: set[UOp] = set()
-    bufs: set[Buffer] = set()
-    if value is not point and value in self.points: return {value}, bufs
-    for u in value.toposort(gate=lambda x: x is value or x not in self.points):
-      if u in self.points and u is not point: deps.add(u)
-      elif u.op is Ops.BUFFER: bufs.add(buffer_of[u])
-    return deps, bufs
+    def _reads_shifted(self, value: UOp, buf: Buffer) -> bool:
+        """Does `value` read `buf` anywhere other than at the element it writes (an in-place hazard)?"""
+        stack: list[tuple[UOp, bool]] = [(value, False)]
+        seen: set[tuple[UOp, bool]] = set()
+        while stack:
+            u, moved = stack.pop()
+            if (u, moved) in seen:
+                continue
+            seen.add((u, moved))
+            if u.op is Ops.BUFFER:
+                if buffer_of[u] is buf and moved:
+                    return True
+                continue
+            if u in self.points and u is not value:
+                continue
+            shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op is Ops.REDUCE_AXIS
+            stack.extend((s, moved or shifts) for s in u.src)
+        return False
 
-  def plan(self) -> list[ScheduleItem]:
-    order = [u for u in self.nodes if u in self.points]
-    inputs = {p: self._kernel_inputs(p) for p in order}
-    # write-after-read: a kernel reading a buffer that an assign overwrites must run before that assign
-    after: dict[UOp, set[UOp]] = {p: set(inputs[p][0]) for p in order}
-    for a in order:
-      if a.op is not Ops.ASSIGN: continue
-      target = buffer_of[base_buffer(a.src[0])]  # type: ignore[index]
-      after[a] |= {p for p in order if p is not a and target in inputs[p][1]}
-    emitted: set[UOp] = set()
-    while len(emitted) < len(order):
-      ready = [p for p in order if p not in emitted and after[p] <= emitted]
-      if not ready: raise RuntimeError("cannot order these assigns: a kernel needs both the old and the new value of a buffer")
-      for p in ready[:1]:
-        self._emit(p, self.points[p])
-        emitted.add(p)
-    return self.items
+    def _kernel_inputs(self, point: UOp) -> tuple[set[UOp], set[Buffer]]:
+        """The points and the buffers a point's kernel reads (the walk stops at other points)."""
+        value = (
+            point.src[1]
+            if point.op is Ops.ASSIGN
+            else point.src[0]
+            if point.op in (Ops.CONTIGUOUS, Ops.COPY)
+            else point
+        )
+        deps: set[UOp] = set()
+        bufs: set[Buffer] = set()
+        if value is not point and value in self.points:
+            return {value}, bufs
+        for u in value.toposort(gate=lambda x: x is value or x not in self.points):
+            if u in self.points and u is not point:
+                deps.add(u)
+            elif u.op is Ops.BUFFER:
+                bufs.add(buffer_of[u])
+        return deps, bufs
 
-  def _emit(self, point: UOp, device: str) -> None:
-    if point.op is Ops.COPY:
-      src = self.result.get(point.src[0], point.src[0])
-      src_buf = buffer_of[base_buffer(src)]  # type: ignore[index]
-      out = new_buffer(device, point.size, point.dtype)
-      self.items.append(ScheduleItem(point, (buffer_of[out], src_buf), device))
-      self.result[point] = _view(out, point.shape)
-      return
-    if point.op is Ops.ASSIGN:
-      target_buf = buffer_of[base_buffer(point.src[0])]  # type: ignore[index]
-      out, value = buffer_uop(target_buf), point.src[1]
-    else:
-      out, value = new_buffer(device, point.size, point.dtype), point.src[0] if point.op is Ops.CONTIGUOUS else point
-    if value in self.result and value is not point: value = self.result[value]
-    params: dict[Buffer, UOp] = {}
-    out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size))
-    ast_value = self._to_ast(value, params, buffer_of[out], point)
-    ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)),))
-    self.items.append(ScheduleItem(ast, (buffer_of[out], *params), device))
-    self.result[point] = _view(out, point.shape)
+    def plan(self) -> list[ScheduleItem]:
+        order = [u for u in self.nodes if u in self.points]
+        inputs = {p: self._kernel_inputs(p) for p in order}
+        # write-after-read: a kernel reading a buffer that an assign overwrites must run before that assign
+        after: dict[UOp, set[UOp]] = {p: set(inputs[p][0]) for p in order}
+        for a in order:
+            if a.op is not Ops.ASSIGN:
+                continue
+            target = buffer_of[base_buffer(a.src[0])]  # type: ignore[index]
+            after[a] |= {p for p in order if p is not a and target in inputs[p][1]}
+        emitted: set[UOp] = set()
+        while len(emitted) < len(order):
+            ready = [p for p in order if p not in emitted and after[p] <= emitted]
+            if not ready:
+                raise RuntimeError(
+                    "cannot order these assigns: a kernel needs both the old and the new value of a buffer"
+                )
+            for p in ready[:1]:
+                self._emit(p, self.points[p])
+                emitted.add(p)
+        return self.items
 
-  def _to_ast(self, value: UOp, params: dict[Buffer, UOp], out_buf: Buffer, point: UOp) -> UOp:
-    """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers."""
-    memo: dict[UOp, UOp] = {}
-    def visit(u: UOp) -> UOp:
-      if (r := memo.get(u)) is not None: return r
-      if u is not point and u in self.result: ret = visit(self.result[u])
-      elif u.op is Ops.BUFFER:
-        buf = buffer_of[u]
-        if buf not in params: params[buf] = UOp(Ops.DEFINE_GLOBAL, u.dtype, (), (len(params) + 1, u.arg[2]))
-        ret = params[buf]
-      elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward": ret = visit(u.src[0])
-      else:
-        new_src = tuple(visit(s) for s in u.src)
-        ret = u if new_src == u.src else u.replace(src=new_src)
-      memo[u] = ret
-      return ret
-    return visit(value)
+    def _emit(self, point: UOp, device: str) -> None:
+        if point.op is Ops.COPY:
+            src = self.result.get(point.src[0], point.src[0])
+            src_buf = buffer_of[base_buffer(src)]  # type: ignore[index]
+            out = new_buffer(device, point.size, point.dtype)
+            self.items.append(ScheduleItem(point, (buffer_of[out], src_buf), device))
+            self.result[point] = _view(out, point.shape)
+            return
+        if point.op is Ops.ASSIGN:
+            target_buf = buffer_of[base_buffer(point.src[0])]  # type: ignore[index]
+            out, value = buffer_uop(target_buf), point.src[1]
+        else:
+            out, value = (
+                new_buffer(device, point.size, point.dtype),
+                point.src[0] if point.op is Ops.CONTIGUOUS else point,
+            )
+        if value in self.result and value is not point:
+            value = self.result[value]
+        params: dict[Buffer, UOp] = {}
+        out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size))
+        ast_value = self._to_ast(value, params, buffer_of[out], point)
+        ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)),))
+        self.items.append(ScheduleItem(ast, (buffer_of[out], *params), device))
+        self.result[point] = _view(out, point.shape)
 
-def _view(buf: UOp, shape: tuple[int, ...]) -> UOp: return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
+    def _to_ast(self, value: UOp, params: dict[Buffer, UOp], out_buf: Buffer, point: UOp) -> UOp:
+        """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers."""
+        memo: dict[UOp, UOp] = {}
+
+        def visit(u: UOp) -> UOp:
+            if (r := memo.get(u)) is not None:
+                return r
+            if u is not point and u in self.result:
+                ret = visit(self.result[u])
+            elif u.op is Ops.BUFFER:
+                buf = buffer_of[u]
+                if buf not in params:
+                    params[buf] = UOp(Ops.DEFINE_GLOBAL, u.dtype, (), (len(params) + 1, u.arg[2]))
+                ret = params[buf]
+            elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
+                ret = visit(u.src[0])
+            else:
+                new_src = tuple(visit(s) for s in u.src)
+                ret = u if new_src == u.src else u.replace(src=new_src)
+            memo[u] = ret
+            return ret
+
+        return visit(value)
+
+
+def _view(buf: UOp, shape: tuple[int, ...]) -> UOp:
+    return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
+
 
 def create_schedule(roots: list[UOp], devices: list) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
-  """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
-  buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel)."""
-  lowered = lower_multi(substitute_realized(roots), devices)
-  # a multi-device root is realized shard by shard, each on its own device
-  flat = [pair for u, d in zip(lowered, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])]
-  planner = _Planner([u for u, _ in flat], [d for _, d in flat])
-  items = planner.plan()
-  def result(u: UOp) -> UOp: return planner.result.get(u, u)
-  results = [u.replace(src=tuple(result(s) for s in u.src)) if u.op is Ops.MULTI else result(u) for u in lowered]
-  root_set = {u for u, _ in flat}
-  inner = {p: planner.result[p] for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS)
-           and any(planner._kernel_inputs(p))}
-  if DEBUG >= 3: print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
-  return items, results, inner
+    """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
+    buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel)."""
+    lowered = lower_multi(substitute_realized(roots), devices)
+    # a multi-device root is realized shard by shard, each on its own device
+    flat = [
+        pair for u, d in zip(lowered, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])
+    ]
+    planner = _Planner([u for u, _ in flat], [d for _, d in flat])
+    items = planner.plan()
+
+    def result(u: UOp) -> UOp:
+        return planner.result.get(u, u)
+
+    results = [u.replace(src=tuple(result(s) for s in u.src)) if u.op is Ops.MULTI else result(u) for u in lowered]
+    root_set = {u for u, _ in flat}
+    inner = {
+        p: planner.result[p]
+        for p in planner.points
+        if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS) and any(planner._kernel_inputs(p))
+    }
+    if DEBUG >= 3:
+        print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
+    return items, results, inner

@@ -1,175 +1,330 @@
 """Ops, GroupOp and UOp: the one immutable, hash-consed graph node every stage speaks."""
+
 from __future__ import annotations
-import math, weakref
+import math
+import weakref
 from enum import Enum, auto
 from typing import Any, Callable, Iterator
 from fusegrad.dtype import DType, dtypes, truncate
 from fusegrad.helpers import prod
 
-class Ops(Enum):
-  # tensor-level graph
-  BUFFER = auto(); CONST = auto(); ARANGE = auto(); CONTIGUOUS = auto(); COPY = auto(); ASSIGN = auto(); DETACH = auto()  # noqa: E702
-  RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()  # noqa: E702
-  REDUCE_AXIS = auto(); CAST = auto(); BITCAST = auto()  # noqa: E702
-  MULTI = auto()  # a value split along arg[0] (or replicated if None) over the devices arg[1], one src per device
-  # kernel level
-  SINK = auto(); DEFINE_GLOBAL = auto(); DEFINE_VAR = auto(); RANGE = auto(); REDUCE = auto()  # noqa: E702
-  LOAD = auto(); STORE = auto(); DEFINE_ACC = auto(); ACC_UPDATE = auto(); ENDRANGE = auto()  # noqa: E702
-  # unary ALU
-  NEG = auto(); RECIPROCAL = auto(); SQRT = auto(); EXP = auto(); LOG = auto(); EXP2 = auto(); LOG2 = auto()  # noqa: E702
-  SIN = auto(); COS = auto(); TRUNC = auto()  # noqa: E702
-  # binary ALU
-  ADD = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto(); POW = auto()  # noqa: E702
-  CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()  # noqa: E702
-  # ternary ALU
-  WHERE = auto()
 
-  def __repr__(self) -> str: return f"Ops.{self.name}"
+class Ops(Enum):
+    # tensor-level graph
+    BUFFER = auto()
+    CONST = auto()
+    ARANGE = auto()
+    CONTIGUOUS = auto()
+    COPY = auto()
+    ASSIGN = auto()
+    DETACH = auto()  # noqa: E702
+    RESHAPE = auto()
+    PERMUTE = auto()
+    EXPAND = auto()
+    PAD = auto()
+    SHRINK = auto()
+    FLIP = auto()  # noqa: E702
+    REDUCE_AXIS = auto()
+    CAST = auto()
+    BITCAST = auto()  # noqa: E702
+    MULTI = auto()  # a value split along arg[0] (or replicated if None) over the devices arg[1], one src per device
+    # kernel level
+    SINK = auto()
+    DEFINE_GLOBAL = auto()
+    DEFINE_VAR = auto()
+    RANGE = auto()
+    REDUCE = auto()  # noqa: E702
+    LOAD = auto()
+    STORE = auto()
+    DEFINE_ACC = auto()
+    ACC_UPDATE = auto()
+    ENDRANGE = auto()  # noqa: E702
+    # unary ALU
+    NEG = auto()
+    RECIPROCAL = auto()
+    SQRT = auto()
+    EXP = auto()
+    LOG = auto()
+    EXP2 = auto()
+    LOG2 = auto()  # noqa: E702
+    SIN = auto()
+    COS = auto()
+    TRUNC = auto()  # noqa: E702
+    # binary ALU
+    ADD = auto()
+    MUL = auto()
+    FDIV = auto()
+    IDIV = auto()
+    MOD = auto()
+    MAX = auto()
+    POW = auto()  # noqa: E702
+    CMPLT = auto()
+    CMPNE = auto()
+    CMPEQ = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    SHL = auto()
+    SHR = auto()  # noqa: E702
+    # ternary ALU
+    WHERE = auto()
+
+    def __repr__(self) -> str:
+        return f"Ops.{self.name}"
+
 
 class GroupOp:
-  Unary = {Ops.NEG, Ops.RECIPROCAL, Ops.SQRT, Ops.EXP, Ops.LOG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TRUNC}
-  Binary = {Ops.ADD, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.POW, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
-            Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
-  Ternary = {Ops.WHERE}
-  ALU = Unary | Binary | Ternary
-  Comparison = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
-  Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
-  Movement = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
-  Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+    Unary = {Ops.NEG, Ops.RECIPROCAL, Ops.SQRT, Ops.EXP, Ops.LOG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TRUNC}
+    Binary = {
+        Ops.ADD,
+        Ops.MUL,
+        Ops.FDIV,
+        Ops.IDIV,
+        Ops.MOD,
+        Ops.MAX,
+        Ops.POW,
+        Ops.CMPLT,
+        Ops.CMPNE,
+        Ops.CMPEQ,
+        Ops.AND,
+        Ops.OR,
+        Ops.XOR,
+        Ops.SHL,
+        Ops.SHR,
+    }
+    Ternary = {Ops.WHERE}
+    ALU = Unary | Binary | Ternary
+    Comparison = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
+    Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
+    Movement = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
+    Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+
 
 class UOpMeta(type):
-  """Hash-consing: UOp(op, dtype, src, arg) with equal parts returns the same live object."""
-  cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
-  def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-    key = (op, dtype, tuple(id(s) for s in src), _hashable(arg))
-    if (ret := UOpMeta.cache.get(key)) is not None: return ret
-    ret = super().__call__(op, dtype, src, arg)
-    UOpMeta.cache[key] = ret
-    return ret
+    """Hash-consing: UOp(op, dtype, src, arg) with equal parts returns the same live object."""
+
+    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+
+    def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
+        key = (op, dtype, tuple(id(s) for s in src), _hashable(arg))
+        if (ret := UOpMeta.cache.get(key)) is not None:
+            return ret
+        ret = super().__call__(op, dtype, src, arg)
+        UOpMeta.cache[key] = ret
+        return ret
+
 
 def _hashable(arg: Any) -> Any:
-  # floats keep their sign and NaN-ness apart (0.0 vs -0.0, nan == nan for caching)
-  if isinstance(arg, float): return ("f", math.copysign(1, arg), arg if arg == arg else "nan")
-  if isinstance(arg, tuple): return tuple(_hashable(a) for a in arg)
-  return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
+    # floats keep their sign and NaN-ness apart (0.0 vs -0.0, nan == nan for caching)
+    if isinstance(arg, float):
+        return ("f", math.copysign(1, arg), arg if arg == arg else "nan")
+    if isinstance(arg, tuple):
+        return tuple(_hashable(a) for a in arg)
+    return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
+
 
 class UOp(metaclass=UOpMeta):
-  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_ranges", "_vrange")
-  def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
-    self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
-  def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg))
-  def __repr__(self) -> str: return pretty(self)
-  def replace(self, **kwargs: Any) -> UOp:
-    parts = {"op": self.op, "dtype": self.dtype, "src": self.src, "arg": self.arg} | kwargs
-    return UOp(parts["op"], parts["dtype"], tuple(parts["src"]), parts["arg"])
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_ranges", "_vrange")
 
-  # ---- graph walking
-  def toposort(self, gate: Callable[[UOp], bool] | None = None) -> list[UOp]:
-    """Nodes in dependency order (sources first); `gate(u)` False stops the walk below u."""
-    out: dict[UOp, None] = {}
-    stack: list[tuple[UOp, bool]] = [(self, False)]
-    while stack:
-      u, visited = stack.pop()
-      if u in out: continue
-      if visited: out[u] = None
-      else:
-        stack.append((u, True))
-        if gate is None or gate(u): stack.extend((s, False) for s in reversed(u.src) if s not in out)
-    return list(out)
+    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+        self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
 
-  # ---- constructors
-  @staticmethod
-  def const(dtype: DType, value: Any) -> UOp: return UOp(Ops.CONST, dtype, (), truncate(value, dtype))
-  def const_like(self, value: Any) -> UOp: return UOp.const(self.dtype, value)
-  def alu(self, op: Ops, *src: UOp) -> UOp:
-    out_dtype = dtypes.bool if op in GroupOp.Comparison else (src[-1].dtype if op is Ops.WHERE else self.dtype)
-    return UOp(op, out_dtype, (self, *src))
-  def _operand(self, x: UOp | int | float | bool) -> UOp: return x if isinstance(x, UOp) else self.const_like(x)
-  def __add__(self, x): return self.alu(Ops.ADD, self._operand(x))
-  def __radd__(self, x): return self._operand(x).alu(Ops.ADD, self)
-  def __sub__(self, x): return self.alu(Ops.ADD, self._operand(x).alu(Ops.NEG))
-  def __rsub__(self, x): return self._operand(x).alu(Ops.ADD, self.alu(Ops.NEG))
-  def __mul__(self, x): return self.alu(Ops.MUL, self._operand(x))
-  def __rmul__(self, x): return self._operand(x).alu(Ops.MUL, self)
-  def __floordiv__(self, x): return self.alu(Ops.IDIV, self._operand(x))
-  def __mod__(self, x): return self.alu(Ops.MOD, self._operand(x))
-  def __neg__(self): return self.alu(Ops.NEG)
-  def __lt__(self, x): return self.alu(Ops.CMPLT, self._operand(x))
-  def __ge__(self, x): return (self < x).alu(Ops.CMPEQ, UOp.const(dtypes.bool, False))
-  def __and__(self, x): return self.alu(Ops.AND, self._operand(x))
-  def __or__(self, x): return self.alu(Ops.OR, self._operand(x))
-  def ne(self, x): return self.alu(Ops.CMPNE, self._operand(x))
-  def eq(self, x): return self.alu(Ops.CMPEQ, self._operand(x))
-  def maximum(self, x): return self.alu(Ops.MAX, self._operand(x))
-  def where(self, a, b):
-    a = a if isinstance(a, UOp) else UOp.const(b.dtype if isinstance(b, UOp) else dtypes.default_int, a)
-    return self.alu(Ops.WHERE, a, b if isinstance(b, UOp) else a.const_like(b))
-  def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+    def __reduce__(self):
+        return (UOp, (self.op, self.dtype, self.src, self.arg))
 
-  # ---- shapes of tensor-level nodes
-  @property
-  def shape(self) -> tuple[int, ...]:
-    try: return self._shape
-    except AttributeError: pass
-    self._shape = _infer_shape(self)
-    return self._shape
-  @property
-  def size(self) -> int: return prod(self.shape)
+    def __repr__(self) -> str:
+        return pretty(self)
 
-  # ---- value ranges of kernel-level integer nodes
-  @property
-  def vmin(self) -> Any: return self._value_range()[0]
-  @property
-  def vmax(self) -> Any: return self._value_range()[1]
-  def _value_range(self) -> tuple[Any, Any]:
-    try: return self._vrange
-    except AttributeError: pass
-    from fusegrad.uop.symbolic import value_range
-    self._vrange = value_range(self)
-    return self._vrange
+    def replace(self, **kwargs: Any) -> UOp:
+        parts = {"op": self.op, "dtype": self.dtype, "src": self.src, "arg": self.arg} | kwargs
+        return UOp(parts["op"], parts["dtype"], tuple(parts["src"]), parts["arg"])
+
+    # ---- graph walking
+    def toposort(self, gate: Callable[[UOp], bool] | None = None) -> list[UOp]:
+        """Nodes in dependency order (sources first); `gate(u)` False stops the walk below u."""
+        out: dict[UOp, None] = {}
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            u, visited = stack.pop()
+            if u in out:
+                continue
+            if visited:
+                out[u] = None
+            else:
+                stack.append((u, True))
+                if gate is None or gate(u):
+                    stack.extend((s, False) for s in reversed(u.src) if s not in out)
+        return list(out)
+
+    # ---- constructors
+    @staticmethod
+    def const(dtype: DType, value: Any) -> UOp:
+        return UOp(Ops.CONST, dtype, (), truncate(value, dtype))
+
+    def const_like(self, value: Any) -> UOp:
+        return UOp.const(self.dtype, value)
+
+    def alu(self, op: Ops, *src: UOp) -> UOp:
+        out_dtype = dtypes.bool if op in GroupOp.Comparison else (src[-1].dtype if op is Ops.WHERE else self.dtype)
+        return UOp(op, out_dtype, (self, *src))
+
+    def _operand(self, x: UOp | int | float | bool) -> UOp:
+        return x if isinstance(x, UOp) else self.const_like(x)
+
+    def __add__(self, x):
+        return self.alu(Ops.ADD, self._operand(x))
+
+    def __radd__(self, x):
+        return self._operand(x).alu(Ops.ADD, self)
+
+    def __sub__(self, x):
+        return self.alu(Ops.ADD, self._operand(x).alu(Ops.NEG))
+
+    def __rsub__(self, x):
+        return self._operand(x).alu(Ops.ADD, self.alu(Ops.NEG))
+
+    def __mul__(self, x):
+        return self.alu(Ops.MUL, self._operand(x))
+
+    def __rmul__(self, x):
+        return self._operand(x).alu(Ops.MUL, self)
+
+    def __floordiv__(self, x):
+        return self.alu(Ops.IDIV, self._operand(x))
+
+    def __mod__(self, x):
+        return self.alu(Ops.MOD, self._operand(x))
+
+    def __neg__(self):
+        return self.alu(Ops.NEG)
+
+    def __lt__(self, x):
+        return self.alu(Ops.CMPLT, self._operand(x))
+
+    def __ge__(self, x):
+        return (self < x).alu(Ops.CMPEQ, UOp.const(dtypes.bool, False))
+
+    def __and__(self, x):
+        return self.alu(Ops.AND, self._operand(x))
+
+    def __or__(self, x):
+        return self.alu(Ops.OR, self._operand(x))
+
+    def ne(self, x):
+        return self.alu(Ops.CMPNE, self._operand(x))
+
+    def eq(self, x):
+        return self.alu(Ops.CMPEQ, self._operand(x))
+
+    def maximum(self, x):
+        return self.alu(Ops.MAX, self._operand(x))
+
+    def where(self, a, b):
+        a = a if isinstance(a, UOp) else UOp.const(b.dtype if isinstance(b, UOp) else dtypes.default_int, a)
+        return self.alu(Ops.WHERE, a, b if isinstance(b, UOp) else a.const_like(b))
+
+    def cast(self, dtype: DType) -> UOp:
+        return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+
+    # ---- shapes of tensor-level nodes
+    @property
+    def shape(self) -> tuple[int, ...]:
+        try:
+            return self._shape
+        except AttributeError:
+            pass
+        self._shape = _infer_shape(self)
+        return self._shape
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    # ---- value ranges of kernel-level integer nodes
+    @property
+    def vmin(self) -> Any:
+        return self._value_range()[0]
+
+    @property
+    def vmax(self) -> Any:
+        return self._value_range()[1]
+
+    def _value_range(self) -> tuple[Any, Any]:
+        try:
+            return self._vrange
+        except AttributeError:
+            pass
+        from fusegrad.uop.symbolic import value_range
+
+        self._vrange = value_range(self)
+        return self._vrange
+
 
 def _infer_shape(u: UOp) -> tuple[int, ...]:
-  if u.op is Ops.BUFFER: return (u.arg[2],)
-  if u.op is Ops.DEFINE_GLOBAL: return (u.arg[1],)
-  if u.op is Ops.CONST: return ()
-  if u.op is Ops.ARANGE: return (u.arg,)
-  if u.op in (Ops.RESHAPE, Ops.EXPAND): return tuple(u.arg)
-  s = u.src[0].shape
-  if u.op is Ops.PERMUTE: return tuple(s[i] for i in u.arg)
-  if u.op is Ops.PAD: return tuple(d + b + a for d, (b, a) in zip(s, u.arg))
-  if u.op is Ops.SHRINK: return tuple(e - b for b, e in u.arg)
-  if u.op is Ops.REDUCE_AXIS: return tuple(1 if i in u.arg[1] else d for i, d in enumerate(s))
-  if u.op is Ops.STORE: return u.src[1].shape
-  if u.op is Ops.MULTI: return tuple(d * len(u.src) if i == u.arg[0] else d for i, d in enumerate(s))
-  if u.op is Ops.SINK: return ()
-  if u.op is Ops.BITCAST and u.src[0].dtype.itemsize != u.dtype.itemsize:
-    return s[:-1] + (s[-1] * u.src[0].dtype.itemsize // u.dtype.itemsize,)
-  if u.op in GroupOp.ALU:
-    shapes = {x.shape for x in u.src}
-    if len(shapes) != 1: raise ValueError(f"{u.op} on mismatched shapes {[x.shape for x in u.src]}")
-    return s
-  return s  # FLIP, CAST, BITCAST, CONTIGUOUS, COPY, ASSIGN, DETACH keep the shape
+    if u.op is Ops.BUFFER:
+        return (u.arg[2],)
+    if u.op is Ops.DEFINE_GLOBAL:
+        return (u.arg[1],)
+    if u.op is Ops.CONST:
+        return ()
+    if u.op is Ops.ARANGE:
+        return (u.arg,)
+    if u.op in (Ops.RESHAPE, Ops.EXPAND):
+        return tuple(u.arg)
+    s = u.src[0].shape
+    if u.op is Ops.PERMUTE:
+        return tuple(s[i] for i in u.arg)
+    if u.op is Ops.PAD:
+        return tuple(d + b + a for d, (b, a) in zip(s, u.arg))
+    if u.op is Ops.SHRINK:
+        return tuple(e - b for b, e in u.arg)
+    if u.op is Ops.REDUCE_AXIS:
+        return tuple(1 if i in u.arg[1] else d for i, d in enumerate(s))
+    if u.op is Ops.STORE:
+        return u.src[1].shape
+    if u.op is Ops.MULTI:
+        return tuple(d * len(u.src) if i == u.arg[0] else d for i, d in enumerate(s))
+    if u.op is Ops.SINK:
+        return ()
+    if u.op is Ops.BITCAST and u.src[0].dtype.itemsize != u.dtype.itemsize:
+        return s[:-1] + (s[-1] * u.src[0].dtype.itemsize // u.dtype.itemsize,)
+    if u.op in GroupOp.ALU:
+        shapes = {x.shape for x in u.src}
+        if len(shapes) != 1:
+            raise ValueError(f"{u.op} on mismatched shapes {[x.shape for x in u.src]}")
+        return s
+    return s  # FLIP, CAST, BITCAST, CONTIGUOUS, COPY, ASSIGN, DETACH keep the shape
+
 
 _device_memo: weakref.WeakKeyDictionary[UOp, str | tuple[str, ...] | None] = weakref.WeakKeyDictionary()
 
+
 def device_of(u: UOp) -> str | tuple[str, ...] | None:
-  """The device a graph computes on (a tuple when it reads a multi-device value), None for a device-less constant."""
-  for n in u.toposort(gate=lambda x: x not in _device_memo):
-    if n in _device_memo: continue
-    if n.op is Ops.BUFFER: _device_memo[n] = n.arg[1]
-    elif n.op is Ops.COPY: _device_memo[n] = n.arg
-    elif n.op is Ops.MULTI: _device_memo[n] = n.arg[1]
-    else: _device_memo[n] = next((d for s in n.src if (d := _device_memo[s]) is not None), None)
-  return _device_memo[u]
+    """The device a graph computes on (a tuple when it reads a multi-device value), None for a device-less constant."""
+    for n in u.toposort(gate=lambda x: x not in _device_memo):
+        if n in _device_memo:
+            continue
+        if n.op is Ops.BUFFER:
+            _device_memo[n] = n.arg[1]
+        elif n.op is Ops.COPY:
+            _device_memo[n] = n.arg
+        elif n.op is Ops.MULTI:
+            _device_memo[n] = n.arg[1]
+        else:
+            _device_memo[n] = next((d for s in n.src if (d := _device_memo[s]) is not None), None)
+    return _device_memo[u]
+
 
 def pretty(u: UOp, depth: int = 0, seen: dict[UOp, int] | None = None) -> str:
-  """Indented tree view of a graph; shared nodes are printed once and then referenced as x<n>."""
-  seen = {} if seen is None else seen
-  pad = "  " * depth
-  if u in seen: return f"{pad}x{seen[u]}"
-  seen[u] = len(seen)
-  head = f"{pad}x{seen[u]}:{u.op.name} {u.dtype} arg={u.arg!r}"
-  return head if not u.src else head + "\n" + "\n".join(pretty(s, depth + 1, seen) for s in u.src)
+    """Indented tree view of a graph; shared nodes are printed once and then referenced as x<n>."""
+    seen = {} if seen is None else seen
+    pad = "  " * depth
+    if u in seen:
+        return f"{pad}x{seen[u]}"
+    seen[u] = len(seen)
+    head = f"{pad}x{seen[u]}:{u.op.name} {u.dtype} arg={u.arg!r}"
+    return head if not u.src else head + "\n" + "\n".join(pretty(s, depth + 1, seen) for s in u.src)
+
 
 def walk(roots: list[UOp]) -> Iterator[UOp]:
-  return iter(UOp(Ops.SINK, dtypes.void, tuple(roots)).toposort())
+    return iter(UOp(Ops.SINK, dtypes.void, tuple(roots)).toposort())
