@@ -66,6 +66,7 @@ class Tensor(
     """An n-dimensional array on a device, computed lazily."""
 
     training: bool = False  # [compat] legacy switch, read alongside TRAINING
+    no_grad: bool = False  # [compat] <= v0.10; nothing is recorded anyway, gradients are computed on request
     _seed: int = 0
     _rng_calls: int = 0
 
@@ -468,9 +469,15 @@ class Tensor(
     # ------------------------------------------------------------------ training mode [compat]
     @staticmethod
     def train(mode: bool = True):
+        """[compat] context manager / decorator setting training mode (TRAINING)."""
         from fusegrad.helpers import Context
 
         return Context(TRAINING=int(mode))
+
+    @staticmethod
+    def test(mode: bool = True):
+        """[compat] <= v0.10: test mode is training mode off."""
+        return Tensor.train(not mode)
 
 
 _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()

@@ -250,3 +250,19 @@ def test_raw_building_blocks():
     np.testing.assert_allclose(a.reshape(1, 2).image_dot(b.reshape(2, 1)).numpy(), [[13.0]])
     with pytest.raises(NotImplementedError):
         a.custom_kernel(b, fxn=None)
+
+
+def test_legacy_training_switches():
+    from fusegrad.helpers import TRAINING
+
+    x = Tensor.ones(1000)
+    assert x.dropout(0.5).numpy().min() == 1.0  # not training: identity
+    Tensor.training = True
+    try:
+        kept = x.dropout(0.5).numpy()
+        assert set(np.unique(kept)) <= {0.0, 2.0} and 0.3 < (kept == 0).mean() < 0.7
+    finally:
+        Tensor.training = False
+    with Tensor.test():
+        assert not TRAINING
+    assert Tensor.no_grad is False

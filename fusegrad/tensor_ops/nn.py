@@ -444,7 +444,7 @@ class NNMixin:
     def dropout(self, p: float = 0.5) -> Tensor:
         if not 0 <= p <= 1:
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-        if not TRAINING or p == 0:
+        if not (TRAINING or Tensor.training) or p == 0:
             return self
         if p == 1:
             return self * 0
