@@ -81,8 +81,23 @@ _INFIX = {
 }
 
 
-def render_alu(op: Ops, dt: DType, args: list[str], srcs: tuple[UOp, ...]) -> str:
+_UNSIGNED = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long long"}
+
+
+def render_wrapping(op: Ops, dt: DType, args: list[str]) -> str:
+    """Signed data arithmetic that wraps like torch: computed in the unsigned type, converted back (modulo in gcc)."""
+    u, t = _UNSIGNED[dt], ctype(dt)
+    if op is Ops.NEG:
+        return f"(({t})(0-({u})({args[0]})))"
+    if op is Ops.SHL:
+        return f"(({t})(({u})({args[0]})<<({args[1]})))"
+    return f"(({t})(({u})({args[0]}){_INFIX[op]}({u})({args[1]})))"
+
+
+def render_alu(op: Ops, dt: DType, args: list[str], srcs: tuple[UOp, ...], wrap: bool = False) -> str:
     sdt = srcs[0].dtype
+    if wrap and dt in _UNSIGNED and op in (Ops.ADD, Ops.MUL, Ops.NEG, Ops.SHL):
+        return render_wrapping(op, dt, args)
     if op in _MATH:
         fn = _MATH[op] + ("f" if sdt is dtypes.float32 else "")
         expr = f"{fn}({', '.join(args)})"
@@ -100,12 +115,10 @@ def render_alu(op: Ops, dt: DType, args: list[str], srcs: tuple[UOp, ...]) -> st
             expr = f"({args[0]}{sym}{args[1]})"
         elif dtypes.is_unsigned(dt):
             expr = f"(({args[1]})==0?0:({args[0]}{sym}{args[1]}))"
-        # signed MIN / -1 traps too; x / -1 is -x (wrapping, -fwrapv) and x % -1 is 0
+        # signed MIN / -1 traps too; x / -1 is -x (wrapping) and x % -1 is 0
         else:
-            expr = (
-                f"(({args[1]})==0?0:({args[1]})==-1?{f'(-({args[0]}))' if op is Ops.IDIV else '0'}"
-                f":({args[0]}{sym}{args[1]}))"
-            )
+            neg = render_wrapping(Ops.NEG, dt, args[:1]) if dt in _UNSIGNED else f"(-({args[0]}))"
+            expr = f"(({args[1]})==0?0:({args[1]})==-1?{neg if op is Ops.IDIV else '0'}:({args[0]}{sym}{args[1]}))"
     elif op is Ops.WHERE:
         expr = f"({args[0]}?{args[1]}:{args[2]})"
     elif op is Ops.ADD and dt is dtypes.bool:
@@ -153,6 +166,13 @@ class CStyleRenderer:
 
         params = [u for u in lin if u.op is Ops.DEFINE_GLOBAL]
         stored = {u.src[0] for u in lin if u.op is Ops.STORE}
+        # integer math on loaded data wraps like torch; index math over loops cannot overflow, so it stays plain signed
+        # arithmetic the compiler may assume affine (and vectorize)
+        reads_data: dict[UOp, bool] = {}
+        for u in lin:
+            reads_data[u] = u.op in (Ops.LOAD, Ops.DEFINE_ACC, Ops.ACC_UPDATE) or any(
+                reads_data.get(x, False) for x in u.src
+            )
         for u in lin:
             op = u.op
             if op is Ops.DEFINE_GLOBAL:
@@ -179,7 +199,7 @@ class CStyleRenderer:
                 line(f"{ctype(u.dtype)} {names[u]} = {ref(u.src[0])};")
             elif op is Ops.ACC_UPDATE:
                 acc = names[u.src[0]]
-                line(f"{acc} = {render_alu(u.arg, u.dtype, [acc, ref(u.src[1])], (u.src[0], u.src[1]))};")
+                line(f"{acc} = {render_alu(u.arg, u.dtype, [acc, ref(u.src[1])], (u.src[0], u.src[1]), wrap=True)};")
                 names[u] = acc
             elif op is Ops.LOAD:
                 names[u] = fresh("val")
@@ -198,7 +218,7 @@ class CStyleRenderer:
                         " memcpy(&bc_, &in_, sizeof(bc_)); bc_; })"
                     )
                 else:
-                    expr = render_alu(op, u.dtype, [ref(s) for s in u.src], u.src)
+                    expr = render_alu(op, u.dtype, [ref(s) for s in u.src], u.src, wrap=reads_data[u])
                 # single-use integer index math is inlined so the indexing reads like the formula it is
                 if uses[u] == 1 and dtypes.is_int(u.dtype) and op in GroupOp.ALU:
                     names[u] = expr

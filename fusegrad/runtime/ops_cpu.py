@@ -15,14 +15,13 @@ from fusegrad.renderer.cstyle import CStyleRenderer
 from fusegrad.runtime.device import Buffer, HostAllocator
 
 COMPILER_CANDIDATES = ("cc", "clang", "gcc")
-# -fwrapv: signed overflow wraps like torch; -fopenmp-simd: only the simd pragmas, no OpenMP runtime
+# -fopenmp-simd: only the simd pragmas, no OpenMP runtime (signed data arithmetic wraps in the renderer itself)
 CFLAGS = (
     "-shared",
     "-fPIC",
     "-O2",
     "-ftree-vectorize",
     "-march=native",
-    "-fwrapv",
     "-fopenmp-simd",
     "-fno-math-errno",
     "-Werror=implicit-function-declaration",
