@@ -253,7 +253,7 @@ class _Planner:
 
     def plan(self) -> list[ScheduleItem]:
         order = [u for u in self.nodes if u in self.points]
-        inputs = {p: self._kernel_inputs(p) for p in order}
+        inputs = self.inputs = {p: self._kernel_inputs(p) for p in order}
         # write-after-read: a kernel reading a buffer that an assign overwrites must run before that assign
         after: dict[UOp, set[UOp]] = {p: set(inputs[p][0]) for p in order}
         for a in order:
@@ -346,7 +346,7 @@ def create_schedule(roots: list[UOp], devices: list) -> tuple[list[ScheduleItem]
     inner = {
         p: planner.result[p]
         for p in planner.points
-        if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS) and any(planner._kernel_inputs(p))
+        if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS) and any(planner.inputs[p])
     }
     if DEBUG >= 3:
         print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
