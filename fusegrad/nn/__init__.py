@@ -25,6 +25,14 @@ def _normalize(x: Tensor, axes: tuple[int, ...], eps: float) -> Tensor:
     return centered * ((centered * centered).mean(axis=axes, keepdim=True) + eps).rsqrt()
 
 
+def _channel_affine(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    """Per-channel scale and shift of an (N, C, ...) tensor, when the layer has them."""
+    if weight is None or bias is None:
+        return x
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return x * weight.reshape(shape) + bias.reshape(shape)
+
+
 class Linear:
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         bound = 1 / math.sqrt(in_features)
@@ -204,11 +212,7 @@ class GroupNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         grouped = x.reshape(x.shape[0], self.num_groups, -1)
-        out = _normalize(grouped, (2,), self.eps).reshape(x.shape)
-        if self.weight is None:
-            return out
-        shape = (1, -1) + (1,) * (x.ndim - 2)
-        return out * self.weight.reshape(shape) + self.bias.reshape(shape)  # type: ignore[union-attr]
+        return _channel_affine(_normalize(grouped, (2,), self.eps).reshape(x.shape), self.weight, self.bias)
 
 
 class InstanceNorm:
@@ -218,11 +222,7 @@ class InstanceNorm:
         self.bias = Tensor.zeros(num_features).contiguous() if affine else None
 
     def __call__(self, x: Tensor) -> Tensor:
-        out = _normalize(x, tuple(range(2, x.ndim)), self.eps)
-        if self.weight is None:
-            return out
-        shape = (1, -1) + (1,) * (x.ndim - 2)
-        return out * self.weight.reshape(shape) + self.bias.reshape(shape)  # type: ignore[union-attr]
+        return _channel_affine(_normalize(x, tuple(range(2, x.ndim)), self.eps), self.weight, self.bias)
 
 
 class RMSNorm:

@@ -55,6 +55,13 @@ def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     return buffer_uop(Buffer(device, size, dtype))
 
 
+def kernel_value(point: UOp) -> UOp:
+    """What a realize point's kernel computes: an assign's value, a contiguous or copy's source, else the point."""
+    if point.op is Ops.ASSIGN:
+        return point.src[1]
+    return point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
+
+
 def base_buffer(u: UOp) -> UOp | None:
     """The BUFFER under a chain of movement ops, if u is only a view of one."""
     while u.op in GroupOp.Movement:
@@ -116,13 +123,7 @@ class _Planner:
     def _reduces_in_several_kernels(self) -> list[UOp]:
         seen_in: dict[UOp, int] = {}
         for point in self.points:
-            value = (
-                point.src[1]
-                if point.op is Ops.ASSIGN
-                else point.src[0]
-                if point.op in (Ops.CONTIGUOUS, Ops.COPY)
-                else point
-            )
+            value = kernel_value(point)
             if value is not point and value in self.points:
                 continue
             for u in value.toposort(gate=lambda x: x is value or x not in self.points):
@@ -147,13 +148,7 @@ class _Planner:
         if point in self.points:
             return
         self.points[point] = device
-        value = (
-            point.src[1]
-            if point.op is Ops.ASSIGN
-            else point.src[0]
-            if point.op in (Ops.CONTIGUOUS, Ops.COPY)
-            else point
-        )
+        value = kernel_value(point)
         if point.op is Ops.COPY:
             if not is_contiguous_view(value):
                 self._mark(value, self.device_of[value] or device)
@@ -233,13 +228,7 @@ class _Planner:
 
     def _kernel_inputs(self, point: UOp) -> tuple[set[UOp], set[Buffer]]:
         """The points and the buffers a point's kernel reads (the walk stops at other points)."""
-        value = (
-            point.src[1]
-            if point.op is Ops.ASSIGN
-            else point.src[0]
-            if point.op in (Ops.CONTIGUOUS, Ops.COPY)
-            else point
-        )
+        value = kernel_value(point)
         deps: set[UOp] = set()
         bufs: set[Buffer] = set()
         if value is not point and value in self.points:
