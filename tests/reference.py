@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from fusegrad import dtypes
+from fusegrad import Tensor, dtypes
 
 TORCH2FG = {
     torch.bool: dtypes.bool,
@@ -37,3 +37,23 @@ NP2FG = {
     }.items()
 }
 FG2NP = {v: k for k, v in NP2FG.items()}
+
+FWD_TOL = {
+    dtypes.float32: (1e-6, 1e-3),
+    dtypes.float64: (1e-6, 1e-3),
+    dtypes.float16: (1e-3, 2e-3),
+    dtypes.bfloat16: (1e-2, 1e-2),
+}
+
+
+def check_torch(out, ref, atol=None, rtol=None):
+    """out (a Tensor) matches ref (a torch tensor) in dtype, shape and values (floats within FWD_TOL, else exact)."""
+    assert isinstance(out, Tensor), f"expected a Tensor, got {type(out).__name__}"
+    assert out.dtype == TORCH2FG[ref.dtype], f"dtype {out.dtype} != torch {ref.dtype}"
+    assert out.shape == tuple(ref.shape), f"shape {out.shape} != torch {tuple(ref.shape)}"
+    ref_np = ref.detach().float().numpy() if ref.dtype == torch.bfloat16 else ref.detach().numpy()
+    if out.dtype in FWD_TOL:
+        d_atol, d_rtol = FWD_TOL[out.dtype]
+        np.testing.assert_allclose(out.numpy(), ref_np, atol=atol or d_atol, rtol=rtol or d_rtol)
+    else:
+        np.testing.assert_array_equal(out.numpy(), ref_np)

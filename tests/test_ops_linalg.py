@@ -5,14 +5,8 @@ import pytest
 import torch
 
 from fusegrad import GlobalCounters, Tensor, dtypes
-from reference import TORCH2FG
+from reference import check_torch as check
 
-FWD_TOL = {
-    dtypes.float32: (1e-6, 1e-3),
-    dtypes.float64: (1e-6, 1e-3),
-    dtypes.float16: (1e-3, 2e-3),
-    dtypes.bfloat16: (1e-2, 1e-2),
-}
 GRAD_ATOL, GRAD_RTOL = 1e-4, 1e-3
 
 
@@ -21,18 +15,6 @@ def rand(*shape, dtype=np.float32, seed=0):
     if np.issubdtype(dtype, np.integer):
         return rng.integers(-20, 20, shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
-
-
-def check(out, ref, atol=None, rtol=None):
-    assert isinstance(out, Tensor), f"expected a Tensor, got {type(out).__name__}"
-    assert out.dtype == TORCH2FG[ref.dtype], f"dtype {out.dtype} != torch {ref.dtype}"
-    assert out.shape == tuple(ref.shape), f"shape {out.shape} != torch {tuple(ref.shape)}"
-    ref_np = ref.detach().float().numpy() if ref.dtype == torch.bfloat16 else ref.detach().numpy()
-    if out.dtype in FWD_TOL:
-        d_atol, d_rtol = FWD_TOL[out.dtype]
-        np.testing.assert_allclose(out.numpy(), ref_np, atol=atol or d_atol, rtol=rtol or d_rtol)
-    else:
-        np.testing.assert_array_equal(out.numpy(), ref_np)
 
 
 def compare(fg_fn, th_fn, *arrays, device="CPU", atol=None, views=None):

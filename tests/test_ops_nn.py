@@ -9,14 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from fusegrad import Context, GlobalCounters, Tensor, dtypes
-from reference import TORCH2FG
+from reference import check_torch as check
 
-FWD_TOL = {
-    dtypes.float32: (1e-6, 1e-3),
-    dtypes.float64: (1e-6, 1e-3),
-    dtypes.float16: (1e-3, 2e-3),
-    dtypes.bfloat16: (1e-2, 1e-2),
-}
 GRAD_ATOL, GRAD_RTOL = 1e-4, 1e-3
 
 
@@ -27,19 +21,6 @@ def rand(*shape, dtype=np.float32, seed=0, lo=None, hi=None):
     if lo is not None:
         return rng.uniform(lo, hi, shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
-
-
-def check(out, ref, atol=None, rtol=None):
-    """out (Tensor) matches ref (torch tensor) in dtype, shape and values."""
-    assert isinstance(out, Tensor), f"expected a Tensor, got {type(out).__name__}"
-    assert out.dtype == TORCH2FG[ref.dtype], f"dtype {out.dtype} != torch {ref.dtype}"
-    assert out.shape == tuple(ref.shape), f"shape {out.shape} != torch {tuple(ref.shape)}"
-    ref_np = ref.detach().float().numpy() if ref.dtype == torch.bfloat16 else ref.detach().numpy()
-    if out.dtype in FWD_TOL:
-        d_atol, d_rtol = FWD_TOL[out.dtype]
-        np.testing.assert_allclose(out.numpy(), ref_np, atol=atol or d_atol, rtol=rtol or d_rtol)
-    else:
-        np.testing.assert_array_equal(out.numpy(), ref_np)
 
 
 def compare(fg_fn, th_fn, *arrays, device="CPU", grad=True, atol=None, rtol=None, views=None):
