@@ -124,7 +124,7 @@ def _hashable(arg: Any) -> Any:
 
 
 class UOp(metaclass=UOpMeta):
-    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_ranges", "_vrange")
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_size", "_vrange")
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
@@ -238,7 +238,11 @@ class UOp(metaclass=UOpMeta):
 
     @property
     def size(self) -> int:
-        return prod(self.shape)
+        try:
+            return self._size
+        except AttributeError:
+            self._size = prod(self.shape)
+            return self._size
 
     # ---- value ranges of kernel-level integer nodes
     @property
