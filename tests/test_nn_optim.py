@@ -164,3 +164,35 @@ def test_errors():
     with Context(TRAINING=1):
         with pytest.raises(RuntimeError, match=r"parameter 0 \(shape \(1,\)\) has no .grad"):
             opt.step()
+
+
+def newton_schulz_ref(x, steps, coefficients, eps=1e-7):
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    x = x / (np.sqrt((x * x).sum()) + eps)
+    a, b, c = coefficients
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def muon_ref(lr=0.02, momentum=0.95, wd=0.1, steps=5, coefficients=(3.4445, -4.775, 2.0315)):
+    def update(i, p, g, t, state):
+        b = momentum * state.get(("b", i), 0.0) + g
+        state[("b", i)] = b
+        u = g + momentum * b
+        if p.ndim >= 2:
+            u = newton_schulz_ref(u.reshape(p.shape[0], -1), steps, coefficients).reshape(p.shape)
+        return p * (1 - lr * wd) - lr * u
+
+    return update
+
+
+def test_muon_matches_numpy_reference():
+    from fusegrad.nn.optim import Muon
+
+    for a, b in zip(run_fusegrad(lambda p: Muon(p, lr=0.02)), numpy_steps(muon_ref())):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="fused"):
+        Muon([Tensor([[1.0]])], fused=True)

@@ -127,6 +127,40 @@ class LARS(SGD):
         return out + self.b
 
 
+class Muon(SGD):
+    """Momentum SGD whose update of each matrix is orthogonalized with newton_schulz; decoupled weight decay."""
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float = 0.001,
+        momentum: float = 0.95,
+        weight_decay: float = 0.1,
+        ns_steps: int = 5,
+        ns_coefficients: tuple[float, float, float] = (3.4445, -4.775, 2.0315),
+        nesterov: bool = True,
+        device: str | None = None,
+        fused: bool | None = None,
+    ):
+        if fused:
+            raise ValueError("Muon orthogonalizes each matrix on its own: fused=True is not supported")
+        super().__init__(params, lr, momentum, 0.0, nesterov, False, device, False)
+        self.muon_wd, self.ns_steps, self.ns_coefficients = weight_decay, ns_steps, ns_coefficients
+
+    def _updates(self) -> list[Tensor]:
+        out = []
+        for i, t in enumerate(self.params):
+            w, g = t.detach().cast(self.state_dtype), t.grad.cast(self.state_dtype)  # type: ignore[union-attr]
+            new_b = self.b[i] * self.momentum + g
+            self._apply(self.b[i], new_b)
+            update = g + new_b * self.momentum if self.nesterov else new_b
+            if t.ndim >= 2:  # vectors (biases, norms) take the plain momentum step
+                flat = update.reshape(t.shape[0], -1)
+                update = flat.newton_schulz(self.ns_steps, self.ns_coefficients).reshape(t.shape)
+            out.append(self._apply(t, w * (1.0 - self.lr * self.muon_wd) - update * self.lr))
+        return out + self.b
+
+
 class LAMB(Optimizer):
     """Adam-style moments; the update (plus weight decay) is scaled per tensor by |w| / |update| unless adam=True."""
 
@@ -215,4 +249,4 @@ class OptimizerGroup(Optimizer):
         return [t for o in self.optimizers for t in o.schedule_step()]
 
 
-__all__ = ["Optimizer", "SGD", "LARS", "LAMB", "Adam", "AdamW", "OptimizerGroup"]
+__all__ = ["Optimizer", "SGD", "LARS", "Muon", "LAMB", "Adam", "AdamW", "OptimizerGroup"]
