@@ -196,3 +196,28 @@ def test_muon_matches_numpy_reference():
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="fused"):
         Muon([Tensor([[1.0]])], fused=True)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p, fused: SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01, fused=fused),
+        lambda p, fused: Adam(p, lr=0.01, fused=fused),
+        lambda p, fused: AdamW(p, lr=0.01, weight_decay=0.1, fused=fused),
+    ],
+)
+def test_fused_update_matches_per_tensor(make):
+    for a, b in zip(run_fusegrad(lambda p: make(p, True)), run_fusegrad(lambda p: make(p, False))):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+    opt = make([Tensor([[1.0, 2.0]]), Tensor([3.0])], True)
+    assert len(opt.slot_shapes) == 1 and opt.slot_shapes[0] == (3,)
+
+
+def test_fused_env_and_per_tensor_rules():
+    from fusegrad.helpers import Context as Ctx
+
+    with Ctx(FUSE_OPTIM=1):
+        assert SGD([Tensor([1.0])]).fused
+    for make in (lambda: LARS([Tensor([1.0])], fused=True), lambda: LAMB([Tensor([1.0])], fused=True)):
+        with pytest.raises(ValueError, match="fused"):
+            make()

@@ -22,19 +22,29 @@ class Optimizer:
         assert self.params, "optimizer needs at least one parameter (a Tensor with is_param=True)"
         self.device = device or self.params[0].device
         self.fused = bool(FUSE_OPTIM) if fused is None else fused
+        if self.fused and self.per_tensor:
+            raise ValueError(f"{type(self).__name__} scales each tensor on its own: fused=True is not supported")
         self.state_dtype = to_dtype(OPTIM_DTYPE.value)
+        # a slot is what one update rule sees: one parameter, or (fused) all of them as one flat vector
+        self.slot_shapes = [(sum(t.numel() for t in self.params),)] if self.fused else [t.shape for t in self.params]
         self.lr = (
             Tensor(lr, device=self.device, dtype=dtypes.float32)
             if CONST_LR
             else Tensor([lr], device=self.device, dtype=dtypes.float32).contiguous().realize().reshape(())
         )
 
+    per_tensor = False  # True for rules that need each tensor's own norms (no fused flat update)
+
     def zero_grad(self) -> None:
         for t in self.params:
             t.grad = None
 
-    def _state(self, like: Tensor) -> Tensor:
-        return Tensor.zeros(like.shape, dtype=self.state_dtype, device=like.device).contiguous().realize()
+    def _states(self) -> list[Tensor]:
+        """One zero state tensor per slot."""
+        return [
+            Tensor.zeros(shape, dtype=self.state_dtype, device=self.device).contiguous().realize()
+            for shape in self.slot_shapes
+        ]
 
     def step(self) -> None:
         Tensor.realize(*self.schedule_step())
@@ -51,7 +61,31 @@ class Optimizer:
         return self._updates() + self.buffers
 
     def _updates(self) -> list[Tensor]:
+        """Runs the update rule on every slot and writes the new values back into the parameters."""
+        if not self.fused:
+            slots = [(t.detach().cast(self.state_dtype), t.grad.cast(self.state_dtype)) for t in self.params]  # type: ignore[union-attr]
+        else:
+            flat = [
+                (t.detach().flatten().cast(self.state_dtype), t.grad.flatten().cast(self.state_dtype))
+                for t in self.params
+            ]  # type: ignore[union-attr]
+            slots = [(Tensor.cat(*(w for w, _ in flat)), Tensor.cat(*(g for _, g in flat)))]
+        new_values = [self._update_slot(i, w, g) for i, (w, g) in enumerate(slots)]
+        if not self.fused:
+            return [self._apply(t, v) for t, v in zip(self.params, new_values)] + self._extra_updates()
+        out, offset = [], 0
+        for t in self.params:
+            out.append(self._apply(t, new_values[0][offset : offset + t.numel()].reshape(t.shape)))
+            offset += t.numel()
+        return out + self._extra_updates()
+
+    def _update_slot(self, i: int, w: Tensor, g: Tensor) -> Tensor:
+        """The new value of slot i from its value w and gradient g (state assigns happen here too)."""
         raise NotImplementedError
+
+    def _extra_updates(self) -> list[Tensor]:
+        """State tensors assigned during a step, realized with it."""
+        return []
 
     def _apply(self, t: Tensor, new_value: Tensor) -> Tensor:
         return t.assign(new_value.cast(t.dtype))
@@ -74,9 +108,12 @@ class SGD(Optimizer):
     ):
         super().__init__(params, lr, device, fused)
         self.momentum, self.weight_decay, self.nesterov, self.classic = momentum, weight_decay, nesterov, classic
-        self.b = [self._state(t) for t in self.params] if momentum else []
+        self.b = self._states() if momentum else []
 
-    def _direction(self, i: int, t: Tensor, g: Tensor) -> Tensor:
+    def _extra_updates(self) -> list[Tensor]:
+        return self.b
+
+    def _direction(self, i: int, g: Tensor) -> Tensor:
         """The step to subtract, already scaled by lr."""
         if self.classic:
             g = g * self.lr
@@ -87,12 +124,8 @@ class SGD(Optimizer):
             g = g + new_b * self.momentum if self.nesterov else new_b
         return g if self.classic else g * self.lr
 
-    def _updates(self) -> list[Tensor]:
-        out = []
-        for i, t in enumerate(self.params):
-            g = t.grad.cast(self.state_dtype) + t.detach().cast(self.state_dtype) * self.weight_decay  # type: ignore[union-attr]
-            out.append(self._apply(t, t.detach() - self._direction(i, t, g)))
-        return out + self.b
+    def _update_slot(self, i: int, w: Tensor, g: Tensor) -> Tensor:
+        return w - self._direction(i, g + w * self.weight_decay)
 
 
 class LARS(SGD):
@@ -116,15 +149,13 @@ class LARS(SGD):
         super().__init__(params, lr, momentum, 0.0, nesterov, classic, device, fused)
         self.lars_wd, self.pre_wd, self.tcoef = weight_decay, pre_wd, tcoef
 
-    def _updates(self) -> list[Tensor]:
-        out = []
-        for i, t in enumerate(self.params):
-            w, g = t.detach().cast(self.state_dtype), t.grad.cast(self.state_dtype)  # type: ignore[union-attr]
-            w_norm, g_norm = (w * w).sum().sqrt(), (g * g).sum().sqrt()
-            ratio = ((w_norm > 0) & (g_norm > 0)).where(self.tcoef * w_norm / (g_norm + self.lars_wd * w_norm), 1.0)
-            g = (g + w * self.lars_wd) * ratio if self.pre_wd else g * ratio + w * self.lars_wd
-            out.append(self._apply(t, t.detach() - self._direction(i, t, g)))
-        return out + self.b
+    per_tensor = True
+
+    def _update_slot(self, i: int, w: Tensor, g: Tensor) -> Tensor:
+        w_norm, g_norm = (w * w).sum().sqrt(), (g * g).sum().sqrt()
+        ratio = ((w_norm > 0) & (g_norm > 0)).where(self.tcoef * w_norm / (g_norm + self.lars_wd * w_norm), 1.0)
+        g = (g + w * self.lars_wd) * ratio if self.pre_wd else g * ratio + w * self.lars_wd
+        return w - self._direction(i, g)
 
 
 class Muon(SGD):
@@ -142,23 +173,19 @@ class Muon(SGD):
         device: str | None = None,
         fused: bool | None = None,
     ):
-        if fused:
-            raise ValueError("Muon orthogonalizes each matrix on its own: fused=True is not supported")
-        super().__init__(params, lr, momentum, 0.0, nesterov, False, device, False)
+        super().__init__(params, lr, momentum, 0.0, nesterov, False, device, fused)
         self.muon_wd, self.ns_steps, self.ns_coefficients = weight_decay, ns_steps, ns_coefficients
 
-    def _updates(self) -> list[Tensor]:
-        out = []
-        for i, t in enumerate(self.params):
-            w, g = t.detach().cast(self.state_dtype), t.grad.cast(self.state_dtype)  # type: ignore[union-attr]
-            new_b = self.b[i] * self.momentum + g
-            self._apply(self.b[i], new_b)
-            update = g + new_b * self.momentum if self.nesterov else new_b
-            if t.ndim >= 2:  # vectors (biases, norms) take the plain momentum step
-                flat = update.reshape(t.shape[0], -1)
-                update = flat.newton_schulz(self.ns_steps, self.ns_coefficients).reshape(t.shape)
-            out.append(self._apply(t, w * (1.0 - self.lr * self.muon_wd) - update * self.lr))
-        return out + self.b
+    per_tensor = True
+
+    def _update_slot(self, i: int, w: Tensor, g: Tensor) -> Tensor:
+        new_b = self.b[i] * self.momentum + g
+        self._apply(self.b[i], new_b)
+        update = g + new_b * self.momentum if self.nesterov else new_b
+        if w.ndim >= 2:  # vectors (biases, norms) take the plain momentum step
+            flat = update.reshape(w.shape[0], -1)
+            update = flat.newton_schulz(self.ns_steps, self.ns_coefficients).reshape(w.shape)
+        return w * (1.0 - self.lr * self.muon_wd) - update * self.lr
 
 
 class LAMB(Optimizer):
@@ -176,31 +203,30 @@ class LAMB(Optimizer):
         device: str | None = None,
         fused: bool | None = None,
     ):
+        self.per_tensor = not adam  # the trust ratio needs each tensor's norms
         super().__init__(params, lr, device, fused)
         self.b1, self.b2, self.eps, self.weight_decay, self.adam = b1, b2, eps, weight_decay, adam
         # b**t kept in float64: 1 - 0.999**t in float32 would be off by ~5e-5 relative (torch uses Python doubles)
         self.b1_t = Tensor([1.0], dtype=dtypes.float64, device=self.device).contiguous().realize()
         self.b2_t = Tensor([1.0], dtype=dtypes.float64, device=self.device).contiguous().realize()
-        self.m = [self._state(t) for t in self.params]
-        self.v = [self._state(t) for t in self.params]
+        self.m, self.v = self._states(), self._states()
 
-    def _updates(self) -> list[Tensor]:
+    def _update_slot(self, i: int, w: Tensor, g: Tensor) -> Tensor:
         b1_t, b2_t = self.b1_t * self.b1, self.b2_t * self.b2
-        out = []
-        for t, m, v in zip(self.params, self.m, self.v):
-            g = t.grad.cast(self.state_dtype)  # type: ignore[union-attr]
-            new_m = m * self.b1 + g * (1.0 - self.b1)
-            new_v = v * self.b2 + (g * g) * (1.0 - self.b2)
-            m_hat = new_m / (1.0 - b1_t.reshape(())).cast(self.state_dtype)
-            v_hat = new_v / (1.0 - b2_t.reshape(())).cast(self.state_dtype)
-            w = t.detach().cast(self.state_dtype)
-            up = m_hat / (v_hat.sqrt() + self.eps) + w * self.weight_decay
-            if not self.adam:
-                r1, r2 = (w * w).sum().sqrt(), (up * up).sum().sqrt()
-                up = up * ((r1 > 0) & (r2 > 0)).where(r1 / r2, 1.0)
-            out.append(self._apply(t, w - up * self.lr))
-            out += [self._apply(m, new_m), self._apply(v, new_v)]
-        return out + [self.b1_t.assign(b1_t), self.b2_t.assign(b2_t)]
+        new_m = self.m[i] * self.b1 + g * (1.0 - self.b1)
+        new_v = self.v[i] * self.b2 + (g * g) * (1.0 - self.b2)
+        self._apply(self.m[i], new_m)
+        self._apply(self.v[i], new_v)
+        m_hat = new_m / (1.0 - b1_t.reshape(())).cast(self.state_dtype)
+        v_hat = new_v / (1.0 - b2_t.reshape(())).cast(self.state_dtype)
+        up = m_hat / (v_hat.sqrt() + self.eps) + w * self.weight_decay
+        if not self.adam:
+            r1, r2 = (w * w).sum().sqrt(), (up * up).sum().sqrt()
+            up = up * ((r1 > 0) & (r2 > 0)).where(r1 / r2, 1.0)
+        return w - up * self.lr
+
+    def _extra_updates(self) -> list[Tensor]:
+        return self.m + self.v + [self.b1_t.assign(self.b1_t * self.b1), self.b2_t.assign(self.b2_t * self.b2)]
 
 
 def Adam(
@@ -240,6 +266,8 @@ class OptimizerGroup(Optimizer):
 
     def __getitem__(self, i: int) -> Optimizer:
         return self.optimizers[i]
+
+    per_tensor = False  # True for rules that need each tensor's own norms (no fused flat update)
 
     def zero_grad(self) -> None:
         for o in self.optimizers:
