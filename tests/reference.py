@@ -37,6 +37,7 @@ NP2FG = {
     }.items()
 }
 FG2NP = {v: k for k, v in NP2FG.items()}
+NP_TYPES = [d.type for d in NP2FG]  # every numpy scalar type fusegrad stores
 
 FWD_TOL = {
     dtypes.float32: (1e-6, 1e-3),
@@ -57,3 +58,35 @@ def check_torch(out, ref, atol=None, rtol=None):
         np.testing.assert_allclose(out.numpy(), ref_np, atol=atol or d_atol, rtol=rtol or d_rtol)
     else:
         np.testing.assert_array_equal(out.numpy(), ref_np)
+
+
+def check_values(t, ref, dtype=None, atol=1e-6, rtol=1e-3, f16_tol=(1e-3, 2e-3)):
+    """t (Tensor) equals ref (numpy array / torch tensor / scalar) in shape, dtype and values (NaN == NaN).
+    float16 results get at least f16_tol (atol, rtol), bfloat16 at least 1e-2; atol=rtol=0 asks for exact values."""
+    if isinstance(ref, torch.Tensor):
+        exp_dt = TORCH2FG[ref.dtype]
+        ref = ref.detach().float().numpy() if ref.dtype == torch.bfloat16 else ref.detach().numpy()
+    else:
+        ref = np.asarray(ref)
+        exp_dt = NP2FG[ref.dtype]
+    if dtype is not None:
+        exp_dt = dtype
+    assert isinstance(t, Tensor), f"expected a Tensor, got {type(t)}"
+    assert t.dtype == exp_dt, f"dtype {t.dtype} != expected {exp_dt}"
+    assert t.shape == ref.shape, f"shape {t.shape} != expected {ref.shape}"
+    out = t.numpy()
+    assert out.shape == ref.shape
+    assert out.dtype == (np.dtype(np.float32) if exp_dt is dtypes.bfloat16 else FG2NP[exp_dt]), (
+        f"numpy dtype {out.dtype}"
+    )
+    if dtypes.is_float(exp_dt):
+        exact = atol == 0 and rtol == 0  # atol=rtol=0 asks for bit-exact values (up to NaN payloads)
+        if exp_dt is dtypes.float16 and not exact:
+            atol, rtol = max(atol, f16_tol[0]), max(rtol, f16_tol[1])
+        if exp_dt is dtypes.bfloat16 and not exact:
+            atol, rtol = max(atol, 1e-2), max(rtol, 1e-2)
+        np.testing.assert_allclose(out.astype(np.float64), ref.astype(np.float64), atol=atol, rtol=rtol, equal_nan=True)
+        # the sign of infinities and the position of NaNs must match exactly
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(ref.astype(np.float64)))
+    else:
+        np.testing.assert_array_equal(out, ref.astype(out.dtype) if ref.dtype != out.dtype else ref)

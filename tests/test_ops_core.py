@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fusegrad import Tensor, dtypes, Device
-from reference import FG2NP, NP2FG, TORCH2FG
+from reference import FG2NP, TORCH2FG
+from reference import check_values as check
 
 DEVICES = ["CPU", "PYTHON"]
 
@@ -44,37 +45,6 @@ def is_float(dt):
 def T(x, dev, dtype=None):
     """Tensor from numpy data (lists go through numpy with their natural dtype)."""
     return Tensor(np.asarray(x), device=dev, dtype=dtype)
-
-
-def check(t, ref, dtype=None, atol=1e-6, rtol=1e-3):
-    """t (Tensor) equals ref (numpy array / torch tensor / scalar) in shape, dtype and values (NaN == NaN)."""
-    if isinstance(ref, torch.Tensor):
-        exp_dt = TORCH2FG[ref.dtype]
-        ref = ref.float().numpy() if ref.dtype == torch.bfloat16 else ref.numpy()
-    else:
-        ref = np.asarray(ref)
-        exp_dt = NP2FG[ref.dtype]
-    if dtype is not None:
-        exp_dt = dtype
-    assert isinstance(t, Tensor), f"expected a Tensor, got {type(t)}"
-    assert t.dtype == exp_dt, f"dtype {t.dtype} != expected {exp_dt}"
-    assert t.shape == ref.shape, f"shape {t.shape} != expected {ref.shape}"
-    out = t.numpy()
-    assert out.shape == ref.shape
-    assert out.dtype == (np.dtype(np.float32) if exp_dt is dtypes.bfloat16 else FG2NP[exp_dt]), (
-        f"numpy dtype {out.dtype}"
-    )
-    if is_float(exp_dt):
-        exact = atol == 0 and rtol == 0  # atol=rtol=0 asks for bit-exact values (up to NaN payloads)
-        if exp_dt is dtypes.float16 and not exact:
-            atol, rtol = max(atol, 1e-3), max(rtol, 2e-3)
-        if exp_dt is dtypes.bfloat16 and not exact:
-            atol, rtol = max(atol, 1e-2), max(rtol, 1e-2)
-        np.testing.assert_allclose(out.astype(np.float64), ref.astype(np.float64), atol=atol, rtol=rtol, equal_nan=True)
-        # the sign of infinities and the position of NaNs must match exactly
-        np.testing.assert_array_equal(np.isnan(out), np.isnan(ref.astype(np.float64)))
-    else:
-        np.testing.assert_array_equal(out, ref.astype(out.dtype) if ref.dtype != out.dtype else ref)
 
 
 def rnd(*shape, dtype=np.float32, lo=-2.0, hi=2.0, seed=0):

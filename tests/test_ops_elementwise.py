@@ -11,34 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from fusegrad import GlobalCounters, Tensor, dtypes
+from reference import check_values as check
 from reference import FG2NP, NP2FG, TORCH2FG
 from fusegrad.schedule import base_buffer, buffer_of
 
 FG2TORCH = {v: k for k, v in TORCH2FG.items()}
 INF, NAN = math.inf, math.nan
-
-
-def check(t, ref, dtype=None, atol=1e-6, rtol=1e-3):
-    """t (a Tensor) matches ref (torch tensor or numpy array) in dtype, shape and values; NaN positions must agree."""
-    if isinstance(ref, torch.Tensor):
-        exp_dt = TORCH2FG[ref.dtype]
-        ref = ref.detach().float().numpy() if ref.dtype == torch.bfloat16 else ref.detach().numpy()
-    else:
-        ref = np.asarray(ref)
-        exp_dt = NP2FG[ref.dtype]
-    exp_dt = dtype or exp_dt
-    assert isinstance(t, Tensor), f"expected a Tensor, got {type(t).__name__}"
-    assert t.dtype == exp_dt, f"dtype {t.dtype} != {exp_dt}"
-    assert t.shape == ref.shape, f"shape {t.shape} != {ref.shape}"
-    out = t.numpy()
-    if dtypes.is_float(exp_dt):
-        if exp_dt is dtypes.float16:
-            atol, rtol = max(atol, 1e-3), max(rtol, 2e-3)
-        if exp_dt is dtypes.bfloat16:
-            atol, rtol = max(atol, 1e-2), max(rtol, 1e-2)
-        np.testing.assert_allclose(out.astype(np.float64), ref.astype(np.float64), atol=atol, rtol=rtol, equal_nan=True)
-    else:
-        np.testing.assert_array_equal(out, ref.astype(out.dtype))
 
 
 def check_grads(fn, tfn, *arrays, atol=1e-4, rtol=1e-3):

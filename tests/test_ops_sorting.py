@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fusegrad import GlobalCounters, Tensor, dtypes
-from reference import NP2FG
+from reference import NP2FG, NP_TYPES
 from fusegrad.tensor_ops import sorting
 
 SHORT, LONG = 9, 100  # row lengths on either side of RANK_SORT_MAX
@@ -74,24 +74,7 @@ def test_the_lengths_cover_both_paths():
 # sort / argsort
 
 
-@pytest.mark.parametrize(
-    "np_dt",
-    [
-        np.bool_,
-        np.int8,
-        np.uint8,
-        np.int16,
-        np.uint16,
-        np.int32,
-        np.uint32,
-        np.int64,
-        np.uint64,
-        np.float16,
-        np.float32,
-        np.float64,
-    ],
-    ids=lambda d: np.dtype(d).name,
-)
+@pytest.mark.parametrize("np_dt", NP_TYPES, ids=lambda d: np.dtype(d).name)
 def test_sort_every_dtype_is_stable(np_dt, path):
     a = data(np_dt, 3, 13, seed=1)
     for descending in (False, True):
