@@ -422,7 +422,8 @@ def _fp8_encode(x: np.ndarray, f: FP8Format) -> np.ndarray:
     # carries into the exponent field, and a subnormal that rounds up to the smallest normal encodes the same way
     bits = np.where(
         rounded >= math.ldexp(1.0, min_exponent),
-        ((rounded_exponent + f.bias - 1) << f.mantissa_bits) + rounded / np.ldexp(1.0, rounded_exponent - f.mantissa_bits),
+        ((rounded_exponent + f.bias - 1) << f.mantissa_bits)
+        + rounded / np.ldexp(1.0, rounded_exponent - f.mantissa_bits),
         rounded / math.ldexp(1.0, min_exponent - f.mantissa_bits),
     )
     overflow = rounded > f.max_value

@@ -233,7 +233,7 @@ class Tensor(
             t.uop = r
 
     def _host_data(self) -> np.ndarray:
-        """The values as a new numpy array (bfloat16 / fp8 widened to float32); a multi-device tensor is gathered first."""
+        """The values as a new numpy array (bfloat16 / fp8 as float32); a multi-device tensor is gathered first."""
         if isinstance(self.device, tuple):
             return self.to(self.device[0])._host_data()
         t = self if is_contiguous_view(self.uop) else self.contiguous()
