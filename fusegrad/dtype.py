@@ -367,7 +367,11 @@ FP8_FORMATS: dict[DType, FP8Format] = {
 NARROW_FLOATS: tuple[DType, ...] = (dtypes.float16, dtypes.bfloat16) + dtypes.fp8s  # computed in float32
 
 
-def _fp8_format(dt: DType) -> FP8Format:
+_FP8_INF_BITS = 0x7C  # e5m2's all-ones exponent with a zero mantissa
+
+
+def _fp8_format(dtype: DTypeLike) -> FP8Format:
+    dt = to_dtype(dtype)
     if dt not in FP8_FORMATS:
         raise TypeError(f"{dt} is not an fp8 dtype; fp8 dtypes are {list(FP8_FORMATS)}")
     return FP8_FORMATS[dt]
@@ -389,16 +393,16 @@ def _fp8_decode_bits(b: int, f: FP8Format) -> float:
 _FP8_TABLES = {dt: np.array([_fp8_decode_bits(b, f) for b in range(256)], np.float32) for dt, f in FP8_FORMATS.items()}
 
 
-def fp8_to_float(x: Any, dtype: DType) -> Any:
+def fp8_to_float(x: Any, dtype: DTypeLike) -> Any:
     """fp8 bits -> value, exact: an int gives a Python float, an integer array gives a float32 array."""
     _fp8_format(dtype)
-    table = _FP8_TABLES[dtype]
+    table = _FP8_TABLES[to_dtype(dtype)]
     if isinstance(x, np.ndarray):
         return table[x.astype(np.uint8)]
     return float(table[int(x) & 0xFF])
 
 
-def float_to_fp8(x: Any, dtype: DType) -> Any:
+def float_to_fp8(x: Any, dtype: DTypeLike) -> Any:
     """value -> fp8 bits, rounded to nearest even; overflow saturates (e4m3, fnuz) or becomes inf (e5m2); inf is NaN
     where there is no inf; fnuz has no -0. A Python number gives an int, an array gives a uint8 array."""
     f = _fp8_format(dtype)
@@ -427,8 +431,8 @@ def _fp8_encode(x: np.ndarray, f: FP8Format) -> np.ndarray:
         rounded / math.ldexp(1.0, min_exponent - f.mantissa_bits),
     )
     overflow = rounded > f.max_value
-    bits = np.where(overflow, 0x7C if f.has_inf else f.max_bits, bits).astype(np.int64)
-    bits = np.where(~finite, np.where(np.isinf(magnitude) & f.has_inf, 0x7C, f.nan_bits), bits)
+    bits = np.where(overflow, _FP8_INF_BITS if f.has_inf else f.max_bits, bits).astype(np.int64)
+    bits = np.where(~finite, np.where(np.isinf(magnitude) & f.has_inf, _FP8_INF_BITS, f.nan_bits), bits)
     # fnuz: zero has no sign and the one NaN is unsigned
     signed = sign & ~(f.fnuz & ((bits == 0) | (bits == 0x80)))
     return (bits | np.where(signed, 0x80, 0)).astype(np.uint8).reshape(x.shape)

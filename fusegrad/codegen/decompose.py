@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 from fusegrad.dtype import NARROW_FLOATS, dtypes
+from fusegrad.uop.alu import cast_value
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
@@ -42,6 +43,11 @@ pm_narrow_floats = PatternMatcher(
     [
         (UPat(GroupOp.ALU, name="alu"), _alu_in_float32),
         (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), _cast_via_float32),
+        # the widened constants of the rules above are constants again, not conversions run in the kernel
+        (
+            UPat(Ops.CAST, name="c", src=(UPat(Ops.CONST, name="k"),)),
+            lambda c, k: UOp.const(c.dtype, cast_value(k.arg, c.dtype)),
+        ),
         (UPat(Ops.REDUCE, name="r"), _acc_in_float32),
         # a float32 value cast to half and straight back is the rounded value, which must be kept
     ]
