@@ -156,7 +156,9 @@ def test_float_to_fp8_python_floats_round_once(dt):
     assert all(isinstance(float_to_fp8(float(v), dt), int) for v in x[:4])
 
 
-def test_helpers_refuse_non_fp8_dtypes():
+def test_helpers_take_dtype_names_and_refuse_non_fp8_dtypes():
+    assert float_to_fp8(-1.75, "fp8e5m2") == int(ref_bits(np.array([-1.75]), dtypes.fp8e5m2)[0])
+    assert fp8_to_float(0x3C, "fp8e5m2") == float(np.uint8(0x3C).view(ml_dtypes.float8_e5m2))
     with pytest.raises(TypeError, match="float32"):
         float_to_fp8(1.0, dtypes.float32)
     with pytest.raises(TypeError, match="int8"):
