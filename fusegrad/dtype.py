@@ -303,6 +303,8 @@ def truncate(x: Any, dt: DType) -> Any:
             return _narrow(x, np.float16)
         if dt is dtypes.bfloat16:
             return bf16_to_float(float_to_bf16(x))
+        if dt in FP8_FORMATS:
+            return fp8_to_float(float_to_fp8(x, dt), dt)
         return x
     return x
 
@@ -338,6 +340,102 @@ def np_f32_to_bf16(a: np.ndarray) -> np.ndarray:
     bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
     out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     return np.where(np.isnan(a), np.uint16(0x7FC0), out)
+
+
+# fp8 formats (API.md §3.1): mantissa bits, exponent bias, whether the all-ones exponent means inf/NaN (OCP) or
+# 0x80 is the one NaN (fnuz), and whether finite overflow saturates (formats without inf) or becomes inf (e5m2)
+@dataclass(frozen=True)
+class FP8Format:
+    mantissa_bits: int
+    bias: int
+    has_inf: bool
+    fnuz: bool
+    nan_bits: int  # the positive NaN pattern; OCP formats keep the sign of a NaN input, fnuz has only 0x80
+    max_bits: int  # the largest finite pattern, what overflow saturates to when there is no inf
+
+    @property
+    def max_value(self) -> float:
+        return _fp8_decode_bits(self.max_bits, self)
+
+
+FP8_FORMATS: dict[DType, FP8Format] = {
+    dtypes.fp8e4m3: FP8Format(3, 7, has_inf=False, fnuz=False, nan_bits=0x7F, max_bits=0x7E),
+    dtypes.fp8e5m2: FP8Format(2, 15, has_inf=True, fnuz=False, nan_bits=0x7E, max_bits=0x7B),
+    dtypes.fp8e4m3fnuz: FP8Format(3, 8, has_inf=False, fnuz=True, nan_bits=0x80, max_bits=0x7F),
+    dtypes.fp8e5m2fnuz: FP8Format(2, 16, has_inf=False, fnuz=True, nan_bits=0x80, max_bits=0x7F),
+}
+NARROW_FLOATS: tuple[DType, ...] = (dtypes.float16, dtypes.bfloat16) + dtypes.fp8s  # computed in float32
+
+
+_FP8_INF_BITS = 0x7C  # e5m2's all-ones exponent with a zero mantissa
+
+
+def _fp8_format(dtype: DTypeLike) -> FP8Format:
+    dt = to_dtype(dtype)
+    if dt not in FP8_FORMATS:
+        raise TypeError(f"{dt} is not an fp8 dtype; fp8 dtypes are {list(FP8_FORMATS)}")
+    return FP8_FORMATS[dt]
+
+
+def _fp8_decode_bits(b: int, f: FP8Format) -> float:
+    sign = -1.0 if b & 0x80 else 1.0
+    exponent, mantissa = (b & 0x7F) >> f.mantissa_bits, b & ((1 << f.mantissa_bits) - 1)
+    top_exponent = (1 << (7 - f.mantissa_bits)) - 1
+    if f.fnuz and b == 0x80 or not f.fnuz and (b & 0x7F) == f.nan_bits:
+        return math.copysign(math.nan, sign)
+    if f.has_inf and exponent == top_exponent:
+        return sign * math.inf if mantissa == 0 else math.copysign(math.nan, sign)
+    if exponent == 0:
+        return sign * math.ldexp(mantissa, 1 - f.bias - f.mantissa_bits)
+    return sign * math.ldexp(mantissa | (1 << f.mantissa_bits), exponent - f.bias - f.mantissa_bits)
+
+
+_FP8_TABLES = {dt: np.array([_fp8_decode_bits(b, f) for b in range(256)], np.float32) for dt, f in FP8_FORMATS.items()}
+
+
+def fp8_to_float(x: Any, dtype: DTypeLike) -> Any:
+    """fp8 bits -> value, exact: an int gives a Python float, an integer array gives a float32 array."""
+    _fp8_format(dtype)
+    table = _FP8_TABLES[to_dtype(dtype)]
+    if isinstance(x, np.ndarray):
+        return table[x.astype(np.uint8)]
+    return float(table[int(x) & 0xFF])
+
+
+def float_to_fp8(x: Any, dtype: DTypeLike) -> Any:
+    """value -> fp8 bits, rounded to nearest even; overflow saturates (e4m3, fnuz) or becomes inf (e5m2); inf is NaN
+    where there is no inf; fnuz has no -0. A Python number gives an int, an array gives a uint8 array."""
+    f = _fp8_format(dtype)
+    if isinstance(x, np.ndarray):
+        return _fp8_encode(x.astype(np.float64), f)
+    return int(_fp8_encode(np.array([float(x)]), f)[0])
+
+
+@np.errstate(all="ignore")  # inf / NaN / huge inputs are masked out below; their intermediate values are unused
+def _fp8_encode(x: np.ndarray, f: FP8Format) -> np.ndarray:
+    sign = np.signbit(x)
+    magnitude = np.abs(x)
+    finite = np.isfinite(magnitude)
+    a = np.where(finite, magnitude, 0.0)
+    min_exponent = 1 - f.bias  # of the smallest normal; below it the quantum stays fixed (subnormals)
+    exponent = np.maximum(np.frexp(a)[1] - 1, min_exponent)
+    quantum = np.ldexp(1.0, exponent - f.mantissa_bits)
+    rounded = np.round(a / quantum) * quantum  # np.round is round-half-to-even; a / quantum is exact
+    rounded_exponent = np.frexp(rounded)[1] - 1
+    # a normal's bits are (exponent field - 1) << m plus its 1.m significand scaled to an integer: the implicit 1
+    # carries into the exponent field, and a subnormal that rounds up to the smallest normal encodes the same way
+    bits = np.where(
+        rounded >= math.ldexp(1.0, min_exponent),
+        ((rounded_exponent + f.bias - 1) << f.mantissa_bits)
+        + rounded / np.ldexp(1.0, rounded_exponent - f.mantissa_bits),
+        rounded / math.ldexp(1.0, min_exponent - f.mantissa_bits),
+    )
+    overflow = rounded > f.max_value
+    bits = np.where(overflow, _FP8_INF_BITS if f.has_inf else f.max_bits, bits).astype(np.int64)
+    bits = np.where(~finite, np.where(np.isinf(magnitude) & f.has_inf, _FP8_INF_BITS, f.nan_bits), bits)
+    # fnuz: zero has no sign and the one NaN is unsigned
+    signed = sign & ~(f.fnuz & ((bits == 0) | (bits == 0x80)))
+    return (bits | np.where(signed, 0x80, 0)).astype(np.uint8).reshape(x.shape)
 
 
 DTypeLike = DType | str

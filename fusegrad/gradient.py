@@ -5,7 +5,7 @@ Composite ops (softmax, conv, losses, ...) are built from these primitives, so t
 from __future__ import annotations
 import math
 from typing import Callable
-from fusegrad.dtype import dtypes
+from fusegrad.dtype import NARROW_FLOATS, dtypes
 from fusegrad.uop.ops import GroupOp, Ops, UOp, device_of
 
 
@@ -25,7 +25,7 @@ def _alu(op: Ops, *src: UOp) -> UOp:
 def _reduce_sum(g: UOp, axes: tuple[int, ...]) -> UOp:
     if not axes:
         return g
-    acc = dtypes.float32 if g.dtype in (dtypes.float16, dtypes.bfloat16) else g.dtype
+    acc = dtypes.float32 if g.dtype in NARROW_FLOATS else g.dtype
     summed = UOp(Ops.REDUCE_AXIS, acc, (g.cast(acc),), (Ops.ADD, axes))
     return summed.cast(g.dtype)
 

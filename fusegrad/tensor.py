@@ -13,6 +13,8 @@ from fusegrad.dtype import (
     DType,
     DTypeLike,
     dtypes,
+    float_to_fp8,
+    fp8_to_float,
     from_numpy,
     least_upper_dtype,
     np_bf16_to_f32,
@@ -96,7 +98,8 @@ class Tensor(
             shape = _nested_shape(data)
             inferred = dt or _py_dtype_of(data)
             if inferred is dtypes.bfloat16 or dtypes.is_float(inferred) and inferred.fmt is None:
-                arr = np.array(data, dtype=np.float32).reshape(shape)
+                # float64 keeps Python floats exact until the one rounding to the narrow dtype
+                arr = np.array(data, dtype=np.float64).reshape(shape)
             else:
                 arr = np.array(
                     [truncate(x, inferred) for x in np.asarray(data, dtype=object).reshape(-1)],
@@ -127,6 +130,8 @@ class Tensor(
             from fusegrad.dtype import np_f32_to_bf16
 
             store = np_f32_to_bf16(arr.astype(np.float32))
+        elif dt in dtypes.fp8s:
+            store = float_to_fp8(arr, dt)
         elif dt.fmt is None:
             raise TypeError(f"cannot build {dt} tensors from numpy data yet")
         else:
@@ -228,13 +233,15 @@ class Tensor(
             t.uop = r
 
     def _host_data(self) -> np.ndarray:
-        """The values as a new numpy array (bfloat16 widened to float32); a multi-device tensor is gathered first."""
+        """The values as a new numpy array (bfloat16 / fp8 as float32); a multi-device tensor is gathered first."""
         if isinstance(self.device, tuple):
             return self.to(self.device[0])._host_data()
         t = self if is_contiguous_view(self.uop) else self.contiguous()
         t.realize()
         buf = buffer_of[base_buffer(t.uop)]  # type: ignore[index]
         data = buf.host_view().copy().reshape(self.shape)
+        if self.dtype in dtypes.fp8s:
+            return fp8_to_float(data, self.dtype)
         return np_bf16_to_f32(data) if self.dtype is dtypes.bfloat16 else data
 
     def numpy(self) -> np.ndarray:

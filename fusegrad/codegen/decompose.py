@@ -1,15 +1,14 @@
 """Rewrites a lowered kernel into what a backend computes directly: narrow floats are computed in float32."""
 
 from __future__ import annotations
-from fusegrad.dtype import dtypes
+from fusegrad.dtype import NARROW_FLOATS, dtypes
+from fusegrad.uop.alu import cast_value
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
-NARROW_FLOATS = (dtypes.float16, dtypes.bfloat16)
-
 
 def _alu_in_float32(alu: UOp) -> UOp | None:
-    """A half/bfloat16 op computes in float32 and rounds once, like torch's CPU kernels."""
+    """A half/bfloat16/fp8 op computes in float32 and rounds once, like torch's CPU kernels."""
     if not any(s.dtype in NARROW_FLOATS for s in alu.src):
         return None
     srcs = tuple(s.cast(dtypes.float32) if s.dtype in NARROW_FLOATS else s for s in alu.src)
@@ -19,11 +18,17 @@ def _alu_in_float32(alu: UOp) -> UOp | None:
     return UOp(alu.op, out_dtype, srcs, alu.arg).cast(alu.dtype)
 
 
+_VIA_FLOAT32 = (dtypes.bfloat16,) + dtypes.fp8s
+
+
 def _cast_via_float32(c: UOp, x: UOp) -> UOp | None:
-    """bfloat16 converts only to and from float32 in the renderers."""
-    if x.dtype is dtypes.bfloat16 and c.dtype is not dtypes.float32:
+    """bfloat16 and fp8 convert only to float32, and from float32 (or, for fp8, float64) in the renderers."""
+    if x.dtype in _VIA_FLOAT32 and c.dtype is not dtypes.float32:
         return x.cast(dtypes.float32).cast(c.dtype)
-    if c.dtype is dtypes.bfloat16 and x.dtype is not dtypes.float32:
+    # float64 -> fp8 rounds once, straight from the double: through float32 a near-tie could round twice
+    if c.dtype in dtypes.fp8s and x.dtype is dtypes.float64:
+        return None
+    if c.dtype in _VIA_FLOAT32 and x.dtype is not dtypes.float32:
         return x.cast(dtypes.float32).cast(c.dtype)
     return None
 
@@ -38,6 +43,11 @@ pm_narrow_floats = PatternMatcher(
     [
         (UPat(GroupOp.ALU, name="alu"), _alu_in_float32),
         (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), _cast_via_float32),
+        # the widened constants of the rules above are constants again, not conversions run in the kernel
+        (
+            UPat(Ops.CAST, name="c", src=(UPat(Ops.CONST, name="k"),)),
+            lambda c, k: UOp.const(c.dtype, cast_value(k.arg, c.dtype)),
+        ),
         (UPat(Ops.REDUCE, name="r"), _acc_in_float32),
         # a float32 value cast to half and straight back is the rounded value, which must be kept
     ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 import math
 from collections import Counter
-from fusegrad.dtype import DType, dtypes
+from fusegrad.dtype import FP8_FORMATS, DType, dtypes, float_to_fp8
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
-C_TYPES = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"}
+C_TYPES = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"} | {
+    dt: "unsigned char" for dt in dtypes.fp8s
+}
 
 
 def ctype(dt: DType) -> str:
@@ -22,12 +24,52 @@ static inline unsigned short fg_f32_to_bf16(float f) {
   if (f != f) return 0x7FC0;
   return (unsigned short)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
+static inline float fg_fp8_to_f32(unsigned char b, int mbits, int bias, int has_inf, int fnuz, int nan_bits) {
+  int top = (1 << (7 - mbits)) - 1, e = (b & 0x7F) >> mbits, m = b & ((1 << mbits) - 1);
+  float sign = (b & 0x80) ? -1.0f : 1.0f;
+  if (fnuz ? b == 0x80 : (b & 0x7F) == nan_bits || (has_inf && e == top && m)) return copysignf(NAN, sign);
+  if (has_inf && e == top) return sign * INFINITY;
+  return sign * (e ? ldexpf((float)(m | (1 << mbits)), e - bias - mbits) : ldexpf((float)m, 1 - bias - mbits));
+}
+/* round to nearest even from the double; overflow saturates to max_bits or becomes inf (0x7C) */
+static inline unsigned char fg_f64_to_fp8(double x, int mbits, int bias, int has_inf, int fnuz, int nan_bits,
+                                          int max_bits, double max_value) {
+  unsigned char sign = signbit(x) ? 0x80 : 0;
+  double a = fabs(x);
+  if (a != a) return fnuz ? 0x80 : (sign | nan_bits);
+  if (isinf(a)) return has_inf ? (sign | 0x7C) : fnuz ? 0x80 : (sign | nan_bits);
+  int e, min_e = 1 - bias;
+  frexp(a, &e);
+  e = (a == 0.0 || e - 1 < min_e) ? min_e : e - 1;
+  double q = ldexp(1.0, e - mbits), r = nearbyint(a / q) * q;
+  if (r > max_value) return sign | (has_inf ? 0x7C : max_bits);
+  int bits;
+  if (r < ldexp(1.0, min_e)) {
+    bits = (int)(r / ldexp(1.0, min_e - mbits));
+  } else {
+    frexp(r, &e);
+    bits = ((e - 2 + bias) << mbits) + (int)(r / ldexp(1.0, e - 1 - mbits));
+  }
+  return (fnuz && bits == 0) ? 0 : (sign | bits);
+}
 """
+
+
+def _fp8_args(dt: DType) -> str:
+    f = FP8_FORMATS[dt]
+    return f"{f.mantissa_bits}, {f.bias}, {int(f.has_inf)}, {int(f.fnuz)}, {f.nan_bits}"
+
+
+def _fp8_from(x: str, dt: DType) -> str:
+    f = FP8_FORMATS[dt]
+    return f"fg_f64_to_fp8({x}, {_fp8_args(dt)}, {f.max_bits}, {f.max_value!r})"
 
 
 def render_const(value: object, dt: DType) -> str:
     if dt is dtypes.bool:
         return "1" if value else "0"
+    if dt in FP8_FORMATS:
+        return f"((unsigned char){float_to_fp8(value, dt):#04x})"
     if dtypes.is_float(dt):
         v = float(value)  # type: ignore[arg-type]
         if math.isnan(v):
@@ -134,6 +176,10 @@ def render_alu(op: Ops, dt: DType, args: list[str], srcs: tuple[UOp, ...], wrap:
 
 
 def render_cast(x: str, src: DType, dst: DType) -> str:
+    if src in FP8_FORMATS:
+        return f"fg_fp8_to_f32({x}, {_fp8_args(src)})"
+    if dst in FP8_FORMATS:
+        return _fp8_from(x, dst)
     if src is dtypes.bfloat16:
         return f"fg_bf16_to_f32({x})"
     if dst is dtypes.bfloat16:

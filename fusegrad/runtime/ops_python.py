@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 from typing import Any
-from fusegrad.dtype import dtypes, bf16_to_float, float_to_bf16
+from fusegrad.dtype import dtypes, bf16_to_float, float_to_bf16, float_to_fp8, fp8_to_float
 from fusegrad.helpers import DEBUG
 from fusegrad.uop.alu import bitcast_value, cast_value, exec_alu
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -13,11 +13,16 @@ def _read(mem: Any, i: int, dt) -> Any:
     v = mem[i]
     if dt is dtypes.bfloat16:
         return bf16_to_float(int(v))
+    if dt in dtypes.fp8s:
+        return fp8_to_float(int(v), dt)
     return v.item()
 
 
 def _write(mem: Any, i: int, dt, v: Any) -> None:
-    mem[i] = float_to_bf16(v) if dt is dtypes.bfloat16 else v
+    if dt in dtypes.fp8s:
+        mem[i] = float_to_fp8(v, dt)
+    else:
+        mem[i] = float_to_bf16(v) if dt is dtypes.bfloat16 else v
 
 
 class PythonProgram:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import struct
 from typing import Any, Callable
-from fusegrad.dtype import DType, dtypes, truncate, float_to_bf16, bf16_to_float
+from fusegrad.dtype import DType, dtypes, truncate, float_to_bf16, bf16_to_float, float_to_fp8, fp8_to_float
 from fusegrad.uop.ops import Ops
 
 
@@ -137,8 +137,12 @@ def bitcast_value(x: Any, src: DType, dst: DType) -> Any:
     """Reinterpret the bits of one value of equal item size."""
     if src is dtypes.bfloat16:
         raw = float_to_bf16(x).to_bytes(2, "little")
+    elif src in dtypes.fp8s:
+        raw = float_to_fp8(x, src).to_bytes(1, "little")
     else:
         raw = struct.pack("<" + (_STRUCT.get(src) or src.fmt or "B"), x)
     if dst is dtypes.bfloat16:
         return bf16_to_float(int.from_bytes(raw, "little"))
+    if dst in dtypes.fp8s:
+        return fp8_to_float(raw[0], dst)
     return struct.unpack("<" + (_STRUCT.get(dst) or dst.fmt or "B"), raw)[0]
