@@ -214,3 +214,30 @@ def test_multi_device_index_checks():
         )
         check_values(xs[Tensor([3, -4])], ref[torch.tensor([3, -4])].numpy())
         assert our_error("getitem", lambda: xs[Tensor([0, 4])]) == torch_error(lambda: ref[torch.tensor([0, 4])])
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        (np.array([2, 3]),),  # one advanced index: 3 is out of range for dim 0
+        (np.array([0, 2]), np.array([1, -5])),  # two: -5 is out of range for dim 1
+    ],
+)
+def test_setitem_default_skips_and_check_raises_like_torch(index):
+    value = np.full(2, -1, np.float32) if len(index) == 2 else np.full((2, 4), -1, np.float32)
+    target = Tensor(X.copy()).contiguous().realize()
+    target[tuple(Tensor(i.astype(np.int32)) for i in index)] = Tensor(value)  # out-of-range writes go nowhere
+    expect = X.copy()
+    valid = np.all([(i >= -n) & (i < n) for i, n in zip(index, X.shape)], axis=0)
+    expect[tuple(i[valid] for i in index)] = value[valid]
+    check_values(target, expect)
+
+    def torch_setitem():
+        torch.tensor(X)[tuple(torch.tensor(i) for i in index)] = torch.tensor(value)
+
+    checked = Tensor(X.copy()).contiguous().realize()
+    with Context(CHECK_OOB=1):
+        with pytest.raises(IndexError, match="^setitem: ") as info:
+            checked[tuple(Tensor(i.astype(np.int32)) for i in index)] = Tensor(value)
+    assert tuple(int(g) for g in MESSAGE.search(str(info.value)).groups()) == torch_error(torch_setitem)
+    check_values(checked, X)

@@ -494,6 +494,8 @@ class IndexingMixin:
         return valid.reshape(-1, 1).where(coords, _const(coords, fill_value)).cast(dtypes.int32)
 
     def one_hot(self, num_classes: int = -1) -> Tensor:
+        """Values outside [0, num_classes) raise ValueError when already known (realized data or a constant); lazy
+        ones give an all-zero row, or under CHECK_OOB=1 an IndexError when the result is realized."""
         if not dtypes.is_int(self.dtype):
             raise RuntimeError(f"one_hot needs an integer tensor, got {self.dtype}")
         if num_classes == -1:
