@@ -124,6 +124,7 @@ CC = ContextVar("CC", "")
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0)
 CONST_LR = ContextVar("CONST_LR", 0)
 OPTIM_DTYPE = ContextVar("OPTIM_DTYPE", "float32")
+CHECK_OOB = ContextVar("CHECK_OOB", 0)
 
 
 def cache_dir() -> str:

@@ -228,7 +228,15 @@ class Tensor(
             if t.uop in seen:
                 t.uop = t.contiguous().uop
             seen.add(t.uop)
-        results = realize_uops([t.uop for t in todo], [t.device for t in todo])
+        try:
+            results = realize_uops([t.uop for t in todo], [t.device for t in todo])
+        except IndexError:
+            # a failed CHECK_OOB index check raises before any assign ran: their targets keep their old values
+            for t in todo:
+                if t.uop.op is Ops.ASSIGN:
+                    t.uop = t.uop.src[0]
+                    _pending_assigns.pop(id(t), None)
+            raise
         for t, r in zip(todo, results):
             t.uop = r
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fusegrad import Device, Tensor, dtypes
+from fusegrad.schedule.multi import multi_axis
 from fusegrad.uop.ops import Ops
 
 DEVS = ("CPU", "CPU:1")
@@ -298,3 +299,75 @@ def test_shard_views_edge_shapes_and_dtypes():
 
 def test_second_cpu_is_its_own_device():
     assert Device.canonicalize("cpu:1") == "CPU:1" and Device["CPU:1"] is not Device["CPU"]
+
+
+def test_realize_sharded_and_single_device_roots_together():
+    # regression: lowering the sink that groups the roots mixed a single-device root into the multi-device ones
+    a, b = rand(6, 4), rand(6)
+    x, y = Tensor(a).shard(DEVS, 0).to("CPU").shard(DEVS, 1), Tensor(b).to("CPU:1") * 2
+    Tensor.realize(x, y)
+    close(x, a)
+    close(y, b * 2)
+    assert multi_axis(x.uop) == 1 and y.device == "CPU:1"
+
+
+def model_placed(placement):
+    """name -> tensor of a small model; placement maps name -> (devices, axis) or a device string."""
+    shapes = {"w1": (6, 4), "b1": (6,), "w2": (2, 6), "scale": ()}
+    out = {}
+    for k, shape in shapes.items():
+        t = Tensor.zeros(shape).contiguous().realize()
+        p = placement.get(k, "CPU")
+        out[k] = t.shard(*p).realize() if isinstance(p, tuple) else t.to(p).realize()
+    return out
+
+
+STATE = {"w1": rand(6, 4), "b1": rand(6), "w2": rand(2, 6), "scale": rand(1)}
+SHARDED_MODEL = {"w1": (DEVS, 0), "b1": (DEVS, None), "w2": (DEVS, 1), "scale": (DEVS, None)}
+
+
+@pytest.mark.parametrize(
+    "dict_placement",
+    [
+        {},  # a single-device state dict
+        {"w1": (DEVS, 1), "b1": (DEVS, 0), "w2": (DEVS, 0)},  # sharded on other axes than the model
+        {"w1": (DEVS, 0), "w2": (DEVS, 1), "b1": (DEVS3, 0)},  # sharded like the model / over other devices
+        {"w1": "CPU:1", "b1": "CPU:2"},
+    ],
+)
+@pytest.mark.parametrize("model_placement", [SHARDED_MODEL, {}, {"w1": "CPU:1", "w2": (DEVS3, 1)}])
+def test_load_state_dict_across_placements(dict_placement, model_placement):
+    from fusegrad.nn.state import load_state_dict
+
+    def placed(k):
+        t = Tensor(STATE[k])
+        p = dict_placement.get(k, "CPU")
+        return t.shard(*p) if isinstance(p, tuple) else t.to(p)
+
+    state = {k: placed(k) for k in STATE}
+    model = model_placed(model_placement)
+    layout = {k: (v.device, multi_axis(v.uop)) for k, v in model.items()}
+    load_state_dict(model, state, verbose=False)
+    single = model_placed({})  # the same load into a single-device model is the reference
+    load_state_dict(single, {k: Tensor(v) for k, v in STATE.items()}, verbose=False)
+    for k, v in model.items():
+        assert (v.device, multi_axis(v.uop)) == layout[k], k  # the model keeps its placement
+        close(v, single[k].numpy())
+        close(v, STATE[k].reshape(v.shape))
+    before = {k: v.numpy() for k, v in state.items()}
+    for v in model.values():  # the model never aliases the state dict
+        v.assign(v + 1).realize()
+    for k, v in state.items():
+        np.testing.assert_array_equal(v.numpy(), before[k])
+
+
+def test_load_state_dict_sharded_casts_and_refuses_bad_shapes():
+    from fusegrad.nn.state import load_state_dict
+
+    model = {"w": Tensor.zeros(4, 2, dtype=dtypes.float16).contiguous().shard(DEVS, 0).realize()}
+    load_state_dict(model, {"w": Tensor(STATE["w1"][:4, :2]).shard(DEVS, 1)}, verbose=False)
+    assert model["w"].dtype == dtypes.float16 and multi_axis(model["w"].uop) == 0
+    close(model["w"], STATE["w1"][:4, :2].astype(np.float16), atol=1e-3)
+    with pytest.raises(ValueError, match=r"w: model \(4, 2\), state dict \(2, 4\)"):
+        load_state_dict(model, {"w": Tensor(rand(2, 4)).shard(DEVS, 0)}, verbose=False)
+    close(model["w"], STATE["w1"][:4, :2].astype(np.float16), atol=1e-3)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Context, Tensor
-from fusegrad.nn.optim import LAMB, LARS, SGD, Adam, AdamW, OptimizerGroup
+from fusegrad.nn.optim import LAMB, LARS, SGD, Adam, AdamW, Muon, OptimizerGroup
+from fusegrad.schedule.multi import multi_axis
 
 STEPS = 5
 
@@ -221,3 +222,61 @@ def test_fused_env_and_per_tensor_rules():
     for make in (lambda: LARS([Tensor([1.0])], fused=True), lambda: LAMB([Tensor([1.0])], fused=True)):
         with pytest.raises(ValueError, match="fused"):
             make()
+
+
+DEVS = ("CPU", "CPU:1")
+
+
+def moved(t, device):
+    return t if t.device == device else t.to(device)
+
+
+def run_placed(make_opt, place_w, place_b):
+    """run_fusegrad with the parameters placed (sharded / on other devices); returns values and the optimizer."""
+    w0, b0, x0 = problem()
+    w, b = place_w(Tensor(w0)).realize(), place_b(Tensor(b0)).realize()
+    layout = [(t.device, multi_axis(t.uop)) for t in (w, b)]
+    x = Tensor(x0).shard(w.device) if isinstance(w.device, tuple) else Tensor(x0).to(w.device)
+    opt = make_opt([w, b])
+    with Context(TRAINING=1):
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = ((moved(x @ w, b.device) + b).relu() ** 2).mean() + moved((w * w).sum() * 0.1, b.device)
+            loss.backward()
+            opt.step()
+    assert [(t.device, multi_axis(t.uop)) for t in (w, b)] == layout  # the parameters stay where they were
+    return (w.numpy(), b.numpy()), opt
+
+
+OPTIMIZERS = {
+    "sgd_momentum_wd": lambda p, **kw: SGD(p, lr=0.05, momentum=0.9, weight_decay=0.01, **kw),
+    "sgd_nesterov_fused": lambda p, **kw: SGD(p, lr=0.05, momentum=0.8, nesterov=True, fused=True, **kw),
+    "adam": lambda p, **kw: Adam(p, lr=0.01, **kw),
+    "adamw_fused": lambda p, **kw: AdamW(p, lr=0.01, weight_decay=0.1, fused=True, **kw),
+    "lamb": lambda p, **kw: LAMB(p, lr=0.01, weight_decay=0.01, **kw),
+    "lars": lambda p, **kw: LARS(p, lr=0.01, **kw),
+    "muon": lambda p, **kw: Muon(p, lr=0.01, **kw),
+}
+PLACEMENTS = {
+    # w split over its rows: LAMB/LARS norms and Muon's matmuls must all-reduce across the shards
+    "sharded": (lambda t: t.shard(DEVS, 0), lambda t: t.shard(DEVS), {}),
+    "two_devices": (lambda t: t.to("CPU:1"), lambda t: t, {}),
+    "offloaded_state": (lambda t: t.to("CPU:1"), lambda t: t.to("CPU:1"), {"device": "CPU"}),
+}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_placed_parameters_match_single_device(name, placement):
+    place_w, place_b, kw = PLACEMENTS[placement]
+    make = OPTIMIZERS[name]
+    (w, b), opt = run_placed(lambda p: make(p, **kw), place_w, place_b)
+    for ours, ref in zip((w, b), run_fusegrad(make)):
+        np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=1e-5)
+    state = [s for attr in ("b", "m", "v") for s in getattr(opt, attr, [])]
+    assert state
+    if "device" in kw or opt.fused:  # state lives on the optimizer's device, updates are copied back
+        assert all(s.device == opt.device for s in state)
+    else:  # state lives next to its parameter, sharded like it
+        assert [s.device for s in state] == [p.device for p in opt.params] * (len(state) // 2)
+        assert [multi_axis(s.uop) for s in state] == [multi_axis(p.uop) for p in opt.params] * (len(state) // 2)

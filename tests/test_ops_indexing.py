@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusegrad import GlobalCounters, Tensor, dtypes
+from fusegrad import Context, GlobalCounters, Tensor, dtypes
 from reference import FG2NP, TORCH2FG
 
 FG2TORCH = {v: k for k, v in TORCH2FG.items()}
@@ -30,6 +30,13 @@ def check(t: Tensor, ref, dtype=None, atol=1e-6, rtol=1e-3):
         np.testing.assert_allclose(out.astype(np.float64), ref.astype(np.float64), atol=atol, rtol=rtol)
     else:
         np.testing.assert_array_equal(out, ref)
+
+
+@pytest.fixture
+def unchecked():
+    """The default fast path (API.md §9), also when the suite runs under CHECK_OOB=1 (tests/test_check_oob.py)."""
+    with Context(CHECK_OOB=0):
+        yield
 
 
 def rnd(*shape, seed=0, dtype=np.float32):
@@ -214,6 +221,7 @@ def test_getitem_lazy_computed_index():
     check(Tensor(a)[order], torch.tensor(a)[int(np.argmax(rnd(5, seed=2)))])
 
 
+@pytest.mark.usefixtures("unchecked")
 def test_getitem_out_of_range_reads_zero_and_negative_wraps():
     a = rnd(3, 4)
     out = Tensor(a)[Tensor([0, 3, -1, -3, -4, 100]), Tensor([1, 1, -4, 4, 0, 0])].numpy()
@@ -238,6 +246,7 @@ def test_getitem_scalar_and_zero_d():
     check(Tensor([4, 5, 6])[Tensor(2)], torch.tensor([4, 5, 6], dtype=torch.int32)[torch.tensor(2)])
 
 
+@pytest.mark.usefixtures("unchecked")
 def test_getitem_one_kernel():
     x, idx = Tensor(rnd(8, 6)).realize(), Tensor([[1, 7], [0, 0]]).realize()
     GlobalCounters.reset()
@@ -352,6 +361,7 @@ def test_setitem_dtypes(dt):
     check(t, r)
 
 
+@pytest.mark.usefixtures("unchecked")
 def test_setitem_duplicates_last_write_wins_and_out_of_range_skipped():
     t = Tensor([0.0, 0.0, 0.0, 0.0])
     t[[1, 3, 1, -1]] = Tensor([1.0, 2.0, 3.0, 4.0])

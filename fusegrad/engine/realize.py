@@ -5,8 +5,9 @@ import time
 from typing import Any
 from fusegrad.helpers import DEBUG, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
+from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device
-from fusegrad.schedule import ScheduleItem, buffer_of, create_schedule, record_realized
+from fusegrad.schedule import ScheduleItem, base_buffer, buffer_of, create_schedule, record_realized
 from fusegrad.uop.ops import Ops, UOp
 
 
@@ -62,18 +63,32 @@ def run_item(item: ScheduleItem) -> None:
         )
 
 
-def run_schedule(items: list[ScheduleItem]) -> None:
-    # compile everything first: a compiler error then leaves every buffer untouched
+def compile_schedule(items: list[ScheduleItem]) -> None:
     for item in items:
         if item.ast.op is Ops.SINK and item.buffers[0].size:
             get_runner(item.device, item.ast)
+
+
+def run_schedule(items: list[ScheduleItem]) -> None:
+    # compile everything first: a compiler error then leaves every buffer untouched
+    compile_schedule(items)
     for item in items:
         run_item(item)
 
 
 def realize_uops(roots: list[UOp], devices: list[str]) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
-    items, results, inner = create_schedule(roots, devices)
+    checks = checks_below(roots)
+    items, results, inner = create_schedule([c.extremes for c in checks] + roots, [c.device for c in checks] + devices)
+    if checks:
+        # the bound kernels come first in the schedule: run them (and what they need), then check before any other
+        check_bufs = [buffer_of[base_buffer(r)] for r in results[: len(checks)]]  # type: ignore[index]
+        split = 1 + max(i for i, item in enumerate(items) if item.buffers[0] in check_bufs)
+        compile_schedule(items)
+        run_schedule(items[:split])
+        for check, buf in zip(checks, check_bufs):
+            check.raise_if_violated(buf.host_view())
+        items, results = items[split:], results[len(checks) :]
     run_schedule(items)
     for r, res in zip(roots, results):
         if r is not res:

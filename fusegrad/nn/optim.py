@@ -1,10 +1,25 @@
-"""Optimizers (API.md §7.2): each step is a set of lazy assigns realized in one schedule."""
+"""Optimizers (API.md §7.2): each step is a set of lazy assigns realized in one schedule.
+
+Where an update runs: by default next to its parameter (same device, or the same devices and sharded axis), with its
+state placed like the parameter. An explicit `device=` (or `fused=True`) runs every update on that device and keeps the
+state there, e.g. parameters on an accelerator with state offloaded to "CPU": the weights and gradients are copied
+to it, and each new value is copied (or sharded) back into its parameter."""
 
 from __future__ import annotations
 from typing import Sequence
 from fusegrad.dtype import dtypes, to_dtype
 from fusegrad.helpers import CONST_LR, FUSE_OPTIM, OPTIM_DTYPE, TRAINING
+from fusegrad.schedule.multi import canonical_device, multi_axis
 from fusegrad.tensor import Tensor
+
+
+def _placed_like(x: Tensor, t: Tensor) -> Tensor:
+    """x on t's device, or split over t's devices along t's sharded axis."""
+    if x.device == t.device:
+        return x
+    if isinstance(t.device, tuple):
+        return (x.to(x.device[0]) if isinstance(x.device, tuple) else x).shard(t.device, multi_axis(t.uop))
+    return x.to(t.device)
 
 
 class Optimizer:
@@ -20,7 +35,8 @@ class Optimizer:
         self.params = [t for t in params if t.is_param]
         self.buffers = [t for t in params if not t.is_param]
         assert self.params, "optimizer needs at least one parameter (a Tensor with is_param=True)"
-        self.device = device or self.params[0].device
+        self.device = canonical_device(device) if device is not None else self.params[0].device
+        self.offload = device is not None  # state and updates on self.device, not next to each parameter
         self.fused = bool(FUSE_OPTIM) if fused is None else fused
         if self.fused and self.per_tensor:
             raise ValueError(f"{type(self).__name__} scales each tensor on its own: fused=True is not supported")
@@ -39,12 +55,26 @@ class Optimizer:
         for t in self.params:
             t.grad = None
 
+    def _home(self, t: Tensor) -> str | tuple[str, ...]:
+        """Where the update of parameter t runs and its state lives."""
+        return self.device if self.fused or self.offload else t.device
+
     def _states(self) -> list[Tensor]:
-        """One zero state tensor per slot."""
-        return [
-            Tensor.zeros(shape, dtype=self.state_dtype, device=self.device).contiguous().realize()
-            for shape in self.slot_shapes
-        ]
+        """One zero state tensor per slot, placed where the slot's update runs."""
+        if self.fused:
+            zeros = [Tensor.zeros(self.slot_shapes[0], dtype=self.state_dtype, device=self.device)]
+        else:
+            zeros = [
+                t.zeros_like(dtype=self.state_dtype)
+                if self._home(t) == t.device
+                else Tensor.zeros(t.shape, dtype=self.state_dtype, device=self.device)
+                for t in self.params
+            ]
+        return [z.contiguous().realize() for z in zeros]
+
+    def _local(self, x: Tensor, w: Tensor) -> Tensor:
+        """An optimizer-wide tensor (lr, step counters) on the device(s) of slot value w."""
+        return x if x.device == w.device else x.to(w.device)
 
     def step(self) -> None:
         Tensor.realize(*self.schedule_step())
@@ -62,13 +92,16 @@ class Optimizer:
 
     def _updates(self) -> list[Tensor]:
         """Runs the update rule on every slot and writes the new values back into the parameters."""
+
+        def at_home(x: Tensor | None, t: Tensor) -> Tensor:
+            assert x is not None  # schedule_step checked that every parameter has a gradient
+            x = x if x.device == (home := self._home(t)) else x.to(home)
+            return (x.flatten() if self.fused else x).cast(self.state_dtype)
+
         if not self.fused:
-            slots = [(t.detach().cast(self.state_dtype), t.grad.cast(self.state_dtype)) for t in self.params]  # type: ignore[union-attr]
+            slots = [(at_home(t.detach(), t), at_home(t.grad, t)) for t in self.params]
         else:
-            flat = [
-                (t.detach().flatten().cast(self.state_dtype), t.grad.flatten().cast(self.state_dtype))
-                for t in self.params
-            ]  # type: ignore[union-attr]
+            flat = [(at_home(t.detach(), t), at_home(t.grad, t)) for t in self.params]
             slots = [(Tensor.cat(*(w for w, _ in flat)), Tensor.cat(*(g for _, g in flat)))]
         new_values = [self._update_slot(i, w, g) for i, (w, g) in enumerate(slots)]
         if not self.fused:
@@ -88,7 +121,7 @@ class Optimizer:
         return []
 
     def _apply(self, t: Tensor, new_value: Tensor) -> Tensor:
-        return t.assign(new_value.cast(t.dtype))
+        return t.assign(_placed_like(new_value.cast(t.dtype), t))
 
 
 class SGD(Optimizer):
@@ -115,14 +148,15 @@ class SGD(Optimizer):
 
     def _direction(self, i: int, g: Tensor) -> Tensor:
         """The step to subtract, already scaled by lr."""
+        lr = self._local(self.lr, g)
         if self.classic:
-            g = g * self.lr
+            g = g * lr
         if self.momentum:
             b = self.b[i]
             new_b = b * self.momentum + g
             self._apply(b, new_b)
             g = g + new_b * self.momentum if self.nesterov else new_b
-        return g if self.classic else g * self.lr
+        return g if self.classic else g * lr
 
     def _update_slot(self, i: int, w: Tensor, g: Tensor) -> Tensor:
         return w - self._direction(i, g + w * self.weight_decay)
@@ -185,7 +219,8 @@ class Muon(SGD):
         if w.ndim >= 2:  # vectors (biases, norms) take the plain momentum step
             flat = update.reshape(w.shape[0], -1)
             update = flat.newton_schulz(self.ns_steps, self.ns_coefficients).reshape(w.shape)
-        return w * (1.0 - self.lr * self.muon_wd) - update * self.lr
+        lr = self._local(self.lr, w)
+        return w * (1.0 - lr * self.muon_wd) - update * lr
 
 
 class LAMB(Optimizer):
@@ -212,7 +247,7 @@ class LAMB(Optimizer):
         self.m, self.v = self._states(), self._states()
 
     def _update_slot(self, i: int, w: Tensor, g: Tensor) -> Tensor:
-        b1_t, b2_t = self.b1_t * self.b1, self.b2_t * self.b2
+        b1_t, b2_t = self._local(self.b1_t, w) * self.b1, self._local(self.b2_t, w) * self.b2
         new_m = self.m[i] * self.b1 + g * (1.0 - self.b1)
         new_v = self.v[i] * self.b2 + (g * g) * (1.0 - self.b2)
         self._apply(self.m[i], new_m)
@@ -223,7 +258,7 @@ class LAMB(Optimizer):
         if not self.adam:
             r1, r2 = (w * w).sum().sqrt(), (up * up).sum().sqrt()
             up = up * ((r1 > 0) & (r2 > 0)).where(r1 / r2, 1.0)
-        return w - up * self.lr
+        return w - up * self._local(self.lr, w)
 
     def _extra_updates(self) -> list[Tensor]:
         return self.m + self.v + [self.b1_t.assign(self.b1_t * self.b1), self.b2_t.assign(self.b2_t * self.b2)]

@@ -27,6 +27,7 @@ from fusegrad.helpers import prod, round_up
 from fusegrad.runtime.device import Buffer, Device
 from fusegrad.runtime.ops_disk import DiskBuffer
 from fusegrad.schedule import base_buffer, buffer_of, buffer_uop, is_contiguous_view
+from fusegrad.schedule.multi import multi_axis
 from fusegrad.tensor import Tensor
 
 # ------------------------------------------------------------------ state dicts
@@ -96,11 +97,7 @@ def load_state_dict(
     ]
     if mismatched:
         raise ValueError(f"load_state_dict: shape mismatch for {len(mismatched)} key(s): {'; '.join(mismatched)}")
-    new = []
-    for _, v, s in pairs:
-        x = s.to(v.device).cast(v.dtype).reshape(v.shape)
-        # a value already on the model's device and dtype gets its own buffer, so the model never aliases the dict
-        new.append(x.contiguous() if s.device == v.device and s.dtype == v.dtype else x)
+    new = [_placed_like(s, v) for _, v, s in pairs]
     if realize and new:
         Tensor.realize(*new)
     for (k, v, _), x in zip(pairs, new):
@@ -114,6 +111,22 @@ def load_state_dict(
             f" in {(time.perf_counter() - st) * 1e3:.1f} ms"
         )
     return [v for _, v, _ in pairs]
+
+
+def _placed_like(s: Tensor, v: Tensor) -> Tensor:
+    """s with v's shape and dtype on v's device, or split over v's devices along v's sharded axis whatever the
+    placement of s (a state dict may come from a model sharded differently, or from none)."""
+    x = s.reshape(v.shape).cast(v.dtype)
+    if isinstance(v.device, tuple):
+        axis = multi_axis(v.uop)
+        if x.device == v.device and multi_axis(x.uop) == axis:
+            moved = x
+        else:
+            moved = (x.to(x.device[0]) if isinstance(x.device, tuple) else x).shard(v.device, axis)
+    else:
+        moved = x.to(v.device)
+    # a value already placed like the model's gets its own buffer, so the model never aliases the dict
+    return moved.contiguous() if moved is x and s.dtype == v.dtype else moved
 
 
 # ------------------------------------------------------------------ where a file's bytes live

@@ -165,10 +165,12 @@ def _lower(n: UOp, srcs: list[UOp]) -> UOp:
 def lower_multi(roots: list[UOp], devices: Sequence[str | tuple[str, ...]]) -> list[UOp]:
     """Each root as a per-device graph, or as a MULTI of per-device graphs when it is multi-device. A root placed on
     several devices whose value is a device-less constant becomes a replicated MULTI."""
-    nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
+    sink = UOp(Ops.SINK, src=tuple(roots))
+    nodes = sink.toposort()
     if not any(u.op is Ops.MULTI for u in nodes) and not any(isinstance(d, tuple) for d in devices):
         return roots
-    memo = _lower_graph(nodes)
+    # the sink only groups the roots: lowering it like an elementwise op would mix single- and multi-device roots
+    memo = _lower_graph([u for u in nodes if u is not sink])
     out = []
     for r, d in zip(roots, devices):
         u = memo[r]

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import prod
-from fusegrad.schedule import base_buffer, is_contiguous_view
+from fusegrad.engine.checks import IndexCheck, register_check
+from fusegrad.helpers import CHECK_OOB, prod
+from fusegrad.schedule import base_buffer, buffer_of, is_contiguous_view
 from fusegrad.tensor_ops.shapes import broadcast_shape
 from fusegrad.uop.ops import Ops, UOp
 
@@ -35,6 +36,7 @@ class _IndexPlan(NamedTuple):
     view_shape: tuple[int, ...]
     adv_dims: tuple[int, ...]
     adv_index: tuple[Tensor, ...]
+    adv_source_dims: tuple[int, ...] = ()  # the dims of the indexed tensor the advanced indices address
 
 
 def _const(like: Tensor, value: Scalar) -> Tensor:
@@ -62,8 +64,23 @@ def _adv_order(view_ndim: int, dims: tuple[int, ...], n_batch: int) -> list[int]
     return list(range(n_batch, n_batch + p)) + list(range(n_batch)) + list(range(n_batch + p, n_batch + n_rest))
 
 
-def _flat_index(indices: Sequence[Tensor], sizes: Sequence[int], shape: tuple[int, ...]) -> Tensor:
-    """Row-major position in a block of `sizes` addressed by the broadcast indices;
+def _check_bounds(op: str, bound: str, index: Tensor, low: int, size: int, *guarded: Tensor) -> None:
+    """Under CHECK_OOB, make every realize that computes one of `guarded` first check low <= index < size in a
+    kernel (engine/checks.py); otherwise out-of-range values read as 0 / write nowhere (API.md §9)."""
+    if not CHECK_OOB:
+        return
+    i = index.cast(dtypes.int64).reshape(-1)
+    # ~min(i) == max(~i): both extremes come from one max reduce, with no overflow at int64's minimum
+    extremes = Tensor.stack(~i, i).max(axis=1)
+    device = extremes.device[0] if isinstance(extremes.device, tuple) else extremes.device
+    check = IndexCheck(op, bound, low, size, extremes.to(device).uop, device)
+    register_check(check, *(t.uop for t in guarded))
+
+
+def _flat_index(
+    indices: Sequence[Tensor], sizes: Sequence[int], shape: tuple[int, ...], op: str, dims: Sequence[int]
+) -> Tensor:
+    """Row-major position in a block of `sizes` addressed by the broadcast indices (of the tensor's `dims`);
     -1 where any index is out of range."""
     big = prod(sizes) >= 2**31 or any(i.dtype.itemsize == 8 or i.dtype is dtypes.uint32 for i in indices)
     wide, device = dtypes.int64 if big else dtypes.int32, indices[0].device
@@ -72,13 +89,18 @@ def _flat_index(indices: Sequence[Tensor], sizes: Sequence[int], shape: tuple[in
         i = index.cast(wide)._broadcast_to(shape)
         valid = valid & (i >= -size) & (i < size)
         flat = flat * size + (i < 0).where(i + size, i)
-    return valid.where(flat, -1).cast(dtypes.int32 if prod(sizes) < 2**31 else dtypes.int64)
+    flat = valid.where(flat, -1).cast(dtypes.int32 if prod(sizes) < 2**31 else dtypes.int64)
+    for index, size, dim in zip(indices, sizes, dims):
+        _check_bounds(op, f"dim {dim}", index, -size, size, flat)
+    return flat
 
 
-def _one_hot_axis(index: Tensor, d: int, size: int) -> Tensor:
+def _one_hot_axis(index: Tensor, d: int, size: int, op: str) -> Tensor:
     """hit[..., i, k, ...] = (index[..., i, ...] == k): a one-hot axis of length `size` inserted after dim d."""
     k = Tensor.arange(size, device=index.device).reshape((size,) + (1,) * (index.ndim - d - 1))
-    return index.unsqueeze(d + 1) == k
+    hit = index.unsqueeze(d + 1) == k
+    _check_bounds(op, f"dim {d}", index, 0, size, hit)
+    return hit
 
 
 def _inclusive_count(flags: Tensor) -> Tensor:
@@ -156,7 +178,7 @@ class IndexingMixin:
             raise IndexError(f"too many indices for tensor of dimension {self.ndim} ({n_real} given)")
         fill = [slice(None)] * (self.ndim - n_real)
         entries = entries[: ellipses[0]] + fill + entries[ellipses[0] + 1 :] if ellipses else entries + fill
-        windows, view_shape, adv_dims, adv_index, dim = [], [], [], [], 0
+        windows, view_shape, adv_dims, adv_index, adv_source_dims, dim = [], [], [], [], [], 0
         for e in entries:
             if e is None:
                 view_shape.append(1)
@@ -166,6 +188,7 @@ class IndexingMixin:
                 windows.append((0, size, 1))
                 adv_dims.append(len(view_shape))
                 adv_index.append(e)
+                adv_source_dims.append(dim)
                 view_shape.append(size)
             elif isinstance(e, int):
                 if not -size <= e < size:
@@ -176,7 +199,7 @@ class IndexingMixin:
                 windows.append((start, len(range(start, stop, step)), step))
                 view_shape.append(windows[-1][1])
             dim += 1
-        return _IndexPlan(tuple(windows), tuple(view_shape), tuple(adv_dims), tuple(adv_index))
+        return _IndexPlan(tuple(windows), tuple(view_shape), tuple(adv_dims), tuple(adv_index), tuple(adv_source_dims))
 
     def __getitem__(self, indices: Any) -> Tensor:
         plan = self._index_plan(indices)
@@ -184,19 +207,22 @@ class IndexingMixin:
         for d, (start, count, step) in enumerate(plan.windows):
             t = t._slice_dim(d, start, count, step)
         t = t.reshape(plan.view_shape)
-        return t._take(plan.adv_dims, plan.adv_index) if plan.adv_dims else t
+        return t._take(plan.adv_dims, plan.adv_index, plan.adv_source_dims) if plan.adv_dims else t
 
-    def _take(self, dims: tuple[int, ...], indices: tuple[Tensor, ...]) -> Tensor:
+    def _take(self, dims: tuple[int, ...], indices: tuple[Tensor, ...], source_dims: tuple[int, ...]) -> Tensor:
         """Advanced indexing of the dims `dims` by the broadcast integer tensors `indices` (out of range reads 0)."""
         shape = functools.reduce(broadcast_shape, (i.shape for i in indices))
         sizes = [self.shape[d] for d in dims]
         rest = [d for d in range(self.ndim) if d not in dims]
         n_pick, n_rest = prod(sizes), tuple(self.shape[d] for d in rest)
-        flat = _flat_index(indices, sizes, shape)
+        flat = _flat_index(indices, sizes, shape, "getitem", source_dims)
         x = self.permute(list(dims) + rest).reshape((1,) * len(shape) + (n_pick,) + n_rest)
         hit = flat.reshape(shape + (1,)) == Tensor.arange(n_pick, device=self.device)
         out = _masked_sum(hit.reshape(shape + (n_pick,) + (1,) * len(rest)), x, len(shape))
-        return out.permute(_adv_order(self.ndim, dims, len(shape)))
+        out = out.permute(_adv_order(self.ndim, dims, len(shape)))
+        for index, size, dim in zip(indices, sizes, source_dims):
+            _check_bounds("getitem", f"dim {dim}", index, -size, size, out)
+        return out
 
     def _slice_dim(self, dim: int, start: int, count: int, step: int) -> Tensor:
         """Take `count` elements from `start` with stride `step` along dim, as flip/shrink/pad/reshape views."""
@@ -279,7 +305,7 @@ class IndexingMixin:
         rest = [d for d in range(len(view_shape)) if d not in dims]
         n_pick, n_batch, n_rest = prod(sizes), prod(batch), tuple(view_shape[d] for d in rest)
         v = self.permute(_inverse(_adv_order(len(view_shape), dims, len(batch)))).reshape((n_batch, 1) + n_rest)
-        flat = _flat_index(plan.adv_index, sizes, batch).reshape(n_batch)
+        flat = _flat_index(plan.adv_index, sizes, batch, "setitem", plan.adv_source_dims).reshape(n_batch)
         # of several writes to one place the last wins: drop a write when a later one hits the same place
         order = Tensor.arange(n_batch, device=self.device)
         same = flat.reshape(n_batch, 1) == flat.reshape(1, n_batch)
@@ -288,7 +314,10 @@ class IndexingMixin:
         value = _masked_sum(hit.reshape((n_batch, n_pick) + (1,) * len(rest)), v, 0)
         written = hit.any(0).reshape(tuple(sizes) + (1,) * len(rest)).expand(tuple(sizes) + n_rest)
         back = _inverse(list(dims) + rest)
-        return value.reshape(tuple(sizes) + n_rest).permute(back), written.permute(back)
+        value, written = value.reshape(tuple(sizes) + n_rest).permute(back), written.permute(back)
+        for index, size, dim in zip(plan.adv_index, sizes, plan.adv_source_dims):
+            _check_bounds("setitem", f"dim {dim}", index, -size, size, value, written)
+        return value, written
 
     def _check_no_lazy_readers(self, consumed: set[int]) -> None:
         """An in-place write must not change what an unrealized tensor (other than those it consumes) will compute."""
@@ -346,8 +375,10 @@ class IndexingMixin:
         d = self._axis(dim)
         self._check_index("gather", d, index)
         index = index.to(self.device)
-        hit = _one_hot_axis(index, d, self.shape[d])
-        return _masked_sum(hit, self._index_region(index.shape, d).unsqueeze(d), d + 1)
+        hit = _one_hot_axis(index, d, self.shape[d], "gather")
+        out = _masked_sum(hit, self._index_region(index.shape, d).unsqueeze(d), d + 1)
+        _check_bounds("gather", f"dim {d}", index, 0, self.shape[d], out)
+        return out
 
     def _scatter_src(self, name: str, d: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
         """src as a tensor of self's dtype shrunk to index's shape."""
@@ -371,7 +402,7 @@ class IndexingMixin:
         index = index.to(self.device)
         src = self._scatter_src("scatter", d, index, src)
         n = index.shape[d]
-        hit = _one_hot_axis(index, d, self.shape[d])
+        hit = _one_hot_axis(index, d, self.shape[d], "scatter")
         order = Tensor.arange(n, device=self.device)
         later = order.reshape((1, n) + (1,) * (self.ndim - d - 1)) > order.reshape((n, 1) + (1,) * (self.ndim - d - 1))
         overwritten = ((index.unsqueeze(d + 1) == index.unsqueeze(d)) & later).any(d + 1)
@@ -384,7 +415,9 @@ class IndexingMixin:
             hit = hit & overwritten.logical_not().unsqueeze(d + 1)
         value = _masked_sum(hit, src.unsqueeze(d + 1), d)
         region = self._index_region(index.shape, d)
-        return self._paste(hit.any(d).where(value, region))
+        out = self._paste(hit.any(d).where(value, region))
+        _check_bounds("scatter", f"dim {d}", index, 0, self.shape[d], out)
+        return out
 
     def _via_1d(self, dim: int, index: Any, src: Any, fn: Any) -> Tensor:
         """0-d gathers and scatters run as 1-element ones."""
@@ -403,7 +436,7 @@ class IndexingMixin:
         self._check_index("scatter_reduce", d, index, src if isinstance(src, Tensor) else None)
         index = index.to(self.device)
         src = self._scatter_src("scatter_reduce", d, index, src).unsqueeze(d + 1)
-        hit = _one_hot_axis(index, d, self.shape[d])
+        hit = _one_hot_axis(index, d, self.shape[d], "scatter_reduce")
         x, touched = self._index_region(index.shape, d), hit.any(d)
         if reduce in ("amax", "amin"):
             out = self._scatter_extreme(d, hit, src, x, reduce == "amin", include_self)
@@ -418,7 +451,9 @@ class IndexingMixin:
             if reduce == "mean":
                 count = (hit.cast(dtypes.int32).sum(d) + int(include_self)).maximum(1)
                 out = out.div(count, rounding_mode="floor") if dtypes.is_int(self.dtype) else out.div(count)
-        return self._paste(touched.where(out.cast(self.dtype), x))
+        out = self._paste(touched.where(out.cast(self.dtype), x))
+        _check_bounds("scatter_reduce", f"dim {d}", index, 0, self.shape[d], out)
+        return out
 
     def _scatter_extreme(self, d: int, hit: Tensor, src: Tensor, x: Tensor, is_min: bool, include_self: bool) -> Tensor:
         """amax/amin over the hits (and self): one max reduce, so ties share the gradient evenly as in torch."""
@@ -459,6 +494,8 @@ class IndexingMixin:
         return valid.reshape(-1, 1).where(coords, _const(coords, fill_value)).cast(dtypes.int32)
 
     def one_hot(self, num_classes: int = -1) -> Tensor:
+        """Values outside [0, num_classes) raise ValueError when already known (realized data or a constant); lazy
+        ones give an all-zero row, or under CHECK_OOB=1 an IndexError when the result is realized."""
         if not dtypes.is_int(self.dtype):
             raise RuntimeError(f"one_hot needs an integer tensor, got {self.dtype}")
         if num_classes == -1:
@@ -467,4 +504,24 @@ class IndexingMixin:
             num_classes = int(self.max().item()) + 1
         if num_classes < 0:
             raise ValueError(f"one_hot num_classes must be non-negative, got {num_classes}")
-        return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)
+        if (known := self._known_values()) is not None and known.size:
+            if (low := int(known.min())) < 0:
+                raise ValueError(f"one_hot: class values must be non-negative, got {low}")
+            if (high := int(known.max())) >= num_classes:
+                raise ValueError(f"one_hot: class values must be smaller than num_classes={num_classes}, got {high}")
+        hit = self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)
+        out = hit.cast(dtypes.default_int)
+        _check_bounds("one_hot", "num_classes", self, 0, num_classes, hit, out)
+        return out
+
+    def _known_values(self) -> np.ndarray | None:
+        """The values when they are already known on the host side (a realized buffer or a constant), else None:
+        reading them costs no kernel over unrealized work."""
+        u = self.uop
+        while u.op in (Ops.RESHAPE, Ops.EXPAND):
+            u = u.src[0]
+        if u.op is Ops.CONST:
+            return np.array([u.arg])
+        if u.op is Ops.BUFFER and is_contiguous_view(self.uop):
+            return buffer_of[u].host_view()
+        return self.numpy() if base_buffer(self.uop) is not None else None
