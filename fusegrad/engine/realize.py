@@ -71,9 +71,9 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         run_item(item)
 
 
-def realize_uops(roots: list[UOp], devices: list[str]) -> list[UOp]:
+def realize_uops(roots: list[UOp], devices: list[str], copy_on_write: set[UOp] = frozenset()) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
-    items, results, inner = create_schedule(roots, devices)
+    items, results, inner = create_schedule(roots, devices, copy_on_write)
     run_schedule(items)
     for r, res in zip(roots, results):
         if r is not res:

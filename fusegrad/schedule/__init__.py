@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 import itertools
+import sys
 import weakref
 from dataclasses import dataclass
 from fusegrad.dtype import DType
@@ -90,11 +91,62 @@ def substitute_realized(roots: list[UOp]) -> list[UOp]:
     return [memo[r] for r in roots]
 
 
+# references versions_read_elsewhere itself holds on each node it measures: the node list, the count dict's key, the
+# comprehension variable and getrefcount's argument
+_OWN_REFS = 4
+
+
+def versions_read_elsewhere(roots: list[UOp], refs_per_root: int) -> set[UOp]:
+    """The BUFFER versions that an assign in roots' graph overwrites while a live graph outside this realize (a lazy
+    tensor, a grad, a view, the realized map) may still compute from the old value: those assigns copy on write.
+    A node is held outside when it has more references than this graph, the roots list and the roots' tensors
+    (`refs_per_root` per root) account for."""
+    nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
+    targets = {base_buffer(u.src[0]) for u in nodes if u.op is Ops.ASSIGN} - {None}
+    if not targets:
+        return set()
+    refs = _references_within(nodes, roots, refs_per_root, targets)
+    held = {u for u in nodes if sys.getrefcount(u) > refs[u] + _OWN_REFS}
+    if not held:
+        return set()
+    root_set = set(roots)
+    shared: set[UOp] = set()
+    for target in targets:
+        reads: dict[UOp, bool] = {}
+        for u in nodes:
+            if u is target:
+                reads[u] = True
+            elif u not in root_set and realized_value(u) is not None:
+                reads[u] = False  # computed already: its readers use the stored value, not the buffer
+            else:
+                # an assign is computed by this realize: whoever holds it reads the new value
+                reads[u] = u.op is not Ops.ASSIGN and any(reads[s] for s in u.src)
+            if reads[u] and u in held:
+                shared.add(target)
+                break
+    return shared
+
+
+def _references_within(nodes: list[UOp], roots: list[UOp], refs_per_root: int, targets: set[UOp]) -> dict[UOp, int]:
+    """How many references to each node this realize's own graph, roots and `targets` set hold (a function of its
+    own, so no loop variable outlives it and counts as a holder)."""
+    refs = dict.fromkeys(nodes, 0)
+    for u in nodes:
+        for s in u.src:
+            refs[s] += 1
+    for r in roots:
+        refs[r] += refs_per_root
+    for b in targets:
+        refs[b] += 1
+    return refs
+
+
 class _Planner:
     """Finds realize points, then emits one ScheduleItem per point in dependency order."""
 
-    def __init__(self, roots: list[UOp], devices: list[str]):
+    def __init__(self, roots: list[UOp], devices: list[str], copy_on_write: set[UOp] = frozenset()):
         self.roots = roots
+        self.copy_on_write = copy_on_write  # assign targets (BUFFER versions) that get a fresh buffer
         self.points: dict[UOp, str] = {}  # realize point -> device
         self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
         self.items: list[ScheduleItem] = []
@@ -246,7 +298,7 @@ class _Planner:
         # write-after-read: a kernel reading a buffer that an assign overwrites must run before that assign
         after: dict[UOp, set[UOp]] = {p: set(inputs[p][0]) for p in order}
         for a in order:
-            if a.op is not Ops.ASSIGN:
+            if a.op is not Ops.ASSIGN or base_buffer(a.src[0]) in self.copy_on_write:
                 continue
             target = buffer_of[base_buffer(a.src[0])]  # type: ignore[index]
             after[a] |= {p for p in order if p is not a and target in inputs[p][1]}
@@ -271,8 +323,11 @@ class _Planner:
             self.result[point] = _view(out, point.shape)
             return
         if point.op is Ops.ASSIGN:
-            target_buf = buffer_of[base_buffer(point.src[0])]  # type: ignore[index]
-            out, value = buffer_uop(target_buf), point.src[1]
+            target = base_buffer(point.src[0])
+            target_buf = buffer_of[target]  # type: ignore[index]
+            # copy on write: the old version keeps its storage for the live graphs that still read it
+            out = new_buffer(device, target_buf.size, target_buf.dtype) if target in self.copy_on_write else None
+            out, value = out or buffer_uop(target_buf), point.src[1]
         else:
             out, value = (
                 new_buffer(device, point.size, point.dtype),
@@ -309,22 +364,27 @@ class _Planner:
             memo[u] = ret
             return ret
 
-        return visit(value)
+        ast = visit(value)
+        del visit  # the closure refers to itself: left alone, the cycle would keep the graph alive until a gc pass
+        return ast
 
 
 def _view(buf: UOp, shape: tuple[int, ...]) -> UOp:
     return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
 
 
-def create_schedule(roots: list[UOp], devices: list) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+def create_schedule(
+    roots: list[UOp], devices: list, copy_on_write: set[UOp] = frozenset()
+) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
-    buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel)."""
+    buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel).
+    An assign into a BUFFER version in `copy_on_write` writes a fresh buffer instead of the old one."""
     lowered = lower_multi(substitute_realized(roots), devices)
     # a multi-device root is realized shard by shard, each on its own device
     flat = [
         pair for u, d in zip(lowered, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])
     ]
-    planner = _Planner([u for u, _ in flat], [d for _, d in flat])
+    planner = _Planner([u for u, _ in flat], [d for _, d in flat], copy_on_write)
     items = planner.plan()
 
     def result(u: UOp) -> UOp:
