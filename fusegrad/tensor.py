@@ -29,7 +29,7 @@ from fusegrad.schedule.multi import canonical_device, is_realized_multi, multi_a
 from fusegrad.tensor_ops import bind_tensor_class
 from fusegrad.tensor_ops.creation import CreationMixin
 from fusegrad.tensor_ops.elementwise import ElementwiseMixin
-from fusegrad.tensor_ops.indexing import IndexingMixin
+from fusegrad.tensor_ops.indexing import IndexingMixin, view_base
 from fusegrad.tensor_ops.linalg import LinalgMixin
 from fusegrad.tensor_ops.movement import MovementMixin
 from fusegrad.tensor_ops.nn import NNMixin
@@ -205,6 +205,12 @@ class Tensor(
 
     @staticmethod
     def realize_all(tensors: Sequence[Tensor]) -> None:
+        Tensor._realize(tensors, keep_old_versions=True)
+
+    @staticmethod
+    def _realize(tensors: Sequence[Tensor], keep_old_versions: bool) -> None:
+        """Realize tensors; with keep_old_versions, an assign whose old value a live graph still reads copies on write,
+        without it every assign writes its storage in place (setitem: all views of the storage see the write)."""
         todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
         if not todo:
             return
@@ -217,7 +223,8 @@ class Tensor(
         roots = [t.uop for t in todo]
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
-        results = realize_uops(roots, [t.device for t in todo], versions_read_elsewhere(roots, 2))
+        copy_on_write = versions_read_elsewhere(roots, 2) if keep_old_versions else set()
+        results = realize_uops(roots, [t.device for t in todo], copy_on_write)
         for t, r in zip(todo, results):
             t.uop = r
 
@@ -328,6 +335,9 @@ class Tensor(
             raise RuntimeError(f"assign of {x.dtype} into a {self.dtype} tensor; cast it first")
         x = x._broadcast_to(self.shape)
         if not is_contiguous_view(self.uop) and not is_realized_multi(self.uop):
+            if self.uop.op is not Ops.ASSIGN and view_base(self.uop).op is Ops.BUFFER:
+                self[...] = x  # a view of storage: write through it, like setitem
+                return self
             self.replace(self.contiguous().realize())
         self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
         _pending_assigns[id(self)] = self
