@@ -223,7 +223,8 @@ class Tensor(
         roots = [t.uop for t in todo]
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
-        copy_on_write = versions_read_elsewhere(roots, 2) if keep_old_versions else set()
+        # with no pending assign the graph holds no assign node worth the walk (one whose tensor is gone aside)
+        copy_on_write = versions_read_elsewhere(roots, 2) if keep_old_versions and _pending_assigns else set()
         results = realize_uops(roots, [t.device for t in todo], copy_on_write)
         for t, r in zip(todo, results):
             t.uop = r

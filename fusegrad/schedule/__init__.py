@@ -91,8 +91,8 @@ def substitute_realized(roots: list[UOp]) -> list[UOp]:
     return [memo[r] for r in roots]
 
 
-# references versions_read_elsewhere itself holds on each node it measures: the node list, the count dict's key, the
-# comprehension variable and getrefcount's argument
+# references versions_read_elsewhere itself holds on the node it measures: the node list, the count dict's key, the
+# loop variable and getrefcount's argument
 _OWN_REFS = 4
 
 
@@ -102,42 +102,48 @@ def versions_read_elsewhere(roots: list[UOp], refs_per_root: int) -> set[UOp]:
     A node is held outside when it has more references than this graph, the roots list and the roots' tensors
     (`refs_per_root` per root) account for."""
     nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
-    targets = {base_buffer(u.src[0]) for u in nodes if u.op is Ops.ASSIGN} - {None}
-    if not targets:
-        return set()
-    refs = _references_within(nodes, roots, refs_per_root, targets)
-    held = {u for u in nodes if sys.getrefcount(u) > refs[u] + _OWN_REFS}
-    if not held:
+    target_bits = {b: 1 << i for i, b in enumerate(dict.fromkeys(_assign_targets(nodes)))}
+    if not target_bits:
         return set()
     root_set = set(roots)
-    shared: set[UOp] = set()
-    for target in targets:
-        reads: dict[UOp, bool] = {}
-        for u in nodes:
-            if u is target:
-                reads[u] = True
-            elif u not in root_set and realized_value(u) is not None:
-                reads[u] = False  # computed already: its readers use the stored value, not the buffer
-            else:
-                # an assign is computed by this realize: whoever holds it reads the new value
-                reads[u] = u.op is not Ops.ASSIGN and any(reads[s] for s in u.src)
-            if reads[u] and u in held:
-                shared.add(target)
-                break
-    return shared
+    refs = _references_within(nodes, roots, refs_per_root, target_bits, root_set)
+    # bit i of reads[u]: u's value depends on target i's old value (through nodes nobody computed yet)
+    reads: dict[UOp, int] = dict.fromkeys(nodes, 0)
+    shared = 0
+    for u in nodes:
+        if u.op is Ops.BUFFER:
+            bits = target_bits.get(u, 0)
+        elif u.op is Ops.ASSIGN:
+            bits = 0  # computed by this realize: whoever holds it reads the new value
+        else:
+            bits = 0
+            for s in u.src:
+                bits |= reads[s]
+            if bits and u not in root_set and realized_value(u) is not None:
+                bits = 0  # computed already: its readers use the stored value, not the buffer
+        if bits and sys.getrefcount(u) > refs[u] + _OWN_REFS:
+            shared |= bits
+        reads[u] = bits
+    return {b for b, bit in target_bits.items() if shared & bit}
 
 
-def _references_within(nodes: list[UOp], roots: list[UOp], refs_per_root: int, targets: set[UOp]) -> dict[UOp, int]:
-    """How many references to each node this realize's own graph, roots and `targets` set hold (a function of its
-    own, so no loop variable outlives it and counts as a holder)."""
-    refs = dict.fromkeys(nodes, 0)
+def _assign_targets(nodes: list[UOp]) -> list[UOp]:
+    return [b for u in nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None]
+
+
+def _references_within(
+    nodes: list[UOp], roots: list[UOp], refs_per_root: int, targets: dict, root_set: set
+) -> dict[UOp, int]:
+    """How many references to each node this realize's own graph, roots and bookkeeping hold (the `targets`, `reads`
+    and `root_set` containers); a function of its own, so no loop variable outlives it and counts as a holder."""
+    refs = dict.fromkeys(nodes, 1)
     for u in nodes:
         for s in u.src:
             refs[s] += 1
     for r in roots:
         refs[r] += refs_per_root
-    for b in targets:
-        refs[b] += 1
+    for u in (*targets, *root_set):
+        refs[u] += 1
     return refs
 
 
