@@ -24,7 +24,7 @@ from fusegrad.engine.realize import realize_uops
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import all_same, prod
 from fusegrad.runtime.device import Buffer, Device
-from fusegrad.schedule import base_buffer, buffer_of, buffer_uop, is_contiguous_view, versions_read_elsewhere
+from fusegrad.schedule import OldVersionReaders, base_buffer, buffer_of, buffer_uop, is_contiguous_view
 from fusegrad.schedule.multi import canonical_device, is_realized_multi, multi_axis, shard_uop
 from fusegrad.tensor_ops import bind_tensor_class
 from fusegrad.tensor_ops.creation import CreationMixin
@@ -224,8 +224,8 @@ class Tensor(
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
         # with no pending assign the graph holds no assign node worth the walk (one whose tensor is gone aside)
-        copy_on_write = versions_read_elsewhere(roots, 2) if keep_old_versions and _pending_assigns else set()
-        results = realize_uops(roots, [t.device for t in todo], copy_on_write)
+        readers = OldVersionReaders(roots, 2) if keep_old_versions and _pending_assigns else None
+        results = realize_uops(roots, [t.device for t in todo], readers)
         for t, r in zip(todo, results):
             t.uop = r
 

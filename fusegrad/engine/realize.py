@@ -6,7 +6,7 @@ from typing import Any
 from fusegrad.helpers import DEBUG, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.runtime.device import Device
-from fusegrad.schedule import ScheduleItem, buffer_of, create_schedule, record_realized
+from fusegrad.schedule import OldVersionReaders, ScheduleItem, buffer_of, create_schedule, record_realized
 from fusegrad.uop.ops import Ops, UOp
 
 
@@ -71,9 +71,9 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         run_item(item)
 
 
-def realize_uops(roots: list[UOp], devices: list[str], copy_on_write: set[UOp] = frozenset()) -> list[UOp]:
+def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReaders | None = None) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
-    items, results, inner = create_schedule(roots, devices, copy_on_write)
+    items, results, inner = create_schedule(roots, devices, readers)
     run_schedule(items)
     for r, res in zip(roots, results):
         if r is not res:

@@ -77,9 +77,10 @@ def is_contiguous_view(u: UOp) -> bool:
     return u.op is Ops.BUFFER
 
 
-def substitute_realized(roots: list[UOp]) -> list[UOp]:
+def substitute_realized(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
     """Replace every already-realized subgraph below the roots by its buffer view. A root itself is computed again:
-    its tensor gets a buffer of its own, so an assign into it can never change another tensor."""
+    its tensor gets a buffer of its own, so an assign into it can never change another tensor. Also returns the
+    map from each visited node to its replacement."""
     memo: dict[UOp, UOp] = {}
     root_set = set(roots)
     for u in UOp(Ops.SINK, src=tuple(roots)).toposort(gate=lambda x: x in root_set or realized_value(x) is None):
@@ -88,43 +89,59 @@ def substitute_realized(roots: list[UOp]) -> list[UOp]:
         else:
             new_src = tuple(memo[s] for s in u.src)
             memo[u] = u if new_src == u.src else u.replace(src=new_src)
-    return [memo[r] for r in roots]
+    return [memo[r] for r in roots], memo
 
 
-# references versions_read_elsewhere itself holds on the node it measures: the node list, the count dict's key, the
-# loop variable and getrefcount's argument
+# references OldVersionReaders itself holds on the node it measures: the node list, the count dict's key, the loop
+# variable and getrefcount's argument
 _OWN_REFS = 4
 
 
-def versions_read_elsewhere(roots: list[UOp], refs_per_root: int) -> set[UOp]:
-    """The BUFFER versions that an assign in roots' graph overwrites while a live graph outside this realize (a lazy
-    tensor, a grad, a view, the realized map) may still compute from the old value: those assigns copy on write.
-    A node is held outside when it has more references than this graph, the roots list and the roots' tensors
-    (`refs_per_root` per root) account for."""
-    nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
-    target_bits = {b: 1 << i for i, b in enumerate(dict.fromkeys(_assign_targets(nodes)))}
-    if not target_bits:
-        return set()
-    root_set = set(roots)
-    refs = _references_within(nodes, roots, refs_per_root, target_bits, root_set)
-    # bit i of reads[u]: u's value depends on target i's old value (through nodes nobody computed yet)
-    reads: dict[UOp, int] = dict.fromkeys(nodes, 0)
-    shared = 0
+class OldVersionReaders:
+    """Which BUFFER versions that an assign in roots' graph overwrites a live graph outside this realize (a lazy
+    tensor, a grad, a view, the realized map) may still compute from: those assigns copy on write. Built before the
+    schedule (a node is held outside when it has more references than this graph, the roots list and the roots'
+    tensors, `refs_per_root` per root, account for); asked after planning, when it is known what the schedule computes
+    and keeps, since a reader of a value the schedule keeps no longer needs the old buffer."""
+
+    def __init__(self, roots: list[UOp], refs_per_root: int):
+        nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
+        target_bits = {b: 1 << i for i, b in enumerate(dict.fromkeys(_assign_targets(nodes)))}
+        root_set = set(roots)
+        self.held: set[UOp] = set()
+        if target_bits:
+            reads = _version_reads(nodes, target_bits, root_set, frozenset())
+            refs = _references_within(nodes, roots, refs_per_root, target_bits, root_set, reads)
+            self.held = {u for u in nodes if reads[u] and sys.getrefcount(u) > refs[u] + _OWN_REFS}
+        self.nodes, self.target_bits, self.root_set = nodes, target_bits, root_set
+
+    def shared(self, kept: set[UOp]) -> set[UOp]:
+        """The targets some outside holder still reads, when the schedule keeps the values of `kept`."""
+        if not self.held:
+            return set()
+        reads = _version_reads(self.nodes, self.target_bits, self.root_set, kept)
+        bits = 0
+        for u in self.held:
+            bits |= reads[u]
+        return {b for b, bit in self.target_bits.items() if bits & bit}
+
+
+def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp], kept: set[UOp]) -> dict[UOp, int]:
+    """Bit i of the result for u: u's value depends on target i's old value through nodes nobody has computed."""
+    reads: dict[UOp, int] = {}
     for u in nodes:
         if u.op is Ops.BUFFER:
             bits = target_bits.get(u, 0)
-        elif u.op is Ops.ASSIGN:
-            bits = 0  # computed by this realize: whoever holds it reads the new value
+        elif u.op is Ops.ASSIGN or u in kept:
+            bits = 0  # computed by this realize: whoever holds it reads the stored (new) value
         else:
             bits = 0
             for s in u.src:
                 bits |= reads[s]
-            if bits and u not in root_set and realized_value(u) is not None:
+            if bits and u not in roots and realized_value(u) is not None:
                 bits = 0  # computed already: its readers use the stored value, not the buffer
-        if bits and sys.getrefcount(u) > refs[u] + _OWN_REFS:
-            shared |= bits
         reads[u] = bits
-    return {b for b, bit in target_bits.items() if shared & bit}
+    return reads
 
 
 def _assign_targets(nodes: list[UOp]) -> list[UOp]:
@@ -132,10 +149,11 @@ def _assign_targets(nodes: list[UOp]) -> list[UOp]:
 
 
 def _references_within(
-    nodes: list[UOp], roots: list[UOp], refs_per_root: int, targets: dict, root_set: set
+    nodes: list[UOp], roots: list[UOp], refs_per_root: int, targets: dict, root_set: set, reads: dict
 ) -> dict[UOp, int]:
     """How many references to each node this realize's own graph, roots and bookkeeping hold (the `targets`, `reads`
     and `root_set` containers); a function of its own, so no loop variable outlives it and counts as a holder."""
+    assert len(reads) == len(nodes)  # every node is a key of `reads`: counted by the initial 1 below
     refs = dict.fromkeys(nodes, 1)
     for u in nodes:
         for s in u.src:
@@ -150,9 +168,9 @@ def _references_within(
 class _Planner:
     """Finds realize points, then emits one ScheduleItem per point in dependency order."""
 
-    def __init__(self, roots: list[UOp], devices: list[str], copy_on_write: set[UOp] = frozenset()):
+    def __init__(self, roots: list[UOp], devices: list[str]):
         self.roots = roots
-        self.copy_on_write = copy_on_write  # assign targets (BUFFER versions) that get a fresh buffer
+        self.copy_on_write: set[UOp] = set()  # assign targets (BUFFER versions) that get a fresh buffer
         self.points: dict[UOp, str] = {}  # realize point -> device
         self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
         self.items: list[ScheduleItem] = []
@@ -380,29 +398,33 @@ def _view(buf: UOp, shape: tuple[int, ...]) -> UOp:
 
 
 def create_schedule(
-    roots: list[UOp], devices: list, copy_on_write: set[UOp] = frozenset()
+    roots: list[UOp], devices: list, readers: OldVersionReaders | None = None
 ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
     buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel).
-    An assign into a BUFFER version in `copy_on_write` writes a fresh buffer instead of the old one."""
-    lowered = lower_multi(substitute_realized(roots), devices)
+    An assign into a BUFFER version that `readers` says is still read elsewhere writes a fresh buffer instead."""
+    substituted, memo = substitute_realized(roots)
+    lowered = lower_multi(substituted, devices)
     # a multi-device root is realized shard by shard, each on its own device
     flat = [
         pair for u, d in zip(lowered, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])
     ]
-    planner = _Planner([u for u, _ in flat], [d for _, d in flat], copy_on_write)
+    planner = _Planner([u for u, _ in flat], [d for _, d in flat])
+    root_set = {u for u, _ in flat}
+    kept = {p for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS)}
+    # the caller's nodes whose value a kept point computes (substitution rebuilt the nodes above realized values)
+    kept_originals = {u: p for u, p in memo.items() if p in kept} if all(a is b for a, b in zip(lowered, substituted)) else {}
+    if readers is not None:
+        planner.copy_on_write = readers.shared(set(kept_originals))
     items = planner.plan()
 
     def result(u: UOp) -> UOp:
         return planner.result.get(u, u)
 
     results = [u.replace(src=tuple(result(s) for s in u.src)) if u.op is Ops.MULTI else result(u) for u in lowered]
-    root_set = {u for u, _ in flat}
-    inner = {
-        p: planner.result[p]
-        for p in planner.points
-        if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS) and any(planner.inputs[p])
-    }
+    inner = {p: planner.result[p] for p in kept if any(planner.inputs[p])}
+    # recorded for the caller's own nodes too: its graphs (a grad, a lazy loss) then read the kept values
+    inner.update({u: planner.result[p] for u, p in kept_originals.items() if any(planner.inputs[p])})
     if DEBUG >= 3:
         print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
     return items, results, inner
