@@ -335,8 +335,10 @@ class Tensor(
         if x.dtype != self.dtype:
             raise RuntimeError(f"assign of {x.dtype} into a {self.dtype} tensor; cast it first")
         x = x._broadcast_to(self.shape)
+        if self.uop.op is Ops.ASSIGN:
+            self.realize()  # the pending assign lands in the storage, so this one writes the same storage
         if not is_contiguous_view(self.uop) and not is_realized_multi(self.uop):
-            if self.uop.op is not Ops.ASSIGN and view_base(self.uop).op is Ops.BUFFER:
+            if view_base(self.uop).op is Ops.BUFFER:
                 self[...] = x  # a view of storage: write through it, like setitem
                 return self
             self.replace(self.contiguous().realize())

@@ -67,7 +67,10 @@ def test_assign_without_readers_writes_in_place():
     b.assign(b + 1).realize()
     b += 1
     b.realize()
-    assert _storage(b) is storage and b.tolist() == [3.0, 4.0]
+    b.assign(b * 2)
+    b.assign(b + 1)  # a chain: the first assign lands before the second is built
+    b.realize()
+    assert _storage(b) is storage and b.tolist() == [7.0, 9.0]
 
 
 def test_assign_with_reader_copies_and_frees_old_storage_with_it():
@@ -139,9 +142,20 @@ def test_optimizer_state_reader_keeps_old_value():
     np.testing.assert_allclose(opt.m[0].numpy(), [0.2, 0.4], rtol=1e-6)
 
 
-def _torch_mlp(seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)), gen
+def test_adam_step_without_readers_stays_in_place():
+    rng = np.random.default_rng(3)
+    params = [Tensor(rng.standard_normal(s, dtype=np.float32)).contiguous().realize() for s in ((8, 16), (16,), (16, 4))]
+    x = Tensor(rng.standard_normal((32, 8), dtype=np.float32), requires_grad=False)  # x.grad would read the weights
+    opt = Adam(params, lr=1e-3)
+    storages = [_storage(p) for p in params]
+    for _ in range(3):
+        with Context(TRAINING=1):
+            opt.zero_grad()
+            loss = ((x @ params[0] + params[1]).relu() @ params[2]).square().mean()
+            loss.backward()
+            del loss  # the grads are computed by the step itself, so nothing else reads the old weights
+            opt.step()
+    assert all(_storage(p) is s for p, s in zip(params, storages))
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])

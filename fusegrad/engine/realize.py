@@ -77,7 +77,8 @@ def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReader
     run_schedule(items)
     for r, res in zip(roots, results):
         if r is not res:
-            record_realized(r, res)
+            # a graph holding an assign node means the value it wrote, for as long as that graph lives
+            record_realized(r, res, strong=r.op is Ops.ASSIGN)
     for point, res in inner.items():
         record_realized(point, res, strong=True)
     return results

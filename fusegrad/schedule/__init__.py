@@ -132,14 +132,16 @@ def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp
     for u in nodes:
         if u.op is Ops.BUFFER:
             bits = target_bits.get(u, 0)
-        elif u.op is Ops.ASSIGN or u in kept:
-            bits = 0  # computed by this realize: whoever holds it reads the stored (new) value
+        elif u in kept:
+            bits = 0  # computed by this realize into a buffer of its own: its readers use that
+        elif u not in roots and (value := realized_value(u)) is not None:
+            bits = target_bits.get(base_buffer(value), 0)  # computed already: its readers read the stored value
+        elif u.op is Ops.ASSIGN:
+            bits = 0  # computed by this realize: whoever holds it reads the new value
         else:
             bits = 0
             for s in u.src:
                 bits |= reads[s]
-            if bits and u not in roots and realized_value(u) is not None:
-                bits = 0  # computed already: its readers use the stored value, not the buffer
         reads[u] = bits
     return reads
 
@@ -162,6 +164,9 @@ def _references_within(
         refs[r] += refs_per_root
     for u in (*targets, *root_set):
         refs[u] += 1
+    for u in nodes:  # a value the realized map holds for a node of this graph belongs to this graph
+        if isinstance(value := realized.get(u), UOp) and value in refs:
+            refs[value] += 1
     return refs
 
 
