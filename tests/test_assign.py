@@ -144,7 +144,9 @@ def test_optimizer_state_reader_keeps_old_value():
 
 def test_adam_step_without_readers_stays_in_place():
     rng = np.random.default_rng(3)
-    params = [Tensor(rng.standard_normal(s, dtype=np.float32)).contiguous().realize() for s in ((8, 16), (16,), (16, 4))]
+    params = [
+        Tensor(rng.standard_normal(s, dtype=np.float32)).contiguous().realize() for s in ((8, 16), (16,), (16, 4))
+    ]
     x = Tensor(rng.standard_normal((32, 8), dtype=np.float32), requires_grad=False)  # x.grad would read the weights
     opt = Adam(params, lr=1e-3)
     storages = [_storage(p) for p in params]
@@ -210,8 +212,14 @@ def test_raw_assign_training_loop_keeps_memory_constant():
 
 def test_adam_training_loop_keeps_memory_constant():
     rng = np.random.default_rng(2)
-    layers = [Tensor(rng.standard_normal(s, dtype=np.float32) * 0.3).contiguous().realize() for s in ((10, 16), (16,), (16, 4), (4,))]
-    x, y = Tensor(rng.standard_normal((32, 10), dtype=np.float32)).realize(), Tensor(rng.integers(0, 4, 32).astype(np.int32))
+    layers = [
+        Tensor(rng.standard_normal(s, dtype=np.float32) * 0.3).contiguous().realize()
+        for s in ((10, 16), (16,), (16, 4), (4,))
+    ]
+    x, y = (
+        Tensor(rng.standard_normal((32, 10), dtype=np.float32)).realize(),
+        Tensor(rng.integers(0, 4, 32).astype(np.int32)),
+    )
     opt = Adam(layers, lr=1e-3)
     levels, losses = {}, []
     for step in range(1, 301):

@@ -394,7 +394,8 @@ class _Planner:
             return ret
 
         ast = visit(value)
-        del visit  # the closure refers to itself: left alone, the cycle would keep the graph alive until a gc pass
+        # the closure refers to itself: left alone, that cycle would keep the planner and graph alive until a gc pass
+        visit = None  # type: ignore[assignment]
         return ast
 
 
@@ -418,7 +419,9 @@ def create_schedule(
     root_set = {u for u, _ in flat}
     kept = {p for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS)}
     # the caller's nodes whose value a kept point computes (substitution rebuilt the nodes above realized values)
-    kept_originals = {u: p for u, p in memo.items() if p in kept} if all(a is b for a, b in zip(lowered, substituted)) else {}
+    kept_originals = (
+        {u: p for u, p in memo.items() if p in kept} if all(a is b for a, b in zip(lowered, substituted)) else {}
+    )
     if readers is not None:
         planner.copy_on_write = readers.shared(set(kept_originals))
     items = planner.plan()
