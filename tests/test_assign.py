@@ -129,6 +129,28 @@ def test_lazy_view_and_detach_keep_old_value():
     assert p.tolist() == [[1.0, 3.0], [2.0, 4.0]] and b.tolist() == [[0.0, 0.0], [0.0, 0.0]]
 
 
+def test_realized_view_is_a_copy_of_its_own():
+    b = _realized([1.0, 2.0, 3.0])
+    v = b[1:].realize()
+    b.assign(b * 10).realize()
+    assert v.tolist() == [2.0, 3.0] and b.tolist() == [10.0, 20.0, 30.0]
+
+
+def test_input_grad_read_after_step_uses_the_weights_before_the_step():
+    rng = np.random.default_rng(4)
+    x_np, w_np = rng.standard_normal((4, 3), dtype=np.float32), rng.standard_normal((3, 2), dtype=np.float32)
+    x, w = Tensor(x_np), Tensor(w_np).contiguous().realize()
+    opt = SGD([w], lr=0.5)
+    with Context(TRAINING=1):
+        opt.zero_grad()
+        (x @ w).relu().sum().backward()
+        opt.step()
+    tx, tw = torch.tensor(x_np, requires_grad=True), torch.tensor(w_np, requires_grad=True)
+    (tx @ tw).relu().sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(w.numpy(), (tw - 0.5 * tw.grad).detach().numpy(), rtol=1e-6)
+
+
 def test_optimizer_state_reader_keeps_old_value():
     w = Tensor(np.array([1.0, 2.0], np.float32), requires_grad=True).contiguous().realize()
     opt = Adam([w], lr=0.1)
