@@ -129,9 +129,9 @@ def test_lazy_view_and_detach_keep_old_value():
     assert p.tolist() == [[1.0, 3.0], [2.0, 4.0]] and b.tolist() == [[0.0, 0.0], [0.0, 0.0]]
 
 
-def test_realized_view_is_a_copy_of_its_own():
+def test_view_realized_before_assign_keeps_old_value():
     b = _realized([1.0, 2.0, 3.0])
-    v = b[1:].realize()
+    v = b[1:].realize()  # a view of storage realizes to itself: it reads the old version
     b.assign(b * 10).realize()
     assert v.tolist() == [2.0, 3.0] and b.tolist() == [10.0, 20.0, 30.0]
 
