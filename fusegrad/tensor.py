@@ -26,12 +26,12 @@ from fusegrad.engine.realize import realize_uops
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import all_same, prod
 from fusegrad.runtime.device import Buffer, Device
-from fusegrad.schedule import base_buffer, buffer_of, buffer_uop, is_contiguous_view
+from fusegrad.schedule import OldVersionReaders, base_buffer, buffer_of, buffer_uop, is_contiguous_view
 from fusegrad.schedule.multi import canonical_device, is_realized_multi, multi_axis, shard_uop
 from fusegrad.tensor_ops import bind_tensor_class
 from fusegrad.tensor_ops.creation import CreationMixin
 from fusegrad.tensor_ops.elementwise import ElementwiseMixin
-from fusegrad.tensor_ops.indexing import IndexingMixin
+from fusegrad.tensor_ops.indexing import IndexingMixin, view_base
 from fusegrad.tensor_ops.linalg import LinalgMixin
 from fusegrad.tensor_ops.movement import MovementMixin
 from fusegrad.tensor_ops.nn import NNMixin
@@ -210,6 +210,12 @@ class Tensor(
 
     @staticmethod
     def realize_all(tensors: Sequence[Tensor]) -> None:
+        Tensor._realize(tensors, keep_old_versions=True)
+
+    @staticmethod
+    def _realize(tensors: Sequence[Tensor], keep_old_versions: bool) -> None:
+        """Realize tensors; with keep_old_versions, an assign whose old value a live graph still reads copies on write,
+        without it every assign writes its storage in place (setitem: all views of the storage see the write)."""
         todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
         if not todo:
             return
@@ -217,19 +223,15 @@ class Tensor(
         for key, t in list(_pending_assigns.items()):
             if t.uop.op is not Ops.ASSIGN:
                 del _pending_assigns[key]
-        todo_ids = {id(t) for t in todo}
-        pending = [t for key, t in _pending_assigns.items() if key not in todo_ids]
-        if pending:
-            nodes = set(UOp(Ops.SINK, src=tuple(t.uop for t in todo)).toposort())
-            todo += [t for t in pending if t.uop in nodes]
-        # two tensors holding one graph still get two buffers: an assign into one must not change the other
-        seen: set[UOp] = set()
-        for t in todo:
-            if t.uop in seen:
-                t.uop = t.contiguous().uop
-            seen.add(t.uop)
+        todo += _pending_assigns_reached(todo)
+        _separate_equal_roots(todo)
+        roots = [t.uop for t in todo]
+        # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
+        # version is a live graph outside this realize, so that assign copies on write
+        # with no pending assign the graph holds no assign node worth the walk (one whose tensor is gone aside)
+        readers = OldVersionReaders(roots, 2) if keep_old_versions and _pending_assigns else None
         try:
-            results = realize_uops([t.uop for t in todo], [t.device for t in todo])
+            results = realize_uops(roots, [t.device for t in todo], readers)
         except IndexError:
             # a failed CHECK_OOB index check raises before any assign ran: their targets keep their old values
             for t in todo:
@@ -348,7 +350,12 @@ class Tensor(
         if x.dtype != self.dtype:
             raise RuntimeError(f"assign of {x.dtype} into a {self.dtype} tensor; cast it first")
         x = x._broadcast_to(self.shape)
+        if self.uop.op is Ops.ASSIGN:
+            self.realize()  # the pending assign lands in the storage, so this one writes the same storage
         if not is_contiguous_view(self.uop) and not is_realized_multi(self.uop):
+            if view_base(self.uop).op is Ops.BUFFER:
+                self[...] = x  # a view of storage: write through it, like setitem
+                return self
             self.replace(self.contiguous().realize())
         self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
         _pending_assigns[id(self)] = self
@@ -463,7 +470,8 @@ class Tensor(
         return [Tensor(grads[t.uop], device=t.device) if t.uop in grads else t.zeros_like() for t in targets]
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
-        """Accumulate d self / d t into t.grad for every live float tensor t in self's graph."""
+        """d self / d t into t.grad for every live float tensor t in self's graph; accumulated into an existing
+        t.grad when t.requires_grad is True (set explicitly or by an optimizer), replacing it otherwise."""
         nodes = set(self.uop.toposort())
         targets = [
             t
@@ -478,7 +486,9 @@ class Tensor(
             if t.uop not in grads:
                 continue
             g = Tensor(grads[t.uop], device=t.device)
-            t.grad = g if t.grad is None else (t.grad + g)
+            # only a tensor marked for training accumulates: a lazy sum on an input nobody clears (the batch `x` of a
+            # training loop) would keep every step's graph and buffers alive
+            t.grad = g if t.grad is None or t.requires_grad is not True else (t.grad + g)
         return self
 
     # ------------------------------------------------------------------ training mode [compat]
@@ -499,6 +509,25 @@ _all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 # tensors that were assigned to (by id: Tensor.__eq__ is elementwise); realize_all picks up those still pending
 _pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 _contiguous_ids = itertools.count()
+
+
+def _pending_assigns_reached(todo: list[Tensor]) -> list[Tensor]:
+    """Pending assigns (not in todo) whose node todo's graphs contain."""
+    todo_ids = {id(t) for t in todo}
+    pending = [t for key, t in _pending_assigns.items() if key not in todo_ids]
+    if not pending:
+        return []
+    nodes = set(UOp(Ops.SINK, src=tuple(t.uop for t in todo)).toposort())
+    return [t for t in pending if t.uop in nodes]
+
+
+def _separate_equal_roots(todo: list[Tensor]) -> None:
+    """Two tensors holding one graph still get two buffers: an assign into one must not change the other."""
+    seen: set[UOp] = set()
+    for t in todo:
+        if t.uop in seen:
+            t.uop = t.contiguous().uop
+        seen.add(t.uop)
 
 
 def _scalar(x: Any) -> Scalar:

@@ -424,6 +424,82 @@ def test_setitem_errors():
     np.testing.assert_allclose(pending.numpy()[0], rnd(3, 4)[0] * 2)
 
 
+def test_setitem_through_views_writes_the_storage():
+    a = rnd(3, 4)
+    # numpy as the reference: its flips and negative steps are views like fusegrad's (torch copies or refuses them)
+    cases = [
+        (lambda t: t.permute(1, 0), lambda r: r.transpose(1, 0), (0, 1)),
+        (lambda t: t.detach(), lambda r: r, (0, 2)),
+        (lambda t: t[1:], lambda r: r[1:], (0, 3)),
+        (lambda t: t[:, ::-2], lambda r: r[:, ::-2], (1, 0)),
+        (lambda t: t.reshape(4, 3).T, lambda r: r.reshape(4, 3).T, (2, 1)),
+        (lambda t: t[1:][::-1][0], lambda r: r[1:][::-1][0], 2),
+        (lambda t: t.flip(0), lambda r: np.flip(r, 0), 1),
+    ]
+    for view, np_view, index in cases:
+        t, r = Tensor(a), a.copy()
+        view(t)[index] = Tensor(np.float32(5.0)) if index == 1 else 5.0
+        np_view(r)[index] = 5.0
+        check(t, r)
+    t, r = Tensor(a), torch.tensor(a)
+    t.permute(1, 0)[1:3, 0] = Tensor([7.0, 8.0])  # and against torch where it has the same view
+    r.permute(1, 0)[1:3, 0] = torch.tensor([7.0, 8.0])
+    check(t, r)
+
+
+def test_setitem_is_seen_by_every_view_of_the_storage():
+    a = rnd(5)
+    t, r = Tensor(a), torch.tensor(a)
+    tail, rtail, detached, rdetached = t[2:], r[2:], t.detach(), r.detach()
+    t[3] = -1.0
+    r[3] = -1.0
+    tail[0] = 9.0
+    rtail[0] = 9.0
+    check(t, r)
+    check(tail, rtail)
+    check(detached, rdetached)
+
+
+def test_assign_into_a_view_writes_the_storage():
+    a = rnd(3, 4)
+    t, r = Tensor(a), torch.tensor(a)
+    t[1].assign(Tensor([1.0, 2.0, 3.0, 4.0]))
+    r[1].copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    col, rcol = t[:, 2], r[:, 2]
+    col.assign(col * 10)
+    rcol.copy_(rcol * 10)
+    t.T.assign(t.T.flip(0))  # reads the storage it writes: goes through a temporary
+    r.T.copy_(r.T.flip(0).clone())
+    check(t, r)
+    check(col, rcol)
+
+
+def test_setitem_into_unrealized_view_or_expanded_view_raises():
+    t = Tensor(rnd(3, 4))
+    with pytest.raises(RuntimeError, match="unrealized Ops.ADD"):
+        (t + 1)[1:][0] = 5.0
+    with pytest.raises(RuntimeError, match=r"expanded view \(shape \(1, 4\) expanded to \(3, 4\)\)"):
+        t[0:1].expand(3, 4)[1, 1] = 5.0
+    check(t, rnd(3, 4))  # nothing was written
+
+
+def test_setitem_on_computed_tensor_is_differentiable():
+    a, v = rnd(6), rnd(2, seed=4)
+    x, xv = Tensor(a), Tensor(v)
+    t = x * 2
+    t[1:3] = xv
+    t[[5]] = xv[0:1] * 3
+    (t * Tensor(rnd(6, seed=5))).sum().backward()
+    ra, rv = torch.tensor(a, requires_grad=True), torch.tensor(v, requires_grad=True)
+    rt = ra * 2
+    rt[1:3] = rv
+    rt[[5]] = rv[0:1] * 3
+    (rt * torch.tensor(rnd(6, seed=5))).sum().backward()
+    check(t, rt.detach())
+    check(x.grad, ra.grad)  # zero where the value was overwritten
+    check(xv.grad, rv.grad)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # gather
 

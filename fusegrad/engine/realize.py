@@ -7,7 +7,7 @@ from fusegrad.helpers import DEBUG, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device
-from fusegrad.schedule import ScheduleItem, base_buffer, buffer_of, create_schedule, record_realized
+from fusegrad.schedule import OldVersionReaders, ScheduleItem, base_buffer, buffer_of, create_schedule, record_realized
 from fusegrad.uop.ops import Ops, UOp
 
 
@@ -76,10 +76,12 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         run_item(item)
 
 
-def realize_uops(roots: list[UOp], devices: list[str]) -> list[UOp]:
+def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReaders | None = None) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
     checks = checks_below(roots)
-    items, results, inner = create_schedule([c.extremes for c in checks] + roots, [c.device for c in checks] + devices)
+    items, results, inner = create_schedule(
+        [c.extremes for c in checks] + roots, [c.device for c in checks] + devices, readers
+    )
     if checks:
         # the bound kernels come first in the schedule: run them (and what they need), then check before any other
         check_bufs = [buffer_of[base_buffer(r)] for r in results[: len(checks)]]  # type: ignore[index]
@@ -92,7 +94,8 @@ def realize_uops(roots: list[UOp], devices: list[str]) -> list[UOp]:
     run_schedule(items)
     for r, res in zip(roots, results):
         if r is not res:
-            record_realized(r, res)
+            # a graph holding an assign node means the value it wrote, for as long as that graph lives
+            record_realized(r, res, strong=r.op is Ops.ASSIGN)
     for point, res in inner.items():
         record_realized(point, res, strong=True)
     return results

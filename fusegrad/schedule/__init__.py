@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 import itertools
+import sys
 import weakref
 from dataclasses import dataclass
 from fusegrad.dtype import DType
@@ -76,9 +77,10 @@ def is_contiguous_view(u: UOp) -> bool:
     return u.op is Ops.BUFFER
 
 
-def substitute_realized(roots: list[UOp]) -> list[UOp]:
+def substitute_realized(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
     """Replace every already-realized subgraph below the roots by its buffer view. A root itself is computed again:
-    its tensor gets a buffer of its own, so an assign into it can never change another tensor."""
+    its tensor gets a buffer of its own, so an assign into it can never change another tensor. Also returns the
+    map from each visited node to its replacement."""
     memo: dict[UOp, UOp] = {}
     root_set = set(roots)
     for u in UOp(Ops.SINK, src=tuple(roots)).toposort(gate=lambda x: x in root_set or realized_value(x) is None):
@@ -87,7 +89,85 @@ def substitute_realized(roots: list[UOp]) -> list[UOp]:
         else:
             new_src = tuple(memo[s] for s in u.src)
             memo[u] = u if new_src == u.src else u.replace(src=new_src)
-    return [memo[r] for r in roots]
+    return [memo[r] for r in roots], memo
+
+
+# references OldVersionReaders itself holds on the node it measures: the node list, the count dict's key, the loop
+# variable and getrefcount's argument
+_OWN_REFS = 4
+
+
+class OldVersionReaders:
+    """Which BUFFER versions that an assign in roots' graph overwrites a live graph outside this realize (a lazy
+    tensor, a grad, a view, the realized map) may still compute from: those assigns copy on write. Built before the
+    schedule (a node is held outside when it has more references than this graph, the roots list and the roots'
+    tensors, `refs_per_root` per root, account for); asked after planning, when it is known what the schedule computes
+    and keeps, since a reader of a value the schedule keeps no longer needs the old buffer."""
+
+    def __init__(self, roots: list[UOp], refs_per_root: int):
+        nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
+        target_bits = {b: 1 << i for i, b in enumerate(dict.fromkeys(_assign_targets(nodes)))}
+        root_set = set(roots)
+        self.held: set[UOp] = set()
+        if target_bits:
+            reads = _version_reads(nodes, target_bits, root_set, frozenset())
+            refs = _references_within(nodes, roots, refs_per_root, target_bits, root_set, reads)
+            self.held = {u for u in nodes if reads[u] and sys.getrefcount(u) > refs[u] + _OWN_REFS}
+        self.nodes, self.target_bits, self.root_set = nodes, target_bits, root_set
+
+    def shared(self, kept: set[UOp]) -> set[UOp]:
+        """The targets some outside holder still reads, when the schedule keeps the values of `kept`."""
+        if not self.held:
+            return set()
+        reads = _version_reads(self.nodes, self.target_bits, self.root_set, kept)
+        bits = 0
+        for u in self.held:
+            bits |= reads[u]
+        return {b for b, bit in self.target_bits.items() if bits & bit}
+
+
+def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp], kept: set[UOp]) -> dict[UOp, int]:
+    """Bit i of the result for u: u's value depends on target i's old value through nodes nobody has computed."""
+    reads: dict[UOp, int] = {}
+    for u in nodes:
+        if u.op is Ops.BUFFER:
+            bits = target_bits.get(u, 0)
+        elif u in kept:
+            bits = 0  # computed by this realize into a buffer of its own: its readers use that
+        elif u not in roots and (value := realized_value(u)) is not None:
+            bits = target_bits.get(base_buffer(value), 0)  # computed already: its readers read the stored value
+        elif u.op is Ops.ASSIGN:
+            bits = 0  # computed by this realize: whoever holds it reads the new value
+        else:
+            bits = 0
+            for s in u.src:
+                bits |= reads[s]
+        reads[u] = bits
+    return reads
+
+
+def _assign_targets(nodes: list[UOp]) -> list[UOp]:
+    return [b for u in nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None]
+
+
+def _references_within(
+    nodes: list[UOp], roots: list[UOp], refs_per_root: int, targets: dict, root_set: set, reads: dict
+) -> dict[UOp, int]:
+    """How many references to each node this realize's own graph, roots and bookkeeping hold (the `targets`, `reads`
+    and `root_set` containers); a function of its own, so no loop variable outlives it and counts as a holder."""
+    assert len(reads) == len(nodes)  # every node is a key of `reads`: counted by the initial 1 below
+    refs = dict.fromkeys(nodes, 1)
+    for u in nodes:
+        for s in u.src:
+            refs[s] += 1
+    for r in roots:
+        refs[r] += refs_per_root
+    for u in (*targets, *root_set):
+        refs[u] += 1
+    for u in nodes:  # a value the realized map holds for a node of this graph belongs to this graph
+        if isinstance(value := realized.get(u), UOp) and value in refs:
+            refs[value] += 1
+    return refs
 
 
 class _Planner:
@@ -95,6 +175,7 @@ class _Planner:
 
     def __init__(self, roots: list[UOp], devices: list[str]):
         self.roots = roots
+        self.copy_on_write: set[UOp] = set()  # assign targets (BUFFER versions) that get a fresh buffer
         self.points: dict[UOp, str] = {}  # realize point -> device
         self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
         self.items: list[ScheduleItem] = []
@@ -246,7 +327,7 @@ class _Planner:
         # write-after-read: a kernel reading a buffer that an assign overwrites must run before that assign
         after: dict[UOp, set[UOp]] = {p: set(inputs[p][0]) for p in order}
         for a in order:
-            if a.op is not Ops.ASSIGN:
+            if a.op is not Ops.ASSIGN or base_buffer(a.src[0]) in self.copy_on_write:
                 continue
             target = buffer_of[base_buffer(a.src[0])]  # type: ignore[index]
             after[a] |= {p for p in order if p is not a and target in inputs[p][1]}
@@ -271,8 +352,11 @@ class _Planner:
             self.result[point] = _view(out, point.shape)
             return
         if point.op is Ops.ASSIGN:
-            target_buf = buffer_of[base_buffer(point.src[0])]  # type: ignore[index]
-            out, value = buffer_uop(target_buf), point.src[1]
+            target = base_buffer(point.src[0])
+            target_buf = buffer_of[target]  # type: ignore[index]
+            # copy on write: the old version keeps its storage for the live graphs that still read it
+            out = new_buffer(device, target_buf.size, target_buf.dtype) if target in self.copy_on_write else None
+            out, value = out or buffer_uop(target_buf), point.src[1]
         else:
             out, value = (
                 new_buffer(device, point.size, point.dtype),
@@ -309,34 +393,46 @@ class _Planner:
             memo[u] = ret
             return ret
 
-        return visit(value)
+        ast = visit(value)
+        # the closure refers to itself: left alone, that cycle would keep the planner and graph alive until a gc pass
+        visit = None  # type: ignore[assignment]
+        return ast
 
 
 def _view(buf: UOp, shape: tuple[int, ...]) -> UOp:
     return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
 
 
-def create_schedule(roots: list[UOp], devices: list) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+def create_schedule(
+    roots: list[UOp], devices: list, readers: OldVersionReaders | None = None
+) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
-    buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel)."""
-    lowered = lower_multi(substitute_realized(roots), devices)
+    buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel).
+    An assign into a BUFFER version that `readers` says is still read elsewhere writes a fresh buffer instead."""
+    substituted, memo = substitute_realized(roots)
+    lowered = lower_multi(substituted, devices)
     # a multi-device root is realized shard by shard, each on its own device
     flat = [
         pair for u, d in zip(lowered, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])
     ]
     planner = _Planner([u for u, _ in flat], [d for _, d in flat])
+    root_set = {u for u, _ in flat}
+    kept = {p for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS)}
+    # the caller's nodes whose value a kept point computes (substitution rebuilt the nodes above realized values)
+    kept_originals = (
+        {u: p for u, p in memo.items() if p in kept} if all(a is b for a, b in zip(lowered, substituted)) else {}
+    )
+    if readers is not None:
+        planner.copy_on_write = readers.shared(set(kept_originals))
     items = planner.plan()
 
     def result(u: UOp) -> UOp:
         return planner.result.get(u, u)
 
     results = [u.replace(src=tuple(result(s) for s in u.src)) if u.op is Ops.MULTI else result(u) for u in lowered]
-    root_set = {u for u, _ in flat}
-    inner = {
-        p: planner.result[p]
-        for p in planner.points
-        if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS) and any(planner.inputs[p])
-    }
+    inner = {p: planner.result[p] for p in kept if any(planner.inputs[p])}
+    # recorded for the caller's own nodes too: its graphs (a grad, a lazy loss) then read the kept values
+    inner.update({u: planner.result[p] for u, p in kept_originals.items() if any(planner.inputs[p])})
     if DEBUG >= 3:
         print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
     return items, results, inner

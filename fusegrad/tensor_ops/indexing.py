@@ -127,6 +127,51 @@ def _selected(flags: Tensor, size: int | None) -> tuple[Tensor, Tensor]:
     return hit, hit.any(1)
 
 
+# ops that only change how a tensor reads the node below it: writing through them writes that node's storage
+_VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.DETACH)
+
+
+def _view_chain(u: UOp) -> tuple[UOp, list[UOp]]:
+    """The node under u's chain of view ops, and that chain from u downwards."""
+    views = []
+    while u.op in _VIEW_OPS:
+        views.append(u)
+        u = u.src[0]
+    return u, views
+
+
+def view_base(u: UOp) -> UOp:
+    """The node a tensor views: what writing through its view ops would write."""
+    return _view_chain(u)[0]
+
+
+def _reject_aliased_writes(views: list[UOp]) -> None:
+    for u in views:
+        if u.op is Ops.EXPAND:
+            raise RuntimeError(
+                f"setitem through an expanded view (shape {u.src[0].shape} expanded to {u.shape}): several of its "
+                "elements are one element of storage, so the result would depend on write order; write a copy"
+            )
+
+
+def _unview(x: UOp, views: list[UOp]) -> UOp:
+    """Carry x, shaped like the top of `views`, back to the shape of the node under them (positions no view element
+    reads become 0 / False)."""
+    for u in views:
+        shape = u.src[0].shape
+        if u.op is Ops.RESHAPE:
+            x = UOp(Ops.RESHAPE, x.dtype, (x,), shape)
+        elif u.op is Ops.PERMUTE:
+            x = UOp(Ops.PERMUTE, x.dtype, (x,), tuple(_inverse(u.arg)))
+        elif u.op is Ops.FLIP:
+            x = UOp(Ops.FLIP, x.dtype, (x,), u.arg)
+        elif u.op is Ops.SHRINK:
+            x = UOp(Ops.PAD, x.dtype, (x,), tuple((b, s - e) for (b, e), s in zip(u.arg, shape)))
+        elif u.op is Ops.PAD:
+            x = UOp(Ops.SHRINK, x.dtype, (x,), tuple((b, b + s) for (b, _), s in zip(u.arg, shape)))
+    return x
+
+
 class IndexingMixin:
     # ------------------------------------------------------------------ __getitem__ / __setitem__
     def _index_entry(self, i: Any) -> Any:
@@ -266,7 +311,6 @@ class IndexingMixin:
             v = v.to(self.device)
         else:
             v = Tensor(v, device=self.device, dtype=self.dtype)
-        self._check_no_lazy_readers({id(v)} | {id(i) for i in plan.adv_index})
         region = self._region_shape(plan)
         if v.ndim > len(region):
             lead = v.shape[: v.ndim - len(region)]
@@ -274,6 +318,19 @@ class IndexingMixin:
                 raise ValueError(f"cannot broadcast value of shape {v.shape} to indexed region {region}")
             v = v.reshape(v.shape[len(lead) :])
         v = v._broadcast_to(region)
+        if self.uop.op is Ops.ASSIGN:
+            self.realize()  # a pending assign lands first, so the write goes to the storage it wrote
+        base, views = _view_chain(self.uop)
+        multi = isinstance(self.device, tuple)
+        if not multi and base.op is not Ops.BUFFER and views and base.op not in (Ops.CONST, Ops.ARANGE):
+            raise RuntimeError(
+                f"setitem into a view ({views[0].op}) of an unrealized {base.op} node would change no tensor; "
+                "realize what it views first, or write into a .contiguous() copy"
+            )
+        if base.op is Ops.BUFFER:
+            # every tensor that views this storage sees the write; one that lazily computes from it would not
+            self._check_no_lazy_readers({id(v)} | {id(i) for i in plan.adv_index})
+            _reject_aliased_writes(views)
         if plan.adv_dims:
             value, written = v._put(plan)
         else:
@@ -283,7 +340,18 @@ class IndexingMixin:
         for d, (start, count, step) in enumerate(plan.windows):
             value = value._unslice_dim(d, start, count, step, self.shape[d])
             written = written._unslice_dim(d, start, count, step, self.shape[d])
-        self.assign(written.where(value, self)).realize()
+        if multi:
+            self.assign(written.where(value, self)).realize()
+            return
+        if base.op is not Ops.BUFFER:
+            # no storage to share: the tensor takes the new value as a graph, so gradients reach v and the rest of self
+            self.uop = written.where(value, self).uop
+            return
+        target = Tensor(base, device=self.device)
+        new_base = Tensor(_unview(written.uop, views), device=self.device).where(
+            Tensor(_unview(value.uop, views), device=self.device), target
+        )
+        Tensor._realize([target.assign(new_base)], keep_old_versions=False)
 
     def __delitem__(self, indices: Any) -> None:
         raise TypeError("Tensor does not support item deletion (del t[idx])")
@@ -323,15 +391,15 @@ class IndexingMixin:
         """An in-place write must not change what an unrealized tensor (other than those it consumes) will compute."""
         from fusegrad.tensor import _all_tensors
 
-        buf = base_buffer(self.uop)
-        if buf is None or not is_contiguous_view(self.uop):
+        buf = view_base(self.uop)
+        if buf.op is not Ops.BUFFER:
             return  # self gets a fresh buffer: no one else reads it
         readers = [
             t
             for t in list(_all_tensors)
             if t is not self
             and id(t) not in consumed
-            and base_buffer(t.uop) is None
+            and view_base(t.uop) is not buf
             and any(u is buf for u in t.uop.toposort())
         ]
         if readers:
