@@ -20,7 +20,7 @@ from fusegrad.dtype import (
     to_numpy_dtype,
     truncate,
 )
-from fusegrad.engine.realize import realize_uops
+from fusegrad.engine.realize import realize_lock, realize_uops
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import all_same, prod
 from fusegrad.runtime.device import Buffer, Device
@@ -205,6 +205,11 @@ class Tensor(
 
     @staticmethod
     def realize_all(tensors: Sequence[Tensor]) -> None:
+        with realize_lock:  # the pending-assign bookkeeping below is shared by all threads
+            Tensor._realize_all(tensors)
+
+    @staticmethod
+    def _realize_all(tensors: Sequence[Tensor]) -> None:
         todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
         if not todo:
             return

@@ -1,7 +1,9 @@
 """Runs a schedule: compiles each kernel once (cached by its AST), launches it, and keeps the counters."""
 
 from __future__ import annotations
+import threading
 import time
+from collections import OrderedDict
 from typing import Any
 from fusegrad.helpers import DEBUG, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
@@ -20,17 +22,27 @@ class Runner:
         self.program(buffers)
 
 
-_runners: dict[tuple[str, UOp], Runner] = {}
+# loaded programs, least recently used first; equal kernels with other constants share one (the scheduler lifts
+# constants into a parameter buffer), so the bound is only reached by that many genuinely different kernels
+_runners: OrderedDict[tuple[str, UOp], Runner] = OrderedDict()
+MAX_LOADED_PROGRAMS = 1024
+# scheduling and running mutate shared state (buffer maps, realized values, counters): one realize at a time
+realize_lock = threading.RLock()
 
 
 def get_runner(device: str, ast: UOp) -> Runner:
     key = (device, ast)
-    if (r := _runners.get(key)) is None:
-        dev = Device[device]
-        if DEBUG >= 3:
-            print(ast)
-        info = lower_to_linear(ast)
-        r = _runners[key] = Runner(info, dev.build(info), device)
+    if (r := _runners.get(key)) is not None:
+        _runners.move_to_end(key)
+        return r
+    dev = Device[device]
+    if DEBUG >= 3:
+        print(ast)
+    info = lower_to_linear(ast)
+    r = _runners[key] = Runner(info, dev.build(info), device)
+    GlobalCounters.compile_count += 1
+    while len(_runners) > MAX_LOADED_PROGRAMS:
+        _runners.popitem(last=False)
     return r
 
 
@@ -73,14 +85,15 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 def realize_uops(roots: list[UOp], devices: list[str]) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
-    items, results, inner = create_schedule(roots, devices)
-    run_schedule(items)
-    for r, res in zip(roots, results):
-        if r is not res:
-            record_realized(r, res)
-    for point, res in inner.items():
-        record_realized(point, res, strong=True)
+    with realize_lock:
+        items, results, inner = create_schedule(roots, devices)
+        run_schedule(items)
+        for r, res in zip(roots, results):
+            if r is not res:
+                record_realized(r, res)
+        for point, res in inner.items():
+            record_realized(point, res, strong=True)
     return results
 
 
-__all__ = ["realize_uops", "run_schedule", "get_runner", "buffer_of"]
+__all__ = ["realize_uops", "run_schedule", "get_runner", "buffer_of", "realize_lock"]
