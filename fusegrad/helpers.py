@@ -135,7 +135,9 @@ class Context(contextlib.ContextDecorator):
         return Context(**self.kwargs)
 
     def __enter__(self):
-        self.tokens = [(var, var._override.set(v)) for var, v in ((ContextVar.registry[k], v) for k, v in self.kwargs.items())]
+        self.tokens = [
+            (ContextVar.registry[k], ContextVar.registry[k]._override.set(v)) for k, v in self.kwargs.items()
+        ]
         return self
 
     def __exit__(self, *exc: Any) -> None:

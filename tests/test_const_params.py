@@ -65,8 +65,9 @@ def test_reduce_and_padded_kernels_with_constants():
     a_np = np.random.default_rng(1).standard_normal((6, 7)).astype(np.float32)
     a = Tensor(a_np)
     outs = []
-    n = compiles_during(lambda: outs.extend(((a * s).pad(((1, 1), (0, 2)), value=s).sum(axis=1) * s).numpy()
-                                            for s in (0.25, 0.5, 1.75)))
+    n = compiles_during(
+        lambda: outs.extend(((a * s).pad(((1, 1), (0, 2)), value=s).sum(axis=1) * s).numpy() for s in (0.25, 0.5, 1.75))
+    )
     assert n <= 2  # the padded value is one more constant: at most one kernel per structure, not one per scalar
     for s, got in zip((0.25, 0.5, 1.75), outs):
         ta = torch.nn.functional.pad(torch.from_numpy(a_np) * s, (0, 2, 1, 1), value=s)

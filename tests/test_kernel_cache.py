@@ -1,5 +1,5 @@
-"""The CPU kernel cache repairs itself (bad binaries are rebuilt, never loaded), falls back from an unwritable directory,
-and a compiler that hangs or writes nothing gives a clear error instead of a hang or a broken cache."""
+"""The CPU kernel cache repairs itself (bad binaries are rebuilt, never loaded) and falls back from an unwritable
+directory; a compiler that hangs or writes nothing gives a clear error instead of a hang or a broken cache."""
 
 import os
 import stat
