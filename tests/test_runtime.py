@@ -1,6 +1,7 @@
 """Devices, compiler detection and caching, the engine's counters and debug output, buffer lifetime."""
 
 import gc
+from collections import OrderedDict
 import os
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def test_failed_realize_leaves_other_tensors_valid(monkeypatch):
     monkeypatch.setattr(ClangCompiler, "compile", broken_compile)
     from fusegrad.engine import realize as engine
 
-    monkeypatch.setattr(engine, "_runners", {})
+    monkeypatch.setattr(engine, "_runners", OrderedDict())
     with pytest.raises(CompileError):
         bad.realize()
     monkeypatch.undo()
