@@ -142,6 +142,12 @@ def test_compile_timeout_names_compiler_and_kernel_and_kills_it(cache_home, tmp_
     np.testing.assert_array_equal((x - 2).numpy(), np.arange(11, dtype=np.float32) - 2)
 
 
+def test_zero_compile_timeout_means_no_limit(cache_home, tmp_path):
+    cc = fake_compiler(tmp_path, 'sleep 1; exec cc "$@"')
+    with Context(CC=cc, COMPILE_TIMEOUT=0):
+        assert ClangCompiler().load(SRC, "answer").answer() == 42
+
+
 def test_bad_compile_timeout_is_named():
     out = subprocess.run(
         [sys.executable, "-c", "import fusegrad"],

@@ -55,7 +55,7 @@ def _locate_compiler(requested: str) -> str:
 
 
 def run_compiler(argv: list[str], stdin: str, what: str) -> subprocess.CompletedProcess:
-    """Run the compiler in its own process group; past COMPILE_TIMEOUT seconds the whole group is killed."""
+    """Run the compiler in its own process group; past COMPILE_TIMEOUT seconds (0: no limit) the group is killed."""
     timeout = float(COMPILE_TIMEOUT.value)
     proc = subprocess.Popen(
         argv,
@@ -63,18 +63,28 @@ def run_compiler(argv: list[str], stdin: str, what: str) -> subprocess.Completed
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # a compiler driver's children (cc1, as, ld) die with it
+        start_new_session=True,  # a compiler driver's children (cc1, as, ld) are killed with it
     )
     try:
-        out, err = proc.communicate(stdin, timeout=timeout)
+        out, err = proc.communicate(stdin, timeout=timeout if timeout > 0 else None)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        _kill_group(proc)
         raise CompileError(
             f"C compiler {argv[0]} did not finish {what} within {timeout:g} s (COMPILE_TIMEOUT={timeout:g}); "
             "raise COMPILE_TIMEOUT or set CC to another compiler"
         ) from None
+    except BaseException:
+        _kill_group(proc)  # Ctrl-C: in its own session the compiler does not get the terminal's SIGINT
+        raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it finished meanwhile
+    proc.communicate()
 
 
 @functools.cache
@@ -131,7 +141,7 @@ class KernelCache:
             if self.fallback is None:
                 self.fallback = tempfile.mkdtemp(prefix="fusegrad-kernels-")
                 warnings.warn(
-                    f"kernel cache {os.path.join(cache_dir(), 'cpu')} is not writable ({e.strerror}); "
+                    f"kernel cache {os.path.join(cache_dir(), 'cpu')} is not writable ({e.strerror or e}); "
                     f"compiled kernels go to {self.fallback} for this process",
                     stacklevel=2,
                 )
