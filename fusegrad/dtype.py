@@ -178,8 +178,8 @@ dtypes = _DefaultDTypes("dtypes", (dtypes,), {})  # type: ignore[misc]
 _NAME_TO_DTYPE: dict[str, DType] = {k: v for k, v in vars(dtypes.__mro__[1]).items() if isinstance(v, DType)}
 
 
-def _default(name: str, var: str, kind: str) -> DType:
-    dt = _NAME_TO_DTYPE.get(str(name).lower())
+def _default(name: str | DType, var: str, kind: str) -> DType:
+    dt = name if isinstance(name, DType) else _NAME_TO_DTYPE.get(str(name).lower())
     if dt is None or (dt.kind != kind):
         raise ValueError(f"{var}={name!r} is not a valid {kind} dtype name")
     return dt

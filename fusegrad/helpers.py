@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 import contextlib
+import contextvars
 import functools
 import math
 import os
@@ -55,14 +56,41 @@ def getenv(key: str, default: Any = 0) -> Any:
         raise ValueError(f"environment variable {key}={raw!r} is not a valid {type(default).__name__}") from None
 
 
+_UNSET: Any = object()
+
+
 class ContextVar:
-    """A configuration value read from the environment at import, overridable with Context(NAME=value)."""
+    """A configuration value: a process default read from the environment at import, overridden per thread (and per
+    asyncio task) by `with Context(NAME=value)`, so one thread's override never changes another thread's value."""
 
     registry: dict[str, ContextVar] = {}
 
     def __init__(self, key: str, default: Any):
-        self.key, self.value = key, getenv(key, default)
+        self.key, self.default = key, getenv(key, default)
+        self._override: contextvars.ContextVar[Any] = contextvars.ContextVar(f"fusegrad.{key}", default=_UNSET)
         ContextVar.registry[key] = self
+
+    @property
+    def value(self) -> Any:
+        v = self._override.get()
+        return self.default if v is _UNSET else v
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        # inside a Context block the assignment lasts until the block ends; outside it sets the process default
+        if self._override.get() is _UNSET:
+            self.default = v
+        else:
+            self._override.set(v)
+
+    def coerce(self, v: Any) -> Any:
+        """A value given to Context, converted like the environment's string would be; a bad one names the variable."""
+        if isinstance(self.default, int) and isinstance(v, (bool, str)):
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError(f"context variable {self.key}={v!r} is not a valid int") from None
+        return v
 
     def __bool__(self) -> bool:
         return bool(self.value)
@@ -93,38 +121,72 @@ class ContextVar:
 
 
 class Context(contextlib.ContextDecorator):
-    """Temporarily override ContextVars: `with Context(DEBUG=2): ...` or as a decorator."""
+    """Temporarily override ContextVars in the current thread: `with Context(DEBUG=2): ...` or as a decorator."""
 
     def __init__(self, **kwargs: Any):
         unknown = [k for k in kwargs if k not in ContextVar.registry]
         if unknown:
             raise KeyError(f"unknown context variable(s) {unknown}; known: {sorted(ContextVar.registry)}")
-        self.kwargs = kwargs
+        self.kwargs = {k: ContextVar.registry[k].coerce(v) for k, v in kwargs.items()}
+        self.tokens: list[tuple[ContextVar, contextvars.Token]] = []
+
+    def _recreate_cm(self) -> Context:
+        # as a decorator every call gets its own tokens: recursive or concurrent calls do not share them
+        return Context(**self.kwargs)
 
     def __enter__(self):
-        self.old = {k: ContextVar.registry[k].value for k in self.kwargs}
-        for k, v in self.kwargs.items():
-            ContextVar.registry[k].value = v
+        self.tokens = [
+            (ContextVar.registry[k], ContextVar.registry[k]._override.set(v)) for k, v in self.kwargs.items()
+        ]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for k, v in self.old.items():
-            ContextVar.registry[k].value = v
+        for var, token in reversed(self.tokens):
+            var._override.reset(token)
+        self.tokens = []
 
 
 DEBUG = ContextVar("DEBUG", 0)
 DEV = ContextVar("DEV", "")
 TRAINING = ContextVar("TRAINING", 0)
-DEFAULT_FLOAT = ContextVar("DEFAULT_FLOAT", "float32")
+DEFAULT_FLOAT = ContextVar("DEFAULT_FLOAT", "float32")  # a dtype name, or a DType given to Context
 DEFAULT_INT = ContextVar("DEFAULT_INT", "int32")
 SUM_DTYPE = ContextVar("SUM_DTYPE", "")  # minimum float accumulation dtype of sum ("" = the input dtype)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
+CCACHE = ContextVar("CCACHE", 1)
+COMPILE_TIMEOUT = ContextVar("COMPILE_TIMEOUT", 120.0)  # seconds one compiler run may take
 NUM_CPU_THREADS = ContextVar("NUM_CPU_THREADS", min(os.cpu_count() or 1, 8))
 CC = ContextVar("CC", "")
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0)
 CONST_LR = ContextVar("CONST_LR", 0)
 OPTIM_DTYPE = ContextVar("OPTIM_DTYPE", "float32")
 CHECK_OOB = ContextVar("CHECK_OOB", 0)
+# API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
+BEAM = ContextVar("BEAM", 0)
+JITBEAM = ContextVar("JITBEAM", 0)
+NOOPT = ContextVar("NOOPT", 0)
+JIT = ContextVar("JIT", 1)
+JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)
+IMAGE = ContextVar("IMAGE", 0)
+FLOAT16 = ContextVar("FLOAT16", 0)
+WINO = ContextVar("WINO", 0)
+TC = ContextVar("TC", 1)
+ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
+EMULATED_DTYPES = ContextVar("EMULATED_DTYPES", "")
+TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
+CACHEDB = ContextVar("CACHEDB", "")
+IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)
+VIZ = ContextVar("VIZ", 0)
+PROFILE = ContextVar("PROFILE", 0)
+VALIDATE_WITH_CPU = ContextVar("VALIDATE_WITH_CPU", 0)
+PARALLEL = ContextVar("PARALLEL", 0)
+MAX_BUFFER_SIZE = ContextVar("MAX_BUFFER_SIZE", 0)
+NO_MEMORY_PLANNER = ContextVar("NO_MEMORY_PLANNER", 0)
+USE_ATOMICS = ContextVar("USE_ATOMICS", 0)
+TRACEMETA = ContextVar("TRACEMETA", 0)
+CUDA_PATH = ContextVar("CUDA_PATH", "")
+WEBGPU_BACKEND = ContextVar("WEBGPU_BACKEND", "")
+HCQ_VISIBLE_DEVICES = ContextVar("HCQ_VISIBLE_DEVICES", "")
 
 
 def cache_dir() -> str:
@@ -266,17 +328,14 @@ class GlobalCounters:
     global_mem: int = 0
     time_sum_s: float = 0.0
     kernel_count: int = 0
+    compile_count: int = 0  # kernels lowered and built into a loaded program (from the disk cache or the compiler)
     mem_used: int = 0
     mem_used_per_device: dict[str, int] = {}
 
     @staticmethod
     def reset() -> None:
-        GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s, GlobalCounters.kernel_count = (
-            0,
-            0,
-            0.0,
-            0,
-        )
+        GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s = 0, 0, 0.0
+        GlobalCounters.kernel_count, GlobalCounters.compile_count = 0, 0
 
 
 class Timing(contextlib.ContextDecorator):

@@ -22,7 +22,7 @@ from fusegrad.dtype import (
     to_numpy_dtype,
     truncate,
 )
-from fusegrad.engine.realize import realize_uops
+from fusegrad.engine.realize import realize_lock, realize_uops
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import all_same, prod
 from fusegrad.runtime.device import Buffer, Device
@@ -216,6 +216,11 @@ class Tensor(
     def _realize(tensors: Sequence[Tensor], keep_old_versions: bool) -> None:
         """Realize tensors; with keep_old_versions, an assign whose old value a live graph still reads copies on write,
         without it every assign writes its storage in place (setitem: all views of the storage see the write)."""
+        with realize_lock:  # the pending-assign bookkeeping is shared by all threads
+            Tensor._realize_locked(tensors, keep_old_versions)
+
+    @staticmethod
+    def _realize_locked(tensors: Sequence[Tensor], keep_old_versions: bool) -> None:
         todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
         if not todo:
             return

@@ -1,6 +1,7 @@
 """Devices, compiler detection and caching, the engine's counters and debug output, buffer lifetime."""
 
 import gc
+from collections import OrderedDict
 import os
 import subprocess
 import sys
@@ -39,12 +40,12 @@ def test_bad_env_value_is_named():
 
 def test_missing_compiler_says_what_was_tried(monkeypatch):
     monkeypatch.setattr(ops_cpu.shutil, "which", lambda name: None)
-    ops_cpu.find_compiler.cache_clear()
+    ops_cpu._locate_compiler.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="tried cc, clang, gcc"):
             ops_cpu.find_compiler()
     finally:
-        ops_cpu.find_compiler.cache_clear()
+        ops_cpu._locate_compiler.cache_clear()
 
 
 def test_compile_error_shows_message_and_source():
@@ -56,8 +57,8 @@ def test_compile_error_shows_message_and_source():
 def test_second_process_compiles_nothing(tmp_path):
     code = (
         "import numpy as np; from fusegrad import Tensor; from fusegrad.runtime import ops_cpu;"
-        "calls = []; real = ops_cpu.subprocess.run;"
-        "ops_cpu.subprocess.run = lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1];"
+        "calls = []; real = ops_cpu.run_compiler;"
+        "ops_cpu.run_compiler = lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1];"
         "(Tensor(np.ones(5, np.float32)) * 7 + 1).sum().numpy(); print(sum(1 for c in calls if '-shared' in c))"
     )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
@@ -104,13 +105,13 @@ def test_failed_realize_leaves_other_tensors_valid(monkeypatch):
     good = Tensor(np.arange(4, dtype=np.float32)) + 1
     bad = Tensor(np.arange(4, dtype=np.float32)).exp()
 
-    def broken_compile(self, src):
+    def broken_compile(self, src, name):
         raise CompileError("simulated compiler failure")
 
     monkeypatch.setattr(ClangCompiler, "compile", broken_compile)
     from fusegrad.engine import realize as engine
 
-    monkeypatch.setattr(engine, "_runners", {})
+    monkeypatch.setattr(engine, "_runners", OrderedDict())
     with pytest.raises(CompileError):
         bad.realize()
     monkeypatch.undo()

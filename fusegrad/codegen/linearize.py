@@ -30,9 +30,9 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
             deps[u] = frozenset().union(*(deps[s] for s in u.src))
     params = sorted({u for u in nodes if u.op is Ops.DEFINE_GLOBAL} | set(params or ()), key=lambda u: u.arg[0])
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
-    lin: list[UOp] = list(params) + list(global_ranges)
+    lin: list[UOp] = list(params)
     done: set[UOp] = set(lin)
-    open_ranges: set[UOp] = set(global_ranges)
+    open_ranges: set[UOp] = set()
 
     # accumulators over the same loops (unrolled copies of one reduce) share one loop nest
     groups: dict[tuple[UOp, ...], list[UOp]] = {}
@@ -73,6 +73,14 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
             lin.append(u)
         done.add(u)
 
+    # a load no loop changes (a scalar parameter or constant) is read once, before the loops: the C compiler cannot
+    # hoist it itself, as the output pointer might alias it
+    for u in nodes:
+        if u.op is Ops.LOAD and not deps[u]:
+            emit(u)
+    lin.extend(global_ranges)
+    done.update(global_ranges)
+    open_ranges.update(global_ranges)
     emit(kernel)
     lin.extend(UOp(Ops.ENDRANGE, src=(r,)) for r in reversed(global_ranges))
     return lin

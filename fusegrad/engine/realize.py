@@ -1,7 +1,9 @@
 """Runs a schedule: compiles each kernel once (cached by its AST), launches it, and keeps the counters."""
 
 from __future__ import annotations
+import threading
 import time
+from collections import OrderedDict
 from typing import Any
 from fusegrad.helpers import DEBUG, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
@@ -21,17 +23,27 @@ class Runner:
         self.program(buffers)
 
 
-_runners: dict[tuple[str, UOp], Runner] = {}
+# loaded programs, least recently used first; equal kernels with other constants share one (the scheduler lifts
+# constants into a parameter buffer), so the bound is only reached by that many genuinely different kernels
+_runners: OrderedDict[tuple[str, UOp], Runner] = OrderedDict()
+MAX_LOADED_PROGRAMS = 1024
+# scheduling and running mutate shared state (buffer maps, realized values, counters): one realize at a time
+realize_lock = threading.RLock()
 
 
 def get_runner(device: str, ast: UOp) -> Runner:
     key = (device, ast)
-    if (r := _runners.get(key)) is None:
-        dev = Device[device]
-        if DEBUG >= 3:
-            print(ast)
-        info = lower_to_linear(ast)
-        r = _runners[key] = Runner(info, dev.build(info), device)
+    if (r := _runners.get(key)) is not None:
+        _runners.move_to_end(key)
+        return r
+    dev = Device[device]
+    if DEBUG >= 3:
+        print(ast)
+    info = lower_to_linear(ast)
+    r = _runners[key] = Runner(info, dev.build(info), device)
+    GlobalCounters.compile_count += 1
+    while len(_runners) > MAX_LOADED_PROGRAMS:
+        _runners.popitem(last=False)
     return r
 
 
@@ -78,27 +90,28 @@ def run_schedule(items: list[ScheduleItem]) -> None:
 
 def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReaders | None = None) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
-    checks = checks_below(roots)
-    items, results, inner = create_schedule(
-        [c.extremes for c in checks] + roots, [c.device for c in checks] + devices, readers
-    )
-    if checks:
-        # the bound kernels come first in the schedule: run them (and what they need), then check before any other
-        check_bufs = [buffer_of[base_buffer(r)] for r in results[: len(checks)]]  # type: ignore[index]
-        split = 1 + max(i for i, item in enumerate(items) if item.buffers[0] in check_bufs)
-        compile_schedule(items)
-        run_schedule(items[:split])
-        for check, buf in zip(checks, check_bufs):
-            check.raise_if_violated(buf.host_view())
-        items, results = items[split:], results[len(checks) :]
-    run_schedule(items)
-    for r, res in zip(roots, results):
-        if r is not res:
-            # a graph holding an assign node means the value it wrote, for as long as that graph lives
-            record_realized(r, res, strong=r.op is Ops.ASSIGN)
-    for point, res in inner.items():
-        record_realized(point, res, strong=True)
+    with realize_lock:
+        checks = checks_below(roots)
+        items, results, inner = create_schedule(
+            [c.extremes for c in checks] + roots, [c.device for c in checks] + devices, readers
+        )
+        if checks:
+            # the bound kernels come first in the schedule: run them (and what they need), then check before any other
+            check_bufs = [buffer_of[base_buffer(r)] for r in results[: len(checks)]]  # type: ignore[index]
+            split = 1 + max(i for i, item in enumerate(items) if item.buffers[0] in check_bufs)
+            compile_schedule(items)
+            run_schedule(items[:split])
+            for check, buf in zip(checks, check_bufs):
+                check.raise_if_violated(buf.host_view())
+            items, results = items[split:], results[len(checks) :]
+        run_schedule(items)
+        for r, res in zip(roots, results):
+            if r is not res:
+                # a graph holding an assign node means the value it wrote, for as long as that graph lives
+                record_realized(r, res, strong=r.op is Ops.ASSIGN)
+        for point, res in inner.items():
+            record_realized(point, res, strong=True)
     return results
 
 
-__all__ = ["realize_uops", "run_schedule", "get_runner", "buffer_of"]
+__all__ = ["realize_uops", "run_schedule", "get_runner", "buffer_of", "realize_lock"]

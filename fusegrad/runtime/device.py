@@ -3,6 +3,7 @@
 from __future__ import annotations
 import functools
 import importlib
+import threading
 import weakref
 from typing import Any
 import numpy as np
@@ -78,6 +79,7 @@ class _DeviceRegistry:
 
     def __init__(self):
         self._opened: dict[str, Any] = {}
+        self._lock = threading.Lock()  # threads opening one device at once get the same instance
 
     @staticmethod
     def canonicalize(name: str | None) -> str:
@@ -95,11 +97,14 @@ class _DeviceRegistry:
 
     def __getitem__(self, name: str) -> Any:
         name = self.canonicalize(name)
-        if name not in self._opened:
-            base = name.split(":")[0]
-            module = importlib.import_module(f"fusegrad.runtime.ops_{base.lower()}")
-            self._opened[name] = getattr(module, f"{base.capitalize()}Device")(name)
-        return self._opened[name]
+        if (dev := self._opened.get(name)) is not None:
+            return dev
+        with self._lock:
+            if name not in self._opened:
+                base = name.split(":")[0]
+                module = importlib.import_module(f"fusegrad.runtime.ops_{base.lower()}")
+                self._opened[name] = getattr(module, f"{base.capitalize()}Device")(name)
+            return self._opened[name]
 
     @property
     def DEFAULT(self) -> str:

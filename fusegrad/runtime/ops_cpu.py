@@ -7,10 +7,13 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
-from fusegrad.helpers import CACHELEVEL, CC, DEBUG, NUM_CPU_THREADS, cache_dir
+from fusegrad.helpers import CACHELEVEL, CC, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS, cache_dir
 from fusegrad.renderer.cstyle import CStyleRenderer
 from fusegrad.runtime.device import Buffer, HostAllocator
 
@@ -35,9 +38,13 @@ class CompileError(RuntimeError):
     pass
 
 
-@functools.cache
 def find_compiler() -> str:
-    tried = [CC.value] if CC.value else list(COMPILER_CANDIDATES)
+    return _locate_compiler(CC.value)
+
+
+@functools.cache
+def _locate_compiler(requested: str) -> str:
+    tried = [requested] if requested else list(COMPILER_CANDIDATES)
     for name in tried:
         if (path := shutil.which(name)) is not None:
             return path
@@ -47,55 +54,176 @@ def find_compiler() -> str:
     )
 
 
+def run_compiler(argv: list[str], stdin: str, what: str) -> subprocess.CompletedProcess:
+    """Run the compiler in its own process group; past COMPILE_TIMEOUT seconds (0: no limit) the group is killed."""
+    timeout = float(COMPILE_TIMEOUT.value)
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a compiler driver's children (cc1, as, ld) are killed with it
+    )
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout if timeout > 0 else None)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise CompileError(
+            f"C compiler {argv[0]} did not finish {what} within {timeout:g} s (COMPILE_TIMEOUT={timeout:g}); "
+            "raise COMPILE_TIMEOUT or set CC to another compiler"
+        ) from None
+    except BaseException:
+        _kill_group(proc)  # Ctrl-C: in its own session the compiler does not get the terminal's SIGINT
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it finished meanwhile
+    proc.communicate()
+
+
 @functools.cache
 def compiler_identity(cc: str) -> str:
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    version = run_compiler([cc, "--version"], "", "reporting its version").stdout.splitlines()[:1]
     cpu = ""
     if os.path.exists("/proc/cpuinfo"):
         cpu = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
     return f"{cc}|{version}|{platform.machine()}|{cpu}|{' '.join(CFLAGS)}"
 
 
+def _sha256_file(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+class KernelCache:
+    """Compiled kernels on disk, each `<key>.so` next to `<key>.sha256` (its content hash). A file whose hash does not
+    match (truncated, zero bytes, garbage) is never loaded: it is deleted and compiled again. When the cache directory
+    cannot be written, a temporary directory takes its place for the rest of the process, with one warning."""
+
+    def __init__(self):
+        self.fallback: str | None = None
+
+    def dirs(self) -> list[str]:
+        return [os.path.join(cache_dir(), "cpu")] + ([self.fallback] if self.fallback else [])
+
+    def lookup(self, key: str) -> str | None:
+        for d in self.dirs():
+            path = os.path.join(d, f"{key}.so")
+            if not os.path.exists(path):
+                continue
+            try:
+                with open(os.path.join(d, f"{key}.sha256")) as f:
+                    expected = f.read().strip()
+                if _sha256_file(path) == expected:
+                    return path
+            except OSError:
+                pass  # no or unreadable checksum: the binary is not trusted
+            self.evict(path)
+        return None
+
+    def evict(self, path: str) -> None:
+        for p in (path, path[: -len(".so")] + ".sha256"):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass  # a read-only cache keeps the bad file; lookup then skips it and the fallback holds the good one
+
+    def store(self, key: str, built: str) -> str:
+        try:
+            return self._store_in(os.path.join(cache_dir(), "cpu"), key, built)
+        except OSError as e:
+            if self.fallback is None:
+                self.fallback = tempfile.mkdtemp(prefix="fusegrad-kernels-")
+                warnings.warn(
+                    f"kernel cache {os.path.join(cache_dir(), 'cpu')} is not writable ({e.strerror or e}); "
+                    f"compiled kernels go to {self.fallback} for this process",
+                    stacklevel=2,
+                )
+            return self._store_in(self.fallback, key, built)
+
+    @staticmethod
+    def _store_in(directory: str, key: str, built: str) -> str:
+        os.makedirs(directory, exist_ok=True)
+        with open(built, "rb") as f:
+            data = f.read()
+        path = os.path.join(directory, f"{key}.so")
+        # checksum first: whoever sees the new binary also sees its checksum (each file is renamed into place whole)
+        _write_atomic(os.path.join(directory, f"{key}.sha256"), hashlib.sha256(data).hexdigest().encode())
+        _write_atomic(path, data)
+        return path
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 class ClangCompiler:
     """Compiles C source to a shared object; results are cached on disk by a hash of source, flags and compiler."""
 
-    def compile(self, src: str) -> str:
+    def __init__(self):
+        self.cache = KernelCache()
+
+    def compile(self, src: str, name: str = "kernel") -> str:
+        """Path of a verified shared object for `src`: from the disk cache, or compiled now and stored there."""
         cc = find_compiler()
         key = hashlib.sha256((compiler_identity(cc) + src).encode()).hexdigest()
-        path = os.path.join(cache_dir(), "cpu", f"{key}.so")
-        if CACHELEVEL >= 1 and os.path.exists(path):
+        if CACHELEVEL >= 1 and CCACHE and (path := self.cache.lookup(key)) is not None:
             return path
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "kernel.so")
-            proc = subprocess.run(
-                [cc, *CFLAGS, "-x", "c", "-", "-o", out, "-lm"], input=src, capture_output=True, text=True
-            )
+            proc = run_compiler([cc, *CFLAGS, "-x", "c", "-", "-o", out, "-lm"], src, f"compiling kernel {name}")
             if proc.returncode != 0 or proc.stderr.strip():
                 numbered = "\n".join(f"{i + 1:4d} {ln}" for i, ln in enumerate(src.splitlines()))
                 raise CompileError(
-                    f"C compiler {cc} {'failed' if proc.returncode else 'warned'} on a kernel:\n{proc.stderr}\n"
+                    f"C compiler {cc} {'failed' if proc.returncode else 'warned'} on kernel {name}:\n{proc.stderr}\n"
                     f"--- source ---\n{numbered}"
                 )
-            fd, tmp_final = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".so")
-            os.close(fd)
-            shutil.move(out, tmp_final)
-            os.replace(tmp_final, path)  # atomic: a concurrent process sees the whole file or none
+            if not os.path.exists(out) or os.path.getsize(out) == 0:
+                raise CompileError(f"C compiler {cc} exited 0 on kernel {name} but wrote no shared object to {out}")
+            path = self.cache.store(key, out)
         if DEBUG >= 3:
             print(f"compiled {path}")
         return path
 
+    def load(self, src: str, name: str) -> ctypes.CDLL:
+        """Compile (or find) and load `src`; a cached binary that fails to load is deleted and compiled once more."""
+        path = self.compile(src, name)
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            self.cache.evict(path)
+        path = self.compile(src, name)
+        try:
+            return ctypes.CDLL(path)
+        except OSError as e:
+            raise CompileError(f"kernel {name} compiled by {find_compiler()} to {path} cannot be loaded: {e}") from None
+
 
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def thread_pool() -> ThreadPoolExecutor:
     global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(
-            max_workers=max(int(NUM_CPU_THREADS.value) - 1, 1), thread_name_prefix="fusegrad-cpu"
-        )
-    return _pool
+    with _pool_lock:  # two threads launching their first kernels get the same pool
+        if _pool is None:
+            _pool = ThreadPoolExecutor(
+                max_workers=max(int(NUM_CPU_THREADS.value) - 1, 1), thread_name_prefix="fusegrad-cpu"
+            )
+        return _pool
 
 
 class CPUProgram:
@@ -103,8 +231,8 @@ class CPUProgram:
 
     MIN_OPS_PER_THREAD = 1 << 17
 
-    def __init__(self, name: str, lib_path: str, nparams: int, outer_size: int, ops: int):
-        self.lib = ctypes.CDLL(lib_path)
+    def __init__(self, name: str, lib: ctypes.CDLL, nparams: int, outer_size: int, ops: int):
+        self.lib = lib
         self.fn = getattr(self.lib, name)
         self.fn.argtypes = [ctypes.c_void_p] * nparams + [ctypes.c_longlong, ctypes.c_longlong]
         self.fn.restype = None
@@ -137,7 +265,8 @@ class CpuDevice:
         src = self.renderer.render(info.name, info.lin)
         if DEBUG >= 4:
             print(src)
-        return CPUProgram(info.name, self.compiler.compile(src), info.nparams, info.outer_size, info.ops_estimate)
+        lib = self.compiler.load(src, info.name)
+        return CPUProgram(info.name, lib, info.nparams, info.outer_size, info.ops_estimate)
 
     def synchronize(self) -> None:
         pass

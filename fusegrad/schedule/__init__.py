@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 import itertools
+import math
 import sys
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
-from fusegrad.dtype import DType
+import numpy as np
+from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule.multi import lower_multi
@@ -366,14 +369,21 @@ class _Planner:
             value = self.result[value]
         params: dict[Buffer, UOp] = {}
         out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size))
-        ast_value = self._to_ast(value, params, buffer_of[out], point)
+        ast_value = self._to_ast(value, params, buffer_of[out], point, device)
         ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)),))
         self.items.append(ScheduleItem(ast, (buffer_of[out], *params), device))
         self.result[point] = _view(out, point.shape)
 
-    def _to_ast(self, value: UOp, params: dict[Buffer, UOp], out_buf: Buffer, point: UOp) -> UOp:
-        """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers."""
+    def _to_ast(self, value: UOp, params: dict[Buffer, UOp], out_buf: Buffer, point: UOp, device: str) -> UOp:
+        """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers, and
+        float data constants are read from one-element parameter buffers, so kernels that differ only in a constant
+        (a learning rate, a scalar in a user's loop) are one AST and one compiled program."""
         memo: dict[UOp, UOp] = {}
+
+        def param(buf: Buffer) -> UOp:
+            if buf not in params:
+                params[buf] = UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size))
+            return params[buf]
 
         def visit(u: UOp) -> UOp:
             if (r := memo.get(u)) is not None:
@@ -381,10 +391,9 @@ class _Planner:
             if u is not point and u in self.result:
                 ret = visit(self.result[u])
             elif u.op is Ops.BUFFER:
-                buf = buffer_of[u]
-                if buf not in params:
-                    params[buf] = UOp(Ops.DEFINE_GLOBAL, u.dtype, (), (len(params) + 1, u.arg[2]))
-                ret = params[buf]
+                ret = param(buffer_of[u])
+            elif u.op is Ops.CONST and is_liftable_const(u):
+                ret = UOp(Ops.RESHAPE, u.dtype, (param(const_buffer(device, u.dtype, u.arg)),), ())
             elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
                 ret = visit(u.src[0])
             else:
@@ -397,6 +406,32 @@ class _Planner:
         # the closure refers to itself: left alone, that cycle would keep the planner and graph alive until a gc pass
         visit = None  # type: ignore[assignment]
         return ast
+
+
+# constants the code generator folds by value (x*1, x+0, where(..., 0)) and non-finite masks stay literals
+_FOLDED_CONSTS = (0.0, 1.0, -1.0)
+# float dtypes whose values numpy stores exactly as the kernel reads them
+_LIFTED_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64)
+MAX_CONST_BUFFERS = 4096
+# (device, dtype, value) -> a one-element buffer holding it; kernels only read these, so one buffer serves every kernel
+_const_buffers: OrderedDict[tuple[str, DType, float], Buffer] = OrderedDict()
+
+
+def is_liftable_const(u: UOp) -> bool:
+    return u.dtype in _LIFTED_DTYPES and math.isfinite(u.arg) and u.arg not in _FOLDED_CONSTS
+
+
+def const_buffer(device: str, dtype: DType, value: float) -> Buffer:
+    key = (device, dtype, value)
+    if (buf := _const_buffers.get(key)) is None:
+        buf = _const_buffers[key] = Buffer(device, 1, dtype)
+        # host memory owned by this cache, outside GlobalCounters.mem_used, which counts what tensors hold
+        buf.use_external(np.array([value], to_numpy_dtype(dtype)).view(np.uint8))
+        if len(_const_buffers) > MAX_CONST_BUFFERS:
+            _const_buffers.popitem(last=False)
+    else:
+        _const_buffers.move_to_end(key)
+    return buf
 
 
 def _view(buf: UOp, shape: tuple[int, ...]) -> UOp:

@@ -1,0 +1,107 @@
+"""Kernels that differ only in a float constant share one compiled program: the scheduler reads such constants from
+one-element parameter buffers, so a changing scalar (a learning rate, a loop variable) costs no compile."""
+
+import numpy as np
+import pytest
+import torch
+from fusegrad import Context, GlobalCounters, Tensor, dtypes
+from fusegrad.engine import realize as engine
+from fusegrad.nn.optim import SGD
+
+
+def compiles_during(fn) -> int:
+    before = GlobalCounters.compile_count
+    fn()
+    return GlobalCounters.compile_count - before
+
+
+def test_fifty_scalars_compile_one_kernel():
+    x_np = np.linspace(-3, 3, 37, dtype=np.float32)
+    x = Tensor(x_np).realize()
+    outs: list[np.ndarray] = []
+    scalars = [(i * 0.1 + 0.05, i * 0.37 - 2.5) for i in range(50)]
+    n = compiles_during(lambda: outs.extend((x * a + b).numpy() for a, b in scalars))
+    assert n == 1
+    for (a, b), got in zip(scalars, outs):
+        ref = torch.from_numpy(x_np) * torch.tensor(a, dtype=torch.float32) + torch.tensor(b, dtype=torch.float32)
+        np.testing.assert_allclose(got, ref.numpy(), rtol=1e-6, atol=2e-6)  # a*x+b may be one fused multiply-add
+
+
+def test_scalar_loop_compiles_only_the_folded_special_cases():
+    x_np = np.linspace(-3, 3, 29, dtype=np.float32)
+    x = Tensor(x_np).realize()
+    outs: list[np.ndarray] = []
+    n = compiles_during(lambda: outs.extend((x * (i * 0.1)).numpy() for i in range(50)))
+    assert n == 3  # one program for all scalars, plus x*0 and x*1, which the code generator folds by value
+    for i, got in enumerate(outs):
+        np.testing.assert_array_equal(got, (torch.from_numpy(x_np) * torch.tensor(i * 0.1)).numpy())
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.float32, dtypes.float64])
+def test_constants_keep_their_dtype_rounding(dtype):
+    np_dt = {dtypes.float16: np.float16, dtypes.float32: np.float32, dtypes.float64: np.float64}[dtype]
+    x_np = np.linspace(-2, 2, 21).astype(np_dt)
+    x = Tensor(x_np).realize()
+    outs = []
+    n = compiles_during(lambda: outs.extend(((x * c) / (c + 3)).numpy() for c in (0.1, 1e-5, 3.3333, 1234.5678)))
+    assert n == 1
+    for c, got in zip((0.1, 1e-5, 3.3333, 1234.5678), outs):
+        assert got.dtype == np_dt
+        tx = torch.from_numpy(x_np)
+        ref = (tx * torch.tensor(c, dtype=tx.dtype)) / (torch.tensor(c, dtype=tx.dtype) + 3)
+        np.testing.assert_allclose(got, ref.numpy(), rtol=2e-3 if dtype is dtypes.float16 else 1e-6)
+
+
+def test_folded_and_nonfinite_constants_stay_exact():
+    x = Tensor([-2.0, 0.0, 3.0])
+    assert (x * 1 + 0).tolist() == [-2.0, 0.0, 3.0]
+    assert (x * -1).tolist() == [2.0, -0.0, -3.0]
+    assert (x > 0).where(x, float("-inf")).tolist() == [float("-inf"), float("-inf"), 3.0]
+    assert np.isnan((x * float("nan")).numpy()).all()
+    assert (x.cast(dtypes.int32) * 7 + 3).tolist() == [-11, 3, 24]
+
+
+def test_reduce_and_padded_kernels_with_constants():
+    a_np = np.random.default_rng(1).standard_normal((6, 7)).astype(np.float32)
+    a = Tensor(a_np)
+    outs = []
+    n = compiles_during(
+        lambda: outs.extend(((a * s).pad(((1, 1), (0, 2)), value=s).sum(axis=1) * s).numpy() for s in (0.25, 0.5, 1.75))
+    )
+    assert n <= 2  # the padded value is one more constant: at most one kernel per structure, not one per scalar
+    for s, got in zip((0.25, 0.5, 1.75), outs):
+        ta = torch.nn.functional.pad(torch.from_numpy(a_np) * s, (0, 2, 1, 1), value=s)
+        np.testing.assert_allclose(got, (ta.sum(1) * s).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_python_backend_reads_parameter_constants():
+    x = Tensor([1.0, 2.0, 4.0], device="PYTHON")
+    assert (x * 0.3 + 0.7).tolist() == pytest.approx([1.0, 1.3, 1.9], rel=1e-6)
+
+
+def test_learning_rate_changes_compile_nothing_new():
+    with Context(TRAINING=1, CONST_LR=1):
+        w = Tensor([1.0, -2.0, 3.0], requires_grad=True)
+        w_ref = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+        compiles = []
+        for step, lr in enumerate((0.1, 0.05, 0.025, 0.0125)):
+            opt, opt_ref = SGD([w], lr=lr), torch.optim.SGD([w_ref], lr=lr)
+            before = GlobalCounters.compile_count
+            opt.zero_grad()
+            (w * w).sum().backward()
+            opt.step()
+            w.realize()
+            compiles.append(GlobalCounters.compile_count - before)
+            opt_ref.zero_grad()
+            (w_ref * w_ref).sum().backward()
+            opt_ref.step()
+            np.testing.assert_allclose(w.numpy(), w_ref.detach().numpy(), rtol=1e-6)
+        assert compiles[0] >= 1 and compiles[2:] == [0, 0]
+
+
+def test_loaded_programs_are_bounded(monkeypatch):
+    monkeypatch.setattr(engine, "MAX_LOADED_PROGRAMS", 3)
+    x = Tensor(np.arange(5, dtype=np.float32)).realize()
+    for n in range(2, 9):
+        np.testing.assert_array_equal(x.pow(n).numpy(), np.arange(5, dtype=np.float32) ** n)
+    assert len(engine._runners) <= 3
