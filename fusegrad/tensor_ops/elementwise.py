@@ -577,19 +577,22 @@ class ElementwiseMixin:
         return self._bitwise(Ops.XOR, x, reverse)
 
     def _shift(self, op: Ops, x: Tensor | Scalar, reverse: bool) -> Tensor:
+        if not reverse and isinstance(x, int) and not isinstance(x, bool) and x < 0:
+            raise ValueError(f"negative shift count {x} (as Python's {'<<' if op is Ops.SHL else '>>'})")
         a, b = self._operand(x, reverse)
         if not dtypes.is_int(a.dtype):
             raise RuntimeError(f"shift needs integer tensors, got {a.dtype}")
         bits = a.dtype.bitsize
-        if not reverse and isinstance(x, int) and 0 <= x < bits:
+        if not reverse and isinstance(x, int) and x < bits:
             return a._alu(op, b)
-        # shifting by the bit width or more is undefined in C; torch gives 0 (or the sign for >> of negatives)
+        # a count below 0 or at/above the bit width is undefined in C; torch gives 0 (or the sign for >> of negatives)
         fill = (
             a._alu(Ops.SHR, a.full_like(bits - 1))
             if op is Ops.SHR and not dtypes.is_unsigned(a.dtype)
             else a.zeros_like()
         )
-        return (b < bits).where(a._alu(op, b), fill)
+        in_range = (b < bits) if dtypes.is_unsigned(b.dtype) else (b >= 0) & (b < bits)
+        return in_range.where(a._alu(op, in_range.where(b, 0)), fill)
 
     def lshift(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         return self._shift(Ops.SHL, x, reverse)

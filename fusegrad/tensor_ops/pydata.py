@@ -1,0 +1,114 @@
+"""Python data -> numpy for the Tensor constructor and full(): element checks, dtype inference, range checks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fusegrad.dtype import DType, dtypes, to_numpy_dtype, truncate
+
+PyScalar = int | float | bool
+INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+
+
+def py_scalar(x: Any) -> PyScalar:
+    """x as a Python bool/int/float; numpy scalars count as Python numbers of their kind; anything else is refused."""
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        return x
+    if isinstance(x, (np.bool_, np.integer, np.floating)) or isinstance(x, np.ndarray) and x.ndim == 0:
+        return py_scalar(x.item())
+    if type(x).__name__ == "Tensor":
+        raise TypeError("cannot build a Tensor from a list of Tensors; use Tensor.stack(...) or Tensor.cat(...)")
+    raise TypeError(f"cannot build a Tensor from a {type(x).__name__} element {x!r}: elements must be bool, int or float")
+
+
+def flatten_py_data(data: Any) -> tuple[tuple[int, ...], list[PyScalar]]:
+    """Shape and row-major leaves of nested lists/tuples/ranges/numpy arrays; ragged nesting is a ValueError."""
+    if isinstance(data, np.ndarray) and data.ndim > 0:
+        data = data.tolist()
+    if not isinstance(data, (list, tuple, range)):
+        return (), [py_scalar(data)]
+    parts = [flatten_py_data(x) for x in data]
+    shapes = {shape for shape, _ in parts}
+    if len(shapes) > 1:
+        raise ValueError(f"ragged nested sequence: sub-shapes {sorted(shapes)}")
+    inner = parts[0][0] if parts else ()
+    return (len(data),) + inner, [x for _, leaves in parts for x in leaves]
+
+
+def _int_range_error(values: list[int], low: int, high: int, what: str) -> OverflowError:
+    bad = next(x for x in values if not low <= x <= high)
+    return OverflowError(f"Python int {bad} does not fit {what}")
+
+
+def infer_py_dtype(values: list[PyScalar]) -> DType:
+    """Any float -> default_float; else ints -> default_int, int64 when one does not fit it; else bool (empty: float).
+
+    Ints beyond int64 are refused (OverflowError) like torch: no default dtype holds them.
+    """
+    if not values:
+        return dtypes.default_float
+    if any(isinstance(x, float) for x in values):
+        return dtypes.default_float
+    ints = [x for x in values if not isinstance(x, bool)]
+    if not ints:
+        return dtypes.bool
+    low, high = min(ints), max(ints)
+    if dtypes.default_int.min <= low and high <= dtypes.default_int.max:
+        return dtypes.default_int
+    if INT64_MIN <= low and high <= INT64_MAX:
+        return dtypes.int64
+    raise _int_range_error(ints, INT64_MIN, INT64_MAX, "int64 (pass dtype=dtypes.uint64 for values up to 2**64-1)")
+
+
+def _accepted_int_range(dt: DType) -> tuple[int, int]:
+    """Values torch accepts for an int dtype: its range, plus negatives (wrapping) for unsigned types below 64 bits."""
+    if dt is dtypes.uint64:
+        return 0, UINT64_MAX
+    if dtypes.is_unsigned(dt):
+        return INT64_MIN, int(dt.max)
+    return int(dt.min), int(dt.max)
+
+
+def check_py_values(values: list[PyScalar], dt: DType) -> list[PyScalar]:
+    """Values converted for an explicit dtype; a value the dtype cannot hold raises RuntimeError (as torch).
+
+    Floats into ints truncate toward zero; floats overflow to inf in float dtypes; anything goes into bool.
+    """
+    if dt is dtypes.bool or not dtypes.is_int(dt):
+        return values
+    low, high = _accepted_int_range(dt)
+    out = []
+    for x in values:
+        as_int = int(x) if not isinstance(x, float) or math.isfinite(x) else None
+        if as_int is None or not low <= as_int <= high:
+            # past 64 bits (or negative into uint64) no integer dtype holds the value: OverflowError as torch
+            beyond_64_bits = as_int is not None and not INT64_MIN <= as_int <= UINT64_MAX
+            error = OverflowError if beyond_64_bits or dt is dtypes.uint64 and as_int is not None and as_int < 0 else RuntimeError
+            raise error(f"value {x!r} cannot be converted to {dt} without overflow")
+        out.append(as_int)
+    return out
+
+
+def py_data_to_numpy(data: Any, dt: DType | None) -> tuple[np.ndarray, DType]:
+    """Nested Python data as a numpy array ready to store in dt (inferred when None), and that dtype."""
+    shape, values = flatten_py_data(data)
+    dt = dt or infer_py_dtype(values)
+    values = check_py_values(values, dt)
+    if dt is dtypes.bfloat16 or dtypes.is_float(dt) and dt.fmt is None:
+        return np.array(values, dtype=np.float32).reshape(shape), dt
+    if dtypes.is_float(dt):
+        with np.errstate(over="ignore"):  # values past the dtype's range become inf, as torch
+            return np.array(values, dtype=np.float64).astype(to_numpy_dtype(dt)).reshape(shape), dt
+    if dt is dtypes.bool:
+        return np.array([bool(x) for x in values], dtype=np.bool_).reshape(shape), dt
+    return np.array([truncate(x, dt) for x in values], dtype=to_numpy_dtype(dt)).reshape(shape), dt
+
+
+def py_scalar_const(value: Any, dt: DType | None) -> tuple[PyScalar, DType]:
+    """A Python scalar checked like one list element: its dtype (inferred when None) and the value to store."""
+    value = py_scalar(value)
+    dt = dt or infer_py_dtype([value])
+    return check_py_values([value], dt)[0], dt
