@@ -73,6 +73,19 @@ def _atan(x: Tensor) -> Tensor:
     return _odd(x, _atan_nonneg)
 
 
+def _asin_mid(y: Tensor) -> Tensor:
+    """asin for |y| <= 0.5, where the formula and its gradient are finite."""
+    return _atan(y / ((1 - y) * (1 + y)).sqrt())
+
+
+def _arcsin_parts(a: Tensor, combine: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """combine(|x| <= 0.5, sqrt((1-|x|)/2)) for asin/acos: near +-1 they are 2*asin(sqrt((1-|x|)/2)) from the edge,
+    exact there and with torch's infinite gradient at +-1 (the atan form gives 0 * inf = nan). The edge input of
+    unused lanes is a harmless 0.25 so no infinite local gradient is multiplied by their zero gradient."""
+    small = a <= 0.5
+    return combine(small, small.where(0.25, (1 - a) * 0.5).sqrt())
+
+
 def _erf_nonneg(a: Tensor) -> Tensor:
     t = (a * _ERF_P + 1).reciprocal()
     return 1 - t * _horner(t, _ERF_E) * (-(a * a)).exp()
@@ -246,10 +259,12 @@ class ElementwiseMixin:
         return self._float_fn(lambda x: x.sin() / x.cos())
 
     def asin(self) -> Tensor:
-        return self._float_fn(lambda x: _atan(x / ((1 - x) * (1 + x)).sqrt()))
+        return self._float_fn(lambda x: _odd(x, lambda a: _arcsin_parts(a, lambda small, edge: small.where(
+            _asin_mid(small.where(a, 0)), math.pi / 2 - 2 * _asin_mid(edge)))))
 
     def acos(self) -> Tensor:
-        return self._float_fn(lambda x: 2 * _atan(((1 - x) / (1 + x)).sqrt()))
+        return self._float_fn(lambda x: _arcsin_parts(x.abs(), lambda small, edge: small.where(
+            math.pi / 2 - _asin_mid(small.where(x, 0)), (x > 0).where(2 * _asin_mid(edge), math.pi - 2 * _asin_mid(edge)))))
 
     def atan(self) -> Tensor:
         return self._float_fn(_atan)

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import TRAINING, ceildiv, flatten, prod
 
@@ -363,7 +365,9 @@ class NNMixin:
         # the copies, and every copy still gets the position's whole gradient (torch's backward gathers it)
         copies = hit.cast(dtypes.int32).sum(-2, keepdim=True).maximum(1)
         if dtypes.is_float(self.dtype):
-            vals = vals.detach() / copies.cast(self.dtype) + (vals - vals.detach())
+            # inf/nan divided by the count is itself, and the detach trick would turn it into inf - inf = nan
+            plain = (copies == 1) | ~vals.detach().isfinite()
+            vals = plain.where(vals, vals.detach() / copies.cast(self.dtype) + (vals - vals.detach()))
         else:
             vals = vals // copies
         out = hit.where(vals, 0).sum(-2, dtype=sum_acc_dtype(self.dtype))
@@ -386,13 +390,38 @@ class NNMixin:
             raise ValueError(
                 f"interpolate size {size} must be 1..{self.ndim} positive ints for input of shape {self.shape}"
             )
-        # integer linear resizes stay in float across all dims and round once at the end
-        rounds = mode == "linear" and not dtypes.is_float(self.dtype)
-        x = self.cast(dtypes.float32) if rounds else self
+        if mode == "linear" and not dtypes.is_float(self.dtype):
+            # torch's integer resize is separable, the last dim first, each pass in fixed point and rounded
+            x = self.cast(dtypes.int64)
+            for axis, out in reversed(tuple(zip(range(self.ndim - len(size), self.ndim), size))):
+                if x.shape[axis] != out:
+                    x = x._resample_fixed_point(axis, out, align_corners)
+            return x.maximum(self.dtype.min).minimum(self.dtype.max).cast(self.dtype)
+        x = self
         for axis, out in zip(range(self.ndim - len(size), self.ndim), size):
             if x.shape[axis] != out:
                 x = x._resample(axis, out, mode, align_corners)
-        return (x + 0.5).floor().maximum(self.dtype.min).minimum(self.dtype.max).cast(self.dtype) if rounds else x
+        return x
+
+    def _resample_fixed_point(self, axis: int, out: int, align_corners: bool) -> Tensor:
+        """One linear pass over an int64 tensor as torch's integer kernel does it: the weights quantized to the most
+        fraction bits that keep the largest one below 2**15, the sum rounded half up and shifted back."""
+        size, trailing = self.shape[axis], (1,) * (self.ndim - axis - 1)
+        weights = np.zeros((out, size))
+        for o in range(out):
+            if align_corners:
+                pos = o * ((size - 1) / (out - 1) if out > 1 else 0.0)
+            else:
+                pos = max((o + 0.5) * (size / out) - 0.5, 0.0)
+            lo = min(math.floor(pos), size - 1)
+            weights[o, lo] += 1 - (pos - lo)
+            weights[o, min(lo + 1, size - 1)] += pos - lo
+        bits = 0
+        while bits < 22 and int(0.5 + weights.max() * (1 << (bits + 1))) < 1 << 15:
+            bits += 1
+        quantized = Tensor(np.floor(weights * (1 << bits) + 0.5).astype(np.int64), device=self.device)
+        mixed = self.unsqueeze(axis) * quantized.reshape((out, size) + trailing)
+        return (mixed.sum(axis + 1) + (1 << bits >> 1)) >> bits
 
     def _resample(self, axis: int, out: int, mode: str, align_corners: bool) -> Tensor:
         size, trailing = self.shape[axis], (1,) * (self.ndim - axis - 1)
