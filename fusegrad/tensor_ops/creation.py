@@ -215,11 +215,11 @@ class CreationMixin:
         if dt is dtypes.bool:
             raise ValueError("linspace cannot produce bool values")
         if steps == 1:
-            return Tensor([start], dtype=dt, device=kwargs.get("device"))
+            return Tensor._with_requires_grad(Tensor([start], dtype=dt, device=kwargs.get("device")), kwargs)
         idx = Tensor.arange(steps, device=kwargs.get("device")).cast(
             dtypes.float64 if dt is dtypes.float64 else dtypes.float32
         )
-        return (idx * ((stop - start) / max(steps - 1, 1)) + start).cast(dt)
+        return Tensor._with_requires_grad((idx * ((stop - start) / max(steps - 1, 1)) + start).cast(dt), kwargs)
 
     @staticmethod
     def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
@@ -230,7 +230,7 @@ class CreationMixin:
             raise ValueError(f"eye needs non-negative sizes, got n={n}, m={m}")
         rows = Tensor.arange(n, device=kwargs.get("device")).reshape(n, 1)
         cols = Tensor.arange(m, device=kwargs.get("device")).reshape(1, m)
-        return (rows == cols).cast(dtype or dtypes.default_float)
+        return Tensor._with_requires_grad((rows == cols).cast(dtype or dtypes.default_float), kwargs)
 
     @staticmethod
     def manual_seed(seed: int = 0) -> None:

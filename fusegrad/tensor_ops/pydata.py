@@ -73,21 +73,22 @@ def _accepted_int_range(dt: DType) -> tuple[int, int]:
 
 
 def check_py_values(values: list[PyScalar], dt: DType) -> list[PyScalar]:
-    """Values converted for an explicit dtype; a value the dtype cannot hold raises RuntimeError (as torch).
-
-    Floats into ints truncate toward zero; floats overflow to inf in float dtypes; anything goes into bool.
-    """
+    """Values converted for an explicit dtype; a value the dtype cannot hold raises as torch does: OverflowError
+    where no 64-bit integer holds it for that dtype (past int64, or past uint64/negative for uint64), else
+    RuntimeError. Floats into ints truncate toward zero; floats overflow to inf in float dtypes; anything goes
+    into bool."""
     if dt is dtypes.bool or not dtypes.is_int(dt):
         return values
     low, high = _accepted_int_range(dt)
+    reach = (0, UINT64_MAX) if dt is dtypes.uint64 else (INT64_MIN, INT64_MAX)
     out = []
     for x in values:
         as_int = int(x) if not isinstance(x, float) or math.isfinite(x) else None
         if as_int is None or not low <= as_int <= high:
-            # past 64 bits (or negative into uint64) no integer dtype holds the value: OverflowError as torch
-            beyond_64_bits = as_int is not None and not INT64_MIN <= as_int <= UINT64_MAX
-            error = OverflowError if beyond_64_bits or dt is dtypes.uint64 and as_int is not None and as_int < 0 else RuntimeError
-            raise error(f"value {x!r} cannot be converted to {dt} without overflow")
+            beyond = isinstance(x, int) and not reach[0] <= x <= reach[1]
+            raise (OverflowError if beyond else RuntimeError)(
+                f"value {x!r} cannot be converted to {dt} without overflow"
+            )
         out.append(as_int)
     return out
 

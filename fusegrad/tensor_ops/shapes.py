@@ -41,13 +41,14 @@ def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 
 def pad_pairs(padding: Sequence[Any], ndim: int) -> tuple[tuple[int, int], ...]:
     """Flat torch-order (left_last, right_last, ...) or per-dim ((before, after) | None, ...) -> per-dim pairs."""
+    per_dim = all(isinstance(p, (tuple, list)) or p is None for p in padding) and len(padding) == ndim and ndim
     flat = [x for p in padding if isinstance(p, (tuple, list)) for x in p] + [
-        p for p in padding if not isinstance(p, (tuple, list)) and p is not None
+        p for p in padding if not isinstance(p, (tuple, list)) and (p is not None or not per_dim)
     ]
     if not all(is_index(x) for x in flat):
         bad = next(x for x in flat if not is_index(x))
         raise TypeError(f"padding {tuple(padding)} must contain ints, got {type(bad).__name__} {bad!r}")
-    if all(isinstance(p, (tuple, list)) or p is None for p in padding) and len(padding) == ndim and ndim:
+    if per_dim:
         if any(p is not None and len(p) != 2 for p in padding):
             raise ValueError(f"padding {tuple(padding)} must have one (before, after) pair per dim")
         return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
