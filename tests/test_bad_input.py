@@ -420,3 +420,49 @@ def test_acosh_gradient_at_domain_edge_like_torch(dt):
         t.acosh().sum().backward()
         tt.acosh().sum().backward()
         check(t.grad, tt.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# huge sizes
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Tensor.zeros(1 << 62, 1 << 62),
+        lambda: Tensor.empty(1 << 40, 1 << 40),
+        lambda: Tensor.ones(1, 1).expand(1 << 62, 1 << 62),
+        lambda: Tensor.ones(1).reshape(1, 1, 1).expand(1 << 32, 1 << 32, 1 << 32),
+    ],
+)
+def test_shapes_past_int64_elements_are_refused(make):
+    with pytest.raises(RuntimeError, match="more than fusegrad can index"):
+        make()
+
+
+def test_torch_refuses_those_shapes_too():
+    with pytest.raises(RuntimeError):
+        torch.ones(1, 1).expand(1 << 62, 1 << 62)
+
+
+@pytest.mark.parametrize(
+    "make,nbytes",
+    [
+        (lambda: Tensor.empty(1 << 62).sum(), 4 << 62),
+        (lambda: Tensor.ones(1, dtype=dtypes.int64).expand(1 << 61).contiguous(), 8 << 61),
+        (lambda: Tensor.rand(1 << 45), 4 << 45),
+    ],
+)
+def test_realize_larger_than_the_machine_is_memory_error_before_any_kernel(make, nbytes):
+    kept = (Tensor([1.0, 2.0]) * 3).realize()
+    before = GlobalCounters.kernel_count
+    with pytest.raises(MemoryError, match=str(nbytes)):
+        make().realize()
+    assert GlobalCounters.kernel_count == before
+    assert kept.tolist() == [3.0, 6.0]
+
+
+def test_index_arithmetic_past_int32_is_exact():
+    n = 2**31 + 5  # the kernel indexes with int64 here
+    assert Tensor.arange(n, dtype=dtypes.int64)[n - 3 :].tolist() == [n - 3, n - 2, n - 1]
+    assert Tensor.arange(n, dtype=dtypes.int64).sum().item() == n * (n - 1) // 2

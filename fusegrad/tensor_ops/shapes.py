@@ -7,6 +7,9 @@ from typing import Any, Sequence
 import numpy as np
 
 
+MAX_NUMEL = 2**63 - 1
+
+
 def is_index(x: Any) -> bool:
     """A Python or numpy int (bools, floats and numpy floats are not)."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
@@ -25,6 +28,12 @@ def check_shape(shape: tuple) -> tuple[int, ...]:
             raise TypeError(f"shape {shape} must contain ints, got {d!r}")
         if d < 0:
             raise ValueError(f"negative dimension in shape {shape}")
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    if numel > MAX_NUMEL:
+        # kernels index elements with int64; like torch's "numel: integer multiplication overflow"
+        raise RuntimeError(f"shape {shape} has {numel} elements, more than fusegrad can index (2**63 - 1)")
     return tuple(int(d) for d in shape)
 
 
