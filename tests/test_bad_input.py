@@ -324,8 +324,11 @@ def test_arange_numpy_float_bound_is_float():
 def test_bad_dtype_name_is_type_error_and_attribute_error():
     with pytest.raises(TypeError):
         torch.zeros(2, dtype="floaty")
-    for make in (lambda: Tensor.zeros(2, dtype="floaty"), lambda: Tensor([1], dtype="floaty"),
-                 lambda: Tensor.ones(2).cast("floaty")):
+    for make in (
+        lambda: Tensor.zeros(2, dtype="floaty"),
+        lambda: Tensor([1], dtype="floaty"),
+        lambda: Tensor.ones(2).cast("floaty"),
+    ):
         with pytest.raises(TypeError, match="floaty"):
             make()
         with pytest.raises(AttributeError, match="floaty"):  # tinygrad's getattr(dtypes, name)
@@ -466,3 +469,11 @@ def test_index_arithmetic_past_int32_is_exact():
     n = 2**31 + 5  # the kernel indexes with int64 here
     assert Tensor.arange(n, dtype=dtypes.int64)[n - 3 :].tolist() == [n - 3, n - 2, n - 1]
     assert Tensor.arange(n, dtype=dtypes.int64).sum().item() == n * (n - 1) // 2
+
+
+def test_where_of_two_python_scalars_types_them_like_a_list():
+    cond = [True, False]
+    check(Tensor(cond).where(2**40, 0), torch.where(torch.tensor(cond), 2**40, 0))
+    check(Tensor(cond).where(1.5, 0), torch.where(torch.tensor(cond), 1.5, 0.0))
+    with pytest.raises(TypeError, match="str"):
+        Tensor(cond).where("a", 0)

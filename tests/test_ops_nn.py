@@ -283,7 +283,9 @@ def test_max_unpool(xs, kw, out):
 def test_max_pool_unpool_nonfinite_like_torch(kernel):
     # inf maxima survive the unpool (no inf - inf), and a NaN maximum takes the gradient (not NaN everywhere)
     inf, nan = float("inf"), float("nan")
-    x = np.array([[[[1.0, inf, 2.0, 1.5], [-inf, nan, -inf, -5.0], [3.0, 0.5, -1.0, nan], [-inf, 7.0, inf, 5.0]]]], np.float32)
+    x = np.array(
+        [[[[1.0, inf, 2.0, 1.5], [-inf, nan, -inf, -5.0], [3.0, 0.5, -1.0, nan], [-inf, 7.0, inf, 5.0]]]], np.float32
+    )
     t, tt = Tensor(x), torch.tensor(x, requires_grad=True)
     vals, idx = t.max_pool2d(kernel, return_indices=True)
     tvals, tidx = F.max_pool2d(tt, kernel, return_indices=True)

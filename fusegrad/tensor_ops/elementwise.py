@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from fusegrad.tensor_ops.pydata import infer_py_dtype, py_scalar
 from fusegrad.tensor_ops.shapes import broadcast_shape
 from fusegrad.uop.ops import Ops, UOp
 
@@ -78,12 +79,23 @@ def _asin_mid(y: Tensor) -> Tensor:
     return _atan(y / ((1 - y) * (1 + y)).sqrt())
 
 
-def _arcsin_parts(a: Tensor, combine: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
-    """combine(|x| <= 0.5, sqrt((1-|x|)/2)) for asin/acos: near +-1 they are 2*asin(sqrt((1-|x|)/2)) from the edge,
-    exact there and with torch's infinite gradient at +-1 (the atan form gives 0 * inf = nan). The edge input of
-    unused lanes is a harmless 0.25 so no infinite local gradient is multiplied by their zero gradient."""
+def _arcsin_split(a: Tensor) -> tuple[Tensor, Tensor]:
+    """(|x| <= 0.5, sqrt((1-|x|)/2)) for a = |x|: near +-1, asin and acos are 2*asin(sqrt((1-|x|)/2)) taken from the
+    edge, exact there and with torch's infinite gradient at +-1 (the plain atan form gives 0 * inf = nan). Lanes that
+    do not use the edge form take sqrt(0.25), so no infinite local gradient meets their zero gradient."""
     small = a <= 0.5
-    return combine(small, small.where(0.25, (1 - a) * 0.5).sqrt())
+    return small, small.where(0.25, (1 - a) * 0.5).sqrt()
+
+
+def _asin_nonneg(a: Tensor) -> Tensor:
+    small, edge = _arcsin_split(a)
+    return small.where(_asin_mid(small.where(a, 0)), math.pi / 2 - 2 * _asin_mid(edge))
+
+
+def _acos(x: Tensor) -> Tensor:
+    small, edge = _arcsin_split(x.abs())
+    from_edge = (x > 0).where(2 * _asin_mid(edge), math.pi - 2 * _asin_mid(edge))
+    return small.where(math.pi / 2 - _asin_mid(small.where(x, 0)), from_edge)
 
 
 def _erf_nonneg(a: Tensor) -> Tensor:
@@ -259,12 +271,10 @@ class ElementwiseMixin:
         return self._float_fn(lambda x: x.sin() / x.cos())
 
     def asin(self) -> Tensor:
-        return self._float_fn(lambda x: _odd(x, lambda a: _arcsin_parts(a, lambda small, edge: small.where(
-            _asin_mid(small.where(a, 0)), math.pi / 2 - 2 * _asin_mid(edge)))))
+        return self._float_fn(lambda x: _odd(x, _asin_nonneg))
 
     def acos(self) -> Tensor:
-        return self._float_fn(lambda x: _arcsin_parts(x.abs(), lambda small, edge: small.where(
-            math.pi / 2 - _asin_mid(small.where(x, 0)), (x > 0).where(2 * _asin_mid(edge), math.pi - 2 * _asin_mid(edge)))))
+        return self._float_fn(_acos)
 
     def atan(self) -> Tensor:
         return self._float_fn(_atan)
@@ -630,7 +640,7 @@ class ElementwiseMixin:
         elif isinstance(y, Tensor):
             y, x = y._operand(x)
         else:
-            dt = least_upper_dtype(dtypes.from_py(x), dtypes.from_py(y))
+            dt = infer_py_dtype([py_scalar(x), py_scalar(y)])  # like Tensor([x, y]): 2**40 needs int64
             x, y = Tensor(UOp.const(dt, x), device=self.device), Tensor(UOp.const(dt, y), device=self.device)
         shape = broadcast_shape(broadcast_shape(cond.shape, x.shape), y.shape)
         cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)

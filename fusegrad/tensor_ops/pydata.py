@@ -21,7 +21,8 @@ def py_scalar(x: Any) -> PyScalar:
         return py_scalar(x.item())
     if type(x).__name__ == "Tensor":
         raise TypeError("cannot build a Tensor from a list of Tensors; use Tensor.stack(...) or Tensor.cat(...)")
-    raise TypeError(f"cannot build a Tensor from a {type(x).__name__} element {x!r}: elements must be bool, int or float")
+    kind = type(x).__name__
+    raise TypeError(f"cannot build a Tensor from a {kind} element {x!r}: elements must be bool, int or float")
 
 
 def flatten_py_data(data: Any) -> tuple[tuple[int, ...], list[PyScalar]]:
