@@ -140,10 +140,27 @@ def test_full_checks_its_value_like_construction():
             Tensor.full((2,), bad)
 
 
-def test_pad_with_any_value_wraps_into_the_dtype():
-    # pad's fill is converted like cast (internal callers pad ints with their own identities)
-    x = Tensor([1, 2], dtype=dtypes.uint8)
-    assert x.pad((1, 1), value=-1).tolist() == [255, 1, 2, 255]
+def test_pad_value_is_checked_like_construction():
+    x, tx = Tensor([1, 2], dtype=dtypes.uint8), torch.tensor([1, 2], dtype=torch.uint8)
+    check(x.pad((1, 1), value=255), torch.nn.functional.pad(tx, (1, 1), value=255))
+    check(x.pad((1, 1), value=1.5), torch.nn.functional.pad(tx, (1, 1), value=1.5))
+    with pytest.raises(RuntimeError):
+        torch.nn.functional.pad(tx, (1, 1), value=300)
+    with pytest.raises(RuntimeError, match="300"):
+        x.pad((1, 1), value=300)
+    with pytest.raises(TypeError, match="str"):
+        x.pad((1, 1), value="a")
+
+
+def test_randint_range_must_fit_the_dtype():
+    with pytest.raises(RuntimeError):
+        torch.randint(0, 2**40, (3,), dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=str(2**40)):
+        Tensor.randint(3, high=2**40, dtype=dtypes.int32)
+    with pytest.raises(RuntimeError, match="uint8"):
+        Tensor.randint(3, low=-1, high=5, dtype=dtypes.uint8)
+    x = Tensor.randint(1000, low=-(2**40), high=2**40, dtype=dtypes.int64).numpy()
+    assert x.min() >= -(2**40) and x.max() < 2**40 and x.min() < -(2**30) and x.max() > 2**30
 
 
 # ---------------------------------------------------------------------------------------------------------------------

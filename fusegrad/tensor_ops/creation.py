@@ -327,10 +327,16 @@ class CreationMixin:
             raise TypeError(f"randint needs an integer dtype, got {dt}")
         if low >= high:
             raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+        if low < dt.min or high - 1 > dt.max:
+            raise RuntimeError(f"randint range [{low}, {high}) does not fit {dt}")
         shape = check_shape(argfix(*shape))
-        bits = Tensor._random_bits(shape, kwargs.get("device"))
-        # 64-bit arithmetic keeps ranges wider than 2**31 exact
-        out = ((bits.cast(dtypes.uint64) % (high - low)).cast(dtypes.int64) + low).cast(dt)
+        span = high - low
+        bits = Tensor._random_bits(shape, kwargs.get("device")).cast(dtypes.uint64)
+        if span > 2**32:  # 32 random bits would only reach the bottom 2**32 values of a wider range
+            bits = (bits << 32) | Tensor._random_bits(shape, kwargs.get("device")).cast(dtypes.uint64)
+        # 64-bit arithmetic (wrapping like two's complement) keeps every range of int64/uint64 exact
+        offset = bits % span if span < 2**64 else bits
+        out = (offset.cast(dtypes.int64) + low).cast(dt)
         return Tensor._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
 
     @staticmethod

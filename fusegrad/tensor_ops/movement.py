@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusegrad.dtype import dtypes, least_upper_dtype
 from fusegrad.helpers import argfix, prod
+from fusegrad.tensor_ops.pydata import check_py_values, py_scalar
 from fusegrad.tensor_ops.shapes import as_index, check_shape, is_index, pad_pairs
 from fusegrad.uop.ops import Ops, UOp
 
@@ -178,6 +179,8 @@ class MovementMixin:
             raise NotImplementedError(f"pad mode {mode!r} is not one of {PAD_MODES}")
         if mode != "constant" and value != 0:
             raise RuntimeError(f"pad mode {mode!r} doesn't take a value (got {value})")
+        if dtypes.is_int(self.dtype):  # a fill the dtype cannot hold is refused like Tensor([value], dtype=...)
+            value = check_py_values([py_scalar(value)], self.dtype)[0]
         pads = pad_pairs(padding, self.ndim)
         for (b, a), s in zip(pads, self.shape):
             if s + b + a < 0 or (mode == "circular" and s + min(b, 0) + min(a, 0) < 0):
