@@ -59,6 +59,12 @@ def test_construct_ints_past_int64_raise(data):
 
 def test_construct_mixed_floats_take_big_ints():
     check(Tensor([1.5, 2**70]), torch.tensor([1.5, 2**70]))
+    check(Tensor([2**1023], dtype=dtypes.float16), torch.tensor([2**1023], dtype=torch.float16))
+    for data, dtype in [([1.5, 2**1100], None), ([2**1100], torch.float32)]:
+        with pytest.raises(OverflowError):
+            torch.tensor(data, dtype=dtype)
+        with pytest.raises(OverflowError, match=str(2**1100)[:30]):
+            Tensor(data, dtype=None if dtype is None else TORCH2FG[dtype])
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,12 @@ def check_py_values(values: list[PyScalar], dt: DType) -> list[PyScalar]:
     where no 64-bit integer holds it for that dtype (past int64, or past uint64/negative for uint64), else
     RuntimeError. Floats into ints truncate toward zero; floats overflow to inf in float dtypes; anything goes
     into bool."""
-    if dt is dtypes.bool or not dtypes.is_int(dt):
+    if dt is dtypes.bool:
+        return values
+    if not dtypes.is_int(dt):
+        too_big = next((x for x in values if isinstance(x, int) and abs(x) >= 2**1024), None)
+        if too_big is not None:  # float() itself would fail without naming the value
+            raise OverflowError(f"Python int {too_big} is too large for any float dtype ({dt})")
         return values
     low, high = _accepted_int_range(dt)
     reach = (0, UINT64_MAX) if dt is dtypes.uint64 else (INT64_MIN, INT64_MAX)
