@@ -306,6 +306,12 @@ SHAPE_FUNCTIONS = {
     "permute": lambda v: Tensor.ones(2, 2).permute(v, 0),
     "transpose": lambda v: Tensor.ones(2, 2).transpose(v, 0),
     "unsqueeze": lambda v: Tensor.ones(2).unsqueeze(v),
+    "roll": lambda v: Tensor.ones(2).roll(v, 0),
+    "interpolate": lambda v: Tensor.ones(1, 1, 2, 2).interpolate((v, 3)),
+    "max_pool2d": lambda v: Tensor.ones(1, 1, 4, 4).max_pool2d(v),
+    "avg_pool2d_stride": lambda v: Tensor.ones(1, 1, 4, 4).avg_pool2d(2, stride=(v, 1)),
+    "conv2d_padding": lambda v: Tensor.ones(1, 1, 4, 4).conv2d(Tensor.ones(1, 1, 3, 3), padding=v),
+    "conv2d_groups": lambda v: Tensor.ones(1, 2, 4, 4).conv2d(Tensor.ones(2, 1, 3, 3), groups=v),
 }
 
 

@@ -367,7 +367,10 @@ class MovementMixin:
         return t.unsqueeze(d + 1)._expand_dim(d + 1, repeats).flatten(d, d + 1)
 
     def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
-        shift_t = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        shift_t = (shifts,) if is_index(shifts) else tuple(shifts) if isinstance(shifts, (tuple, list)) else (shifts,)
+        if not all(is_index(s) for s in shift_t):
+            raise TypeError(f"roll shifts {shifts!r} must be an int or a sequence of ints")
+        shift_t = tuple(int(s) for s in shift_t)
         if dims is None:
             if len(shift_t) != 1:
                 raise RuntimeError(f"roll shifts {shifts} need dims of the same length, got None")
