@@ -32,19 +32,13 @@ from fusegrad.tensor_ops.indexing import IndexingMixin
 from fusegrad.tensor_ops.linalg import LinalgMixin
 from fusegrad.tensor_ops.movement import MovementMixin
 from fusegrad.tensor_ops.nn import NNMixin
-from fusegrad.tensor_ops.pydata import flatten_py_data, infer_py_dtype, py_data_to_numpy, py_scalar_const
+from fusegrad.tensor_ops.pydata import py_data_to_numpy, py_scalar_const
 from fusegrad.tensor_ops.reduce import ReduceMixin
 from fusegrad.tensor_ops.shapes import broadcast_shape
 from fusegrad.tensor_ops.sorting import SortingMixin
 from fusegrad.uop.ops import Ops, UOp
 
 Scalar = int | float | bool
-
-
-def _py_dtype_of(data: Any) -> DType:
-    """Dtype of nested Python data: any float -> default_float, else ints -> default_int (int64 when one does not
-    fit it), else bool."""
-    return infer_py_dtype(flatten_py_data(data)[1])
 
 
 class Tensor(

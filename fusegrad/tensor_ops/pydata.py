@@ -105,7 +105,8 @@ def py_data_to_numpy(data: Any, dt: DType | None) -> tuple[np.ndarray, DType]:
     dt = dt or infer_py_dtype(values)
     values = check_py_values(values, dt)
     if dt is dtypes.bfloat16 or dtypes.is_float(dt) and dt.fmt is None:
-        return np.array(values, dtype=np.float32).reshape(shape), dt
+        # float64 keeps Python floats exact until the one rounding to the narrow dtype
+        return np.array(values, dtype=np.float64).reshape(shape), dt
     if dtypes.is_float(dt):
         with np.errstate(over="ignore"):  # values past the dtype's range become inf, as torch
             return np.array(values, dtype=np.float64).astype(to_numpy_dtype(dt)).reshape(shape), dt
