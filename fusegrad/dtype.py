@@ -185,6 +185,10 @@ def _default(name: str | DType, var: str, kind: str) -> DType:
     return dt
 
 
+class UnknownDTypeError(AttributeError, TypeError):
+    """A dtype name that names no dtype: AttributeError as tinygrad (getattr on dtypes), TypeError as torch."""
+
+
 def to_dtype(x: Any) -> DType:
     """DType from a DType, its attribute name (case-insensitive) or a numpy dtype."""
     if isinstance(x, DType):
@@ -192,7 +196,7 @@ def to_dtype(x: Any) -> DType:
     if isinstance(x, str):
         dt = _NAME_TO_DTYPE.get(x.lower())
         if dt is None:
-            raise AttributeError(f"unknown dtype {x!r}; known: {sorted(_NAME_TO_DTYPE)}")
+            raise UnknownDTypeError(f"unknown dtype {x!r}; known: {sorted(_NAME_TO_DTYPE)}")
         return dt
     try:
         return from_numpy(np.dtype(x))

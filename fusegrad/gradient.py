@@ -41,8 +41,9 @@ def _reduce_grad(node: UOp, g: UOp) -> tuple[UOp | None, ...]:
         return (_expand(g, x.shape),)
     out = _expand(node, x.shape)
     if op is Ops.MAX:
-        # ties share the gradient equally, like torch's max reduction
-        hit = _alu(Ops.CMPEQ, x, out).cast(x.dtype)
+        # ties share the gradient equally, like torch's max reduction; a NaN maximum belongs to the NaN inputs
+        nan_hit = _alu(Ops.AND, _alu(Ops.CMPNE, x, x), _alu(Ops.CMPNE, out, out))
+        hit = _alu(Ops.OR, _alu(Ops.CMPEQ, x, out), nan_hit).cast(x.dtype)
         count = _expand(_reduce_sum(hit, axes), x.shape)
         return (_alu(Ops.MUL, _alu(Ops.FDIV, hit, count), _expand(g, x.shape)),)
     # product: exact with zeros (a single zero gets the product of the others, two or more zeros give 0 everywhere)

@@ -20,11 +20,10 @@ from fusegrad.dtype import (
     np_bf16_to_f32,
     to_dtype,
     to_numpy_dtype,
-    truncate,
 )
 from fusegrad.engine.realize import realize_lock, realize_uops
 from fusegrad.gradient import compute_gradient
-from fusegrad.helpers import all_same, prod
+from fusegrad.helpers import prod
 from fusegrad.runtime.device import Buffer, Device
 from fusegrad.schedule import OldVersionReaders, base_buffer, buffer_of, buffer_uop, is_contiguous_view
 from fusegrad.schedule.multi import canonical_device, is_realized_multi, multi_axis, shard_uop
@@ -35,31 +34,13 @@ from fusegrad.tensor_ops.indexing import IndexingMixin, view_base
 from fusegrad.tensor_ops.linalg import LinalgMixin
 from fusegrad.tensor_ops.movement import MovementMixin
 from fusegrad.tensor_ops.nn import NNMixin
+from fusegrad.tensor_ops.pydata import py_data_to_numpy, py_scalar_const
 from fusegrad.tensor_ops.reduce import ReduceMixin
 from fusegrad.tensor_ops.shapes import broadcast_shape
 from fusegrad.tensor_ops.sorting import SortingMixin
 from fusegrad.uop.ops import Ops, UOp
 
 Scalar = int | float | bool
-
-
-def _py_dtype_of(data: Any) -> DType:
-    """Dtype of nested Python data: any float -> default_float, else any int -> default_int, else bool."""
-    flat = np.asarray(data, dtype=object).reshape(-1)
-    if any(isinstance(x, float) for x in flat):
-        return dtypes.default_float
-    if any(isinstance(x, int) and not isinstance(x, bool) for x in flat):
-        return dtypes.default_int
-    return dtypes.bool if len(flat) else dtypes.default_float
-
-
-def _nested_shape(data: Any) -> tuple[int, ...]:
-    if not isinstance(data, (list, tuple)):
-        return ()
-    shapes = [_nested_shape(x) for x in data]
-    if not all_same(shapes) if shapes else False:
-        raise ValueError(f"ragged nested sequence: sub-shapes {sorted(set(shapes))}")
-    return (len(data),) + (shapes[0] if shapes else ())
 
 
 class Tensor(
@@ -91,21 +72,12 @@ class Tensor(
         elif data is None:
             self.uop = UOp.const(dt or dtypes.default_float, 0)
         elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-            self.uop = UOp.const(dt or dtypes.from_py(data), data)
+            value, const_dt = py_scalar_const(data, dt)
+            self.uop = UOp.const(const_dt, value)
         elif isinstance(data, bytes):
             self.uop = self._from_numpy(np.frombuffer(data, np.uint8), dt)
-        elif isinstance(data, (list, tuple)):
-            shape = _nested_shape(data)
-            inferred = dt or _py_dtype_of(data)
-            if inferred is dtypes.bfloat16 or dtypes.is_float(inferred) and inferred.fmt is None:
-                # float64 keeps Python floats exact until the one rounding to the narrow dtype
-                arr = np.array(data, dtype=np.float64).reshape(shape)
-            else:
-                arr = np.array(
-                    [truncate(x, inferred) for x in np.asarray(data, dtype=object).reshape(-1)],
-                    dtype=to_numpy_dtype(inferred),
-                ).reshape(shape)
-            self.uop = self._from_numpy(arr, inferred)
+        elif isinstance(data, (list, tuple, range)):
+            self.uop = self._from_numpy(*py_data_to_numpy(data, dt))
         elif isinstance(data, (np.ndarray, np.generic)):
             self.uop = self._from_numpy(np.asarray(data), dt)
         elif isinstance(data, pathlib.Path):
@@ -237,8 +209,8 @@ class Tensor(
         readers = OldVersionReaders(roots, 2) if keep_old_versions and _pending_assigns else None
         try:
             results = realize_uops(roots, [t.device for t in todo], readers)
-        except IndexError:
-            # a failed CHECK_OOB index check raises before any assign ran: their targets keep their old values
+        except Exception:
+            # failed index checks, compiles and memory checks raise before any kernel ran: targets keep their values
             for t in todo:
                 if t.uop.op is Ops.ASSIGN:
                     t.uop = t.uop.src[0]

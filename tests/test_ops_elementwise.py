@@ -337,6 +337,18 @@ def test_inverse_trig_hyperbolic_edges():
         check(fn(Tensor(x64)), tfn(torch.tensor(x64)), atol=1e-9, rtol=1e-9)
 
 
+@pytest.mark.parametrize("name", ["asin", "acos"])
+def test_arcsin_arccos_gradient_at_domain_edges(name):
+    # torch: asin' = +inf and acos' = -inf at +-1, NaN outside; no NaN from 0 * inf inside the formula
+    x = np.array([-1.0, 1.0, -0.99999994, 0.99999994, 0.5, 0.50000006, -0.5, 0.0, -1.5, 1.5], np.float32)
+    t, tt = Tensor(x), torch.tensor(x, requires_grad=True)
+    with np.errstate(all="ignore"):
+        getattr(t, name)().sum().backward()
+        getattr(torch, name)(tt).sum().backward()
+        check(t.grad, tt.grad, rtol=1e-5)
+    check_grads(getattr(Tensor, name), getattr(torch, name), rnd(64, lo=-0.999, hi=0.999))
+
+
 def test_unary_bad_inputs():
     t = Tensor([1.0, 4.0])
     with pytest.raises(TypeError):

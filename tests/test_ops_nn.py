@@ -279,6 +279,24 @@ def test_max_unpool(xs, kw, out):
     )
 
 
+@pytest.mark.parametrize("kernel", [(1, 2), (2, 2)])
+def test_max_pool_unpool_nonfinite_like_torch(kernel):
+    # inf maxima survive the unpool (no inf - inf), and a NaN maximum takes the gradient (not NaN everywhere)
+    inf, nan = float("inf"), float("nan")
+    x = np.array(
+        [[[[1.0, inf, 2.0, 1.5], [-inf, nan, -inf, -5.0], [3.0, 0.5, -1.0, nan], [-inf, 7.0, inf, 5.0]]]], np.float32
+    )
+    t, tt = Tensor(x), torch.tensor(x, requires_grad=True)
+    vals, idx = t.max_pool2d(kernel, return_indices=True)
+    tvals, tidx = F.max_pool2d(tt, kernel, return_indices=True)
+    check(vals, tvals)
+    out, tout = vals.max_unpool2d(idx, kernel), F.max_unpool2d(tvals, tidx, kernel)
+    check(out, tout)
+    out.sum().backward()
+    tout.sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), tt.grad.numpy())  # no ties: torch's argmax is unique
+
+
 def test_max_unpool_errors():
     v = Tensor(rand(1, 1, 2, 2))
     with pytest.raises(RuntimeError, match="indices shape"):
@@ -324,15 +342,21 @@ def test_interpolate_1d_3d_views_dtypes():
     xu = rand(1, 2, 5, 6, dtype=np.uint8, hi=256)
     ref = F.interpolate(torch.tensor(xu), size=(9, 4), mode="nearest-exact")
     check(Tensor(xu).interpolate((9, 4), mode="nearest-exact"), ref)
-    # uint8 linear rounds to nearest; torch's integer path may round the other way on exact-half values
-    out = Tensor(xu).interpolate((9, 4))
-    ref = F.interpolate(torch.tensor(xu), size=(9, 4), mode="bilinear").numpy()
-    exact = F.interpolate(torch.tensor(xu).double(), size=(9, 4), mode="bilinear").numpy()
-    assert out.dtype == dtypes.uint8 and out.shape == ref.shape
-    assert np.abs(out.numpy() - exact).max() <= 0.5 + 1e-4
-    assert np.abs(out.numpy().astype(int) - ref.astype(int)).max() <= 1
+    # uint8 linear equals torch's integer kernel exactly (more sizes in test_interpolate_uint8_like_torch)
+    check(Tensor(xu).interpolate((9, 4)), F.interpolate(torch.tensor(xu), size=(9, 4), mode="bilinear"))
     xh = rand(1, 1, 4, 4, dtype=np.float16)
     check(Tensor(xh).interpolate((6, 3)), F.interpolate(torch.tensor(xh).float(), size=(6, 3), mode="bilinear").half())
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize(
+    "shape,size", [((2, 3, 2, 3), (3, 5)), ((1, 3, 4, 4), (7, 9)), ((2, 5, 6, 6), (13, 5)), ((1, 1, 9, 9), (4, 17))]
+)
+def test_interpolate_uint8_like_torch(shape, size, align_corners):
+    # torch's uint8 bilinear is separable (last dim first) in fixed point, rounding after each pass
+    x = rand(*shape, dtype=np.uint8, hi=256)
+    out = Tensor(x).interpolate(size, align_corners=align_corners)
+    check(out, F.interpolate(torch.tensor(x), size=size, mode="bilinear", align_corners=align_corners))
 
 
 def test_interpolate_errors():

@@ -1,6 +1,7 @@
 """Runs a schedule: compiles each kernel once (cached by its AST), launches it, and keeps the counters."""
 
 from __future__ import annotations
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -75,7 +76,24 @@ def run_item(item: ScheduleItem) -> None:
         )
 
 
+def _host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(items: list[ScheduleItem]) -> None:
+    """MemoryError before anything compiles or runs when the schedule's new buffers cannot fit the machine."""
+    new = {id(b): b for item in items for b in item.buffers if not b.is_allocated}.values()
+    total, limit = sum(b.nbytes for b in new), _host_memory_bytes()
+    if total > limit:
+        largest = max(new, key=lambda b: b.nbytes)
+        raise MemoryError(
+            f"realizing needs {total} bytes of new buffers (largest: {largest.size} x {largest.dtype} = "
+            f"{largest.nbytes} bytes on {largest.device}), more than the machine's {limit} bytes"
+        )
+
+
 def compile_schedule(items: list[ScheduleItem]) -> None:
+    check_memory(items)
     for item in items:
         if item.ast.op is Ops.SINK and item.buffers[0].size:
             get_runner(item.device, item.ast)

@@ -13,7 +13,8 @@ from fusegrad.helpers import argfix, prod
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule import buffer_uop
 from fusegrad.schedule.multi import canonical_device, make_multi, multi_axis, shard_shape
-from fusegrad.tensor_ops.shapes import check_shape
+from fusegrad.tensor_ops.pydata import py_scalar_const
+from fusegrad.tensor_ops.shapes import as_index, check_shape, is_index
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -39,12 +40,62 @@ def threefry2x32(counter: Tensor, stream: int, key: int) -> Tensor:
     return x0
 
 
+def _floor_to_precision(x: Tensor, dt: DType) -> Tensor:
+    """float32 x rounded toward -inf to dt's mantissa width, so the cast to dt is exact and never rounds up.
+
+    Rounding to nearest would turn a draw just below 1 (or any `high`) into 1 in float16/bfloat16/fp8.
+    """
+    mantissa = dtypes.finfo(dt)[1]
+    if mantissa >= 23:
+        return x
+    low_bits = (1 << (23 - mantissa)) - 1
+    bits = x.bitcast(dtypes.uint32)
+    # IEEE bit patterns order like magnitudes: clearing low bits floors a positive value; a negative one rounds its
+    # magnitude up (the carry into the exponent is the next power of two)
+    floored = (x < 0).where((bits + low_bits) & ~low_bits & 0xFFFFFFFF, bits & ~low_bits & 0xFFFFFFFF)
+    return floored.bitcast(dtypes.float32)
+
+
+def _number(name: str, x: Any) -> int | float:
+    """A bound/step argument: Python or numpy int/float, kept as int or float by kind."""
+    if is_index(x):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x)
+    raise TypeError(f"{name}() needs a number, got {type(x).__name__} {x!r}")
+
+
+def _float_dtype(name: str, dtype: DTypeLike | None) -> DType:
+    dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+    if not dtypes.is_float(dt):
+        raise ValueError(f"{name} needs a float dtype, got {dt}")
+    return dt
+
+
+def _fan_shape(name: str, shape: tuple) -> tuple[int, ...]:
+    s = check_shape(argfix(*shape))
+    if not s:
+        raise ValueError(f"{name} needs at least one dimension to compute the fan, got shape {s}")
+    return s
+
+
 class CreationMixin:
     @staticmethod
-    def _creation_kwargs(kwargs: dict) -> tuple[str, DType | None]:
-        unknown = set(kwargs) - {"device", "dtype", "requires_grad"}
-        if unknown:
-            raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}")
+    def _reject_kwargs(name: str, kwargs: dict, allowed: tuple[str, ...] = ()) -> None:
+        """TypeError naming the first keyword `name` does not take; requires_grad is always accepted (API.md 2.0)."""
+        for key in kwargs:
+            if key not in allowed and key != "requires_grad":
+                raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
+
+    @staticmethod
+    def _with_requires_grad(out: Tensor, kwargs: dict) -> Tensor:
+        if "requires_grad" in kwargs:
+            out.requires_grad, out.is_param = kwargs["requires_grad"], kwargs["requires_grad"] is not False
+        return out
+
+    @staticmethod
+    def _creation_kwargs(name: str, kwargs: dict) -> tuple[str, DType | None]:
+        Tensor._reject_kwargs(name, kwargs, ("device", "dtype", "buffer"))
         dt = kwargs.get("dtype")
         return canonical_device(kwargs.get("device")), to_dtype(dt) if dt is not None else None
 
@@ -57,30 +108,39 @@ class CreationMixin:
         buffer: bool = True,
         **kwargs: Any,
     ) -> Tensor:
+        Tensor._reject_kwargs("full", kwargs)
         shape = check_shape(argfix(shape))
-        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        const = Tensor(UOp.const(dt, fill_value), device=device)
-        return const.reshape((1,) * len(shape)).expand(shape)
+        value, dt = py_scalar_const(fill_value, to_dtype(dtype) if dtype is not None else None)
+        return Tensor._with_requires_grad(Tensor._filled(shape, value, dt, device), kwargs)
+
+    @staticmethod
+    def _filled(shape: tuple[int, ...], value: Scalar, dt: DType, device: Any) -> Tensor:
+        """A broadcast constant; value is stored as dt stores it (ints wrap), for callers that already chose dt."""
+        return Tensor(UOp.const(dt, value), device=device).reshape((1,) * len(shape)).expand(shape)
 
     @staticmethod
     def zeros(*shape: Any, **kwargs: Any) -> Tensor:
-        device, dt = Tensor._creation_kwargs(kwargs)
-        return Tensor.full(argfix(*shape), 0.0, dtype=dt or dtypes.default_float, device=device)
+        device, dt = Tensor._creation_kwargs("zeros", kwargs)
+        out = Tensor.full(argfix(*shape), 0, dtype=dt or dtypes.default_float, device=device)
+        return Tensor._with_requires_grad(out, kwargs)
 
     @staticmethod
     def ones(*shape: Any, **kwargs: Any) -> Tensor:
-        device, dt = Tensor._creation_kwargs(kwargs)
-        return Tensor.full(argfix(*shape), 1.0, dtype=dt or dtypes.default_float, device=device)
+        device, dt = Tensor._creation_kwargs("ones", kwargs)
+        out = Tensor.full(argfix(*shape), 1, dtype=dt or dtypes.default_float, device=device)
+        return Tensor._with_requires_grad(out, kwargs)
 
     @staticmethod
     def empty(*shape: Any, device: str | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
+        Tensor._reject_kwargs("empty", kwargs)
         shape = check_shape(argfix(*shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         placement = canonical_device(device)
         if isinstance(placement, tuple):  # replicated: one uninitialized buffer per device
             shards = [Tensor.empty(shape, device=d, dtype=dt).uop for d in placement]
             return Tensor(make_multi(shards, None, placement), device=placement)
-        return Tensor(buffer_uop(Buffer(placement, prod(shape), dt)), device=placement).reshape(shape)
+        out = Tensor(buffer_uop(Buffer(placement, prod(shape), dt)), device=placement).reshape(shape)
+        return Tensor._with_requires_grad(out, kwargs)
 
     def _sharded_like(self, make: Any, device: str | None) -> Tensor:
         """make(device) shaped like self; a sharded self is sharded the same way (then device must not be given)."""
@@ -93,8 +153,10 @@ class CreationMixin:
     def full_like(
         self, fill_value: Scalar, dtype: DTypeLike | None = None, device: str | None = None, **kwargs: Any
     ) -> Tensor:
+        Tensor._reject_kwargs("full_like", kwargs)
         dt = dtype or self.dtype
-        return self._sharded_like(lambda d: Tensor.full(self.shape, fill_value, dtype=dt, device=d), device)
+        out = self._sharded_like(lambda d: Tensor.full(self.shape, fill_value, dtype=dt, device=d), device)
+        return Tensor._with_requires_grad(out, kwargs)
 
     def zeros_like(self, **kwargs: Any) -> Tensor:
         return self.full_like(0, **kwargs)
@@ -115,9 +177,13 @@ class CreationMixin:
     def arange(
         start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: DTypeLike | None = None, **kwargs: Any
     ) -> Tensor:
-        device, _ = Tensor._creation_kwargs({k: v for k, v in kwargs.items() if k != "dtype"})
+        Tensor._reject_kwargs("arange", kwargs, ("device",))
+        device = canonical_device(kwargs.get("device"))
         if stop is None:
             start, stop = 0, start
+        start, stop, step = (_number("arange", x) for x in (start, stop, step))
+        if not all(math.isfinite(x) for x in (start, stop, step)):
+            raise ValueError(f"arange({start}, {stop}, {step}) needs finite bounds and step")
         if step == 0:
             raise ValueError("arange step must be non-zero")
         count = max(math.ceil((stop - start) / step), 0)
@@ -136,30 +202,35 @@ class CreationMixin:
             raise OverflowError(f"arange({start}, {stop}, {step}) does not fit {dt}")
         idx_dt = dtypes.int64 if count >= 2**31 else dtypes.int32
         idx = Tensor(UOp(Ops.ARANGE, idx_dt, (), count), device=device)
-        return (idx.cast(dt) * step + start).cast(dt) if (start, step) != (0, 1) or dt is not idx_dt else idx
+        out = (idx.cast(dt) * step + start).cast(dt) if (start, step) != (0, 1) or dt is not idx_dt else idx
+        return Tensor._with_requires_grad(out, kwargs)
 
     @staticmethod
     def linspace(start: Scalar, stop: Scalar, steps: int, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
+        Tensor._reject_kwargs("linspace", kwargs, ("device",))
+        start, stop, steps = _number("linspace", start), _number("linspace", stop), as_index("linspace", steps)
         if steps < 0:
             raise ValueError(f"linspace needs steps >= 0, got {steps}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         if dt is dtypes.bool:
             raise ValueError("linspace cannot produce bool values")
         if steps == 1:
-            return Tensor([start], dtype=dt, device=kwargs.get("device"))
+            return Tensor._with_requires_grad(Tensor([start], dtype=dt, device=kwargs.get("device")), kwargs)
         idx = Tensor.arange(steps, device=kwargs.get("device")).cast(
             dtypes.float64 if dt is dtypes.float64 else dtypes.float32
         )
-        return (idx * ((stop - start) / max(steps - 1, 1)) + start).cast(dt)
+        return Tensor._with_requires_grad((idx * ((stop - start) / max(steps - 1, 1)) + start).cast(dt), kwargs)
 
     @staticmethod
     def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
-        m = n if m is None else m
+        Tensor._reject_kwargs("eye", kwargs, ("device",))
+        n = as_index("eye", n)
+        m = n if m is None else as_index("eye", m)
         if n < 0 or m < 0:
             raise ValueError(f"eye needs non-negative sizes, got n={n}, m={m}")
         rows = Tensor.arange(n, device=kwargs.get("device")).reshape(n, 1)
         cols = Tensor.arange(m, device=kwargs.get("device")).reshape(1, m)
-        return (rows == cols).cast(dtype or dtypes.default_float)
+        return Tensor._with_requires_grad((rows == cols).cast(dtype or dtypes.default_float), kwargs)
 
     @staticmethod
     def manual_seed(seed: int = 0) -> None:
@@ -181,31 +252,40 @@ class CreationMixin:
     def rand(
         *shape: Any, device: str | None = None, dtype: DTypeLike | None = None, contiguous: bool = True, **kwargs: Any
     ) -> Tensor:
+        Tensor._reject_kwargs("rand", kwargs)
         shape = check_shape(argfix(*shape))
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        if not dtypes.is_float(dt):
-            raise ValueError(f"rand needs a float dtype, got {dt}")
+        dt = _float_dtype("rand", dtype)
         bits = Tensor._random_bits(shape, device)
         # 23 random mantissa bits under exponent 0 give a float in [1, 2)
         one_to_two = ((bits >> 9) | 0x3F800000).bitcast(dtypes.float32)
-        out = (one_to_two - 1.0).cast(dt)
-        return out.contiguous() if contiguous else out
+        out = _floor_to_precision(one_to_two - 1.0, dt).cast(dt)
+        return Tensor._with_requires_grad(out.contiguous() if contiguous else out, kwargs)
 
     @staticmethod
     def randn(*shape: Any, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
+        Tensor._reject_kwargs("randn", kwargs, ("device", "contiguous"))
         shape = check_shape(argfix(*shape))
+        dt = _float_dtype("randn", dtype)
         u = Tensor.rand(2, *shape, device=kwargs.get("device"), contiguous=False)
         # Box-Muller: 1 - u keeps the log argument in (0, 1]
-        z = ((1.0 - u[0]).log() * -2.0).sqrt() * (u[1] * (2 * math.pi)).cos()
-        return z.cast(to_dtype(dtype) if dtype is not None else dtypes.default_float).contiguous()
+        z = (((1.0 - u[0]).log() * -2.0).sqrt() * (u[1] * (2 * math.pi)).cos()).cast(dt)
+        return Tensor._with_requires_grad(z.contiguous() if kwargs.get("contiguous", True) else z, kwargs)
 
     def rand_like(self, **kwargs: Any) -> Tensor:
-        dt = kwargs.get("dtype", self.dtype)
-        return self._sharded_like(lambda d: Tensor.rand(self.shape, device=d, dtype=dt), kwargs.get("device"))
+        Tensor._reject_kwargs("rand_like", kwargs, ("device", "dtype", "contiguous"))
+        dt, contiguous = kwargs.get("dtype") or self.dtype, kwargs.get("contiguous", True)
+        out = self._sharded_like(
+            lambda d: Tensor.rand(self.shape, device=d, dtype=dt, contiguous=contiguous), kwargs.get("device")
+        )
+        return Tensor._with_requires_grad(out, kwargs)
 
     def randn_like(self, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
-        dt = dtype or self.dtype
-        return self._sharded_like(lambda d: Tensor.randn(self.shape, dtype=dt, device=d), kwargs.get("device"))
+        Tensor._reject_kwargs("randn_like", kwargs, ("device", "contiguous"))
+        dt, contiguous = dtype or self.dtype, kwargs.get("contiguous", True)
+        out = self._sharded_like(
+            lambda d: Tensor.randn(self.shape, dtype=dt, device=d, contiguous=contiguous), kwargs.get("device")
+        )
+        return Tensor._with_requires_grad(out, kwargs)
 
     @staticmethod
     def const(b: Scalar, dtype: DTypeLike | None = None) -> Tensor:
@@ -222,7 +302,7 @@ class CreationMixin:
     @staticmethod
     def from_blob(ptr: int, shape: tuple[int, ...], **kwargs: Any) -> Tensor:
         """Wrap external host memory at address ptr without copying or owning it (the caller keeps it alive)."""
-        device, dt = Tensor._creation_kwargs(kwargs)
+        device, dt = Tensor._creation_kwargs("from_blob", kwargs)
         dt = dt or dtypes.default_float
         shape = check_shape(tuple(shape))
         buf = Buffer(device, prod(shape), dt)
@@ -239,6 +319,7 @@ class CreationMixin:
     # ---- random
     @staticmethod
     def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, **kwargs: Any) -> Tensor:
+        Tensor._reject_kwargs("randint", kwargs, ("device", "contiguous"))
         dt = to_dtype(dtype)
         if not isinstance(low, int) or not isinstance(high, int):
             raise TypeError(f"randint bounds must be ints, got low={low!r}, high={high!r}")
@@ -246,55 +327,70 @@ class CreationMixin:
             raise TypeError(f"randint needs an integer dtype, got {dt}")
         if low >= high:
             raise ValueError(f"randint needs low < high, got low={low}, high={high}")
+        if low < dt.min or high - 1 > dt.max:
+            raise RuntimeError(f"randint range [{low}, {high}) does not fit {dt}")
         shape = check_shape(argfix(*shape))
-        bits = Tensor._random_bits(shape, kwargs.get("device"))
-        # 64-bit arithmetic keeps ranges wider than 2**31 exact
-        return ((bits.cast(dtypes.uint64) % (high - low)).cast(dtypes.int64) + low).cast(dt).contiguous()
+        span = high - low
+        bits = Tensor._random_bits(shape, kwargs.get("device")).cast(dtypes.uint64)
+        if span > 2**32:  # 32 random bits would only reach the bottom 2**32 values of a wider range
+            bits = (bits << 32) | Tensor._random_bits(shape, kwargs.get("device")).cast(dtypes.uint64)
+        # 64-bit arithmetic (wrapping like two's complement) keeps every range of int64/uint64 exact
+        offset = bits % span if span < 2**64 else bits
+        out = (offset.cast(dtypes.int64) + low).cast(dt)
+        return Tensor._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
 
     @staticmethod
     def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor:
+        Tensor._reject_kwargs("normal", kwargs, ("device", "dtype", "contiguous"))
         if std < 0:
             raise ValueError(f"normal needs std >= 0, got {std}")
-        dt = kwargs.pop("dtype", None)
-        out = Tensor.randn(*shape, **kwargs) * std + mean
-        return out.cast(dt) if dt is not None else out
+        dt = _float_dtype("normal", kwargs.get("dtype"))
+        out = (Tensor.randn(*shape, device=kwargs.get("device"), contiguous=False) * std + mean).cast(dt)
+        return Tensor._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
 
     @staticmethod
     def uniform(
         *shape: Any, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, **kwargs: Any
     ) -> Tensor:
+        Tensor._reject_kwargs("uniform", kwargs, ("device", "contiguous"))
         if low >= high:
             raise ValueError(f"uniform needs low < high, got low={low}, high={high}")
+        dt = _float_dtype("uniform", dtype)
         out = Tensor.rand(*shape, contiguous=False, device=kwargs.get("device")) * (high - low) + low
-        return out.cast(to_dtype(dtype) if dtype is not None else dtypes.default_float).contiguous()
+        out = _floor_to_precision(out, dt).cast(dt)
+        return Tensor._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
 
     @staticmethod
     def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
-        return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * prod(argfix(*shape)) ** -0.5
+        s = check_shape(argfix(*shape))
+        bound = prod(s) ** -0.5
+        return Tensor.uniform(s, low=-bound, high=bound, **kwargs)
 
     @staticmethod
     def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
-        s = argfix(*shape)
+        s = _fan_shape("glorot_uniform", shape)
         bound = math.sqrt(6 / (s[0] + prod(s[1:])))
-        return Tensor.uniform(*s, low=-bound, high=bound, **kwargs)
+        return Tensor.uniform(s, low=-bound, high=bound, **kwargs)
 
     @staticmethod
     def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
-        s = argfix(*shape)
+        s = _fan_shape("kaiming_uniform", shape)
         bound = math.sqrt(6 / (1 + a * a) / prod(s[1:]))
-        return Tensor.uniform(*s, low=-bound, high=bound, **kwargs)
+        return Tensor.uniform(s, low=-bound, high=bound, **kwargs)
 
     @staticmethod
     def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
-        s = argfix(*shape)
-        return Tensor.normal(*s, std=math.sqrt(2 / (1 + a * a) / prod(s[1:])), **kwargs)
+        s = _fan_shape("kaiming_normal", shape)
+        return Tensor.normal(s, std=math.sqrt(2 / (1 + a * a) / prod(s[1:])), **kwargs)
 
     @staticmethod
     def randperm(n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32, **kwargs: Any) -> Tensor:
+        Tensor._reject_kwargs("randperm", kwargs)
+        n = as_index("randperm", n)
         if n < 0:
             raise ValueError(f"randperm needs n >= 0, got {n}")
         # sorting distinct random keys gives a uniform permutation; 31 random bits plus the index break ties
         keys = Tensor._random_bits((n,), device).cast(dtypes.int64) * max(n, 1) + Tensor.arange(
             n, device=device, dtype=dtypes.int64
         )
-        return keys.argsort().cast(to_dtype(dtype))
+        return Tensor._with_requires_grad(keys.argsort().cast(to_dtype(dtype)), kwargs)

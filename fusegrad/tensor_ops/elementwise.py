@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from fusegrad.tensor_ops.pydata import infer_py_dtype, py_scalar
 from fusegrad.tensor_ops.shapes import broadcast_shape
 from fusegrad.uop.ops import Ops, UOp
 
@@ -71,6 +72,30 @@ def _atan_nonneg(t: Tensor) -> Tensor:
 
 def _atan(x: Tensor) -> Tensor:
     return _odd(x, _atan_nonneg)
+
+
+def _asin_mid(y: Tensor) -> Tensor:
+    """asin for |y| <= 0.5, where the formula and its gradient are finite."""
+    return _atan(y / ((1 - y) * (1 + y)).sqrt())
+
+
+def _arcsin_split(a: Tensor) -> tuple[Tensor, Tensor]:
+    """(|x| <= 0.5, sqrt((1-|x|)/2)) for a = |x|: near +-1, asin and acos are 2*asin(sqrt((1-|x|)/2)) taken from the
+    edge, exact there and with torch's infinite gradient at +-1 (the plain atan form gives 0 * inf = nan). Lanes that
+    do not use the edge form take sqrt(0.25), so no infinite local gradient meets their zero gradient."""
+    small = a <= 0.5
+    return small, small.where(0.25, (1 - a) * 0.5).sqrt()
+
+
+def _asin_nonneg(a: Tensor) -> Tensor:
+    small, edge = _arcsin_split(a)
+    return small.where(_asin_mid(small.where(a, 0)), math.pi / 2 - 2 * _asin_mid(edge))
+
+
+def _acos(x: Tensor) -> Tensor:
+    small, edge = _arcsin_split(x.abs())
+    from_edge = (x > 0).where(2 * _asin_mid(edge), math.pi - 2 * _asin_mid(edge))
+    return small.where(math.pi / 2 - _asin_mid(small.where(x, 0)), from_edge)
 
 
 def _erf_nonneg(a: Tensor) -> Tensor:
@@ -246,10 +271,10 @@ class ElementwiseMixin:
         return self._float_fn(lambda x: x.sin() / x.cos())
 
     def asin(self) -> Tensor:
-        return self._float_fn(lambda x: _atan(x / ((1 - x) * (1 + x)).sqrt()))
+        return self._float_fn(lambda x: _odd(x, _asin_nonneg))
 
     def acos(self) -> Tensor:
-        return self._float_fn(lambda x: 2 * _atan(((1 - x) / (1 + x)).sqrt()))
+        return self._float_fn(_acos)
 
     def atan(self) -> Tensor:
         return self._float_fn(_atan)
@@ -577,19 +602,22 @@ class ElementwiseMixin:
         return self._bitwise(Ops.XOR, x, reverse)
 
     def _shift(self, op: Ops, x: Tensor | Scalar, reverse: bool) -> Tensor:
+        if not reverse and isinstance(x, int) and not isinstance(x, bool) and x < 0:
+            raise ValueError(f"negative shift count {x} (as Python's {'<<' if op is Ops.SHL else '>>'})")
         a, b = self._operand(x, reverse)
         if not dtypes.is_int(a.dtype):
             raise RuntimeError(f"shift needs integer tensors, got {a.dtype}")
         bits = a.dtype.bitsize
-        if not reverse and isinstance(x, int) and 0 <= x < bits:
+        if not reverse and isinstance(x, int) and x < bits:
             return a._alu(op, b)
-        # shifting by the bit width or more is undefined in C; torch gives 0 (or the sign for >> of negatives)
+        # a count below 0 or at/above the bit width is undefined in C; torch gives 0 (or the sign for >> of negatives)
         fill = (
             a._alu(Ops.SHR, a.full_like(bits - 1))
             if op is Ops.SHR and not dtypes.is_unsigned(a.dtype)
             else a.zeros_like()
         )
-        return (b < bits).where(a._alu(op, b), fill)
+        in_range = (b < bits) if dtypes.is_unsigned(b.dtype) else (b >= 0) & (b < bits)
+        return in_range.where(a._alu(op, in_range.where(b, 0)), fill)
 
     def lshift(self, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
         return self._shift(Ops.SHL, x, reverse)
@@ -612,7 +640,7 @@ class ElementwiseMixin:
         elif isinstance(y, Tensor):
             y, x = y._operand(x)
         else:
-            dt = least_upper_dtype(dtypes.from_py(x), dtypes.from_py(y))
+            dt = infer_py_dtype([py_scalar(x), py_scalar(y)])  # like Tensor([x, y]): 2**40 needs int64
             x, y = Tensor(UOp.const(dt, x), device=self.device), Tensor(UOp.const(dt, y), device=self.device)
         shape = broadcast_shape(broadcast_shape(cond.shape, x.shape), y.shape)
         cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from fusegrad.dtype import dtypes, least_upper_dtype
 from fusegrad.helpers import argfix, prod
-from fusegrad.tensor_ops.shapes import check_shape, pad_pairs
+from fusegrad.tensor_ops.pydata import check_py_values, py_scalar
+from fusegrad.tensor_ops.shapes import as_index, check_shape, is_index, pad_pairs
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -145,6 +146,8 @@ class MovementMixin:
     def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
         if len(arg) != self.ndim:
             raise ValueError(f"shrink needs one entry per dim ({self.ndim}), got {len(arg)}")
+        if any(a is not None and (len(a) != 2 or not all(is_index(x) for x in a)) for a in arg):
+            raise TypeError(f"shrink bounds {tuple(arg)} must be (start, end) int pairs or None")
         bounds = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
         for (b, e), s in zip(bounds, self.shape):
             if not 0 <= b <= e <= s:
@@ -176,6 +179,8 @@ class MovementMixin:
             raise NotImplementedError(f"pad mode {mode!r} is not one of {PAD_MODES}")
         if mode != "constant" and value != 0:
             raise RuntimeError(f"pad mode {mode!r} doesn't take a value (got {value})")
+        if dtypes.is_int(self.dtype):  # a fill the dtype cannot hold is refused like Tensor([value], dtype=...)
+            value = check_py_values([py_scalar(value)], self.dtype)[0]
         pads = pad_pairs(padding, self.ndim)
         for (b, a), s in zip(pads, self.shape):
             if s + b + a < 0 or (mode == "circular" and s + min(b, 0) + min(a, 0) < 0):
@@ -223,7 +228,7 @@ class MovementMixin:
         if value == 0 and math.copysign(1, value) > 0:
             return out  # -0.0 is a value to fill, not PAD's zero
         inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device)._pad_const(pads, 0)
-        return inside._select(out, Tensor.full(out.shape, value, dtype=self.dtype, device=self.device))
+        return inside._select(out, Tensor._filled(out.shape, value, self.dtype, self.device))
 
     def pad_to(self, shape: Any, *args: Any, value: Scalar = 0) -> Tensor:
         new = argfix(shape, *args)
@@ -315,7 +320,10 @@ class MovementMixin:
     def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
         d = self._axis(dim)
         n = self.shape[d]
-        if isinstance(sizes, int):
+        if not is_index(sizes) and not (isinstance(sizes, (list, tuple)) and all(is_index(s) for s in sizes)):
+            raise TypeError(f"split sizes must be an int or a sequence of ints, got {sizes!r}")
+        if is_index(sizes):
+            sizes = int(sizes)
             if sizes < 0 or (sizes == 0 and n):
                 raise RuntimeError(f"split size {sizes} is invalid for dim {dim} of size {n}")
             sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
@@ -327,6 +335,7 @@ class MovementMixin:
 
     def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
         d = self._axis(dim)
+        chunks = as_index("chunk", chunks)
         if chunks <= 0:
             raise RuntimeError(f"chunk expects chunks > 0, got {chunks}")
         n = self.shape[d]
@@ -334,6 +343,9 @@ class MovementMixin:
 
     def repeat(self, repeats: Any, *args: Any) -> Tensor:
         reps = argfix(repeats, *args)
+        if not all(is_index(r) for r in reps):
+            raise TypeError(f"repeat {reps} must contain ints")
+        reps = tuple(int(r) for r in reps)
         if len(reps) < self.ndim:
             raise RuntimeError(f"repeat {reps} has fewer dims than the tensor's shape {self.shape}")
         if any(r < 0 for r in reps):
@@ -355,7 +367,10 @@ class MovementMixin:
         return t.unsqueeze(d + 1)._expand_dim(d + 1, repeats).flatten(d, d + 1)
 
     def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Tensor:
-        shift_t = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        shift_t = (shifts,) if is_index(shifts) else tuple(shifts) if isinstance(shifts, (tuple, list)) else (shifts,)
+        if not all(is_index(s) for s in shift_t):
+            raise TypeError(f"roll shifts {shifts!r} must be an int or a sequence of ints")
+        shift_t = tuple(int(s) for s in shift_t)
         if dims is None:
             if len(shift_t) != 1:
                 raise RuntimeError(f"roll shifts {shifts} need dims of the same length, got None")

@@ -7,8 +7,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import TRAINING, ceildiv, flatten, prod
+from fusegrad.tensor_ops.shapes import is_index
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -26,10 +29,12 @@ def _cat(pieces: Any) -> tuple:
 
 def _per_dim(value: IntOrInts, n: int, name: str) -> tuple[int, ...]:
     """An int or one value per spatial dim -> a tuple of n ints."""
-    out = (value,) * n if isinstance(value, int) else tuple(value)
-    if len(out) != n or not all(isinstance(v, int) for v in out):
+    out = (value,) * n if is_index(value) else tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not all(is_index(v) for v in out):
+        raise TypeError(f"{name}={value!r} must be an int or {n} ints (one per spatial dim)")
+    if len(out) != n:
         raise ValueError(f"{name}={value!r} must be an int or {n} ints (one per spatial dim)")
-    return out
+    return tuple(int(v) for v in out)
 
 
 def _positive(value: IntOrInts, n: int, name: str) -> tuple[int, ...]:
@@ -42,11 +47,12 @@ def _positive(value: IntOrInts, n: int, name: str) -> tuple[int, ...]:
 def _pad_pairs(padding: IntOrInts, n: int) -> tuple[tuple[int, int], ...]:
     """An int, one value per spatial dim, or a flat torch-order list (left, right, top, bottom, ...)
     -> per-dim pairs."""
-    if isinstance(padding, int):
-        return ((padding, padding),) * n
-    pads = tuple(padding)
-    if not all(isinstance(p, int) for p in pads):
-        raise ValueError(f"padding={padding!r} must contain ints")
+    if is_index(padding):
+        return ((int(padding), int(padding)),) * n
+    pads = tuple(padding) if isinstance(padding, (tuple, list)) else (padding,)
+    if not all(is_index(p) for p in pads):
+        raise TypeError(f"padding={padding!r} must contain ints")
+    pads = tuple(int(p) for p in pads)
     if len(pads) == n:
         return tuple((p, p) for p in pads)
     if len(pads) == 2 * n:
@@ -64,7 +70,9 @@ def _check_conv(x: Tensor, weight: Tensor, groups: int, in_channels: int) -> int
             f"expected a {n + 1}-D (unbatched) or {n + 2}-D (batched) input for a weight of shape "
             f"{weight.shape}, got input of shape {x.shape}"
         )
-    if not isinstance(groups, int) or groups <= 0:
+    if not is_index(groups):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    if groups <= 0:
         raise RuntimeError(f"groups must be a positive int, got {groups!r}")
     if in_channels != x.shape[1] or in_channels % groups:
         raise RuntimeError(
@@ -82,7 +90,11 @@ def _out_size(size: int, k: int, s: int, d: int, pads: tuple[int, int], ceil_mod
 
 
 def _kernel_dims(kernel_size: IntOrInts) -> int:
-    return 2 if isinstance(kernel_size, int) else len(kernel_size)
+    if is_index(kernel_size):
+        return 2
+    if not isinstance(kernel_size, (tuple, list)) or not all(is_index(k) for k in kernel_size):
+        raise TypeError(f"kernel_size={kernel_size!r} must be an int or a sequence of ints")
+    return len(kernel_size)
 
 
 class _BatchSizeError(RuntimeError, ValueError):
@@ -363,7 +375,9 @@ class NNMixin:
         # the copies, and every copy still gets the position's whole gradient (torch's backward gathers it)
         copies = hit.cast(dtypes.int32).sum(-2, keepdim=True).maximum(1)
         if dtypes.is_float(self.dtype):
-            vals = vals.detach() / copies.cast(self.dtype) + (vals - vals.detach())
+            # inf/nan divided by the count is itself, and the detach trick would turn it into inf - inf = nan
+            plain = (copies == 1) | ~vals.detach().isfinite()
+            vals = plain.where(vals, vals.detach() / copies.cast(self.dtype) + (vals - vals.detach()))
         else:
             vals = vals // copies
         out = hit.where(vals, 0).sum(-2, dtype=sum_acc_dtype(self.dtype))
@@ -382,17 +396,45 @@ class NNMixin:
                 f"align_corners option can only be set with the interpolating modes (linear), not {mode!r}"
             )
         size = tuple(size)
-        if not 0 < len(size) <= self.ndim or not all(isinstance(s, int) and s > 0 for s in size):
+        if not all(is_index(s) for s in size):
+            raise TypeError(f"interpolate size {size} must contain ints")
+        size = tuple(int(s) for s in size)
+        if not 0 < len(size) <= self.ndim or not all(s > 0 for s in size):
             raise ValueError(
                 f"interpolate size {size} must be 1..{self.ndim} positive ints for input of shape {self.shape}"
             )
-        # integer linear resizes stay in float across all dims and round once at the end
-        rounds = mode == "linear" and not dtypes.is_float(self.dtype)
-        x = self.cast(dtypes.float32) if rounds else self
+        if mode == "linear" and not dtypes.is_float(self.dtype):
+            # torch's integer resize is separable, the last dim first, each pass in fixed point and rounded
+            x = self.cast(dtypes.int64)
+            for axis, out in reversed(tuple(zip(range(self.ndim - len(size), self.ndim), size))):
+                if x.shape[axis] != out:
+                    x = x._resample_fixed_point(axis, out, align_corners)
+            return x.maximum(self.dtype.min).minimum(self.dtype.max).cast(self.dtype)
+        x = self
         for axis, out in zip(range(self.ndim - len(size), self.ndim), size):
             if x.shape[axis] != out:
                 x = x._resample(axis, out, mode, align_corners)
-        return (x + 0.5).floor().maximum(self.dtype.min).minimum(self.dtype.max).cast(self.dtype) if rounds else x
+        return x
+
+    def _resample_fixed_point(self, axis: int, out: int, align_corners: bool) -> Tensor:
+        """One linear pass over an int64 tensor as torch's integer kernel does it: the weights quantized to the most
+        fraction bits that keep the largest one below 2**15, the sum rounded half up and shifted back."""
+        size, trailing = self.shape[axis], (1,) * (self.ndim - axis - 1)
+        weights = np.zeros((out, size))
+        for o in range(out):
+            if align_corners:
+                pos = o * ((size - 1) / (out - 1) if out > 1 else 0.0)
+            else:
+                pos = max((o + 0.5) * (size / out) - 0.5, 0.0)
+            lo = min(math.floor(pos), size - 1)
+            weights[o, lo] += 1 - (pos - lo)
+            weights[o, min(lo + 1, size - 1)] += pos - lo
+        bits = 0
+        while bits < 22 and int(0.5 + weights.max() * (1 << (bits + 1))) < 1 << 15:
+            bits += 1
+        quantized = Tensor(np.floor(weights * (1 << bits) + 0.5).astype(np.int64), device=self.device)
+        mixed = self.unsqueeze(axis) * quantized.reshape((out, size) + trailing)
+        return (mixed.sum(axis + 1) + (1 << bits >> 1)) >> bits
 
     def _resample(self, axis: int, out: int, mode: str, align_corners: bool) -> Tensor:
         size, trailing = self.shape[axis], (1,) * (self.ndim - axis - 1)
