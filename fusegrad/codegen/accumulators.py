@@ -25,7 +25,7 @@ class BlockSplitter:
     def __init__(self, kernel: UOp):
         self.next_id = 1 + max((u.arg[0] for u in kernel.toposort() if u.op is Ops.RANGE), default=-1)
         self.splits: dict[tuple[UOp, int], tuple[UOp, UOp, UOp | None]] = {}
-        self.copies: dict[tuple[UOp, UOp], UOp] = {}
+        self.copies: dict[tuple[UOp, UOp, int], UOp] = {}
 
     def new_range(self, like: UOp, size: int) -> UOp:
         if size == 1:
@@ -42,11 +42,11 @@ class BlockSplitter:
             self.splits[(r, block)] = (self.new_range(r, size // block), self.new_range(r, block), tail)
         return self.splits[(r, block)]
 
-    def copy(self, r: UOp, where: UOp) -> UOp:
-        """A fresh loop like r for a second loop nest (one per place, shared by the unrolled copies there)."""
-        if (r, where) not in self.copies:
-            self.copies[(r, where)] = self.new_range(r, r.src[0].arg)
-        return self.copies[(r, where)]
+    def copy(self, r: UOp, split: UOp, block: int) -> UOp:
+        """A fresh loop like r inside the tail of split's blocking (one per tail, shared by the unrolled copies)."""
+        if (r, split, block) not in self.copies:
+            self.copies[(r, split, block)] = self.new_range(r, r.src[0].arg)
+        return self.copies[(r, split, block)]
 
 
 def _substitute(value: UOp, mapping: dict[UOp, UOp]) -> UOp:
@@ -80,7 +80,9 @@ def _block_reduce(red: UOp, ctx: BlockSplitter) -> UOp | None:
         return out
     # the tail repeats the reduces inside value in another loop nest, so their loops are fresh copies
     inner_loops = {s for u in value.toposort() if u.op is Ops.REDUCE for s in u.src[1:]}
-    mapping = {loop: ctx.copy(loop, tail) for loop in inner_loops} | {last: tail + (last.src[0].arg // block) * block}
+    mapping = {loop: ctx.copy(loop, last, block) for loop in inner_loops} | {
+        last: tail + (last.src[0].arg // block) * block
+    }
     tail_value = _substitute(value, mapping)
     tail_ranges = (*outer, *([tail] if tail.op is Ops.RANGE else []))
     return out + (UOp(Ops.REDUCE, red.dtype, (tail_value, *tail_ranges), Ops.ADD) if tail_ranges else tail_value)
