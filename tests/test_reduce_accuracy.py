@@ -95,12 +95,15 @@ def test_var_std_float32(dist):
 
 
 @pytest.mark.parametrize("dist", ["const", "uniform"])
-@pytest.mark.parametrize("shape,axis", [((4, 1 << 20), 1), ((1 << 18, 4), 0), ((3, 100003), 1), ((1024, 1024), None)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [((4, 1 << 20), 1), ((1 << 18, 4), 0), ((3, 100003), 1), ((1024, 1024), None), ((2, 3, 100003), (0, 2))],
+)
 def test_axis_and_2d_sums_float32(shape, axis, dist):
     x = distribution(dist, math.prod(shape), seed=3).reshape(shape)
     exact, abs_sum = exact_sum(x, axis)
     got = Tensor(x).sum(axis).numpy()
-    n = math.prod(shape) if axis is None else shape[axis]
+    n = math.prod(shape) // math.prod(got.shape)
     c_ulps = C_ULPS_SERIAL if axis == 0 else C_ULPS  # the column sum keeps one accumulator per column
     for g, e, a in zip(np.atleast_1d(got), np.atleast_1d(exact), np.atleast_1d(abs_sum)):
         assert_sum_accurate(g, float(e), float(a), n, c_ulps=c_ulps)
@@ -161,3 +164,13 @@ def test_python_device_blocks_the_same_way(n):
     exact, abs_sum = exact_sum(x)
     assert_sum_accurate(Tensor(x, device="PYTHON").sum().item(), float(exact), float(abs_sum), n, c_ulps=C_ULPS_SERIAL)
     assert_sum_accurate(Tensor(x, device="CPU").sum().item(), float(exact), float(abs_sum), n)
+
+
+def test_python_device_blocks_outer_axes_and_tails():
+    """Summing axes (0, 2): the tail of the long inner axis repeats the outer axis in a loop nest of its own."""
+    x = distribution("uniform", 2 * 3 * 700, seed=9).reshape(2, 3, 700)
+    exact, abs_sum = exact_sum(x, (0, 2))
+    for device, c_ulps in (("PYTHON", C_ULPS_SERIAL), ("CPU", C_ULPS)):
+        got = Tensor(x, device=device).sum((0, 2)).numpy()
+        for g, e, a in zip(got, exact, abs_sum):
+            assert_sum_accurate(g, float(e), float(a), 1400, c_ulps=c_ulps)

@@ -79,13 +79,11 @@ def _block_reduce(red: UOp, ctx: BlockSplitter) -> UOp | None:
     out = UOp(Ops.REDUCE, red.dtype, (inner, *out_ranges), Ops.ADD) if out_ranges else inner
     if tail is None:
         return out
-    # the tail repeats the reduces inside value in another loop nest, so their loops are fresh copies
-    inner_loops = {s for u in value.toposort() if u.op is Ops.REDUCE for s in u.src[1:]}
-    mapping = {loop: ctx.copy(loop, last, block) for loop in inner_loops} | {
-        last: tail + (last.src[0].arg // block) * block
-    }
-    tail_value = _substitute(value, mapping)
-    tail_ranges = (*outer, *([tail] if tail.op is Ops.RANGE else []))
+    # the tail is another loop nest: its outer loops and the loops of reduces inside value are fresh copies
+    inner_loops = dict.fromkeys(s for u in value.toposort() if u.op is Ops.REDUCE for s in u.src[1:])
+    copies = {loop: ctx.copy(loop, last, block) for loop in (*inner_loops, *outer)}
+    tail_value = _substitute(value, copies | {last: tail + (last.src[0].arg // block) * block})
+    tail_ranges = (*(copies[o] for o in outer), *([tail] if tail.op is Ops.RANGE else []))
     return out + (UOp(Ops.REDUCE, red.dtype, (tail_value, *tail_ranges), Ops.ADD) if tail_ranges else tail_value)
 
 
