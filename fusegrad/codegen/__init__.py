@@ -7,6 +7,7 @@ from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.lowerer import lower_kernel
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.decompose import decompose_for_device
+from fusegrad.codegen.accumulators import block_long_sums
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ def lower_to_linear(ast: UOp, half_native: bool = True) -> KernelInfo:
     if DEBUG >= 5:
         print(kernel)
     kernel = decompose_for_device(kernel, half_native=half_native)
+    # after decompose: half sums already accumulate in float32, so the partials between levels stay float32
+    kernel = block_long_sums(kernel)
     # every buffer stays a parameter even when simplification removed its loads (x % 1 reads nothing)
     lin = linearize(kernel, params=[u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL])
     if DEBUG >= 6:

@@ -46,10 +46,11 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
         if u.op is Ops.ACC_UPDATE:
             loops = u.src[2:]
             group = [w for w in groups[loops] if w not in done]
-            # hoist what the loop body needs but does not vary inside the loop
+            # hoist what the loop body needs but does not vary inside the loop; an inner accumulator is not hoisted,
+            # it starts afresh right before its own loops
             for w in group:
                 for n in w.src[1].toposort(gate=lambda x: x not in done):
-                    if n not in done and n.op is not Ops.RANGE and deps[n] <= open_ranges:
+                    if n not in done and n.op not in (Ops.RANGE, Ops.DEFINE_ACC) and deps[n] <= open_ranges:
                         emit(n)
             for w in group:
                 lin.append(w.src[0])
