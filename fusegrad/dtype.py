@@ -9,8 +9,10 @@ import numpy as np
 from fusegrad.helpers import DEFAULT_FLOAT, DEFAULT_INT
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class DType:
+    """One dtype object per type (compared by identity); slots and frozen: nothing, not even a pickle, can change it."""
+
     priority: int
     bitsize: int
     name: str
@@ -47,6 +49,10 @@ class DType:
 
     def __reduce__(self):
         return (to_dtype, (self.attr,))
+
+    def __setstate__(self, state: Any) -> None:
+        # dataclass(slots=True) would add a __setstate__ that writes the fields: a crafted pickle could BUILD into one
+        raise TypeError(f"{self!r} is immutable; refusing to set its state to {state!r}")
 
     def __lt__(self, other: DType) -> bool:
         return self.priority < other.priority

@@ -18,8 +18,25 @@ class DiskBuffer(Buffer):
     def ensure_allocated(self) -> Buffer:
         # a view of the mapping, not host memory: it is not counted in GlobalCounters.mem_used
         if self._mem is None:
+            check_mapped(self.mapping, self.offset, self.nbytes, self.device[5:], "tensor")
             self._mem = np.frombuffer(self.mapping, np.uint8, count=self.nbytes, offset=self.offset)
         return self
+
+    def host_view(self) -> np.ndarray:
+        # every read out of the mapping goes through here: a file cut short since loading must not be touched
+        check_mapped(self.mapping, self.offset, self.nbytes, self.device[5:], "tensor")
+        return super().host_view()
+
+
+def check_mapped(mapping: mmap.mmap | bytes, start: int, nbytes: int, path: str, what: str) -> None:
+    """Raise ValueError unless bytes [start, start + nbytes) of the mapped file still exist: reading mapped pages past
+    the end of a file that shrank after it was mapped kills the process with SIGBUS."""
+    size = mapping.size() if isinstance(mapping, mmap.mmap) else len(mapping)
+    if start < 0 or nbytes < 0 or start + nbytes > size:
+        raise ValueError(
+            f"{path}: {what} needs bytes [{start}, {start + nbytes}) but the file now has {size} "
+            f"(it was {len(mapping)} bytes when mapped: changed on disk after loading)"
+        )
 
 
 class DiskAllocator:
