@@ -677,8 +677,10 @@ def test_gguf_bad_files(tmp_path):
         load("magic.gguf", b"GGML" + data[4:])
     with pytest.raises(ValueError, match=r"v1.gguf: GGUF version 1 is not supported"):
         load("v1.gguf", data[:4] + struct.pack("<I", 1) + data[8:])
-    with pytest.raises(ValueError, match=r"cut.gguf: truncated: .* needs bytes"):
+    with pytest.raises(ValueError, match=r"cut.gguf: tensor count 1 and metadata count 2 cannot fit in the 16 bytes"):
         load("cut.gguf", data[:40])
+    with pytest.raises(ValueError, match=r"cut2.gguf: truncated: .* needs bytes"):
+        load("cut2.gguf", data[:80])
     with pytest.raises(ValueError, match=r"tail.gguf: truncated: tensor 'w' \(dtypes.float32, shape \(8,\)\)"):
         load("tail.gguf", data[:-8])
     # tensor info of 'w': name length u64, b"w", rank u32 (1), the one dim u64, then the ggml type u32

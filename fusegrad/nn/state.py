@@ -967,9 +967,11 @@ class _Reader:
 
 
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_MAX_NESTING = 8  # arrays of arrays: real files nest at most 2 deep
+_GGML_MAX_DIMS = 4  # ggml tensors have at most 4 dims
 
 
-def _gguf_value(r: _Reader, vtype: int, key: str) -> Any:
+def _gguf_value(r: _Reader, vtype: int, key: str, depth: int = 0) -> Any:
     if vtype in _GGUF_SCALARS:
         return r.unpack(_GGUF_SCALARS[vtype], f"value of {key!r}")
     if vtype == 8:
@@ -979,7 +981,16 @@ def _gguf_value(r: _Reader, vtype: int, key: str) -> Any:
         if item_type in _GGUF_SCALARS:
             fmt = "<" + _GGUF_SCALARS[item_type]
             return np.frombuffer(r.take(count * struct.calcsize(fmt), f"array {key!r}"), fmt).tolist()
-        return [_gguf_value(r, item_type, key) for _ in range(count)]
+        if item_type not in (8, 9):
+            raise ValueError(f"{r.blob.name}: array {key!r} has unknown item type {item_type} at offset {r.pos - 12}")
+        if item_type == 9 and depth >= _GGUF_MAX_NESTING:
+            raise ValueError(f"{r.blob.name}: array {key!r} nests arrays more than {_GGUF_MAX_NESTING} deep")
+        # each item takes at least 8 bytes (a string's length, an array's type and length): a count past that is bogus
+        if count * 8 > len(r.blob) - r.pos:
+            raise ValueError(
+                f"{r.blob.name}: array length of {key!r} is {count} but only {len(r.blob) - r.pos} bytes follow"
+            )
+        return [_gguf_value(r, item_type, key, depth + 1) for _ in range(count)]
     raise ValueError(f"{r.blob.name}: metadata {key!r} has unknown value type {vtype} at offset {r.pos - 4}")
 
 
@@ -993,22 +1004,36 @@ def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
     if (version := r.unpack("I", "version")) not in (2, 3):
         raise ValueError(f"{blob.name}: GGUF version {version} is not supported (2 or 3)")
     n_tensors, n_kv = r.unpack("Q", "tensor count"), r.unpack("Q", "metadata count")
+    # a metadata entry takes at least 12 bytes, a tensor info at least 24: larger counts cannot fit in the file
+    if n_kv * 12 + n_tensors * 24 > len(blob) - r.pos:
+        raise ValueError(
+            f"{blob.name}: tensor count {n_tensors} and metadata count {n_kv} cannot fit in the "
+            f"{len(blob) - r.pos} bytes that follow"
+        )
     kv: dict[str, Any] = {}
     for _ in range(n_kv):
         key = r.string("metadata key")
+        if key in kv:
+            raise ValueError(f"{blob.name}: metadata key {key!r} appears twice")
         kv[key] = _gguf_value(r, r.unpack("I", f"value type of {key!r}"), key)
     infos = []
     for _ in range(n_tensors):
         name = r.string("tensor name")
-        n_dims = r.unpack("I", f"rank of {name!r}")
+        if (n_dims := r.unpack("I", f"rank of {name!r}")) > _GGML_MAX_DIMS:
+            raise ValueError(f"{blob.name}: tensor {name!r} has rank {n_dims}; ggml allows at most {_GGML_MAX_DIMS}")
         dims = [r.unpack("Q", f"shape of {name!r}") for _ in range(n_dims)]
+        if any(d >= 1 << 62 for d in dims) or prod(dims) >= 1 << 62:
+            raise ValueError(f"{blob.name}: tensor {name!r} has an absurd shape {tuple(reversed(dims))}")
         infos.append(
             (name, tuple(reversed(dims)), r.unpack("I", f"type of {name!r}"), r.unpack("Q", f"offset of {name!r}"))
         )
+    if len({info[0] for info in infos}) != len(infos):
+        dups = sorted({n for n, *_ in infos if sum(1 for m, *_ in infos if m == n) > 1})
+        raise ValueError(f"{blob.name}: tensor names {dups[:8]} appear more than once")
     alignment = kv.get("general.alignment", 32)
-    if not isinstance(alignment, int) or alignment <= 0:
-        raise ValueError(f"{blob.name}: invalid general.alignment {alignment!r}")
-    data_start, state = round_up(r.pos, alignment), {}
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError(f"{blob.name}: general.alignment {alignment!r} is not a power of two")
+    data_start, state, spans = round_up(r.pos, alignment), {}, []
     for name, shape, ggml_type, offset in infos:
         if ggml_type not in GGML_TYPES:
             raise ValueError(f"{blob.name}: tensor {name!r} has unknown ggml type {ggml_type}")
@@ -1018,6 +1043,18 @@ def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
             raise ValueError(
                 f"{blob.name}: tensor {name!r} of shape {shape} does not fill whole {tname} blocks of {block}"
             )
+        spans.append((offset, offset + n // block * block_bytes, name))
+    end, prev = 0, None
+    for start, stop, name in sorted(spans):
+        if start < end:
+            raise ValueError(
+                f"{blob.name}: tensor {name!r} at data offset {start} overlaps tensor {prev!r} (ending at {end})"
+            )
+        if stop > start:
+            end, prev = stop, name
+    for name, shape, ggml_type, offset in infos:
+        tname, block, block_bytes = GGML_TYPES[ggml_type]
+        n = prod(shape)
         if ggml_type in _GGML_PLAIN:
             state[name] = blob.tensor(data_start + offset, _GGML_PLAIN[ggml_type], shape, f"tensor {name!r}")
         else:
