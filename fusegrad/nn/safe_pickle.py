@@ -9,6 +9,7 @@ allocate memory the file does not hold.
 
 from __future__ import annotations
 
+import _compat_pickle
 import collections
 import pickle
 import re
@@ -113,6 +114,9 @@ class RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         return out
 
     def find_class(self, module: str, name: str) -> Any:
+        if self.proto < 3:  # protocol 2 pickles name Python 2 modules (__builtin__.set); map them as pickle does
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         if (module, name) in self.allowed:
             return self.allowed[(module, name)]
         raise pickle.UnpicklingError(

@@ -329,7 +329,7 @@ def _safe_entries(blob: _Blob, data_start: int, header: dict) -> list[tuple[str,
             not isinstance(shape, list)
             or len(shape) > MAX_RANK
             or not all(_is_count(d) for d in shape)
-            or not _is_count(prod(shape))
+            or not _is_count(prod(max(d, 1) for d in shape))
         ):
             raise ValueError(f"{blob.name}: tensor {key!r} has invalid shape {shape!r:.200}")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets)) and offsets[0] <= offsets[1]):
@@ -588,7 +588,7 @@ def _strided(
         or offset < 0
         or min(size, default=0) < 0
         or min(stride, default=0) < 0
-        or prod(size) >= 1 << 62
+        or prod(max(s, 1) for s in size) >= 1 << 62
     ):
         raise ValueError(f"{name}: invalid tensor geometry: size {size!r}, stride {stride!r}, offset {offset!r}")
     size, stride = tuple(size), tuple(stride)
@@ -1022,7 +1022,7 @@ def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
         if (n_dims := r.unpack("I", f"rank of {name!r}")) > _GGML_MAX_DIMS:
             raise ValueError(f"{blob.name}: tensor {name!r} has rank {n_dims}; ggml allows at most {_GGML_MAX_DIMS}")
         dims = [r.unpack("Q", f"shape of {name!r}") for _ in range(n_dims)]
-        if any(d >= 1 << 62 for d in dims) or prod(dims) >= 1 << 62:
+        if prod(max(d, 1) for d in dims) >= 1 << 62:
             raise ValueError(f"{blob.name}: tensor {name!r} has an absurd shape {tuple(reversed(dims))}")
         infos.append(
             (name, tuple(reversed(dims)), r.unpack("I", f"type of {name!r}"), r.unpack("Q", f"offset of {name!r}"))
