@@ -271,6 +271,30 @@ def test_disk_tensors_copy_but_do_not_compute(tmp_path):
         safe_load(tmp_path / "nope.safetensors")
 
 
+def test_disk_slices_are_views_of_the_file(tmp_path):
+    data = np.arange(24, dtype=np.uint8)
+    (tmp_path / "b.bin").write_bytes(data.tobytes())
+    t = Tensor(tmp_path / "b.bin")
+    GlobalCounters.reset()
+    head = t[2:5].to("CPU").realize()
+    assert GlobalCounters.kernel_count == 1 and GlobalCounters.global_mem == 6  # a copy of 3 bytes, no DISK kernel
+    np.testing.assert_array_equal(head.numpy(), data[2:5])
+    np.testing.assert_array_equal(t[2:5].numpy(), data[2:5])
+    assert t[7:7].numpy().shape == (0,)
+    sliced = t.reshape(2, 3, 4)[1:2, 1:3].realize()
+    assert sliced.device == t.device and isinstance(buffer_of[base_buffer(sliced.uop)], DiskBuffer)
+    np.testing.assert_array_equal(sliced.to("CPU").numpy(), data.reshape(2, 3, 4)[1:2, 1:3])
+    np.testing.assert_array_equal(t.reshape(4, 6)[2:3, 1:5].numpy(), data.reshape(4, 6)[2:3, 1:5])
+    sd = {"w": Tensor(np.arange(20, dtype=np.float32).reshape(5, 4))}
+    safe_save(sd, tmp_path / "w.safetensors")
+    w = safe_load(tmp_path / "w.safetensors")["w"]
+    np.testing.assert_array_equal(w[1:3].numpy(), np.arange(20, dtype=np.float32).reshape(5, 4)[1:3])
+    # a strided view is not one range of the file: it must be computed on a compute device
+    with pytest.raises(RuntimeError, match=r"cannot run kernels .* contiguous slices; move the tensor with .to\('CPU'\)"):
+        t.reshape(4, 6)[:, 1:3].to("CPU").realize()
+    np.testing.assert_array_equal(t.to("CPU").reshape(4, 6)[:, 1:3].numpy(), data.reshape(4, 6)[:, 1:3])
+
+
 def test_safe_load_from_tensors(tmp_path):
     safe_save({"x": Tensor([[1, 2], [3, 4]], dtype=dtypes.int16)}, tmp_path / "x.safetensors")
     data = (tmp_path / "x.safetensors").read_bytes()

@@ -323,6 +323,7 @@ def test_files_cut_short_after_loading_raise_instead_of_crashing(tmp_path):
         safe_save({"w": Tensor(big)}, d / "w.safetensors")
         torch.save({"w": torch.from_numpy(big)}, d / "w.pt")
         (d / "raw.bin").write_bytes(big.tobytes())
+        (d / "raw2.bin").write_bytes(big.tobytes())
 
         def cut_then_read(path, load, read):
             value = load(path)
@@ -338,7 +339,7 @@ def test_files_cut_short_after_loading_raise_instead_of_crashing(tmp_path):
         cut_then_read(d / "w.safetensors", safe_load, lambda sd: sd["w"].numpy())
         cut_then_read(d / "w.pt", torch_load, lambda sd: sd["w"].to("CPU").realize())
         cut_then_read(d / "raw.bin", Tensor, lambda t: t.numpy())
-        cut_then_read(d / "raw.bin", lambda p: Tensor(p)[-8:], lambda t: t.to("CPU").numpy())
+        cut_then_read(d / "raw2.bin", lambda p: Tensor(p)[-8:], lambda t: t.to("CPU").numpy())
         # a file cut while a loader is still reading its header is refused too
         safe_save({"w": Tensor(big)}, d / "w2.safetensors")
         sd = safe_load(d / "w2.safetensors")
@@ -350,7 +351,7 @@ def test_files_cut_short_after_loading_raise_instead_of_crashing(tmp_path):
         """,
         str(tmp_path),
     )
-    assert out.split("\n")[:5] == ["refused w.safetensors", "refused w.pt", "refused raw.bin", "refused raw.bin", "refused reload"]
+    assert out.split("\n")[:5] == ["refused w.safetensors", "refused w.pt", "refused raw.bin", "refused raw2.bin", "refused reload"]
 
 
 # ------------------------------------------------------------------ fuzzing (bounded: a few seconds)

@@ -5,7 +5,9 @@ import mmap
 import os
 import numpy as np
 from fusegrad.dtype import DType
+from fusegrad.helpers import prod
 from fusegrad.runtime.device import Buffer
+from fusegrad.uop.ops import Ops, UOp
 
 
 class DiskBuffer(Buffer):
@@ -37,6 +39,29 @@ def check_mapped(mapping: mmap.mmap | bytes, start: int, nbytes: int, path: str,
             f"{path}: {what} needs bytes [{start}, {start + nbytes}) but the file now has {size} "
             f"(it was {len(mapping)} bytes when mapped: changed on disk after loading)"
         )
+
+
+def disk_view(u: UOp, buffer_of: dict) -> DiskBuffer | None:
+    """A DiskBuffer over the bytes `u` reads when u is reshapes and slices of a DISK buffer that read one contiguous
+    range in order (t[2:5], rows of a matrix): such a view needs no kernel, only a new offset into the mapping."""
+    chain = []
+    while u.op in (Ops.RESHAPE, Ops.SHRINK):
+        chain.append(u)
+        u = u.src[0]
+    if u.op is not Ops.BUFFER or not isinstance(base := buffer_of.get(u), DiskBuffer):
+        return None
+    start = 0  # first element read, in the base buffer
+    for node in reversed(chain):
+        if node.op is not Ops.SHRINK or prod(node.shape) == 0:
+            continue
+        shape = node.src[0].shape
+        partial = [i for i, (lo, hi) in enumerate(node.arg) if hi - lo != shape[i]]
+        # in order and contiguous: the dims after the last sliced one are whole, the dims before it are single indices
+        if partial and any(hi - lo != 1 for lo, hi in node.arg[: partial[-1]]):
+            return None
+        start += sum(lo * prod(shape[i + 1 :]) for i, (lo, _) in enumerate(node.arg))
+    size = prod(chain[0].shape) if chain else base.size
+    return DiskBuffer(base.device, size, base.dtype, base.mapping, base.offset + start * base.dtype.itemsize)
 
 
 class DiskAllocator:
@@ -75,7 +100,8 @@ class DiskDevice:
 
     def build(self, info):
         raise RuntimeError(
-            f"{self.device} cannot run kernels (kernel {info.name}); move the tensor with .to('CPU') first"
+            f"{self.device} cannot run kernels (kernel {info.name}): a file is read whole or in contiguous slices; "
+            "move the tensor with .to('CPU') first, then compute or slice it there"
         )
 
     def synchronize(self) -> None:
