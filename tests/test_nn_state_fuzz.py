@@ -38,7 +38,9 @@ def run_isolated(code: str, *args: str, timeout: int = 120) -> str:
         cwd=REPO,
         env=env,
     )
-    assert proc.returncode == 0, f"exit status {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"exit status {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout
 
 
@@ -107,7 +109,8 @@ ATTACKS = {
     "numpy_object_array": pickle.dumps(np.arange(2, dtype=np.int64), protocol=2).replace(
         b"X\x02\x00\x00\x00i8", b"X\x02\x00\x00\x00O8"
     ),
-    "numpy_object_scalar": b"\x80\x02cnumpy.core.multiarray\nscalar\ncnumpy\ndtype\nX\x02\x00\x00\x00O8\x89\x88\x87RC\x08AAAAAAAA\x86R.",
+    "numpy_object_scalar": b"\x80\x02cnumpy.core.multiarray\nscalar\ncnumpy\ndtype\nX\x02\x00\x00\x00O8\x89\x88\x87R"
+    b"C\x08AAAAAAAA\x86R.",
     "numpy_ndarray_call": b"\x80\x02cnumpy\nndarray\nK\x10\x85R.",
     "os_system": b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00true\x85R.",
     "builtins_eval": b"\x80\x02cbuiltins\neval\nX\x03\x00\x00\x001+1\x85R.",
@@ -117,8 +120,8 @@ ATTACKS = {
     "bytearray8_huge": b"\x80\x05\x96" + struct.pack("<Q", 1 << 60) + b".",
     "binbytes8_huge": b"\x80\x04\x8e" + struct.pack("<Q", 1 << 60) + b".",
     "frame_huge": b"\x80\x04\x95" + struct.pack("<Q", 1 << 60) + b"N.",
-    "tensor_negative_size": b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\n"
-    b"X\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x04tQK\x00J\xfe\xff\xff\xffJ\xfd\xff\xff\xff\x86K\x01K\x01\x86\x89"
+    "tensor_negative_size": b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage"
+    b"ctorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x04tQK\x00J\xfe\xff\xff\xffJ\xfd\xff\xff\xff\x86K\x01K\x01\x86\x89"
     b"ccollections\nOrderedDict\n)RtR.",
 }
 
@@ -166,7 +169,9 @@ def test_torch_load_reads_only_the_members_it_needs(tmp_path, monkeypatch):
         dst.writestr("ok/junk", b"\0" * (64 << 20), compress_type=zipfile.ZIP_DEFLATED)  # 64 MB, ~64 KB deflated
     opened = []
     real_open = zipfile.ZipFile.open
-    monkeypatch.setattr(zipfile.ZipFile, "open", lambda self, name, *a, **k: opened.append(name) or real_open(self, name, *a, **k))
+    monkeypatch.setattr(
+        zipfile.ZipFile, "open", lambda self, name, *a, **k: opened.append(name) or real_open(self, name, *a, **k)
+    )
     np.testing.assert_array_equal(torch_load(tmp_path / "bomb.pt")["w"].numpy(), [0, 1, 2, 3])
     assert not any(getattr(n, "filename", n) == "ok/junk" for n in opened)
 
@@ -210,10 +215,16 @@ SAFETENSORS_LIES = dict(
     [
         (_st({"a": _u8([0, 2]), "b": _u8([1, 3])}, b"123"), r"tensor 'b' at data_offsets \[1, 3\) overlaps tensor 'a'"),
         (_st({"a": _u8([0, 2]), "b": _u8([0, 2])}, b"12"), r"tensor '[ab]' at data_offsets \[0, 2\) overlaps"),
-        (_st({"a": _u8([0, 2]), "b": _u8([3, 5])}, b"12345"), r"tensor 'b' .* leaves a gap of 1 bytes after tensor 'a'"),
+        (
+            _st({"a": _u8([0, 2]), "b": _u8([3, 5])}, b"12345"),
+            r"tensor 'b' .* leaves a gap of 1 bytes after tensor 'a'",
+        ),
         (_st({"a": _u8([0, 2])}, b"123"), r"1 bytes after the last tensor"),
         (
-            _st(b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"1"),
+            _st(
+                b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+                b"1",
+            ),
             r"duplicate keys \['a'\]",
         ),
         (_st(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"), r"header nests 100001 levels deep \(at most 64\)"),
@@ -222,7 +233,10 @@ SAFETENSORS_LIES = dict(
         (_st({"a": _u8([0, 0], [0, 1 << 40, 1 << 40])}), r"'a' has invalid shape"),
         (_st({"a": _u8([0, 0], [1] * 65)}), r"'a' has invalid shape"),
         (_st({"a": _u8([0, 1 << 64])}), r"'a' has invalid shape|invalid data_offsets"),
-        (_st({"a": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, bytes(4)), r"'a' has unknown dtype \['F32'\]"),
+        (
+            _st({"a": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, bytes(4)),
+            r"'a' has unknown dtype \['F32'\]",
+        ),
         (_st({"__metadata__": {"k": 1}}), r"__metadata__ must map strings to strings"),
     ]
 )
@@ -255,7 +269,12 @@ def _gguf_str(s: str) -> bytes:
 
 
 def _gguf_tensor(name: str, dims, ggml_type: int, offset: int) -> bytes:
-    return _gguf_str(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", ggml_type, offset)
+    return (
+        _gguf_str(name)
+        + struct.pack("<I", len(dims))
+        + struct.pack(f"<{len(dims)}Q", *dims)
+        + struct.pack("<IQ", ggml_type, offset)
+    )
 
 
 def _gguf_file(kv: bytes, n_kv: int, tensors: list[bytes], data: bytes = b"") -> bytes:
@@ -351,7 +370,13 @@ def test_files_cut_short_after_loading_raise_instead_of_crashing(tmp_path):
         """,
         str(tmp_path),
     )
-    assert out.split("\n")[:5] == ["refused w.safetensors", "refused w.pt", "refused raw.bin", "refused raw2.bin", "refused reload"]
+    assert out.split("\n")[:5] == [
+        "refused w.safetensors",
+        "refused w.pt",
+        "refused raw.bin",
+        "refused raw2.bin",
+        "refused reload",
+    ]
 
 
 # ------------------------------------------------------------------ fuzzing (bounded: a few seconds)
@@ -456,11 +481,18 @@ print(dict(counts))
 def _fuzz_seeds(tmp_path):
     w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     obj = collections.OrderedDict(
-        w=w, t=w.t(), i=torch.tensor([1, -2], dtype=torch.int64), h=torch.ones(2, dtype=torch.float16), step=3, n=np.arange(3)
+        w=w,
+        t=w.t(),
+        i=torch.tensor([1, -2], dtype=torch.int64),
+        h=torch.ones(2, dtype=torch.float16),
+        step=3,
+        n=np.arange(3),
     )
     torch.save(obj, tmp_path / "zip" / "seed.pt")
     torch.save(obj, tmp_path / "legacy" / "seed.pt", _use_new_zipfile_serialization=False)
-    safe_save({"a": Tensor([[1.0, 2.0]]), "b": Tensor([3, 4], dtype=dtypes.int16)}, tmp_path / "st" / "seed.safetensors")
+    safe_save(
+        {"a": Tensor([[1.0, 2.0]]), "b": Tensor([3, 4], dtype=dtypes.int16)}, tmp_path / "st" / "seed.safetensors"
+    )
     writer = gguf.GGUFWriter(tmp_path / "gguf" / "seed.gguf", "llama")
     writer.add_array("ints", [1, 2]), writer.add_string("s", "x"), writer.add_array("strs", ["a", "b"])
     writer.add_tensor("w", np.arange(8, dtype=np.float32))

@@ -332,7 +332,12 @@ def _safe_entries(blob: _Blob, data_start: int, header: dict) -> list[tuple[str,
             or not _is_count(prod(max(d, 1) for d in shape))
         ):
             raise ValueError(f"{blob.name}: tensor {key!r} has invalid shape {shape!r:.200}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets)) and offsets[0] <= offsets[1]):
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(map(_is_count, offsets))
+            and offsets[0] <= offsets[1]
+        ):
             raise ValueError(f"{blob.name}: tensor {key!r} has invalid data_offsets {offsets!r:.200}")
         dtype = SAFETENSORS_DTYPES[dt]
         if (nbytes := offsets[1] - offsets[0]) != prod(shape) * dtype.itemsize:
@@ -570,9 +575,7 @@ class _StorageType:
         self.dtype = dtype
 
 
-def _strided(
-    storage: Any, offset: Any, size: Any, stride: Any, name: str, dtype: DType | None = None
-) -> Tensor | None:
+def _strided(storage: Any, offset: Any, size: Any, stride: Any, name: str, dtype: DType | None = None) -> Tensor | None:
     """The tensor torch describes as (storage, element offset, size, stride): lazy on DISK when contiguous."""
     if storage is None or not isinstance(storage, _Storage):
         raise ValueError(f"{name}: a tensor is rebuilt from a {type(storage).__name__}, not a storage")
@@ -674,8 +677,12 @@ def _storage_pid(pid: Any, blob: _Blob) -> tuple[DType, str]:
 
 def _torch_zip(blob: _Blob) -> Any:
     with _ZipArchive(blob) as archive:
-        if odd := [n for n, i in archive.infos.items() if i.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)]:
-            raise ValueError(f"{blob.name}: members {odd[:4]} use a compression torch never writes (only stored/deflate)")
+        if odd := [
+            n for n, i in archive.infos.items() if i.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+        ]:
+            raise ValueError(
+                f"{blob.name}: members {odd[:4]} use a compression torch never writes (only stored/deflate)"
+            )
         pkl = next((n for n in archive.names if n == "data.pkl" or n.endswith("/data.pkl")), None)
         if pkl is None:
             raise ValueError(
