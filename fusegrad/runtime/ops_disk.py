@@ -7,7 +7,7 @@ import numpy as np
 from fusegrad.dtype import DType
 from fusegrad.helpers import prod
 from fusegrad.runtime.device import Buffer
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 
 class DiskBuffer(Buffer):
@@ -62,6 +62,25 @@ def disk_view(u: UOp, buffer_of: dict) -> DiskBuffer | None:
         start += sum(lo * prod(shape[i + 1 :]) for i, (lo, _) in enumerate(node.arg))
     size = prod(chain[0].shape) if chain else base.size
     return DiskBuffer(base.device, size, base.dtype, base.mapping, base.offset + start * base.dtype.itemsize)
+
+
+def copy_off_disk(u: UOp, device: str) -> UOp:
+    """`u` (on DISK) copied to `device`: one copy of the bytes it reads when that is a contiguous range of a file; for
+    any other view (strided slices, transposes) the viewed tensor is copied and the view is taken on `device`. Compute
+    is not moved: DISK never runs it, so `(t + 1).to("CPU")` still fails when realized."""
+    from fusegrad.schedule import buffer_of
+
+    views = []
+    base = u
+    while base.op in GroupOp.Movement:
+        views.append(base)
+        base = base.src[0]
+    if base.op is not Ops.BUFFER or not views or disk_view(u, buffer_of) is not None:
+        return UOp(Ops.COPY, u.dtype, (u,), device)
+    out = UOp(Ops.COPY, base.dtype, (base,), device)
+    for view in reversed(views):
+        out = view.replace(src=(out,))
+    return out
 
 
 class DiskAllocator:
