@@ -256,7 +256,7 @@ _SAFETENSORS_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 _SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors package's limit
 _MAX_JSON_DEPTH = 64  # a safetensors header nests 3 deep; deeper is crafted (and json's recursion would fail)
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
 def _json_depth(raw: bytes) -> int:
