@@ -90,11 +90,22 @@ class RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
 
     dispatch = _Opcodes()
 
-    def __init__(self, source: PickleSource, extra: dict[tuple[str, str], Any] | None = None):
-        super().__init__(source)
-        self.name = source.name
+    def __init__(self, source: Any, name: str, extra: dict[tuple[str, str], Any] | None = None, **kwargs: Any):
+        """`source`: a PickleSource (reads bounded by the data), or any binary file with read() and readline();
+        kwargs (encoding, errors) as for pickle.Unpickler."""
+        super().__init__(source, **kwargs)
+        self.name = name
         self.allowed = {**self._base_globals(), **(extra or {})}
         self.fresh: dict[int, Any] = {}  # id -> numpy arrays and dtypes made by this load that await their BUILD
+
+    def load(self) -> Any:
+        try:
+            return super().load()
+        except (pickle.UnpicklingError, EOFError):
+            raise
+        except Exception as e:  # a crafted pickle may break any opcode: the caller sees one exception type
+            msg = str(e) if str(e).startswith(self.name) else f"{self.name}: corrupt pickle ({type(e).__name__}): {e}"
+            raise pickle.UnpicklingError(msg) from e
 
     def _base_globals(self) -> dict[tuple[str, str], Any]:
         out: dict[tuple[str, str], Any] = {
@@ -133,6 +144,7 @@ class RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         return text.encode(encoding)
 
     def _numpy_dtype(self, spec: Any, align: Any = False, copy: Any = True) -> np.dtype:
+        spec = spec.decode("latin1") if isinstance(spec, bytes) else spec  # Python 2 pickles read with encoding="bytes"
         m = _PLAIN_NUMPY.fullmatch(spec) if isinstance(spec, str) else None
         if m is None:
             raise pickle.UnpicklingError(f"{self.name}: numpy dtype {spec!r} refused: only plain numeric dtypes")
@@ -165,7 +177,11 @@ class RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
             inst.__setstate__(self._array_state(state))
         elif self.fresh.get(id(inst)) is inst and isinstance(inst, np.dtype):
             del self.fresh[id(inst)]
-            if not (isinstance(state, tuple) and len(state) == 8 and state[0] == 3 and state[1] in "<>=|"):
+            if isinstance(state, tuple) and len(state) == 8 and isinstance(state[1], bytes):
+                state = (state[0], state[1].decode("latin1"), *state[2:])
+            if not (
+                isinstance(state, tuple) and len(state) == 8 and state[0] == 3 and state[1] in ("<", ">", "=", "|")
+            ):
                 raise pickle.UnpicklingError(f"{self.name}: numpy dtype state {state!r} refused")
             if state[2:] != (None, None, None, -1, -1, 0):
                 raise pickle.UnpicklingError(f"{self.name}: numpy dtype state {state!r} is not a plain numeric dtype")

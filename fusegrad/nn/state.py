@@ -651,7 +651,7 @@ class _TorchUnpickler(RestrictedUnpickler):
             ("torch.storage", "UntypedStorage"): _StorageType(dtypes.uint8),
             **{("torch", k): v for k, v in _TORCH_DTYPES.items()},
         }
-        super().__init__(source, torch_globals)
+        super().__init__(source, name, torch_globals)
         self.storage = storage
 
     def find_class(self, module: str, name: str) -> Any:
@@ -660,6 +660,9 @@ class _TorchUnpickler(RestrictedUnpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         return self.storage(pid)
+
+
+_RestrictedUnpickler = RestrictedUnpickler  # the name nn.datasets imports (CIFAR's Python 2 pickles)
 
 
 def _storage_dtype(storage_type: Any, blob: _Blob) -> DType:
@@ -711,11 +714,11 @@ def _torch_zip(blob: _Blob) -> Any:
 def _torch_legacy(blob: _Blob) -> Any:
     """Pre-1.6 format: pickles of magic, protocol, sys_info, the object, the storage keys, then each storage's data."""
     src = PickleSource(blob, blob.name)
-    if RestrictedUnpickler(src).load() != _TORCH_MAGIC:
+    if RestrictedUnpickler(src, blob.name).load() != _TORCH_MAGIC:
         raise ValueError(f"{blob.name}: not a PyTorch file (bad magic number)")
-    if (proto := RestrictedUnpickler(src).load()) != _TORCH_PROTOCOL:
+    if (proto := RestrictedUnpickler(src, blob.name).load()) != _TORCH_PROTOCOL:
         raise ValueError(f"{blob.name}: unsupported protocol {proto!r}")
-    if not isinstance(sys_info := RestrictedUnpickler(src).load(), dict):
+    if not isinstance(sys_info := RestrictedUnpickler(src, blob.name).load(), dict):
         raise ValueError(f"{blob.name}: sys_info is a {type(sys_info).__name__}, not a dict")
     if not sys_info.get("little_endian", True):
         raise ValueError(f"{blob.name}: big-endian files are not supported")
@@ -727,7 +730,7 @@ def _torch_legacy(blob: _Blob) -> Any:
         return _Storage(dt, None)
 
     _TorchUnpickler(src, record).load()
-    keys = RestrictedUnpickler(src).load()
+    keys = RestrictedUnpickler(src, blob.name).load()
     if not isinstance(keys, list):
         raise ValueError(f"{blob.name}: the storage keys are a {type(keys).__name__}, not a list")
     roots, pos = {}, src.pos
@@ -767,13 +770,13 @@ def _torch_tar(blob: _Blob) -> Any:
     objects: dict[str, Any] = {}
     sblob = members["storages"]
     src = PickleSource(sblob, blob.name)
-    for _ in range(_checked_int(RestrictedUnpickler(src).load(), "storage count", blob)):
+    for _ in range(_checked_int(RestrictedUnpickler(src, blob.name).load(), "storage count", blob)):
         key, _, storage_type = _TorchUnpickler(src, lambda pid: None).load()
         dt = _storage_dtype(storage_type, blob)
         numel = struct.unpack("<q", sblob.read(src.pos, 8, f"size of storage {key!r}"))[0]
         objects[str(key)] = _Storage(dt, sblob.sub(src.pos + 8, numel * dt.itemsize, f"storage {key!r}"))
         src.pos += 8 + numel * dt.itemsize
-    for target, root, offset, numel in RestrictedUnpickler(src).load():
+    for target, root, offset, numel in RestrictedUnpickler(src, blob.name).load():
         if not isinstance(r := objects.get(str(root)), _Storage) or r.blob is None:
             raise ValueError(f"{blob.name}: storage view {target!r} of unknown storage {root!r}")
         isz = r.dtype.itemsize
@@ -781,7 +784,7 @@ def _torch_tar(blob: _Blob) -> Any:
         objects[str(target)] = _Storage(r.dtype, r.blob.sub(offset * isz, numel * isz, f"view {target!r}"))
     tblob = members["tensors"]
     src = PickleSource(tblob, blob.name)
-    for _ in range(_checked_int(RestrictedUnpickler(src).load(), "tensor count", blob)):
+    for _ in range(_checked_int(RestrictedUnpickler(src, blob.name).load(), "tensor count", blob)):
         key, storage_id, _ = _TorchUnpickler(src, lambda pid: None).load()
         ndim = struct.unpack("<i", tblob.read(src.pos, 4, f"rank of tensor {key!r}"))[0]
         _checked_int(ndim, f"rank of tensor {key!r}", blob, MAX_RANK + 1)
