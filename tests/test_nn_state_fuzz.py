@@ -126,6 +126,7 @@ ATTACKS = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch's note on protocols 4 and 5
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_torch_load_refuses_crafted_pickles(tmp_path, name):
     before, f8_order = dtype_snapshot(), np.dtype("f8").byteorder
@@ -197,6 +198,47 @@ def test_torch_load_rebuild_arguments_are_checked(tmp_path):
     while out:
         out, depth = out[0], depth + 1
     assert depth == 99_999
+
+
+def test_torch_load_refuses_tuples_nested_deep_enough_to_crash_hashing(tmp_path):
+    # hashing ~a million nested tuples (as a dict key, a set item) overflows the C stack: the loader must refuse them
+    # before anything hashes them; deep lists and dicts are fine to build and to free
+    out = run_isolated(
+        """
+        import pathlib, sys
+        sys.path.insert(0, "tests")
+        from test_nn_state_fuzz import write_pt
+        from fusegrad.nn.state import torch_load
+        d = pathlib.Path(sys.argv[1])
+        deep = b"N" + b"\\x85" * 5000
+        for name, pkl in {
+            "dict_key": b"\\x80\\x02}" + deep + b"K\\x01s.",
+            "frozenset": b"\\x80\\x04(" + deep + b"\\x91.",
+            "set_call": b"\\x80\\x02c__builtin__\\nset\\n(" + deep + b"\\x85\\x85R.",
+            "torch_size": b"\\x80\\x02}ctorch\\nSize\\n" + deep + b"\\x85RK\\x01s.",
+        }.items():
+            try:
+                torch_load(write_pt(d / f"{name}.pt", pkl))
+            except ValueError as e:
+                assert "tuples nest more than 100 deep" in str(e), e
+                print("refused", name)
+        shallow = torch_load(write_pt(d / "ok.pt", b"\\x80\\x02}N" + b"\\x85" * 100 + b"K\\x01s."))
+        key = next(iter(shallow))
+        depth = 0
+        while key is not None:
+            key, depth = key[0], depth + 1
+        print("depth", depth)
+        n = 200_000
+        lists = torch_load(write_pt(d / "lists.pt", b"\\x80\\x02" + b"]" * n + b"a" * (n - 1) + b"."))
+        dicts = torch_load(write_pt(d / "dicts.pt", b"\\x80\\x02" + b"}K\\x01" * n + b"N" + b"s" * n + b"."))
+        del lists, dicts
+        print("freed")
+        """,
+        str(tmp_path),
+    )
+    assert (
+        out.split() == "refused dict_key refused frozenset refused set_call refused torch_size depth 100 freed".split()
+    )
 
 
 # ------------------------------------------------------------------ safetensors and GGUF headers that lie

@@ -21,6 +21,8 @@ import numpy as np
 from fusegrad.helpers import prod
 
 MAX_RANK = 64  # more dims than any framework stores; a larger rank is a crafted file
+# hashing a tuple recurses in C without a depth check: a million nested tuples used as a dict key crash the process
+MAX_TUPLE_NESTING = 100
 
 
 class _Opcodes(dict):
@@ -97,6 +99,7 @@ class RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         self.name = name
         self.allowed = {**self._base_globals(), **(extra or {})}
         self.fresh: dict[int, Any] = {}  # id -> numpy arrays and dtypes made by this load that await their BUILD
+        self.nesting: dict[int, tuple[tuple, int]] = {}  # id -> (tuple, how deeply tuples nest in it)
 
     def load(self) -> Any:
         try:
@@ -204,6 +207,16 @@ class RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
             )
         return (1, shape, dtype, fortran, data)
 
+    def _tuple_nesting(self, t: tuple) -> int:
+        if (known := self.nesting.get(id(t))) is not None and known[0] is t:
+            return known[1]
+        inner = [x for x in t if type(x) is tuple]
+        depth = 1 + max((self._tuple_nesting(x) for x in inner), default=0)
+        if depth > MAX_TUPLE_NESTING:
+            raise pickle.UnpicklingError(f"{self.name}: tuples nest more than {MAX_TUPLE_NESTING} deep")
+        self.nesting[id(t)] = (t, depth)
+        return depth
+
     def _target(self, kinds: tuple[type, ...], opcode: str, at: int = -1) -> Any:
         target = self.stack[at]
         if type(target) not in kinds:
@@ -255,6 +268,26 @@ _SAFE_OPCODES = (
 )
 RestrictedUnpickler.dispatch.update(
     {getattr(pickle, op)[0]: pickle._Unpickler.dispatch[getattr(pickle, op)[0]] for op in _SAFE_OPCODES.split()}  # type: ignore[attr-defined]
+)
+
+
+def _measuring_tuples(load: Callable[[Any], None]) -> Callable[[Any], None]:
+    """The opcode, then a check of how deeply tuples nest in a tuple it pushed (each new tuple's items are already
+    measured, so this is one step per item, never a deep recursion)."""
+
+    def run(self: RestrictedUnpickler) -> None:
+        load(self)
+        if type(top := self.stack[-1]) is tuple:
+            self._tuple_nesting(top)
+
+    return run
+
+
+RestrictedUnpickler.dispatch.update(
+    {
+        getattr(pickle, op)[0]: _measuring_tuples(pickle._Unpickler.dispatch[getattr(pickle, op)[0]])  # type: ignore[attr-defined]
+        for op in ("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_TUPLE", "REDUCE")
+    }
 )
 RestrictedUnpickler.dispatch.update(
     {
