@@ -200,6 +200,23 @@ def test_torch_load_rebuild_arguments_are_checked(tmp_path):
     assert depth == 99_999
 
 
+def test_torch_load_strided_views_are_bounded(tmp_path):
+    base = torch.arange(12.0)
+    views = {
+        "gap": base.as_strided((3, 2), (4, 2)),
+        "overlap": base.as_strided((4, 3), (1, 1)),
+        "broadcast_gap": base.as_strided((5, 3), (0, 3)),
+    }
+    torch.save(views, tmp_path / "views.pt")
+    ours = torch_load(tmp_path / "views.pt")
+    for k, v in views.items():
+        np.testing.assert_array_equal(ours[k].numpy(), v.numpy())
+    # a view that reads 1 M stored floats a thousand times over would materialize 4 GB from a 4 MB file
+    torch.save({"w": torch.zeros(2**20 + 2**10).as_strided((2**20, 2**10), (1, 1))}, tmp_path / "huge.pt")
+    with pytest.raises(ValueError, match=r"huge.pt: .* repeats its 1049599 stored elements more than 64 times over"):
+        torch_load(tmp_path / "huge.pt")
+
+
 def test_torch_load_refuses_tuples_nested_deep_enough_to_crash_hashing(tmp_path):
     # hashing ~a million nested tuples (as a dict key, a set item) overflows the C stack: the loader must refuse them
     # before anything hashes them; deep lists and dicts are fine to build and to free

@@ -77,7 +77,12 @@ def _plain_numpy_dtype(x: Any, name: str) -> np.dtype:
 
 
 def _int_tuple(x: Any, what: str, name: str) -> tuple[int, ...]:
-    if not isinstance(x, (tuple, list)) or len(x) > MAX_RANK or not all(type(d) is int and d >= 0 for d in x):
+    if (
+        not isinstance(x, (tuple, list))
+        or len(x) > MAX_RANK
+        or not all(type(d) is int and d >= 0 for d in x)
+        or prod(max(d, 1) for d in x) >= 1 << 62
+    ):
         raise pickle.UnpicklingError(f"{name}: {what} {x!r} is not a tuple of at most {MAX_RANK} non-negative ints")
     return tuple(x)
 

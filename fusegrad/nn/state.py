@@ -575,6 +575,10 @@ class _StorageType:
         self.dtype = dtype
 
 
+# a view that reads its stored elements this many times over (overlapping strides) is not a state dict's tensor
+_MAX_GATHER_RATIO = 64
+
+
 def _strided(storage: Any, offset: Any, size: Any, stride: Any, name: str, dtype: DType | None = None) -> Tensor | None:
     """The tensor torch describes as (storage, element offset, size, stride): lazy on DISK when contiguous."""
     if storage is None or not isinstance(storage, _Storage):
@@ -613,12 +617,19 @@ def _strided(storage: Any, offset: Any, size: Any, stride: Any, name: str, dtype
         # a permuted (e.g. transposed) or broadcast view of a dense block: materialized on a compute device
         block = block.to(_host_device(blob)).permute(sorted(range(len(real)), key=lambda k: real[k]))
         return block.reshape(tuple(s if i in real else 1 for i, s in enumerate(size))).expand(size)
-    # an overlapping or gapped view: gather the elements on the host
+    # an overlapping or gapped view: gather the elements on the host (broadcast dims stay lazy)
+    gathered = tuple(1 if st == 0 else s for s, st in zip(size, stride))
+    if prod(gathered) > _MAX_GATHER_RATIO * (reach - offset + 1):
+        raise ValueError(
+            f"{name}: tensor of shape {size}, strides {stride} repeats its {reach - offset + 1} stored elements "
+            f"more than {_MAX_GATHER_RATIO} times over: refusing to materialize {prod(gathered)} elements"
+        )
     blob.check(offset * dt.itemsize, (reach - offset + 1) * dt.itemsize, "tensor")
     span = np.frombuffer(blob.mem, to_numpy_dtype(dt), count=reach - offset + 1, offset=offset * dt.itemsize)
-    strided = np.lib.stride_tricks.as_strided(span, size, tuple(st * span.itemsize for st in stride))
+    strided = np.lib.stride_tricks.as_strided(span, gathered, tuple(st * span.itemsize for st in stride))
     device = _host_device(blob)
-    return Tensor(buffer_uop(Buffer(device, n, dt, initial=np.ascontiguousarray(strided))), device=device).reshape(size)
+    host = Buffer(device, prod(gathered), dt, initial=np.ascontiguousarray(strided))
+    return Tensor(buffer_uop(host), device=device).reshape(gathered).expand(size)
 
 
 class _TorchUnpickler(RestrictedUnpickler):
