@@ -3,20 +3,32 @@
 from __future__ import annotations
 import math
 import struct
-from dataclasses import dataclass
 from typing import Any, Final
 import numpy as np
 from fusegrad.helpers import DEFAULT_FLOAT, DEFAULT_INT
 
 
-@dataclass(frozen=True, eq=False)
 class DType:
+    """One object per dtype, compared and hashed by identity. Immutable for real (slots, no instance dict, every
+    attribute write and __setstate__ refused), so nothing, not even a crafted pickle, can change a global dtype."""
+
+    __slots__ = ("priority", "bitsize", "name", "fmt", "kind", "attr")
     priority: int
     bitsize: int
     name: str
     fmt: str | None
     kind: str  # "bool", "int", "uint", "float", "weak", "void"
     attr: str  # the dtypes attribute name, used by repr and to_dtype
+
+    def __init__(self, priority: int, bitsize: int, name: str, fmt: str | None, kind: str, attr: str):
+        for field, value in zip(self.__slots__, (priority, bitsize, name, fmt, kind, attr)):
+            object.__setattr__(self, field, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{self!r} is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{self!r} is immutable: cannot delete {name!r}")
 
     @property
     def itemsize(self) -> int:
@@ -47,6 +59,10 @@ class DType:
 
     def __reduce__(self):
         return (to_dtype, (self.attr,))
+
+    def __setstate__(self, state: Any) -> None:
+        # pickle's BUILD calls this: a crafted pickle must not be able to write a dtype's fields
+        raise TypeError(f"{self!r} is immutable; refusing to set its state to {state!r}")
 
     def __lt__(self, other: DType) -> bool:
         return self.priority < other.priority

@@ -256,7 +256,12 @@ class Tensor(
             if isinstance(self.device, tuple):
                 raise RuntimeError(f"tensor is already sharded on {self.device}; gather first")
             return self.shard(device)
-        out = Tensor(UOp(Ops.COPY, self.dtype, (self.uop,), device), device=device)
+        if isinstance(self.device, str) and self.device.startswith("DISK:"):
+            from fusegrad.runtime.ops_disk import copy_off_disk  # DISK cannot compute: views are computed on `device`
+
+            out = Tensor(copy_off_disk(self.uop, device), device=device)
+        else:
+            out = Tensor(UOp(Ops.COPY, self.dtype, (self.uop,), device), device=device)
         if self.grad is not None:
             out.grad = self.grad.to(device)
         return out

@@ -271,6 +271,33 @@ def test_disk_tensors_copy_but_do_not_compute(tmp_path):
         safe_load(tmp_path / "nope.safetensors")
 
 
+def test_disk_slices_are_views_of_the_file(tmp_path):
+    data = np.arange(24, dtype=np.uint8)
+    (tmp_path / "b.bin").write_bytes(data.tobytes())
+    t = Tensor(tmp_path / "b.bin")
+    GlobalCounters.reset()
+    head = t[2:5].to("CPU").realize()
+    assert GlobalCounters.kernel_count == 1 and GlobalCounters.global_mem == 6  # a copy of 3 bytes, no DISK kernel
+    np.testing.assert_array_equal(head.numpy(), data[2:5])
+    np.testing.assert_array_equal(t[2:5].numpy(), data[2:5])
+    assert t[7:7].numpy().shape == (0,)
+    sliced = t.reshape(2, 3, 4)[1:2, 1:3].realize()
+    assert sliced.device == t.device and isinstance(buffer_of[base_buffer(sliced.uop)], DiskBuffer)
+    np.testing.assert_array_equal(sliced.to("CPU").numpy(), data.reshape(2, 3, 4)[1:2, 1:3])
+    np.testing.assert_array_equal(t.reshape(4, 6)[2:3, 1:5].numpy(), data.reshape(4, 6)[2:3, 1:5])
+    sd = {"w": Tensor(np.arange(20, dtype=np.float32).reshape(5, 4))}
+    safe_save(sd, tmp_path / "w.safetensors")
+    w = safe_load(tmp_path / "w.safetensors")["w"]
+    np.testing.assert_array_equal(w[1:3].numpy(), np.arange(20, dtype=np.float32).reshape(5, 4)[1:3])
+    # a strided view is not one range of the file: .to() copies the viewed tensor and takes the view on the target
+    np.testing.assert_array_equal(t.reshape(4, 6)[:, 1:3].to("CPU").numpy(), data.reshape(4, 6)[:, 1:3])
+    np.testing.assert_array_equal(t[::3].to("PYTHON").numpy(), data[::3])
+    np.testing.assert_array_equal(w.T[1:3].to("CPU").numpy(), np.arange(20, dtype=np.float32).reshape(5, 4).T[1:3])
+    # ...but DISK itself runs no kernel
+    with pytest.raises(RuntimeError, match=r"cannot run kernels .* contiguous slices; move the tensor with .to"):
+        t.reshape(4, 6)[:, 1:3].numpy()
+
+
 def test_safe_load_from_tensors(tmp_path):
     safe_save({"x": Tensor([[1, 2], [3, 4]], dtype=dtypes.int16)}, tmp_path / "x.safetensors")
     data = (tmp_path / "x.safetensors").read_bytes()
@@ -677,8 +704,10 @@ def test_gguf_bad_files(tmp_path):
         load("magic.gguf", b"GGML" + data[4:])
     with pytest.raises(ValueError, match=r"v1.gguf: GGUF version 1 is not supported"):
         load("v1.gguf", data[:4] + struct.pack("<I", 1) + data[8:])
-    with pytest.raises(ValueError, match=r"cut.gguf: truncated: .* needs bytes"):
+    with pytest.raises(ValueError, match=r"cut.gguf: tensor count 1 and metadata count 2 cannot fit in the 16 bytes"):
         load("cut.gguf", data[:40])
+    with pytest.raises(ValueError, match=r"cut2.gguf: truncated: .* needs bytes"):
+        load("cut2.gguf", data[:80])
     with pytest.raises(ValueError, match=r"tail.gguf: truncated: tensor 'w' \(dtypes.float32, shape \(8,\)\)"):
         load("tail.gguf", data[:-8])
     # tensor info of 'w': name length u64, b"w", rank u32 (1), the one dim u64, then the ggml type u32

@@ -6,17 +6,17 @@ when it is first used. Every malformed file raises ValueError naming the file, t
 
 from __future__ import annotations
 
-import collections
 import io
 import json
 import os
-import pickle
+import re
 import struct
 import tarfile
 import tempfile
 import time
 import types
 import zipfile
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +24,9 @@ import numpy as np
 
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import prod, round_up
+from fusegrad.nn.safe_pickle import MAX_RANK, PickleSource, RestrictedUnpickler
 from fusegrad.runtime.device import Buffer, Device
-from fusegrad.runtime.ops_disk import DiskBuffer
+from fusegrad.runtime.ops_disk import DiskBuffer, check_mapped
 from fusegrad.schedule import base_buffer, buffer_of, buffer_uop, is_contiguous_view
 from fusegrad.schedule.multi import multi_axis
 from fusegrad.tensor import Tensor
@@ -142,18 +143,22 @@ class _Blob:
     def __len__(self) -> int:
         return len(self.mem)
 
-    def read(self, start: int, n: int, what: str) -> bytes:
+    def check(self, start: int, n: int, what: str) -> None:
+        """Bytes [start, start + n) are inside the blob and, for a file, still on disk (a file cut short after it was
+        mapped would kill the process with SIGBUS when the missing pages are read)."""
         if start < 0 or n < 0 or start + n > len(self.mem):
             raise ValueError(
                 f"{self.name}: truncated: {what} needs bytes [{start}, {start + n}) but the file has {len(self.mem)}"
             )
+        if self.mapping is not None:
+            check_mapped(self.mapping, self.offset + start, n, f"{self.name} ({self.device[5:]})", what)
+
+    def read(self, start: int, n: int, what: str) -> bytes:
+        self.check(start, n, what)
         return bytes(self.mem[start : start + n])
 
     def sub(self, start: int, n: int, name: str) -> _Blob:
-        if start < 0 or n < 0 or start + n > len(self.mem):
-            raise ValueError(
-                f"{self.name}: truncated: {name} needs bytes [{start}, {start + n}) but the file has {len(self.mem)}"
-            )
+        self.check(start, n, name)
         return _Blob(name, self.mem[start : start + n], self.device, self.mapping, self.offset + start)
 
     def tensor(self, start: int, dtype: DType, shape: tuple[int, ...], what: str) -> Tensor:
@@ -165,6 +170,7 @@ class _Blob:
                 f"{self.name}: truncated: {what} ({dtype}, shape {shape}) needs bytes [{start}, {start + nbytes}) "
                 f"but the file has {len(self.mem)}"
             )
+        self.check(start, nbytes, what)
         if self.mapping is not None:
             buf: Buffer = DiskBuffer(self.device, n, dtype, self.mapping, self.offset + start)
         else:
@@ -228,6 +234,7 @@ class _BlobIO(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         n = max(0, min(len(b), len(self.blob) - self.pos))
+        self.blob.check(self.pos, n, "archive data")
         b[:n] = self.blob.mem[self.pos : self.pos + n]
         self.pos += n
         return n
@@ -260,6 +267,30 @@ SAFETENSORS_DTYPES: dict[str, DType] = {
 _SAFETENSORS_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 
+_SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors package's limit
+_MAX_JSON_DEPTH = 64  # a safetensors header nests 3 deep; deeper is crafted (and json's recursion would fail)
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def _json_depth(raw: bytes) -> int:
+    """How deeply brackets nest in a JSON text (brackets inside strings do not count), without parsing it."""
+    skeleton = np.frombuffer(_JSON_STRING.sub(b'""', raw), np.uint8)
+    steps = np.isin(skeleton, np.frombuffer(b"[{", np.uint8)).astype(np.int64)
+    steps -= np.isin(skeleton, np.frombuffer(b"]}", np.uint8))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _unique_keys(blob: _Blob) -> Callable[[list[tuple[str, Any]]], dict]:
+    def build(pairs: list[tuple[str, Any]]) -> dict:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            dups = sorted({k for k, _ in pairs if sum(1 for k2, _ in pairs if k2 == k) > 1})
+            raise ValueError(f"{blob.name}: safetensors header has duplicate keys {dups[:8]}")
+        return out
+
+    return build
+
+
 def _safe_header(blob: _Blob) -> tuple[int, dict]:
     if len(blob) < 8:
         raise ValueError(
@@ -271,19 +302,92 @@ def _safe_header(blob: _Blob) -> tuple[int, dict]:
             f"{blob.name}: header length {n} exceeds the {len(blob) - 8} bytes after it"
             " (truncated, or not a safetensors file)"
         )
+    if n > _SAFETENSORS_MAX_HEADER:
+        raise ValueError(f"{blob.name}: header length {n} exceeds the format's limit of {_SAFETENSORS_MAX_HEADER}")
+    raw = blob.read(8, n, "header")
+    if (depth := _json_depth(raw)) > _MAX_JSON_DEPTH:
+        raise ValueError(f"{blob.name}: safetensors header nests {depth} levels deep (at most {_MAX_JSON_DEPTH})")
     try:
-        header = json.loads(blob.read(8, n, "header"))
+        header = json.loads(raw, object_pairs_hook=_unique_keys(blob))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{blob.name}: safetensors header is not valid JSON: {e}") from None
-    if isinstance(header, dict):
-        return 8 + n, header
-    raise ValueError(f"{blob.name}: safetensors header is a {type(header).__name__}, not an object")
+    if not isinstance(header, dict):
+        raise ValueError(f"{blob.name}: safetensors header is a {type(header).__name__}, not an object")
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError(f"{blob.name}: __metadata__ must map strings to strings, got {meta!r:.200}")
+    return 8 + n, header
+
+
+def _is_count(x: Any, limit: int = 1 << 62) -> bool:
+    """A non-negative int (not a bool, not a float) below limit."""
+    return type(x) is int and 0 <= x < limit
+
+
+def _safe_entries(blob: _Blob, data_start: int, header: dict) -> list[tuple[str, DType, tuple[int, ...], int]]:
+    """(key, dtype, shape, start) of each tensor, checked like the safetensors package checks them: known dtype, sane
+    shape, offsets that hold exactly the tensor's bytes, and tensors that tile the data section without overlap."""
+    out, spans = [], []
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise ValueError(f"{blob.name}: entry {key!r} = {info!r:.200} needs 'dtype', 'shape' and 'data_offsets'")
+        dt, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(dt, str) or dt not in SAFETENSORS_DTYPES:
+            raise ValueError(
+                f"{blob.name}: tensor {key!r} has unknown dtype {dt!r:.100}; known: {sorted(SAFETENSORS_DTYPES)}"
+            )
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_RANK
+            or not all(_is_count(d) for d in shape)
+            or not _is_count(prod(max(d, 1) for d in shape))
+        ):
+            raise ValueError(f"{blob.name}: tensor {key!r} has invalid shape {shape!r:.200}")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(map(_is_count, offsets))
+            and offsets[0] <= offsets[1]
+        ):
+            raise ValueError(f"{blob.name}: tensor {key!r} has invalid data_offsets {offsets!r:.200}")
+        dtype = SAFETENSORS_DTYPES[dt]
+        if (nbytes := offsets[1] - offsets[0]) != prod(shape) * dtype.itemsize:
+            raise ValueError(
+                f"{blob.name}: tensor {key!r} ({dt}, shape {tuple(shape)}) needs {prod(shape) * dtype.itemsize} bytes "
+                f"but data_offsets {offsets} hold {nbytes}"
+            )
+        out.append((key, dtype, tuple(shape), data_start + offsets[0]))
+        spans.append((offsets[0], offsets[1], key, f"({dtype}, shape {tuple(shape)})"))
+    end, prev = 0, None
+    for start, stop, key, _ in sorted(spans):
+        if start != end:
+            what = "overlaps" if start < end else f"leaves a gap of {start - end} bytes after"
+            raise ValueError(
+                f"{blob.name}: tensor {key!r} at data_offsets [{start}, {stop}) {what} "
+                + (f"tensor {prev!r} (ending at {end})" if prev is not None else "the start of the data section")
+            )
+        end, prev = stop, key
+    if data_start + end > len(blob):
+        start, stop, key, what = max(spans)
+        raise ValueError(
+            f"{blob.name}: truncated: tensor {key!r} {what} needs bytes [{data_start + start}, {data_start + stop}) "
+            f"but the file has {len(blob)}"
+        )
+    if data_start + end != len(blob):
+        raise ValueError(
+            f"{blob.name}: {len(blob) - data_start - end} bytes after the last tensor: the header does not describe "
+            "the whole file"
+        )
+    return out
 
 
 def safe_load_metadata(fn: Any) -> tuple[Tensor, int, dict]:
     """(the file as a uint8 Tensor, byte offset where tensor data starts, the JSON header)."""
     blob = _blob_of(fn)
     data_start, header = _safe_header(blob)
+    _safe_entries(blob, data_start, header)
     return blob.tensor(0, dtypes.uint8, (len(blob),), "file"), data_start, header
 
 
@@ -291,34 +395,10 @@ def safe_load(fn: Any) -> dict[str, Tensor]:
     """Tensors of a .safetensors file (path or uint8 Tensor), lazily backed by the file: nothing is read until used."""
     blob = _blob_of(fn)
     data_start, header = _safe_header(blob)
-    out = {}
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
-            raise ValueError(f"{blob.name}: entry {key!r} = {info!r} needs 'dtype', 'shape' and 'data_offsets'")
-        dt, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if dt not in SAFETENSORS_DTYPES:
-            raise ValueError(
-                f"{blob.name}: tensor {key!r} has unknown dtype {dt!r}; known: {sorted(SAFETENSORS_DTYPES)}"
-            )
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise ValueError(f"{blob.name}: tensor {key!r} has invalid shape {shape!r}")
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(isinstance(o, int) for o in offsets)
-            and 0 <= offsets[0] <= offsets[1]
-        ):
-            raise ValueError(f"{blob.name}: tensor {key!r} has invalid data_offsets {offsets!r}")
-        dtype = SAFETENSORS_DTYPES[dt]
-        if (nbytes := offsets[1] - offsets[0]) != prod(shape) * dtype.itemsize:
-            raise ValueError(
-                f"{blob.name}: tensor {key!r} ({dt}, shape {tuple(shape)}) needs {prod(shape) * dtype.itemsize} bytes "
-                f"but data_offsets {offsets} hold {nbytes}"
-            )
-        out[key] = blob.tensor(data_start + offsets[0], dtype, tuple(shape), f"tensor {key!r}")
-    return out
+    return {
+        key: blob.tensor(start, dtype, shape, f"tensor {key!r}")
+        for key, dtype, shape, start in _safe_entries(blob, data_start, header)
+    }
 
 
 def _atomic_write(fn: str | os.PathLike, chunks: list[Any]) -> None:
@@ -392,31 +472,65 @@ def tar_extract(fn: Any) -> dict[str, Tensor]:
     return {name: b.tensor(0, dtypes.uint8, (len(b),), name) for name, b in _tar_members(_blob_of(fn)).items()}
 
 
-def _zip_members(blob: _Blob) -> dict[str, _Blob]:
-    """Each member's bytes: a lazy sub-range for stored members, decompressed host bytes otherwise."""
-    try:
-        zf = zipfile.ZipFile(io.BufferedReader(_BlobIO(blob)))
-    except zipfile.BadZipFile as e:
-        raise ValueError(f"{blob.name}: not a readable zip archive: {e}") from None
-    out = {}
-    with zf:
-        for info in zf.infolist():
-            if info.is_dir():
-                continue
-            if info.compress_type != zipfile.ZIP_STORED:
-                out[info.filename] = _Blob(info.filename, memoryview(zf.read(info)), _host_device(blob))
-                continue
-            local = blob.read(info.header_offset, 30, f"local header of {info.filename!r}")
+# deflate emits at most 258 bytes per 2 bits, so a member claiming more than this ratio is corrupt (or a bomb)
+_DEFLATE_MAX_RATIO = 1032
+
+
+class _ZipArchive:
+    """A zip archive's members, read only when asked for: a stored member is a lazy sub-range of the archive, a
+    compressed one is decompressed on demand, in chunks, never past the size its header declares."""
+
+    def __init__(self, blob: _Blob):
+        self.blob = blob
+        try:
+            self.zf = zipfile.ZipFile(io.BufferedReader(_BlobIO(blob)))
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, struct.error) as e:
+            raise ValueError(f"{blob.name}: not a readable zip archive: {e}") from None
+        self.infos = {info.filename: info for info in self.zf.infolist() if not info.is_dir()}
+        self.names = list(self.infos)
+
+    def __enter__(self) -> _ZipArchive:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.zf.close()
+
+    def member(self, name: str, limit: int | None = None) -> _Blob:
+        """The member's bytes; a compressed member larger than `limit` is refused before it is decompressed."""
+        info, where = self.infos[name], f"{self.blob.name}: member {name!r}"
+        if info.compress_type == zipfile.ZIP_STORED:
+            local = self.blob.read(info.header_offset, 30, f"local header of {name!r}")
             if local[:4] != b"PK\x03\x04":
-                raise ValueError(f"{blob.name}: bad local header signature for member {info.filename!r}")
+                raise ValueError(f"{where}: bad local header signature")
             name_len, extra_len = struct.unpack("<HH", local[26:30])
-            out[info.filename] = blob.sub(info.header_offset + 30 + name_len + extra_len, info.file_size, info.filename)
-    return out
+            if info.compress_size != info.file_size:
+                raise ValueError(f"{where} is stored but has {info.compress_size} bytes for {info.file_size}")
+            return self.blob.sub(info.header_offset + 30 + name_len + extra_len, info.file_size, name)
+        if limit is not None and info.file_size > limit:
+            raise ValueError(f"{where} declares {info.file_size} bytes, more than the {limit} it may have")
+        if info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > _DEFLATE_MAX_RATIO * info.compress_size + 64:
+            raise ValueError(
+                f"{where} declares {info.file_size} bytes from {info.compress_size} deflated ones: impossible ratio"
+            )
+        out = bytearray()
+        try:
+            with self.zf.open(info) as f:
+                while len(out) < info.file_size and (chunk := f.read(min(1 << 20, info.file_size - len(out)))):
+                    out += chunk
+                if f.read(1):
+                    raise ValueError(f"{where} holds more than the {info.file_size} bytes it declares")
+        except (zipfile.BadZipFile, EOFError, OSError, NotImplementedError, RuntimeError, zlib.error) as e:
+            raise ValueError(f"{where}: cannot decompress: {e}") from None
+        if len(out) != info.file_size:
+            raise ValueError(f"{where} holds {len(out)} bytes but declares {info.file_size}")
+        return _Blob(name, memoryview(bytes(out)), _host_device(self.blob))
 
 
 def zip_extract(fn: Any) -> dict[str, Tensor]:
     """Files of a zip archive (path or uint8 Tensor) as uint8 Tensors; stored (uncompressed) members stay lazy."""
-    return {name: b.tensor(0, dtypes.uint8, (len(b),), name) for name, b in _zip_members(_blob_of(fn)).items()}
+    with _ZipArchive(_blob_of(fn)) as archive:
+        blobs = {name: archive.member(name) for name in archive.names}
+    return {name: b.tensor(0, dtypes.uint8, (len(b),), name) for name, b in blobs.items()}
 
 
 # ------------------------------------------------------------------ PyTorch checkpoints (no torch import)
@@ -474,21 +588,37 @@ class _StorageType:
         self.dtype = dtype
 
 
-def _strided(
-    storage: _Storage | None, offset: int, size: tuple, stride: tuple, dtype: DType | None = None
-) -> Tensor | None:
+# a view that reads its stored elements this many times over (overlapping strides) is not a state dict's tensor
+_MAX_GATHER_RATIO = 64
+
+
+def _strided(storage: Any, offset: Any, size: Any, stride: Any, name: str, dtype: DType | None = None) -> Tensor | None:
     """The tensor torch describes as (storage, element offset, size, stride): lazy on DISK when contiguous."""
-    if storage is None or storage.blob is None:
+    if storage is None or not isinstance(storage, _Storage):
+        raise ValueError(f"{name}: a tensor is rebuilt from a {type(storage).__name__}, not a storage")
+    if storage.blob is None:
         return None
     blob, dt = storage.blob, dtype or storage.dtype
-    size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+    if (
+        not isinstance(size, (tuple, list))
+        or not isinstance(stride, (tuple, list))
+        or len(size) != len(stride)
+        or len(size) > MAX_RANK
+        or not all(type(x) is int for x in (offset, *size, *stride))
+        or offset < 0
+        or min(size, default=0) < 0
+        or min(stride, default=0) < 0
+        or prod(max(s, 1) for s in size) >= 1 << 62
+    ):
+        raise ValueError(f"{name}: invalid tensor geometry: size {size!r}, stride {stride!r}, offset {offset!r}")
+    size, stride = tuple(size), tuple(stride)
     n = prod(size)
     if n == 0:
         return Tensor.empty(size, dtype=dt, device=_host_device(blob))
     reach = offset + sum((s - 1) * st for s, st in zip(size, stride))
-    if offset < 0 or min(stride, default=0) < 0 or (reach + 1) * dt.itemsize > len(blob):
+    if (reach + 1) * dt.itemsize > len(blob):
         raise ValueError(
-            f"{blob.name}: tensor of shape {size}, strides {stride}, offset {offset} reaches past its storage "
+            f"{name}: tensor of shape {size}, strides {stride}, offset {offset} reaches past its storage "
             f"of {len(blob) // dt.itemsize} {dt} elements"
         )
     # dims of size 1 and broadcast (stride 0) dims read no new memory; the rest must tile a dense block, in some order
@@ -500,70 +630,52 @@ def _strided(
         # a permuted (e.g. transposed) or broadcast view of a dense block: materialized on a compute device
         block = block.to(_host_device(blob)).permute(sorted(range(len(real)), key=lambda k: real[k]))
         return block.reshape(tuple(s if i in real else 1 for i, s in enumerate(size))).expand(size)
-    # an overlapping or gapped view: gather the elements on the host
-    span = np.frombuffer(blob.mem, to_numpy_dtype(dt), count=reach - offset + 1, offset=offset * dt.itemsize)
-    strided = np.lib.stride_tricks.as_strided(span, size, tuple(st * span.itemsize for st in stride))
-    device = _host_device(blob)
-    return Tensor(buffer_uop(Buffer(device, n, dt, initial=np.ascontiguousarray(strided))), device=device).reshape(size)
-
-
-def _reconstruct_numpy() -> dict[tuple[str, str], Any]:
-    """numpy's pickling constructors (scalars, dtypes, arrays) under their module names in numpy 1 and 2."""
-    rebuild = np.ndarray((0,)).__reduce__()[0]
-    scalar = np.float64(0).__reduce__()[0]
-    out: dict[tuple[str, str], Any] = {}
-    for mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        out |= {(mod, "_reconstruct"): rebuild, (mod, "scalar"): scalar}
-    return out | {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
-
-
-_SAFE_GLOBALS: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("builtins", "slice"): slice,
-    ("builtins", "complex"): complex,
-    ("_codecs", "encode"): lambda s, enc="utf-8": s.encode(enc),
-    ("torch", "Size"): tuple,
-    ("torch", "device"): str,
-    **_reconstruct_numpy(),
-}
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Loads only plain containers, numpy values and what `extra` allows; anything else is refused by name."""
-
-    def __init__(self, file: Any, name: str, extra: dict[tuple[str, str], Any] | None = None, **kwargs: Any):
-        super().__init__(file, **kwargs)
-        self.name, self.allowed = name, _SAFE_GLOBALS | (extra or {})
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self.allowed:
-            return self.allowed[(module, name)]
-        raise pickle.UnpicklingError(
-            f"{self.name}: refusing to load global {module}.{name}: only tensors, storages, plain "
-            "containers and numpy values are allowed"
+    # an overlapping or gapped view: gather the elements on the host (broadcast dims stay lazy)
+    gathered = tuple(1 if st == 0 else s for s, st in zip(size, stride))
+    if prod(gathered) > _MAX_GATHER_RATIO * (reach - offset + 1):
+        raise ValueError(
+            f"{name}: tensor of shape {size}, strides {stride} repeats its {reach - offset + 1} stored elements "
+            f"more than {_MAX_GATHER_RATIO} times over: refusing to materialize {prod(gathered)} elements"
         )
+    blob.check(offset * dt.itemsize, (reach - offset + 1) * dt.itemsize, "tensor")
+    span = np.frombuffer(blob.mem, to_numpy_dtype(dt), count=reach - offset + 1, offset=offset * dt.itemsize)
+    strided = np.lib.stride_tricks.as_strided(span, gathered, tuple(st * span.itemsize for st in stride))
+    device = _host_device(blob)
+    host = Buffer(device, prod(gathered), dt, initial=np.ascontiguousarray(strided))
+    return Tensor(buffer_uop(host), device=device).reshape(gathered).expand(size)
 
 
-class _TorchUnpickler(_RestrictedUnpickler):
-    def __init__(self, file: Any, name: str, storage: Callable[[Any], Any]):
+class _TorchUnpickler(RestrictedUnpickler):
+    """The restricted unpickler plus torch's tensor rebuild functions, storage types and dtypes; `storage` turns a
+    persistent id into the storage it names."""
+
+    def __init__(self, source: PickleSource, storage: Callable[[Any], Any]):
+        name = source.name
+
+        def rebuild(st: Any, offset: Any, size: Any, stride: Any, *_: Any) -> Tensor | None:
+            return _strided(st, offset, size, stride, name)
+
         def rebuild_v3(st, offset, size, stride, requires_grad=False, hooks=None, dtype=None, metadata=None):
-            return _strided(st, offset, size, stride, dtype)
+            if not isinstance(dtype, DType):
+                raise ValueError(f"{name}: _rebuild_tensor_v3 got dtype {dtype!r}, not a torch dtype")
+            return _strided(st, offset, size, stride, name, dtype)
+
+        def parameter(data: Any, *_: Any) -> Any:
+            if data is not None and not isinstance(data, Tensor):
+                raise ValueError(f"{name}: a parameter holds a {type(data).__name__}, not a tensor")
+            return data
 
         torch_globals: dict[tuple[str, str], Any] = {
-            ("torch._utils", "_rebuild_tensor_v2"): lambda st, offset, size, stride, *_: _strided(
-                st, offset, size, stride
-            ),
-            ("torch._utils", "_rebuild_tensor"): lambda st, offset, size, stride: _strided(st, offset, size, stride),
+            ("torch._utils", "_rebuild_tensor_v2"): rebuild,
+            ("torch._utils", "_rebuild_tensor"): rebuild,
             ("torch._utils", "_rebuild_tensor_v3"): rebuild_v3,
-            ("torch._utils", "_rebuild_parameter"): lambda data, *_: data,
-            ("torch._utils", "_rebuild_parameter_with_state"): lambda data, *_: data,
+            ("torch._utils", "_rebuild_parameter"): parameter,
+            ("torch._utils", "_rebuild_parameter_with_state"): parameter,
             **{("torch", k): _StorageType(v) for k, v in _TORCH_STORAGES.items()},
             ("torch.storage", "UntypedStorage"): _StorageType(dtypes.uint8),
             **{("torch", k): v for k, v in _TORCH_DTYPES.items()},
         }
-        super().__init__(file, name, torch_globals)
+        super().__init__(source, name, torch_globals)
         self.storage = storage
 
     def find_class(self, module: str, name: str) -> Any:
@@ -574,81 +686,104 @@ class _TorchUnpickler(_RestrictedUnpickler):
         return self.storage(pid)
 
 
+_RestrictedUnpickler = RestrictedUnpickler  # the name nn.datasets imports (CIFAR's Python 2 pickles)
+
+
 def _storage_dtype(storage_type: Any, blob: _Blob) -> DType:
     if isinstance(storage_type, _StorageType):
         return storage_type.dtype
     raise ValueError(f"{blob.name}: unknown storage type {storage_type!r}")
 
 
+def _storage_pid(pid: Any, blob: _Blob) -> tuple[DType, str]:
+    """(dtype, key) of a ('storage', storage type, key, location, numel[, view]) persistent id."""
+    if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage" and isinstance(pid[2], (str, int))):
+        raise ValueError(f"{blob.name}: unknown persistent id {pid!r}")
+    return _storage_dtype(pid[1], blob), str(pid[2])
+
+
 def _torch_zip(blob: _Blob) -> Any:
-    members = _zip_members(blob)
-    pkl = next((n for n in members if n == "data.pkl" or n.endswith("/data.pkl")), None)
-    if pkl is None:
-        raise ValueError(
-            f"{blob.name}: zip archive without a data.pkl: not a PyTorch checkpoint (members {sorted(members)[:8]})"
-        )
-    prefix = pkl[: -len("data.pkl")]
-    if (order := members.get(prefix + "byteorder")) is not None and bytes(order.mem) != b"little":
-        raise ValueError(f"{blob.name}: byte order {bytes(order.mem)!r} is not supported (only little-endian)")
+    with _ZipArchive(blob) as archive:
+        if odd := [
+            n for n, i in archive.infos.items() if i.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+        ]:
+            raise ValueError(
+                f"{blob.name}: members {odd[:4]} use a compression torch never writes (only stored/deflate)"
+            )
+        pkl = next((n for n in archive.names if n == "data.pkl" or n.endswith("/data.pkl")), None)
+        if pkl is None:
+            raise ValueError(
+                f"{blob.name}: zip archive without a data.pkl: not a PyTorch checkpoint "
+                f"(members {sorted(archive.names)[:8]})"
+            )
+        prefix = pkl[: -len("data.pkl")]
+        if prefix + "byteorder" in archive.names:
+            order = archive.member(prefix + "byteorder", limit=16)
+            if (order_bytes := order.read(0, min(len(order), 16), "byteorder")) != b"little":
+                raise ValueError(f"{blob.name}: byte order {order_bytes!r} is not supported (only little-endian)")
+        storages: dict[str, _Storage] = {}
 
-    def storage(pid: Any) -> _Storage:
-        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):
-            raise ValueError(f"{blob.name}: unknown persistent id {pid!r}")
-        dt, key = _storage_dtype(pid[1], blob), str(pid[2])
-        if (data := members.get(f"{prefix}data/{key}")) is None:
-            raise ValueError(f"{blob.name}: storage {key!r} is missing from the archive")
-        return _Storage(dt, data)
+        def storage(pid: Any) -> _Storage:
+            dt, key = _storage_pid(pid, blob)
+            if key not in storages:
+                if (member := f"{prefix}data/{key}") not in archive.names:
+                    raise ValueError(f"{blob.name}: storage {key!r} is missing from the archive")
+                storages[key] = _Storage(dt, archive.member(member))
+            return _Storage(dt, storages[key].blob)
 
-    return _TorchUnpickler(io.BytesIO(bytes(members[pkl].mem)), blob.name, storage).load()
+        data = archive.member(pkl)
+        return _TorchUnpickler(PickleSource(data, blob.name), storage).load()
 
 
 def _torch_legacy(blob: _Blob) -> Any:
     """Pre-1.6 format: pickles of magic, protocol, sys_info, the object, the storage keys, then each storage's data."""
-    f = io.BufferedReader(_BlobIO(blob))
-
-    def load_plain(what: str) -> Any:
-        try:
-            return _RestrictedUnpickler(f, blob.name).load()
-        except (pickle.UnpicklingError, EOFError, ValueError) as e:
-            raise ValueError(f"{blob.name}: cannot read {what}: {e}") from None
-
-    if load_plain("the magic number") != _TORCH_MAGIC:
+    src = PickleSource(blob, blob.name)
+    if RestrictedUnpickler(src, blob.name).load() != _TORCH_MAGIC:
         raise ValueError(f"{blob.name}: not a PyTorch file (bad magic number)")
-    if (proto := load_plain("the protocol version")) != _TORCH_PROTOCOL:
+    if (proto := RestrictedUnpickler(src, blob.name).load()) != _TORCH_PROTOCOL:
         raise ValueError(f"{blob.name}: unsupported protocol {proto!r}")
-    if not load_plain("sys_info").get("little_endian", True):
+    if not isinstance(sys_info := RestrictedUnpickler(src, blob.name).load(), dict):
+        raise ValueError(f"{blob.name}: sys_info is a {type(sys_info).__name__}, not a dict")
+    if not sys_info.get("little_endian", True):
         raise ValueError(f"{blob.name}: big-endian files are not supported")
-    start, dtypes_of = f.tell(), {}
+    start, dtypes_of = src.pos, {}
 
     def record(pid: Any) -> _Storage:  # first pass: learn each storage's dtype, which sizes its data block
-        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):
-            raise ValueError(f"{blob.name}: unknown persistent id {pid!r}")
-        dtypes_of[str(pid[2])] = _storage_dtype(pid[1], blob)
-        return _Storage(dtypes_of[str(pid[2])], None)
+        dt, key = _storage_pid(pid, blob)
+        dtypes_of[key] = dt
+        return _Storage(dt, None)
 
-    _TorchUnpickler(f, blob.name, record).load()
-    pos, roots = f.tell(), {}
-    f.seek(pos)
-    for key in load_plain("the storage keys"):
-        pos = f.tell()
+    _TorchUnpickler(src, record).load()
+    keys = RestrictedUnpickler(src, blob.name).load()
+    if not isinstance(keys, list):
+        raise ValueError(f"{blob.name}: the storage keys are a {type(keys).__name__}, not a list")
+    roots, pos = {}, src.pos
+    for key in map(str, keys):
         numel = struct.unpack("<q", blob.read(pos, 8, f"size of storage {key!r}"))[0]
-        dt = dtypes_of.get(str(key))
-        if dt is None:
+        if (dt := dtypes_of.get(key)) is None:
             raise ValueError(f"{blob.name}: storage {key!r} is not used by the pickled object")
-        roots[str(key)] = _Storage(dt, blob.sub(pos + 8, numel * dt.itemsize, f"storage {key!r}"))
-        f.seek(pos + 8 + numel * dt.itemsize)
+        roots[key] = _Storage(dt, blob.sub(pos + 8, numel * dt.itemsize, f"storage {key!r}"))
+        pos += 8 + numel * dt.itemsize
 
     def storage(pid: Any) -> _Storage:
-        root = roots[str(pid[2])]
+        dt, key = _storage_pid(pid, blob)
+        if (root := roots.get(key)) is None or root.blob is None:
+            raise ValueError(f"{blob.name}: storage {key!r} has no data")
         if len(pid) > 5 and pid[5] is not None:  # a view: (view key, element offset, element count) of the root storage
-            _, view_offset, view_size = pid[5]
-            return _Storage(
-                root.dtype, root.blob.sub(view_offset * root.dtype.itemsize, view_size * root.dtype.itemsize, "view")
-            )  # type: ignore[union-attr]
+            if not (isinstance(pid[5], tuple) and len(pid[5]) == 3):
+                raise ValueError(f"{blob.name}: storage view {pid[5]!r} is not (key, offset, count)")
+            _, view_offset, view_size = (_checked_int(v, "storage view", blob) for v in pid[5])
+            isz = root.dtype.itemsize
+            return _Storage(root.dtype, root.blob.sub(view_offset * isz, view_size * isz, f"view of storage {key!r}"))
         return root
 
-    f.seek(start)
-    return _TorchUnpickler(f, blob.name, storage).load()
+    return _TorchUnpickler(PickleSource(blob, blob.name, start), storage).load()
+
+
+def _checked_int(x: Any, what: str, blob: _Blob, limit: int = 1 << 62) -> int:
+    if type(x) is not int or not 0 <= x < limit:
+        raise ValueError(f"{blob.name}: {what} has value {x!r}, not an int in [0, {limit})")
+    return x
 
 
 def _torch_tar(blob: _Blob) -> Any:
@@ -658,42 +793,48 @@ def _torch_tar(blob: _Blob) -> Any:
         raise ValueError(f"{blob.name}: tar checkpoint lacks {sorted(missing)}")
     objects: dict[str, Any] = {}
     sblob = members["storages"]
-    f = io.BufferedReader(_BlobIO(sblob))
-    for _ in range(_RestrictedUnpickler(f, blob.name).load()):
-        key, _, storage_type = _TorchUnpickler(f, blob.name, lambda pid: None).load()
-        dt, pos = _storage_dtype(storage_type, blob), f.tell()
-        numel = struct.unpack("<q", sblob.read(pos, 8, f"size of storage {key!r}"))[0]
-        objects[str(key)] = _Storage(dt, sblob.sub(pos + 8, numel * dt.itemsize, f"storage {key!r}"))
-        f.seek(pos + 8 + numel * dt.itemsize)
-    for target, root, offset, numel in _RestrictedUnpickler(f, blob.name).load():
-        r = objects[str(root)]
-        objects[str(target)] = _Storage(
-            r.dtype, r.blob.sub(offset * r.dtype.itemsize, numel * r.dtype.itemsize, "view")
-        )
+    src = PickleSource(sblob, blob.name)
+    for _ in range(_checked_int(RestrictedUnpickler(src, blob.name).load(), "storage count", blob)):
+        key, _, storage_type = _TorchUnpickler(src, lambda pid: None).load()
+        dt = _storage_dtype(storage_type, blob)
+        numel = struct.unpack("<q", sblob.read(src.pos, 8, f"size of storage {key!r}"))[0]
+        objects[str(key)] = _Storage(dt, sblob.sub(src.pos + 8, numel * dt.itemsize, f"storage {key!r}"))
+        src.pos += 8 + numel * dt.itemsize
+    for target, root, offset, numel in RestrictedUnpickler(src, blob.name).load():
+        if not isinstance(r := objects.get(str(root)), _Storage) or r.blob is None:
+            raise ValueError(f"{blob.name}: storage view {target!r} of unknown storage {root!r}")
+        isz = r.dtype.itemsize
+        offset, numel = _checked_int(offset, "view offset", blob), _checked_int(numel, "view size", blob)
+        objects[str(target)] = _Storage(r.dtype, r.blob.sub(offset * isz, numel * isz, f"view {target!r}"))
     tblob = members["tensors"]
-    f = io.BufferedReader(_BlobIO(tblob))
-    for _ in range(_RestrictedUnpickler(f, blob.name).load()):
-        key, storage_id, _ = _TorchUnpickler(f, blob.name, lambda pid: None).load()
-        pos = f.tell()
-        ndim = struct.unpack("<i", tblob.read(pos, 4, f"rank of tensor {key!r}"))[0]
+    src = PickleSource(tblob, blob.name)
+    for _ in range(_checked_int(RestrictedUnpickler(src, blob.name).load(), "tensor count", blob)):
+        key, storage_id, _ = _TorchUnpickler(src, lambda pid: None).load()
+        ndim = struct.unpack("<i", tblob.read(src.pos, 4, f"rank of tensor {key!r}"))[0]
+        _checked_int(ndim, f"rank of tensor {key!r}", blob, MAX_RANK + 1)
         # the rank is followed by 4 bytes of padding, then sizes, strides and the storage offset as int64
-        vals = struct.unpack(f"<{2 * ndim + 1}q", tblob.read(pos + 8, 8 * (2 * ndim + 1), f"shape of tensor {key!r}"))
-        objects[str(key)] = _strided(objects[str(storage_id)], vals[-1], vals[:ndim], vals[ndim : 2 * ndim])
-        f.seek(pos + 8 + 8 * (2 * ndim + 1))
+        vals = struct.unpack(
+            f"<{2 * ndim + 1}q", tblob.read(src.pos + 8, 8 * (2 * ndim + 1), f"shape of tensor {key!r}")
+        )
+        if not isinstance(st := objects.get(str(storage_id)), _Storage):
+            raise ValueError(f"{blob.name}: tensor {key!r} uses unknown storage {storage_id!r}")
+        objects[str(key)] = _strided(st, vals[-1], vals[:ndim], vals[ndim : 2 * ndim], blob.name)
+        src.pos += 8 + 8 * (2 * ndim + 1)
 
     def persistent(pid: Any) -> Any:
-        if isinstance(pid, tuple):
+        if isinstance(pid, tuple) and pid:
             return pid[0]  # a ('module', source...) record: the object itself
         if str(pid) not in objects:
             raise ValueError(f"{blob.name}: the pickle refers to unknown tensor {pid!r}")
         return objects[str(pid)]
 
-    return _TorchUnpickler(io.BytesIO(bytes(members["pickle"].mem)), blob.name, persistent).load()
+    return _TorchUnpickler(PickleSource(members["pickle"], blob.name), persistent).load()
 
 
 def torch_load(fn: Any) -> Any:
     """The object in a PyTorch .pt/.pth file (zip, legacy tar or legacy pickle format) with tensors as Tensors, without
-    importing torch. Only tensors, plain containers and numpy values are unpickled; contiguous tensors stay on DISK."""
+    importing torch. Only tensors, plain containers and numpy values of plain numeric dtypes are unpickled (as strict
+    as torch's weights_only=True); contiguous tensors stay on DISK. Any malformed file raises ValueError naming it."""
     blob = _blob_of(fn)
     head = blob.read(0, min(len(blob), 512), "header")
     try:
@@ -702,8 +843,12 @@ def torch_load(fn: Any) -> Any:
         if len(head) >= 262 and head[257:262] == b"ustar":
             return _torch_tar(blob)
         return _torch_legacy(blob)
-    except (pickle.UnpicklingError, EOFError) as e:
-        raise ValueError(str(e) if str(e).startswith(blob.name) else f"{blob.name}: corrupt pickle: {e}") from None
+    except Exception as e:  # whatever a crafted file makes fail, the caller gets one clean exception type
+        if isinstance(e, ValueError) and str(e).startswith(blob.name):
+            raise
+        if str(e).startswith(blob.name):
+            raise ValueError(str(e)) from e
+        raise ValueError(f"{blob.name}: corrupt checkpoint ({type(e).__name__}): {e}") from e
 
 
 # ------------------------------------------------------------------ GGUF (llama.cpp)
@@ -856,9 +1001,11 @@ class _Reader:
 
 
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_MAX_NESTING = 8  # arrays of arrays: real files nest at most 2 deep
+_GGML_MAX_DIMS = 4  # ggml tensors have at most 4 dims
 
 
-def _gguf_value(r: _Reader, vtype: int, key: str) -> Any:
+def _gguf_value(r: _Reader, vtype: int, key: str, depth: int = 0) -> Any:
     if vtype in _GGUF_SCALARS:
         return r.unpack(_GGUF_SCALARS[vtype], f"value of {key!r}")
     if vtype == 8:
@@ -868,7 +1015,16 @@ def _gguf_value(r: _Reader, vtype: int, key: str) -> Any:
         if item_type in _GGUF_SCALARS:
             fmt = "<" + _GGUF_SCALARS[item_type]
             return np.frombuffer(r.take(count * struct.calcsize(fmt), f"array {key!r}"), fmt).tolist()
-        return [_gguf_value(r, item_type, key) for _ in range(count)]
+        if item_type not in (8, 9):
+            raise ValueError(f"{r.blob.name}: array {key!r} has unknown item type {item_type} at offset {r.pos - 12}")
+        if item_type == 9 and depth >= _GGUF_MAX_NESTING:
+            raise ValueError(f"{r.blob.name}: array {key!r} nests arrays more than {_GGUF_MAX_NESTING} deep")
+        # each item takes at least 8 bytes (a string's length, an array's type and length): a count past that is bogus
+        if count * 8 > len(r.blob) - r.pos:
+            raise ValueError(
+                f"{r.blob.name}: array length of {key!r} is {count} but only {len(r.blob) - r.pos} bytes follow"
+            )
+        return [_gguf_value(r, item_type, key, depth + 1) for _ in range(count)]
     raise ValueError(f"{r.blob.name}: metadata {key!r} has unknown value type {vtype} at offset {r.pos - 4}")
 
 
@@ -882,22 +1038,36 @@ def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
     if (version := r.unpack("I", "version")) not in (2, 3):
         raise ValueError(f"{blob.name}: GGUF version {version} is not supported (2 or 3)")
     n_tensors, n_kv = r.unpack("Q", "tensor count"), r.unpack("Q", "metadata count")
+    # a metadata entry takes at least 12 bytes, a tensor info at least 24: larger counts cannot fit in the file
+    if n_kv * 12 + n_tensors * 24 > len(blob) - r.pos:
+        raise ValueError(
+            f"{blob.name}: tensor count {n_tensors} and metadata count {n_kv} cannot fit in the "
+            f"{len(blob) - r.pos} bytes that follow"
+        )
     kv: dict[str, Any] = {}
     for _ in range(n_kv):
         key = r.string("metadata key")
+        if key in kv:
+            raise ValueError(f"{blob.name}: metadata key {key!r} appears twice")
         kv[key] = _gguf_value(r, r.unpack("I", f"value type of {key!r}"), key)
     infos = []
     for _ in range(n_tensors):
         name = r.string("tensor name")
-        n_dims = r.unpack("I", f"rank of {name!r}")
+        if (n_dims := r.unpack("I", f"rank of {name!r}")) > _GGML_MAX_DIMS:
+            raise ValueError(f"{blob.name}: tensor {name!r} has rank {n_dims}; ggml allows at most {_GGML_MAX_DIMS}")
         dims = [r.unpack("Q", f"shape of {name!r}") for _ in range(n_dims)]
+        if prod(max(d, 1) for d in dims) >= 1 << 62:
+            raise ValueError(f"{blob.name}: tensor {name!r} has an absurd shape {tuple(reversed(dims))}")
         infos.append(
             (name, tuple(reversed(dims)), r.unpack("I", f"type of {name!r}"), r.unpack("Q", f"offset of {name!r}"))
         )
+    if len({info[0] for info in infos}) != len(infos):
+        dups = sorted({n for n, *_ in infos if sum(1 for m, *_ in infos if m == n) > 1})
+        raise ValueError(f"{blob.name}: tensor names {dups[:8]} appear more than once")
     alignment = kv.get("general.alignment", 32)
-    if not isinstance(alignment, int) or alignment <= 0:
-        raise ValueError(f"{blob.name}: invalid general.alignment {alignment!r}")
-    data_start, state = round_up(r.pos, alignment), {}
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError(f"{blob.name}: general.alignment {alignment!r} is not a power of two")
+    data_start, state, spans = round_up(r.pos, alignment), {}, []
     for name, shape, ggml_type, offset in infos:
         if ggml_type not in GGML_TYPES:
             raise ValueError(f"{blob.name}: tensor {name!r} has unknown ggml type {ggml_type}")
@@ -907,6 +1077,18 @@ def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
             raise ValueError(
                 f"{blob.name}: tensor {name!r} of shape {shape} does not fill whole {tname} blocks of {block}"
             )
+        spans.append((offset, offset + n // block * block_bytes, name))
+    end, prev = 0, None
+    for start, stop, name in sorted(spans):
+        if start < end:
+            raise ValueError(
+                f"{blob.name}: tensor {name!r} at data offset {start} overlaps tensor {prev!r} (ending at {end})"
+            )
+        if stop > start:
+            end, prev = stop, name
+    for name, shape, ggml_type, offset in infos:
+        tname, block, block_bytes = GGML_TYPES[ggml_type]
+        n = prod(shape)
         if ggml_type in _GGML_PLAIN:
             state[name] = blob.tensor(data_start + offset, _GGML_PLAIN[ggml_type], shape, f"tensor {name!r}")
         else:

@@ -5,7 +5,9 @@ import mmap
 import os
 import numpy as np
 from fusegrad.dtype import DType
+from fusegrad.helpers import prod
 from fusegrad.runtime.device import Buffer
+from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 
 class DiskBuffer(Buffer):
@@ -18,8 +20,67 @@ class DiskBuffer(Buffer):
     def ensure_allocated(self) -> Buffer:
         # a view of the mapping, not host memory: it is not counted in GlobalCounters.mem_used
         if self._mem is None:
+            check_mapped(self.mapping, self.offset, self.nbytes, self.device[5:], "tensor")
             self._mem = np.frombuffer(self.mapping, np.uint8, count=self.nbytes, offset=self.offset)
         return self
+
+    def host_view(self) -> np.ndarray:
+        # every read out of the mapping goes through here: a file cut short since loading must not be touched
+        check_mapped(self.mapping, self.offset, self.nbytes, self.device[5:], "tensor")
+        return super().host_view()
+
+
+def check_mapped(mapping: mmap.mmap | bytes, start: int, nbytes: int, path: str, what: str) -> None:
+    """Raise ValueError unless bytes [start, start + nbytes) of the mapped file still exist: reading mapped pages past
+    the end of a file that shrank after it was mapped kills the process with SIGBUS."""
+    size = mapping.size() if isinstance(mapping, mmap.mmap) else len(mapping)
+    if start < 0 or nbytes < 0 or start + nbytes > size:
+        raise ValueError(
+            f"{path}: {what} needs bytes [{start}, {start + nbytes}) but the file now has {size} "
+            f"(it was {len(mapping)} bytes when mapped: changed on disk after loading)"
+        )
+
+
+def disk_view(u: UOp, buffer_of: dict) -> DiskBuffer | None:
+    """A DiskBuffer over the bytes `u` reads when u is reshapes and slices of a DISK buffer that read one contiguous
+    range in order (t[2:5], rows of a matrix): such a view needs no kernel, only a new offset into the mapping."""
+    chain = []
+    while u.op in (Ops.RESHAPE, Ops.SHRINK):
+        chain.append(u)
+        u = u.src[0]
+    if u.op is not Ops.BUFFER or not isinstance(base := buffer_of.get(u), DiskBuffer):
+        return None
+    start = 0  # first element read, in the base buffer
+    for node in reversed(chain):
+        if node.op is not Ops.SHRINK or prod(node.shape) == 0:
+            continue
+        shape = node.src[0].shape
+        partial = [i for i, (lo, hi) in enumerate(node.arg) if hi - lo != shape[i]]
+        # in order and contiguous: the dims after the last sliced one are whole, the dims before it are single indices
+        if partial and any(hi - lo != 1 for lo, hi in node.arg[: partial[-1]]):
+            return None
+        start += sum(lo * prod(shape[i + 1 :]) for i, (lo, _) in enumerate(node.arg))
+    size = prod(chain[0].shape) if chain else base.size
+    return DiskBuffer(base.device, size, base.dtype, base.mapping, base.offset + start * base.dtype.itemsize)
+
+
+def copy_off_disk(u: UOp, device: str) -> UOp:
+    """`u` (on DISK) copied to `device`: one copy of the bytes it reads when that is a contiguous range of a file; for
+    any other view (strided slices, transposes) the viewed tensor is copied and the view is taken on `device`. Compute
+    is not moved: DISK never runs it, so `(t + 1).to("CPU")` still fails when realized."""
+    from fusegrad.schedule import buffer_of
+
+    views = []
+    base = u
+    while base.op in GroupOp.Movement:
+        views.append(base)
+        base = base.src[0]
+    if base.op is not Ops.BUFFER or not views or disk_view(u, buffer_of) is not None:
+        return UOp(Ops.COPY, u.dtype, (u,), device)
+    out = UOp(Ops.COPY, base.dtype, (base,), device)
+    for view in reversed(views):
+        out = view.replace(src=(out,))
+    return out
 
 
 class DiskAllocator:
@@ -58,7 +119,8 @@ class DiskDevice:
 
     def build(self, info):
         raise RuntimeError(
-            f"{self.device} cannot run kernels (kernel {info.name}); move the tensor with .to('CPU') first"
+            f"{self.device} cannot run kernels (kernel {info.name}): a file is read whole or in contiguous slices; "
+            "move the tensor with .to('CPU') first, then compute or slice it there"
         )
 
     def synchronize(self) -> None:

@@ -354,6 +354,12 @@ class _Planner:
             self.items.append(ScheduleItem(point, (buffer_of[out], src_buf), device))
             self.result[point] = _view(out, point.shape)
             return
+        if device.startswith("DISK:") and point.op is not Ops.ASSIGN:
+            from fusegrad.runtime.ops_disk import disk_view  # DISK cannot compute: a slice of a file is a view into it
+
+            if (view := disk_view(kernel_value(point), buffer_of)) is not None:
+                self.result[point] = _view(buffer_uop(view), point.shape)
+                return
         if point.op is Ops.ASSIGN:
             target = base_buffer(point.src[0])
             target_buf = buffer_of[target]  # type: ignore[index]
