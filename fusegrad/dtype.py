@@ -3,6 +3,7 @@
 from __future__ import annotations
 import math
 import struct
+from dataclasses import dataclass
 from typing import Any, Final
 import numpy as np
 from fusegrad.helpers import DEFAULT_FLOAT, DEFAULT_INT
