@@ -241,3 +241,68 @@ def test_setitem_default_skips_and_check_raises_like_torch(index):
             checked[tuple(Tensor(i.astype(np.int32)) for i in index)] = Tensor(value)
     assert tuple(int(g) for g in MESSAGE.search(str(info.value)).groups()) == torch_error(torch_setitem)
     check_values(checked, X)
+
+
+# ops that pick by class label or token id build their own index comparisons: they are checked the same way
+LABEL_OPS = [
+    ("Embedding", lambda idx: _embedding(idx), lambda idx: torch.nn.functional.embedding(idx, torch.ones(4, 2)), 4),
+    (
+        "sparse_categorical_crossentropy",
+        lambda idx: Tensor.ones(3, 4).sparse_categorical_crossentropy(idx),
+        lambda idx: torch.nn.functional.cross_entropy(torch.ones(3, 4), idx),
+        4,
+    ),
+    (
+        "cross_entropy",
+        lambda idx: Tensor.ones(3, 4).cross_entropy(idx),
+        lambda idx: torch.nn.functional.cross_entropy(torch.ones(3, 4), idx),
+        4,
+    ),
+    (
+        "nll_loss",
+        lambda idx: Tensor.ones(3, 4).nll_loss(idx),
+        lambda idx: torch.nn.functional.nll_loss(torch.ones(3, 4), idx),
+        4,
+    ),
+]
+
+
+def _embedding(idx: Tensor) -> Tensor:
+    from fusegrad import nn
+
+    emb = nn.Embedding(4, 2)
+    emb.weight = Tensor.ones(4, 2)
+    return emb(idx)
+
+
+@pytest.mark.parametrize("op,ours,theirs,size", LABEL_OPS, ids=[c[0] for c in LABEL_OPS])
+@pytest.mark.parametrize("bad", [4, 7, -2])
+def test_label_and_token_ops_are_checked(op, ours, theirs, size, bad):
+    labels = [0, bad, 1]
+    with pytest.raises((IndexError, RuntimeError)):  # torch refuses the same labels
+        theirs(torch.tensor(labels))
+    with Context(CHECK_OOB=1):
+        result = ours(Tensor(labels))
+        with pytest.raises(IndexError, match=f"^{op}: index {bad} is out of bounds for .* with size {size}"):
+            result.numpy()
+        # in-range labels pass the check and give torch's value
+        good = ours(Tensor([0, 3, 1]))
+        check_values(good, theirs(torch.tensor([0, 3, 1])).numpy(), atol=1e-6, rtol=1e-6)
+
+
+def test_ignored_label_is_not_out_of_range():
+    with Context(CHECK_OOB=1):
+        loss = Tensor.ones(3, 4).sparse_categorical_crossentropy(Tensor([0, 9, 1]), ignore_index=9)
+        ref = torch.nn.functional.cross_entropy(torch.ones(3, 4), torch.tensor([0, 9, 1]), ignore_index=9)
+        check_values(loss, ref, atol=1e-6, rtol=1e-6)
+        loss = Tensor.ones(3, 4).nll_loss(Tensor([0, 9, 1]), ignore_index=9)
+        ref = torch.nn.functional.nll_loss(torch.ones(3, 4), torch.tensor([0, 9, 1]), ignore_index=9)
+        check_values(loss, ref, atol=1e-6, rtol=1e-6)
+
+
+def test_max_unpool_indices_are_checked():
+    x = Tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+    with Context(CHECK_OOB=1):
+        out = x.max_unpool2d(Tensor([[[[0, 5, 16, 15]]]]).reshape(1, 1, 2, 2), kernel_size=2)
+        with pytest.raises(IndexError, match=r"^max_unpool: index 16 is out of bounds for .* with size 16"):
+            out.numpy()

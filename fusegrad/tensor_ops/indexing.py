@@ -64,7 +64,7 @@ def _adv_order(view_ndim: int, dims: tuple[int, ...], n_batch: int) -> list[int]
     return list(range(n_batch, n_batch + p)) + list(range(n_batch)) + list(range(n_batch + p, n_batch + n_rest))
 
 
-def _check_bounds(op: str, bound: str, index: Tensor, low: int, size: int, *guarded: Tensor) -> None:
+def check_index_bounds(op: str, bound: str, index: Tensor, low: int, size: int, *guarded: Tensor) -> None:
     """Under CHECK_OOB, make every realize that computes one of `guarded` first check low <= index < size in a
     kernel (engine/checks.py); otherwise out-of-range values read as 0 / write nowhere (API.md §9)."""
     if not CHECK_OOB:
@@ -91,7 +91,7 @@ def _flat_index(
         flat = flat * size + (i < 0).where(i + size, i)
     flat = valid.where(flat, -1).cast(dtypes.int32 if prod(sizes) < 2**31 else dtypes.int64)
     for index, size, dim in zip(indices, sizes, dims):
-        _check_bounds(op, f"dim {dim}", index, -size, size, flat)
+        check_index_bounds(op, f"dim {dim}", index, -size, size, flat)
     return flat
 
 
@@ -99,7 +99,7 @@ def _one_hot_axis(index: Tensor, d: int, size: int, op: str) -> Tensor:
     """hit[..., i, k, ...] = (index[..., i, ...] == k): a one-hot axis of length `size` inserted after dim d."""
     k = Tensor.arange(size, device=index.device).reshape((size,) + (1,) * (index.ndim - d - 1))
     hit = index.unsqueeze(d + 1) == k
-    _check_bounds(op, f"dim {d}", index, 0, size, hit)
+    check_index_bounds(op, f"dim {d}", index, 0, size, hit)
     return hit
 
 
@@ -266,7 +266,7 @@ class IndexingMixin:
         out = _masked_sum(hit.reshape(shape + (n_pick,) + (1,) * len(rest)), x, len(shape))
         out = out.permute(_adv_order(self.ndim, dims, len(shape)))
         for index, size, dim in zip(indices, sizes, source_dims):
-            _check_bounds("getitem", f"dim {dim}", index, -size, size, out)
+            check_index_bounds("getitem", f"dim {dim}", index, -size, size, out)
         return out
 
     def _slice_dim(self, dim: int, start: int, count: int, step: int) -> Tensor:
@@ -384,7 +384,7 @@ class IndexingMixin:
         back = _inverse(list(dims) + rest)
         value, written = value.reshape(tuple(sizes) + n_rest).permute(back), written.permute(back)
         for index, size, dim in zip(plan.adv_index, sizes, plan.adv_source_dims):
-            _check_bounds("setitem", f"dim {dim}", index, -size, size, value, written)
+            check_index_bounds("setitem", f"dim {dim}", index, -size, size, value, written)
         return value, written
 
     def _check_no_lazy_readers(self, consumed: set[int]) -> None:
@@ -445,7 +445,7 @@ class IndexingMixin:
         index = index.to(self.device)
         hit = _one_hot_axis(index, d, self.shape[d], "gather")
         out = _masked_sum(hit, self._index_region(index.shape, d).unsqueeze(d), d + 1)
-        _check_bounds("gather", f"dim {d}", index, 0, self.shape[d], out)
+        check_index_bounds("gather", f"dim {d}", index, 0, self.shape[d], out)
         return out
 
     def _scatter_src(self, name: str, d: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
@@ -484,7 +484,7 @@ class IndexingMixin:
         value = _masked_sum(hit, src.unsqueeze(d + 1), d)
         region = self._index_region(index.shape, d)
         out = self._paste(hit.any(d).where(value, region))
-        _check_bounds("scatter", f"dim {d}", index, 0, self.shape[d], out)
+        check_index_bounds("scatter", f"dim {d}", index, 0, self.shape[d], out)
         return out
 
     def _via_1d(self, dim: int, index: Any, src: Any, fn: Any) -> Tensor:
@@ -520,7 +520,7 @@ class IndexingMixin:
                 count = (hit.cast(dtypes.int32).sum(d) + int(include_self)).maximum(1)
                 out = out.div(count, rounding_mode="floor") if dtypes.is_int(self.dtype) else out.div(count)
         out = self._paste(touched.where(out.cast(self.dtype), x))
-        _check_bounds("scatter_reduce", f"dim {d}", index, 0, self.shape[d], out)
+        check_index_bounds("scatter_reduce", f"dim {d}", index, 0, self.shape[d], out)
         return out
 
     def _scatter_extreme(self, d: int, hit: Tensor, src: Tensor, x: Tensor, is_min: bool, include_self: bool) -> Tensor:
@@ -579,7 +579,7 @@ class IndexingMixin:
                 raise ValueError(f"one_hot: class values must be smaller than num_classes={num_classes}, got {high}")
         hit = self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)
         out = hit.cast(dtypes.default_int)
-        _check_bounds("one_hot", "num_classes", self, 0, num_classes, hit, out)
+        check_index_bounds("one_hot", "num_classes", self, 0, num_classes, hit, out)
         return out
 
     def _known_values(self) -> np.ndarray | None:

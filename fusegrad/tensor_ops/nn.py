@@ -11,6 +11,7 @@ import numpy as np
 
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import TRAINING, ceildiv, flatten, prod
+from fusegrad.tensor_ops.indexing import check_index_bounds
 from fusegrad.tensor_ops.shapes import is_index
 
 if TYPE_CHECKING:
@@ -371,6 +372,7 @@ class NNMixin:
         plane, count = prod(out_sp), prod(pooled)
         vals = self.reshape(prefix + (count, 1))
         hit = indices.reshape(prefix + (count, 1)) == Tensor.arange(plane, device=self.device).reshape(1, plane)
+        check_index_bounds("max_unpool", "output plane", indices, 0, plane, hit)
         # overlapping windows can name one position several times, always with the same max value: the forward averages
         # the copies, and every copy still gets the position's whole gradient (torch's backward gathers it)
         copies = hit.cast(dtypes.int32).sum(-2, keepdim=True).maximum(1)
@@ -568,7 +570,12 @@ class NNMixin:
         return _reduce_loss((1 - Y) * self + pos, reduction)
 
     def sparse_categorical_crossentropy(
-        self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0, reduction: str = "mean"
+        self,
+        Y: Tensor,
+        ignore_index: int = -1,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        _check_as: str = "sparse_categorical_crossentropy",
     ) -> Tensor:
         """Cross-entropy of logits with the classes on the LAST axis and class labels Y (integer-valued)."""
         _check_reduction(reduction)
@@ -580,6 +587,9 @@ class NNMixin:
             )
         classes, logp = self.shape[-1], self.log_softmax(-1)
         picked = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)).where(logp, 0).sum(-1)
+        # under CHECK_OOB a label outside the classes (other than the ignored one) is an IndexError at realize
+        labels = (Y == ignore_index).where(0, Y)
+        check_index_bounds(_check_as, "classes", labels, 0, classes, picked)
         loss = -(1 - label_smoothing) * picked - label_smoothing / classes * logp.sum(-1)
         if ignore_index == -1:
             return _reduce_loss(loss, reduction)
@@ -605,7 +615,9 @@ class NNMixin:
                 f"cross_entropy target ({Y.shape}, {Y.dtype}) must be integer class indices of shape "
                 f"{without} or float probabilities of shape {self.shape}"
             )
-        return logits.sparse_categorical_crossentropy(Y, label_smoothing=label_smoothing, reduction=reduction)
+        return logits.sparse_categorical_crossentropy(
+            Y, label_smoothing=label_smoothing, reduction=reduction, _check_as="cross_entropy"
+        )
 
     def nll_loss(
         self, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None, reduction: str = "mean"
@@ -625,6 +637,8 @@ class NNMixin:
         if weight is not None and weight.shape != (classes,):
             raise RuntimeError(f"nll_loss weight of shape {weight.shape} must have one entry per class ({classes})")
         hit = Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)
+        labels = Y if ignore_index is None else (Y == ignore_index).where(0, Y)
+        check_index_bounds("nll_loss", "classes", labels, 0, classes, hit)
         w = hit.where(weight if weight is not None else 1.0, 0.0).cast(self.dtype).sum(-1)
         if ignore_index is not None:
             w = (Y != ignore_index).where(w, 0.0)
