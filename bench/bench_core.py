@@ -81,6 +81,10 @@ def runs_a_kernel(fn) -> bool:
 def fresh_output_rows(rng, an, bn, cn, a, b, c) -> None:
     """Each call allocates its result, as users write it (no assign): the cost of fresh memory shows here."""
     torch.set_num_threads(int(NUM_CPU_THREADS.value))
+    print_fresh_rows([relu_row(an, bn, cn, a, b, c), axpy_row(rng)])
+
+
+def relu_row(an, bn, cn, a, b, c) -> tuple:
     at, bt, ct = (torch.from_numpy(x) for x in (an, bn, cn))
     n = an.size
     out_np, out_t = np.empty(n, np.float32), torch.empty(n)
@@ -98,19 +102,18 @@ def fresh_output_rows(rng, an, bn, cn, a, b, c) -> None:
         return (a * b + c).relu().realize()
 
     assert runs_a_kernel(fg_relu) and runs_a_kernel(fg_relu), "the fresh-output case must run its kernel every call"
-    rows = [
-        (
-            "fresh (a*b+c).relu(), 16M f32",
-            4 * 4 * n,
-            median_time(fg_relu),
-            median_time(lambda: np.maximum(an * bn + cn, 0)),
-            median_time(np_relu_out),
-            median_time(lambda: torch.relu(torch.addcmul(ct, at, bt))),
-            median_time(torch_relu_out),
-        )
-    ]
-    del at, bt, ct, out_np, out_t
+    return (
+        "fresh (a*b+c).relu(), 16M f32",
+        4 * 4 * n,
+        median_time(fg_relu),
+        median_time(lambda: np.maximum(an * bn + cn, 0)),
+        median_time(np_relu_out),
+        median_time(lambda: torch.relu(torch.addcmul(ct, at, bt))),
+        median_time(torch_relu_out),
+    )
 
+
+def axpy_row(rng) -> tuple:
     m = 64 * 1024 * 1024
     srcn, dn = rng.standard_normal(m, dtype=np.float32), rng.standard_normal(m, dtype=np.float32)
     src, d = Tensor(srcn).realize(), Tensor(dn).realize()
@@ -125,18 +128,18 @@ def fresh_output_rows(rng, an, bn, cn, a, b, c) -> None:
         return (src + 3 * d).realize()
 
     assert runs_a_kernel(fg_axpy) and runs_a_kernel(fg_axpy), "the fresh-output case must run its kernel every call"
-    rows.append(
-        (
-            "fresh src + 3*c, 64M f32",
-            3 * 4 * m,
-            median_time(fg_axpy),
-            median_time(lambda: srcn + 3 * dn),
-            median_time(np_axpy_out),
-            median_time(lambda: torch.add(srct, dt, alpha=3)),
-            median_time(lambda: torch.add(srct, dt, alpha=3, out=out_t)),
-        )
+    return (
+        "fresh src + 3*c, 64M f32",
+        3 * 4 * m,
+        median_time(fg_axpy),
+        median_time(lambda: srcn + 3 * dn),
+        median_time(np_axpy_out),
+        median_time(lambda: torch.add(srct, dt, alpha=3)),
+        median_time(lambda: torch.add(srct, dt, alpha=3, out=out_t)),
     )
 
+
+def print_fresh_rows(rows: list[tuple]) -> None:
     print(f"fresh outputs, GB/s moved (torch on {torch.get_num_threads()} threads); ratios are fusegrad's speed")
     print(
         f"{'case':34s} {'fusegrad':>9s} {'np':>7s} {'np out=':>8s} {'torch':>7s} {'t out=':>7s}"
