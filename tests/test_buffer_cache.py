@@ -71,6 +71,24 @@ def _poisoned_alloc(real_alloc):
     return alloc
 
 
+def _setitem(x: Tensor, value: float) -> Tensor:
+    x = x.contiguous()
+    x[1:3] = value  # writes part of a buffer that already holds values: the rest must survive
+    return x
+
+
+def _np_setitem(x: np.ndarray, value: float) -> np.ndarray:
+    x = x.copy()
+    x[1:3] = value
+    return x
+
+
+def _grad_of_square(x: Tensor) -> Tensor:
+    x.requires_grad = True
+    (x * x).sum().backward()
+    return x.grad
+
+
 OPS = [
     ("add", lambda x, y: x + y, lambda x, y: x + y),
     ("relu_fma", lambda x, y: (x * y + 1).relu(), lambda x, y: np.maximum(x * y + 1, 0)),
@@ -90,17 +108,23 @@ OPS = [
     ("softmax", lambda x, y: x.softmax(1), lambda x, y: np.exp(x) / np.exp(x).sum(1, keepdims=True)),
     ("contiguous_T", lambda x, y: x.T.contiguous(), lambda x, y: np.ascontiguousarray(x.T)),
     ("zeros", lambda x, y: Tensor.zeros(*x.shape) + 0, lambda x, y: np.zeros_like(x)),
+    ("setitem", lambda x, y: _setitem(x, 5.0), lambda x, y: _np_setitem(x, 5.0)),
+    ("grad", lambda x, y: _grad_of_square(x), lambda x, y: 2 * x),
 ]
 
 
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
 @pytest.mark.parametrize("name,fg_op,np_op", OPS, ids=[o[0] for o in OPS])
-def test_values_correct_whatever_the_memory_held(monkeypatch, name, fg_op, np_op):
+def test_values_correct_whatever_the_memory_held(monkeypatch, device, name, fg_op, np_op):
     # every block handed out, fresh or reused, starts as garbage: no kernel, copy or loader may rely on zeroed memory
     monkeypatch.setattr(HostAllocator, "alloc", _poisoned_alloc(HostAllocator.alloc))
     rng = np.random.default_rng(len(name))
     xn, yn = rng.standard_normal((6, 37), dtype=np.float32), rng.standard_normal((6, 37), dtype=np.float32)
     for _ in range(2):  # the second round runs on blocks the first one freed
-        got = fg_op(Tensor(xn), Tensor(yn)).numpy()
+        with Context(DEV=device):
+            result = fg_op(Tensor(xn), Tensor(yn))
+            assert result.device == device
+            got = result.numpy()
         np.testing.assert_allclose(got, np_op(xn, yn), rtol=1e-5, atol=1e-5)
 
 
