@@ -1,6 +1,7 @@
 """Freed host buffers are cached by size and handed to the next allocation of that size (runtime/device.py)."""
 
 import gc
+import mmap
 import threading
 import numpy as np
 import pytest
@@ -46,6 +47,25 @@ def test_huge_buffers_are_reused_and_huge_page_aligned():
     y = (a - 1).realize()
     assert buffer(y).address() == address
     np.testing.assert_array_equal(y.numpy(), np.arange(HUGE_PAGE // 4 + 3, dtype=np.float32) - 1)
+
+
+def test_huge_blocks_ask_for_huge_pages_over_whole_pages_only(monkeypatch):
+    advice = []
+
+    class RecordingMap(mmap.mmap):
+        def madvise(self, *args):
+            advice.append(args)
+            return super().madvise(*args)
+
+    monkeypatch.setattr(mmap, "mmap", RecordingMap)
+    nbytes = 3 * HUGE_PAGE + 100
+    block = HostAllocator._fresh(nbytes)
+    block[:] = 7
+    assert block.ctypes.data % HUGE_PAGE == 0 and block.nbytes == nbytes
+    assert len(advice) == 1
+    option, start, length = advice[0]
+    assert option == mmap.MADV_HUGEPAGE and length == 3 * HUGE_PAGE
+    assert np.frombuffer(block.base, np.uint8)[start : start + 4].tolist() == [7, 7, 7, 7]
 
 
 def test_different_sizes_are_not_mixed():

@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from typing import Any, Iterator
 import numpy as np
 from fusegrad.dtype import DType, to_numpy_dtype
-from fusegrad.helpers import DEV, LRU_CACHE_MB, GlobalCounters, round_up
+from fusegrad.helpers import DEV, LRU_CACHE_MB, GlobalCounters
 
 # transparent huge page size (x86-64, most arm64 kernels): blocks this large are aligned to it and ask for huge pages,
 # so first touch faults once per 2 MiB instead of once per 4 KiB page
@@ -58,7 +58,7 @@ class HostBufferCache:
                     del self._blocks[nbytes]
                 # a numpy view of a freed buffer that outlived it (a host_view someone kept) still reads this memory:
                 # such a block is dropped instead of reused, and goes back to the system when the view dies
-                if sys.getrefcount(mem) == 2 and sys.getrefcount(mem.base) == 2:
+                if _reference_counts(mem) == _UNSHARED_COUNTS:
                     return mem
             return None
 
@@ -107,6 +107,20 @@ class HostBufferCache:
                 del self._blocks[size]
 
 
+def _reference_counts(mem: np.ndarray) -> tuple[int, int]:
+    """References to a block and to the memory it views (every numpy view of the block points at the latter)."""
+    return sys.getrefcount(mem), sys.getrefcount(mem.base)
+
+
+def _unshared_counts() -> tuple[int, int]:
+    # measured rather than assumed: how the interpreter counts a local's references varies between versions
+    block = np.empty(65, np.uint8)[1:]
+    return _reference_counts(block)
+
+
+_UNSHARED_COUNTS = _unshared_counts()
+
+
 class HostAllocator:
     """Host memory backed by numpy, so copies in and out are plain numpy copies: 64-byte aligned, and HUGE_PAGE aligned
     with transparent huge pages requested from HUGE_PAGE bytes up. Freed blocks go to `cache` for the next allocation
@@ -141,17 +155,18 @@ class HostAllocator:
             offset = (-raw.ctypes.data) % 64
             return raw[offset : offset + nbytes]
         # private anonymous memory (shared anonymous memory is shmem, whose huge pages are configured separately),
-        # one huge page longer than needed so that an aligned start still leaves whole huge pages to the end
-        length = round_up(nbytes, HUGE_PAGE) + HUGE_PAGE
+        # one huge page longer than needed so that the block can start on a huge page boundary
+        length = nbytes + HUGE_PAGE
         try:
             region = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         except OSError as e:
             raise MemoryError(f"cannot map {length} bytes of host memory for a {nbytes}-byte buffer: {e}") from e
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            with contextlib.suppress(OSError):  # kernels without transparent huge pages refuse the advice
-                region.madvise(mmap.MADV_HUGEPAGE)
         whole = np.frombuffer(region, np.uint8)
         offset = (-whole.ctypes.data) % HUGE_PAGE
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            # whole huge pages only: a huge page for the tail would hold up to 2 MiB the block never uses
+            with contextlib.suppress(OSError):  # kernels without transparent huge pages refuse the advice
+                region.madvise(mmap.MADV_HUGEPAGE, offset, nbytes - nbytes % HUGE_PAGE)
         return whole[offset : offset + nbytes]
 
 
