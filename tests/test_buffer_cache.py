@@ -2,12 +2,13 @@
 
 import gc
 import mmap
+import os
 import threading
 import numpy as np
 import pytest
 from fusegrad import Context, Tensor, dtypes
 from fusegrad.helpers import GlobalCounters
-from fusegrad.runtime.device import HUGE_PAGE, HostAllocator
+from fusegrad.runtime.device import HUGE_PAGE, HostAllocator, host_cache_limit
 from fusegrad.schedule import base_buffer, buffer_of
 
 cache = HostAllocator.cache
@@ -302,3 +303,10 @@ def test_concurrent_frees_keep_the_cache_consistent():
         th.join()
     sizes = cache.sizes()
     assert sum(size * count for size, count in sizes.items()) == cache.nbytes > 0
+
+
+def test_default_bound_is_an_eighth_of_physical_memory():
+    with Context(LRU_CACHE_MB=-1):
+        assert host_cache_limit() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
+    with Context(LRU_CACHE_MB=3):
+        assert host_cache_limit() == 3 << 20
