@@ -1,12 +1,15 @@
-"""Core pipeline benchmarks against numpy, measured in one process: `python bench/bench_core.py`.
+"""Core pipeline benchmarks against numpy and torch, measured in one process: `python bench/bench_core.py`.
 
-Prints the median of several runs for each case and fusegrad's speed as a ratio to numpy (>1 means faster)."""
+Prints the median of several runs for each case and fusegrad's speed as a ratio to numpy (>1 means faster); the
+fresh-output cases also compare against torch on the same number of threads, with and without a preallocated `out=`."""
 
 from __future__ import annotations
 import statistics
 import time
 import numpy as np
+import torch
 from fusegrad import Tensor
+from fusegrad.helpers import NUM_CPU_THREADS, GlobalCounters
 
 
 def median_time(fn, repeats: int = 7) -> float:
@@ -51,6 +54,8 @@ def main() -> None:
         print(f"{name:34s} {fg * 1e3:10.2f}ms {npt * 1e3:10.2f}ms {npt / fg:14.2f}x")
     print(f"matmul GFLOPS: fusegrad {2 * m**3 / rows[-1][1] / 1e9:.2f}, numpy {2 * m**3 / rows[-1][2] / 1e9:.2f}")
 
+    fresh_output_rows(rng, an, bn, cn, a, b, c)
+
     small = Tensor(rng.standard_normal(16, dtype=np.float32)).realize()
     out_small = Tensor.empty(16).realize()
 
@@ -65,6 +70,88 @@ def main() -> None:
         f"python overhead: build + realize a 10-op chain on 16 elements: {t_chain * 1e6 / 10:.1f} us per op"
         f" ({t_chain * 1e6:.0f} us total)"
     )
+
+
+def runs_a_kernel(fn) -> bool:
+    before = GlobalCounters.kernel_count
+    fn()
+    return GlobalCounters.kernel_count > before
+
+
+def fresh_output_rows(rng, an, bn, cn, a, b, c) -> None:
+    """Each call allocates its result, as users write it (no assign): the cost of fresh memory shows here."""
+    torch.set_num_threads(int(NUM_CPU_THREADS.value))
+    print_fresh_rows([relu_row(an, bn, cn, a, b, c), axpy_row(rng)])
+
+
+def relu_row(an, bn, cn, a, b, c) -> tuple:
+    at, bt, ct = (torch.from_numpy(x) for x in (an, bn, cn))
+    n = an.size
+    out_np, out_t = np.empty(n, np.float32), torch.empty(n)
+
+    def np_relu_out():
+        np.multiply(an, bn, out=out_np)
+        np.add(out_np, cn, out=out_np)
+        np.maximum(out_np, 0, out=out_np)
+
+    def torch_relu_out():
+        torch.addcmul(ct, at, bt, out=out_t)
+        torch.relu_(out_t)
+
+    def fg_relu():
+        return (a * b + c).relu().realize()
+
+    assert runs_a_kernel(fg_relu) and runs_a_kernel(fg_relu), "the fresh-output case must run its kernel every call"
+    return (
+        "fresh (a*b+c).relu(), 16M f32",
+        4 * 4 * n,
+        median_time(fg_relu),
+        median_time(lambda: np.maximum(an * bn + cn, 0)),
+        median_time(np_relu_out),
+        median_time(lambda: torch.relu(torch.addcmul(ct, at, bt))),
+        median_time(torch_relu_out),
+    )
+
+
+def axpy_row(rng) -> tuple:
+    m = 64 * 1024 * 1024
+    srcn, dn = rng.standard_normal(m, dtype=np.float32), rng.standard_normal(m, dtype=np.float32)
+    src, d = Tensor(srcn).realize(), Tensor(dn).realize()
+    srct, dt = torch.from_numpy(srcn), torch.from_numpy(dn)
+    out_np, out_t = np.empty(m, np.float32), torch.empty(m)
+
+    def np_axpy_out():
+        np.multiply(dn, 3, out=out_np)
+        np.add(srcn, out_np, out=out_np)
+
+    def fg_axpy():
+        return (src + 3 * d).realize()
+
+    assert runs_a_kernel(fg_axpy) and runs_a_kernel(fg_axpy), "the fresh-output case must run its kernel every call"
+    return (
+        "fresh src + 3*c, 64M f32",
+        3 * 4 * m,
+        median_time(fg_axpy),
+        median_time(lambda: srcn + 3 * dn),
+        median_time(np_axpy_out),
+        median_time(lambda: torch.add(srct, dt, alpha=3)),
+        median_time(lambda: torch.add(srct, dt, alpha=3, out=out_t)),
+    )
+
+
+def print_fresh_rows(rows: list[tuple]) -> None:
+    print(f"fresh outputs, GB/s moved (torch on {torch.get_num_threads()} threads); ratios are fusegrad's speed")
+    print(
+        f"{'case':34s} {'fusegrad':>9s} {'np':>7s} {'np out=':>8s} {'torch':>7s} {'t out=':>7s}"
+        f" {'vs np':>6s} {'vs np out=':>10s} {'vs torch':>8s} {'vs t out=':>9s}"
+    )
+    for name, nbytes, fg, np_fresh, np_out, t_fresh, t_out in rows:
+        gbs = [nbytes / t / 1e9 for t in (fg, np_fresh, np_out, t_fresh, t_out)]
+        ratios = [t / fg for t in (np_fresh, np_out, t_fresh, t_out)]
+        print(
+            f"{name:34s} {gbs[0]:9.1f} {gbs[1]:7.1f} {gbs[2]:8.1f} {gbs[3]:7.1f} {gbs[4]:7.1f}"
+            f" {ratios[0]:5.2f}x {ratios[1]:9.2f}x {ratios[2]:7.2f}x {ratios[3]:8.2f}x"
+        )
 
 
 if __name__ == "__main__":

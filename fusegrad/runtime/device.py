@@ -1,23 +1,178 @@
 """Device registry, Buffer and the host allocator shared by the CPU and PYTHON devices."""
 
 from __future__ import annotations
+import contextlib
 import functools
+import gc
 import importlib
+import mmap
+import os
+import sys
 import threading
 import weakref
-from typing import Any
+from collections import OrderedDict, deque
+from typing import Any, Iterator
 import numpy as np
 from fusegrad.dtype import DType, to_numpy_dtype
-from fusegrad.helpers import DEV, GlobalCounters
+from fusegrad.helpers import DEV, LRU_CACHE_MB, GlobalCounters
+
+# transparent huge page size (x86-64, most arm64 kernels): blocks this large are aligned to it and ask for huge pages,
+# so first touch faults once per 2 MiB instead of once per 4 KiB page
+HUGE_PAGE = 2 << 20
+
+
+@functools.cache
+def _physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def host_cache_limit() -> int:
+    """Bytes of freed host buffers kept for reuse: LRU_CACHE_MB MiB, or an eighth of physical memory when it is -1."""
+    mb = LRU_CACHE_MB.value
+    if mb == -1:
+        return _physical_memory() // 8
+    if not isinstance(mb, int) or mb < 0:
+        raise ValueError(f"LRU_CACHE_MB={mb!r} is not a size: give MiB >= 0 (0 keeps nothing), or -1 for RAM / 8")
+    return mb << 20
+
+
+class HostBufferCache:
+    """Freed host blocks by exact size, least recently freed size first; the next allocation of a size gets the block
+    freed last (its pages are already mapped, often still in cache). Finalizers give blocks back from any thread (gc),
+    possibly while this thread holds the lock: they queue the block, and the lock's holder files the queue."""
+
+    def __init__(self):
+        self._blocks: OrderedDict[int, list[np.ndarray]] = OrderedDict()
+        self._returned: deque[np.ndarray] = deque()  # append and popleft are atomic: safe from any finalizer
+        self._lock = threading.Lock()  # not reentrant on purpose: a finalizer inside a held section must not enter
+        self.nbytes = 0
+
+    def sizes(self) -> dict[int, int]:
+        """{block size: number of cached blocks}."""
+        with self._held():
+            return {size: len(blocks) for size, blocks in self._blocks.items()}
+
+    def take(self, nbytes: int, limit: int) -> np.ndarray | None:
+        """A cached block of exactly nbytes that nothing else references, or None."""
+        with self._held():
+            self._evict(limit)  # a bound lowered since the last free applies from now
+            while (blocks := self._blocks.get(nbytes)) is not None:
+                mem = blocks.pop()
+                self.nbytes -= nbytes
+                if not blocks:
+                    del self._blocks[nbytes]
+                # a numpy view of a freed buffer that outlived it (a host_view someone kept) still reads this memory:
+                # such a block is dropped instead of reused, and goes back to the system when the view dies
+                if _reference_counts(mem) == _UNSHARED_COUNTS:
+                    return mem
+            return None
+
+    def give_back(self, mem: np.ndarray) -> None:
+        self._returned.append(mem)
+        if self._lock.acquire(blocking=False):
+            self._file_returned_and_release()
+
+    def flush(self) -> None:
+        with self._held():
+            self._blocks.clear()
+            self.nbytes = 0
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        self._lock.acquire()
+        try:
+            yield
+        finally:
+            self._file_returned_and_release()
+
+    def _file_returned_and_release(self) -> None:
+        while True:
+            try:
+                limit = host_cache_limit()
+            except ValueError:
+                limit = 0  # a bad LRU_CACHE_MB is reported by the next allocation; a finalizer cannot raise it
+            while self._returned:
+                mem = self._returned.popleft()
+                if mem.nbytes <= limit:
+                    self._blocks.setdefault(mem.nbytes, []).append(mem)
+                    self._blocks.move_to_end(mem.nbytes)
+                    self.nbytes += mem.nbytes
+            self._evict(limit)
+            self._lock.release()
+            # a block queued after the last look by a finalizer that found the lock taken is filed by us, or by it
+            if not self._returned or not self._lock.acquire(blocking=False):
+                return
+
+    def _evict(self, limit: int) -> None:
+        while self.nbytes > limit:
+            size, blocks = next(iter(self._blocks.items()))
+            blocks.pop(0)
+            self.nbytes -= size
+            if not blocks:
+                del self._blocks[size]
+
+
+def _reference_counts(mem: np.ndarray) -> tuple[int, int]:
+    """References to a block and to the memory it views (every numpy view of the block points at the latter)."""
+    return sys.getrefcount(mem), sys.getrefcount(mem.base)
+
+
+def _unshared_counts() -> tuple[int, int]:
+    # measured rather than assumed: how the interpreter counts a local's references varies between versions
+    block = np.empty(65, np.uint8)[1:]
+    return _reference_counts(block)
+
+
+_UNSHARED_COUNTS = _unshared_counts()
 
 
 class HostAllocator:
-    """64-byte aligned host memory backed by numpy, so copies in and out are plain numpy copies."""
+    """Host memory backed by numpy, so copies in and out are plain numpy copies: 64-byte aligned, and HUGE_PAGE aligned
+    with transparent huge pages requested from HUGE_PAGE bytes up. Freed blocks go to `cache` for the next allocation
+    of the same size; a failed allocation empties the cache and tries once more."""
+
+    cache = HostBufferCache()  # one for every host device: they share the machine's memory, so they share one bound
 
     def alloc(self, nbytes: int) -> np.ndarray:
-        raw = np.empty(max(nbytes, 1) + 64, dtype=np.uint8)
-        offset = (-raw.ctypes.data) % 64
-        return raw[offset : offset + max(nbytes, 1)]
+        nbytes = max(nbytes, 1)
+        if (mem := self.cache.take(nbytes, host_cache_limit())) is not None:
+            return mem
+        try:
+            return self._fresh(nbytes)
+        except MemoryError:
+            cached = self.cache.nbytes
+            gc.collect()  # unreachable buffers in reference cycles give their memory back first
+            self.cache.flush()
+            try:
+                return self._fresh(nbytes)
+            except MemoryError as e:
+                raise MemoryError(
+                    f"cannot allocate {nbytes} bytes of host memory, even after releasing {cached} cached bytes"
+                ) from e
+
+    def free(self, mem: np.ndarray) -> None:
+        self.cache.give_back(mem)
+
+    @staticmethod
+    def _fresh(nbytes: int) -> np.ndarray:
+        if nbytes < HUGE_PAGE:
+            raw = np.empty(nbytes + 64, dtype=np.uint8)
+            offset = (-raw.ctypes.data) % 64
+            return raw[offset : offset + nbytes]
+        # private anonymous memory (shared anonymous memory is shmem, whose huge pages are configured separately),
+        # one huge page longer than needed so that the block can start on a huge page boundary
+        length = nbytes + HUGE_PAGE
+        try:
+            region = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except OSError as e:
+            raise MemoryError(f"cannot map {length} bytes of host memory for a {nbytes}-byte buffer: {e}") from e
+        whole = np.frombuffer(region, np.uint8)
+        offset = (-whole.ctypes.data) % HUGE_PAGE
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            # whole huge pages only: a huge page for the tail would hold up to 2 MiB the block never uses
+            with contextlib.suppress(OSError):  # kernels without transparent huge pages refuse the advice
+                region.madvise(mmap.MADV_HUGEPAGE, offset, nbytes - nbytes % HUGE_PAGE)
+        return whole[offset : offset + nbytes]
 
 
 class Buffer:
@@ -38,12 +193,14 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._mem is None:
-            self._mem = Device[self.device].allocator.alloc(self.nbytes)
+            allocator = Device[self.device].allocator
+            self._mem = allocator.alloc(self.nbytes)
             GlobalCounters.mem_used += self.nbytes
             GlobalCounters.mem_used_per_device[self.device] = (
                 GlobalCounters.mem_used_per_device.get(self.device, 0) + self.nbytes
             )
-            weakref.finalize(self, _account_free, self.device, self.nbytes)
+            # the memory goes back to its allocator when the buffer dies; at exit nothing is worth giving back
+            weakref.finalize(self, _free, allocator, self._mem, self.device, self.nbytes).atexit = False
             if self._initial is not None:
                 self.host_view()[:] = self._initial.reshape(-1)
                 self._initial = None
@@ -69,9 +226,11 @@ class Buffer:
         return f"<Buffer {self.device} {self.size} {self.dtype}>"
 
 
-def _account_free(device: str, nbytes: int) -> None:
+def _free(allocator: Any, mem: np.ndarray, device: str, nbytes: int) -> None:
     GlobalCounters.mem_used -= nbytes
     GlobalCounters.mem_used_per_device[device] = GlobalCounters.mem_used_per_device.get(device, 0) - nbytes
+    if (free := getattr(allocator, "free", None)) is not None:
+        free(mem)
 
 
 class _DeviceRegistry:
