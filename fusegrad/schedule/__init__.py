@@ -14,10 +14,11 @@ from fusegrad.uop.trampoline import Step, run_steps
 
 # a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead
 RECOMPUTE_LIMIT = 1 << 22
-# a kernel fuses at most this many graph nodes; the rest of a longer graph is realized into buffers by kernels of its
-# own. The C compiler's optimizer is superlinear in a function's statements (a 100k-statement kernel takes gcc
-# minutes) while a kernel boundary costs one memory pass; chunks of a uniform chain share one compiled kernel
-KERNEL_NODE_LIMIT = 1000
+# a kernel fuses chains of at most this many ops: a node this far above the last buffer is realized into a buffer of
+# its own. The C compiler's optimizer is superlinear in a function's statements (a 100k-statement kernel takes gcc
+# minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
+# Cutting by depth (not by a kernel's node count) cuts every kernel that shares a subgraph at the same nodes
+KERNEL_DEPTH_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class _Planner:
         self.device_of: dict[UOp, str | None] = {}
         for u in self.nodes:
             self.device_of[u] = self._device(u)
+        self.depth_cuts = self._depth_cuts()
         for r, d in zip(roots, devices):
             if base_buffer(r) is None:
                 self._mark(r, self.device_of[r] or d)
@@ -125,6 +127,20 @@ class _Planner:
         while shared := self._reduces_in_several_kernels():
             for u in shared:
                 self._mark(u, self.device_of[u] or self.points[next(iter(self.points))])
+
+    def _depth_cuts(self) -> set[UOp]:
+        """Nodes to realize so no fused chain is longer than KERNEL_DEPTH_LIMIT ops. A node is cut when a user would
+        exceed the limit, so a node read by several users is cut once (not each user: they would recompute it)."""
+        height: dict[UOp, int] = {}  # fused ops from the nearest buffer, constant or cut up to the node
+        cuts: set[UOp] = set()
+        for u in self.nodes:
+            for s in u.src:
+                if height[s] + 1 >= KERNEL_DEPTH_LIMIT:
+                    cuts.add(s)
+                    height[s] = 0
+            always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
+            height[u] = 0 if always_realized else 1 + max((height[s] for s in u.src), default=-1)
+        return cuts
 
     def _reduces_in_several_kernels(self) -> list[UOp]:
         seen_in: dict[UOp, int] = {}
@@ -173,23 +189,20 @@ class _Planner:
                 yield self._mark_step(value, device)
         stack: list[tuple[UOp, bool]] = [(value, False)]
         seen: set[tuple[UOp, bool]] = set()
-        kernel_nodes: set[UOp] = set()
         while stack:
             u, expanded = stack.pop()
             if (u, expanded) in seen or u.op is Ops.BUFFER:
                 continue
             seen.add((u, expanded))
-            if u not in kernel_nodes and len(kernel_nodes) >= KERNEL_NODE_LIMIT and u.op is not Ops.CONST:
-                # the kernel is long enough: the rest of its graph is computed by kernels of its own
-                yield self._mark_step(u, self.device_of[u] or device)
-                continue
-            kernel_nodes.add(u)
             if u is not point and (
                 u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)
                 and u.arg != "backward"
                 or u.op is Ops.REDUCE_AXIS
                 and expanded
             ):
+                yield self._mark_step(u, self.device_of[u] or device)
+                continue
+            if u is not point and u in self.depth_cuts:
                 yield self._mark_step(u, self.device_of[u] or device)
                 continue
             grows = u.op is Ops.EXPAND and u.size > u.src[0].size
