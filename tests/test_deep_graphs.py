@@ -42,12 +42,17 @@ def test_child_runs_at_default_recursion_limit():
 def test_add_chain_forward_exact():
     result, _ = run_isolated(f"""
         from fusegrad import Tensor
+        from fusegrad.helpers import GlobalCounters
+        from fusegrad.schedule import KERNEL_DEPTH_LIMIT
         x = Tensor([1.0, 2.0, -3.5])
         for _ in range({DEPTH}):
             x = x + 1
-        result = x.numpy().tolist()
+        value = x.numpy().tolist()
+        result = {{"value": value, "kernels": GlobalCounters.kernel_count, "limit": KERNEL_DEPTH_LIMIT}}
     """)
-    assert result == [DEPTH + 1.0, DEPTH + 2.0, DEPTH - 3.5]
+    assert result["value"] == [DEPTH + 1.0, DEPTH + 2.0, DEPTH - 3.5]
+    # the chain is cut into kernels of at most KERNEL_DEPTH_LIMIT ops (each add is one op above the previous cut)
+    assert DEPTH // result["limit"] <= result["kernels"] <= DEPTH // result["limit"] + 2
 
 
 def test_int_add_chain_forward_exact():
