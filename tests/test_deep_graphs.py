@@ -216,29 +216,35 @@ def test_debug_output_of_a_deep_chain():
     assert "SINK" in out and "void" in out  # the kernel ASTs (DEBUG>=3) and their C source (DEBUG>=4) were printed
 
 
-def test_uop_level_rewrites_bottom_up_and_top_down():
-    result, _ = run_isolated(f"""
-        from fusegrad.dtype import dtypes
-        from fusegrad.uop.ops import Ops, UOp
-        from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
-        from fusegrad.uop.symbolic import simplify
-        i = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 10),), (0, "global"))
-        chain = i
-        for _ in range({DEPTH}):
-            chain = UOp(Ops.ADD, dtypes.int32, (chain, UOp.const(dtypes.int32, 1)))
-        folded = simplify(chain)
-        # a top-down walk over the whole depth: every ADD becomes a MAX of the same sources
-        to_max = PatternMatcher([(UPat(Ops.ADD, name="a"), lambda a: UOp(Ops.MAX, a.dtype, a.src))])
-        top_down = graph_rewrite(chain, to_max, bottom_up=False)
-        result = {{
-            "folded_is_i_plus_depth": folded is i + {DEPTH},
-            "top_down_ops": sorted({{u.op.name for u in top_down.toposort()}}),
-            "top_down_nodes": len(top_down.toposort()),
-        }}
-    """)
-    assert result["folded_is_i_plus_depth"]
-    assert result["top_down_ops"] == ["CONST", "MAX", "RANGE"]
-    assert result["top_down_nodes"] == DEPTH + 3  # the chain, RANGE, its bound 10 and the shared constant 1
+CHAIN_OF_ADDS = textwrap.dedent(f"""
+    from fusegrad.dtype import dtypes
+    from fusegrad.uop.ops import Ops, UOp
+    from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+    from fusegrad.uop.symbolic import simplify
+    i = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 10),), (0, "global"))
+    chain = i
+    for _ in range({DEPTH}):
+        chain = UOp(Ops.ADD, dtypes.int32, (chain, UOp.const(dtypes.int32, 1)))
+""")
+
+
+def test_uop_level_rewrite_bottom_up():
+    result, _ = run_isolated(CHAIN_OF_ADDS + f"result = simplify(chain) is i + {DEPTH}")
+    assert result is True  # the symbolic rules fold the whole chain into one add
+
+
+def test_uop_level_rewrite_top_down():
+    result, _ = run_isolated(
+        CHAIN_OF_ADDS
+        + """
+# every ADD becomes a MAX of the same sources, visiting each node before its sources
+to_max = PatternMatcher([(UPat(Ops.ADD, name="a"), lambda a: UOp(Ops.MAX, a.dtype, a.src))])
+top_down = graph_rewrite(chain, to_max, bottom_up=False)
+result = {"ops": sorted({u.op.name for u in top_down.toposort()}), "nodes": len(top_down.toposort())}
+"""
+    )
+    assert result["ops"] == ["CONST", "MAX", "RANGE"]
+    assert result["nodes"] == DEPTH + 3  # the chain, RANGE, its bound 10 and the shared constant 1
 
 
 def test_uop_level_value_range_and_gradient():
