@@ -134,3 +134,51 @@ def test_fuzz_simplified_expression_evaluates_like_original(tree, sizes, data):
         env = {v: data.draw(st.integers(0, s - 1)) for v, s in zip(variables, sizes)}
         assert sym_eval(simple, env) == sym_eval(expr, env), (tree, env)
         assert simple.vmin <= sym_eval(expr, env) <= simple.vmax
+
+
+# deeper than Python's default recursion limit (1000): every walk below must keep its own stack
+DEEP = 5_000
+
+
+def deep_chain(depth: int = DEEP) -> tuple[UOp, UOp]:
+    i = rng(10, 0)
+    chain = i
+    for _ in range(depth):
+        chain = UOp(Ops.ADD, dtypes.int32, (chain, UOp.const(dtypes.int32, 1)))
+    return i, chain
+
+
+def test_graph_rewrite_deep_graph_bottom_up_and_top_down():
+    i, chain = deep_chain()
+    assert simplify(chain) is i + DEEP
+    to_max = PatternMatcher([(UPat(Ops.ADD, name="a"), lambda a: UOp(Ops.MAX, a.dtype, a.src))])
+    top = graph_rewrite(chain, to_max, bottom_up=False)
+    assert [u.op for u in top.toposort()].count(Ops.MAX) == DEEP
+    assert sym_eval(top, {i: 7}) == 7
+
+
+def test_graph_rewrite_growth_on_deep_graph_raises():
+    x = UOp(Ops.BUFFER, dtypes.float32, (), (0, "CPU", 1))
+    # each NEG becomes SQRT(NEG(x * 1)) with a new, deeper x * 1: a top-down walk would never finish
+    grow = PatternMatcher(
+        [(UPat(Ops.NEG, name="n"), lambda n: UOp(Ops.SQRT, n.dtype, (UOp(Ops.NEG, n.dtype, (n.src[0] * 1.0,)),)))]
+    )
+    with pytest.raises(RewriteLoopError):
+        graph_rewrite(UOp(Ops.NEG, dtypes.float32, (x,)), grow, bottom_up=False)
+
+
+def test_deep_chain_shape_value_range_repr_and_pickle():
+    import pickle
+
+    i, chain = deep_chain()
+    assert (chain.vmin, chain.vmax) == (DEEP, 9 + DEEP)
+    x = UOp(Ops.BUFFER, dtypes.float32, (), (0, "CPU", 6))
+    y = UOp(Ops.RESHAPE, dtypes.float32, (x,), (2, 3))
+    for _ in range(DEEP + 1):
+        y = UOp(Ops.NEG, dtypes.float32, (UOp(Ops.PERMUTE, dtypes.float32, (y,), (1, 0)),))
+    assert y.shape == (3, 2)  # asked first at the top: each shape needs the one below
+    lines = repr(chain).splitlines()
+    assert len(lines) == 2 * DEEP + 2  # each ADD, RANGE, its bound; the constant 1 once, then DEEP - 1 references
+    assert max(len(ln) for ln in lines) < 200
+    assert pickle.loads(pickle.dumps(chain)) is chain
+    assert pickle.loads(pickle.dumps(y)) is y

@@ -4,6 +4,7 @@ from __future__ import annotations
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.codegen.lowerer import identity
+from fusegrad.uop.trampoline import Step, run_steps
 
 
 def _reduce_to_acc(r: UOp, ctx: list[int]) -> UOp:
@@ -40,7 +41,8 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
         if u.op is Ops.ACC_UPDATE:
             groups.setdefault(u.src[2:], []).append(u)
 
-    def emit(u: UOp) -> None:
+    def emit(u: UOp) -> Step:
+        # a step on run_steps' stack, not Python's: a kernel can be a chain of thousands of statements
         if u in done:
             return
         if u.op is Ops.ACC_UPDATE:
@@ -51,7 +53,7 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
             for w in group:
                 for n in w.src[1].toposort(gate=lambda x: x not in done):
                     if n not in done and n.op not in (Ops.RANGE, Ops.DEFINE_ACC) and deps[n] <= open_ranges:
-                        emit(n)
+                        yield emit(n)
             for w in group:
                 lin.append(w.src[0])
                 done.add(w.src[0])
@@ -60,7 +62,7 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
                 done.add(r)
                 open_ranges.add(r)
             for w in group:
-                emit(w.src[1])
+                yield emit(w.src[1])
             for w in group:
                 lin.append(w)
                 done.add(w)
@@ -69,7 +71,8 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
                 open_ranges.discard(r)
             return
         for s in u.src:
-            emit(s)
+            if s not in done:
+                yield emit(s)
         if u.op is not Ops.SINK:
             lin.append(u)
         done.add(u)
@@ -78,10 +81,10 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
     # hoist it itself, as the output pointer might alias it
     for u in nodes:
         if u.op is Ops.LOAD and not deps[u]:
-            emit(u)
+            run_steps(emit(u))
     lin.extend(global_ranges)
     done.update(global_ranges)
     open_ranges.update(global_ranges)
-    emit(kernel)
+    run_steps(emit(kernel))
     lin.extend(UOp(Ops.ENDRANGE, src=(r,)) for r in reversed(global_ranges))
     return lin

@@ -6,6 +6,7 @@ from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.uop.symbolic import pm_symbolic, split_terms
+from fusegrad.uop.trampoline import Step, run_steps
 
 TRUE = UOp.const(dtypes.bool, True)
 
@@ -45,12 +46,16 @@ class Lowerer:
         return tuple(reversed(out))
 
     def lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+        return run_steps(self._lower_step(u, idxs, valid))
+
+    def _lower_step(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+        # a step on run_steps' stack, not Python's: a kernel's value graph can be thousands of nodes deep
         key = (u, idxs, valid)
         if (r := self.memo.get(key)) is None:
-            r = self.memo[key] = self._lower(u, idxs, valid)
+            r = self.memo[key] = yield self._lower(u, idxs, valid)
         return r
 
-    def _lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+    def _lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
         op, src = u.op, u.src
         if op is Ops.DEFINE_GLOBAL:
             return UOp(Ops.LOAD, u.dtype, (u, idxs[0]) + (() if valid is TRUE else (valid,)))
@@ -62,23 +67,25 @@ class Lowerer:
             old = src[0].shape
             if tuple(d for d in old if d != 1) == tuple(d for d in u.arg if d != 1):  # only size-1 dims moved
                 it = iter(i for i, d in zip(idxs, u.arg) if d != 1)
-                return self.lower(
-                    src[0], tuple(UOp.const(self.idx_dtype, 0) if d == 1 else next(it) for d in old), valid
+                return (
+                    yield self._lower_step(
+                        src[0], tuple(UOp.const(self.idx_dtype, 0) if d == 1 else next(it) for d in old), valid
+                    )
                 )
-            return self.lower(src[0], self.unflatten(self.flat_index(idxs, u.arg), old), valid)
+            return (yield self._lower_step(src[0], self.unflatten(self.flat_index(idxs, u.arg), old), valid))
         if op is Ops.PERMUTE:
             old_idxs: list[UOp] = [UOp.const(self.idx_dtype, 0)] * len(idxs)
             for new_axis, old_axis in enumerate(u.arg):
                 old_idxs[old_axis] = idxs[new_axis]
-            return self.lower(src[0], tuple(old_idxs), valid)
+            return (yield self._lower_step(src[0], tuple(old_idxs), valid))
         if op is Ops.EXPAND:
-            return self.lower(
-                src[0], tuple(UOp.const(self.idx_dtype, 0) if o == 1 else i for i, o in zip(idxs, src[0].shape)), valid
-            )
+            expanded = tuple(UOp.const(self.idx_dtype, 0) if o == 1 else i for i, o in zip(idxs, src[0].shape))
+            return (yield self._lower_step(src[0], expanded, valid))
         if op is Ops.SHRINK:
-            return self.lower(src[0], tuple(i + b if b else i for i, (b, _) in zip(idxs, u.arg)), valid)
+            return (yield self._lower_step(src[0], tuple(i + b if b else i for i, (b, _) in zip(idxs, u.arg)), valid))
         if op is Ops.FLIP:
-            return self.lower(src[0], tuple((d - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape)), valid)
+            flipped = tuple((d - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape))
+            return (yield self._lower_step(src[0], flipped, valid))
         if op is Ops.PAD:
             in_bounds = TRUE
             for i, (b, a), d in zip(idxs, u.arg, src[0].shape):
@@ -86,7 +93,8 @@ class Lowerer:
                     in_bounds = in_bounds & (i >= b)
                 if a:
                     in_bounds = in_bounds & (i < d + b)
-            inner = self.lower(src[0], tuple(i - b if b else i for i, (b, _) in zip(idxs, u.arg)), valid & in_bounds)
+            unpadded = tuple(i - b if b else i for i, (b, _) in zip(idxs, u.arg))
+            inner = yield self._lower_step(src[0], unpadded, valid & in_bounds)
             return in_bounds.where(inner, UOp.const(u.dtype, 0))
         if op is Ops.REDUCE_AXIS:
             reduce_op, axes = u.arg
@@ -99,14 +107,17 @@ class Lowerer:
             loop_of = dict(zip(axes, self.reduce_ranges[key]))
             new_idxs = tuple(loop_of.get(a, i) for a, i in enumerate(idxs))
             ranges = tuple(r for r in self.reduce_ranges[key] if r.op is Ops.RANGE)
-            value = self.lower(src[0], new_idxs, valid)
+            value = yield self._lower_step(src[0], new_idxs, valid)
             if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes):
                 value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
             return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
         if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-            return UOp(op, u.dtype, tuple(self.lower(s, idxs, valid) for s in src), u.arg)
+            lowered_src = []
+            for s in src:
+                lowered_src.append((yield self._lower_step(s, idxs, valid)))
+            return UOp(op, u.dtype, tuple(lowered_src), u.arg)
         if op in (Ops.CONTIGUOUS, Ops.DETACH):
-            return self.lower(src[0], idxs, valid)
+            return (yield self._lower_step(src[0], idxs, valid))
         raise NotImplementedError(f"cannot lower {op} inside a kernel")
 
 

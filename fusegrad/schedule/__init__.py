@@ -1,6 +1,7 @@
 """Turns lazy tensor graphs into an ordered list of kernels: decides what is realized into a buffer, fuses the rest."""
 
 from __future__ import annotations
+import heapq
 import itertools
 import math
 import sys
@@ -13,9 +14,15 @@ from fusegrad.helpers import DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule.multi import lower_multi
 from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.trampoline import Step, run_steps
 
 # a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead
 RECOMPUTE_LIMIT = 1 << 22
+# a kernel fuses chains of at most this many ops: a node this far above the last buffer is realized into a buffer of
+# its own. The C compiler's optimizer is superlinear in a function's statements (a 100k-statement kernel takes gcc
+# minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
+# Cutting by depth (not by a kernel's node count) cuts every kernel that shares a subgraph at the same nodes
+KERNEL_DEPTH_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -196,6 +203,7 @@ class _Planner:
         self.device_of: dict[UOp, str | None] = {}
         for u in self.nodes:
             self.device_of[u] = self._device(u)
+        self.depth_cuts = self._depth_cuts()
         for r, d in zip(roots, devices):
             if base_buffer(r) is None:
                 self._mark(r, self.device_of[r] or d)
@@ -203,6 +211,20 @@ class _Planner:
         while shared := self._reduces_in_several_kernels():
             for u in shared:
                 self._mark(u, self.device_of[u] or self.points[next(iter(self.points))])
+
+    def _depth_cuts(self) -> set[UOp]:
+        """Nodes to realize so no fused chain is longer than KERNEL_DEPTH_LIMIT ops. A node is cut when a user would
+        exceed the limit, so a node read by several users is cut once (not each user: they would recompute it)."""
+        height: dict[UOp, int] = {}  # fused ops from the nearest buffer, constant or cut up to the node
+        cuts: set[UOp] = set()
+        for u in self.nodes:
+            for s in u.src:
+                if height[s] + 1 >= KERNEL_DEPTH_LIMIT:
+                    cuts.add(s)
+                    height[s] = 0
+            always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
+            height[u] = 0 if always_realized else 1 + max((height[s] for s in u.src), default=-1)
+        return cuts
 
     def _reduces_in_several_kernels(self) -> list[UOp]:
         seen_in: dict[UOp, int] = {}
@@ -229,13 +251,17 @@ class _Planner:
 
     def _mark(self, point: UOp, device: str) -> None:
         """Make `point` a realize point and walk its kernel to find the points it needs."""
+        run_steps(self._mark_step(point, device))
+
+    def _mark_step(self, point: UOp, device: str) -> Step:
+        # a step on run_steps' stack, not Python's: a chain of realize points can be thousands long
         if point in self.points:
             return
         self.points[point] = device
         value = kernel_value(point)
         if point.op is Ops.COPY:
             if not is_contiguous_view(value):
-                self._mark(value, self.device_of[value] or device)
+                yield self._mark_step(value, self.device_of[value] or device)
             return
         if point.op is Ops.ASSIGN:
             target = base_buffer(point.src[0])
@@ -244,7 +270,7 @@ class _Planner:
             if self._reads_shifted(value, buffer_of[target]) or self._reads_any(
                 value, self.assigned - {buffer_of[target]}
             ):
-                self._mark(value, device)
+                yield self._mark_step(value, device)
         stack: list[tuple[UOp, bool]] = [(value, False)]
         seen: set[tuple[UOp, bool]] = set()
         while stack:
@@ -258,12 +284,15 @@ class _Planner:
                 or u.op is Ops.REDUCE_AXIS
                 and expanded
             ):
-                self._mark(u, self.device_of[u] or device)
+                yield self._mark_step(u, self.device_of[u] or device)
+                continue
+            if u is not point and u in self.depth_cuts:
+                yield self._mark_step(u, self.device_of[u] or device)
                 continue
             grows = u.op is Ops.EXPAND and u.size > u.src[0].size
             if grows and self._recompute_cost(u.src[0]) * (u.size - u.src[0].size) >= RECOMPUTE_LIMIT:
                 # a broadcast would recompute this expression for every copy: compute it once into a buffer instead
-                self._mark(u.src[0], self.device_of[u.src[0]] or device)
+                yield self._mark_step(u.src[0], self.device_of[u.src[0]] or device)
                 continue
             stack.extend((s, expanded or grows) for s in u.src)
 
@@ -334,16 +363,26 @@ class _Planner:
                 continue
             target = buffer_of[base_buffer(a.src[0])]  # type: ignore[index]
             after[a] |= {p for p in order if p is not a and target in inputs[p][1]}
-        emitted: set[UOp] = set()
-        while len(emitted) < len(order):
-            ready = [p for p in order if p not in emitted and after[p] <= emitted]
-            if not ready:
-                raise RuntimeError(
-                    "cannot order these assigns: a kernel needs both the old and the new value of a buffer"
-                )
-            for p in ready[:1]:
-                self._emit(p, self.points[p])
-                emitted.add(p)
+        # emit the earliest point (in graph order) whose prerequisites are all emitted; a heap keeps this linear-log
+        position = {p: i for i, p in enumerate(order)}
+        waiting_on = {p: len(after[p]) for p in order}
+        unblocks: dict[UOp, list[UOp]] = {}
+        for p in order:
+            for q in after[p]:
+                unblocks.setdefault(q, []).append(p)
+        ready = [position[p] for p in order if not waiting_on[p]]
+        heapq.heapify(ready)
+        emitted = 0
+        while ready:
+            p = order[heapq.heappop(ready)]
+            self._emit(p, self.points[p])
+            emitted += 1
+            for q in unblocks.get(p, ()):
+                waiting_on[q] -= 1
+                if not waiting_on[q]:
+                    heapq.heappush(ready, position[q])
+        if emitted < len(order):
+            raise RuntimeError("cannot order these assigns: a kernel needs both the old and the new value of a buffer")
         return self.items
 
     def _emit(self, point: UOp, device: str) -> None:
@@ -391,27 +430,36 @@ class _Planner:
                 params[buf] = UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size))
             return params[buf]
 
-        def visit(u: UOp) -> UOp:
-            if (r := memo.get(u)) is not None:
-                return r
+        # sources before users, from an explicit stack: a kernel's value graph can be thousands of nodes deep
+        stack: list[tuple[UOp, bool]] = [(value, False)]
+        while stack:
+            u, expanded = stack.pop()
+            if u in memo:
+                continue
             if u is not point and u in self.result:
-                ret = visit(self.result[u])
+                inner = self.result[u]
+                if not expanded:
+                    stack.extend(((u, True), (inner, False)))
+                    continue
+                ret = memo[inner]
             elif u.op is Ops.BUFFER:
                 ret = param(buffer_of[u])
             elif u.op is Ops.CONST and is_liftable_const(u):
                 ret = UOp(Ops.RESHAPE, u.dtype, (param(const_buffer(device, u.dtype, u.arg)),), ())
             elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
-                ret = visit(u.src[0])
+                if not expanded:
+                    stack.extend(((u, True), (u.src[0], False)))
+                    continue
+                ret = memo[u.src[0]]
             else:
-                new_src = tuple(visit(s) for s in u.src)
+                if not expanded:
+                    stack.append((u, True))
+                    stack.extend((s, False) for s in reversed(u.src))
+                    continue
+                new_src = tuple(memo[s] for s in u.src)
                 ret = u if new_src == u.src else u.replace(src=new_src)
             memo[u] = ret
-            return ret
-
-        ast = visit(value)
-        # the closure refers to itself: left alone, that cycle would keep the planner and graph alive until a gc pass
-        visit = None  # type: ignore[assignment]
-        return ast
+        return memo[value]
 
 
 # constants the code generator folds by value (x*1, x+0, where(..., 0)) and non-finite masks stay literals

@@ -204,6 +204,8 @@ def is_realized_multi(u: UOp) -> bool:
     """A MULTI whose every shard is a whole buffer (only reshaped)."""
 
     def whole_buffer(s: UOp) -> bool:
-        return s.op is Ops.BUFFER or s.op is Ops.RESHAPE and whole_buffer(s.src[0])
+        while s.op is Ops.RESHAPE:
+            s = s.src[0]
+        return s.op is Ops.BUFFER
 
     return u.op is Ops.MULTI and all(whole_buffer(s) for s in u.src)

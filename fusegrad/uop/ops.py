@@ -130,7 +130,10 @@ class UOp(metaclass=UOpMeta):
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
 
     def __reduce__(self):
-        return (UOp, (self.op, self.dtype, self.src, self.arg))
+        # the whole graph as one flat table: pickling node by node would recurse once per level of depth
+        nodes = self.toposort()
+        index = {n: i for i, n in enumerate(nodes)}
+        return (_rebuild_graph, (tuple((n.op, n.dtype, tuple(index[s] for s in n.src), n.arg) for n in nodes),))
 
     def __repr__(self) -> str:
         return pretty(self)
@@ -233,7 +236,9 @@ class UOp(metaclass=UOpMeta):
             return self._shape
         except AttributeError:
             pass
-        self._shape = _infer_shape(self)
+        # sources first, from an explicit stack: the first question about a deep new graph must not recurse
+        for n in _uncached_postorder(self, "_shape", _shape_sources):
+            n._shape = _infer_shape(n)
         return self._shape
 
     @property
@@ -258,10 +263,47 @@ class UOp(metaclass=UOpMeta):
             return self._vrange
         except AttributeError:
             pass
-        from fusegrad.uop.symbolic import value_range
+        from fusegrad.uop.symbolic import range_sources, value_range
 
-        self._vrange = value_range(self)
+        for n in _uncached_postorder(self, "_vrange", range_sources):
+            n._vrange = value_range(n)
         return self._vrange
+
+
+def _rebuild_graph(table: tuple[tuple[Ops, DType, tuple[int, ...], Any], ...]) -> UOp:
+    """Inverse of UOp.__reduce__: rows in dependency order, sources given as row numbers; the last row is the root."""
+    nodes: list[UOp] = []
+    for op, dtype, src, arg in table:
+        nodes.append(UOp(op, dtype, tuple(nodes[i] for i in src), arg))
+    return nodes[-1]
+
+
+def _uncached_postorder(root: UOp, slot: str, sources: Callable[[UOp], tuple[UOp, ...]]) -> list[UOp]:
+    """The nodes below root (root last, sources first) whose `slot` is not cached yet, following only the sources
+    that `sources(node)` says the cached value depends on."""
+    out: list[UOp] = []
+    seen: set[UOp] = set()
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        u, expanded = stack.pop()
+        if expanded:
+            out.append(u)
+            continue
+        if u in seen or hasattr(u, slot):
+            continue
+        seen.add(u)
+        stack.append((u, True))
+        stack.extend((s, False) for s in reversed(sources(u)))
+    return out
+
+
+def _shape_sources(u: UOp) -> tuple[UOp, ...]:
+    """The sources _infer_shape reads the shape of."""
+    if u.op in (Ops.BUFFER, Ops.DEFINE_GLOBAL, Ops.CONST, Ops.ARANGE, Ops.RESHAPE, Ops.EXPAND, Ops.SINK):
+        return ()
+    if u.op is Ops.STORE:
+        return u.src[1:2]
+    return u.src if u.op in GroupOp.ALU else u.src[:1]
 
 
 def _infer_shape(u: UOp) -> tuple[int, ...]:
@@ -319,15 +361,25 @@ def device_of(u: UOp) -> str | tuple[str, ...] | None:
     return _device_memo[u]
 
 
-def pretty(u: UOp, depth: int = 0, seen: dict[UOp, int] | None = None) -> str:
+# deeper levels print their depth as a number instead of more indentation, so a deep chain prints in linear size
+PRETTY_MAX_INDENT = 32
+
+
+def pretty(u: UOp) -> str:
     """Indented tree view of a graph; shared nodes are printed once and then referenced as x<n>."""
-    seen = {} if seen is None else seen
-    pad = "  " * depth
-    if u in seen:
-        return f"{pad}x{seen[u]}"
-    seen[u] = len(seen)
-    head = f"{pad}x{seen[u]}:{u.op.name} {u.dtype} arg={u.arg!r}"
-    return head if not u.src else head + "\n" + "\n".join(pretty(s, depth + 1, seen) for s in u.src)
+    seen: dict[UOp, int] = {}
+    lines: list[str] = []
+    stack: list[tuple[UOp, int]] = [(u, 0)]
+    while stack:
+        n, depth = stack.pop()
+        pad = "  " * min(depth, PRETTY_MAX_INDENT) + (f"[{depth}]" if depth > PRETTY_MAX_INDENT else "")
+        if n in seen:
+            lines.append(f"{pad}x{seen[n]}")
+            continue
+        seen[n] = len(seen)
+        lines.append(f"{pad}x{seen[n]}:{n.op.name} {n.dtype} arg={n.arg!r}")
+        stack.extend((s, depth + 1) for s in reversed(n.src))
+    return "\n".join(lines)
 
 
 def walk(roots: list[UOp]) -> Iterator[UOp]:

@@ -3,14 +3,10 @@
 from __future__ import annotations
 import inspect
 import itertools
-import sys
 from typing import Any, Callable, Iterable
 from fusegrad.dtype import DType
 from fusegrad.helpers import DEBUG
 from fusegrad.uop.ops import GroupOp, Ops, UOp
-
-# tensor graphs can be thousands of nodes deep; Python 3.11 calls between Python functions do not use the C stack
-sys.setrecursionlimit(max(sys.getrecursionlimit(), 50_000))
 
 
 class UPat:
@@ -149,46 +145,66 @@ def graph_rewrite(
     root: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: bool = True, max_depth: int = 2_000
 ) -> UOp:
     """Apply pm until nothing matches. bottom_up: rewrite a node's sources before the node; else the node first.
-    A rule set that cycles (a -> b -> a) or keeps growing the graph raises RewriteLoopError instead of hanging."""
+    A rule set that cycles (a -> b -> a) or keeps growing the graph raises RewriteLoopError instead of hanging.
+    The walk keeps its own stack, so graphs of any depth rewrite within Python's default recursion limit."""
     done: dict[UOp, UOp] = {}
     active: set[UOp] = set()
-    depth = [0]
+    # frames [node, stage, next source index, rewrite result being visited, is a rewrite result]
+    stack: list[list[Any]] = [[root, _ENTER, 0, None, False]]
+    nested = 0  # rewrite results being visited inside one another
+    depth_limit = max_depth  # raised to cover the input's own depth once it is exceeded (top-down walks nest)
 
-    def rebuild(n: UOp) -> UOp:
-        new_src = tuple(visit(s) for s in n.src)
-        return n if new_src == n.src else n.replace(src=new_src)
-
-    def revisit(r: UOp, origin: UOp) -> UOp:
+    def visit_result(frame: list[Any], r: UOp) -> None:
+        nonlocal nested, depth_limit
         if DEBUG >= 6:
-            print(f"rewrite {origin.op} -> {r.op}")
-        depth[0] += 1
-        if depth[0] > max_depth:
-            raise RewriteLoopError(f"graph_rewrite did not settle: {max_depth} nested rewrites from {origin.op}")
-        try:
-            return visit(r)
-        finally:
-            depth[0] -= 1
+            print(f"rewrite {frame[0].op} -> {r.op}")
+        frame[1], frame[3] = _TAKE_RESULT, r
+        if r in done:
+            return
+        nested += 1
+        if nested > depth_limit:
+            if depth_limit == max_depth:
+                depth_limit = max_depth + len(root.toposort())
+            if nested > depth_limit:
+                raise RewriteLoopError(f"graph_rewrite did not settle: {max_depth} nested rewrites from {frame[0].op}")
+        stack.append([r, _ENTER, 0, None, True])
 
-    def visit(u: UOp) -> UOp:
-        if (ret := done.get(u)) is not None:
-            return ret
-        if u in active:
-            raise RewriteLoopError(f"graph_rewrite loops: rules rewrite {u.op} (arg={u.arg!r}) back into itself")
-        active.add(u)
-        if bottom_up:
-            n = rebuild(u)
-            if (r := pm.rewrite(n, ctx)) is not None:
-                n = revisit(r, u)
+    while stack:
+        frame = stack[-1]
+        u, stage = frame[0], frame[1]
+        if stage is _ENTER:
+            if u in done:
+                stack.pop()
+                nested -= frame[4]
+                continue
+            if u in active:
+                raise RewriteLoopError(f"graph_rewrite loops: rules rewrite {u.op} (arg={u.arg!r}) back into itself")
+            active.add(u)
+            frame[1] = _SOURCES
+            if not bottom_up and (r := pm.rewrite(u, ctx)) is not None:
+                visit_result(frame, r)
+            continue
+        if stage is _SOURCES:
+            i, src = frame[2], u.src
+            while i < len(src) and src[i] in done:
+                i += 1
+            if i < len(src):
+                frame[2] = i
+                stack.append([src[i], _ENTER, 0, None, False])
+                continue
+            new_src = tuple(done[s] for s in src)
+            n = u if new_src == src else u.replace(src=new_src)
+            if (bottom_up or n is not u) and (r := pm.rewrite(n, ctx)) is not None:
+                visit_result(frame, r)
+                continue
         else:
-            n = u
-            if (r := pm.rewrite(n, ctx)) is not None:
-                n = revisit(r, u)
-            else:
-                n = rebuild(u)
-                if n is not u and (r := pm.rewrite(n, ctx)) is not None:
-                    n = revisit(r, u)
+            n = done[frame[3]]
         active.discard(u)
         done[u] = n
-        return n
+        stack.pop()
+        nested -= frame[4]
+    return done[root]
 
-    return visit(root)
+
+# graph_rewrite frame stages: check the node, rebuild it from rewritten sources, take the rewrite's result
+_ENTER, _SOURCES, _TAKE_RESULT = "enter", "sources", "take result"

@@ -70,6 +70,15 @@ def value_range(u: UOp) -> tuple[Any, Any]:
     return (dt.min, dt.max)
 
 
+def range_sources(u: UOp) -> tuple[UOp, ...]:
+    """The sources value_range reads the range of (UOp caches ranges sources first, without recursion)."""
+    if u.op is Ops.RANGE:
+        return u.src[:1]
+    if u.op in (Ops.CONST, Ops.DEFINE_VAR) or not (dtypes.is_int(u.dtype) or u.dtype is dtypes.bool):
+        return ()
+    return u.src if u.op in GroupOp.ALU or u.op is Ops.CAST else ()
+
+
 def _clamp(u: UOp, lo: Any, hi: Any) -> tuple[Any, Any]:
     # a range that could wrap around the dtype is unknown
     return (lo, hi) if u.dtype.min <= lo and hi <= u.dtype.max else (u.dtype.min, u.dtype.max)
@@ -98,17 +107,21 @@ def fold_by_range(x: UOp) -> UOp | None:
 
 
 def split_terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
-    """x as sum(coef * term) + const."""
-    if x.op is Ops.CONST:
-        return [], x.arg
-    if x.op is Ops.ADD:
-        t0, c0 = split_terms(x.src[0])
-        t1, c1 = split_terms(x.src[1])
-        return t0 + t1, c0 + c1
-    if x.op is Ops.MUL and x.src[1].op is Ops.CONST:
-        terms, c = split_terms(x.src[0])
-        return [(k * x.src[1].arg, t) for k, t in terms], c * x.src[1].arg
-    return [(1, x)], 0
+    """x as sum(coef * term) + const (terms in left-to-right order; an explicit stack, as a sum can be long)."""
+    terms: list[tuple[int, UOp]] = []
+    const = 0
+    stack: list[tuple[int, UOp]] = [(1, x)]
+    while stack:
+        k, u = stack.pop()
+        if u.op is Ops.CONST:
+            const += k * u.arg
+        elif u.op is Ops.ADD:
+            stack.extend(((k, u.src[1]), (k, u.src[0])))
+        elif u.op is Ops.MUL and u.src[1].op is Ops.CONST:
+            stack.append((k * u.src[1].arg, u.src[0]))
+        else:
+            terms.append((k, u))
+    return terms, const
 
 
 def build_sum(terms: list[tuple[int, UOp]], const: int, like: UOp) -> UOp:
@@ -258,4 +271,4 @@ def sym_eval(u: UOp, env: dict[UOp, Any]) -> Any:
     return vals[u]
 
 
-__all__ = ["value_range", "pm_symbolic", "simplify", "sym_eval", "math"]
+__all__ = ["value_range", "range_sources", "pm_symbolic", "simplify", "sym_eval", "math"]
