@@ -10,10 +10,11 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Self
 
-from .bootplan import IP_STEP_NAMES, STEPS_BY_NAME, BootPlan, BootStep, plan_boot
+from .bootplan import IP_STEP_NAMES, MAX_XCCS, STEPS_BY_NAME, BootPlan, BootStep, plan_boot
 from .discovery import Discovery, read_discovery
 from .errors import DeviceError
 from .lease import VFLease
+from .limits import check_count
 from .mailbox import GPU_CRIT_REGION_V2, Mailbox, MailboxTimeouts, Message, read_func_identifier
 from .memory import RESERVED_VRAM_SIZE, VF_PADDR_BASE, PhysicalMemory
 from .pci import PCIDevice
@@ -42,7 +43,13 @@ class AMDDevice:
         xccs: int = 1,
         ip_handlers: Mapping[str, IPHandler] | None = None,
     ):
-        self.pci, self.timeouts, self.xccs = pci, timeouts or MailboxTimeouts(), xccs
+        if timeouts is not None and not isinstance(timeouts, MailboxTimeouts):
+            raise TypeError(f"timeouts must be MailboxTimeouts or None, got {timeouts!r} ({type(timeouts).__name__})")
+        self.pci, self.timeouts, self.xccs = (
+            pci,
+            timeouts or MailboxTimeouts(),
+            check_count("xccs", xccs, maximum=MAX_XCCS),
+        )
         self.ip_handlers = dict(ip_handlers or {})
         if unknown := sorted(set(self.ip_handlers) - IP_STEP_NAMES):
             raise ValueError(f"ip_handlers names unknown IP steps {unknown}; known steps are {sorted(IP_STEP_NAMES)}")

@@ -20,6 +20,7 @@ from .errors import (
     PFRejected,
     UnrecoverableError,
 )
+from .limits import check_count, check_seconds
 from .pci import RegisterBAR
 from .regs import (
     FUNC_IDENTIFIER_IS_VF,
@@ -89,11 +90,12 @@ class MailboxTimeouts:
     event_poll_s: float = 0.010
 
     def __post_init__(self) -> None:
-        if not isinstance(self.retries, int):
-            raise TypeError(f"MailboxTimeouts.retries must be an int, got {self.retries!r}")
         for f in fields(self):
-            if getattr(self, f.name) <= 0:
-                raise ValueError(f"MailboxTimeouts.{f.name} must be positive, got {getattr(self, f.name)!r}")
+            what, value = f"MailboxTimeouts.{f.name}", getattr(self, f.name)
+            if f.name == "retries":
+                check_count(what, value)
+            else:
+                check_seconds(what, value)
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,8 @@ class Mailbox:
     """The VF side of the BAR5 mailbox."""
 
     def __init__(self, regs: RegisterBAR, timeouts: MailboxTimeouts | None = None):
+        if timeouts is not None and not isinstance(timeouts, MailboxTimeouts):
+            raise TypeError(f"timeouts must be MailboxTimeouts or None, got {timeouts!r} ({type(timeouts).__name__})")
         self.regs, self.timeouts = regs, timeouts or MailboxTimeouts()
         self.stale_acked: list[Message] = []
 
@@ -237,9 +241,7 @@ class Mailbox:
                 f"{describe_request(request)} is never sent by this VF driver: resets and FINI access belong "
                 f"to the PF; sendable requests are {sorted(r.name for r in SENDABLE)}"
             )
-        attempts = self.timeouts.retries if retries is None else retries
-        if attempts < 1:
-            raise ValueError(f"retries must be at least 1, got {attempts}")
+        attempts = self.timeouts.retries if retries is None else check_count("Mailbox.request retries", retries)
         started = time.monotonic()
         # Seed addition (the kernel lacks it): acknowledge a PF message left over from before, once per request.
         if (stale := self._posted()) is not None:

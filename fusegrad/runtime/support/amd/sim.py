@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from . import regs as R
 from .discovery import DISCOVERY_OFFSET_FROM_END, MI350X_VF_IPS, IPBlock, build_discovery
 from .errors import PCIError
+from .limits import check_count, check_seconds
 from .mailbox import Event, Request
 from .pci import AMD_VENDOR, ByteBAR, DoorbellBAR, PCIDevice, PCIFunction, RegisterBAR
 
@@ -26,6 +27,8 @@ PAGE = 64 * 1024
 REGISTER_BAR_SIZE = 512 * 1024  # BAR5's real size is unconfirmed; it only has to cover the mailbox at 0x397C
 DOORBELL_BAR_SIZE = 8 * MiB
 CONFIG_SPACE_SIZE = 4096
+U32 = 0xFFFFFFFF
+MAX_MEMSIZE_MIB = U32 - 1
 # Requests the PF defers while another function holds full access (facts §4c step 3).
 DEFERRABLE = frozenset(
     {Request.REQ_GPU_INIT_DATA, Request.REQ_GPU_INIT_ACCESS, Request.REQ_GPU_FINI_ACCESS, Request.REQ_GPU_RESET_ACCESS}
@@ -61,14 +64,23 @@ class SimConfig:
     guard_drop_every: int | None = None  # drop every Nth request without an ack (the PF's rate guard)
 
     def __post_init__(self) -> None:
+        for name in ("ack_latency_s", "event_latency_s", "flr_duration_s", "busy_pf_s"):
+            check_seconds(f"SimConfig.{name}", getattr(self, name), allow_zero=True)
+        for name in ("revoke_after_s", "flr_after_s", "late_grant_s"):
+            if getattr(self, name) is not None:
+                check_seconds(f"SimConfig.{name}", getattr(self, name), allow_zero=True)
+        # RCC_CONFIG_MEMSIZE is a 32-bit register in MiB, and all-ones means "not responding"
+        check_count("SimConfig.vram_mib", self.vram_mib, maximum=MAX_MEMSIZE_MIB)
         if self.vram_mib * MiB <= DISCOVERY_OFFSET_FROM_END:
-            raise ValueError(f"vram_mib={self.vram_mib} leaves no room for the discovery table")
-        if self.bar0_mib is not None and not 0 < self.bar0_mib <= self.vram_mib:
-            raise ValueError(f"bar0_mib={self.bar0_mib} must be in (0, vram_mib={self.vram_mib}]")
-        if self.guard_drop_every is not None and self.guard_drop_every < 1:
-            raise ValueError(f"guard_drop_every must be at least 1, got {self.guard_drop_every}")
-        if self.crit_region_version not in (1, 2):
-            raise ValueError(f"crit_region_version must be 1 or 2, got {self.crit_region_version}")
+            raise ValueError(f"SimConfig.vram_mib={self.vram_mib} leaves no room for the discovery table")
+        if self.bar0_mib is not None:
+            check_count(f"SimConfig.bar0_mib (at most vram_mib={self.vram_mib})", self.bar0_mib, maximum=self.vram_mib)
+        if self.guard_drop_every is not None:
+            check_count("SimConfig.guard_drop_every", self.guard_drop_every, maximum=1 << 32)
+        check_count("SimConfig.crit_region_version", self.crit_region_version, maximum=2)
+        for name in ("wrong_event", "stale_event"):
+            if getattr(self, name) is not None:
+                check_count(f"SimConfig.{name} (an RCV_MSG_DATA0 dword)", getattr(self, name), minimum=0, maximum=U32)
 
     @property
     def vram_size(self) -> int:
