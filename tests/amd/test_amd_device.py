@@ -22,7 +22,7 @@ from fusegrad.runtime.support.amd.errors import (
     UnrecoverableError,
 )
 from fusegrad.runtime.support.amd.mailbox import Event, Request
-from fusegrad.runtime.support.amd.memory import MiB
+from fusegrad.runtime.support.amd.memory import BOOT_REGION_SIZE, MiB
 from fusegrad.runtime.support.amd.regs import MAILBOX_FIRST, MAILBOX_LAST, PCI_COMMAND, PCI_COMMAND_MASTER
 from fusegrad.runtime.support.amd.sim import open_sim
 
@@ -191,9 +191,41 @@ def test_pf_takes_the_pf_owned_steps_and_no_lease():
 
 def test_small_bar_reads_discovery_through_mm_index():
     with open_sim(bar0_mib=256) as pci, AMDDevice(pci, ROOMY) as dev:
-        assert dev.vram.size < dev.vram_size
+        assert dev.vram.size < dev.vram_size and not dev.large_bar
         assert dev.discovery.ips == MI350X_VF_IPS
         assert any(dw == 0 for dw, _, accepted in pci.sim.mmio_writes if accepted)  # MM_INDEX was used
+
+
+@pytest.mark.parametrize("vf", [True, False])
+@pytest.mark.parametrize("bar0_mib", [None, 8192, 32768])
+def test_page_table_region_only_when_the_bar_cannot_map_all_vram(vf, bar0_mib):
+    with open_sim(vf=vf, bar0_mib=bar0_mib) as pci, AMDDevice(pci, ROOMY) as dev:
+        layout, usable = dev.memory.layout, (32768 - 384) * MiB
+        boot_end = (1 * MiB if vf else 0) + BOOT_REGION_SIZE
+        assert layout.boot == (boot_end - BOOT_REGION_SIZE, boot_end)
+        if bar0_mib is None or bar0_mib == 32768:
+            assert dev.large_bar and layout.page_table == (boot_end, boot_end) and layout.main == (boot_end, usable)
+        else:
+            page_tables = 64 * MiB  # 32384 MiB / 512 = 63.25 MiB, rounded up to a whole MiB
+            assert not dev.large_bar and layout.page_table == (boot_end, boot_end + page_tables)
+            assert layout.main == (boot_end + page_tables, usable)
+
+
+@pytest.mark.parametrize("vram_mib", [1, 256, 384, 416, 417])
+def test_vram_smaller_than_the_reserved_regions_names_the_sizes(vram_mib):
+    with open_sim(vram_mib=vram_mib) as pci:
+        with pytest.raises(DeviceError) as info:
+            AMDDevice(pci, ROOMY)
+        message = str(info.value)
+        assert f"{vram_mib} MiB of VRAM" in message and "384 MiB reserved" in message and "32 MiB" in message
+        assert "-0x" not in message and " -" not in message
+        assert sent(pci) == INIT + RELEASE  # the lease taken before the failure went back, once
+    assert_protocol_invariants(pci)
+
+
+def test_vram_just_large_enough_for_the_reserved_regions_boots():
+    with open_sim(vram_mib=418) as pci, AMDDevice(pci, ROOMY) as dev:
+        assert dev.memory.layout.main == (33 * MiB, 34 * MiB)
 
 
 def test_unknown_ip_handler_is_rejected_before_touching_the_device():
