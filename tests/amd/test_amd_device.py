@@ -6,7 +6,17 @@ import gc
 import time
 
 import pytest
-from amd_testlib import PATIENT, QUICK, ROOMY, SLACK_S, assert_protocol_invariants, request_budget, sent, wait_until
+from amd_testlib import (
+    PATIENT,
+    QUICK,
+    ROOMY,
+    SLACK_S,
+    assert_gates_consistent,
+    assert_protocol_invariants,
+    request_budget,
+    sent,
+    wait_until,
+)
 
 from fusegrad.runtime.support.amd.bootplan import IP_STEP_NAMES, PF_OWNED, STEPS
 from fusegrad.runtime.support.amd.device import AMDDevice
@@ -141,6 +151,36 @@ def test_flr_mid_session_is_reported_and_vram_goes_dark(knobs):
         assert sent(pci) == INIT + RELEASE
         assert wait_until(lambda: "REL_INIT_ACCESS ignored: no matching REQ" in pci.sim.pf_log)
         assert_protocol_invariants(pci)
+
+
+def test_reopening_during_the_flr_gets_a_session_the_flr_cannot_touch():
+    # the FLR runs long enough for the reopen to land inside it; the order checks below hold even if it does not
+    with open_sim(revoke_after_s=0.2, flr_duration_s=0.6) as pci:
+        first = AMDDevice(pci, ROOMY)
+
+        def flr_seen() -> bool:
+            try:
+                first.check_pf_events()
+            except FLRNotified:
+                return True
+            return False
+
+        assert wait_until(flr_seen)
+        first.close()
+        second = AMDDevice(pci, ROOMY)  # its INIT_DATA waits out the FLR; the completion is not a reply to it
+        assert second.lease.acquired and second.discovery.ips == MI350X_VF_IPS
+        ids = [m.id for m in pci.sim.posted]
+        assert ids[:4] == [
+            Event.REQ_GPU_INIT_DATA_READY,
+            Event.READY_TO_ACCESS_GPU,
+            Event.FLR_NOTIFICATION,
+            Event.FLR_NOTIFICATION_CMPL,
+        ], ids
+        assert ids[4:6] == [Event.REQ_GPU_INIT_DATA_READY, Event.READY_TO_ACCESS_GPU], "served after the FLR"
+        assert_gates_consistent(pci.sim)
+        second.close()
+        assert sent(pci) == INIT + RELEASE + INIT + RELEASE
+        assert_gates_consistent(pci.sim)
 
 
 def test_no_revoke_while_the_lease_is_returned_in_time():

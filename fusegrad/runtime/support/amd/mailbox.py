@@ -75,6 +75,9 @@ FLR_EVENTS = frozenset({Event.FLR_NOTIFICATION, Event.FLR_NOTIFICATION_CMPL, Eve
 # Conflict (§12 item 8): event 10 is RAS_ERROR_DETECTED in Linux but GPU_RMA in GIM; we take the safer GPU_RMA reading.
 UNRECOVERABLE_EVENTS = frozenset({Event.UNRECOV_ERR_NOTIFICATION, Event.RAS_ERROR_DETECTED_OR_GPU_RMA})
 TERMINAL_EVENTS = FLR_EVENTS | UNRECOVERABLE_EVENTS | {Event.FAIL}
+# An FLR completion while INIT_DATA is awaited ends an earlier session's reset: a lease holds nothing before INIT_DATA,
+# and the PF serves requests that arrive during an FLR only after it. If the reply was lost to the FLR, a retry resends.
+NOT_TERMINAL_WHILE_AWAITING = {Event.REQ_GPU_INIT_DATA_READY: frozenset({Event.FLR_NOTIFICATION_CMPL})}
 
 
 @dataclass(frozen=True)
@@ -214,9 +217,10 @@ class Mailbox:
     def _await_event(self, event: int) -> tuple[Message | None, int | None]:
         """Poll one event timeout for `event` or a terminal event: (that message or None, last other event seen)."""
         deadline, other = time.monotonic() + self.timeouts.event_s, None
+        terminal = TERMINAL_EVENTS - NOT_TERMINAL_WHILE_AWAITING.get(event, frozenset())
         while True:
             msg = self._posted()
-            if msg is not None and (msg.event == event or msg.event in TERMINAL_EVENTS):
+            if msg is not None and (msg.event == event or msg.event in terminal):
                 return msg, other
             if msg is not None:
                 other = msg.event  # any other event only means "not yet", as in the seed and kernel

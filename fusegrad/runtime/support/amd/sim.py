@@ -113,6 +113,7 @@ class SimulatedFunction:
         self.fb_enabled = open_gates or not config.fb_protection
         self.mmio_write_enabled = self.doorbell_enabled = open_gates
         self.full_access = False
+        self.flr_in_progress = False  # between FLR_NOTIFICATION and FLR_NOTIFICATION_CMPL
         self.trn, self.rcv = [0] * 4, [0] * 4
         self.trn_valid, self.trn_ack, self.rcv_valid = False, config.stuck_ack, False
         self.send_seq = 0
@@ -287,42 +288,55 @@ class SimulatedFunction:
 
 
 class SimulatedPF:
-    """The host's PF driver as seen from one VF: a daemon thread answering the mailbox per facts §4c and §10."""
+    """The host's PF driver as seen from one VF, answering the mailbox per facts §4c and §10.
 
-    def __init__(self, fn: SimulatedFunction):
+    It runs every action under the function's lock, so the VF never sees a half-done transition. With the default
+    clock a daemon thread drives it; with a `clock` of the test's own there is no thread, and the test calls `step()`
+    after moving its clock, which makes any interleaving of VF requests, revokes and FLRs reproducible.
+    """
+
+    def __init__(self, fn: SimulatedFunction, clock: Callable[[], float] | None = None):
         self.fn, self.config = fn, fn.config
+        self.clock = clock or time.monotonic
         self._heap: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._order = itertools.count()
         self._seen_seq = self._received = 0
         self._generation = 0  # bumped when full access ends, which cancels its pending timers
+        self._deferred: list[tuple[int, tuple[int, int, int]]] = []  # requests that arrived during an FLR
         self._stopping = False
         self.errors: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, name=f"SimulatedPF-{self.config.address}", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        if clock is None:
+            self.thread = threading.Thread(target=self._run, name=f"SimulatedPF-{self.config.address}", daemon=True)
+            self.thread.start()
 
     def _schedule(self, delay: float, action: Callable[..., None], *args: object) -> None:
-        heapq.heappush(self._heap, (time.monotonic() + delay, next(self._order), action, args))
+        heapq.heappush(self._heap, (self.clock() + delay, next(self._order), action, args))
+
+    def step(self) -> float | None:
+        """Run every action due by the clock; returns the seconds until the next one, None when nothing is pending."""
+        with self.fn.changed:
+            if self.fn.send_seq != self._seen_seq:
+                self._seen_seq = self.fn.send_seq
+                self._schedule(self.config.ack_latency_s, self._receive, self._seen_seq)
+            while self._heap and self._heap[0][0] <= self.clock() and not self._stopping:
+                _, _, action, args = heapq.heappop(self._heap)
+                try:
+                    action(*args)
+                except Exception as e:  # noqa: BLE001 -- kept for tests; a crashed responder would hang the VF
+                    self.errors.append(e)
+            return max(self._heap[0][0] - self.clock(), 0.0) if self._heap else None
 
     def _run(self) -> None:
         with self.fn.changed:
             while not self._stopping:
-                if self.fn.send_seq != self._seen_seq:
-                    self._seen_seq = self.fn.send_seq
-                    self._schedule(self.config.ack_latency_s, self._receive, self._seen_seq)
-                while self._heap and self._heap[0][0] <= time.monotonic() and not self._stopping:
-                    _, _, action, args = heapq.heappop(self._heap)
-                    try:
-                        action(*args)
-                    except Exception as e:  # noqa: BLE001 -- kept for tests; a crashed responder would hang the VF
-                        self.errors.append(e)
-                timeout = max(self._heap[0][0] - time.monotonic(), 0.0) if self._heap else None
-                self.fn.changed.wait(timeout)
+                self.fn.changed.wait(self.step())
 
     def close(self) -> None:
         with self.fn.changed:
             self._stopping = True
             self.fn.changed.notify_all()
-        if self.thread is not threading.current_thread():
+        if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5)
 
     def _log(self, line: str) -> None:
@@ -352,6 +366,10 @@ class SimulatedPF:
 
     def _handle(self, request: int, data: tuple[int, int, int]) -> None:
         fn, config = self.fn, self.config
+        if fn.flr_in_progress:
+            # GIM queues a VF's events behind its reset: served now, the FLR's completion would wipe what they set up
+            self._deferred.append((request, data))
+            return self._log(f"request {request} deferred until the FLR completes")
         if request == Request.REQ_GPU_INIT_DATA:
             fn.fb_enabled = True
             if config.write_discovery:
@@ -378,8 +396,11 @@ class SimulatedPF:
             self._log("FINI_ACCESS requested")
             self._reply(Event.READY_TO_ACCESS_GPU)
         elif request == Request.REL_GPU_FINI_ACCESS:
-            fn.fb_enabled = fn.doorbell_enabled = False
-            self._log("REL_FINI_ACCESS: framebuffer and doorbells closed")
+            # leaving full access, as REL_INIT_ACCESS does; the framebuffer closes only under FB protection (facts §10)
+            fn.full_access = fn.mmio_write_enabled = fn.doorbell_enabled = False
+            fn.fb_enabled = fn.fb_enabled and not config.fb_protection
+            self._generation += 1
+            self._log("REL_FINI_ACCESS: full access ended, framebuffer and doorbells closed")
         else:
             self._log(f"request {request} not handled")
 
@@ -388,6 +409,9 @@ class SimulatedPF:
             return
         fn = self.fn
         fn.full_access = fn.mmio_write_enabled = fn.doorbell_enabled = False
+        # the framebuffer is being reset too: under FB protection it stays closed until the next INIT_DATA
+        fn.fb_enabled = fn.fb_enabled and not self.config.fb_protection
+        fn.flr_in_progress = True
         self._generation += 1
         self._log(f"{reason}: access revoked, FLR started")
         fn.pf_post(Event.FLR_NOTIFICATION)
@@ -395,9 +419,12 @@ class SimulatedPF:
 
     def _flr_done(self) -> None:
         self.fn.pf_wipe()
-        self.fn.fb_enabled = not self.config.fb_protection
+        self.fn.flr_in_progress = False
         self._log("FLR complete: VRAM and registers wiped")
         self.fn.pf_post(Event.FLR_NOTIFICATION_CMPL)
+        for request, data in self._deferred:
+            self._schedule(self.config.event_latency_s, self._handle, request, data)
+        self._deferred.clear()
 
 
 class _SimBAR:
@@ -447,11 +474,12 @@ class _SimDoorbells(_SimBAR, DoorbellBAR):
 class SimPCIDevice(PCIDevice):
     """A simulated function behind the PCIDevice interface. Close it (or use `with`) to stop the PF thread."""
 
-    def __init__(self, config: SimConfig | None = None):
+    def __init__(self, config: SimConfig | None = None, *, pf_clock: Callable[[], float] | None = None):
+        """`pf_clock`: drive the simulated PF by hand (`pf.step()`) on this clock instead of on its own thread."""
         self.config = config or SimConfig()
         self.function = self.config.function()
         self.sim = SimulatedFunction(self.config)
-        self.pf = SimulatedPF(self.sim) if self.config.vf else None
+        self.pf = SimulatedPF(self.sim, pf_clock) if self.config.vf else None
         self.closed = False
 
     def map_vram(self) -> ByteBAR:
