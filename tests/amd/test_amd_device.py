@@ -183,6 +183,33 @@ def test_reopening_during_the_flr_gets_a_session_the_flr_cannot_touch():
         assert_gates_consistent(pci.sim)
 
 
+def test_a_grant_revoked_at_once_is_never_held_and_never_released():
+    with open_sim(flr_after_s=0.0, revoke_after_s=None) as pci:
+        with pytest.raises(FLRNotified, match="awaited READY_TO_ACCESS_GPU") as info:
+            AMDDevice(pci, ROOMY)
+        assert info.value.request == Request.REQ_GPU_INIT_ACCESS
+        assert sent(pci) == INIT
+        assert wait_until(lambda: not pci.sim.flr_in_progress)
+        assert_gates_consistent(pci.sim)
+        assert_protocol_invariants(pci)
+
+
+def test_flr_during_bring_up_is_reported_as_the_flr_not_as_a_missing_table(monkeypatch):
+    with open_sim(revoke_after_s=None) as pci:
+        read_vram_size = AMDDevice._DRIVER_STEPS["read_vram_size"]
+
+        def read_vram_size_then_flr(dev: AMDDevice) -> None:
+            read_vram_size(dev)
+            pci.pf.flr_now()  # the host resets the VF between the grant and discovery
+
+        monkeypatch.setitem(AMDDevice._DRIVER_STEPS, "read_vram_size", read_vram_size_then_flr)
+        with pytest.raises(FLRNotified, match="FLR") as info:
+            AMDDevice(pci, ROOMY)
+        assert isinstance(info.value.__cause__, DiscoveryError)  # what the FLR did to discovery stays visible
+        assert sent(pci) == INIT + RELEASE
+        assert_gates_consistent(pci.sim)
+
+
 def test_no_revoke_while_the_lease_is_returned_in_time():
     with open_sim(revoke_after_s=0.5) as pci:
         with AMDDevice(pci, ROOMY):

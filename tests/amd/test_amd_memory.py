@@ -58,6 +58,15 @@ def test_bad_requests_raise_value_error(size, align, match):
         RegionAllocator("main", 0, MiB).alloc(size, align)
 
 
+@pytest.mark.parametrize(
+    ("size", "align"), [(4096.0, 4096), (4096, 4096.0), (True, 4096), (4096, True), ("4096", 4096), (1.5, 1)]
+)
+def test_non_integer_requests_raise_type_error_naming_them(size, align):
+    bad = "size" if isinstance(size, bool) or not isinstance(size, int) else "alignment"
+    with pytest.raises(TypeError, match=rf"region main: {bad} must be an int, got .*\("):
+        RegionAllocator("main", 0, MiB).alloc(size, align)
+
+
 def test_bad_frees_raise_value_error():
     mem = PhysicalMemory(1024 * MiB, paddr_base=VF_PADDR_BASE)
     paddr = mem.alloc(4096)

@@ -12,7 +12,7 @@ from typing import Self
 
 from .bootplan import IP_STEP_NAMES, MAX_XCCS, STEPS_BY_NAME, BootPlan, BootStep, plan_boot
 from .discovery import Discovery, read_discovery
-from .errors import DeviceError
+from .errors import DeviceError, DiscoveryError, PFEventError
 from .lease import VFLease
 from .limits import check_count
 from .mailbox import GPU_CRIT_REGION_V2, Mailbox, MailboxTimeouts, Message, read_func_identifier
@@ -120,7 +120,15 @@ class AMDDevice:
 
     def _discovery(self) -> None:
         read = self.vram.read if self.large_bar else self._read_vram_indirect
-        self.discovery: Discovery = read_discovery(read, self.vram_size, hint=self._discovery_hint())
+        try:
+            self.discovery: Discovery = read_discovery(read, self.vram_size, hint=self._discovery_hint())
+        except DiscoveryError as e:
+            # an FLR or an RMA closes the framebuffer too; when the PF said so, that is the cause to report
+            try:
+                self.check_pf_events()
+            except PFEventError as pf_event:
+                raise pf_event from e
+            raise
 
     def _discovery_hint(self) -> str:
         init_data = self.lease.init_data if self.lease else None

@@ -56,6 +56,9 @@ class RegionAllocator:
 
     def alloc(self, size: int, align: int = 4 * KiB) -> int:
         """Physical address of a new block of `size` bytes with `paddr % align == 0`."""
+        for what, value in (("size", size), ("alignment", align)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"region {self.name}: {what} must be an int, got {value!r} ({type(value).__name__})")
         if size <= 0:
             raise ValueError(f"region {self.name}: allocation size must be positive, got {size}")
         if align <= 0 or align & (align - 1):

@@ -339,6 +339,12 @@ class SimulatedPF:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5)
 
+    def flr_now(self, reason: str = "host-initiated FLR") -> None:
+        """Revoke full access and FLR the VF at once, as the host may at any time; nothing happens without a grant."""
+        with self.fn.changed:
+            self._flr(self._generation, reason)
+            self.fn.changed.notify_all()  # the PF thread sleeps until its old next deadline otherwise
+
     def _log(self, line: str) -> None:
         self.fn.pf_log.append(line)
 
