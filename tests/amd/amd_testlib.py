@@ -79,8 +79,12 @@ class ManualClock:
 def run_pf_until(pci: SimPCIDevice, clock: ManualClock, until: float) -> None:
     """Run the hand-driven PF through every action due up to time `until`, in order, then leave the clock there."""
     assert pci.pf is not None and until >= clock.now
-    while (wait := pci.pf.step()) is not None and clock.now + wait <= until:
+    for _ in range(10_000):  # a PF that kept rescheduling at zero delay would otherwise hang the test
+        if (wait := pci.pf.step()) is None or clock.now + wait > until:
+            break
         clock.now += wait
+    else:
+        raise AssertionError(f"the simulated PF did not settle before t={until}")
     clock.now = until
     pci.pf.step()
 

@@ -20,7 +20,20 @@ from fusegrad.runtime.support.amd.mailbox import Event, Mailbox, MailboxTimeouts
 from fusegrad.runtime.support.amd.sim import SimConfig, open_sim
 
 TIMEOUT_FIELDS = ["ack_clear_s", "ack_s", "event_s", "ack_clear_poll_s", "ack_poll_s", "event_poll_s"]
-NOT_FINITE_OR_NOT_POSITIVE = [math.nan, -math.nan, math.inf, -math.inf, 0, 0.0, -0.0, -1, -1e-9, MAX_WAIT_S * 2, 1e300]
+NOT_FINITE_OR_NOT_POSITIVE = [
+    math.nan,
+    -math.nan,
+    math.inf,
+    -math.inf,
+    0,
+    0.0,
+    -0.0,
+    -1,
+    -1e-9,
+    MAX_WAIT_S * 2,
+    1e300,
+    10**400,
+]
 
 
 @pytest.mark.parametrize("name", TIMEOUT_FIELDS)

@@ -16,11 +16,15 @@ def check_seconds(what: str, value: object, *, allow_zero: bool = False, maximum
     # bool is a number in Python, but True seconds is a caller's mistake
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{what} must be a number of seconds, got {value!r} ({type(value).__name__})")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond float range
+        seconds = math.inf
     low = "[0" if allow_zero else "(0"
     # NaN fails every comparison, so it must be caught explicitly: a NaN deadline is never reached
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or value > maximum:
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero) or seconds > maximum:
         raise ValueError(f"{what} must be a finite number of seconds in {low}, {maximum:g}], got {value!r}")
-    return float(value)
+    return seconds
 
 
 def check_count(what: str, value: object, *, minimum: int = 1, maximum: int = MAX_ATTEMPTS) -> int:
