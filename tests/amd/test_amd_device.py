@@ -33,7 +33,16 @@ from fusegrad.runtime.support.amd.errors import (
 )
 from fusegrad.runtime.support.amd.mailbox import Event, Request
 from fusegrad.runtime.support.amd.memory import BOOT_REGION_SIZE, MiB
-from fusegrad.runtime.support.amd.regs import MAILBOX_FIRST, MAILBOX_LAST, PCI_COMMAND, PCI_COMMAND_MASTER
+from fusegrad.runtime.support.amd.regs import (
+    MAILBOX_FIRST,
+    MAILBOX_LAST,
+    MM_DATA,
+    MM_INDEX,
+    MM_INDEX_ENABLE,
+    MM_INDEX_HI,
+    PCI_COMMAND,
+    PCI_COMMAND_MASTER,
+)
 from fusegrad.runtime.support.amd.sim import open_sim
 
 INIT = [(Request.REQ_GPU_INIT_DATA, 2), (Request.REQ_GPU_INIT_ACCESS, 0)]
@@ -250,6 +259,18 @@ def test_small_bar_reads_discovery_through_mm_index():
         assert dev.vram.size < dev.vram_size and not dev.large_bar
         assert dev.discovery.ips == MI350X_VF_IPS
         assert any(dw == 0 for dw, _, accepted in pci.sim.mmio_writes if accepted)  # MM_INDEX was used
+
+
+def test_mm_index_past_the_end_of_vram_reads_all_ones_and_writes_nowhere():
+    with open_sim(vf=False, vram_mib=64, bar0_mib=16) as pci:
+        regs, end = pci.map_registers(), 64 * MiB
+        for address in (end - 4, end - 2, end, 1 << 40):
+            regs.write32(MM_INDEX, (address & 0x7FFFFFFF) | MM_INDEX_ENABLE)
+            regs.write32(MM_INDEX_HI, address >> 31)
+            regs.write32(MM_DATA, 0x12345678)
+            expected = 0x12345678 if address + 4 <= end else 0xFFFFFFFF
+            assert regs.read32(MM_DATA) == expected, hex(address)
+        assert max(pci.sim.vram_pages) * 64 * 1024 < end, "no VRAM page was created past the end"
 
 
 @pytest.mark.parametrize("vf", [True, False])

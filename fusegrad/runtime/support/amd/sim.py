@@ -165,11 +165,15 @@ class SimulatedFunction:
             if R.MAILBOX_RCV_DW0 <= dword < R.MAILBOX_RCV_DW0 + 4:
                 return self.rcv[dword - R.MAILBOX_RCV_DW0]
             if dword == R.MM_DATA:
-                return int.from_bytes(self.read_vram(self._mm_address(), 4), "little")
+                if (address := self._mm_address()) is None:
+                    return 0xFFFFFFFF
+                return int.from_bytes(self.read_vram(address, 4), "little")
             return self.registers.get(dword, 0)
 
-    def _mm_address(self) -> int:
-        return (self.registers.get(R.MM_INDEX_HI, 0) << 31) | (self.registers.get(R.MM_INDEX, 0) & 0x7FFFFFFF)
+    def _mm_address(self) -> int | None:
+        """The VRAM address MM_INDEX/MM_INDEX_HI select, or None when its dword does not lie inside VRAM."""
+        address = (self.registers.get(R.MM_INDEX_HI, 0) << 31) | (self.registers.get(R.MM_INDEX, 0) & 0x7FFFFFFF)
+        return address if address + 4 <= self.config.vram_size else None
 
     def write32(self, dword: int, value: int) -> None:
         with self.lock:
@@ -186,7 +190,8 @@ class SimulatedFunction:
                 accepted = self.mmio_write_enabled and self._static(dword) is None
                 self.mmio_writes.append((dword, value, accepted))
                 if accepted and dword == R.MM_DATA:
-                    self.write_vram(self._mm_address(), value.to_bytes(4, "little"))
+                    if (address := self._mm_address()) is not None:  # outside VRAM the write goes nowhere
+                        self.write_vram(address, value.to_bytes(4, "little"))
                 elif accepted:
                     self.registers[dword] = value
 
