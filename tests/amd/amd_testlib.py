@@ -9,8 +9,14 @@ from pathlib import Path
 
 from fusegrad.runtime.support.amd.discovery import DISCOVERY_OFFSET_FROM_END, build_discovery
 from fusegrad.runtime.support.amd.mailbox import MailboxTimeouts, Request
-from fusegrad.runtime.support.amd.regs import RCC_CONFIG_MEMSIZE, RCC_IOV_FUNC_IDENTIFIER
-from fusegrad.runtime.support.amd.sim import SimPCIDevice
+from fusegrad.runtime.support.amd.regs import (
+    MAILBOX_TRN_BYTE,
+    MAILBOX_TRN_DW0,
+    RCC_CONFIG_MEMSIZE,
+    RCC_IOV_FUNC_IDENTIFIER,
+    TRN_MSG_VALID,
+)
+from fusegrad.runtime.support.amd.sim import SimPCIDevice, SimulatedFunction
 
 # For paths expected to fail: short deadlines keep the suite fast.
 QUICK = MailboxTimeouts(
@@ -46,6 +52,50 @@ def assert_protocol_invariants(pci: SimPCIDevice) -> None:
     assert ids.count(Request.REL_GPU_INIT_ACCESS) <= 1, ids
     if Request.REL_GPU_INIT_ACCESS in ids:
         assert ids[-1] == Request.REL_GPU_INIT_ACCESS and Request.REQ_GPU_INIT_ACCESS in ids, ids
+
+
+def assert_gates_consistent(sim: SimulatedFunction) -> None:
+    """Full access means every gate open and no FLR running; an FLR means no access and, under FB protection, no FB."""
+    with sim.lock:
+        gates = {"fb": sim.fb_enabled, "mmio": sim.mmio_write_enabled, "doorbell": sim.doorbell_enabled}
+        state = f"full_access={sim.full_access} flr_in_progress={sim.flr_in_progress} gates={gates}"
+        if sim.full_access:
+            assert all(gates.values()) and not sim.flr_in_progress, state
+        if sim.flr_in_progress:
+            assert not (sim.full_access or gates["mmio"] or gates["doorbell"]), state
+            assert not (sim.config.fb_protection and gates["fb"]), state
+
+
+class ManualClock:
+    """A clock that moves only when a test says so, for a SimPCIDevice driven through `pf.step()`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_pf_until(pci: SimPCIDevice, clock: ManualClock, until: float) -> None:
+    """Run the hand-driven PF through every action due up to time `until`, in order, then leave the clock there."""
+    assert pci.pf is not None and until >= clock.now
+    for _ in range(10_000):  # a PF that kept rescheduling at zero delay would otherwise hang the test
+        if (wait := pci.pf.step()) is None or clock.now + wait > until:
+            break
+        clock.now += wait
+    else:
+        raise AssertionError(f"the simulated PF did not settle before t={until}")
+    clock.now = until
+    pci.pf.step()
+
+
+def post_request(pci: SimPCIDevice, request: int, data2: int = 0) -> None:
+    """What the VF puts on the wire for one request, register by register, without waiting for anything."""
+    regs = pci.map_registers()
+    regs.write8(MAILBOX_TRN_BYTE, 0)
+    for i, value in enumerate((request, 0, data2, 0)):
+        regs.write32(MAILBOX_TRN_DW0 + i, value)
+    regs.write8(MAILBOX_TRN_BYTE, TRN_MSG_VALID)
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float = SLACK_S) -> bool:

@@ -124,7 +124,6 @@ def test_non_terminal_wrong_event_is_not_yet_then_timeout_names_it():
     [
         (Event.FAIL, PFRejected),
         (Event.FLR_NOTIFICATION, FLRNotified),
-        (Event.FLR_NOTIFICATION_CMPL, FLRNotified),
         (Event.UNRECOV_ERR_NOTIFICATION, UnrecoverableError),
         (Event.RAS_ERROR_DETECTED_OR_GPU_RMA, UnrecoverableError),
     ],
@@ -139,6 +138,25 @@ def test_terminal_events_raise_at_once_without_retry(event, error_type):
         assert sent(pci) == [(Request.REQ_GPU_INIT_DATA, 2)]
         assert pci.sim.rcv_acks == 1 and not pci.sim.rcv_valid  # the PF's message was acknowledged
         assert not lease.acquired and lease.release() is False
+
+
+def test_flr_completion_ends_an_init_access_wait():
+    with open_sim(wrong_event=Event.FLR_NOTIFICATION_CMPL) as pci:
+        mailbox = Mailbox(pci.map_registers(), ROOMY)
+        error, elapsed = _timed(lambda: mailbox.request(Request.REQ_GPU_INIT_ACCESS, Event.READY_TO_ACCESS_GPU))
+        assert type(error) is FLRNotified and error.read == Event.FLR_NOTIFICATION_CMPL
+        assert elapsed < ROOMY.event_s + ROOMY.ack_s + SLACK_S
+        assert pci.requests() == [Request.REQ_GPU_INIT_ACCESS]
+
+
+def test_flr_completion_while_awaiting_init_data_is_not_yet():
+    # an earlier session's FLR ending: INIT_DATA holds nothing it could wipe, so the VF keeps waiting and retrying
+    with open_sim(wrong_event=Event.FLR_NOTIFICATION_CMPL) as pci:
+        error, elapsed = _timed(lease_on(pci, PATIENT).acquire)
+        assert isinstance(error, MailboxEventTimeout) and error.read == Event.FLR_NOTIFICATION_CMPL
+        assert "read FLR_NOTIFICATION_CMPL (3) instead" in str(error)
+        assert sent(pci) == [(Request.REQ_GPU_INIT_DATA, 2)] * PATIENT.retries
+        assert elapsed < request_budget(PATIENT) + SLACK_S
 
 
 def test_stale_event_is_acknowledged_before_the_first_request():

@@ -21,7 +21,7 @@ from fusegrad.runtime.support.amd.memory import (
 
 
 def test_vf_layout_starts_at_one_mib_and_keeps_the_top():
-    mem = PhysicalMemory(1024 * MiB, paddr_base=VF_PADDR_BASE)
+    mem = PhysicalMemory(1024 * MiB, paddr_base=VF_PADDR_BASE, reserve_page_tables=True)
     layout = mem.layout
     assert layout.boot == (1 * MiB, 1 * MiB + BOOT_REGION_SIZE)
     assert layout.page_table == (layout.boot[1], layout.boot[1] + 2 * MiB)
@@ -58,6 +58,15 @@ def test_bad_requests_raise_value_error(size, align, match):
         RegionAllocator("main", 0, MiB).alloc(size, align)
 
 
+@pytest.mark.parametrize(
+    ("size", "align"), [(4096.0, 4096), (4096, 4096.0), (True, 4096), (4096, True), ("4096", 4096), (1.5, 1)]
+)
+def test_non_integer_requests_raise_type_error_naming_them(size, align):
+    bad = "size" if isinstance(size, bool) or not isinstance(size, int) else "alignment"
+    with pytest.raises(TypeError, match=rf"region main: {bad} must be an int, got .*\("):
+        RegionAllocator("main", 0, MiB).alloc(size, align)
+
+
 def test_bad_frees_raise_value_error():
     mem = PhysicalMemory(1024 * MiB, paddr_base=VF_PADDR_BASE)
     paddr = mem.alloc(4096)
@@ -70,9 +79,40 @@ def test_bad_frees_raise_value_error():
         mem.alloc(4096, region="nope")
 
 
-def test_too_small_vram_is_rejected():
-    with pytest.raises(ValueError, match="cannot hold"):
-        PhysicalMemory(32 * MiB, paddr_base=VF_PADDR_BASE)
+def test_without_page_tables_main_starts_right_after_the_boot_region():
+    mem = PhysicalMemory(1024 * MiB, paddr_base=VF_PADDR_BASE)  # large BAR: the default
+    layout = mem.layout
+    assert layout.boot == (1 * MiB, 1 * MiB + BOOT_REGION_SIZE)
+    assert layout.page_table == (layout.boot[1], layout.boot[1]) and mem.page_table.free_bytes == 0
+    assert layout.main == (layout.boot[1], 1024 * MiB)
+    with pytest.raises(OutOfMemory, match="page-table"):
+        mem.alloc(4 * KiB, region="page-table")
+
+
+@pytest.mark.parametrize("reserve_page_tables", [False, True])
+def test_too_small_vram_is_rejected_with_sizes(reserve_page_tables):
+    with pytest.raises(ValueError, match="cannot hold") as info:
+        PhysicalMemory(33 * MiB, paddr_base=VF_PADDR_BASE, reserve_page_tables=reserve_page_tables)
+    message = str(info.value)
+    assert "VRAM of 33 MiB" in message and "paddr_base 1 MiB" in message and "boot region 32 MiB" in message
+    assert "page tables " + ("1 MiB" if reserve_page_tables else "0 B") in message
+    assert "-" not in message.replace("page-table", "")
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((-1 * MiB,), ValueError, "vram_size .*-1048576"),
+        ((0,), ValueError, "vram_size .*got 0"),
+        ((1024 * MiB, -1), ValueError, "paddr_base .*-1"),
+        ((1024 * MiB, 0, -MiB), ValueError, "boot_size .*-1048576"),
+        ((1024.0 * MiB,), TypeError, "vram_size .*float"),
+        ((True,), TypeError, "vram_size .*bool"),
+    ],
+)
+def test_bad_layout_arguments_name_the_value(args, error, match):
+    with pytest.raises(error, match=match):
+        PhysicalMemory(*args)
 
 
 def _holes(region: RegionAllocator) -> list[tuple[int, int]]:
@@ -102,9 +142,11 @@ ops = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=ops, vf=st.booleans())
-def test_fuzzed_alloc_free_keeps_alignment_bounds_and_no_overlap(ops, vf):
-    mem = PhysicalMemory(448 * MiB, paddr_base=VF_PADDR_BASE if vf else 0, boot_size=8 * MiB)
+@given(ops=ops, vf=st.booleans(), small_bar=st.booleans())
+def test_fuzzed_alloc_free_keeps_alignment_bounds_and_no_overlap(ops, vf, small_bar):
+    mem = PhysicalMemory(
+        448 * MiB, paddr_base=VF_PADDR_BASE if vf else 0, boot_size=8 * MiB, reserve_page_tables=small_bar
+    )
     live: dict[int, tuple[int, int, str]] = {}
     for op in ops:
         if op[0] == "free":

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .limits import check_count
+
 # Resources a VF must leave alone: the PF owns PSP and SMU firmware, scratch-register state, clock gating, the XGMI
 # hive, and the ACA error banks (read through the SMU).
 PF_OWNED = frozenset({"PSP", "SMU", "SCRATCH", "CLOCK_GATING", "XGMI_HIVE", "ACA"})
 PHASES = ("boot", "runtime", "fini")
 PF_ONLY = "the PF owns it"
+# MI300X and MI350X have 8 XCDs, the most of any part this layer knows.
+MAX_XCCS = 8
 
 
 @dataclass(frozen=True)
@@ -137,8 +141,7 @@ class BootPlan:
 
 def plan_boot(is_vf: bool, xccs: int = 1) -> BootPlan:
     """The plan for a VF or a PF with `xccs` compute dies."""
-    if xccs < 1:
-        raise ValueError(f"xccs must be at least 1, got {xccs}")
+    check_count("xccs", xccs, maximum=MAX_XCCS)
     steps, skipped = [], []
     for step in STEPS:
         if is_vf and not step.on_vf:

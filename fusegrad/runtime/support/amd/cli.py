@@ -16,6 +16,7 @@ from typing import TextIO
 
 from .device import AMDDevice
 from .errors import AccessRefused, AMDError
+from .limits import check_seconds
 from .mailbox import MailboxTimeouts
 from .pci import (
     AMD_VENDOR,
@@ -136,6 +137,18 @@ def _probe(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _event_timeout(text: str) -> float:
+    """--event-timeout as seconds; argparse's float() alone would let nan and inf through, and those waits never end."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    try:
+        return check_seconds("the event timeout", value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not usable: {e}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fusegrad-amd", description="AMD GPU functions through userspace (MI350X SR-IOV VF passthrough included)."
@@ -155,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--plan", action="store_true", help="also print the boot plan, step by step")
     probe.add_argument(
         "--event-timeout",
-        type=float,
+        type=_event_timeout,
         default=MailboxTimeouts.event_s,
         help="seconds to wait for each PF event, per attempt (default: %(default)s)",
     )

@@ -10,12 +10,13 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Self
 
-from .bootplan import IP_STEP_NAMES, STEPS_BY_NAME, BootPlan, BootStep, plan_boot
+from .bootplan import IP_STEP_NAMES, MAX_XCCS, STEPS_BY_NAME, BootPlan, BootStep, plan_boot
 from .discovery import Discovery, read_discovery
-from .errors import DeviceError
+from .errors import DeviceError, DiscoveryError, PFEventError
 from .lease import VFLease
+from .limits import check_count
 from .mailbox import GPU_CRIT_REGION_V2, Mailbox, MailboxTimeouts, Message, read_func_identifier
-from .memory import RESERVED_VRAM_SIZE, VF_PADDR_BASE, PhysicalMemory
+from .memory import BOOT_REGION_SIZE, RESERVED_VRAM_SIZE, VF_PADDR_BASE, PhysicalMemory
 from .pci import PCIDevice
 from .regs import (
     FUNC_IDENTIFIER_IS_VF,
@@ -42,7 +43,13 @@ class AMDDevice:
         xccs: int = 1,
         ip_handlers: Mapping[str, IPHandler] | None = None,
     ):
-        self.pci, self.timeouts, self.xccs = pci, timeouts or MailboxTimeouts(), xccs
+        if timeouts is not None and not isinstance(timeouts, MailboxTimeouts):
+            raise TypeError(f"timeouts must be MailboxTimeouts or None, got {timeouts!r} ({type(timeouts).__name__})")
+        self.pci, self.timeouts, self.xccs = (
+            pci,
+            timeouts or MailboxTimeouts(),
+            check_count("xccs", xccs, maximum=MAX_XCCS),
+        )
         self.ip_handlers = dict(ip_handlers or {})
         if unknown := sorted(set(self.ip_handlers) - IP_STEP_NAMES):
             raise ValueError(f"ip_handlers names unknown IP steps {unknown}; known steps are {sorted(IP_STEP_NAMES)}")
@@ -106,9 +113,22 @@ class AMDDevice:
             raise DeviceError(f"{self.pci.address}: RCC_CONFIG_MEMSIZE reads {memsize_mib:#x} MiB; no usable VRAM size")
         self.vram_size = memsize_mib << 20
 
+    @property
+    def large_bar(self) -> bool:
+        """Whether BAR0 maps all of VRAM; otherwise VRAM beyond it goes through MM_INDEX/MM_DATA."""
+        return self.vram.size >= self.vram_size
+
     def _discovery(self) -> None:
-        read = self.vram.read if self.vram.size >= self.vram_size else self._read_vram_indirect
-        self.discovery: Discovery = read_discovery(read, self.vram_size, hint=self._discovery_hint())
+        read = self.vram.read if self.large_bar else self._read_vram_indirect
+        try:
+            self.discovery: Discovery = read_discovery(read, self.vram_size, hint=self._discovery_hint())
+        except DiscoveryError as e:
+            # an FLR or an RMA closes the framebuffer too; when the PF said so, that is the cause to report
+            try:
+                self.check_pf_events()
+            except PFEventError as pf_event:
+                raise pf_event from e
+            raise
 
     def _discovery_hint(self) -> str:
         init_data = self.lease.init_data if self.lease else None
@@ -121,14 +141,22 @@ class AMDDevice:
         return ""
 
     def _memory(self) -> None:
-        usable = self.vram_size - RESERVED_VRAM_SIZE
+        paddr_base = VF_PADDR_BASE if self.is_vf else 0
+        too_small = (
+            f"{self.pci.address}: {self.vram_size >> 20} MiB of VRAM is too small for the "
+            f"{RESERVED_VRAM_SIZE >> 20} MiB reserved at its top, paddr_base {paddr_base >> 20} MiB "
+            f"and the {BOOT_REGION_SIZE >> 20} MiB boot region"
+        )
+        # checked here so the allocator is never handed a negative size
+        if self.vram_size <= RESERVED_VRAM_SIZE:
+            raise DeviceError(too_small)
         try:
-            self.memory = PhysicalMemory(usable, paddr_base=VF_PADDR_BASE if self.is_vf else 0)
+            # a large BAR reaches page tables anywhere, so they need no region of their own (facts §7 reserve_ptable)
+            self.memory = PhysicalMemory(
+                self.vram_size - RESERVED_VRAM_SIZE, paddr_base, reserve_page_tables=not self.large_bar
+            )
         except ValueError as e:
-            raise DeviceError(
-                f"{self.pci.address}: {self.vram_size >> 20} MiB of VRAM minus the "
-                f"{RESERVED_VRAM_SIZE >> 20} MiB reserved is too small: {e}"
-            ) from e
+            raise DeviceError(f"{too_small}: {e}") from e
 
     def _bus_master_set(self) -> None:
         if not self.pci.set_bus_master() & PCI_COMMAND_MASTER:

@@ -20,6 +20,7 @@ from .errors import (
     PFRejected,
     UnrecoverableError,
 )
+from .limits import check_count, check_seconds
 from .pci import RegisterBAR
 from .regs import (
     FUNC_IDENTIFIER_IS_VF,
@@ -74,6 +75,9 @@ FLR_EVENTS = frozenset({Event.FLR_NOTIFICATION, Event.FLR_NOTIFICATION_CMPL, Eve
 # Conflict (§12 item 8): event 10 is RAS_ERROR_DETECTED in Linux but GPU_RMA in GIM; we take the safer GPU_RMA reading.
 UNRECOVERABLE_EVENTS = frozenset({Event.UNRECOV_ERR_NOTIFICATION, Event.RAS_ERROR_DETECTED_OR_GPU_RMA})
 TERMINAL_EVENTS = FLR_EVENTS | UNRECOVERABLE_EVENTS | {Event.FAIL}
+# An FLR completion while INIT_DATA is awaited ends an earlier session's reset: a lease holds nothing before INIT_DATA,
+# and the PF serves requests that arrive during an FLR only after it. If the reply was lost to the FLR, a retry resends.
+NOT_TERMINAL_WHILE_AWAITING = {Event.REQ_GPU_INIT_DATA_READY: frozenset({Event.FLR_NOTIFICATION_CMPL})}
 
 
 @dataclass(frozen=True)
@@ -89,11 +93,12 @@ class MailboxTimeouts:
     event_poll_s: float = 0.010
 
     def __post_init__(self) -> None:
-        if not isinstance(self.retries, int):
-            raise TypeError(f"MailboxTimeouts.retries must be an int, got {self.retries!r}")
         for f in fields(self):
-            if getattr(self, f.name) <= 0:
-                raise ValueError(f"MailboxTimeouts.{f.name} must be positive, got {getattr(self, f.name)!r}")
+            what, value = f"MailboxTimeouts.{f.name}", getattr(self, f.name)
+            if f.name == "retries":
+                check_count(what, value)
+            else:
+                check_seconds(what, value)
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,8 @@ class Mailbox:
     """The VF side of the BAR5 mailbox."""
 
     def __init__(self, regs: RegisterBAR, timeouts: MailboxTimeouts | None = None):
+        if timeouts is not None and not isinstance(timeouts, MailboxTimeouts):
+            raise TypeError(f"timeouts must be MailboxTimeouts or None, got {timeouts!r} ({type(timeouts).__name__})")
         self.regs, self.timeouts = regs, timeouts or MailboxTimeouts()
         self.stale_acked: list[Message] = []
 
@@ -210,9 +217,10 @@ class Mailbox:
     def _await_event(self, event: int) -> tuple[Message | None, int | None]:
         """Poll one event timeout for `event` or a terminal event: (that message or None, last other event seen)."""
         deadline, other = time.monotonic() + self.timeouts.event_s, None
+        terminal = TERMINAL_EVENTS - NOT_TERMINAL_WHILE_AWAITING.get(event, frozenset())
         while True:
             msg = self._posted()
-            if msg is not None and (msg.event == event or msg.event in TERMINAL_EVENTS):
+            if msg is not None and (msg.event == event or msg.event in terminal):
                 return msg, other
             if msg is not None:
                 other = msg.event  # any other event only means "not yet", as in the seed and kernel
@@ -237,9 +245,7 @@ class Mailbox:
                 f"{describe_request(request)} is never sent by this VF driver: resets and FINI access belong "
                 f"to the PF; sendable requests are {sorted(r.name for r in SENDABLE)}"
             )
-        attempts = self.timeouts.retries if retries is None else retries
-        if attempts < 1:
-            raise ValueError(f"retries must be at least 1, got {attempts}")
+        attempts = self.timeouts.retries if retries is None else check_count("Mailbox.request retries", retries)
         started = time.monotonic()
         # Seed addition (the kernel lacks it): acknowledge a PF message left over from before, once per request.
         if (stale := self._posted()) is not None:

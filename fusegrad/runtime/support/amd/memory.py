@@ -56,6 +56,9 @@ class RegionAllocator:
 
     def alloc(self, size: int, align: int = 4 * KiB) -> int:
         """Physical address of a new block of `size` bytes with `paddr % align == 0`."""
+        for what, value in (("size", size), ("alignment", align)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"region {self.name}: {what} must be an int, got {value!r} ({type(value).__name__})")
         if size <= 0:
             raise ValueError(f"region {self.name}: allocation size must be positive, got {size}")
         if align <= 0 or align & (align - 1):
@@ -100,14 +103,32 @@ class PhysicalMemory:
     """The VRAM allocator of one device: boot region at `paddr_base`, then page tables, then everything else."""
 
     def __init__(
-        self, vram_size: int, paddr_base: int = 0, boot_size: int = BOOT_REGION_SIZE, reserve_page_tables: bool = True
+        self,
+        vram_size: int,
+        paddr_base: int = 0,
+        boot_size: int = BOOT_REGION_SIZE,
+        *,
+        reserve_page_tables: bool = False,
     ):
+        """`reserve_page_tables` only for a BAR smaller than VRAM: page tables must then sit where the CPU can reach."""
+        for name, value, low in (
+            ("vram_size", vram_size, 1),
+            ("paddr_base", paddr_base, 0),
+            ("boot_size", boot_size, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(
+                    f"PhysicalMemory {name} must be an int byte count, got {value!r} ({type(value).__name__})"
+                )
+            if value < low:
+                raise ValueError(f"PhysicalMemory {name} must be at least {low}, got {value!r}")
         page_table_size = round_up(vram_size // 512, MiB) if reserve_page_tables else 0
         main_base = paddr_base + boot_size + page_table_size
-        if paddr_base < 0 or main_base >= vram_size:
+        if main_base >= vram_size:
             raise ValueError(
-                f"VRAM of {vram_size:#x} bytes cannot hold paddr_base {paddr_base:#x} + boot region "
-                f"{boot_size:#x} + page tables {page_table_size:#x} and leave a main region"
+                f"VRAM of {_size(vram_size)} cannot hold paddr_base {_size(paddr_base)} + boot region "
+                f"{_size(boot_size)} + page tables {_size(page_table_size)} = {_size(main_base)} "
+                "and leave a main region"
             )
         self.vram_size, self.paddr_base = vram_size, paddr_base
         self.boot = RegionAllocator("boot", paddr_base, boot_size)

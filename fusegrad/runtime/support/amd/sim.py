@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from . import regs as R
 from .discovery import DISCOVERY_OFFSET_FROM_END, MI350X_VF_IPS, IPBlock, build_discovery
 from .errors import PCIError
+from .limits import check_count, check_seconds
 from .mailbox import Event, Request
 from .pci import AMD_VENDOR, ByteBAR, DoorbellBAR, PCIDevice, PCIFunction, RegisterBAR
 
@@ -26,6 +27,8 @@ PAGE = 64 * 1024
 REGISTER_BAR_SIZE = 512 * 1024  # BAR5's real size is unconfirmed; it only has to cover the mailbox at 0x397C
 DOORBELL_BAR_SIZE = 8 * MiB
 CONFIG_SPACE_SIZE = 4096
+U32 = 0xFFFFFFFF
+MAX_MEMSIZE_MIB = U32 - 1
 # Requests the PF defers while another function holds full access (facts §4c step 3).
 DEFERRABLE = frozenset(
     {Request.REQ_GPU_INIT_DATA, Request.REQ_GPU_INIT_ACCESS, Request.REQ_GPU_FINI_ACCESS, Request.REQ_GPU_RESET_ACCESS}
@@ -61,14 +64,23 @@ class SimConfig:
     guard_drop_every: int | None = None  # drop every Nth request without an ack (the PF's rate guard)
 
     def __post_init__(self) -> None:
+        for name in ("ack_latency_s", "event_latency_s", "flr_duration_s", "busy_pf_s"):
+            check_seconds(f"SimConfig.{name}", getattr(self, name), allow_zero=True)
+        for name in ("revoke_after_s", "flr_after_s", "late_grant_s"):
+            if getattr(self, name) is not None:
+                check_seconds(f"SimConfig.{name}", getattr(self, name), allow_zero=True)
+        # RCC_CONFIG_MEMSIZE is a 32-bit register in MiB, and all-ones means "not responding"
+        check_count("SimConfig.vram_mib", self.vram_mib, maximum=MAX_MEMSIZE_MIB)
         if self.vram_mib * MiB <= DISCOVERY_OFFSET_FROM_END:
-            raise ValueError(f"vram_mib={self.vram_mib} leaves no room for the discovery table")
-        if self.bar0_mib is not None and not 0 < self.bar0_mib <= self.vram_mib:
-            raise ValueError(f"bar0_mib={self.bar0_mib} must be in (0, vram_mib={self.vram_mib}]")
-        if self.guard_drop_every is not None and self.guard_drop_every < 1:
-            raise ValueError(f"guard_drop_every must be at least 1, got {self.guard_drop_every}")
-        if self.crit_region_version not in (1, 2):
-            raise ValueError(f"crit_region_version must be 1 or 2, got {self.crit_region_version}")
+            raise ValueError(f"SimConfig.vram_mib={self.vram_mib} leaves no room for the discovery table")
+        if self.bar0_mib is not None:
+            check_count(f"SimConfig.bar0_mib (at most vram_mib={self.vram_mib})", self.bar0_mib, maximum=self.vram_mib)
+        if self.guard_drop_every is not None:
+            check_count("SimConfig.guard_drop_every", self.guard_drop_every, maximum=1 << 32)
+        check_count("SimConfig.crit_region_version", self.crit_region_version, maximum=2)
+        for name in ("wrong_event", "stale_event"):
+            if getattr(self, name) is not None:
+                check_count(f"SimConfig.{name} (an RCV_MSG_DATA0 dword)", getattr(self, name), minimum=0, maximum=U32)
 
     @property
     def vram_size(self) -> int:
@@ -101,6 +113,7 @@ class SimulatedFunction:
         self.fb_enabled = open_gates or not config.fb_protection
         self.mmio_write_enabled = self.doorbell_enabled = open_gates
         self.full_access = False
+        self.flr_in_progress = False  # between FLR_NOTIFICATION and FLR_NOTIFICATION_CMPL
         self.trn, self.rcv = [0] * 4, [0] * 4
         self.trn_valid, self.trn_ack, self.rcv_valid = False, config.stuck_ack, False
         self.send_seq = 0
@@ -152,11 +165,15 @@ class SimulatedFunction:
             if R.MAILBOX_RCV_DW0 <= dword < R.MAILBOX_RCV_DW0 + 4:
                 return self.rcv[dword - R.MAILBOX_RCV_DW0]
             if dword == R.MM_DATA:
-                return int.from_bytes(self.read_vram(self._mm_address(), 4), "little")
+                if (address := self._mm_address()) is None:
+                    return 0xFFFFFFFF
+                return int.from_bytes(self.read_vram(address, 4), "little")
             return self.registers.get(dword, 0)
 
-    def _mm_address(self) -> int:
-        return (self.registers.get(R.MM_INDEX_HI, 0) << 31) | (self.registers.get(R.MM_INDEX, 0) & 0x7FFFFFFF)
+    def _mm_address(self) -> int | None:
+        """The VRAM address MM_INDEX/MM_INDEX_HI select, or None when its dword does not lie inside VRAM."""
+        address = (self.registers.get(R.MM_INDEX_HI, 0) << 31) | (self.registers.get(R.MM_INDEX, 0) & 0x7FFFFFFF)
+        return address if address + 4 <= self.config.vram_size else None
 
     def write32(self, dword: int, value: int) -> None:
         with self.lock:
@@ -173,7 +190,8 @@ class SimulatedFunction:
                 accepted = self.mmio_write_enabled and self._static(dword) is None
                 self.mmio_writes.append((dword, value, accepted))
                 if accepted and dword == R.MM_DATA:
-                    self.write_vram(self._mm_address(), value.to_bytes(4, "little"))
+                    if (address := self._mm_address()) is not None:  # outside VRAM the write goes nowhere
+                        self.write_vram(address, value.to_bytes(4, "little"))
                 elif accepted:
                     self.registers[dword] = value
 
@@ -275,43 +293,62 @@ class SimulatedFunction:
 
 
 class SimulatedPF:
-    """The host's PF driver as seen from one VF: a daemon thread answering the mailbox per facts §4c and §10."""
+    """The host's PF driver as seen from one VF, answering the mailbox per facts §4c and §10.
 
-    def __init__(self, fn: SimulatedFunction):
+    It runs every action under the function's lock, so the VF never sees a half-done transition. With the default
+    clock a daemon thread drives it; with a `clock` of the test's own there is no thread, and the test calls `step()`
+    after moving its clock, which makes any interleaving of VF requests, revokes and FLRs reproducible.
+    """
+
+    def __init__(self, fn: SimulatedFunction, clock: Callable[[], float] | None = None):
         self.fn, self.config = fn, fn.config
+        self.clock = clock or time.monotonic
         self._heap: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._order = itertools.count()
         self._seen_seq = self._received = 0
         self._generation = 0  # bumped when full access ends, which cancels its pending timers
+        self._deferred: list[tuple[int, tuple[int, int, int]]] = []  # requests that arrived during an FLR
         self._stopping = False
         self.errors: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, name=f"SimulatedPF-{self.config.address}", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        if clock is None:
+            self.thread = threading.Thread(target=self._run, name=f"SimulatedPF-{self.config.address}", daemon=True)
+            self.thread.start()
 
     def _schedule(self, delay: float, action: Callable[..., None], *args: object) -> None:
-        heapq.heappush(self._heap, (time.monotonic() + delay, next(self._order), action, args))
+        heapq.heappush(self._heap, (self.clock() + delay, next(self._order), action, args))
+
+    def step(self) -> float | None:
+        """Run every action due by the clock; returns the seconds until the next one, None when nothing is pending."""
+        with self.fn.changed:
+            if self.fn.send_seq != self._seen_seq:
+                self._seen_seq = self.fn.send_seq
+                self._schedule(self.config.ack_latency_s, self._receive, self._seen_seq)
+            while self._heap and self._heap[0][0] <= self.clock() and not self._stopping:
+                _, _, action, args = heapq.heappop(self._heap)
+                try:
+                    action(*args)
+                except Exception as e:  # noqa: BLE001 -- kept for tests; a crashed responder would hang the VF
+                    self.errors.append(e)
+            return max(self._heap[0][0] - self.clock(), 0.0) if self._heap else None
 
     def _run(self) -> None:
         with self.fn.changed:
             while not self._stopping:
-                if self.fn.send_seq != self._seen_seq:
-                    self._seen_seq = self.fn.send_seq
-                    self._schedule(self.config.ack_latency_s, self._receive, self._seen_seq)
-                while self._heap and self._heap[0][0] <= time.monotonic() and not self._stopping:
-                    _, _, action, args = heapq.heappop(self._heap)
-                    try:
-                        action(*args)
-                    except Exception as e:  # noqa: BLE001 -- kept for tests; a crashed responder would hang the VF
-                        self.errors.append(e)
-                timeout = max(self._heap[0][0] - time.monotonic(), 0.0) if self._heap else None
-                self.fn.changed.wait(timeout)
+                self.fn.changed.wait(self.step())
 
     def close(self) -> None:
         with self.fn.changed:
             self._stopping = True
             self.fn.changed.notify_all()
-        if self.thread is not threading.current_thread():
+        if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5)
+
+    def flr_now(self, reason: str = "host-initiated FLR") -> None:
+        """Revoke full access and FLR the VF at once, as the host may at any time; nothing happens without a grant."""
+        with self.fn.changed:
+            self._flr(self._generation, reason)
+            self.fn.changed.notify_all()  # the PF thread sleeps until its old next deadline otherwise
 
     def _log(self, line: str) -> None:
         self.fn.pf_log.append(line)
@@ -340,6 +377,10 @@ class SimulatedPF:
 
     def _handle(self, request: int, data: tuple[int, int, int]) -> None:
         fn, config = self.fn, self.config
+        if fn.flr_in_progress:
+            # GIM queues a VF's events behind its reset: served now, the FLR's completion would wipe what they set up
+            self._deferred.append((request, data))
+            return self._log(f"request {request} deferred until the FLR completes")
         if request == Request.REQ_GPU_INIT_DATA:
             fn.fb_enabled = True
             if config.write_discovery:
@@ -366,8 +407,11 @@ class SimulatedPF:
             self._log("FINI_ACCESS requested")
             self._reply(Event.READY_TO_ACCESS_GPU)
         elif request == Request.REL_GPU_FINI_ACCESS:
-            fn.fb_enabled = fn.doorbell_enabled = False
-            self._log("REL_FINI_ACCESS: framebuffer and doorbells closed")
+            # leaving full access, as REL_INIT_ACCESS does; the framebuffer closes only under FB protection (facts §10)
+            fn.full_access = fn.mmio_write_enabled = fn.doorbell_enabled = False
+            fn.fb_enabled = fn.fb_enabled and not config.fb_protection
+            self._generation += 1
+            self._log("REL_FINI_ACCESS: full access ended, framebuffer and doorbells closed")
         else:
             self._log(f"request {request} not handled")
 
@@ -376,6 +420,9 @@ class SimulatedPF:
             return
         fn = self.fn
         fn.full_access = fn.mmio_write_enabled = fn.doorbell_enabled = False
+        # the framebuffer is being reset too: under FB protection it stays closed until the next INIT_DATA
+        fn.fb_enabled = fn.fb_enabled and not self.config.fb_protection
+        fn.flr_in_progress = True
         self._generation += 1
         self._log(f"{reason}: access revoked, FLR started")
         fn.pf_post(Event.FLR_NOTIFICATION)
@@ -383,9 +430,12 @@ class SimulatedPF:
 
     def _flr_done(self) -> None:
         self.fn.pf_wipe()
-        self.fn.fb_enabled = not self.config.fb_protection
+        self.fn.flr_in_progress = False
         self._log("FLR complete: VRAM and registers wiped")
         self.fn.pf_post(Event.FLR_NOTIFICATION_CMPL)
+        for request, data in self._deferred:
+            self._schedule(self.config.event_latency_s, self._handle, request, data)
+        self._deferred.clear()
 
 
 class _SimBAR:
@@ -435,11 +485,12 @@ class _SimDoorbells(_SimBAR, DoorbellBAR):
 class SimPCIDevice(PCIDevice):
     """A simulated function behind the PCIDevice interface. Close it (or use `with`) to stop the PF thread."""
 
-    def __init__(self, config: SimConfig | None = None):
+    def __init__(self, config: SimConfig | None = None, *, pf_clock: Callable[[], float] | None = None):
+        """`pf_clock`: drive the simulated PF by hand (`pf.step()`) on this clock instead of on its own thread."""
         self.config = config or SimConfig()
         self.function = self.config.function()
         self.sim = SimulatedFunction(self.config)
-        self.pf = SimulatedPF(self.sim) if self.config.vf else None
+        self.pf = SimulatedPF(self.sim, pf_clock) if self.config.vf else None
         self.closed = False
 
     def map_vram(self) -> ByteBAR:
