@@ -273,3 +273,17 @@ def test_empty_outputs_and_empty_axes():
     assert Tensor.empty(0, 1 << 20).sum(axis=1).numpy().shape == (0,)
     assert Tensor.ones(1 << 20, 0).sum(axis=(0, 1)).numpy() == 0
     np.testing.assert_array_equal(Tensor.ones(3, 1 << 20, 0).sum(axis=(1, 2)).numpy(), np.zeros(3))
+
+
+def test_long_dot_products():
+    rng = np.random.default_rng(14)
+    a, b = rng.standard_normal(N_ODD).astype(np.float32), rng.standard_normal(N_ODD).astype(np.float32)
+    products = a.astype(np.float64) * b
+    out, kernels = realize_counting(lambda a, b: a @ b, a, b)
+    assert kernels == 2
+    assert_sum_accurate(out, products.sum(), np.abs(products).sum(), N_ODD, c_ulps=C_ULPS_SERIAL)
+    m = np.stack([a, b])
+    gram = m.astype(np.float64) @ m.T.astype(np.float64)
+    out, kernels = realize_counting(lambda m: m @ m.T, m)
+    assert kernels == 2
+    np.testing.assert_allclose(out, gram, rtol=1e-5, atol=1e-2)
