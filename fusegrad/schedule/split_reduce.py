@@ -30,7 +30,8 @@ def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
 
 
 def chunk_count(axis_size: int, threads: int) -> int:
-    """Multiples of the thread count in [MIN_CHUNKS, MAX_CHUNKS]; the first that divides the axis (no padding)."""
+    """The first multiple of the thread count in [MIN_CHUNKS, MAX_CHUNKS] that divides the axis (no padding), else the
+    smallest."""
     first = threads * math.ceil(REDUCE_SPLIT_MIN_CHUNKS / threads)
     candidates = range(first, max(REDUCE_SPLIT_MAX_CHUNKS, first) + 1, threads)
     return next((c for c in candidates if axis_size % c == 0), first)
@@ -54,7 +55,7 @@ def _pad_with_identity(x: UOp, axis: int, extra: int, identity: bool | int | flo
     """x padded at the end of `axis` by `extra` elements holding `identity` (PAD itself fills zeros)."""
     pads = tuple((0, extra if i == axis else 0) for i in range(len(x.shape)))
     padded = UOp(Ops.PAD, x.dtype, (x,), pads)
-    if identity == 0 and math.copysign(1, identity) > 0:
+    if identity == 0:
         return padded
     inside = UOp(Ops.PAD, dtypes.bool, (_broadcast_const(dtypes.bool, True, x.shape),), pads)
     return inside.alu(Ops.WHERE, padded, _broadcast_const(x.dtype, identity, padded.shape))
