@@ -13,6 +13,7 @@ from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule.multi import lower_multi
+from fusegrad.schedule.split_reduce import split_long_reduces
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.trampoline import Step, run_steps
 
@@ -500,16 +501,17 @@ def create_schedule(
     An assign into a BUFFER version that `readers` says is still read elsewhere writes a fresh buffer instead."""
     substituted, memo = substitute_realized(roots)
     lowered = lower_multi(substituted, devices)
+    split, replaced = split_long_reduces(lowered)
     # a multi-device root is realized shard by shard, each on its own device
-    flat = [
-        pair for u, d in zip(lowered, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])
-    ]
+    flat = [pair for u, d in zip(split, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])]
     planner = _Planner([u for u, _ in flat], [d for _, d in flat])
     root_set = {u for u, _ in flat}
     kept = {p for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS)}
     # the caller's nodes whose value a kept point computes (substitution rebuilt the nodes above realized values)
     kept_originals = (
-        {u: p for u, p in memo.items() if p in kept} if all(a is b for a, b in zip(lowered, substituted)) else {}
+        {u: p for u, s in memo.items() if (p := replaced.get(s, s)) in kept}
+        if all(a is b for a, b in zip(lowered, substituted))
+        else {}
     )
     if readers is not None:
         planner.copy_on_write = readers.shared(set(kept_originals))
@@ -518,7 +520,7 @@ def create_schedule(
     def result(u: UOp) -> UOp:
         return planner.result.get(u, u)
 
-    results = [u.replace(src=tuple(result(s) for s in u.src)) if u.op is Ops.MULTI else result(u) for u in lowered]
+    results = [u.replace(src=tuple(result(s) for s in u.src)) if u.op is Ops.MULTI else result(u) for u in split]
     inner = {p: planner.result[p] for p in kept if any(planner.inputs[p])}
     # recorded for the caller's own nodes too: its graphs (a grad, a lazy loss) then read the kept values
     inner.update({u: planner.result[p] for u, p in kept_originals.items() if any(planner.inputs[p])})

@@ -1,0 +1,124 @@
+"""Splits a long reduce into few outputs into two kernels, so the CPU's thread pool (which splits a kernel's
+outermost output loop) has work for every thread: chunks of the reduce axis into `chunks x outputs` partials, then
+a short reduce of the partials."""
+
+from __future__ import annotations
+
+import math
+
+from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import NUM_CPU_THREADS
+from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat
+
+# below this many elements per output one thread finishes in tens of microseconds, about what a second kernel costs
+REDUCE_SPLIT_MIN_LENGTH = 1 << 16
+# with this many outputs per thread the output loop alone already keeps every thread busy
+REDUCE_SPLIT_OUTPUTS_PER_THREAD = 4
+# enough chunks that the partial kernel's outer loop divides evenly among 2..16 threads; more only adds partials
+REDUCE_SPLIT_MIN_CHUNKS, REDUCE_SPLIT_MAX_CHUNKS = 16, 64
+# a chunked axis at least this many times longer than the chunk count wastes under 1/16 of its reads on padding
+REDUCE_SPLIT_MIN_PER_CHUNK = 16
+
+
+def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
+    """The value a reduce with op may read any number of times without changing its result."""
+    if op is Ops.MAX:
+        return dtype.min
+    value = 0 if op is Ops.ADD else 1
+    return bool(value) if dtype is dtypes.bool else value
+
+
+def chunk_count(axis_size: int, threads: int) -> int:
+    """The first multiple of the thread count in [MIN_CHUNKS, MAX_CHUNKS] that divides the axis (no padding), else the
+    smallest."""
+    first = threads * math.ceil(REDUCE_SPLIT_MIN_CHUNKS / threads)
+    candidates = range(first, max(REDUCE_SPLIT_MAX_CHUNKS, first) + 1, threads)
+    return next((c for c in candidates if axis_size % c == 0), first)
+
+
+def _merge_reduce_runs(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Adjacent reduced dims merged into one (a reshape, free): the merged shape and its reduced dims."""
+    merged: list[int] = []
+    merged_axes: list[int] = []
+    for i, d in enumerate(shape):
+        if i in axes and i - 1 in axes:
+            merged[-1] *= d
+        else:
+            if i in axes:
+                merged_axes.append(len(merged))
+            merged.append(d)
+    return tuple(merged), tuple(merged_axes)
+
+
+def _pad_with_identity(x: UOp, axis: int, extra: int, identity: bool | int | float) -> UOp:
+    """x padded at the end of `axis` by `extra` elements holding `identity` (PAD itself fills zeros)."""
+    pads = tuple((0, extra if i == axis else 0) for i in range(len(x.shape)))
+    padded = UOp(Ops.PAD, x.dtype, (x,), pads)
+    if identity == 0:
+        return padded
+    inside = UOp(Ops.PAD, dtypes.bool, (_broadcast_const(dtypes.bool, True, x.shape),), pads)
+    return inside.alu(Ops.WHERE, padded, _broadcast_const(x.dtype, identity, padded.shape))
+
+
+def _broadcast_const(dtype: DType, value: bool | int | float, shape: tuple[int, ...]) -> UOp:
+    one = UOp(Ops.RESHAPE, dtype, (UOp.const(dtype, value),), (1,) * len(shape))
+    return UOp(Ops.EXPAND, dtype, (one,), shape)
+
+
+def split_reduce(reduce: UOp) -> UOp | None:
+    """REDUCE_AXIS over few outputs and a long axis -> the same value from two reduces with a realized partial between.
+    The largest (merged) reduced dim n becomes (chunks, n / chunks), padded with the reduce's identity when chunks does
+    not divide n; the chunk dim moves to the front so the partial kernel's outer loop runs over chunks, and a second
+    reduce folds the chunks."""
+    op, axes = reduce.arg
+    src = reduce.src[0]
+    threads = max(int(NUM_CPU_THREADS.value), 1)
+    few_outputs = 0 < reduce.size < REDUCE_SPLIT_OUTPUTS_PER_THREAD * threads
+    if not few_outputs or src.size < REDUCE_SPLIT_MIN_LENGTH * reduce.size:
+        return None
+    shape, merged_axes = _merge_reduce_runs(src.shape, axes)
+    split_axis = max(merged_axes, key=lambda a: shape[a])
+    chunks = chunk_count(shape[split_axis], threads)
+    if shape[split_axis] < chunks * REDUCE_SPLIT_MIN_PER_CHUNK:
+        return None
+    x = UOp(Ops.RESHAPE, src.dtype, (src,), shape) if shape != src.shape else src
+    per_chunk = math.ceil(shape[split_axis] / chunks)
+    if (extra := per_chunk * chunks - shape[split_axis]) > 0:
+        x = _pad_with_identity(x, split_axis, extra, reduce_identity(op, reduce.dtype))
+    chunked_shape = (*shape[:split_axis], chunks, per_chunk, *shape[split_axis + 1 :])
+    x = UOp(Ops.RESHAPE, x.dtype, (x,), chunked_shape)
+    if split_axis:
+        order = (split_axis, *(i for i in range(len(chunked_shape)) if i != split_axis))
+        x = UOp(Ops.PERMUTE, x.dtype, (x,), order)
+    # dim 0 now holds the chunks; merged dim a, and the chunk's own elements for the split dim, sit at a + 1
+    partial_axes = tuple(1 + a for a in merged_axes)
+    partial = UOp(Ops.REDUCE_AXIS, reduce.dtype, (x,), (op, partial_axes))
+    partials = UOp(Ops.CONTIGUOUS, reduce.dtype, (partial,), "reduce_split")
+    # the fold reads the partials with the chunks in place of the first reduced dim, so it yields the reduce's own
+    # shape: the scheduler then sees the same node as the caller's reduce, and keeps its value for the caller
+    first = min(axes)
+    view = UOp(Ops.RESHAPE, reduce.dtype, (partials,), (chunks, *reduce.shape[:first], *reduce.shape[first + 1 :]))
+    if first:
+        order = (*range(1, first + 1), 0, *range(first + 1, len(reduce.shape)))
+        view = UOp(Ops.PERMUTE, reduce.dtype, (view,), order)
+    return UOp(Ops.REDUCE_AXIS, reduce.dtype, (view,), (op, (first,)))
+
+
+pm_split_reduces = PatternMatcher([(UPat(Ops.REDUCE_AXIS, name="reduce"), split_reduce)])
+
+
+def split_long_reduces(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
+    """The roots with every long reduce into few outputs split in two; also each changed node's replacement, so the
+    scheduler can tell which of the caller's nodes a kernel computes. One pass, so the two reduces a split makes are
+    never split again."""
+    nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
+    if not any(u.op is Ops.REDUCE_AXIS for u in nodes):
+        return roots, {}
+    replaced: dict[UOp, UOp] = {}
+    for u in nodes:
+        new_src = tuple(replaced.get(s, s) for s in u.src)
+        rebuilt = u if new_src == u.src else u.replace(src=new_src)
+        if (new := pm_split_reduces.rewrite(rebuilt) or rebuilt) is not u:
+            replaced[u] = new
+    return [replaced.get(r, r) for r in roots], replaced
