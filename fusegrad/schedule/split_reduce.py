@@ -8,7 +8,7 @@ import math
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import Ops, UOp, reduce_identity
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
 # below this many elements per output one thread finishes in tens of microseconds, about what a second kernel costs
@@ -19,14 +19,6 @@ REDUCE_SPLIT_OUTPUTS_PER_THREAD = 4
 REDUCE_SPLIT_MIN_CHUNKS, REDUCE_SPLIT_MAX_CHUNKS = 16, 64
 # a chunked axis at least this many times longer than the chunk count wastes under 1/16 of its reads on padding
 REDUCE_SPLIT_MIN_PER_CHUNK = 16
-
-
-def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
-    """The value a reduce with op may read any number of times without changing its result."""
-    if op is Ops.MAX:
-        return dtype.min
-    value = 0 if op is Ops.ADD else 1
-    return bool(value) if dtype is dtypes.bool else value
 
 
 def chunk_count(axis_size: int, threads: int) -> int:

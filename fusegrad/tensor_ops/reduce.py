@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from fusegrad.helpers import SUM_DTYPE, ceildiv, prod
-from fusegrad.uop.ops import Ops
+from fusegrad.uop.ops import Ops, reduce_identity
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor  # noqa: I001, TC004 (bound at runtime, see tensor_ops/__init__.py)
@@ -24,14 +24,6 @@ def _acc_dtype(dt: DType) -> DType:
     """Accumulation dtype of sum; SUM_DTYPE can only widen a float accumulator."""
     acc = sum_acc_dtype(dt)
     return least_upper_dtype(acc, to_dtype(SUM_DTYPE.value)) if dtypes.is_float(acc) and SUM_DTYPE.value else acc
-
-
-def _identity(op: Ops, dt: DType) -> Scalar:
-    """The value that leaves a reduction with op unchanged."""
-    if op is Ops.MAX:
-        return dt.min
-    value = 0 if op is Ops.ADD else 1
-    return bool(value) if dt is dtypes.bool else value
 
 
 def _drop_axes(t: Tensor, axes: tuple[int, ...]) -> Tensor:
@@ -77,10 +69,10 @@ class _Scan(NamedTuple):
 
 def _alu_scan(op: Ops, combine: Callable[[Tensor, Tensor], Tensor]) -> _Scan:
     return _Scan(
-        lambda x: _masked_rows(x, _identity(op, x.dtype))._reduce(op, -1, False),
+        lambda x: _masked_rows(x, reduce_identity(op, x.dtype))._reduce(op, -1, False),
         lambda x: x._reduce(op, -1, False),
         combine,
-        lambda dt: _identity(op, dt),
+        lambda dt: reduce_identity(op, dt),
     )
 
 

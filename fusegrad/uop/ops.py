@@ -100,6 +100,14 @@ class GroupOp:
     Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
 
 
+def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
+    """The value a reduce with op may read any number of times without changing its result."""
+    if op is Ops.MAX:
+        return dtype.min
+    value = 0 if op is Ops.ADD else 1
+    return bool(value) if dtype is dtypes.bool else value
+
+
 class UOpMeta(type):
     """Hash-consing: UOp(op, dtype, src, arg) with equal parts returns the same live object."""
 
