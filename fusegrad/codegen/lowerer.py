@@ -1,11 +1,13 @@
 """Kernel AST (tensor-level ops over DEFINE_GLOBALs) -> loops over ranges with explicit index arithmetic."""
 
 from __future__ import annotations
+import itertools
 from fusegrad.dtype import dtypes
+from fusegrad.codegen.opt import Opt, check_opts
 from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
-from fusegrad.uop.symbolic import pm_symbolic, split_terms
+from fusegrad.uop.symbolic import pm_symbolic
 from fusegrad.uop.trampoline import Step, run_steps
 
 TRUE = UOp.const(dtypes.bool, True)
@@ -154,52 +156,37 @@ pm_loads = PatternMatcher(
     ]
 )
 
-UPCAST_SIZES = (16, 8, 4)
+
+def _tile_start(r: UOp, amount: int, size: int) -> UOp:
+    """First index of tile r of an axis cut into tiles of amount; a last partial tile is moved back to end at size,
+    overlapping the one before it (its outputs are computed twice, to equal values)."""
+    if size % amount == 0:
+        return r * amount
+    return (r * amount < size - amount).where(r * amount, UOp.const(r.dtype, size - amount))
 
 
-def _coefficient(index: UOp, r: UOp) -> int | None:
-    """The stride of index along loop r, or None when r appears inside division or modulo."""
-    terms, _ = split_terms(index)
-    if any(t is not r and r in t.toposort() for _, t in terms):
-        return None
-    return sum(k for k, t in terms if t is r)
-
-
-def choose_upcast(value: UOp, plain_kernel: UOp) -> int:
-    """How many outputs along the last dim one loop iteration computes: a reduce then keeps that many accumulators,
-    which turns a strided walk over the reduced dim (like B's rows in a matmul) into contiguous vector loads. Only
-    worth it when some input is contiguous along that output dim but not along the innermost reduce loop."""
-    if not value.shape or value.shape[-1] == 1:
-        return 1
-    nodes = plain_kernel.toposort()
-    ranges = [u for u in nodes if u.op is Ops.RANGE]
-    last = [r for r in ranges if r.arg[1] == "global"]
-    inner = [r for r in ranges if r.arg[1] == "reduce"]
-    if not last or not inner:
-        return 1
-    last_r, inner_r = max(last, key=lambda r: r.arg[0]), max(inner, key=lambda r: r.arg[0])
-    if not any(
-        _coefficient(u.src[1], last_r) == 1 and _coefficient(u.src[1], inner_r) != 1 for u in nodes if u.op is Ops.LOAD
-    ):
-        return 1
-    return next((up for up in UPCAST_SIZES if value.shape[-1] % up == 0 and value.shape[-1] > up), 1)
-
-
-def lower_kernel(ast: UOp, upcast: int | None = None) -> UOp:
-    """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs."""
+def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
+    """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs; each UPCAST
+    opt cuts its output axis into tiles whose outputs are separate stores of separately lowered values."""
     store = ast.src[0]
     out, value = store.src
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
-    if upcast is None:
-        plain = lower_kernel(ast, upcast=1)
-        upcast = choose_upcast(value, plain) if any(u.op is Ops.REDUCE for u in plain.toposort()) else 1
-        if upcast == 1:
-            return plain
-    lowerer, up, shape = Lowerer(idx_dtype), upcast, value.shape
-    outer = tuple(lowerer.new_range(d // up if a == len(shape) - 1 else d, "global") for a, d in enumerate(shape))
+    shape = value.shape
+    upcasts = check_opts(opts, shape, reads_output=opts and reads_own_output(lower_kernel(ast)))
+    lowerer = Lowerer(idx_dtype)
+    outer = tuple(lowerer.new_range(-(-d // upcasts.get(a, 1)), "global") for a, d in enumerate(shape))
+    starts = tuple(
+        _tile_start(r, upcasts[a], shape[a]) if a in upcasts and r.op is Ops.RANGE else r * upcasts.get(a, 1)
+        for a, r in enumerate(outer)
+    )
     stores = []
-    for lane in range(up):
-        idxs = outer if up == 1 else outer[:-1] + (outer[-1] * up + lane,)
+    for lanes in itertools.product(*(range(upcasts.get(a, 1)) for a in range(len(shape)))):
+        idxs = tuple(s + lane if lane else s for s, lane in zip(starts, lanes))
         stores.append(UOp(Ops.STORE, src=(out, lowerer.flat_index(idxs, shape), lowerer.lower(value, idxs, TRUE))))
     return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)
+
+
+def reads_own_output(kernel: UOp) -> bool:
+    outs = {u.src[0] for u in kernel.src if u.op is Ops.STORE}
+    return any(u.op is Ops.LOAD and u.src[0] in outs for u in kernel.toposort())

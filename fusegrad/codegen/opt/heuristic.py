@@ -1,0 +1,91 @@
+"""Opts chosen without search, from the index arithmetic of a kernel lowered without any."""
+
+from __future__ import annotations
+import math
+from fusegrad.dtype import dtypes
+from fusegrad.uop.ops import Ops, UOp
+from fusegrad.codegen.opt import Opt, OptOps
+from fusegrad.codegen.opt.target import vector_bytes, vector_registers
+from fusegrad.uop.symbolic import split_terms
+
+# accumulators along the output's last dim of a reduce kernel that is not matmul-like (e.g. a column sum)
+COLUMN_UPCASTS = (16, 8, 4)
+# a register tile's rows: one broadcast value each, reused by every vector of columns
+MAX_TILE_ROWS = 8
+# vector registers the tile leaves free: the loaded vectors of the contiguous input and the broadcast row value
+SPARE_REGISTERS = 4
+# worth per output of a column tile two vectors wide (half the row broadcasts of one), one vector wide, and narrower
+# ones, which run as scalars
+TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
+
+
+def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
+    """Upcasts for a reduce kernel whose last output axis is contiguous in some input and strided along the reduce:
+    a register tile of rows x vectors of columns when another input varies along a row axis (matmul-like), else
+    16/8/4 accumulators along the last axis. Elementwise kernels get none: the C compiler vectorizes them itself."""
+    nodes = plain.toposort()
+    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+    reduces = [r for r in ranges.values() if r.arg[1] == "reduce"]
+    if not reduces:
+        return []
+    # the lowerer numbers the loops of the output axes first, in order, skipping axes of size 1
+    axis_range: dict[int, UOp] = {}
+    for axis in (a for a, d in enumerate(value.shape) if d != 1):
+        if (r := ranges.get(len(axis_range))) is not None and r.arg[1] == "global":
+            axis_range[axis] = r
+        axis_range.setdefault(axis, None)  # type: ignore[arg-type]
+    axes = [a for a, r in axis_range.items() if r is not None]
+    if not axes:
+        return []
+    col, inner = axes[-1], max(reduces, key=lambda r: r.arg[0])
+    col_r = axis_range[col]
+    loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
+    contiguous = [i for i in loads if coefficient(i, col_r) == 1 and coefficient(i, inner) != 1]
+    if not contiguous:
+        return []
+    cols = value.shape[col]
+    row = next((a for a in reversed(axes[:-1]) if _is_row_axis(axis_range[a], col_r, inner, contiguous, loads)), None)
+    if row is None or value.dtype not in (dtypes.float32, dtypes.float64):
+        amount = next((up for up in COLUMN_UPCASTS if cols % up == 0 and cols > up), None)
+        return [Opt(OptOps.UPCAST, col, amount)] if amount else []
+    width = vector_bytes() // value.dtype.itemsize
+    worth: dict[int, float] = {}
+    for amount, w in zip((2 * width, width, 8, 4, 2), TILE_WORTH):
+        worth.setdefault(amount, w)  # with 8-lane vectors, 8 is worth a vector
+    col_amount = _best_tile(cols, worth, reads_output)
+    if col_amount is None:
+        return []
+    vectors = max(col_amount // width, 1)
+    max_rows = max(min(MAX_TILE_ROWS, (vector_registers() - SPARE_REGISTERS) // vectors), 1)
+    rows = value.shape[row]
+    row_amount = _best_tile(rows, dict.fromkeys(range(max_rows, max(max_rows // 2, 2) - 1, -1), 1.0), reads_output)
+    return [Opt(OptOps.UPCAST, row, row_amount)] * (row_amount is not None) + [Opt(OptOps.UPCAST, col, col_amount)]
+
+
+def coefficient(index: UOp, r: UOp) -> int | None:
+    """The stride of index along loop r, or None when r appears inside division or modulo."""
+    terms, _ = split_terms(index)
+    if any(t is not r and r in t.toposort() for _, t in terms):
+        return None
+    return sum(k for k, t in terms if t is r)
+
+
+def _is_row_axis(r: UOp, col_r: UOp, inner: UOp, contiguous: list[UOp], loads: list[UOp]) -> bool:
+    """An axis the contiguous input does not vary along, read by another input that walks the reduce with it."""
+    return all(coefficient(i, r) == 0 for i in contiguous) and any(
+        coefficient(i, r) not in (0, None) and coefficient(i, col_r) == 0 and coefficient(i, inner) not in (0, None)
+        for i in loads
+    )
+
+
+def _best_tile(size: int, worth: dict[int, float], exact: bool) -> int | None:
+    """The amount with the best worth times the share of useful outputs (the overlapping last tile recomputes some);
+    earlier amounts win ties; with exact, only amounts that divide size."""
+    best, best_score = None, 0.0
+    for amount, w in worth.items():
+        if amount > size or amount < 2 or (exact and size % amount):
+            continue
+        score = size / (math.ceil(size / amount) * amount) * w
+        if score > best_score:
+            best, best_score = amount, score
+    return best
