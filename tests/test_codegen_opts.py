@@ -2,6 +2,7 @@
 values equal to NOOPT=1 (and to the PYTHON device) for every opt and every heuristic choice on awkward shapes."""
 
 import contextlib
+import re
 
 import numpy as np
 import pytest
@@ -30,6 +31,10 @@ def upcast(axis: int, amount: int) -> Opt:
     return Opt(OptOps.UPCAST, axis, amount)
 
 
+def tile(axis: int, amount: int) -> Opt:
+    return Opt(OptOps.TILE, axis, amount)
+
+
 @contextlib.contextmanager
 def forced_opts(opts: list[Opt]):
     """Every kernel compiled inside uses opts instead of the heuristics' choice."""
@@ -51,10 +56,19 @@ def forced_opts(opts: list[Opt]):
         ([upcast(0, 3)], (8, 8), True, "amount 3 does not divide the size 8 of axis 0"),
         ([upcast(0, 64), upcast(1, 32)], (64, 32), False, "2048 outputs per iteration exceed the limit of 1024"),
         (["UPCAST"], (8, 8), False, "not an Opt: 'UPCAST'"),
+        (
+            [upcast(0, 4), tile(0, 3)],
+            (8, 8),
+            False,
+            "Opt(TILE, axis=0, amount=3): amount exceeds the 2 tiles of axis 0",
+        ),
+        ([tile(1, 2), tile(1, 4)], (8, 8), False, "axis 1 of shape (8, 8) is already tiled by 2"),
+        ([tile(1, 3)], (8, 8), True, "amount does not divide the 8 tiles of axis 1"),
+        ([tile(0, 0)], (8, 8), False, "amount must be an int >= 2, got 0"),
     ],
 )
 def test_invalid_opt_raises_opt_error_naming_it(opts, shape, reads_output, message):
-    with pytest.raises(OptError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(OptError, match=re.escape(message)):
         check_opts(opts, shape, reads_output)
 
 
@@ -64,7 +78,7 @@ def test_invalid_opt_given_to_lower_to_linear_raises():
 
 
 def test_overlapping_tile_allowed_when_the_output_is_not_read():
-    assert check_opts([upcast(0, 3)], (8, 8), reads_output=False) == {0: 3}
+    assert check_opts([upcast(0, 3)], (8, 8), reads_output=False).upcasts == {0: 3}
 
 
 # ---- choices
@@ -73,11 +87,21 @@ def test_overlapping_tile_allowed_when_the_output_is_not_read():
 def test_matmul_gets_a_register_tile_of_rows_and_vectors_of_columns():
     width = vector_bytes() // 4
     info = lower_to_linear(matmul_ast(64, 64, 64))
-    rows = [o for o in info.opts if o.axis == 0]
+    rows = [o for o in info.opts if o.axis == 0 and o.op is OptOps.UPCAST]
     assert [o for o in info.opts if o.axis == 1] == [upcast(1, 2 * width)]
     assert len(rows) == 1 and 4 <= rows[0].amount <= 8
     # one store per output of the tile: the lanes are separately named values
     assert sum(1 for u in info.lin if u.op.name == "STORE") == rows[0].amount * 2 * width
+
+
+def test_large_matmul_walks_row_tiles_in_blocks_one_per_thread_at_least():
+    width = vector_bytes() // 4
+    with Context(NUM_CPU_THREADS=2):
+        info = lower_to_linear(matmul_ast(256, 256, 4 * width))
+    blocks = [o for o in info.opts if o.op is OptOps.TILE]
+    assert len(blocks) == 1 and blocks[0].axis == 0
+    row_tiles = 256 // next(o.amount for o in info.opts if o.op is OptOps.UPCAST and o.axis == 0)
+    assert 2 <= blocks[0].amount <= row_tiles // 2
 
 
 def test_noopt_applies_none():
@@ -139,7 +163,12 @@ def test_every_upcast_equals_noopt(data, m, k, n):
     with Context(NOOPT=1):
         plain = run_matmul(an, bn)
     opts = [upcast(axis, data.draw(st.integers(2, size))) for axis, size in ((0, m), (1, n)) if size >= 2]
-    with forced_opts(data.draw(st.sampled_from([opts, opts[:1], opts[1:]]))):
+    opts = data.draw(st.sampled_from([opts, opts[:1], opts[1:]]))
+    for axis, size in ((0, m), (1, n)):
+        tiles = -(-size // next((o.amount for o in opts if o.axis == axis), 1))
+        if tiles >= 2 and data.draw(st.booleans()):
+            opts.append(tile(axis, data.draw(st.integers(2, tiles))))
+    with forced_opts(opts):
         np.testing.assert_allclose(run_matmul(an, bn), plain, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(run_matmul(an, bn, "PYTHON"), plain, rtol=1e-5, atol=1e-5)
 

@@ -160,28 +160,30 @@ pm_loads = PatternMatcher(
 def _tile_start(r: UOp, amount: int, size: int) -> UOp:
     """First index of tile r of an axis cut into tiles of amount; a last partial tile is moved back to end at size,
     overlapping the one before it (its outputs are computed twice, to equal values)."""
-    if size % amount == 0:
+    if size % amount == 0 or r.op is Ops.CONST:
         return r * amount
     return (r * amount < size - amount).where(r * amount, UOp.const(r.dtype, size - amount))
 
 
 def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs; each UPCAST
-    opt cuts its output axis into tiles whose outputs are separate stores of separately lowered values."""
+    opt cuts its output axis into tiles whose outputs are separate stores of separately lowered values, each TILE opt
+    walks an axis's tiles in blocks, the loop within a block innermost among the output loops."""
     store = ast.src[0]
     out, value = store.src
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
     shape = value.shape
-    upcasts = check_opts(opts, shape, reads_output=opts and reads_own_output(lower_kernel(ast)))
+    applied = check_opts(opts, shape, reads_output=bool(opts) and reads_own_output(lower_kernel(ast)))
+    up, tiles = applied.upcasts, applied.tiles
+    counts = [-(-d // up.get(a, 1)) for a, d in enumerate(shape)]
     lowerer = Lowerer(idx_dtype)
-    outer = tuple(lowerer.new_range(-(-d // upcasts.get(a, 1)), "global") for a, d in enumerate(shape))
-    starts = tuple(
-        _tile_start(r, upcasts[a], shape[a]) if a in upcasts and r.op is Ops.RANGE else r * upcasts.get(a, 1)
-        for a, r in enumerate(outer)
-    )
+    outer = [lowerer.new_range(-(-c // tiles.get(a, 1)), "global") for a, c in enumerate(counts)]
+    within = {a: lowerer.new_range(amount, "global") for a, amount in tiles.items()}
+    tile_index = [_tile_start(r, tiles[a], counts[a]) + within[a] if a in tiles else r for a, r in enumerate(outer)]
+    starts = [_tile_start(t, up.get(a, 1), shape[a]) for a, t in enumerate(tile_index)]
     stores = []
-    for lanes in itertools.product(*(range(upcasts.get(a, 1)) for a in range(len(shape)))):
+    for lanes in itertools.product(*(range(up.get(a, 1)) for a in range(len(shape)))):
         idxs = tuple(s + lane if lane else s for s, lane in zip(starts, lanes))
         stores.append(UOp(Ops.STORE, src=(out, lowerer.flat_index(idxs, shape), lowerer.lower(value, idxs, TRUE))))
     return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 import math
 from fusegrad.dtype import dtypes
+from fusegrad.helpers import NUM_CPU_THREADS, prod
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.codegen.opt.target import vector_bytes, vector_registers
@@ -14,6 +15,8 @@ COLUMN_UPCASTS = (16, 8, 4)
 MAX_TILE_ROWS = 8
 # vector registers the tile leaves free: the loaded vectors of the contiguous input and the broadcast row value
 SPARE_REGISTERS = 4
+# what a block of row tiles may read of the row input: it stays in L2 while every column tile reuses it
+ROW_BLOCK_BYTES = 256 * 1024
 # worth per output of a column tile two vectors wide (half the row broadcasts of one), one vector wide, and narrower
 # ones, which run as scalars
 TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
@@ -59,7 +62,19 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     max_rows = max(min(MAX_TILE_ROWS, (vector_registers() - SPARE_REGISTERS) // vectors), 1)
     rows = value.shape[row]
     row_amount = _best_tile(rows, dict.fromkeys(range(max_rows, max(max_rows // 2, 2) - 1, -1), 1.0), reads_output)
-    return [Opt(OptOps.UPCAST, row, row_amount)] * (row_amount is not None) + [Opt(OptOps.UPCAST, col, col_amount)]
+    opts = [Opt(OptOps.UPCAST, col, col_amount)]
+    if row_amount is None:
+        return opts
+    opts.insert(0, Opt(OptOps.UPCAST, row, row_amount))
+    # blocks of row tiles, at least one per thread, when more than one column tile reuses them
+    row_tiles, reduce_size = -(-rows // row_amount), prod(r.src[0].arg for r in reduces)
+    per_block = min(
+        ROW_BLOCK_BYTES // (row_amount * reduce_size * value.dtype.itemsize),
+        row_tiles // max(int(NUM_CPU_THREADS.value), 1),
+    )
+    if cols > col_amount and per_block >= 2 and not (reads_output and row_tiles % per_block):
+        opts.append(Opt(OptOps.TILE, row, per_block))
+    return opts
 
 
 def coefficient(index: UOp, r: UOp) -> int | None:
