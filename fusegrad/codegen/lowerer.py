@@ -3,7 +3,7 @@
 from __future__ import annotations
 import itertools
 from fusegrad.dtype import dtypes
-from fusegrad.codegen.opt import Opt, check_opts
+from fusegrad.codegen.opt import Opt, check_opts, check_reduce_block, single_sum
 from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
@@ -21,6 +21,8 @@ class Lowerer:
         self.memo: dict[tuple, UOp] = {}
         self.reduce_ranges: dict[tuple[UOp, frozenset[UOp]], tuple[UOp, ...]] = {}
         self.next_range = 0
+        # REDUCE_BLOCK: (the reduce, its loop over blocks, block size); its reduced index is blocks*size + within
+        self.blocked: tuple[UOp, UOp, int] | None = None
 
     def new_range(self, size: int, kind: str) -> UOp:
         if size == 1:
@@ -104,9 +106,13 @@ class Lowerer:
             # accumulate in one loop; inside different enclosing loops (one reduce feeding two reduces) each gets its
             # own loops
             key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
+            blocked = self.blocked is not None and self.blocked[0] is u
             if key not in self.reduce_ranges:
-                self.reduce_ranges[key] = tuple(self.new_range(src[0].shape[a], "reduce") for a in axes)
+                sizes = [self.blocked[2] if blocked else src[0].shape[a] for a in axes]  # type: ignore[index]
+                self.reduce_ranges[key] = tuple(self.new_range(d, "reduce") for d in sizes)
             loop_of = dict(zip(axes, self.reduce_ranges[key]))
+            if blocked:
+                loop_of = {a: self.blocked[1] * self.blocked[2] + r for a, r in loop_of.items()}  # type: ignore[index]
             new_idxs = tuple(loop_of.get(a, i) for a, i in enumerate(idxs))
             ranges = tuple(r for r in self.reduce_ranges[key] if r.op is Ops.RANGE)
             value = yield self._lower_step(src[0], new_idxs, valid)
@@ -174,18 +180,34 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
     shape = value.shape
-    applied = check_opts(opts, shape, reads_output=bool(opts) and reads_own_output(lower_kernel(ast)))
+    reduce = single_sum(value)
+    block = check_reduce_block(opts, (reduce.src[0].shape, reduce.arg[1][0]) if reduce is not None else None)
+    # partial sums added in memory read the output, so no tile may overlap another
+    reads_output = bool(opts) and (block is not None or reads_own_output(lower_kernel(ast)))
+    applied = check_opts(opts, shape, reads_output)
     up, tiles = applied.upcasts, applied.tiles
     counts = [-(-d // up.get(a, 1)) for a, d in enumerate(shape)]
     lowerer = Lowerer(idx_dtype)
-    outer = [lowerer.new_range(-(-c // tiles.get(a, 1)), "global") for a, c in enumerate(counts)]
+    outer: list[UOp] = []
+    for a, c in enumerate(counts):
+        outer.append(lowerer.new_range(-(-c // tiles.get(a, 1)), "global"))
+        # the loop over blocks comes right after the first output loop, the one threads split
+        if block is not None and lowerer.blocked is None and (outer[-1].op is Ops.RANGE or a == len(counts) - 1):
+            blocks = lowerer.new_range(reduce.src[0].shape[block.axis] // block.amount, "global")  # type: ignore[union-attr]
+            lowerer.blocked = (reduce, blocks, block.amount)  # type: ignore[assignment]
     within = {a: lowerer.new_range(amount, "global") for a, amount in tiles.items()}
     tile_index = [_tile_start(r, tiles[a], counts[a]) + within[a] if a in tiles else r for a, r in enumerate(outer)]
     starts = [_tile_start(t, up.get(a, 1), shape[a]) for a, t in enumerate(tile_index)]
     stores = []
     for lanes in itertools.product(*(range(up.get(a, 1)) for a in range(len(shape)))):
         idxs = tuple(s + lane if lane else s for s, lane in zip(starts, lanes))
-        stores.append(UOp(Ops.STORE, src=(out, lowerer.flat_index(idxs, shape), lowerer.lower(value, idxs, TRUE))))
+        index = lowerer.flat_index(idxs, shape)
+        partial = lowerer.lower(value, idxs, TRUE)
+        if lowerer.blocked is not None:
+            # the first block stores its partial; each later one adds its partial to what the blocks before stored
+            first = lowerer.blocked[1].ne(0) if lowerer.blocked[1].op is Ops.RANGE else UOp.const(dtypes.bool, False)
+            partial = first.where(UOp(Ops.LOAD, value.dtype, (out, index)) + partial, partial)
+        stores.append(UOp(Ops.STORE, src=(out, index, partial)))
     return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)
 
 

@@ -238,7 +238,7 @@ class CStyleRenderer:
         def emit_vector(u: UOp, pack: Pack) -> None:
             op = u.op
             if op is Ops.STORE:
-                value = vec_names[packs[u.src[2]][0]]
+                value = vec_names[pack] = vec_names[packs[u.src[2]][0]]
                 address = f"{ref(u.src[0])} + ({ref(pack.base)}+{pack.offset})"
                 line(f"__builtin_memcpy({address}, &{value}, sizeof({value}));")
                 return
@@ -256,6 +256,10 @@ class CStyleRenderer:
                 line(f"{vtype(pack)} {vname} = ({vtype(pack)}){{}} + {ref(u.src[0])};")
             elif op is Ops.NEG:
                 line(f"{vtype(pack)} {vname} = -{vref(u.src[0])};")
+            elif op is Ops.WHERE:
+                # C's conditional needs both arms of the vector type: a scalar arm is broadcast explicitly
+                arms = [vref(s) if s in packs else f"(({vtype(pack)}){{}} + {ref(s)})" for s in u.src[1:]]
+                line(f"{vtype(pack)} {vname} = ({ref(u.src[0])} ? {arms[0]} : {arms[1]});")
             else:
                 line(f"{vtype(pack)} {vname} = ({vref(u.src[0])}{_INFIX[op]}{vref(u.src[1])});")
 

@@ -38,11 +38,15 @@ def split_index(index: UOp) -> tuple[UOp, int]:
 
 def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack, int]]:
     """{scalar instruction: (its pack, its lane)} for every instruction that is part of a vector."""
-    scope, depth_marks = {}, 0
+    # lanes of one pack stand in the same C block: inside the same open loops
+    scope: dict[UOp, tuple[UOp, ...]] = {}
+    open_loops: list[UOp] = []
     for u in lin:
-        if u.op in (Ops.RANGE, Ops.ENDRANGE):
-            depth_marks += 1  # lanes of one pack stand in the same loop body, between the same loop boundaries
-        scope[u] = depth_marks
+        if u.op is Ops.ENDRANGE:
+            open_loops.remove(u.src[0])
+        scope[u] = tuple(open_loops)
+        if u.op is Ops.RANGE:
+            open_loops.append(u)
     written = {u.src[0] for u in lin if u.op is Ops.STORE}
     lane_of: dict[UOp, tuple[Pack, int]] = {}
 
@@ -54,10 +58,10 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
         for i, u in enumerate(lanes):
             lane_of[u] = (pack, i)
 
-    # loads of consecutive elements; a buffer this kernel writes is read lane by lane, in program order
+    # loads of consecutive elements
     runs: dict[tuple, dict[int, UOp]] = {}
     for u in lin:
-        if u.op is Ops.LOAD and len(u.src) == 2 and width(u.dtype) > 1 and u.src[0] not in written:
+        if u.op is Ops.LOAD and len(u.src) == 2 and width(u.dtype) > 1:
             base, off = split_index(u.src[1])
             runs.setdefault((u.src[0], base, scope[u]), {})[off] = u
     for (_, base, _), by_offset in runs.items():
@@ -72,6 +76,8 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
                 continue
             if u.op in VECTOR_ALU and all(s.dtype is u.dtype for s in u.src):
                 operands = u.src
+            elif u.op is Ops.WHERE and u.src[0] not in lane_of and all(s.dtype is u.dtype for s in u.src[1:]):
+                operands = u.src  # one condition for all lanes selects whole vectors
             elif u.op is Ops.ACC_UPDATE and u.arg is Ops.ADD:
                 operands = (u.src[1],)
             else:
@@ -106,7 +112,33 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
     for (_, base, pack, off, _), by_lane in stores.items():
         if len(by_lane) == len(pack.lanes):
             add([by_lane[i] for i in range(len(pack.lanes))], base, off)
-    return lane_of
+    return lane_of if _keeps_memory_order(lin, lane_of, written) else {}
+
+
+def _keeps_memory_order(lin: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]], written: set[UOp]) -> bool:
+    """A pack's loads or stores all happen where its first lane stood: no load and store of one element of a buffer
+    the kernel writes may change order by that (elements at other offsets from one base are distinct)."""
+    position = {u: i for i, u in enumerate(lin)}
+    first = {}
+    for u, (pack, _) in lane_of.items():
+        first[pack] = min(first.get(pack, len(lin)), position[u])
+    accesses: dict[UOp, list[tuple[UOp, int, int, UOp, int]]] = {}
+    for u in lin:
+        if u.op in (Ops.LOAD, Ops.STORE) and u.src[0] in written:
+            base, off = split_index(u.src[1])
+            emitted = first[lane_of[u][0]] if u in lane_of else position[u]
+            accesses.setdefault(u.src[0], []).append((u, position[u], emitted, base, off))
+    for items in accesses.values():
+        loads = [a for a in items if a[0].op is Ops.LOAD]
+        for store in (a for a in items if a[0].op is Ops.STORE):
+            for load in loads:
+                if load[0] not in lane_of and store[0] not in lane_of:
+                    continue
+                if load[3] is store[3] and load[4] != store[4]:
+                    continue
+                if (load[1] < store[1]) != (load[2] < store[2]):
+                    return False
+    return True
 
 
 def _consecutive_runs(by_offset: dict[int, UOp], width: int) -> list[tuple[list[UOp], int]]:
