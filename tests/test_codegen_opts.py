@@ -13,10 +13,13 @@ import fusegrad.engine.realize as realize
 from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
 from fusegrad.codegen.opt import Opt, OptError, OptOps, check_opts
+from fusegrad.codegen.opt.packs import find_packs
 from fusegrad.codegen.opt.target import vector_bytes
 from fusegrad.renderer.cstyle import CStyleRenderer
 from fusegrad.schedule import create_schedule
 from fusegrad.runtime.device import Device
+from fusegrad.dtype import dtypes
+from fusegrad.uop.ops import Ops, UOp
 
 SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33, 37])
 
@@ -190,3 +193,114 @@ def test_nan_and_inf_propagate_through_the_vector_tile():
     an[1, 2], bn[3, 5], bn[0, 7] = np.nan, np.inf, -np.inf
     got = (Tensor(an) @ Tensor(bn)).numpy()
     np.testing.assert_array_equal(got, an @ bn)
+
+
+# ---- REDUCE_BLOCK
+
+
+def reduce_block(amount: int, axis: int = 2) -> Opt:
+    return Opt(OptOps.REDUCE_BLOCK, axis, amount)
+
+
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        ([reduce_block(16, axis=1)], "axis 1 is not the reduced axis 2 of the reduce's input (8, 8, 64)"),
+        ([reduce_block(24)], "amount must divide the reduced size 64 into more than one block"),
+        ([reduce_block(64)], "amount must divide the reduced size 64 into more than one block"),
+        ([reduce_block(16), reduce_block(32)], "a kernel's reduce is blocked once"),
+        ([reduce_block(16), upcast(0, 3)], "amount 3 does not divide the size 8 of axis 0"),
+    ],
+)
+def test_invalid_reduce_block_raises_opt_error(opts, message):
+    with pytest.raises(OptError, match=re.escape(message)):
+        lower_to_linear(matmul_ast(8, 64, 8), opts=tuple(opts))
+
+
+def test_reduce_block_needs_a_plain_sum():
+    a, b = Tensor.rand(8, 64).realize(), Tensor.rand(64, 8).realize()
+    items, _, _ = create_schedule([(a @ b).relu().uop], [Device["CPU"]])
+    with pytest.raises(OptError, match="not a single float sum over one axis"):
+        lower_to_linear(items[-1].ast, opts=(reduce_block(16),))
+
+
+def test_long_matmul_reduce_is_blocked_and_short_one_is_not():
+    opts = lower_to_linear(matmul_ast(64, 1024, 64)).opts
+    assert [o for o in opts if o.op is OptOps.REDUCE_BLOCK] == [reduce_block(64)]
+    assert not [o for o in lower_to_linear(matmul_ast(64, 256, 64)).opts if o.op is OptOps.REDUCE_BLOCK]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(2, n + 1) if n % d == 0]
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), m=SIZES, k=st.sampled_from([4, 6, 12, 30, 64]), n=SIZES)
+def test_reduce_block_equals_noopt(data, m, k, n):
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    an, bn = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    with Context(NOOPT=1):
+        plain = (Tensor(an) @ Tensor(bn)).numpy()
+    opts = [reduce_block(data.draw(st.sampled_from([d for d in divisors(k) if d < k] + [1])))]
+    amounts = {
+        axis: data.draw(st.sampled_from([1] + [d for d in divisors(size) if d <= 16]))
+        for axis, size in ((0, m), (1, n))
+    }
+    opts += [upcast(axis, amount) for axis, amount in amounts.items() if amount > 1]
+    realize._runners.clear()
+    with forced_opts(opts):
+        if m == amounts[0] and n == amounts[1]:  # one tile: no output loop for the blocks to run inside
+            with pytest.raises(OptError, match="needs a loop of more than one tile"):
+                (Tensor(an) @ Tensor(bn)).realize()
+            return
+        np.testing.assert_allclose((Tensor(an) @ Tensor(bn)).numpy(), plain, rtol=1e-5, atol=1e-5)
+        realize._runners.clear()
+        got = (Tensor(an, device="PYTHON") @ Tensor(bn, device="PYTHON")).numpy()
+    np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_reduce_block_changes_no_zero_sign_or_nan():
+    an = np.full((16, 512), -0.0, np.float32)
+    bn = np.ones((512, 64), np.float32)
+    an[3, 300] = np.nan
+    assert any(o.op is OptOps.REDUCE_BLOCK for o in lower_to_linear(matmul_ast(16, 512, 64)).opts)
+    got = (Tensor(an) @ Tensor(bn)).numpy()
+    with Context(NOOPT=1):
+        realize._runners.clear()
+        plain = (Tensor(an) @ Tensor(bn)).numpy()
+    np.testing.assert_array_equal(got, plain)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(plain))
+    assert np.isnan(got[3]).all() and not np.isnan(np.delete(got, 3, axis=0)).any()
+
+
+# ---- vector packs
+
+
+def straight_or_reversed_copy(reverse: bool):
+    """data0[16*i + j] = 2 * data0[16*i + j] over one vector of lanes; reversed, lane j stores the element lane
+    width-1-j loads, so a load after a store may read what the store wrote."""
+    width = vector_bytes() // 4
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), (0, 4 * width))
+    r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 4),), (0, "global"))
+    base = r * width
+    index = [base if j == 0 else base + j for j in range(width)]
+    lin: list[UOp] = [buf, r, base]
+    for j in range(width):
+        load = UOp(Ops.LOAD, dtypes.float32, (buf, index[j]))
+        doubled = load * UOp.const(dtypes.float32, 2.0)
+        lin += [index[j]] * (j > 0) + [
+            load,
+            doubled,
+            UOp(Ops.STORE, src=(buf, index[width - 1 - j if reverse else j], doubled)),
+        ]
+    return tuple(lin + [UOp(Ops.ENDRANGE, src=(r,))])
+
+
+def test_in_place_kernel_packs_when_each_element_is_read_before_written():
+    lin = straight_or_reversed_copy(reverse=False)
+    packed = find_packs(lin, vector_bytes())
+    assert {u.op for u in packed} == {Ops.LOAD, Ops.MUL, Ops.STORE}
+
+
+def test_packs_that_would_reorder_a_read_and_a_write_of_one_element_are_refused():
+    assert find_packs(straight_or_reversed_copy(reverse=True), vector_bytes()) == {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 import itertools
 from fusegrad.dtype import dtypes
-from fusegrad.codegen.opt import Opt, check_opts, check_reduce_block, single_sum
+from fusegrad.codegen.opt import Opt, OptError, check_opts, check_reduce_block, single_sum
 from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
@@ -192,9 +192,11 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     for a, c in enumerate(counts):
         outer.append(lowerer.new_range(-(-c // tiles.get(a, 1)), "global"))
         # the loop over blocks comes right after the first output loop, the one threads split
-        if block is not None and lowerer.blocked is None and (outer[-1].op is Ops.RANGE or a == len(counts) - 1):
+        if block is not None and lowerer.blocked is None and outer[-1].op is Ops.RANGE:
             blocks = lowerer.new_range(reduce.src[0].shape[block.axis] // block.amount, "global")  # type: ignore[union-attr]
             lowerer.blocked = (reduce, blocks, block.amount)  # type: ignore[assignment]
+    if block is not None and lowerer.blocked is None:
+        raise OptError(f"{block}: the output {shape} needs a loop of more than one tile for the blocks to run inside")
     within = {a: lowerer.new_range(amount, "global") for a, amount in tiles.items()}
     tile_index = [_tile_start(r, tiles[a], counts[a]) + within[a] if a in tiles else r for a, r in enumerate(outer)]
     starts = [_tile_start(t, up.get(a, 1), shape[a]) for a, t in enumerate(tile_index)]
@@ -205,8 +207,8 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
         partial = lowerer.lower(value, idxs, TRUE)
         if lowerer.blocked is not None:
             # the first block stores its partial; each later one adds its partial to what the blocks before stored
-            first = lowerer.blocked[1].ne(0) if lowerer.blocked[1].op is Ops.RANGE else UOp.const(dtypes.bool, False)
-            partial = first.where(UOp(Ops.LOAD, value.dtype, (out, index)) + partial, partial)
+            later = lowerer.blocked[1].ne(0) if lowerer.blocked[1].op is Ops.RANGE else UOp.const(dtypes.bool, False)
+            partial = later.where(UOp(Ops.LOAD, value.dtype, (out, index, later)) + partial, partial)
         stores.append(UOp(Ops.STORE, src=(out, index, partial)))
     return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)
 

@@ -249,9 +249,13 @@ class CStyleRenderer:
                 return
             vname = vec_names[pack] = fresh("vec")
             if op is Ops.LOAD:
-                line(f"{vtype(pack)} {vname};")
                 address = f"{ref(u.src[0])} + ({ref(pack.base)}+{pack.offset})"
-                line(f"__builtin_memcpy(&{vname}, {address}, sizeof({vname}));")
+                if len(u.src) == 3:  # gated: zeros, and memory is read only where the gate holds
+                    line(f"{vtype(pack)} {vname} = {{}};")
+                    line(f"if ({ref(u.src[2])}) __builtin_memcpy(&{vname}, {address}, sizeof({vname}));")
+                else:
+                    line(f"{vtype(pack)} {vname};")
+                    line(f"__builtin_memcpy(&{vname}, {address}, sizeof({vname}));")
             elif op is Ops.DEFINE_ACC:
                 line(f"{vtype(pack)} {vname} = ({vtype(pack)}){{}} + {ref(u.src[0])};")
             elif op is Ops.NEG:

@@ -6,7 +6,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, prod
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.accumulators import INNER_BLOCK
-from fusegrad.codegen.opt import Opt, OptOps, single_sum
+from fusegrad.codegen.opt import Opt, OptOps, check_opts, single_sum
 from fusegrad.codegen.opt.target import vector_bytes, vector_registers
 from fusegrad.uop.symbolic import split_terms
 
@@ -62,7 +62,11 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     reduce_size = prod(r.src[0].arg for r in reduces)
     if (block := _reduce_block(value, reduce_size)) is not None:
         # partial sums added in memory read the output: only tiles that divide it
-        if opts := _register_tile(value, row, col, block.amount, exact=True):
+        opts = _register_tile(value, row, col, block.amount, exact=True)
+        # the loop over blocks runs inside an output loop, which threads split: some axis needs more than one tile
+        applied = check_opts(opts, value.shape, reads_output=True)
+        counts = [-(-d // applied.upcasts.get(a, 1)) for a, d in enumerate(value.shape)]
+        if opts and any(-(-c // applied.tiles.get(a, 1)) > 1 for a, c in enumerate(counts)):
             return opts + [block]
     return _register_tile(value, row, col, reduce_size, exact=reads_output)
 

@@ -37,7 +37,8 @@ def split_index(index: UOp) -> tuple[UOp, int]:
 
 
 def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack, int]]:
-    """{scalar instruction: (its pack, its lane)} for every instruction that is part of a vector."""
+    """{scalar instruction: (its pack, its lane)} for every instruction that is part of a vector. Gated loads pack
+    when one gate guards every lane."""
     # lanes of one pack stand in the same C block: inside the same open loops
     scope: dict[UOp, tuple[UOp, ...]] = {}
     open_loops: list[UOp] = []
@@ -61,10 +62,10 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
     # loads of consecutive elements
     runs: dict[tuple, dict[int, UOp]] = {}
     for u in lin:
-        if u.op is Ops.LOAD and len(u.src) == 2 and width(u.dtype) > 1:
+        if u.op is Ops.LOAD and width(u.dtype) > 1:
             base, off = split_index(u.src[1])
-            runs.setdefault((u.src[0], base, scope[u]), {})[off] = u
-    for (_, base, _), by_offset in runs.items():
+            runs.setdefault((u.src[0], base, u.src[2:], scope[u]), {})[off] = u
+    for (_, base, _, _), by_offset in runs.items():
         for lanes, off in _consecutive_runs(by_offset, width(next(iter(by_offset.values())).dtype)):
             add(lanes, base, off)
 
