@@ -101,13 +101,19 @@ def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool
 
 
 def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
-    """A long plain sum's reduce in blocks of REDUCE_BLOCK_SIZE or more, at most MAX_REDUCE_BLOCKS of them."""
+    """A long plain sum's reduce in the shortest blocks of at least REDUCE_BLOCK_SIZE that divide it into at most
+    MAX_REDUCE_BLOCKS."""
     if (red := single_sum(value)) is None or reduce_size <= INNER_BLOCK:
         return None
-    block = REDUCE_BLOCK_SIZE
-    while block < reduce_size and (reduce_size % block or reduce_size // block > MAX_REDUCE_BLOCKS):
-        block *= 2
-    return Opt(OptOps.REDUCE_BLOCK, red.arg[1][0], block) if block < reduce_size else None
+    block = next(
+        (
+            b
+            for b in range(REDUCE_BLOCK_SIZE, reduce_size)
+            if reduce_size % b == 0 and reduce_size // b <= MAX_REDUCE_BLOCKS
+        ),
+        None,
+    )
+    return Opt(OptOps.REDUCE_BLOCK, red.arg[1][0], block) if block is not None else None
 
 
 def coefficient(index: UOp, r: UOp) -> int | None:
