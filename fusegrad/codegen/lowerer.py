@@ -174,7 +174,8 @@ def _tile_start(r: UOp, amount: int, size: int) -> UOp:
 def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs; each UPCAST
     opt cuts its output axis into tiles whose outputs are separate stores of separately lowered values, each TILE opt
-    walks an axis's tiles in blocks, the loop within a block innermost among the output loops."""
+    walks an axis's tiles in blocks, the loop within a block innermost among the output loops, and REDUCE_BLOCK makes
+    the blocks of a plain sum's reduce an output loop right after the first (the one threads split)."""
     store = ast.src[0]
     out, value = store.src
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
@@ -207,7 +208,7 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
         partial = lowerer.lower(value, idxs, TRUE)
         if lowerer.blocked is not None:
             # the first block stores its partial; each later one adds its partial to what the blocks before stored
-            later = lowerer.blocked[1].ne(0) if lowerer.blocked[1].op is Ops.RANGE else UOp.const(dtypes.bool, False)
+            later = lowerer.blocked[1].ne(0)  # a RANGE: check_reduce_block asks for more than one block
             partial = later.where(UOp(Ops.LOAD, value.dtype, (out, index, later)) + partial, partial)
         stores.append(UOp(Ops.STORE, src=(out, index, partial)))
     return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)
