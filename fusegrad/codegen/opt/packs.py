@@ -12,7 +12,8 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import Ops, UOp
 
 VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
-# element-wise in GCC's vector extension with IEEE semantics per lane (comparisons and selects are not, in C)
+# element-wise in GCC's vector extension with IEEE semantics per lane; WHERE packs only on one scalar condition (C has
+# no lane-wise select), comparisons and MAX (a select in C) stay scalar
 VECTOR_ALU = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.FDIV)
 
 
