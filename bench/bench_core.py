@@ -41,18 +41,20 @@ def main() -> None:
     t_fg = median_time(lambda: out_sum.assign(a.sum()).realize())
     rows.append(("a.sum(), 16M f32", t_fg, t_np))
 
-    m = 1024
-    xn, yn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
-    x, y = Tensor(xn).realize(), Tensor(yn).realize()
-    t_np = median_time(lambda: xn @ yn, repeats=3)
-    out_mm = Tensor.empty(m, m).realize()
-    t_fg = median_time(lambda: out_mm.assign(x @ y).realize(), repeats=3)
-    rows.append((f"matmul {m}x{m} f32", t_fg, t_np))
+    gflops = []
+    for m in (512, 1024, 2048):
+        xn, yn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
+        x, y = Tensor(xn).realize(), Tensor(yn).realize()
+        t_np = median_time(lambda: xn @ yn, repeats=3)
+        out_mm = Tensor.empty(m, m).realize()
+        t_fg = median_time(lambda: out_mm.assign(x @ y).realize(), repeats=3)
+        rows.append((f"matmul {m}x{m} f32", t_fg, t_np))
+        gflops.append(f"{m}: fusegrad {2 * m**3 / t_fg / 1e9:.1f}, numpy {2 * m**3 / t_np / 1e9:.1f}")
 
     print(f"{'case':34s} {'fusegrad':>12s} {'numpy':>12s} {'speed vs numpy':>15s}")
     for name, fg, npt in rows:
         print(f"{name:34s} {fg * 1e3:10.2f}ms {npt * 1e3:10.2f}ms {npt / fg:14.2f}x")
-    print(f"matmul GFLOPS: fusegrad {2 * m**3 / rows[-1][1] / 1e9:.2f}, numpy {2 * m**3 / rows[-1][2] / 1e9:.2f}")
+    print(f"matmul GFLOPS: {'; '.join(gflops)}")
 
     fresh_output_rows(rng, an, bn, cn, a, b, c)
 

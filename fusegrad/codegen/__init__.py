@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 from dataclasses import dataclass
-from fusegrad.helpers import DEBUG, prod
+from fusegrad.helpers import DEBUG, NOOPT, prod
 from fusegrad.uop.ops import Ops, UOp
-from fusegrad.codegen.lowerer import lower_kernel
+from fusegrad.codegen.lowerer import lower_kernel, reads_own_output
+from fusegrad.codegen.opt import Opt
+from fusegrad.codegen.opt.heuristic import hand_coded_opts
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.decompose import decompose_for_device
 from fusegrad.codegen.accumulators import block_long_sums
@@ -19,6 +21,7 @@ class KernelInfo:
     outer_size: int  # trip count of the outermost global loop (1 when there is none)
     ops_estimate: int
     nparams: int
+    opts: tuple[Opt, ...] = ()  # the opts the lowerer applied
 
 
 def kernel_name(ast: UOp) -> str:
@@ -36,8 +39,16 @@ def kernel_name(ast: UOp) -> str:
     return ("r_" if reduced else "E_") + "_".join(str(d) for d in out_shape + reduced)
 
 
-def lower_to_linear(ast: UOp, half_native: bool = True) -> KernelInfo:
+def lower_to_linear(ast: UOp, half_native: bool = True, opts: tuple[Opt, ...] | None = None) -> KernelInfo:
+    """Stages: lower without opts -> choose opts (the heuristics, or none under NOOPT=1; or the given ones) -> lower
+    with them -> decompose -> block long sums -> linearize."""
     kernel = lower_kernel(ast)
+    if opts is None:
+        opts = () if NOOPT else tuple(hand_coded_opts(ast.src[0].src[1], kernel, reads_own_output(kernel)))
+    if opts:
+        kernel = lower_kernel(ast, tuple(opts))
+    if DEBUG >= 3:
+        print(f"{kernel_name(ast)} opts: {list(opts)}")
     if DEBUG >= 5:
         print(kernel)
     kernel = decompose_for_device(kernel, half_native=half_native)
@@ -58,6 +69,7 @@ def lower_to_linear(ast: UOp, half_native: bool = True) -> KernelInfo:
         outer.src[0].arg if outer is not None else 1,
         estimate_ops(lin),
         sum(1 for u in lin if u.op is Ops.DEFINE_GLOBAL),
+        tuple(opts),
     )
 
 

@@ -1,11 +1,13 @@
 """Kernel AST (tensor-level ops over DEFINE_GLOBALs) -> loops over ranges with explicit index arithmetic."""
 
 from __future__ import annotations
+import itertools
 from fusegrad.dtype import dtypes
+from fusegrad.codegen.opt import Opt, OptError, check_opts, check_reduce_block, single_sum
 from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
-from fusegrad.uop.symbolic import pm_symbolic, split_terms
+from fusegrad.uop.symbolic import pm_symbolic
 from fusegrad.uop.trampoline import Step, run_steps
 
 TRUE = UOp.const(dtypes.bool, True)
@@ -19,6 +21,8 @@ class Lowerer:
         self.memo: dict[tuple, UOp] = {}
         self.reduce_ranges: dict[tuple[UOp, frozenset[UOp]], tuple[UOp, ...]] = {}
         self.next_range = 0
+        # REDUCE_BLOCK: (the reduce, its loop over blocks, block size); its reduced index is blocks*size + within
+        self.blocked: tuple[UOp, UOp, int] | None = None
 
     def new_range(self, size: int, kind: str) -> UOp:
         if size == 1:
@@ -102,9 +106,13 @@ class Lowerer:
             # accumulate in one loop; inside different enclosing loops (one reduce feeding two reduces) each gets its
             # own loops
             key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
+            blocked = self.blocked is not None and self.blocked[0] is u
             if key not in self.reduce_ranges:
-                self.reduce_ranges[key] = tuple(self.new_range(src[0].shape[a], "reduce") for a in axes)
+                sizes = [self.blocked[2] if blocked else src[0].shape[a] for a in axes]  # type: ignore[index]
+                self.reduce_ranges[key] = tuple(self.new_range(d, "reduce") for d in sizes)
             loop_of = dict(zip(axes, self.reduce_ranges[key]))
+            if blocked:
+                loop_of = {a: self.blocked[1] * self.blocked[2] + r for a, r in loop_of.items()}  # type: ignore[index]
             new_idxs = tuple(loop_of.get(a, i) for a, i in enumerate(idxs))
             ranges = tuple(r for r in self.reduce_ranges[key] if r.op is Ops.RANGE)
             value = yield self._lower_step(src[0], new_idxs, valid)
@@ -154,52 +162,58 @@ pm_loads = PatternMatcher(
     ]
 )
 
-UPCAST_SIZES = (16, 8, 4)
+
+def _tile_start(r: UOp, amount: int, size: int) -> UOp:
+    """First index of tile r of an axis cut into tiles of amount; a last partial tile is moved back to end at size,
+    overlapping the one before it (its outputs are computed twice, to equal values)."""
+    if size % amount == 0 or r.op is Ops.CONST:
+        return r * amount
+    return (r * amount < size - amount).where(r * amount, UOp.const(r.dtype, size - amount))
 
 
-def _coefficient(index: UOp, r: UOp) -> int | None:
-    """The stride of index along loop r, or None when r appears inside division or modulo."""
-    terms, _ = split_terms(index)
-    if any(t is not r and r in t.toposort() for _, t in terms):
-        return None
-    return sum(k for k, t in terms if t is r)
-
-
-def choose_upcast(value: UOp, plain_kernel: UOp) -> int:
-    """How many outputs along the last dim one loop iteration computes: a reduce then keeps that many accumulators,
-    which turns a strided walk over the reduced dim (like B's rows in a matmul) into contiguous vector loads. Only
-    worth it when some input is contiguous along that output dim but not along the innermost reduce loop."""
-    if not value.shape or value.shape[-1] == 1:
-        return 1
-    nodes = plain_kernel.toposort()
-    ranges = [u for u in nodes if u.op is Ops.RANGE]
-    last = [r for r in ranges if r.arg[1] == "global"]
-    inner = [r for r in ranges if r.arg[1] == "reduce"]
-    if not last or not inner:
-        return 1
-    last_r, inner_r = max(last, key=lambda r: r.arg[0]), max(inner, key=lambda r: r.arg[0])
-    if not any(
-        _coefficient(u.src[1], last_r) == 1 and _coefficient(u.src[1], inner_r) != 1 for u in nodes if u.op is Ops.LOAD
-    ):
-        return 1
-    return next((up for up in UPCAST_SIZES if value.shape[-1] % up == 0 and value.shape[-1] > up), 1)
-
-
-def lower_kernel(ast: UOp, upcast: int | None = None) -> UOp:
-    """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs."""
+def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
+    """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs; each UPCAST
+    opt cuts its output axis into tiles whose outputs are separate stores of separately lowered values, each TILE opt
+    walks an axis's tiles in blocks, the loop within a block innermost among the output loops, and REDUCE_BLOCK makes
+    the blocks of a plain sum's reduce an output loop right after the first (the one threads split)."""
     store = ast.src[0]
     out, value = store.src
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
-    if upcast is None:
-        plain = lower_kernel(ast, upcast=1)
-        upcast = choose_upcast(value, plain) if any(u.op is Ops.REDUCE for u in plain.toposort()) else 1
-        if upcast == 1:
-            return plain
-    lowerer, up, shape = Lowerer(idx_dtype), upcast, value.shape
-    outer = tuple(lowerer.new_range(d // up if a == len(shape) - 1 else d, "global") for a, d in enumerate(shape))
+    shape = value.shape
+    reduce = single_sum(value)
+    block = check_reduce_block(opts, (reduce.src[0].shape, reduce.arg[1][0]) if reduce is not None else None)
+    # partial sums added in memory read the output, so no tile may overlap another
+    reads_output = bool(opts) and (block is not None or reads_own_output(lower_kernel(ast)))
+    applied = check_opts(opts, shape, reads_output)
+    up, tiles = applied.upcasts, applied.tiles
+    counts = [-(-d // up.get(a, 1)) for a, d in enumerate(shape)]
+    lowerer = Lowerer(idx_dtype)
+    outer: list[UOp] = []
+    for a, c in enumerate(counts):
+        outer.append(lowerer.new_range(-(-c // tiles.get(a, 1)), "global"))
+        # the loop over blocks comes right after the first output loop, the one threads split
+        if block is not None and lowerer.blocked is None and outer[-1].op is Ops.RANGE:
+            blocks = lowerer.new_range(reduce.src[0].shape[block.axis] // block.amount, "global")  # type: ignore[union-attr]
+            lowerer.blocked = (reduce, blocks, block.amount)  # type: ignore[assignment]
+    if block is not None and lowerer.blocked is None:
+        raise OptError(f"{block}: the output {shape} needs a loop of more than one tile for the blocks to run inside")
+    within = {a: lowerer.new_range(amount, "global") for a, amount in tiles.items()}
+    tile_index = [_tile_start(r, tiles[a], counts[a]) + within[a] if a in tiles else r for a, r in enumerate(outer)]
+    starts = [_tile_start(t, up.get(a, 1), shape[a]) for a, t in enumerate(tile_index)]
     stores = []
-    for lane in range(up):
-        idxs = outer if up == 1 else outer[:-1] + (outer[-1] * up + lane,)
-        stores.append(UOp(Ops.STORE, src=(out, lowerer.flat_index(idxs, shape), lowerer.lower(value, idxs, TRUE))))
+    for lanes in itertools.product(*(range(up.get(a, 1)) for a in range(len(shape)))):
+        idxs = tuple(s + lane if lane else s for s, lane in zip(starts, lanes))
+        index = lowerer.flat_index(idxs, shape)
+        partial = lowerer.lower(value, idxs, TRUE)
+        if lowerer.blocked is not None:
+            # the first block stores its partial; each later one adds its partial to what the blocks before stored
+            later = lowerer.blocked[1].ne(0)  # a RANGE: check_reduce_block asks for more than one block
+            partial = later.where(UOp(Ops.LOAD, value.dtype, (out, index, later)) + partial, partial)
+        stores.append(UOp(Ops.STORE, src=(out, index, partial)))
     return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)
+
+
+def reads_own_output(kernel: UOp) -> bool:
+    outs = {u.src[0] for u in kernel.src if u.op is Ops.STORE}
+    return any(u.op is Ops.LOAD and u.src[0] in outs for u in kernel.toposort())

@@ -5,6 +5,8 @@ import math
 from collections import Counter
 from fusegrad.dtype import FP8_FORMATS, DType, dtypes, float_to_fp8
 from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.codegen.opt.packs import Pack, find_packs
+from fusegrad.codegen.opt.target import vector_bytes
 
 C_TYPES = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"} | {
     dt: "unsigned char" for dt in dtypes.fp8s
@@ -190,8 +192,11 @@ def render_cast(x: str, src: DType, dst: DType) -> str:
 class CStyleRenderer:
     """C99 with GNU extensions; the outermost global loop runs [core_start, core_end) so threads can split it."""
 
-    def render(self, name: str, lin: tuple[UOp, ...]) -> str:
+    def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
         uses = Counter(s for u in lin for s in u.src)
+        packs = find_packs(lin, vector_bytes()) if vectorize else {}
+        vec_names: dict[Pack, str] = {}
+        vec_types: dict[str, str] = {}
         names: dict[UOp, str] = {}
         counters: Counter[str] = Counter()
         lines: list[str] = []
@@ -219,8 +224,58 @@ class CStyleRenderer:
             reads_data[u] = u.op in (Ops.LOAD, Ops.DEFINE_ACC, Ops.ACC_UPDATE) or any(
                 reads_data.get(x, False) for x in u.src
             )
+
+        def vtype(pack: Pack) -> str:
+            dt, n = pack.dtype, len(pack.lanes)
+            tname = f"fg_{dt.name}x{n}"
+            vec_types[tname] = f"typedef {ctype(dt)} {tname} __attribute__((vector_size({n * dt.itemsize})));"
+            return tname
+
+        def vref(s: UOp) -> str:
+            # a pack operand is its vector; a scalar one is broadcast by GCC's vector-scalar arithmetic
+            return vec_names[packs[s][0]] if s in packs else ref(s)
+
+        def emit_vector(u: UOp, pack: Pack) -> None:
+            op = u.op
+            if op is Ops.STORE:
+                value = vec_names[pack] = vec_names[packs[u.src[2]][0]]
+                address = f"{ref(u.src[0])} + ({ref(pack.base)}+{pack.offset})"
+                line(f"__builtin_memcpy({address}, &{value}, sizeof({value}));")
+                return
+            if op is Ops.ACC_UPDATE:
+                acc = vec_names[packs[u.src[0]][0]]
+                vec_names[pack] = acc
+                line(f"{acc} = {acc} + {vref(u.src[1])};")
+                return
+            vname = vec_names[pack] = fresh("vec")
+            if op is Ops.LOAD:
+                address = f"{ref(u.src[0])} + ({ref(pack.base)}+{pack.offset})"
+                if len(u.src) == 3:  # gated: zeros, and memory is read only where the gate holds
+                    line(f"{vtype(pack)} {vname} = {{}};")
+                    line(f"if ({ref(u.src[2])}) __builtin_memcpy(&{vname}, {address}, sizeof({vname}));")
+                else:
+                    line(f"{vtype(pack)} {vname};")
+                    line(f"__builtin_memcpy(&{vname}, {address}, sizeof({vname}));")
+            elif op is Ops.DEFINE_ACC:
+                line(f"{vtype(pack)} {vname} = ({vtype(pack)}){{}} + {ref(u.src[0])};")
+            elif op is Ops.NEG:
+                line(f"{vtype(pack)} {vname} = -{vref(u.src[0])};")
+            elif op is Ops.WHERE:
+                # C's conditional needs both arms of the vector type: a scalar arm is broadcast explicitly
+                arms = [vref(s) if s in packs else f"(({vtype(pack)}){{}} + {ref(s)})" for s in u.src[1:]]
+                line(f"{vtype(pack)} {vname} = ({ref(u.src[0])} ? {arms[0]} : {arms[1]});")
+            else:
+                line(f"{vtype(pack)} {vname} = ({vref(u.src[0])}{_INFIX[op]}{vref(u.src[1])});")
+
         for u in lin:
             op = u.op
+            if u in packs:
+                pack, lane = packs[u]
+                if pack not in vec_names:
+                    emit_vector(u, pack)
+                if op is not Ops.STORE:
+                    names[u] = f"{vec_names[pack]}[{lane}]"
+                continue
             if op is Ops.DEFINE_GLOBAL:
                 names[u] = f"data{u.arg[0]}"
             elif op is Ops.CONST:
@@ -277,7 +332,8 @@ class CStyleRenderer:
             "long long core_start",
             "long long core_end",
         ]
-        return PRELUDE + f"void {name}({', '.join(args)}) {{\n" + "\n".join(lines) + "\n}\n"
+        typedefs = "".join(t + "\n" for t in vec_types.values())
+        return PRELUDE + typedefs + f"void {name}({', '.join(args)}) {{\n" + "\n".join(lines) + "\n}\n"
 
     @staticmethod
     def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str]) -> str | None:

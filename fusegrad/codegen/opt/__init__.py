@@ -1,0 +1,128 @@
+"""Optimizations as explicit actions on a kernel's ranges: an `Opt` names one, `check_opts` validates a list against
+a kernel's output shape, and the lowerer applies them. `hand_coded_opts` (heuristic.py) chooses them."""
+
+from __future__ import annotations
+import enum
+from dataclasses import dataclass
+from fusegrad.dtype import dtypes
+from fusegrad.uop.ops import Ops, UOp
+
+
+class OptOps(enum.Enum):
+    # compute `amount` consecutive outputs along an output axis per loop iteration, each a separately named value
+    UPCAST = "UPCAST"
+    # cache blocking: walk an axis's tiles (its upcast groups, or elements) in blocks of `amount`, the loop over the
+    # tiles of one block moved innermost among the output loops, so what the other axes read is reused by the block
+    TILE = "TILE"
+    # a sum kernel's reduce (axis: of the reduce's input) in blocks of `amount`, the loop over blocks placed after the
+    # first output loop: each block adds its partial sums to the output in memory, so what one block reads stays in
+    # cache for every output tile of the block
+    REDUCE_BLOCK = "REDUCE_BLOCK"
+
+
+@dataclass(frozen=True)
+class Opt:
+    op: OptOps
+    axis: int  # an axis of the kernel's output shape
+    amount: int
+
+    def __repr__(self) -> str:
+        return f"Opt({self.op.value}, axis={self.axis}, amount={self.amount})"
+
+
+class OptError(ValueError):
+    """An opt that cannot apply to this kernel; the message names the opt and the shape."""
+
+
+@dataclass(frozen=True)
+class AppliedOpts:
+    upcasts: dict[int, int]  # output axis -> outputs per tile
+    tiles: dict[int, int]  # output axis -> tiles per block
+
+
+def check_opts(opts: tuple[Opt, ...] | list[Opt], shape: tuple[int, ...], reads_output: bool) -> AppliedOpts:
+    """What valid opts do to each axis, else OptError. An axis whose size the amount does not divide gets a last tile
+    (or block) that overlaps the one before it (recomputing equal values), which is wrong when the kernel reads the
+    buffer it writes, so such a kernel needs amounts that divide."""
+    upcasts: dict[int, int] = {}
+    tiles: dict[int, int] = {}
+    for opt in opts:
+        if not isinstance(opt, Opt) or not isinstance(opt.op, OptOps):
+            raise OptError(f"not an Opt: {opt!r}")
+        if opt.op is OptOps.REDUCE_BLOCK:
+            continue  # check_reduce_block
+        if not isinstance(opt.axis, int) or not 0 <= opt.axis < len(shape):
+            raise OptError(f"{opt}: axis {opt.axis!r} is not an axis of the output shape {shape}")
+        if opt.op is OptOps.UPCAST:
+            size = shape[opt.axis]
+            if not isinstance(opt.amount, int) or opt.amount < 2:
+                raise OptError(f"{opt}: amount must be an int >= 2, got {opt.amount!r}")
+            if opt.axis in upcasts:
+                raise OptError(f"{opt}: axis {opt.axis} of shape {shape} is already upcast by {upcasts[opt.axis]}")
+            if opt.amount > size:
+                raise OptError(f"{opt}: amount {opt.amount} exceeds the size {size} of axis {opt.axis} of {shape}")
+            if reads_output and size % opt.amount:
+                raise OptError(
+                    f"{opt}: amount {opt.amount} does not divide the size {size} of axis {opt.axis} of {shape}, and "
+                    "the kernel reads the buffer it writes, so an overlapping last tile would read its own results"
+                )
+            upcasts[opt.axis] = opt.amount
+        elif opt.op is OptOps.TILE:
+            if not isinstance(opt.amount, int) or opt.amount < 2:
+                raise OptError(f"{opt}: amount must be an int >= 2, got {opt.amount!r}")
+            if opt.axis in tiles:
+                raise OptError(f"{opt}: axis {opt.axis} of shape {shape} is already tiled by {tiles[opt.axis]}")
+            tiles[opt.axis] = opt.amount
+    for axis, amount in tiles.items():
+        count = -(-shape[axis] // upcasts.get(axis, 1))
+        if amount > count:
+            raise OptError(f"Opt(TILE, axis={axis}, amount={amount}): amount exceeds the {count} tiles of axis {axis}")
+        if reads_output and count % amount:
+            raise OptError(
+                f"Opt(TILE, axis={axis}, amount={amount}): amount does not divide the {count} tiles of axis {axis}, "
+                "and the kernel reads the buffer it writes, so an overlapping last block would read its own results"
+            )
+    if _lanes(upcasts) > MAX_LANES:
+        raise OptError(f"{list(opts)}: {_lanes(upcasts)} outputs per iteration exceed the limit of {MAX_LANES}")
+    return AppliedOpts(upcasts, tiles)
+
+
+def check_reduce_block(opts: tuple[Opt, ...] | list[Opt], reduce: tuple[tuple[int, ...], int] | None) -> Opt | None:
+    """The one valid REDUCE_BLOCK among opts (or None), else OptError. reduce is (input shape, reduced axis) of the
+    kernel's value when that is exactly one float sum over one axis, else None (partial sums of anything else cannot
+    be added up in memory)."""
+    blocks = [o for o in opts if isinstance(o, Opt) and o.op is OptOps.REDUCE_BLOCK]
+    if not blocks:
+        return None
+    opt = blocks[0]
+    if len(blocks) > 1:
+        raise OptError(f"{blocks}: a kernel's reduce is blocked once")
+    if reduce is None:
+        raise OptError(f"{opt}: the kernel's value is not a single float sum over one axis")
+    shape, axis = reduce
+    if opt.axis != axis:
+        raise OptError(f"{opt}: axis {opt.axis!r} is not the reduced axis {axis} of the reduce's input {shape}")
+    size = shape[axis]
+    if not isinstance(opt.amount, int) or opt.amount < 1 or size % opt.amount or opt.amount == size:
+        raise OptError(f"{opt}: amount must divide the reduced size {size} into more than one block")
+    return opt
+
+
+def single_sum(value: UOp) -> UOp | None:
+    """The REDUCE_AXIS when value is exactly one float sum over one axis (up to reshapes of size-1 dims)."""
+    while value.op is Ops.RESHAPE and [d for d in value.shape if d != 1] == [d for d in value.src[0].shape if d != 1]:
+        value = value.src[0]
+    if value.op is Ops.REDUCE_AXIS and value.arg[0] is Ops.ADD and len(value.arg[1]) == 1:
+        return value if dtypes.is_float(value.dtype) else None
+    return None
+
+
+# past this many separately named outputs per iteration a kernel only grows, it cannot keep them in registers
+MAX_LANES = 1024
+
+
+def _lanes(upcasts: dict[int, int]) -> int:
+    out = 1
+    for amount in upcasts.values():
+        out *= amount
+    return out

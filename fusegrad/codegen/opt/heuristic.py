@@ -1,0 +1,145 @@
+"""Opts chosen without search, from the index arithmetic of a kernel lowered without any."""
+
+from __future__ import annotations
+import math
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import NUM_CPU_THREADS, prod
+from fusegrad.uop.ops import Ops, UOp
+from fusegrad.codegen.accumulators import INNER_BLOCK
+from fusegrad.codegen.opt import Opt, OptOps, check_opts, single_sum
+from fusegrad.codegen.opt.target import vector_bytes, vector_registers
+from fusegrad.uop.symbolic import split_terms
+
+# accumulators along the output's last dim of a reduce kernel that is not matmul-like (e.g. a column sum)
+COLUMN_UPCASTS = (16, 8, 4)
+# a register tile's rows: one broadcast value each, reused by every vector of columns
+MAX_TILE_ROWS = 8
+# vector registers the tile leaves free: the loaded vectors of the contiguous input and the broadcast row value
+SPARE_REGISTERS = 4
+# what a block of row tiles reads of the row input per reduce block: it stays in L1 while every column tile reuses
+# it (measured: 32 KiB beats 64 KiB and more by 5-60 % on 1024^2 and 2048^2)
+ROW_BLOCK_BYTES = 32 * 1024
+# a matmul's reduce longer than one block of the blocked sums is walked in blocks of at least this many (measured:
+# 64 runs 1024^2 and 2048^2 fastest, where longer blocks of a power-of-two-strided column input conflict in L2),
+# so a block of the column input stays in L2 for every row tile; at most MAX_REDUCE_BLOCKS partial sums are added in
+# memory, one after another, which keeps the error near that of the blocked sums
+REDUCE_BLOCK_SIZE = 64
+MAX_REDUCE_BLOCKS = 32
+# worth per output of a column tile two vectors wide (half the row broadcasts of one), one vector wide, and narrower
+# ones, which run as scalars
+TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
+
+
+def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
+    """Upcasts for a reduce kernel whose last output axis is contiguous in some input and strided along the reduce:
+    a register tile of rows x vectors of columns when another input varies along a row axis (matmul-like), else
+    16/8/4 accumulators along the last axis. Elementwise kernels get none: the C compiler vectorizes them itself."""
+    nodes = plain.toposort()
+    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+    reduces = [r for r in ranges.values() if r.arg[1] == "reduce"]
+    if not reduces:
+        return []
+    # the lowerer numbers the loops of the output axes first, in order, skipping axes of size 1
+    axis_range: dict[int, UOp] = {}
+    for axis in (a for a, d in enumerate(value.shape) if d != 1):
+        if (r := ranges.get(len(axis_range))) is not None and r.arg[1] == "global":
+            axis_range[axis] = r
+        axis_range.setdefault(axis, None)  # type: ignore[arg-type]
+    axes = [a for a, r in axis_range.items() if r is not None]
+    if not axes:
+        return []
+    col, inner = axes[-1], max(reduces, key=lambda r: r.arg[0])
+    col_r = axis_range[col]
+    loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
+    contiguous = [i for i in loads if coefficient(i, col_r) == 1 and coefficient(i, inner) != 1]
+    if not contiguous:
+        return []
+    cols = value.shape[col]
+    row = next((a for a in reversed(axes[:-1]) if _is_row_axis(axis_range[a], col_r, inner, contiguous, loads)), None)
+    if row is None or value.dtype not in (dtypes.float32, dtypes.float64):
+        amount = next((up for up in COLUMN_UPCASTS if cols % up == 0 and cols > up), None)
+        return [Opt(OptOps.UPCAST, col, amount)] if amount else []
+    reduce_size = prod(r.src[0].arg for r in reduces)
+    if (block := _reduce_block(value, reduce_size)) is not None:
+        # partial sums added in memory read the output: only tiles that divide it
+        opts = _register_tile(value, row, col, block.amount, exact=True)
+        # the loop over blocks runs inside an output loop, which threads split: some axis needs more than one tile
+        applied = check_opts(opts, value.shape, reads_output=True)
+        counts = [-(-d // applied.upcasts.get(a, 1)) for a, d in enumerate(value.shape)]
+        if opts and any(-(-c // applied.tiles.get(a, 1)) > 1 for a, c in enumerate(counts)):
+            return opts + [block]
+    return _register_tile(value, row, col, reduce_size, exact=reads_output)
+
+
+def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool) -> list[Opt]:
+    """Rows x vectors of columns of outputs in registers, row tiles walked in blocks whose rows of the row input
+    (reduce_size elements each) stay in L2."""
+    width = vector_bytes() // value.dtype.itemsize
+    worth: dict[int, float] = {}
+    for amount, w in zip((2 * width, width, 8, 4, 2), TILE_WORTH):
+        worth.setdefault(amount, w)  # with 8-lane vectors, 8 is worth a vector
+    cols, rows = value.shape[col], value.shape[row]
+    if (col_amount := _best_tile(cols, worth, exact)) is None:
+        return []
+    vectors = max(col_amount // width, 1)
+    max_rows = max(min(MAX_TILE_ROWS, (vector_registers() - SPARE_REGISTERS) // vectors), 1)
+    row_amount = _best_tile(rows, dict.fromkeys(range(max_rows, max(max_rows // 2, 2) - 1, -1), 1.0), exact)
+    if row_amount is None:
+        return [] if exact else [Opt(OptOps.UPCAST, col, col_amount)]
+    opts = [Opt(OptOps.UPCAST, row, row_amount), Opt(OptOps.UPCAST, col, col_amount)]
+    # blocks of row tiles, at least one per thread, when more than one column tile reuses them
+    row_tiles = -(-rows // row_amount)
+    per_block = min(
+        ROW_BLOCK_BYTES // (row_amount * reduce_size * value.dtype.itemsize),
+        row_tiles // max(int(NUM_CPU_THREADS.value), 1),
+    )
+    while exact and per_block >= 2 and row_tiles % per_block:
+        per_block -= 1
+    if cols > col_amount and per_block >= 2:
+        opts.append(Opt(OptOps.TILE, row, per_block))
+    return opts
+
+
+def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
+    """A long plain sum's reduce in the shortest blocks of at least REDUCE_BLOCK_SIZE that divide it into at most
+    MAX_REDUCE_BLOCKS."""
+    if (red := single_sum(value)) is None or reduce_size <= INNER_BLOCK:
+        return None
+    block = next(
+        (
+            b
+            for b in range(REDUCE_BLOCK_SIZE, reduce_size)
+            if reduce_size % b == 0 and reduce_size // b <= MAX_REDUCE_BLOCKS
+        ),
+        None,
+    )
+    return Opt(OptOps.REDUCE_BLOCK, red.arg[1][0], block) if block is not None else None
+
+
+def coefficient(index: UOp, r: UOp) -> int | None:
+    """The stride of index along loop r, or None when r appears inside division or modulo."""
+    terms, _ = split_terms(index)
+    if any(t is not r and r in t.toposort() for _, t in terms):
+        return None
+    return sum(k for k, t in terms if t is r)
+
+
+def _is_row_axis(r: UOp, col_r: UOp, inner: UOp, contiguous: list[UOp], loads: list[UOp]) -> bool:
+    """An axis the contiguous input does not vary along, read by another input that walks the reduce with it."""
+    return all(coefficient(i, r) == 0 for i in contiguous) and any(
+        coefficient(i, r) not in (0, None) and coefficient(i, col_r) == 0 and coefficient(i, inner) not in (0, None)
+        for i in loads
+    )
+
+
+def _best_tile(size: int, worth: dict[int, float], exact: bool) -> int | None:
+    """The amount with the best worth times the share of useful outputs (the overlapping last tile recomputes some);
+    earlier amounts win ties; with exact, only amounts that divide size."""
+    best, best_score = None, 0.0
+    for amount, w in worth.items():
+        if amount > size or amount < 2 or (exact and size % amount):
+            continue
+        score = size / (math.ceil(size / amount) * amount) * w
+        if score > best_score:
+            best, best_score = amount, score
+    return best

@@ -1,0 +1,168 @@
+"""Finds the vectors in a linear kernel: groups of `width` isomorphic scalar instructions, one per lane, that a
+renderer with vector types emits as one vector instruction (SLP packing of an upcast's separately named lanes).
+
+Seeds are loads of consecutive elements (one buffer, one base index, constant offsets 0..width-1 apart); an
+instruction joins a pack when its lanes apply one op to packs lane by lane, or to a scalar shared by all lanes; an
+accumulator update packs with its accumulators; stores of a pack to consecutive elements become one store. A pack is
+emitted where its first lane stands: every lane's sources stand before that lane, so they are emitted by then."""
+
+from __future__ import annotations
+from dataclasses import dataclass
+from fusegrad.dtype import DType, dtypes
+from fusegrad.uop.ops import Ops, UOp
+
+VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
+# element-wise in GCC's vector extension with IEEE semantics per lane; WHERE packs only on one scalar condition (C has
+# no lane-wise select), comparisons and MAX (a select in C) stay scalar
+VECTOR_ALU = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.FDIV)
+
+
+@dataclass(frozen=True, eq=False)
+class Pack:
+    lanes: tuple[UOp, ...]  # lane order: lane i holds element i of the vector
+    base: UOp | None = None  # loads and stores: the index of lane 0 is base + offset
+    offset: int = 0
+
+    @property
+    def dtype(self) -> DType:
+        return self.lanes[0].src[2].dtype if self.lanes[0].op is Ops.STORE else self.lanes[0].dtype
+
+
+def split_index(index: UOp) -> tuple[UOp, int]:
+    """index -> (base, constant offset)."""
+    if index.op is Ops.CONST:
+        return UOp.const(index.dtype, 0), index.arg
+    if index.op is Ops.ADD and index.src[1].op is Ops.CONST:
+        return index.src[0], index.src[1].arg
+    return index, 0
+
+
+def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack, int]]:
+    """{scalar instruction: (its pack, its lane)} for every instruction that is part of a vector. Gated loads pack
+    when one gate guards every lane."""
+    # lanes of one pack stand in the same C block: inside the same open loops
+    scope: dict[UOp, tuple[UOp, ...]] = {}
+    open_loops: list[UOp] = []
+    for u in lin:
+        if u.op is Ops.ENDRANGE:
+            open_loops.remove(u.src[0])
+        scope[u] = tuple(open_loops)
+        if u.op is Ops.RANGE:
+            open_loops.append(u)
+    written = {u.src[0] for u in lin if u.op is Ops.STORE}
+    lane_of: dict[UOp, tuple[Pack, int]] = {}
+
+    def width(dt: DType) -> int:
+        return vector_bytes // dt.itemsize if dt in VECTOR_DTYPES else 0
+
+    def add(lanes: list[UOp], base: UOp | None = None, offset: int = 0) -> None:
+        pack = Pack(tuple(lanes), base, offset)
+        for i, u in enumerate(lanes):
+            lane_of[u] = (pack, i)
+
+    # loads of consecutive elements
+    runs: dict[tuple, dict[int, UOp]] = {}
+    for u in lin:
+        if u.op is Ops.LOAD and width(u.dtype) > 1:
+            base, off = split_index(u.src[1])
+            runs.setdefault((u.src[0], base, u.src[2:], scope[u]), {})[off] = u
+    for (_, base, _, _), by_offset in runs.items():
+        for lanes, off in _consecutive_runs(by_offset, width(next(iter(by_offset.values())).dtype)):
+            add(lanes, base, off)
+
+    # ALU ops and accumulators, until no new pack forms (a lane's users may stand before the pack's last lane)
+    while True:
+        groups: dict[tuple, dict[int, UOp]] = {}
+        for u in lin:
+            if u in lane_of or width(u.dtype) <= 1:
+                continue
+            if u.op in VECTOR_ALU and all(s.dtype is u.dtype for s in u.src):
+                operands = u.src
+            elif u.op is Ops.WHERE and u.src[0] not in lane_of and all(s.dtype is u.dtype for s in u.src[1:]):
+                operands = u.src  # one condition for all lanes selects whole vectors
+            elif u.op is Ops.ACC_UPDATE and u.arg is Ops.ADD:
+                operands = (u.src[1],)
+            else:
+                continue
+            key, lane = _signature(operands, lane_of)
+            if lane is None:
+                continue
+            extra = u.src[2:] if u.op is Ops.ACC_UPDATE else u.arg
+            groups.setdefault((u.op, u.dtype, extra, key, scope[u]), {}).setdefault(lane, u)
+        new = 0
+        for g in groups.values():
+            lanes = [g.get(i) for i in range(width(next(iter(g.values())).dtype))]
+            if None in lanes:
+                continue
+            if lanes[0].op is Ops.ACC_UPDATE:
+                accs = [u.src[0] for u in lanes]
+                if len({a.src[0].arg for a in accs}) != 1 or len({scope[a] for a in accs}) != 1:
+                    continue
+                add(accs)
+            add(lanes)  # type: ignore[arg-type]
+            new += 1
+        if not new:
+            break
+
+    # stores of one pack's lanes to consecutive elements
+    stores: dict[tuple, dict[int, UOp]] = {}
+    for u in lin:
+        if u.op is Ops.STORE and u.src[2] in lane_of:
+            base, off = split_index(u.src[1])
+            pack, lane = lane_of[u.src[2]]
+            stores.setdefault((u.src[0], base, pack, off - lane, scope[u]), {})[lane] = u
+    for (_, base, pack, off, _), by_lane in stores.items():
+        if len(by_lane) == len(pack.lanes):
+            add([by_lane[i] for i in range(len(pack.lanes))], base, off)
+    return lane_of if _keeps_memory_order(lin, lane_of, written) else {}
+
+
+def _keeps_memory_order(lin: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]], written: set[UOp]) -> bool:
+    """A pack's loads or stores all happen where its first lane stood: no load and store of one element of a buffer
+    the kernel writes may change order by that (elements at other offsets from one base are distinct)."""
+    position = {u: i for i, u in enumerate(lin)}
+    first = {}
+    for u, (pack, _) in lane_of.items():
+        first[pack] = min(first.get(pack, len(lin)), position[u])
+    accesses: dict[UOp, list[tuple[UOp, int, int, UOp, int]]] = {}
+    for u in lin:
+        if u.op in (Ops.LOAD, Ops.STORE) and u.src[0] in written:
+            base, off = split_index(u.src[1])
+            emitted = first[lane_of[u][0]] if u in lane_of else position[u]
+            accesses.setdefault(u.src[0], []).append((u, position[u], emitted, base, off))
+    for items in accesses.values():
+        loads = [a for a in items if a[0].op is Ops.LOAD]
+        for store in (a for a in items if a[0].op is Ops.STORE):
+            for load in loads:
+                if load[0] not in lane_of and store[0] not in lane_of:
+                    continue
+                if load[3] is store[3] and load[4] != store[4]:
+                    continue
+                if (load[1] < store[1]) != (load[2] < store[2]):
+                    return False
+    return True
+
+
+def _consecutive_runs(by_offset: dict[int, UOp], width: int) -> list[tuple[list[UOp], int]]:
+    runs, offsets = [], sorted(by_offset)
+    taken: set[int] = set()
+    for o in offsets:
+        if o not in taken and all(o + i in by_offset and o + i not in taken for i in range(width)):
+            runs.append(([by_offset[o + i] for i in range(width)], o))
+            taken.update(range(o, o + width))
+    return runs
+
+
+def _signature(operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]]) -> tuple[tuple, int | None]:
+    """(what the lanes must share, this instruction's lane): packs lane by lane, and equal scalars."""
+    key, lane = [], None
+    for s in operands:
+        if s in lane_of:
+            pack, i = lane_of[s]
+            if lane is not None and i != lane:
+                return (), None
+            lane = i
+            key.append(pack)
+        else:
+            key.append(s)
+    return tuple(key), lane
