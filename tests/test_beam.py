@@ -78,6 +78,15 @@ def test_cached_opts_the_kernel_rejects_are_searched_again():
     assert not beam.beam_search(ast, "CPU", 1).from_cache
 
 
+def test_unwritable_cache_warns_and_still_uses_the_winner(beam_cache, monkeypatch):
+    blocker = beam_cache / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with pytest.warns(UserWarning, match="not writable"):
+        result = beam.beam_search(matmul_ast(8, 16, 8), "CPU", 1)
+    assert not result.from_cache and result.tried >= 1
+
+
 SUBPROCESS = """
 import numpy as np
 import fusegrad.codegen.opt.beam as beam

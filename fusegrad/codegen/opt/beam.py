@@ -20,7 +20,8 @@ from fusegrad.codegen.opt.target import vector_bytes
 from fusegrad.runtime.device import Buffer, Device
 from fusegrad.uop.ops import Ops, UOp
 
-# seconds one kernel's search may spend compiling and timing expansions (the start candidates are always measured)
+# seconds one kernel's search may spend compiling and timing expansions, after the start candidates (the kernel
+# without opts, which is also the reference, and the heuristic's), which are always measured
 SEARCH_BUDGET_S = 15.0
 # runs per timed candidate; the median is its time
 TIMING_RUNS = 3
@@ -180,9 +181,9 @@ def actions(ast: UOp) -> list[Opt]:
 
 def _search(ast: UOp, device: str, width: int) -> SearchResult:
     start_time = deadline_clock()
-    deadline = start_time + SEARCH_BUDGET_S
     bench = _Bench(ast, device)
-    bench.run(compile_candidate(ast, device, ()))
+    # the kernel without opts is the reference every candidate must match, and the first start candidate
+    reference_time = bench.run(compile_candidate(ast, device, ()))
     reference = bench.output()
     heuristic = lower_to_linear(ast).opts
     result = SearchResult(heuristic, from_cache=False)
@@ -208,18 +209,22 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
         runs = [first] if first > SLOW_FACTOR * best else [bench.run(program) for _ in range(TIMING_RUNS)]
         timed[opts] = statistics.median(runs)
 
-    for opts in dict.fromkeys(((), heuristic)):
-        measure(opts)
-    if not timed:
-        raise RuntimeError(f"BEAM: no candidate of {[(list(o), why) for o, why in result.failed]} runs correctly")
+    timed[()], result.tried = reference_time, 1
+    seen.add(frozenset())
+    if heuristic:
+        measure(heuristic)
+    deadline = deadline_clock() + SEARCH_BUDGET_S
     beam = sorted(timed, key=timed.__getitem__)[:width]
     moves = actions(ast)
     while deadline_clock() < deadline:
         best_before = timed[beam[0]]
         for base in beam:
             for move in moves:
-                cand = base + (move,)
-                if frozenset(cand) in seen or any(o.op is move.op and o.axis == move.axis for o in base):
+                # another amount for an opt the candidate has, else one more opt
+                cand = tuple(move if (o.op, o.axis) == (move.op, move.axis) else o for o in base)
+                if move not in cand:
+                    cand += (move,)
+                if frozenset(cand) in seen:
                     continue
                 if deadline_clock() >= deadline:
                     break
