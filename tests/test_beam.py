@@ -164,3 +164,14 @@ def test_zero_budget_runs_only_the_start_candidates(monkeypatch):
     result = beam.beam_search(ast, "CPU", 2)
     assert result.tried + len(result.failed) == 2
     assert result.opts in ((), beam.lower_to_linear(ast).opts)
+
+
+def test_debug_prints_one_line_per_searched_kernel(capsys):
+    ast = matmul_ast(16, 32, 24)
+    capsys.readouterr()
+    with Context(DEBUG=2):
+        result = beam.beam_search(ast, "CPU", 2)
+        beam.beam_search(ast, "CPU", 2)  # from the cache: no line
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("BEAM ")]
+    assert len(lines) == 1 and "r_16_24_32" in lines[0] and f"{result.tried} candidates run" in lines[0]
+    assert str(list(result.opts)) in lines[0]
