@@ -6,7 +6,7 @@ import threading
 import time
 from collections import OrderedDict
 from typing import Any
-from fusegrad.helpers import DEBUG, NOOPT, GlobalCounters
+from fusegrad.helpers import BEAM, DEBUG, NOOPT, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device
@@ -26,21 +26,27 @@ class Runner:
 
 # loaded programs, least recently used first; equal kernels with other constants share one (the scheduler lifts
 # constants into a parameter buffer), so the bound is only reached by that many genuinely different kernels
-_runners: OrderedDict[tuple[str, UOp, int], Runner] = OrderedDict()
+_runners: OrderedDict[tuple[str, UOp, int, int], Runner] = OrderedDict()
 MAX_LOADED_PROGRAMS = 1024
 # scheduling and running mutate shared state (buffer maps, realized values, counters): one realize at a time
 realize_lock = threading.RLock()
 
 
 def get_runner(device: str, ast: UOp) -> Runner:
-    key = (device, ast, int(NOOPT.value))  # NOOPT changes the program built from the same AST
+    # NOOPT and BEAM change the program built from the same AST; NOOPT wins over BEAM
+    key = (device, ast, int(NOOPT.value), 0 if NOOPT else int(BEAM.value))
     if (r := _runners.get(key)) is not None:
         _runners.move_to_end(key)
         return r
     dev = Device[device]
     if DEBUG >= 3:
         print(ast)
-    info = lower_to_linear(ast)
+    if BEAM.value and not NOOPT:
+        from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
+
+        info = lower_to_linear(ast, opts=beam_search(ast, device, int(BEAM.value)).opts)
+    else:
+        info = lower_to_linear(ast)
     r = _runners[key] = Runner(info, dev.build(info), device)
     GlobalCounters.compile_count += 1
     while len(_runners) > MAX_LOADED_PROGRAMS:

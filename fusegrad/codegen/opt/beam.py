@@ -1,0 +1,246 @@
+"""BEAM search: opts chosen by timing candidate opt lists on the device, each checked against the kernel without opts
+on the same random inputs, the winner cached on disk by kernel AST, device and compiler."""
+
+from __future__ import annotations
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+import numpy as np
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import DEBUG, IGNORE_BEAM_CACHE, cache_dir
+from fusegrad.codegen import kernel_name, lower_to_linear
+from fusegrad.codegen.opt import Opt, OptError, OptOps, single_sum
+from fusegrad.codegen.opt.target import vector_bytes
+from fusegrad.runtime.device import Buffer, Device
+from fusegrad.uop.ops import Ops, UOp
+
+# seconds one kernel's search may spend compiling and timing expansions, after the start candidates (the kernel
+# without opts, which is also the reference, and the heuristic's), which are always measured
+SEARCH_BUDGET_S = 15.0
+# runs per timed candidate; the median is its time
+TIMING_RUNS = 3
+# a candidate whose first run is this many times slower than the best so far is not run again
+SLOW_FACTOR = 3.0
+# a level of the search must beat the best time by this share to continue
+MIN_IMPROVEMENT = 0.01
+UPCAST_AMOUNTS = (2, 4, 8, 16, 32)
+TILE_AMOUNTS = (2, 4, 8, 16)
+REDUCE_BLOCK_AMOUNTS = (16, 32, 64, 128, 256)
+# float reassociation changes the last bits of a sum: error relative to the largest magnitude of the output
+FLOAT_TOLERANCE = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2}
+DEFAULT_FLOAT_TOLERANCE = 2e-3
+
+
+@dataclass
+class SearchResult:
+    opts: tuple[Opt, ...]
+    from_cache: bool
+    tried: int = 0  # candidates compiled and run
+    failed: list[tuple[tuple[Opt, ...], str]] = field(default_factory=list)  # candidates skipped, and why
+    time_before_s: float = 0.0  # the heuristic's opts
+    time_after_s: float = 0.0
+
+
+def deadline_clock() -> float:
+    return time.monotonic()
+
+
+def beam_search(ast: UOp, device: str, width: int) -> SearchResult:
+    """The cached winner for this kernel on this device, else a search of beam `width` whose winner is cached."""
+    path = cache_path(ast, device)
+    if not IGNORE_BEAM_CACHE and (opts := _load(path)) is not None and _lowers(ast, opts):
+        return SearchResult(opts, from_cache=True)
+    result = _search(ast, device, max(int(width), 1))
+    _store(path, result.opts)
+    return result
+
+
+def _lowers(ast: UOp, opts: tuple[Opt, ...]) -> bool:
+    # a cache entry written for other code (or edited by hand) may hold opts this kernel rejects: search again
+    try:
+        lower_to_linear(ast, opts=opts)
+    except OptError:
+        return False
+    return True
+
+
+def cache_path(ast: UOp, device: str) -> str:
+    nodes = ast.toposort()
+    index = {n: i for i, n in enumerate(nodes)}
+    table = repr(tuple((n.op, n.dtype, tuple(index[s] for s in n.src), n.arg) for n in nodes))
+    key = hashlib.sha256(f"{table}|{device}|{_device_identity(device)}".encode()).hexdigest()
+    return os.path.join(cache_dir(), "beam", f"{key}.json")
+
+
+def _device_identity(device: str) -> str:
+    from fusegrad.runtime import ops_cpu
+
+    if isinstance(getattr(Device[device], "compiler", None), ops_cpu.ClangCompiler):
+        return ops_cpu.compiler_identity(ops_cpu.find_compiler())
+    return type(Device[device]).__name__
+
+
+def _load(path: str) -> tuple[Opt, ...] | None:
+    """The cached opts, or None when the file is missing or damaged (a damaged one is searched again)."""
+    try:
+        with open(path) as f:
+            entries = json.load(f)["opts"]
+        opts = tuple(Opt(OptOps(op), axis, amount) for op, axis, amount in entries)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not all(isinstance(o.axis, int) and isinstance(o.amount, int) for o in opts):
+        return None
+    return opts
+
+
+def _store(path: str, opts: tuple[Opt, ...]) -> None:
+    data = json.dumps({"opts": [[o.op.value, o.axis, o.amount] for o in opts]}).encode()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # readers see the whole file or none
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as e:
+        warnings.warn(
+            f"BEAM cache {os.path.dirname(path)} is not writable ({e.strerror or e}); not cached", stacklevel=3
+        )
+
+
+def compile_candidate(ast: UOp, device: str, opts: tuple[Opt, ...]) -> Callable[[list[Buffer]], None]:
+    return Device[device].build(lower_to_linear(ast, opts=opts))
+
+
+class _Bench:
+    """Random inputs of the kernel's sizes (its own buffers, never the user's), the output reset before each run."""
+
+    def __init__(self, ast: UOp, device: str):
+        rng = np.random.default_rng(0)
+        params = sorted((u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])
+        self.buffers = [Buffer(device, u.arg[1], u.dtype).ensure_allocated() for u in params]
+        self.initial = [_random_fill(rng, b.host_view()) for b in self.buffers]
+        self.device, self.out_dtype = device, params[0].dtype
+
+    def run(self, program: Callable[[list[Buffer]], None]) -> float:
+        # a kernel that reads its output (an assign) starts from the same values every run
+        self.buffers[0].host_view()[:] = self.initial[0]
+        st = time.perf_counter()
+        program(self.buffers)
+        if hasattr(dev := Device[self.device], "synchronize"):
+            dev.synchronize()
+        return time.perf_counter() - st
+
+    def output(self) -> np.ndarray:
+        return self.buffers[0].host_view().copy()
+
+    def matches(self, out: np.ndarray, ref: np.ndarray) -> bool:
+        if out.dtype.kind != "f":
+            return bool(np.array_equal(out, ref))
+        out, ref = out.astype(np.float64), ref.astype(np.float64)
+        same = (out == ref) | (np.isnan(out) & np.isnan(ref))
+        finite = np.isfinite(ref)
+        scale = max(float(np.max(np.abs(ref[finite]), initial=0.0)), 1.0)
+        tol = FLOAT_TOLERANCE.get(self.out_dtype, DEFAULT_FLOAT_TOLERANCE) * scale
+        return bool(np.all(same | (finite & (np.abs(out - ref) <= tol))))
+
+
+def _random_fill(rng: np.random.Generator, view: np.ndarray) -> np.ndarray:
+    # integers may index other buffers: zeros are in range for any gather (so are the zeros of other storage kinds)
+    view[:] = rng.standard_normal(view.size).astype(view.dtype) if view.dtype.kind == "f" else 0
+    return view.copy()
+
+
+def actions(ast: UOp) -> list[Opt]:
+    """One more opt: upcasts and tiles of every output axis, and blocks of a plain sum's reduce."""
+    value = ast.src[0].src[1]
+    width = max(vector_bytes() // max(value.dtype.itemsize, 1), 1)
+    out: list[Opt] = []
+    for axis, size in enumerate(value.shape):
+        if size == 1:
+            continue
+        for amount in sorted(set(UPCAST_AMOUNTS) | {width, 2 * width, 3 * width}):
+            if 2 <= amount <= size:
+                out.append(Opt(OptOps.UPCAST, axis, amount))
+        out.extend(Opt(OptOps.TILE, axis, amount) for amount in TILE_AMOUNTS if amount < size)
+    if (red := single_sum(value)) is not None:
+        axis = red.arg[1][0]
+        size = red.src[0].shape[axis]
+        out.extend(Opt(OptOps.REDUCE_BLOCK, axis, a) for a in REDUCE_BLOCK_AMOUNTS if a < size and size % a == 0)
+    return out
+
+
+def _search(ast: UOp, device: str, width: int) -> SearchResult:
+    start_time = deadline_clock()
+    bench = _Bench(ast, device)
+    # the kernel without opts is the reference every candidate must match, and the first start candidate
+    reference_time = bench.run(compile_candidate(ast, device, ()))
+    reference = bench.output()
+    heuristic = lower_to_linear(ast).opts
+    result = SearchResult(heuristic, from_cache=False)
+    timed: dict[tuple[Opt, ...], float] = {}
+    seen: set[frozenset[Opt]] = set()
+
+    def measure(opts: tuple[Opt, ...]) -> None:
+        seen.add(frozenset(opts))
+        try:
+            program = compile_candidate(ast, device, opts)
+        except OptError as e:
+            result.failed.append((opts, f"invalid: {e}"))
+            return
+        except Exception as e:  # a compiler error, a lowering bug: the candidate is skipped, the search goes on
+            result.failed.append((opts, f"{type(e).__name__}: {e}"))
+            return
+        result.tried += 1
+        first = bench.run(program)
+        if not bench.matches(bench.output(), reference):
+            result.failed.append((opts, "wrong values"))
+            return
+        best = min(timed.values(), default=float("inf"))
+        runs = [first] if first > SLOW_FACTOR * best else [bench.run(program) for _ in range(TIMING_RUNS)]
+        timed[opts] = statistics.median(runs)
+
+    timed[()], result.tried = reference_time, 1
+    seen.add(frozenset())
+    if heuristic:
+        measure(heuristic)
+    deadline = deadline_clock() + SEARCH_BUDGET_S
+    beam = sorted(timed, key=timed.__getitem__)[:width]
+    moves = actions(ast)
+    while deadline_clock() < deadline:
+        best_before = timed[beam[0]]
+        for base in beam:
+            for move in moves:
+                # another amount for an opt the candidate has, else one more opt
+                cand = tuple(move if (o.op, o.axis) == (move.op, move.axis) else o for o in base)
+                if move not in cand:
+                    cand += (move,)
+                if frozenset(cand) in seen:
+                    continue
+                if deadline_clock() >= deadline:
+                    break
+                measure(cand)
+        beam = sorted(timed, key=timed.__getitem__)[:width]
+        if timed[beam[0]] > best_before * (1 - MIN_IMPROVEMENT):
+            break
+    result.opts = beam[0]
+    result.time_before_s, result.time_after_s = timed.get(heuristic, float("nan")), timed[beam[0]]
+    if DEBUG >= 2:
+        print(
+            f"BEAM {kernel_name(ast)}: {result.tried} candidates run, {len(result.failed)} skipped,"
+            f" {deadline_clock() - start_time:.1f}s; heuristic {list(heuristic)} {result.time_before_s * 1e6:.1f}us"
+            f" -> {list(result.opts)} {result.time_after_s * 1e6:.1f}us"
+        )
+    return result
+
+
+__all__ = ["beam_search", "SearchResult", "SEARCH_BUDGET_S", "cache_path", "actions", "compile_candidate"]

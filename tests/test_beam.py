@@ -1,0 +1,177 @@
+"""BEAM search (issue 9 item 4): the winner is cached on disk and found by a second process, its values equal NOOPT=1,
+candidates that do not compile or compute wrong values are skipped, and the per-kernel time bound holds."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fusegrad.codegen.opt.beam as beam
+from fusegrad import Context, Tensor
+from fusegrad.codegen.opt import Opt, OptOps
+from fusegrad.runtime.device import Device
+from fusegrad.runtime.ops_cpu import CompileError
+from fusegrad.schedule import create_schedule
+
+
+@pytest.fixture(autouse=True)
+def beam_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(beam, "SEARCH_BUDGET_S", 1.0)
+    return tmp_path
+
+
+def matmul_ast(m: int, k: int, n: int):
+    a, b = Tensor.rand(m, k).realize(), Tensor.rand(k, n).realize()
+    items, _, _ = create_schedule([(a @ b).uop], [Device["CPU"]])
+    return items[-1].ast
+
+
+def test_chosen_opts_give_noopt_values(beam_cache):
+    rng = np.random.default_rng(1)
+    a_np, b_np = rng.standard_normal((24, 40)).astype(np.float32), rng.standard_normal((40, 36)).astype(np.float32)
+    a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
+    with Context(NOOPT=1):
+        plain = (a @ b).relu().sum(axis=0).numpy()
+    with Context(BEAM=2):
+        searched = (a @ b).relu().sum(axis=0).numpy()
+    assert len(os.listdir(beam_cache / "fusegrad" / "beam")) >= 1  # the kernels were searched
+    expected = np.maximum(a_np.astype(np.float64) @ b_np, 0).sum(axis=0)
+    np.testing.assert_allclose(searched, plain, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(searched, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_search_result_is_cached_and_equal_values(beam_cache):
+    ast = matmul_ast(16, 32, 24)
+    first = beam.beam_search(ast, "CPU", 2)
+    assert not first.from_cache and first.tried >= 2
+    with open(beam.cache_path(ast, "CPU")) as f:
+        stored = json.load(f)["opts"]
+    assert stored == [[o.op.value, o.axis, o.amount] for o in first.opts]
+    again = beam.beam_search(ast, "CPU", 2)
+    assert again.from_cache and again.opts == first.opts
+    with Context(IGNORE_BEAM_CACHE=1):
+        assert not beam.beam_search(ast, "CPU", 2).from_cache
+
+
+@pytest.mark.parametrize("damage", [b"", b"{not json", b'{"opts": [["UPCAST", 0]]}', b'{"opts": [["SPIN", 0, 2]]}'])
+def test_damaged_cache_file_is_searched_again(damage):
+    ast = matmul_ast(8, 16, 8)
+    path = beam.cache_path(ast, "CPU")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(damage)
+    result = beam.beam_search(ast, "CPU", 1)
+    assert not result.from_cache
+    assert beam.beam_search(ast, "CPU", 1).from_cache
+
+
+def test_cached_opts_the_kernel_rejects_are_searched_again():
+    ast = matmul_ast(8, 16, 8)
+    path = beam.cache_path(ast, "CPU")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"opts": [["UPCAST", 5, 2]]}, f)  # the output has two axes
+    assert not beam.beam_search(ast, "CPU", 1).from_cache
+
+
+def test_unwritable_cache_warns_and_still_uses_the_winner(beam_cache, monkeypatch):
+    blocker = beam_cache / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with pytest.warns(UserWarning, match="not writable"):
+        result = beam.beam_search(matmul_ast(8, 16, 8), "CPU", 1)
+    assert not result.from_cache and result.tried >= 1
+
+
+SUBPROCESS = """
+import numpy as np
+import fusegrad.codegen.opt.beam as beam
+from fusegrad import Tensor
+beam.SEARCH_BUDGET_S = 1.0
+searches = []
+search = beam._search
+beam._search = lambda *args: searches.append(args) or search(*args)
+a = Tensor(np.arange(96, dtype=np.float32).reshape(8, 12) / 7)
+b = Tensor(np.arange(120, dtype=np.float32).reshape(12, 10) / 5)
+values = (a @ b).numpy().round(3).tolist()
+print(len(searches), values)
+"""
+
+
+def test_second_process_does_no_search(beam_cache):
+    env = {**os.environ, "XDG_CACHE_HOME": str(beam_cache), "BEAM": "2", "PYTHONPATH": os.getcwd()}
+
+    def run(**extra):
+        out = subprocess.run([sys.executable, "-c", SUBPROCESS], env={**env, **extra}, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        count, values = out.stdout.split(" ", 1)
+        return int(count), values
+
+    expected = str((np.arange(96).reshape(8, 12) / 7 @ (np.arange(120).reshape(12, 10) / 5)).round(3).tolist())
+    first, second, forced = run(), run(), run(IGNORE_BEAM_CACHE="1")
+    assert first[0] == 1 and second[0] == 0 and forced[0] == 1
+    for _, values in (first, second, forced):
+        np.testing.assert_allclose(eval(values), eval(expected), rtol=1e-4)
+
+
+def test_failing_candidates_are_skipped(monkeypatch):
+    ast = matmul_ast(16, 32, 24)
+    no_compile, wrong, good = Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 2)
+    invalid = Opt(OptOps.UPCAST, 0, 64)  # more than the 16 rows
+    compile_candidate = beam.compile_candidate
+
+    def faulty(ast, device, opts):
+        if no_compile in opts:
+            raise CompileError("cc: error: injected")
+        program = compile_candidate(ast, device, opts)
+        if wrong not in opts:
+            return program
+
+        def corrupt(buffers):
+            program(buffers)
+            buffers[0].host_view()[3] += 1.0
+
+        return corrupt
+
+    monkeypatch.setattr(beam, "compile_candidate", faulty)
+    monkeypatch.setattr(beam, "actions", lambda ast: [no_compile, wrong, invalid, good])
+    monkeypatch.setattr(beam, "SEARCH_BUDGET_S", 60.0)
+    result = beam.beam_search(ast, "CPU", 4)
+    reasons = {opts[-1]: why for opts, why in result.failed if opts}
+    assert reasons[no_compile].startswith("CompileError") and "injected" in reasons[no_compile]
+    assert reasons[wrong] == "wrong values"
+    assert reasons[invalid].startswith("invalid") and "64" in reasons[invalid]
+    assert no_compile not in result.opts and wrong not in result.opts and invalid not in result.opts
+
+
+def test_time_bound(monkeypatch):
+    ast = matmul_ast(16, 32, 24)
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(beam, "deadline_clock", lambda: float(next(ticks)))  # one second per look at the clock
+    monkeypatch.setattr(beam, "SEARCH_BUDGET_S", 4.0)
+    result = beam.beam_search(ast, "CPU", 2)
+    # the empty list and the heuristic's are always run; then one candidate per second of the budget at most
+    assert 2 <= result.tried + len(result.failed) <= 2 + 4
+
+
+def test_zero_budget_runs_only_the_start_candidates(monkeypatch):
+    ast = matmul_ast(16, 32, 24)
+    monkeypatch.setattr(beam, "SEARCH_BUDGET_S", 0.0)
+    result = beam.beam_search(ast, "CPU", 2)
+    assert result.tried + len(result.failed) == 2
+    assert result.opts in ((), beam.lower_to_linear(ast).opts)
+
+
+def test_debug_prints_one_line_per_searched_kernel(capsys):
+    ast = matmul_ast(16, 32, 24)
+    capsys.readouterr()
+    with Context(DEBUG=2):
+        result = beam.beam_search(ast, "CPU", 2)
+        beam.beam_search(ast, "CPU", 2)  # from the cache: no line
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("BEAM ")]
+    assert len(lines) == 1 and "r_16_24_32" in lines[0] and f"{result.tried} candidates run" in lines[0]
+    assert str(list(result.opts)) in lines[0]
