@@ -166,6 +166,7 @@ LRU_CACHE_MB = ContextVar("LRU_CACHE_MB", -1)  # MiB of freed host buffers kept 
 BEAM = ContextVar("BEAM", 0)
 JITBEAM = ContextVar("JITBEAM", 0)
 NOOPT = ContextVar("NOOPT", 0)
+SPEC = ContextVar("SPEC", 0)  # 1 checks the kernel graph against uop/spec.py after every codegen stage
 JIT = ContextVar("JIT", 1)
 JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)
 IMAGE = ContextVar("IMAGE", 0)
