@@ -167,6 +167,7 @@ IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)
 # API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
 JITBEAM = ContextVar("JITBEAM", 0)
 NOOPT = ContextVar("NOOPT", 0)
+SPEC = ContextVar("SPEC", 0)  # 1 checks the kernel graph against uop/spec.py after every codegen stage
 JIT = ContextVar("JIT", 1)
 JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)
 IMAGE = ContextVar("IMAGE", 0)

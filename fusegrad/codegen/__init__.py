@@ -1,9 +1,11 @@
-"""Lowers one kernel AST to a simplified, linear list of UOps: lower -> simplify -> decompose -> linearize."""
+"""Lowers one kernel AST to a simplified, linear list of UOps through the named STAGES below."""
 
 from __future__ import annotations
 from dataclasses import dataclass
-from fusegrad.helpers import DEBUG, NOOPT, prod
+from typing import Callable
+from fusegrad.helpers import DEBUG, NOOPT, SPEC, prod
 from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.spec import check_graph, check_linear
 from fusegrad.codegen.lowerer import lower_kernel, reads_own_output
 from fusegrad.codegen.opt import Opt
 from fusegrad.codegen.opt.heuristic import hand_coded_opts
@@ -39,29 +41,92 @@ def kernel_name(ast: UOp) -> str:
     return ("r_" if reduced else "E_") + "_".join(str(d) for d in out_shape + reduced)
 
 
-def lower_to_linear(ast: UOp, half_native: bool = True, opts: tuple[Opt, ...] | None = None) -> KernelInfo:
-    """Stages: lower without opts -> choose opts (the heuristics, or none under NOOPT=1; or the given ones) -> lower
-    with them -> decompose -> block long sums -> linearize."""
-    kernel = lower_kernel(ast)
-    if opts is None:
-        opts = () if NOOPT else tuple(hand_coded_opts(ast.src[0].src[1], kernel, reads_own_output(kernel)))
-    if opts:
-        kernel = lower_kernel(ast, tuple(opts))
+@dataclass
+class CodegenState:
+    """What the stages pass along: the kernel graph, the chosen opts and, at the end, the instruction list."""
+
+    ast: UOp
+    half_native: bool
+    opts: tuple[Opt, ...] | None
+    kernel: UOp | None = None
+    lin: list[UOp] | None = None
+
+
+def _lower(s: CodegenState) -> None:
+    s.kernel = lower_kernel(s.ast)
+
+
+def _choose_opts(s: CodegenState) -> None:
+    if s.opts is None:
+        s.opts = () if NOOPT else tuple(hand_coded_opts(s.ast.src[0].src[1], s.kernel, reads_own_output(s.kernel)))
     if DEBUG >= 3:
-        print(f"{kernel_name(ast)} opts: {list(opts)}")
-    if DEBUG >= 5:
-        print(kernel)
-    kernel = decompose_for_device(kernel, half_native=half_native)
+        print(f"{kernel_name(s.ast)} opts: {list(s.opts)}")
+
+
+def _lower_with_opts(s: CodegenState) -> None:
+    if s.opts:
+        s.kernel = lower_kernel(s.ast, s.opts)
+
+
+def _decompose(s: CodegenState) -> None:
+    s.kernel = decompose_for_device(s.kernel, half_native=s.half_native)
+
+
+def _block_long_sums(s: CodegenState) -> None:
     # after decompose: half sums already accumulate in float32, so the partials between levels stay float32
-    kernel = block_long_sums(kernel)
+    s.kernel = block_long_sums(s.kernel)
+
+
+def _linearize(s: CodegenState) -> None:
     # every buffer stays a parameter even when simplification removed its loads (x % 1 reads nothing)
-    lin = linearize(kernel, params=[u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL])
-    if DEBUG >= 6:
-        for i, u in enumerate(lin):
+    s.lin = linearize(s.kernel, params=[u for u in s.ast.toposort() if u.op is Ops.DEFINE_GLOBAL])
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One named step of codegen and the spec (uop/spec.py) its output satisfies."""
+
+    name: str
+    run: Callable[[CodegenState], None]
+    spec: str  # "lowered" / "decomposed": a graph spec; "linear": the instruction list's
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("lower", _lower, "lowered"),
+    Stage("choose_opts", _choose_opts, "lowered"),
+    Stage("lower_with_opts", _lower_with_opts, "lowered"),
+    Stage("decompose", _decompose, "decomposed"),
+    Stage("block_long_sums", _block_long_sums, "decomposed"),
+    Stage("linearize", _linearize, "linear"),
+)
+
+
+def _show(stage: Stage, s: CodegenState) -> None:
+    print(f"--- {kernel_name(s.ast)} after {stage.name}")
+    if s.lin is None:
+        print(s.kernel)
+    elif DEBUG >= 6:
+        for i, u in enumerate(s.lin):
             print(
                 f"{i:4d} {u.op.name:12s} {u.dtype!r:18s}"
-                f" {[lin.index(s) if s in lin else s.op.name for s in u.src]} {u.arg!r}"
+                f" {[s.lin.index(x) if x in s.lin else x.op.name for x in u.src]} {u.arg!r}"
             )
+
+
+def lower_to_linear(ast: UOp, half_native: bool = True, opts: tuple[Opt, ...] | None = None) -> KernelInfo:
+    """Runs STAGES in order: lower without opts -> choose opts (the heuristics, or none under NOOPT=1; or the given
+    ones) -> lower with them -> decompose -> block long sums -> linearize. DEBUG>=5 prints the graph after each stage,
+    DEBUG>=6 the instruction list; SPEC=1 checks each stage's output against its spec."""
+    state = CodegenState(ast, half_native, None if opts is None else tuple(opts))
+    for stage in STAGES:
+        stage.run(state)
+        if SPEC and state.lin is not None:
+            check_linear(state.lin, stage.name)
+        elif SPEC:
+            check_graph(state.kernel, stage.spec, stage.name)
+        if DEBUG >= 5:
+            _show(stage, state)
+    lin = state.lin
     outer = next((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"), None)
     return KernelInfo(
         kernel_name(ast),
@@ -69,7 +134,7 @@ def lower_to_linear(ast: UOp, half_native: bool = True, opts: tuple[Opt, ...] | 
         outer.src[0].arg if outer is not None else 1,
         estimate_ops(lin),
         sum(1 for u in lin if u.op is Ops.DEFINE_GLOBAL),
-        tuple(opts),
+        state.opts,
     )
 
 
