@@ -1,7 +1,6 @@
 """Runs a schedule: compiles each kernel once (cached by its AST), launches it, and keeps the counters."""
 
 from __future__ import annotations
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -9,7 +8,7 @@ from typing import Any
 from fusegrad.helpers import BEAM, DEBUG, NOOPT, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
-from fusegrad.runtime.device import Device
+from fusegrad.runtime.device import Device, physical_memory
 from fusegrad.schedule import OldVersionReaders, ScheduleItem, base_buffer, buffer_of, create_schedule, record_realized
 from fusegrad.uop.ops import Ops, UOp
 
@@ -82,14 +81,10 @@ def run_item(item: ScheduleItem) -> None:
         )
 
 
-def _host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_memory(items: list[ScheduleItem]) -> None:
     """MemoryError before anything compiles or runs when the schedule's new buffers cannot fit the machine."""
     new = {id(b): b for item in items for b in item.buffers if not b.is_allocated}.values()
-    total, limit = sum(b.nbytes for b in new), _host_memory_bytes()
+    total, limit = sum(b.nbytes for b in new), physical_memory()
     if total > limit:
         largest = max(new, key=lambda b: b.nbytes)
         raise MemoryError(
@@ -105,13 +100,6 @@ def compile_schedule(items: list[ScheduleItem]) -> None:
             get_runner(item.device, item.ast)
 
 
-def run_schedule(items: list[ScheduleItem]) -> None:
-    # compile everything first: a compiler error then leaves every buffer untouched
-    compile_schedule(items)
-    for item in items:
-        run_item(item)
-
-
 def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReaders | None = None) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
     with realize_lock:
@@ -119,16 +107,19 @@ def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReader
         items, results, inner = create_schedule(
             [c.extremes for c in checks] + roots, [c.device for c in checks] + devices, readers
         )
+        # compile everything first: a compiler error then leaves every buffer untouched
+        compile_schedule(items)
         if checks:
             # the bound kernels come first in the schedule: run them (and what they need), then check before any other
             check_bufs = [buffer_of[base_buffer(r)] for r in results[: len(checks)]]  # type: ignore[index]
             split = 1 + max(i for i, item in enumerate(items) if item.buffers[0] in check_bufs)
-            compile_schedule(items)
-            run_schedule(items[:split])
+            for item in items[:split]:
+                run_item(item)
             for check, buf in zip(checks, check_bufs):
                 check.raise_if_violated(buf.host_view())
             items, results = items[split:], results[len(checks) :]
-        run_schedule(items)
+        for item in items:
+            run_item(item)
         for r, res in zip(roots, results):
             if r is not res:
                 # a graph holding an assign node means the value it wrote, for as long as that graph lives
@@ -138,4 +129,4 @@ def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReader
     return results
 
 
-__all__ = ["realize_uops", "run_schedule", "get_runner", "buffer_of", "realize_lock"]
+__all__ = ["realize_uops", "compile_schedule", "get_runner", "buffer_of", "realize_lock"]

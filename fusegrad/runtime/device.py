@@ -22,7 +22,7 @@ HUGE_PAGE = 2 << 20
 
 
 @functools.cache
-def _physical_memory() -> int:
+def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -30,7 +30,7 @@ def host_cache_limit() -> int:
     """Bytes of freed host buffers kept for reuse: LRU_CACHE_MB MiB, or an eighth of physical memory when it is -1."""
     mb = LRU_CACHE_MB.value
     if mb == -1:
-        return _physical_memory() // 8
+        return physical_memory() // 8
     if not isinstance(mb, int) or mb < 0:
         raise ValueError(f"LRU_CACHE_MB={mb!r} is not a size: give MiB >= 0 (0 keeps nothing), or -1 for RAM / 8")
     return mb << 20
