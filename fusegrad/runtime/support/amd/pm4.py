@@ -122,3 +122,13 @@ def sdma_trap(context: int = 0) -> list[int]:
 
 
 SDMA_SIZES = {SDMA_NOP: 1, SDMA_COPY: 7, SDMA_FENCE: 4, SDMA_TRAP: 2, SDMA_CONST_FILL: 5}
+
+
+def write_data_register(dword: int, value: int) -> list[int]:
+    """WRITE_DATA to a register (DST_SEL 0, write confirm): how a queue programs MMIO outside the lease."""
+    return [header(WRITE_DATA, 4), 0 << 8 | 1 << 20, dword, 0, lo(value)]
+
+
+def wait_register(dword: int, ref: int, mask: int) -> list[int]:
+    """WAIT_REG_MEM on a register (MEM_SPACE 0) until (reg & mask) == ref."""
+    return [header(WAIT_REG_MEM, 6), FUNC_EQ, dword, 0, lo(ref), lo(mask), 4]

@@ -524,10 +524,11 @@ class SimPCIDevice(PCIDevice):
             gpu.sysmem[bus] = buf = bytearray(size)
         return memoryview(buf), bus
 
-    def register_kernel(self, code_va: int, code: bytes, twin: Callable[..., None]) -> None:
-        """The command processor runs `twin` for a DISPATCH at code_va, if code_va then holds `code`."""
+    def register_kernel(self, code_va: int, code: bytes, twin: Callable[..., None], kernarg_user_sgpr: int = 0) -> None:
+        """The command processor runs `twin` for a DISPATCH at code_va, if code_va then holds `code`; the kernarg
+        pointer is read from COMPUTE_USER_DATA_<kernarg_user_sgpr> (and the next one), as the kernel's ABI says."""
         with self.sim.lock:
-            self.sim.gpu.kernels[code_va] = (bytes(code), twin)
+            self.sim.gpu.kernels[code_va] = (bytes(code), twin, kernarg_user_sgpr)
 
     def close(self) -> None:
         self.closed = True

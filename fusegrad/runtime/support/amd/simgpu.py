@@ -76,7 +76,7 @@ class SimGPU:
         self.dword_of = {(ip, name): r.dword for (ip, name), r in resolve(disc).items()}
         self.sysmem: dict[int, bytearray] = {}  # bus address -> host memory the GPU may DMA to
         self.tlb: dict[str, dict[int, tuple[int, int, bool]]] = {"GC": {}, "MMHUB": {}}
-        self.kernels: dict[int, tuple[bytes, Callable[[SimDispatch], None]]] = {}
+        self.kernels: dict[int, tuple[bytes, Callable[[SimDispatch], None], int]] = {}
         self.compute: dict[tuple[int, int, int], SimQueue] = {}  # (me, pipe, queue) -> active HQD
         self.sdma: SimQueue | None = None
         self.ih_rptr_seen = 0
@@ -387,10 +387,10 @@ class SimGPU:
     def _dispatch(self, sh: dict[int, int], grid: tuple[int, ...]) -> None:
         g = lambda off: sh.get(off, 0)  # noqa: E731
         entry = (g(0x20C) << 8) | (g(0x20D) << 40)
-        kernarg = g(0x240) | g(0x241) << 32
         if entry not in self.kernels:
             raise SimFault(f"DISPATCH_DIRECT at code address {entry:#x}: no kernel was registered there")
-        code, twin = self.kernels[entry]
+        code, twin, sgpr = self.kernels[entry]
+        kernarg = g(0x240 + sgpr) | g(0x241 + sgpr) << 32
         if self.mem_read("GC", entry, len(code)) != code:
             raise SimFault(f"DISPATCH_DIRECT at {entry:#x}: the code in memory is not the registered kernel's")
         block = (g(0x207) & 0xFFFF, g(0x208) & 0xFFFF, g(0x209) & 0xFFFF)
