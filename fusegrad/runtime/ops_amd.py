@@ -22,7 +22,7 @@ from fusegrad.runtime.support.amd import pm4
 from fusegrad.runtime.support.amd.codeobj import compile_ir, load_image, parse_code_object, pick_target
 from fusegrad.runtime.support.amd.gpu import AMDGPU
 from fusegrad.runtime.support.amd.ipregs import sh_register
-from fusegrad.runtime.support.amd.llvmir import render
+from fusegrad.runtime.support.amd_llvmir import render
 from fusegrad.runtime.support.amd.memory import MiB
 from fusegrad.runtime.support.amd.simgpu import SimDispatch
 

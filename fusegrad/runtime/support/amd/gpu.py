@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from . import pm4
 from .device import AMDDevice
-from .errors import DeviceError, FLRNotified, GPUFault, LeaseRequired, QueueTimeout
+from .errors import DeviceError, FLRNotified, GPUFault, LeaseRequired, PFEventError, QueueTimeout
 from .ipregs import IPRegisters
 from .mailbox import MailboxTimeouts
 from .memory import KiB, MiB
@@ -57,6 +57,7 @@ class AMDGPU:
         self.wait_s = wait_s
         self.window_open = False
         self.released_after_boot = False
+        self.pf_error: PFEventError | None = None
         handlers = {
             "init_hw.gmc": self._init_gmc,
             "init_hw.ih": self._init_ih,
@@ -65,7 +66,7 @@ class AMDGPU:
         }
         self.dev = AMDDevice(pci, timeouts, ip_handlers=handlers)
         try:
-            self.signals_va = self.alloc_mapped(SIGNAL_SLOTS * 8)[1]
+            self.signals_paddr, self.signals_va = self.alloc_mapped(SIGNAL_SLOTS * 8)
             self._next_signal = 0
             self.timeline = 0
             if self.dev.is_vf:
@@ -198,11 +199,21 @@ class AMDGPU:
             yield
         finally:
             self.window_open = False
+            # the release's stale-event pre-ack would swallow an FLR notice posted during the window: look first
+            with contextlib.suppress(PFEventError):
+                self.check_pf()
             self.dev.lease.release()
 
     def check_pf(self) -> None:
-        """Raise FLRNotified / UnrecoverableError when the PF revoked access or reset the VF since the last look."""
-        self.dev.check_pf_events()
+        """Raise FLRNotified / UnrecoverableError when the PF revoked access or reset the VF since the last look.
+        Once seen, the error sticks: after an FLR the queues and page tables are gone for good."""
+        if self.pf_error is not None:
+            raise self.pf_error
+        try:
+            self.dev.check_pf_events()
+        except PFEventError as e:
+            self.pf_error = e
+            raise
 
     # -- submission ----------------------------------------------------------------------------------------------------
     def _rptr(self, ring: Ring) -> int:
@@ -242,6 +253,8 @@ class AMDGPU:
         return self.signals_va + slot * 8
 
     def signal_paddr(self, va: int) -> int:
+        if 0 <= va - self.signals_va < SIGNAL_SLOTS * 8:
+            return self.signals_paddr + va - self.signals_va
         found = self.vm.translate(va)
         assert found is not None and not found[1], f"signal {va:#x} is not mapped to VRAM"
         return found[0]
@@ -315,12 +328,14 @@ class AMDGPU:
 
     def run_compute(self, packets: list[list[int]], timeout_s: float | None = None) -> None:
         """Submit packets, a RELEASE_MEM of the next timeline value, and wait for it."""
+        self.check_pf()
         signal = self.new_signal()
         self.timeline += 1
         self.submit_compute([*packets, pm4.release_mem(signal, self.timeline, interrupt=True)])
         self.wait(self.compute, signal, self.timeline, timeout_s)
 
     def run_sdma(self, packets: list[list[int]], timeout_s: float | None = None) -> None:
+        self.check_pf()
         signal = self.new_signal()
         self.submit_sdma([*packets, pm4.sdma_fence(signal, 1), pm4.sdma_trap()])
         self.wait(self.sdma, signal, 1, timeout_s)

@@ -342,10 +342,11 @@ class SimulatedPF:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5)
 
-    def flr_now(self, reason: str = "host-initiated FLR") -> None:
-        """Revoke full access and FLR the VF at once, as the host may at any time; nothing happens without a grant."""
+    def flr_now(self, reason: str = "host-initiated FLR", *, force: bool = False) -> None:
+        """Revoke full access and FLR the VF at once, as the host may at any time; without a grant only when forced
+        (a host reset of a VF that runs from doorbells after releasing its lease)."""
         with self.fn.changed:
-            self._flr(self._generation, reason)
+            self._flr(self._generation, reason, force)
             self.fn.changed.notify_all()  # the PF thread sleeps until its old next deadline otherwise
 
     def _log(self, line: str) -> None:
@@ -413,8 +414,8 @@ class SimulatedPF:
         else:
             self._log(f"request {request} not handled")
 
-    def _flr(self, generation: int, reason: str) -> None:
-        if generation != self._generation or not self.fn.full_access:
+    def _flr(self, generation: int, reason: str, force: bool = False) -> None:
+        if not force and (generation != self._generation or not self.fn.full_access):
             return
         fn = self.fn
         fn.full_access = fn.mmio_write_enabled = fn.doorbell_enabled = False

@@ -2,7 +2,7 @@
 
 Kernel arguments are the buffers as `ptr addrspace(1)`, in DEFINE_GLOBAL order, so the kernarg segment is one
 8-byte pointer per buffer. Loop counters and accumulators live in allocas that `opt -O2` promotes to registers.
-This is the only module of the AMD driver that reads fusegrad UOps; the driver itself never imports it.
+It lives beside the AMD driver package, which stays stdlib-only and never imports it.
 """
 
 from __future__ import annotations
@@ -119,6 +119,10 @@ def render(name: str, lin: tuple[UOp, ...]) -> str:
             out.append(f"  {r} = {instr} {t} {a[0]}, {a[1]}")
         elif op is Ops.WHERE:
             out.append(f"  {r} = select i1 {a[0]}, {t} {a[1]}, {t} {a[2]}")
+        elif op is Ops.POW and fl:
+            suffix = "f32" if t == "float" else "f64"
+            decls.add(f"declare {t} @llvm.pow.{suffix}({t}, {t})")
+            out.append(f"  {r} = call {t} @llvm.pow.{suffix}({t} {a[0]}, {t} {a[1]})")
         else:
             raise RenderError(f"the AMD LLVM IR renderer cannot render {op} on {dt!r}")
         return r
