@@ -105,9 +105,13 @@ def test_unmap_invalidates_tlbs_through_the_queue_outside_the_lease(gpu_of):
     pa, va = gpu.alloc_mapped(4096)
     _, vb = gpu.alloc_mapped(4096)
     gpu.run_sdma([pm4.sdma_copy(vb, va, 4)])  # the SDMA hub's TLB now holds va
-    gpu.free_mapped(pa, va)
+    gpu.vm.unmap(va)
+    gpu.run_sdma([pm4.sdma_copy(vb, va, 4)])  # without an invalidation the engine still uses the stale translation
+    gpu.flush_tlb()
+    gpu.dev.memory.free(pa)
     trace = pci.sim.gpu.trace
-    assert any("WRITE_DATA reg" in t for t in trace) and pci.requests()[-1] == Request.REL_GPU_INIT_ACCESS
+    assert any("WRITE_DATA MMHUB.MMVM_INVALIDATE_ENG17_REQ = 0xf80001" in t for t in trace)
+    assert pci.requests()[-1] == Request.REL_GPU_INIT_ACCESS  # no access window was needed
     with pytest.raises(GPUFault, match="VM fault on the MMHUB hub"):
         gpu.run_sdma([pm4.sdma_copy(vb, va, 4)])
 
@@ -143,3 +147,48 @@ def test_revocation_during_a_window_is_reported_not_hung(gpu_of):
         time.sleep(0.4)  # past the PF's full-access timeout: it revokes and FLRs the VF
     with pytest.raises(FLRNotified):
         gpu.run_compute([pm4.acquire_mem()])
+
+
+def test_a_dispatch_at_an_unregistered_code_address_stops_the_queue(gpu_of):
+    pci, gpu = gpu_of()
+    with pytest.raises(GPUFault, match="compute me1 pipe0 queue0 stopped on DISPATCH_DIRECT"):
+        gpu.run_compute([pm4.set_sh_reg(0x20C, 0x12345, 0), pm4.dispatch_direct(1, 1, 1, 1)])
+    assert "no kernel was registered there" in pci.sim.gpu.trace[-1]
+
+
+def _dispatch(gpu, code_va: int, kernarg_va: int, user: int = 0):
+    return [
+        pm4.set_sh_reg(0x20C, code_va >> 8, code_va >> 40),
+        pm4.set_sh_reg(0x240 + user, kernarg_va, kernarg_va >> 32),
+        pm4.dispatch_direct(1, 1, 1, 1),
+    ]
+
+
+def test_a_kernel_twin_reads_its_arguments_through_the_page_tables(gpu_of):
+    pci, gpu = gpu_of()
+    code_p, code_va = gpu.alloc_mapped(4096, executable=True)
+    gpu.bar[code_p : code_p + 8] = b"\x01\x02\x03\x04\x05\x06\x07\x08"
+    out_p, out_va = gpu.alloc_mapped(4096)
+    arg_p, arg_va = gpu.alloc_mapped(4096)
+
+    def twin(d):  # out[0] = 42 through the pointer found in the kernarg segment
+        (ptr,) = d.kernarg_pointers(1)
+        d.view(ptr, 4)[:] = struct.pack("<I", 42)
+
+    pci.register_kernel(code_va, b"\x01\x02\x03\x04\x05\x06\x07\x08", twin, kernarg_user_sgpr=2)
+    struct.pack_into("<Q", gpu.bar, arg_p, out_va)
+    gpu.run_compute(_dispatch(gpu, code_va, arg_va, user=2))
+    assert struct.unpack_from("<I", gpu.bar, out_p)[0] == 42
+    # a wrong argument layout (the pointer one slot late): the kernel dereferences a null pointer and faults
+    struct.pack_into("<QQ", gpu.bar, arg_p, 0, out_va)
+    with pytest.raises(GPUFault, match="VM fault on the GC hub at page 0x0"):
+        gpu.run_compute(_dispatch(gpu, code_va, arg_va, user=2))
+
+
+def test_a_code_address_that_holds_other_bytes_is_refused(gpu_of):
+    pci, gpu = gpu_of()
+    _, code_va = gpu.alloc_mapped(4096, executable=True)
+    pci.register_kernel(code_va, b"\xaa" * 16, lambda d: None)
+    with pytest.raises(GPUFault, match="DISPATCH_DIRECT"):
+        gpu.run_compute(_dispatch(gpu, code_va, 0))
+    assert "not the registered kernel's" in pci.sim.gpu.trace[-1]

@@ -29,7 +29,8 @@ from .vm import HUBS, INVALIDATE_VMID0_ALL, PAGE, GPUVM
 
 COMPUTE_DOORBELL, SDMA_DOORBELL = 16, 0x100  # 64-bit doorbell slots (amdgpu-like layout; any free slot works)
 RING_BYTES, IH_BYTES, SIGNAL_SLOTS = 256 * KiB, 64 * KiB, 512
-IH_CLIENT_UTCL2, IH_CLIENT_VMC, IH_SRC_VM_FAULT = 0x1B, 0x12, 0
+IH_CLIENT_UTCL2, IH_CLIENT_VMC, IH_CLIENT_GRBM_CP, IH_CLIENT_SDMA0 = 0x1B, 0x12, 0x14, 0x08
+IH_SRC_VM_FAULT, IH_SRC_BAD_OPCODE = 0, 183
 
 
 @dataclass
@@ -310,6 +311,11 @@ class AMDGPU:
             if client in (IH_CLIENT_UTCL2, IH_CLIENT_VMC) and src == IH_SRC_VM_FAULT:
                 hub = "GC" if client == IH_CLIENT_UTCL2 else "MMHUB"
                 raise GPUFault(f"VM fault on the {hub} hub at page {dws[4] << 12 | dws[5] << 44:#x}")
+            if src == IH_SRC_BAD_OPCODE and client in (IH_CLIENT_GRBM_CP, IH_CLIENT_SDMA0):
+                ring = self.compute if client == IH_CLIENT_GRBM_CP else self.sdma
+                rptr = dws[4] | dws[5] << 32
+                what = next((w for after, w in ring.submitted if after > rptr), "an unknown packet")
+                raise GPUFault(f"{ring.name} stopped on {what} (read pointer {rptr}): the engine rejected it")
 
     # -- high level ----------------------------------------------------------------------------------------------------
     def flush_tlb(self) -> None:

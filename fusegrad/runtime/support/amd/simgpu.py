@@ -24,13 +24,20 @@ from .ipregs import resolve
 from .vm import ADDRESS_MASK, ENTRIES, LEVEL_SHIFTS, PDE_ADDRESS_MASK, PDE_IS_PTE, PTE_SYSTEM, PTE_VALID
 
 IH_CLIENT_UTCL2, IH_CLIENT_VMC, IH_CLIENT_GRBM_CP, IH_CLIENT_SDMA0 = 0x1B, 0x12, 0x14, 0x08
-IH_SRC_VM_FAULT, IH_SRC_CP_EOP, IH_SRC_SDMA_TRAP = 0, 181, 224
+IH_SRC_VM_FAULT, IH_SRC_CP_EOP, IH_SRC_BAD_OPCODE, IH_SRC_SDMA_TRAP = 0, 181, 183, 224
 IV_BYTES = 32
-SYSMEM_BASE = 1 << 44  # simulated host bus addresses start here, far above VRAM
+SYSMEM_BASE = 1 << 44
+WAIT_FUNCS = {
+    3: ("==", lambda a, b: a == b),
+    4: ("!=", lambda a, b: a != b),
+    5: (">=", lambda a, b: a >= b),
+}  # simulated host bus addresses start here, far above VRAM
 
 
 class SimFault(Exception):
     """An engine hit something the hardware would stop on (a VM fault, a bad packet, a wrong code address)."""
+
+    posted = False  # whether an interrupt already told the host (VM faults post their own)
 
 
 @dataclass
@@ -212,7 +219,9 @@ class SimGPU:
 
     def _fault(self, hub: str, va: int, why: str) -> SimFault:
         self.post_iv(IH_CLIENT_UTCL2 if hub == "GC" else IH_CLIENT_VMC, IH_SRC_VM_FAULT, (va >> 12, va >> 44, 0, 0))
-        return SimFault(f"VM fault on the {hub} hub at VA {va:#x}: {why}")
+        fault = SimFault(f"VM fault on the {hub} hub at VA {va:#x}: {why}")
+        fault.posted = True
+        return fault
 
     def _backing(self, addr: int, system: bool) -> tuple[object, int]:
         if not system:
@@ -300,6 +309,9 @@ class SimGPU:
         except SimFault as e:
             q.error = f"{e} (after {len(q.executed)} packets; last: {q.executed[-1] if q.executed else 'none'})"
             self.trace.append(f"{q.name}: ERROR {q.error}")
+            if not e.posted:  # the engine stops on the packet: the host hears of it by interrupt, not by a hang
+                client = IH_CLIENT_GRBM_CP if q.hub == "GC" else IH_CLIENT_SDMA0
+                self.post_iv(client, IH_SRC_BAD_OPCODE, (q.rptr & 0xFFFFFFFF, q.rptr >> 32, 0, 0))
         return True
 
     def _ring_read(self, q: SimQueue, offset: int, n: int) -> bytes:
@@ -347,12 +359,16 @@ class SimGPU:
                 (value,) = struct.unpack("<I", self.mem_read(q.hub, dws[2] | dws[3] << 32, 4))
             else:
                 value = self.fn.registers.get(dws[2], 0)
-            ok = {3: lambda a, b: a == b, 5: lambda a, b: a >= b, 4: lambda a, b: a != b}[func](value & mask, ref)
+            if func not in WAIT_FUNCS:
+                raise SimFault(f"WAIT_REG_MEM compare function {func} is not modelled")
+            symbol, compare = WAIT_FUNCS[func]
+            ok = compare(value & mask, ref)
             if not ok:
                 q.waiting = f"WAIT_REG_MEM {dws[2] | dws[3] << 32:#x} & {mask:#x} (is {value & mask}) vs {ref}"
                 return False
             q.waiting = None
-            name += f" {dws[2] | dws[3] << 32:#x} >= {ref}"
+            where = f"{dws[2] | dws[3] << 32:#x}" if dws[1] & pm4.WAIT_MEM_SPACE else self._reg_name(dws[2])
+            name += f" {where} & {mask:#x} {symbol} {ref}"
         elif opcode == pm4.WRITE_DATA:
             dst_sel, addr = dws[1] >> 8 & 0xF, dws[2] | dws[3] << 32
             if dst_sel == 0:  # a register, written by the CP on the driver's behalf
@@ -361,7 +377,9 @@ class SimGPU:
                     self.on_write(addr + i, v)
             else:
                 self.mem_write(q.hub, addr, struct.pack(f"<{len(dws) - 4}I", *dws[4:]))
-            name += f" {'reg' if dst_sel == 0 else 'mem'} {addr:#x}"
+            name += (
+                f" {self._reg_name(addr) if dst_sel == 0 else f'{addr:#x}'} = {','.join(f'{v:#x}' for v in dws[4:])}"
+            )
         elif opcode == pm4.INDIRECT_BUFFER:
             ib, size = dws[1] | (dws[2] & 0xFFFF) << 32, dws[3] & 0xFFFFF
             body = struct.unpack(f"<{size}I", self.mem_read(q.hub, ib, size * 4))
@@ -377,6 +395,10 @@ class SimGPU:
         q.executed.append(name)
         self.trace.append(f"{q.name}: {name}")
         return True
+
+    def _reg_name(self, dword: int) -> str:
+        ip_name = self.by_dword.get(dword)
+        return f"{ip_name[0]}.{ip_name[1]}" if ip_name else f"register {dword:#x}"
 
     @property
     def sh_state(self) -> dict[str, dict[int, int]]:
