@@ -116,6 +116,18 @@ def test_unmap_invalidates_tlbs_through_the_queue_outside_the_lease(gpu_of):
         gpu.run_sdma([pm4.sdma_copy(vb, va, 4)])
 
 
+def test_every_compute_submission_flushes_the_host_data_path_first(gpu_of):
+    pci, gpu = gpu_of()
+    req = gpu.regs.reg("NBIF", "BIF_BX_PF0_GPU_HDP_FLUSH_REQ").dword
+    done = gpu.regs.reg("NBIF", "BIF_BX_PF0_GPU_HDP_FLUSH_DONE").dword
+    # WAIT_REG_MEM, OPERATION 1 (write reg0, wait on reg1), compare ==, register space; CP2 = bit 2
+    assert gpu.hdp_flush_packet() == [0xC0053C02, 3 | 1 << 6, req, done, 4, 4, 0x20]
+    before = pci.sim.gpu.hdp_flushes
+    gpu.run_compute([pm4.acquire_mem()])
+    gpu.run_compute([])
+    assert pci.sim.gpu.hdp_flushes == before + 2
+
+
 def test_a_dropped_doorbell_is_rung_again(gpu_of):
     pci, gpu = gpu_of(drop_doorbell_every=2)
     for value in range(1, 4):
@@ -126,7 +138,7 @@ def test_a_dropped_doorbell_is_rung_again(gpu_of):
 def test_a_hung_queue_times_out_naming_the_queue_and_packet(gpu_of):
     pci, gpu = gpu_of(hang_compute=True)
     start = time.monotonic()
-    with pytest.raises(QueueTimeout, match=r"compute me1 pipe0 queue0.*stuck at packet ACQUIRE_MEM.*RELEASE_MEM"):
+    with pytest.raises(QueueTimeout, match=r"compute me1 pipe0 queue0.*stuck at packet WAIT_REG_MEM.*RELEASE_MEM"):
         gpu.run_compute([pm4.acquire_mem()], timeout_s=0.3)
     assert time.monotonic() - start < 3
 

@@ -65,3 +65,18 @@ def test_named_writes_reach_the_bar_and_the_gate_can_refuse():
         assert regs.writes() == [("GC.VM_CONTEXT0_CNTL", 0b111)]
         with pytest.raises(KeyError, match="no register GC.NOPE"):
             regs.reg("GC", "NOPE")
+
+
+def test_nbio_names_agree_with_the_absolute_offsets_detection_uses():
+    # detection and the mailbox run before discovery, on absolute dwords (facts §2-§3); with NBIF segment 2 at 0xD20
+    # the named registers must land on exactly those dwords
+    from fusegrad.runtime.support.amd import regs as R
+
+    table = resolve(DISC)
+    assert table["NBIF", "RCC_IOV_FUNC_IDENTIFIER"].dword == R.RCC_IOV_FUNC_IDENTIFIER == 0xDE5
+    assert table["NBIF", "RCC_CONFIG_MEMSIZE"].dword == R.RCC_CONFIG_MEMSIZE
+    assert table["NBIF", "BIF_BX_PF0_MAILBOX_MSGBUF_TRN_DW0"].dword == R.MAILBOX_TRN_DW0
+    assert table["NBIF", "BIF_BX_PF0_MAILBOX_MSGBUF_RCV_DW0"].dword == R.MAILBOX_RCV_DW0
+    control = table["NBIF", "BIF_BX_PF0_MAILBOX_CONTROL"]
+    assert control.dword == R.MAILBOX_CONTROL
+    assert control.encode(TRN_MSG_VALID=1, RCV_MSG_ACK=1) == R.TRN_MSG_VALID | R.RCV_MSG_ACK << 8

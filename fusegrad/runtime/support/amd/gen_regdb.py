@@ -3,7 +3,9 @@
 Facts only (names, dword offsets within an IP's register segment, segment index, bit fields), taken from AMD's public
 register headers as shipped in Linux (drivers/gpu/drm/amd/include/asic_reg/...). Only registers the driver uses.
 Sources: `gc_9_4_3_offset.h` (GC; tinygrad and amdgpu use it for GC 9.5.0 too), `sdma_4_4_2_offset.h`,
-`osssys_4_4_2_offset.h`, read for this file. MMHUB offsets follow the mmhub_1_x layout (a public trimmed copy; not
+`osssys_4_4_2_offset.h`, read for this file; NBIO 7.9 segment-2 registers from `nbio_7_9_0_offset.h` (facts sheet §2-§3
+and a trimmed public copy for the HDP flush registers). HDP 4.4.2 itself has no register this driver needs: on NBIO
+7.9 the HDP flush request/done pair lives in NBIO. MMHUB offsets follow the mmhub_1_x layout (a public trimmed copy; not
 checked against mmhub_1_8_0 itself). Field layouts are the gfx9-family sh_mask values, UNCONFIRMED on gfx950.
 SH registers are given as SET_SH_REG offsets (dword address minus 0x2C00), which is how PM4 names them.
 """
@@ -89,6 +91,17 @@ SDMA0 SDMA_GFX_DOORBELL_OFFSET 0x00ab 0 OFFSET:2:27
 SDMA0 SDMA_GFX_RB_WPTR_POLL_ADDR_HI 0x00b2 0
 SDMA0 SDMA_GFX_RB_WPTR_POLL_ADDR_LO 0x00b3 0
 SDMA0 SDMA_GFX_MINOR_PTR_UPDATE 0x00b5 0
+NBIF RCC_CONFIG_MEMSIZE 0x00c3 2
+NBIF RCC_IOV_FUNC_IDENTIFIER 0x00c5 2 FUNC_IDENTIFIER:0:0 IOV_ENABLE:31:31
+NBIF BIF_BX_PF0_HDP_MEM_COHERENCY_FLUSH_CNTL 0x00f7 2
+NBIF BIF_BX_PF0_GPU_HDP_FLUSH_REQ 0x0106 2 CP0:0:0 CP1:1:1 CP2:2:2 CP3:3:3 CP4:4:4 CP5:5:5 CP6:6:6 CP7:7:7
++ CP8:8:8 CP9:9:9 SDMA0:10:10
+NBIF BIF_BX_PF0_GPU_HDP_FLUSH_DONE 0x0107 2 CP0:0:0 CP1:1:1 CP2:2:2 CP3:3:3 CP4:4:4 CP5:5:5 CP6:6:6 CP7:7:7
++ CP8:8:8 CP9:9:9 SDMA0:10:10
+NBIF BIF_BX_PF0_MAILBOX_MSGBUF_TRN_DW0 0x0136 2
+NBIF BIF_BX_PF0_MAILBOX_MSGBUF_RCV_DW0 0x013a 2
+NBIF BIF_BX_PF0_MAILBOX_CONTROL 0x013e 2 TRN_MSG_VALID:0:0 TRN_MSG_ACK:1:1 RCV_MSG_VALID:8:8 RCV_MSG_ACK:9:9
+NBIF BIF_BX_PF0_MAILBOX_INT_CNTL 0x013f 2 VALID_INT_EN:0:0 ACK_INT_EN:1:1
 OSSSYS IH_RB_CNTL 0x0080 0 RB_ENABLE:0:0 RB_SIZE:1:5 WPTR_WRITEBACK_ENABLE:8:8
 OSSSYS IH_RB_BASE 0x0081 0
 OSSSYS IH_RB_BASE_HI 0x0082 0

@@ -332,12 +332,19 @@ class AMDGPU:
         self.run_compute(packets)
         self.vm.dirty = False
 
+    def hdp_flush_packet(self) -> list[int]:
+        """Flush the host data path from the compute queue (me1 pipe0 is client CP2 of the NBIO flush registers)."""
+        req = self.regs.reg("NBIF", "BIF_BX_PF0_GPU_HDP_FLUSH_REQ")
+        done = self.regs.reg("NBIF", "BIF_BX_PF0_GPU_HDP_FLUSH_DONE")
+        return pm4.hdp_flush(req.dword, done.dword, req.encode(CP2=1))
+
     def run_compute(self, packets: list[list[int]], timeout_s: float | None = None) -> None:
-        """Submit packets, a RELEASE_MEM of the next timeline value, and wait for it."""
+        """Submit an HDP flush, the packets, a RELEASE_MEM of the next timeline value, and wait for it."""
         self.check_pf()
         signal = self.new_signal()
         self.timeline += 1
-        self.submit_compute([*packets, pm4.release_mem(signal, self.timeline, interrupt=True)])
+        release = pm4.release_mem(signal, self.timeline, interrupt=True)
+        self.submit_compute([self.hdp_flush_packet(), *packets, release])
         self.wait(self.compute, signal, self.timeline, timeout_s)
 
     def run_sdma(self, packets: list[list[int]], timeout_s: float | None = None) -> None:

@@ -16,7 +16,7 @@ from .pci import RegisterBAR
 from .regdb import REGISTERS
 
 # regdb IP names -> discovery IP names (SH registers are PM4 offsets and have no BAR address)
-DISCOVERY_NAME = {"GC": "GC", "MMHUB": "MMHUB", "SDMA0": "SDMA0", "OSSSYS": "OSSSYS"}
+DISCOVERY_NAME = {"GC": "GC", "MMHUB": "MMHUB", "SDMA0": "SDMA0", "OSSSYS": "OSSSYS", "NBIF": "NBIF"}
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,12 @@ def write_data_register(dword: int, value: int) -> list[int]:
     return [header(WRITE_DATA, 4), 0 << 8 | 1 << 20, dword, 0, lo(value)]
 
 
+def hdp_flush(req_dword: int, done_dword: int, mask: int) -> list[int]:
+    """WAIT_REG_MEM in write-wait-write mode (OPERATION 1): write mask to the NBIO HDP flush request register, then
+    wait until the done register shows it, so the host's BAR writes (kernargs, buffers) reach memory first."""
+    return [header(WAIT_REG_MEM, 6), FUNC_EQ | 1 << 6, req_dword, done_dword, lo(mask), lo(mask), 0x20]
+
+
 def wait_register(dword: int, ref: int, mask: int) -> list[int]:
     """WAIT_REG_MEM on a register (MEM_SPACE 0) until (reg & mask) == ref."""
     return [header(WAIT_REG_MEM, 6), FUNC_EQ, dword, 0, lo(ref), lo(mask), 4]

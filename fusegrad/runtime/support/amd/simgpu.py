@@ -90,6 +90,7 @@ class SimGPU:
         self.ih_wptr = 0
         self.trace: list[str] = []  # what went over the rings, for `fusegrad-amd run --sim`
         self.doorbells_seen = 0
+        self.hdp_flushes = 0
         self._stopping = False
         self.thread = threading.Thread(target=self._run, name="SimGPU-CP", daemon=True)
         self.thread.start()
@@ -116,6 +117,9 @@ class SimGPU:
             self._set("GC", "CP_HQD_ACTIVE", 0)
         elif name == "SDMA_GFX_RB_CNTL":
             self._sdma_cntl(value)
+        elif name == "BIF_BX_PF0_GPU_HDP_FLUSH_REQ":
+            self.hdp_flushes += 1  # the flush completes at once: the done register reports the requesting clients
+            self._set("NBIF", "BIF_BX_PF0_GPU_HDP_FLUSH_DONE", value)
 
     def _selected(self) -> tuple[int, int, int]:
         v = self.reg("GC", "GRBM_GFX_CNTL")
@@ -355,10 +359,17 @@ class SimGPU:
             name += f" [{addr:#x}] = {value}"
         elif opcode == pm4.WAIT_REG_MEM:
             ref, mask, func = dws[4], dws[5], dws[1] & 7
+            polled = dws[2]
             if dws[1] & pm4.WAIT_MEM_SPACE:
                 (value,) = struct.unpack("<I", self.mem_read(q.hub, dws[2] | dws[3] << 32, 4))
             else:
-                value = self.fn.registers.get(dws[2], 0)
+                if dws[1] >> 6 & 3 == 1 and not q.waiting:  # write-wait-write: write reg0 once, then poll reg1
+                    self.fn.registers[dws[2]] = ref
+                    self.on_write(dws[2], ref)
+                    polled = dws[3]
+                elif dws[1] >> 6 & 3 == 1:
+                    polled = dws[3]
+                value = self.fn.registers.get(polled, 0)
             if func not in WAIT_FUNCS:
                 raise SimFault(f"WAIT_REG_MEM compare function {func} is not modelled")
             symbol, compare = WAIT_FUNCS[func]
@@ -367,7 +378,9 @@ class SimGPU:
                 q.waiting = f"WAIT_REG_MEM {dws[2] | dws[3] << 32:#x} & {mask:#x} (is {value & mask}) vs {ref}"
                 return False
             q.waiting = None
-            where = f"{dws[2] | dws[3] << 32:#x}" if dws[1] & pm4.WAIT_MEM_SPACE else self._reg_name(dws[2])
+            where = f"{dws[2] | dws[3] << 32:#x}" if dws[1] & pm4.WAIT_MEM_SPACE else self._reg_name(polled)
+            if dws[1] >> 6 & 3 == 1:
+                where = f"write {self._reg_name(dws[2])} = {ref:#x}, then {where}"
             name += f" {where} & {mask:#x} {symbol} {ref}"
         elif opcode == pm4.WRITE_DATA:
             dst_sel, addr = dws[1] >> 8 & 0xF, dws[2] | dws[3] << 32
