@@ -105,6 +105,11 @@ class AmdProgram:
             print(ir)
         self.elf = compile_ir(ir, device.arch)
         self.kd = parse_code_object(self.elf, info.name)
+        if self.kd.private_segment:
+            raise RuntimeError(
+                f"kernel {info.name} needs {self.kd.private_segment} bytes of scratch per work-item; DEV=AMD sets up "
+                "no scratch (COMPUTE_TMPRING_SIZE 0) yet"
+            )
         image = load_image(self.elf)
         gpu = device.gpu
         with device.lock:
