@@ -222,7 +222,7 @@ class Buffer:
     def copyin(self, data: np.ndarray) -> None:
         # a device with a DMA engine (AMD: SDMA) uploads itself; host memory is written directly
         if (upload := getattr(Device[self.device].allocator, "copyin", None)) is not None:
-            return upload(self.ensure_allocated()._mem, data.reshape(-1).astype(to_numpy_dtype(self.dtype)))
+            return upload(self.ensure_allocated()._mem, data.reshape(-1).astype(to_numpy_dtype(self.dtype), copy=False))
         self.host_view()[:] = data.reshape(-1)
 
     def __repr__(self) -> str:

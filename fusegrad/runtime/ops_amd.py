@@ -8,6 +8,8 @@ kernel's PYTHON-device twin over simulated VRAM. The AMD parts sit behind a smal
 
 from __future__ import annotations
 
+import atexit
+import collections
 import struct
 import threading
 from typing import Any
@@ -49,9 +51,11 @@ class AmdAllocator:
         self.gpu, self.lock = gpu, lock
         self.blocks: dict[int, tuple[int, int]] = {}  # host address of the view -> (paddr, va)
         self.shadows: dict[tuple[int, int], np.ndarray] = {}  # (host address, size) of outside memory -> our block
+        self.pending: collections.deque[int] = collections.deque()  # freed blocks not yet unmapped
 
     def alloc(self, nbytes: int) -> np.ndarray:
         with self.lock:
+            self.reclaim()
             paddr, va = self.gpu.alloc_mapped(max(nbytes, 1))
             mem = np.frombuffer(self.gpu.bar, np.uint8, max(nbytes, 1), paddr)
             self.blocks[mem.ctypes.data] = (paddr, va)
@@ -69,9 +73,22 @@ class AmdAllocator:
         return self.blocks[shadow.ctypes.data][1]
 
     def free(self, mem: np.ndarray) -> None:
-        with self.lock:
-            if (block := self.blocks.pop(mem.ctypes.data, None)) is not None and not self.gpu.dev.closed:
-                self.gpu.free_mapped(*block)
+        # called by finalizers, possibly in the middle of a submission on this thread: only queue the block here
+        self.pending.append(mem.ctypes.data)
+
+    def reclaim(self) -> None:
+        """Unmap the blocks freed since the last call, invalidate the TLBs once, then give their VRAM back."""
+        freed = []
+        while self.pending:
+            if (block := self.blocks.pop(self.pending.popleft(), None)) is not None:
+                freed.append(block)
+        if not freed or self.gpu.dev.closed:
+            return
+        for _, va in freed:
+            self.gpu.vm.unmap(va)
+        self.gpu.flush_tlb()
+        for paddr, _ in freed:
+            self.gpu.dev.memory.free(paddr)
 
     def copyin(self, mem: np.ndarray, data: np.ndarray) -> None:
         """Host -> VRAM through SDMA from a host staging buffer (sim), else through the BAR."""
@@ -128,7 +145,7 @@ class AmdProgram:
         pointers = d.kernarg_pointers(len(self.params))
         bufs = []
         for u, va in zip(self.params, pointers):
-            dt = np.dtype(to_numpy_dtype(u.dtype.base if hasattr(u.dtype, "base") else u.dtype))
+            dt = np.dtype(to_numpy_dtype(u.dtype))
             n = u.arg[1]
             bufs.append(_TwinBuffer(np.frombuffer(d.view(va, max(n * dt.itemsize, 1)), dt, n)))
         twin(bufs)  # type: ignore[arg-type]
@@ -138,6 +155,7 @@ class AmdProgram:
             raise RuntimeError(f"kernel {self.info.name} takes {len(self.params)} buffers, got {len(buffers)}")
         dev, gpu = self.device, self.device.gpu
         with dev.lock:
+            dev.allocator.reclaim()
             vas = [dev.allocator.va(b.ensure_allocated()._mem) for b in buffers]  # type: ignore[arg-type]
             struct.pack_into(f"<{len(vas)}Q", gpu.bar, self.kernarg_paddr, *vas)
             kd, sh = self.kd, lambda name: sh_register(name).dword  # noqa: E731
@@ -164,6 +182,12 @@ class AmdDevice:
         self.arch = pick_target(AMD_ARCH.value)
         self.allocator = AmdAllocator(self.gpu, self.lock)
         self.renderer = self.compiler = None
+        atexit.register(self.close)  # teardown takes a short access window; the PF should not have to time it out
+
+    def close(self) -> None:
+        with self.lock:
+            self.gpu.close()
+            self.pci.close()
 
     def build(self, info: Any) -> AmdProgram:
         return AmdProgram(self, info)

@@ -50,3 +50,29 @@ def test_one_mlp_training_step_matches_cpu():
     w1, w2 = rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal((5, 2)).astype(np.float32)
     for got, want in zip(_mlp_step("AMD", x, y, w1, w2), _mlp_step("CPU", x, y, w1, w2)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_copies_to_the_device_go_through_sdma_and_freed_buffers_are_unmapped():
+    from fusegrad.runtime.device import Device
+
+    dev = Device["AMD"]
+    trace = dev.pci.sim.gpu.trace
+    before = len(trace)
+    x = np.arange(1000, dtype=np.float32)
+    t = Tensor(x, device="CPU").to("AMD")
+    np.testing.assert_array_equal((t * 3).numpy(), x * 3)
+    assert any("COPY_LINEAR" in line for line in trace[before:]), "the upload did not go through SDMA"
+    unmapped: list[int] = []
+    unmap = dev.gpu.vm.unmap
+    dev.gpu.vm.unmap = lambda va: unmapped.append(va) or unmap(va)
+    try:
+        del t
+        import gc
+
+        gc.collect()
+        assert len(dev.allocator.pending) >= 2  # freed by the finalizers, not yet unmapped (no submission from gc)
+        (Tensor([1.0], device="AMD") + 1).realize()  # the next launch unmaps what was freed, with one TLB flush
+    finally:
+        del dev.gpu.vm.unmap
+    assert len(unmapped) >= 2  # the launch reclaimed both (what it freed itself waits for the next one)
+    assert any("WRITE_DATA GC.VM_INVALIDATE_ENG17_REQ" in line for line in trace[before:])
