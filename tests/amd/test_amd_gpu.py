@@ -204,3 +204,44 @@ def test_a_code_address_that_holds_other_bytes_is_refused(gpu_of):
     with pytest.raises(GPUFault, match="DISPATCH_DIRECT"):
         gpu.run_compute(_dispatch(gpu, code_va, 0))
     assert "not the registered kernel's" in pci.sim.gpu.trace[-1]
+
+
+def test_ih_ring_entries_are_consumed_by_doorbell_and_overflow_drops_vectors(gpu_of):
+    pci, gpu = gpu_of()
+    writes = dict(gpu.regs.writes())
+    assert writes["OSSSYS.IH_DOORBELL_RPTR"] == (0x80 * 2) | 1 << 28
+    gpu.run_compute([])  # RELEASE_MEM with an interrupt: one EOP vector (client GRBM_CP, source 181)
+    deadline = time.monotonic() + 2
+    while not any(src == 181 for _, src, _ in gpu.drain_ih()):  # the vector follows the signal's write
+        assert time.monotonic() < deadline
+    sim = pci.sim.gpu
+    assert sim.ih_rptr == gpu.ih_rptr  # draining rang the IH doorbell with the new read pointer
+    with pci.sim.lock:
+        for _ in range(64 * 1024 // 32 + 5):  # more vectors than the 64 KiB ring holds, nobody draining
+            sim.post_iv(0x14, 181, (0, 0, 0, 0))
+    assert sim.ih_overflows == 5
+    entries = gpu.drain_ih()
+    assert len(entries) == 64 * 1024 // 32 and {(c, s) for c, s, _ in entries} == {(0x14, 181)}
+
+
+def test_engine_state_registers_report_the_live_read_pointers(gpu_of):
+    pci, gpu = gpu_of()
+    gpu.run_compute([pm4.acquire_mem()])
+    gpu.run_sdma([])
+    regs = pci.map_registers()
+    assert regs.read32(gpu.regs.reg("GC", "CP_HQD_ACTIVE").dword) == 1
+    assert regs.read32(gpu.regs.reg("GC", "CP_HQD_PQ_RPTR").dword) == gpu.compute.wptr
+    assert regs.read32(gpu.regs.reg("SDMA0", "SDMA_GFX_RB_RPTR").dword) == gpu.sdma.wptr
+
+
+def test_a_hung_queue_is_reset_in_a_short_access_window(gpu_of):
+    pci, gpu = gpu_of()
+    never = gpu.new_signal()
+    with pytest.raises(QueueTimeout, match="stuck at packet WAIT_REG_MEM"):
+        gpu.run_compute([pm4.wait_reg_mem(never, 1)], timeout_s=0.2)
+    requests = len(pci.requests())
+    gpu.reset_compute_queue()
+    assert pci.requests()[requests:] == [Request.REQ_GPU_INIT_ACCESS, Request.REL_GPU_INIT_ACCESS]
+    assert all(accepted for _, _, accepted in pci.sim.mmio_writes)  # every write landed inside the window
+    gpu.run_compute([pm4.acquire_mem()])  # the fresh queue runs
+    assert gpu.compute.wptr > 0

@@ -27,7 +27,11 @@ from .memory import KiB, MiB
 from .pci import PCIDevice
 from .vm import HUBS, INVALIDATE_VMID0_ALL, PAGE, GPUVM
 
-COMPUTE_DOORBELL, SDMA_DOORBELL = 16, 0x100  # 64-bit doorbell slots (amdgpu-like layout; any free slot works)
+COMPUTE_DOORBELL, SDMA_DOORBELL, IH_DOORBELL = (
+    16,
+    0x100,
+    0x80,
+)  # 64-bit doorbell slots (amdgpu-like layout; any free slot works)
 RING_BYTES, IH_BYTES, SIGNAL_SLOTS = 256 * KiB, 64 * KiB, 512
 IH_CLIENT_UTCL2, IH_CLIENT_VMC, IH_CLIENT_GRBM_CP, IH_CLIENT_SDMA0 = 0x1B, 0x12, 0x14, 0x08
 IH_SRC_VM_FAULT, IH_SRC_BAD_OPCODE = 0, 183
@@ -137,6 +141,8 @@ class AMDGPU:
         w("OSSSYS", "IH_RB_WPTR_ADDR_LO", self.ih_wptr_paddr & 0xFFFFFFFF)
         w("OSSSYS", "IH_RB_WPTR_ADDR_HI", self.ih_wptr_paddr >> 32)
         w("OSSSYS", "IH_RB_RPTR", 0)
+        # the read pointer goes back by doorbell, so draining the ring needs no MMIO after the lease
+        w("OSSSYS", "IH_DOORBELL_RPTR", OFFSET=IH_DOORBELL * 2, ENABLE=1)
         w("OSSSYS", "IH_RB_CNTL", RB_ENABLE=1, RB_SIZE=(IH_BYTES // 4).bit_length() - 1, WPTR_WRITEBACK_ENABLE=1)
 
     def _new_ring(self, name: str, doorbell: int, unit: int) -> Ring:
@@ -304,6 +310,8 @@ class AMDGPU:
             dws = struct.unpack_from("<8I", self.bar, self.ih_paddr + off)
             out.append((dws[0] & 0xFF, (dws[0] >> 8) & 0xFF, dws))
             self.ih_rptr = (self.ih_rptr + 32) % (2 * IH_BYTES)
+        if out:
+            self.dev.doorbells.write64(IH_DOORBELL, self.ih_rptr)
         return out
 
     def check_faults(self) -> None:

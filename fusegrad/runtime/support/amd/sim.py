@@ -174,6 +174,8 @@ class SimulatedFunction:
                 if (address := self._mm_address()) is None:
                     return 0xFFFFFFFF
                 return int.from_bytes(self.read_vram(address, 4), "little")
+            if (live := self.gpu.on_read(dword)) is not None:
+                return live
             return self.registers.get(dword, 0)
 
     def _mm_address(self) -> int | None:

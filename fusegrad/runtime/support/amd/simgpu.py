@@ -86,8 +86,9 @@ class SimGPU:
         self.kernels: dict[int, tuple[bytes, Callable[[SimDispatch], None], int]] = {}
         self.compute: dict[tuple[int, int, int], SimQueue] = {}  # (me, pipe, queue) -> active HQD
         self.sdma: SimQueue | None = None
-        self.ih_rptr_seen = 0
+        self.ih_rptr = 0  # bytes, as the host reports it through the IH doorbell
         self.ih_wptr = 0
+        self.ih_overflows = 0
         self.trace: list[str] = []  # what went over the rings, for `fusegrad-amd run --sim`
         self.doorbells_seen = 0
         self.hdp_flushes = 0
@@ -120,6 +121,18 @@ class SimGPU:
         elif name == "BIF_BX_PF0_GPU_HDP_FLUSH_REQ":
             self.hdp_flushes += 1  # the flush completes at once: the done register reports the requesting clients
             self._set("NBIF", "BIF_BX_PF0_GPU_HDP_FLUSH_DONE", value)
+
+    def on_read(self, dword: int) -> int | None:
+        """Registers that report engine state: the selected HQD's read pointer and active bit, SDMA's read pointer."""
+        key = self.by_dword.get(dword)
+        if key == ("GC", "CP_HQD_PQ_RPTR"):
+            q = self.compute.get(self._selected())
+            return (q.rptr % (q.ring_bytes // 4)) if q else 0
+        if key == ("GC", "CP_HQD_ACTIVE"):
+            return int(self._selected() in self.compute)
+        if key == ("SDMA0", "SDMA_GFX_RB_RPTR"):
+            return (self.sdma.rptr % self.sdma.ring_bytes) if self.sdma else 0
+        return None
 
     def _selected(self) -> tuple[int, int, int]:
         v = self.reg("GC", "GRBM_GFX_CNTL")
@@ -166,6 +179,10 @@ class SimGPU:
         self.sdma.rptr = self.sdma.wptr
 
     def on_doorbell(self, index: int, value: int) -> None:
+        ih_doorbell = self.reg("OSSSYS", "IH_DOORBELL_RPTR")
+        if ih_doorbell >> 28 & 1 and index == (ih_doorbell & 0x3FFFFFF) // 2:
+            self.ih_rptr = value  # the host consumed interrupt vectors up to here
+            return
         self.doorbells_seen += 1
         every = self.fn.config.drop_doorbell_every
         if every and self.doorbells_seen % every == 0:
@@ -180,6 +197,7 @@ class SimGPU:
         """What an FLR does to the engines: every queue gone, TLBs empty, host mappings forgotten."""
         self.compute.clear()
         self.sdma = None
+        self.ih_rptr = 0
         for t in self.tlb.values():
             t.clear()
         self.ih_wptr = 0
@@ -275,6 +293,9 @@ class SimGPU:
         if not cntl & 1:
             return  # interrupts are dropped while the IH ring is off
         size = 4 << ((cntl >> 1) & 0x1F)
+        if (self.ih_wptr - self.ih_rptr) % (2 * size) >= size:
+            self.ih_overflows += 1  # the ring is full: the vector is lost (hardware sets RB_OVERFLOW)
+            return
         base = self.reg("OSSSYS", "IH_RB_BASE") << 8 | self.reg("OSSSYS", "IH_RB_BASE_HI") << 40
         now = time.monotonic_ns()
         words = (client | src << 8 | ring_id << 16, now & 0xFFFFFFFF, (now >> 32) & 0xFFFF, 0)
