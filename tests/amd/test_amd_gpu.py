@@ -64,6 +64,14 @@ def test_page_table_entries_follow_the_gfx9_format(gpu_of):
     assert leaf == paddr | 0x61 | PDE_IS_PTE
     gpu.vm.unmap(va)
     assert gpu.vm.translate(va) is None
+    # host memory: PTE with SYSTEM | SNOOPED (bits 1, 2) and the bus address; the SDMA engine reaches it
+    view, stage_va = gpu.staging(4096)
+    bus, system = gpu.vm.translate(stage_va)
+    assert system and bus >= 1 << 44
+    view[:4] = b"\x11\x22\x33\x44"
+    pb, vb = gpu.alloc_mapped(4096)
+    gpu.run_sdma([pm4.sdma_copy(vb, stage_va, 4)])
+    assert bytes(gpu.bar[pb : pb + 4]) == b"\x11\x22\x33\x44"
 
 
 def test_sdma_fill_copy_and_fence_packets(gpu_of):

@@ -35,6 +35,12 @@ def test_matmul_and_reduction_match_cpu():
     np.testing.assert_allclose(x.max().numpy(), a.max())
 
 
+def test_half_inputs_match_cpu():
+    a = np.linspace(-2, 2, 12, dtype=np.float16)
+    got = (Tensor(a, device="AMD") * 3 + 1).numpy()
+    np.testing.assert_array_equal(got, (Tensor(a, device="CPU") * 3 + 1).numpy())
+
+
 def _mlp_step(device: str, x: np.ndarray, y: np.ndarray, w1: np.ndarray, w2: np.ndarray):
     t1, t2 = Tensor(w1, device=device, requires_grad=True), Tensor(w2, device=device, requires_grad=True)
     out = (Tensor(x, device=device) @ t1).relu() @ t2

@@ -24,6 +24,7 @@ _TYPES = {
     dtypes.uint32: "i32",
     dtypes.int64: "i64",
     dtypes.uint64: "i64",
+    dtypes.float16: "half",
     dtypes.float32: "float",
     dtypes.float64: "double",
 }
@@ -51,8 +52,10 @@ def const(value: object, dt: DType) -> str:
         return "true" if value else "false"
     if dtypes.is_float(dt):
         v = float(value)  # type: ignore[arg-type]
-        if dt is dtypes.float32:
-            v = struct.unpack("<f", struct.pack("<f", v))[0] if math.isfinite(v) else v
+        if dt is dtypes.float32 and math.isfinite(v):
+            v = struct.unpack("<f", struct.pack("<f", v))[0]  # LLVM wants a float constant exact in float
+        if dt is dtypes.float16 and math.isfinite(v):
+            v = struct.unpack("<e", struct.pack("<e", v))[0]
         return f"0x{struct.unpack('<Q', struct.pack('<d', v))[0]:016X}"
     return str(int(value))  # type: ignore[call-overload]
 
