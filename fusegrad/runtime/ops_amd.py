@@ -12,6 +12,7 @@ import atexit
 import collections
 import struct
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from fusegrad.helpers import AMD_ARCH, AMD_PCI, AMD_SIM, DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.runtime.ops_python import PythonProgram
 from fusegrad.runtime.support.amd import pm4
+from fusegrad.runtime.support.amd.errors import AMDError
 from fusegrad.runtime.support.amd.codeobj import compile_ir, load_image, parse_code_object, pick_target
 from fusegrad.runtime.support.amd.gpu import AMDGPU
 from fusegrad.runtime.support.amd.ipregs import sh_register
@@ -34,13 +36,15 @@ CODE_ALIGN = 256  # COMPUTE_PGM_LO holds the code address >> 8
 
 def open_pci():
     """The PCI function DEV=AMD uses: the simulator (AMD_SIM=1), AMD_PCI, or the first AMD GPU function."""
-    from fusegrad.runtime.support.amd import SysfsPCIDevice, list_functions, open_sim
+    from fusegrad.runtime.support.amd import SysfsPCIDevice, list_functions, open_sim, read_function
+    from fusegrad.runtime.support.amd.cli import check_access
 
     if AMD_SIM.value:
         return open_sim(vram_mib=SIM_VRAM_MIB)
     address = AMD_PCI.value or next((f.address for f in list_functions()), None)
     if not address:
         raise RuntimeError("DEV=AMD found no AMD GPU function in sysfs; set AMD_PCI=0000:83:00.0 or AMD_SIM=1")
+    check_access(read_function(address), force=False, vfio=False)  # refuses a bound function or a non-root caller
     return SysfsPCIDevice(address)
 
 
@@ -186,8 +190,12 @@ class AmdDevice:
 
     def close(self) -> None:
         with self.lock:
-            self.gpu.close()
-            self.pci.close()
+            try:
+                self.gpu.close()
+            except AMDError as e:  # at exit there is no one to raise to; the PF's timer reclaims what is left
+                warnings.warn(f"DEV=AMD teardown failed: {type(e).__name__}: {e}", stacklevel=1)
+            finally:
+                self.pci.close()
 
     def build(self, info: Any) -> AmdProgram:
         return AmdProgram(self, info)

@@ -20,7 +20,7 @@ def gpu_of():
 
     def make(**knobs):
         pci = open_sim(vram_mib=1024, **knobs)
-        gpu = AMDGPU(pci, wait_s=knobs.pop("wait_s", 2.0) if "wait_s" in knobs else 2.0)
+        gpu = AMDGPU(pci, wait_s=2.0)  # every wait of a test ends within seconds
         opened.append((pci, gpu))
         return pci, gpu
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from . import pm4
 from .device import AMDDevice
-from .errors import DeviceError, FLRNotified, GPUFault, LeaseRequired, PFEventError, QueueTimeout
+from .errors import DeviceError, GPUFault, LeaseRequired, PFEventError, QueueTimeout
 from .ipregs import IPRegisters
 from .mailbox import MailboxTimeouts
 from .memory import KiB, MiB
@@ -374,7 +374,8 @@ class AMDGPU:
             return
         try:
             if self.dev.booted:
-                with contextlib.suppress(FLRNotified), self.mmio_window("teardown"):
+                # after an FLR or RMA there is nothing left to tear down
+                with contextlib.suppress(PFEventError), self.mmio_window("teardown"):
                     self.regs.write("GC", "GRBM_GFX_CNTL", MEID=1, PIPEID=0, QUEUEID=0, VMID=0)
                     self.regs.write("GC", "CP_HQD_DEQUEUE_REQUEST", DEQUEUE_REQ=1)
                     self.regs.write("SDMA0", "SDMA_GFX_RB_CNTL", 0)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from . import pm4
 from .discovery import Discovery
-from .ipregs import resolve
+from .ipregs import resolve, sh_register
 from .vm import ADDRESS_MASK, ENTRIES, LEVEL_SHIFTS, PDE_ADDRESS_MASK, PDE_IS_PTE, PTE_SYSTEM, PTE_VALID
 
 IH_CLIENT_UTCL2, IH_CLIENT_VMC, IH_CLIENT_GRBM_CP, IH_CLIENT_SDMA0 = 0x1B, 0x12, 0x14, 0x08
@@ -92,6 +92,7 @@ class SimGPU:
         self.trace: list[str] = []  # what went over the rings, for `fusegrad-amd run --sim`
         self.doorbells_seen = 0
         self.hdp_flushes = 0
+        self.sh_state: dict[str, dict[int, int]] = {}  # SH registers each queue has set (they persist, as on the GPU)
         self._stopping = False
         self.thread = threading.Thread(target=self._run, name="SimGPU-CP", daemon=True)
         self.thread.start()
@@ -434,23 +435,19 @@ class SimGPU:
         ip_name = self.by_dword.get(dword)
         return f"{ip_name[0]}.{ip_name[1]}" if ip_name else f"register {dword:#x}"
 
-    @property
-    def sh_state(self) -> dict[str, dict[int, int]]:
-        if not hasattr(self, "_sh"):
-            self._sh: dict[str, dict[int, int]] = {}
-        return self._sh
-
     def _dispatch(self, sh: dict[int, int], grid: tuple[int, ...]) -> None:
-        g = lambda off: sh.get(off, 0)  # noqa: E731
-        entry = (g(0x20C) << 8) | (g(0x20D) << 40)
+        def g(name: str, plus: int = 0) -> int:
+            return sh.get(sh_register(name).dword + plus, 0)
+
+        entry = (g("COMPUTE_PGM_LO") << 8) | (g("COMPUTE_PGM_HI") << 40)
         if entry not in self.kernels:
             raise SimFault(f"DISPATCH_DIRECT at code address {entry:#x}: no kernel was registered there")
         code, twin, sgpr = self.kernels[entry]
-        kernarg = g(0x240 + sgpr) | g(0x241 + sgpr) << 32
+        kernarg = g("COMPUTE_USER_DATA_0", sgpr) | g("COMPUTE_USER_DATA_0", sgpr + 1) << 32
         if self.mem_read("GC", entry, len(code)) != code:
             raise SimFault(f"DISPATCH_DIRECT at {entry:#x}: the code in memory is not the registered kernel's")
-        block = (g(0x207) & 0xFFFF, g(0x208) & 0xFFFF, g(0x209) & 0xFFFF)
-        twin(SimDispatch(self, kernarg, (grid[0], grid[1], grid[2]), block))
+        block = tuple(g(f"COMPUTE_NUM_THREAD_{axis}") & 0xFFFF for axis in "XYZ")
+        twin(SimDispatch(self, kernarg, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2])))
 
     def _sdma(self, q: SimQueue, dws: tuple[int, ...]) -> bool:
         op = dws[0] & 0xFF
