@@ -165,6 +165,9 @@ LRU_CACHE_MB = ContextVar("LRU_CACHE_MB", -1)  # MiB of freed host buffers kept 
 BEAM = ContextVar("BEAM", 0)  # beam width of the opts search (0: the heuristics)
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)
 NOOPT = ContextVar("NOOPT", 0)  # 1 applies no codegen opts
+AMD_SIM = ContextVar("AMD_SIM", 0)  # 1: DEV=AMD runs on the simulated MI350X VF
+AMD_PCI = ContextVar("AMD_PCI", "")  # PCI address of the AMD function DEV=AMD opens ("": the first AMD GPU)
+AMD_ARCH = ContextVar("AMD_ARCH", "gfx950")  # kernel target; gfx942 when the installed LLVM lacks it
 SPEC = ContextVar("SPEC", 0)  # 1 checks the kernel graph against uop/spec.py after every codegen stage
 # API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
 JITBEAM = ContextVar("JITBEAM", 0)

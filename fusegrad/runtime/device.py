@@ -202,7 +202,7 @@ class Buffer:
             # the memory goes back to its allocator when the buffer dies; at exit nothing is worth giving back
             weakref.finalize(self, _free, allocator, self._mem, self.device, self.nbytes).atexit = False
             if self._initial is not None:
-                self.host_view()[:] = self._initial.reshape(-1)
+                self.copyin(self._initial)
                 self._initial = None
         return self
 
@@ -220,6 +220,9 @@ class Buffer:
         return self.ensure_allocated()._mem.ctypes.data  # type: ignore[union-attr]
 
     def copyin(self, data: np.ndarray) -> None:
+        # a device with a DMA engine (AMD: SDMA) uploads itself; host memory is written directly
+        if (upload := getattr(Device[self.device].allocator, "copyin", None)) is not None:
+            return upload(self.ensure_allocated()._mem, data.reshape(-1).astype(to_numpy_dtype(self.dtype), copy=False))
         self.host_view()[:] = data.reshape(-1)
 
     def __repr__(self) -> str:

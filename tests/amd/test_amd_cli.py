@@ -124,3 +124,13 @@ def test_python_dash_m_entry_point(tmp_path):
         check=False,
     )
     assert result.returncode == 0 and result.stdout.startswith("No AMD GPU found"), result.stderr
+
+
+def test_run_sim_prints_the_boot_registers_and_the_ring_traffic():
+    code, text = run("run", "--sim")
+    assert code == 0, text
+    assert "W GC.CP_HQD_ACTIVE" in text and "lease: released after boot" in text
+    assert "SDMA fill + copy: (1.0, 1.0, 1.0, 1.0)" in text
+    assert "sdma0 gfx: COPY_LINEAR" in text and "compute me1 pipe0 queue0: RELEASE_MEM" in text
+    assert "WRITE_DATA GC.VM_INVALIDATE_ENG17_REQ" in text  # the unmap's TLB flush went through the queue
+    assert text.rstrip().endswith("mailbox requests: 6 1 2 1 2")

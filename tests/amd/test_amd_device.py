@@ -66,7 +66,10 @@ def test_full_vf_probe_follows_the_oracle_sequence():
         gc.collect()
         assert sent(pci) == INIT + RELEASE
         assert_protocol_invariants(pci)
-        assert "REL_INIT_ACCESS: full access ended, MMIO writes disabled" in pci.sim.pf_log
+        deadline = time.monotonic() + 2  # the release is fire-and-forget: the PF handles it after its event latency
+        while "REL_INIT_ACCESS: full access ended, MMIO writes disabled" not in pci.sim.pf_log:
+            assert time.monotonic() < deadline, pci.sim.pf_log
+            time.sleep(0.005)
 
 
 def test_vram_reads_all_ff_when_the_handshake_is_skipped():
@@ -270,7 +273,7 @@ def test_mm_index_past_the_end_of_vram_reads_all_ones_and_writes_nowhere():
             regs.write32(MM_DATA, 0x12345678)
             expected = 0x12345678 if address + 4 <= end else 0xFFFFFFFF
             assert regs.read32(MM_DATA) == expected, hex(address)
-        assert max(pci.sim.vram_pages) * 64 * 1024 < end, "no VRAM page was created past the end"
+        assert len(pci.sim.vram) == end, "simulated VRAM is exactly the configured size"
 
 
 @pytest.mark.parametrize("vf", [True, False])

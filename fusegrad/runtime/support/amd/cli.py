@@ -2,6 +2,7 @@
 
     fusegrad-amd list [--sim] [--sysfs-root DIR]
     fusegrad-amd probe ADDRESS [--sim] [--force] [--vfio] [--plan] [--event-timeout S] [--sysfs-root DIR]
+    fusegrad-amd run ADDRESS [--sim] [--force] [--vfio] [--event-timeout S] [--sysfs-root DIR]
 
 Exit status: 0 success, 1 the device failed, 2 refused or bad arguments.
 """
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import struct
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from . import pm4
 from .device import AMDDevice
 from .errors import AccessRefused, AMDError
+from .gpu import AMDGPU
 from .limits import check_seconds
 from .mailbox import MailboxTimeouts
 from .pci import (
@@ -137,6 +141,35 @@ def _probe(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_OK
 
 
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    """Boot to a compute queue and an SDMA ring, release the lease, run work through doorbells, print the traffic."""
+    timeouts = MailboxTimeouts(event_s=args.event_timeout)
+    with _open(args) as pci, AMDGPU(pci, timeouts) as gpu:
+        print(f"{pci.address}: booted; {len(gpu.regs.writes())} register writes inside the lease:", file=out)
+        for name, value in gpu.regs.writes():
+            print(f"  W {name:<44} {value:#010x}", file=out)
+        if gpu.dev.is_vf:
+            print("lease: released after boot; from here on only doorbells and memory", file=out)
+        src_p, src = gpu.alloc_mapped(4096)
+        dst_p, dst = gpu.alloc_mapped(4096)
+        gpu.run_sdma([pm4.sdma_fill(src, 0x3F800000, 4096), pm4.sdma_copy(dst, src, 4096)])
+        copied = struct.unpack_from("<4f", gpu.bar, dst_p)
+        gate = gpu.new_signal()
+        struct.pack_into("<Q", gpu.bar, gpu.signal_paddr(gate), 1)
+        gpu.run_compute([pm4.wait_reg_mem(gate, 1), pm4.acquire_mem()])
+        gpu.free_mapped(dst_p, dst)
+        print(f"SDMA fill + copy: {copied}; compute queue timeline at {gpu.timeline}", file=out)
+        if isinstance(pci, SimPCIDevice):
+            print("what went over the rings (simulated command processor and SDMA):", file=out)
+            for line in pci.sim.gpu.trace:
+                print(f"  {line}", file=out)
+        else:
+            print("ring traffic is only traced on the simulator", file=out)
+    if isinstance(pci, SimPCIDevice):
+        print("mailbox requests: " + " ".join(str(r) for r in pci.requests()), file=out)
+    return EXIT_OK
+
+
 def _event_timeout(text: str) -> float:
     """--event-timeout as seconds; argparse's float() alone would let nan and inf through, and those waits never end."""
     try:
@@ -157,21 +190,23 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (
         ("list", "list AMD GPU functions on this host"),
         ("probe", "map, detect, take the VF lease, print discovery and VRAM size, release"),
+        ("run", "boot VM, IH, SDMA and a compute queue, release the lease, run work by doorbells, print ring traffic"),
     ):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--sim", action="store_true", help="use the simulated MI350X VF instead of sysfs")
         sub.add_argument("--sysfs-root", default=SYSFS_PCI_DEVICES, help="PCI devices directory (default: %(default)s)")
-    probe = commands.choices["probe"]
-    probe.add_argument("address", nargs="?", help="PCI address, e.g. 0000:83:00.0 (optional with --sim)")
-    probe.add_argument("--force", action="store_true", help="touch the device even if a driver is bound or not root")
-    probe.add_argument("--vfio", action="store_true", help="go through vfio-pci in no-IOMMU mode")
-    probe.add_argument("--plan", action="store_true", help="also print the boot plan, step by step")
-    probe.add_argument(
-        "--event-timeout",
-        type=_event_timeout,
-        default=MailboxTimeouts.event_s,
-        help="seconds to wait for each PF event, per attempt (default: %(default)s)",
-    )
+    for name in ("probe", "run"):
+        sub = commands.choices[name]
+        sub.add_argument("address", nargs="?", help="PCI address, e.g. 0000:83:00.0 (optional with --sim)")
+        sub.add_argument("--force", action="store_true", help="touch the device even if a driver is bound or not root")
+        sub.add_argument("--vfio", action="store_true", help="go through vfio-pci in no-IOMMU mode")
+        sub.add_argument(
+            "--event-timeout",
+            type=_event_timeout,
+            default=MailboxTimeouts.event_s,
+            help="seconds to wait for each PF event, per attempt (default: %(default)s)",
+        )
+    commands.choices["probe"].add_argument("--plan", action="store_true", help="also print the boot plan, step by step")
     return parser
 
 
@@ -179,7 +214,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = out or sys.stdout
     try:
-        return _list(args, out) if args.command == "list" else _probe(args, out)
+        return {"list": _list, "probe": _probe, "run": _run}[args.command](args, out)
     except (AccessRefused, ValueError) as e:
         print(f"fusegrad-amd: refused: {e}", file=sys.stderr)
         return EXIT_REFUSED

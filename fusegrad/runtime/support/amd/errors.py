@@ -61,3 +61,15 @@ class DiscoveryError(AMDError):
 
 class OutOfMemory(AMDError):
     """A VRAM region has no hole large enough for a request."""
+
+
+class QueueTimeout(AMDError):
+    """A signal did not reach its value in time: the queue is hung (or lost its doorbell for good)."""
+
+
+class GPUFault(AMDError):
+    """The GPU reported a fault through the IH ring (a VM fault: an unmapped or out-of-range address)."""
+
+
+class LeaseRequired(AMDError):
+    """MMIO programming was attempted outside an access window; the PF would silently drop it."""

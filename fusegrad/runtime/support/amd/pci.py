@@ -140,6 +140,10 @@ class ByteBAR(ABC):
     @abstractmethod
     def write(self, offset: int, data: bytes) -> None: ...
 
+    def view(self) -> memoryview:
+        """The whole BAR as writable memory, for CPU access to VRAM without a copy per access."""
+        raise NotImplementedError(f"{type(self).__name__} has no memory view")
+
 
 class RegisterBAR(ABC):
     """BAR5, registers as 32-bit dwords indexed by dword, plus a byte view indexed by byte offset."""
@@ -190,6 +194,9 @@ class _MappedBAR:
 class MmapByteBAR(ByteBAR):
     def __init__(self, bar: _MappedBAR):
         self._bar, self.size = bar, bar.size
+
+    def view(self) -> memoryview:
+        return self._bar.bytes
 
     def read(self, offset: int, length: int) -> bytes:
         _check_range(offset, length, self.size, self._bar.what)

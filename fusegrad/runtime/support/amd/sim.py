@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import mmap
 import threading
 import time
 from collections.abc import Callable
@@ -20,10 +21,11 @@ from .discovery import DISCOVERY_OFFSET_FROM_END, MI350X_VF_IPS, IPBlock, build_
 from .errors import PCIError
 from .limits import check_count, check_seconds
 from .mailbox import Event, Request
+from .simgpu import SYSMEM_BASE, SimGPU
 from .pci import AMD_VENDOR, ByteBAR, DoorbellBAR, PCIDevice, PCIFunction, RegisterBAR
 
 MiB = 1 << 20
-PAGE = 64 * 1024
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value; Python < 3.13 does not export it
 REGISTER_BAR_SIZE = 512 * 1024  # BAR5's real size is unconfirmed; it only has to cover the mailbox at 0x397C
 DOORBELL_BAR_SIZE = 8 * MiB
 CONFIG_SPACE_SIZE = 4096
@@ -62,6 +64,8 @@ class SimConfig:
     late_grant_s: float | None = None  # extra delay before INIT_ACCESS is granted
     busy_pf_s: float = 0.0  # extra delay on deferrable requests (another VF holds full access)
     guard_drop_every: int | None = None  # drop every Nth request without an ack (the PF's rate guard)
+    drop_doorbell_every: int | None = None  # the GPU loses every Nth doorbell write
+    hang_compute: bool = False  # the command processor never advances the compute queue
 
     def __post_init__(self) -> None:
         for name in ("ack_latency_s", "event_latency_s", "flr_duration_s", "busy_pf_s"):
@@ -118,7 +122,8 @@ class SimulatedFunction:
         self.trn_valid, self.trn_ack, self.rcv_valid = False, config.stuck_ack, False
         self.send_seq = 0
         self.registers: dict[int, int] = {}
-        self.vram_pages: dict[int, bytearray] = {}
+        # one contiguous mapping numpy can view; pages are only backed once touched (MAP_NORESERVE)
+        self.vram = mmap.mmap(-1, config.vram_size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
         self.doorbells: dict[int, int] = {}
         self.config_space = bytearray(CONFIG_SPACE_SIZE)
         fn = config.function()
@@ -141,6 +146,7 @@ class SimulatedFunction:
             self.rcv, self.rcv_valid = [config.stale_event, 0, 0, 0], True
         if not config.vf:
             self.pf_write_vram(config.vram_size - DISCOVERY_OFFSET_FROM_END, build_discovery(config.ips))
+        self.gpu = SimGPU(self)
 
     def _static(self, dword: int) -> int | None:
         if dword == R.RCC_IOV_FUNC_IDENTIFIER:
@@ -168,6 +174,8 @@ class SimulatedFunction:
                 if (address := self._mm_address()) is None:
                     return 0xFFFFFFFF
                 return int.from_bytes(self.read_vram(address, 4), "little")
+            if (live := self.gpu.on_read(dword)) is not None:
+                return live
             return self.registers.get(dword, 0)
 
     def _mm_address(self) -> int | None:
@@ -194,6 +202,7 @@ class SimulatedFunction:
                         self.write_vram(address, value.to_bytes(4, "little"))
                 elif accepted:
                     self.registers[dword] = value
+                    self.gpu.on_write(dword, value)
 
     def read8(self, offset: int) -> int:
         return (self.read32(offset // 4) >> (8 * (offset % 4))) & 0xFF
@@ -227,13 +236,7 @@ class SimulatedFunction:
         with self.lock:
             if not self.fb_enabled:
                 return b"\xff" * length
-            out = bytearray()
-            while len(out) < length:
-                page, start = divmod(offset + len(out), PAGE)
-                n = min(PAGE - start, length - len(out))
-                data = self.vram_pages.get(page)
-                out += data[start : start + n] if data is not None else bytes(n)
-            return bytes(out)
+            return bytes(self.vram[offset : offset + length])
 
     def write_vram(self, offset: int, data: bytes) -> None:
         with self.lock:
@@ -248,6 +251,7 @@ class SimulatedFunction:
         with self.lock:
             if self.doorbell_enabled:
                 self.doorbells[index] = value
+                self.gpu.on_doorbell(index, value)
 
     def config_read(self, offset: int, size: int) -> int:
         with self.lock:
@@ -262,12 +266,7 @@ class SimulatedFunction:
     # -- PF side -------------------------------------------------------------------------------------------------------
     def pf_write_vram(self, offset: int, data: bytes) -> None:
         with self.lock:
-            done = 0
-            while done < len(data):
-                page, start = divmod(offset + done, PAGE)
-                n = min(PAGE - start, len(data) - done)
-                self.vram_pages.setdefault(page, bytearray(PAGE))[start : start + n] = data[done : done + n]
-                done += n
+            self.vram[offset : offset + len(data)] = data
 
     def pf_receive(self, seq: int) -> tuple[int, int, int, int] | None:
         """Facts §4c step 2: read TRN, clear RCV, drop RCV_MSG_VALID, set TRN_MSG_ACK. None if the VF withdrew."""
@@ -287,9 +286,10 @@ class SimulatedFunction:
     def pf_wipe(self) -> None:
         """What an FLR leaves: empty VRAM, doorbells and registers (statics are computed, so they survive)."""
         with self.lock:
-            self.vram_pages.clear()
+            self.vram.madvise(mmap.MADV_DONTNEED)  # private anonymous pages read back as zeros
             self.doorbells.clear()
             self.registers.clear()
+            self.gpu.reset()
 
 
 class SimulatedPF:
@@ -344,10 +344,11 @@ class SimulatedPF:
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout=5)
 
-    def flr_now(self, reason: str = "host-initiated FLR") -> None:
-        """Revoke full access and FLR the VF at once, as the host may at any time; nothing happens without a grant."""
+    def flr_now(self, reason: str = "host-initiated FLR", *, force: bool = False) -> None:
+        """Revoke full access and FLR the VF at once, as the host may at any time; without a grant only when forced
+        (a host reset of a VF that runs from doorbells after releasing its lease)."""
         with self.fn.changed:
-            self._flr(self._generation, reason)
+            self._flr(self._generation, reason, force)
             self.fn.changed.notify_all()  # the PF thread sleeps until its old next deadline otherwise
 
     def _log(self, line: str) -> None:
@@ -415,8 +416,8 @@ class SimulatedPF:
         else:
             self._log(f"request {request} not handled")
 
-    def _flr(self, generation: int, reason: str) -> None:
-        if generation != self._generation or not self.fn.full_access:
+    def _flr(self, generation: int, reason: str, force: bool = False) -> None:
+        if not force and (generation != self._generation or not self.fn.full_access):
             return
         fn = self.fn
         fn.full_access = fn.mmio_write_enabled = fn.doorbell_enabled = False
@@ -453,6 +454,10 @@ class _SimBAR:
 
 
 class _SimVRAM(_SimBAR, ByteBAR):
+    def view(self) -> memoryview:
+        """All of BAR0 as writable memory (a large BAR is CPU-mapped VRAM)."""
+        return memoryview(self._check(0, self.size).vram)[: self.size]
+
     def read(self, offset: int, length: int) -> bytes:
         return self._check(offset, length).read_vram(offset, length)
 
@@ -513,10 +518,26 @@ class SimPCIDevice(PCIDevice):
             raise PCIError(f"simulated device {self.address} is closed")
         self.sim.config_write(offset, size, value)
 
+    def alloc_sysmem(self, size: int) -> tuple[memoryview, int]:
+        """Host memory the simulated GPU may reach by DMA: (memory, bus address)."""
+        gpu = self.sim.gpu
+        with self.sim.lock:
+            bus = max((b + len(m) for b, m in gpu.sysmem.items()), default=SYSMEM_BASE)
+            bus = (bus + 0xFFF) & ~0xFFF
+            gpu.sysmem[bus] = buf = bytearray(size)
+        return memoryview(buf), bus
+
+    def register_kernel(self, code_va: int, code: bytes, twin: Callable[..., None], kernarg_user_sgpr: int = 0) -> None:
+        """The command processor runs `twin` for a DISPATCH at code_va, if code_va then holds `code`; the kernarg
+        pointer is read from COMPUTE_USER_DATA_<kernarg_user_sgpr> (and the next one), as the kernel's ABI says."""
+        with self.sim.lock:
+            self.sim.gpu.kernels[code_va] = (bytes(code), twin, kernarg_user_sgpr)
+
     def close(self) -> None:
         self.closed = True
         if self.pf is not None:
             self.pf.close()
+        self.sim.gpu.close()
 
     def requests(self) -> list[int]:
         """IDs of every request the VF sent, in order."""
@@ -525,6 +546,8 @@ class SimPCIDevice(PCIDevice):
     def __del__(self) -> None:
         if getattr(self, "pf", None) is not None:
             self.pf.close()
+        if getattr(self, "sim", None) is not None:
+            self.sim.gpu.close()
 
 
 def open_sim(**knobs: object) -> SimPCIDevice:

@@ -1,0 +1,207 @@
+"""The AMD device: buffers in VRAM through the GPU VM, uploads through SDMA, kernels on the compute queue.
+
+Kernels are LLVM IR for amdgcn-amd-amdhsa (support/amd/llvmir.py), compiled to a code object by the installed LLVM.
+`AMD_SIM=1` runs everything on the simulated MI350X VF, whose command processor executes each dispatch with the
+kernel's PYTHON-device twin over simulated VRAM. The AMD parts sit behind a small interface (`AmdAllocator`,
+`AmdProgram`, `AmdDevice`) shaped like the other devices', so a later device-interface rewrite maps onto it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import struct
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from fusegrad.dtype import to_numpy_dtype
+from fusegrad.helpers import AMD_ARCH, AMD_PCI, AMD_SIM, DEBUG
+from fusegrad.runtime.device import Buffer
+from fusegrad.runtime.ops_python import PythonProgram
+from fusegrad.runtime.support.amd import pm4
+from fusegrad.runtime.support.amd.errors import AMDError
+from fusegrad.runtime.support.amd.codeobj import compile_ir, load_image, parse_code_object, pick_target
+from fusegrad.runtime.support.amd.gpu import AMDGPU
+from fusegrad.runtime.support.amd.ipregs import sh_register
+from fusegrad.runtime.support.amd_llvmir import render
+from fusegrad.runtime.support.amd.memory import MiB
+from fusegrad.runtime.support.amd.simgpu import SimDispatch
+
+SIM_VRAM_MIB = 4096  # enough for tests; the simulated VRAM is a sparse mapping either way
+CODE_ALIGN = 256  # COMPUTE_PGM_LO holds the code address >> 8
+
+
+def open_pci():
+    """The PCI function DEV=AMD uses: the simulator (AMD_SIM=1), AMD_PCI, or the first AMD GPU function."""
+    from fusegrad.runtime.support.amd import SysfsPCIDevice, list_functions, open_sim, read_function
+    from fusegrad.runtime.support.amd.cli import check_access
+
+    if AMD_SIM.value:
+        return open_sim(vram_mib=SIM_VRAM_MIB)
+    address = AMD_PCI.value or next((f.address for f in list_functions()), None)
+    if not address:
+        raise RuntimeError("DEV=AMD found no AMD GPU function in sysfs; set AMD_PCI=0000:83:00.0 or AMD_SIM=1")
+    check_access(read_function(address), force=False, vfio=False)  # refuses a bound function or a non-root caller
+    return SysfsPCIDevice(address)
+
+
+class AmdAllocator:
+    """VRAM blocks mapped into the GPU VM; the host sees each through BAR0 as a numpy array."""
+
+    def __init__(self, gpu: AMDGPU, lock: threading.RLock):
+        self.gpu, self.lock = gpu, lock
+        self.blocks: dict[int, tuple[int, int]] = {}  # host address of the view -> (paddr, va)
+        self.shadows: dict[tuple[int, int], np.ndarray] = {}  # (host address, size) of outside memory -> our block
+        self.pending: collections.deque[int] = collections.deque()  # freed blocks not yet unmapped
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        with self.lock:
+            self.reclaim()
+            paddr, va = self.gpu.alloc_mapped(max(nbytes, 1))
+            mem = np.frombuffer(self.gpu.bar, np.uint8, max(nbytes, 1), paddr)
+            self.blocks[mem.ctypes.data] = (paddr, va)
+            return mem
+
+    def va(self, mem: np.ndarray) -> int:
+        """The GPU address of a block of ours; host memory given to a buffer (scheduler constants, from_blob) is
+        uploaded to a shadow block first, on every call, since its owner may change it."""
+        if (block := self.blocks.get(mem.ctypes.data)) is not None:
+            return block[1]
+        shadow = self.shadows.get((mem.ctypes.data, mem.nbytes))
+        if shadow is None:
+            shadow = self.shadows[mem.ctypes.data, mem.nbytes] = self.alloc(mem.nbytes)
+        self.copyin(shadow, mem)
+        return self.blocks[shadow.ctypes.data][1]
+
+    def free(self, mem: np.ndarray) -> None:
+        # called by finalizers, possibly in the middle of a submission on this thread: only queue the block here
+        self.pending.append(mem.ctypes.data)
+
+    def reclaim(self) -> None:
+        """Unmap the blocks freed since the last call, invalidate the TLBs once, then give their VRAM back."""
+        freed = []
+        while self.pending:
+            if (block := self.blocks.pop(self.pending.popleft(), None)) is not None:
+                freed.append(block)
+        if not freed or self.gpu.dev.closed:
+            return
+        for _, va in freed:
+            self.gpu.vm.unmap(va)
+        self.gpu.flush_tlb()
+        for paddr, _ in freed:
+            self.gpu.dev.memory.free(paddr)
+
+    def copyin(self, mem: np.ndarray, data: np.ndarray) -> None:
+        """Host -> VRAM through SDMA from a host staging buffer (sim), else through the BAR."""
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        with self.lock:
+            stage = self.gpu.staging(raw.nbytes)
+            if stage is None:
+                mem[: raw.nbytes] = raw
+                return
+            view, va = stage
+            view[: raw.nbytes] = raw.tobytes()
+            self.gpu.run_sdma([pm4.sdma_copy(self.va(mem), va, raw.nbytes)])
+
+
+class _TwinBuffer:
+    """What a PYTHON program reads: a buffer's memory, found by the GPU's own path (kernarg pointer -> page tables)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def host_view(self) -> np.ndarray:
+        return self.array
+
+
+class AmdProgram:
+    def __init__(self, device: AmdDevice, info: Any):
+        self.device, self.info = device, info
+        self.params = sorted((u for u in info.lin if u.op.name == "DEFINE_GLOBAL"), key=lambda u: u.arg[0])
+        ir = render(info.name, info.lin)
+        if DEBUG >= 4:
+            print(ir)
+        self.elf = compile_ir(ir, device.arch)
+        self.kd = parse_code_object(self.elf, info.name)
+        if self.kd.private_segment:
+            raise RuntimeError(
+                f"kernel {info.name} needs {self.kd.private_segment} bytes of scratch per work-item; DEV=AMD sets up "
+                "no scratch (COMPUTE_TMPRING_SIZE 0) yet"
+            )
+        image = load_image(self.elf)
+        gpu = device.gpu
+        with device.lock:
+            self.image_paddr, self.image_va = gpu.alloc_mapped(len(image), executable=True)
+            gpu.bar[self.image_paddr : self.image_paddr + len(image)] = image
+            self.kernarg_paddr, self.kernarg_va = gpu.alloc_mapped(max(8 * len(self.params), 8))
+        self.code_va = self.image_va + self.kd.entry_offset
+        if self.code_va % CODE_ALIGN:
+            raise RuntimeError(f"kernel {info.name}: code entry {self.code_va:#x} is not {CODE_ALIGN}-byte aligned")
+        if (register := getattr(device.pci, "register_kernel", None)) is not None:
+            twin = PythonProgram(info.lin, info.outer_size)
+            entry = image[self.kd.entry_offset : self.kd.entry_offset + 256]
+            register(self.code_va, entry, lambda d: self._run_twin(twin, d), self.kd.kernarg_user_sgpr)
+
+    def _run_twin(self, twin: PythonProgram, d: SimDispatch) -> None:
+        pointers = d.kernarg_pointers(len(self.params))
+        bufs = []
+        for u, va in zip(self.params, pointers):
+            dt = np.dtype(to_numpy_dtype(u.dtype))
+            n = u.arg[1]
+            bufs.append(_TwinBuffer(np.frombuffer(d.view(va, max(n * dt.itemsize, 1)), dt, n)))
+        twin(bufs)  # type: ignore[arg-type]
+
+    def __call__(self, buffers: list[Buffer]) -> None:
+        if len(buffers) != len(self.params):
+            raise RuntimeError(f"kernel {self.info.name} takes {len(self.params)} buffers, got {len(buffers)}")
+        dev, gpu = self.device, self.device.gpu
+        with dev.lock:
+            dev.allocator.reclaim()
+            vas = [dev.allocator.va(b.ensure_allocated()._mem) for b in buffers]  # type: ignore[arg-type]
+            struct.pack_into(f"<{len(vas)}Q", gpu.bar, self.kernarg_paddr, *vas)
+            kd, sh = self.kd, lambda name: sh_register(name).dword  # noqa: E731
+            user = sh("COMPUTE_USER_DATA_0") + kd.kernarg_user_sgpr
+            gpu.run_compute(
+                [
+                    pm4.acquire_mem(),
+                    pm4.set_sh_reg(sh("COMPUTE_PGM_LO"), self.code_va >> 8, self.code_va >> 40),
+                    pm4.set_sh_reg(sh("COMPUTE_PGM_RSRC1"), kd.rsrc1, kd.rsrc2),
+                    pm4.set_sh_reg(sh("COMPUTE_TMPRING_SIZE"), 0),
+                    pm4.set_sh_reg(user, self.kernarg_va, self.kernarg_va >> 32),
+                    pm4.set_sh_reg(sh("COMPUTE_START_X"), 0, 0, 0, 1, 1, 1),  # START_X..Z, NUM_THREAD_X..Z
+                    pm4.dispatch_direct(1, 1, 1, 1 | 1 << 2),  # COMPUTE_SHADER_EN | FORCE_START_AT_000
+                ]
+            )
+
+
+class AmdDevice:
+    def __init__(self, name: str):
+        self.device = name
+        self.pci = open_pci()
+        self.gpu = AMDGPU(self.pci)
+        self.lock = threading.RLock()
+        self.arch = pick_target(AMD_ARCH.value)
+        self.allocator = AmdAllocator(self.gpu, self.lock)
+        self.renderer = self.compiler = None
+        atexit.register(self.close)  # teardown takes a short access window; the PF should not have to time it out
+
+    def close(self) -> None:
+        with self.lock:
+            try:
+                self.gpu.close()
+            except AMDError as e:  # at exit there is no one to raise to; the PF's timer reclaims what is left
+                warnings.warn(f"DEV=AMD teardown failed: {type(e).__name__}: {e}", stacklevel=1)
+            finally:
+                self.pci.close()
+
+    def build(self, info: Any) -> AmdProgram:
+        return AmdProgram(self, info)
+
+    def synchronize(self) -> None:
+        pass  # every submission waits for its signal
+
+
+__all__ = ["AmdDevice", "AmdAllocator", "AmdProgram", "MiB"]

@@ -1,0 +1,69 @@
+"""Kernels as amdgcn code objects: LLVM IR rendered from linear UOps, compiled by LLVM, descriptor parsed."""
+
+from __future__ import annotations
+import struct
+import pytest
+from fusegrad import Tensor, dtypes
+from fusegrad.codegen import lower_to_linear
+from fusegrad.schedule import create_schedule
+from fusegrad.runtime.support.amd.codeobj import (
+    ToolchainError,
+    compile_ir,
+    find_llvm,
+    load_image,
+    parse_code_object,
+    pick_target,
+)
+from fusegrad.runtime.support.amd_llvmir import RenderError, render
+
+
+def kernels(t: Tensor):
+    items, _, _ = create_schedule([t.uop], ["CPU"])
+    return [lower_to_linear(it.ast) for it in items if it.ast.op.name == "SINK"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    try:
+        find_llvm()
+    except ToolchainError as e:
+        pytest.skip(str(e))
+    return pick_target("gfx950")
+
+
+def test_target_falls_back_to_gfx942_when_llvm_lacks_gfx950(target):
+    assert target in ("gfx950", "gfx942")
+
+
+def test_kernel_descriptor_gives_the_abi_and_resources(target):
+    (info,) = kernels((Tensor([1.0, 2, 3]) + 1) * Tensor([2.0, 2, 2]))
+    ir = render(info.name, info.lin)
+    assert 'target triple = "amdgcn-amd-amdhsa"' in ir and f"define amdgpu_kernel void @{info.name}(" in ir
+    elf = compile_ir(ir, target)
+    kd = parse_code_object(elf, info.name)
+    assert kd.kernarg_size == 8 * info.nparams  # one 8-byte global pointer per buffer
+    assert kd.properties >> 3 & 1 and kd.kernarg_user_sgpr == 0  # kernarg pointer in the first user SGPRs
+    assert kd.private_segment == 0  # loop counters and accumulators were promoted to registers
+    assert kd.entry_offset % 256 == 0 and kd.vgprs >= 8 and kd.sgprs >= 8
+    image = load_image(elf)
+    # the descriptor in the loaded image points at the code: kernel_code_entry_byte_offset at byte 16
+    assert struct.unpack_from("<q", image, kd.kd_offset + 16)[0] == kd.entry_offset - kd.kd_offset
+    with pytest.raises(ToolchainError, match="no symbol nope.kd"):
+        parse_code_object(elf, "nope")
+
+
+def test_reductions_and_transcendentals_compile(target):
+    x = Tensor.ones(4, 8)
+    for info in kernels(x.log_softmax(axis=1).sum() + (x**2).max()):
+        parse_code_object(compile_ir(render(info.name, info.lin), target), info.name)
+
+
+def test_unsupported_dtypes_are_named():
+    (info,) = kernels(Tensor([1.0, 2.0], dtype=dtypes.bfloat16) + 1)
+    with pytest.raises(RenderError, match="bfloat16"):
+        render(info.name, info.lin)
+
+
+def test_broken_ir_reports_the_tool_and_its_message(target):
+    with pytest.raises(ToolchainError, match="opt failed"):
+        compile_ir('target triple = "amdgcn-amd-amdhsa"\ndefine void @f() {\n  ret i32 0\n}\n', target)
