@@ -39,7 +39,7 @@ from fusegrad.tensor_ops.reduce import ReduceMixin
 from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
 from fusegrad.tensor_ops.sorting import SortingMixin
 from fusegrad.uop.ops import Ops, UOp
-from fusegrad.uop.sint import smax, sprod
+from fusegrad.uop.sint import shape_str, smax, sprod
 
 Scalar = int | float | bool
 
@@ -241,7 +241,7 @@ class Tensor(
 
     def _check_concrete(self) -> None:
         assert all(isinstance(d, int) for d in self.shape), (
-            f"cannot read back a tensor of symbolic shape {self._shape_str()}; shrink it to a concrete shape first"
+            f"cannot read back a tensor of symbolic shape {shape_str(self.shape)}; shrink it to a concrete shape first"
         )
 
     def item(self) -> Scalar:
@@ -318,7 +318,10 @@ class Tensor(
         return create_schedule([t.uop for t in tensors], [t.device for t in tensors])[0]
 
     def linear_with_vars(self, *lst: Tensor) -> tuple[list, dict]:
-        return self.schedule_linear(*lst), {}
+        """The kernels and the value of each bound Variable they read (the kernels read them as parameters)."""
+        from fusegrad.schedule.variables import bound_vars
+
+        return self.schedule_linear(*lst), bound_vars([t.uop for t in (self, *lst)])
 
     schedule = schedule_linear
     schedule_with_vars = linear_with_vars

@@ -15,7 +15,7 @@ from fusegrad.helpers import argfix, prod
 from fusegrad.tensor_ops.pydata import check_py_values, py_scalar
 from fusegrad.tensor_ops.shapes import as_index, check_shape, check_sym, is_index, pad_pairs
 from fusegrad.uop.ops import Ops, UOp
-from fusegrad.uop.sint import bound_value, canonical, sprod, sym_str
+from fusegrad.uop.sint import bound_value, canonical, shape_str, sprod, sym_str
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -91,13 +91,10 @@ class MovementMixin:
                 or bound_value(numel) != bound_value(self.numel())
             ):
                 raise ValueError(
-                    f"cannot reshape {self._shape_str()} ({sym_str(self.numel())} elements) into "
-                    f"{tuple(sym_str(d) for d in shape_t)}"
+                    f"cannot reshape {shape_str(self.shape)} ({sym_str(self.numel())} elements) into "
+                    f"{shape_str(shape_t)}"
                 )
         return self if shape_t == self.shape else self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape_t))
-
-    def _shape_str(self) -> str:
-        return "(" + ", ".join(sym_str(d) for d in self.shape) + ("," if self.ndim == 1 else "") + ")"
 
     def view(self, shape: Any, *args: Any) -> Tensor:
         return self.reshape(shape, *args)
@@ -172,8 +169,9 @@ class MovementMixin:
         for (b, e), s in zip(bounds, self.shape):
             # symbolic bounds are checked at the values their variables are bound to now
             if not 0 <= bound_value(b) <= bound_value(e) <= bound_value(s):
-                shown = tuple((sym_str(b), sym_str(e)) for b, e in bounds)
-                raise ValueError(f"shrink bounds {shown} are invalid for shape {self._shape_str()}")
+                shown = "(" + ", ".join(f"({sym_str(b)}, {sym_str(e)})" for b, e in bounds) + ")"
+                shown = str(tuple(arg)) if all(isinstance(x, int) for p in bounds for x in p) else shown
+                raise ValueError(f"shrink bounds {shown} are invalid for shape {shape_str(self.shape)}")
         if all(b == 0 and e is s or b == 0 and e == s for (b, e), s in zip(bounds, self.shape)):
             return self
         return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), bounds))

@@ -122,6 +122,11 @@ def sym_repr(x: UOp) -> str:
     return f"<{sym_str(x)}{' with ' + binds if binds else ''}>"
 
 
+def shape_str(shape: tuple) -> str:
+    """A shape as Python prints a tuple, symbolic sizes by their formula."""
+    return "(" + ", ".join(sym_str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
 _SYM = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.MAX: "max"}
 
 
