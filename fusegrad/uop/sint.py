@@ -5,8 +5,14 @@ from __future__ import annotations
 from typing import Any, Iterable
 from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat
 
 sint = int | UOp
+
+# sizes written by users (`10 - vb`) negate: as a coefficient of -1 the simplifier's linear terms cancel them
+pm_sizes = PatternMatcher(
+    [(UPat(Ops.NEG, src=(UPat.var("x"),), name="n"), lambda n, x: x * -1 if dtypes.is_int(n.dtype) else None)]
+)
 
 
 def Variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.weakint, multiple_of: int = 1) -> UOp:
@@ -34,9 +40,10 @@ def canonical(x: sint) -> sint:
     """x simplified; a symbolic value that folds to a constant becomes a plain int."""
     if not isinstance(x, UOp):
         return x
-    from fusegrad.uop.symbolic import simplify
+    from fusegrad.uop.pattern import graph_rewrite
+    from fusegrad.uop.symbolic import pm_symbolic
 
-    x = simplify(x)
+    x = graph_rewrite(x, pm_symbolic + pm_sizes)
     return x.arg if x.op is Ops.CONST else x
 
 
