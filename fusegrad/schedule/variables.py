@@ -98,4 +98,33 @@ def bound_vars(roots: list[UOp]) -> dict[UOp, int]:
     return found.values
 
 
-__all__ = ["var_buffer", "KernelVars", "kernel_var_params", "symbolic_view", "bound_vars", "arg_uops"]
+def var_params(ast: UOp) -> dict[int, UOp]:
+    """Which buffers of a kernel hold variables: position in its buffer list -> the Variable (as users built it)."""
+    return {
+        v.src[0].arg[0]: UOp(Ops.DEFINE_VAR, v.dtype, (), v.arg)
+        for v in ast.src[1:]
+        if v.op is Ops.DEFINE_VAR and v.src and v.src[0].op is Ops.DEFINE_GLOBAL
+    }
+
+
+def rebind_buffers(ast: UOp, buffers: tuple[Buffer, ...], device: str, values: dict[UOp, int]) -> tuple[Buffer, ...]:
+    """A captured kernel's buffers with each variable's buffer swapped for one holding its value in `values` (a
+    TinyJit replay with new bound values runs the same program); AssertionError when a value is out of range."""
+    out = list(buffers)
+    for pos, var in var_params(ast).items():
+        if var in values:
+            var.bind(values[var])  # range and multiple_of checked, as at bind time
+            out[pos] = var_buffer(device, var, values[var])
+    return tuple(out)
+
+
+__all__ = [
+    "rebind_buffers",
+    "var_params",
+    "var_buffer",
+    "KernelVars",
+    "kernel_var_params",
+    "symbolic_view",
+    "bound_vars",
+    "arg_uops",
+]

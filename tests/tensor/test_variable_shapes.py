@@ -209,3 +209,42 @@ def test_bad_symbolic_uses():
         t[:, :vb].reshape(-1)
     with pytest.raises(ValueError, match="shapes"):
         t[:, :vb] + t[:, : v.bind(4)]
+
+
+def test_opts_never_cut_a_symbolic_axis():
+    from fusegrad.codegen import lower_to_linear
+    from fusegrad.codegen.opt import Opt, OptError, OptOps, check_opts
+    from fusegrad.codegen.opt.beam import actions
+
+    vb = Variable("n", 1, 64).bind(40)
+    a = Tensor(RNG.standard_normal((64, 64)).astype(np.float32))
+    # matmul-like with a symbolic row axis: no upcast or tile of that axis, from the heuristic or the BEAM moves
+    ast = (a[:vb] @ a).schedule_linear()[-1].ast
+    shape = ast.src[0].src[1].shape
+    assert isinstance(shape[0], UOp) and shape[1] == 64
+    assert all(o.axis != 0 for o in actions(ast)) and all(o.axis != 0 for o in lower_to_linear(ast).opts)
+    with pytest.raises(OptError, match="symbolic size"):
+        check_opts([Opt(OptOps.UPCAST, 0, 4)], shape, reads_output=False)
+    # a long sum over a symbolic axis is not blocked (its length is unknown when compiling)
+    ast = a.reshape(4096)[: vb * 100].sum().schedule_linear()[-1].ast
+    assert not any(o.op is OptOps.REDUCE_BLOCK for o in (*actions(ast), *lower_to_linear(ast).opts))
+
+
+def test_replay_with_new_values_through_rebind_buffers():
+    """What TinyJit does: capture the kernels once, then run them with other values swapped into their buffers."""
+    from fusegrad.engine.realize import run_item
+    from fusegrad.schedule import ScheduleItem
+    from fusegrad.schedule.variables import bound_vars, rebind_buffers, var_params
+
+    v = Variable("n", 1, 10)
+    t = Tensor(X).realize()
+    out = t[:, : v.bind(3)].sum(1) * v.bind(3)
+    assert bound_vars([out.uop]) == {v: 3}
+    items = out.schedule_linear()
+    assert [var_params(i.ast) for i in items if var_params(i.ast)] == [{2: v}]
+    for val in (5, 9, 1):
+        for item in items:
+            run_item(ScheduleItem(item.ast, rebind_buffers(item.ast, item.buffers, item.device, {v: val}), item.device))
+        np.testing.assert_allclose(items[-1].buffers[0].host_view(), X[:, :val].sum(1) * val, rtol=1e-5)
+    with pytest.raises(AssertionError, match="outside its range"):
+        rebind_buffers(items[0].ast, items[0].buffers, items[0].device, {v: 11})
