@@ -15,7 +15,7 @@ from fusegrad.helpers import argfix, prod
 from fusegrad.tensor_ops.pydata import check_py_values, py_scalar
 from fusegrad.tensor_ops.shapes import as_index, check_shape, check_sym, is_index, pad_pairs
 from fusegrad.uop.ops import Ops, UOp
-from fusegrad.uop.sint import bound_value, canonical, shape_str, sprod, sym_str
+from fusegrad.uop.sint import bound_value, canonical, shape_str, smax, smin, sprod, ssub, sym_str
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -89,6 +89,7 @@ class MovementMixin:
                 isinstance(numel, int)
                 and isinstance(self.numel(), int)
                 or bound_value(numel) != bound_value(self.numel())
+                or smax(numel) > smax(self.numel())  # some value of the variables would read past the data
             ):
                 raise ValueError(
                     f"cannot reshape {shape_str(self.shape)} ({sym_str(self.numel())} elements) into "
@@ -172,6 +173,13 @@ class MovementMixin:
                 shown = "(" + ", ".join(f"({sym_str(b)}, {sym_str(e)})" for b, e in bounds) + ")"
                 shown = str(tuple(arg)) if all(isinstance(x, int) for p in bounds for x in p) else shown
                 raise ValueError(f"shrink bounds {shown} are invalid for shape {shape_str(self.shape)}")
+            # one kernel serves every value: the view must stay inside the largest shape for all of them
+            if smin(b) < 0 or smax(e) > smax(s) or smin(ssub(e, b)) < 0:
+                shown = "(" + ", ".join(f"({sym_str(b)}, {sym_str(e)})" for b, e in bounds) + ")"
+                raise ValueError(
+                    f"shrink bounds {shown} leave shape {shape_str(self.shape)} (at most "
+                    f"{shape_str(self.max_shape)}) for some values in their variables' ranges"
+                )
         if all(b == 0 and e is s or b == 0 and e == s for (b, e), s in zip(bounds, self.shape)):
             return self
         return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), bounds))
