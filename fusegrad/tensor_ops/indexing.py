@@ -17,7 +17,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.engine.checks import IndexCheck, register_check
 from fusegrad.helpers import CHECK_OOB, prod
 from fusegrad.schedule import base_buffer, buffer_of, is_contiguous_view
-from fusegrad.tensor_ops.shapes import broadcast_shape
+from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import sadd, ssub
 
@@ -191,6 +191,8 @@ class IndexingMixin:
             raise IndexError(f"index {i!r} of type {type(i).__name__} is not supported ({NO_MASKS})")
         if isinstance(i, (int, np.integer)):
             return int(i)
+        if isinstance(i, UOp):
+            return check_sym("index", i)  # a symbolic position (API.md 6.2): a shrink of one element
         if i is None or i is Ellipsis:
             return i
         if isinstance(i, slice):
@@ -248,6 +250,8 @@ class IndexingMixin:
                 adv_index.append(e)
                 adv_source_dims.append(dim)
                 view_shape.append(size)
+            elif isinstance(e, UOp):
+                windows.append((e, 1, 1))  # negative positions are not wrapped: shrink checks the bounds
             elif isinstance(e, int):
                 if not -size <= e < size:
                     raise IndexError(f"index {e} is out of bounds for dimension {dim} with size {size}")

@@ -261,3 +261,24 @@ def test_views_must_fit_for_every_value_of_the_range():
     assert t.reshape(40)[:12].reshape(Variable("k", 1, 3).bind(3), 4).sum().item() == pytest.approx(
         X.reshape(40)[:12].sum(), rel=1e-5
     )
+
+
+def test_more_ops_on_symbolic_shapes():
+    v = Variable("n", 1, 8)
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    t = Tensor(x)
+    for val in (2, 3, 8):
+        vb = v.bind(val)
+        np.testing.assert_allclose(t[:vb].std(0).numpy(), torch.tensor(x[:val]).std(0).numpy(), rtol=1e-5)
+        np.testing.assert_allclose(t[:vb].var(0, correction=0).numpy(), x[:val].var(0), rtol=1e-5)
+        np.testing.assert_allclose(t[vb - 1].numpy(), x[val - 1])  # a symbolic integer index
+        np.testing.assert_allclose(t[:vb].cat(t[:1]).sum(0).numpy(), np.concatenate([x[:val], x[:1]]).sum(0))
+        np.testing.assert_allclose(Tensor.ones(1, 4).expand(vb, 4).sum().item(), 4 * val)
+        np.testing.assert_allclose(t[:vb].T.sum(1).numpy(), x[:val].T.sum(1))
+        np.testing.assert_allclose(
+            ((t[:vb] > 5).where(t[:vb], 0)).sum(0).numpy(), np.where(x[:val] > 5, x[:val], 0).sum(0)
+        )
+    with pytest.raises(ValueError, match=r"concrete, got \(n, 2\)"):
+        Tensor.empty(v.bind(3), 2)
+    with pytest.raises(NotImplementedError, match="concrete shape"):
+        Tensor.rand(v.bind(3), 2)
