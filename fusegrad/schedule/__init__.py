@@ -14,7 +14,7 @@ from fusegrad.helpers import DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule.multi import lower_multi
 from fusegrad.schedule.split_reduce import split_long_reduces
-from fusegrad.schedule.variables import KernelVars, arg_uops, kernel_var_params, symbolic_view
+from fusegrad.schedule.variables import KernelVars, arg_uops, symbolic_view
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.trampoline import Step, run_steps
 
@@ -418,7 +418,7 @@ class _Planner:
         params: dict[Buffer, UOp] = {}
         out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size))
         ast_value = self._to_ast(value, params, buffer_of[out], point, device)
-        ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)), *kernel_var_params(ast_value)))
+        ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)), *self.vars.take_kernel_vars()))
         self.items.append(ScheduleItem(ast, (buffer_of[out], *params), device))
         self.result[point] = _view(out, point.shape)
 

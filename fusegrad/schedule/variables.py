@@ -49,6 +49,13 @@ class KernelVars:
 
     def __init__(self) -> None:
         self.values: dict[UOp, int] = {}
+        self.in_kernel: dict[UOp, None] = {}  # the kernel DEFINE_VARs made since the last take_kernel_vars
+
+    def take_kernel_vars(self) -> tuple[UOp, ...]:
+        """The kernel DEFINE_VARs the kernel just built uses (for its SINK to hold, so each stays a parameter of the
+        program even where lowering drops its use), in the order they were met."""
+        out, self.in_kernel = tuple(self.in_kernel), {}
+        return out
 
     def check(self, bind: UOp) -> tuple[UOp, int]:
         var, value = bind.unbind()
@@ -61,7 +68,9 @@ class KernelVars:
 
     def kernel_var(self, bind: UOp, device: str, param: Callable[[Buffer], UOp]) -> UOp:
         var, value = self.check(bind)
-        return UOp(Ops.DEFINE_VAR, var.dtype, (param(var_buffer(device, var, value)),), var.arg)
+        kernel_var = UOp(Ops.DEFINE_VAR, var.dtype, (param(var_buffer(device, var, value)),), var.arg)
+        self.in_kernel[kernel_var] = None
+        return kernel_var
 
     def kernel_arg(self, u: UOp, device: str, param: Callable[[Buffer], UOp]) -> tuple:
         """u's arg with every bound variable replaced by its kernel DEFINE_VAR."""
@@ -73,12 +82,6 @@ def _symbolic_nodes(value: UOp) -> list[UOp]:
     """Every node of value's graph and of the symbolic sizes inside its movement ops."""
     nodes = value.toposort()
     return nodes + [n for u in nodes for x in arg_uops(u) for n in x.toposort()]
-
-
-def kernel_var_params(ast_value: UOp) -> tuple[UOp, ...]:
-    """The kernel DEFINE_VARs of a kernel's value (in its graph or inside movement args), for the SINK to hold, so
-    each variable stays a parameter of the program even where lowering drops its use."""
-    return tuple(dict.fromkeys(n for n in _symbolic_nodes(ast_value) if n.op is Ops.DEFINE_VAR and n.src))
 
 
 def symbolic_view(buf: UOp, shape: tuple) -> UOp:
@@ -123,7 +126,6 @@ __all__ = [
     "var_params",
     "var_buffer",
     "KernelVars",
-    "kernel_var_params",
     "symbolic_view",
     "bound_vars",
     "arg_uops",
