@@ -14,7 +14,7 @@ import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from fusegrad.helpers import CACHELEVEL, CC, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS, cache_dir
-from fusegrad.renderer.cstyle import CStyleRenderer
+from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.runtime.device import Buffer, HostAllocator
 
 COMPILER_CANDIDATES = ("cc", "clang", "gcc")
@@ -258,7 +258,7 @@ class CpuDevice:
     def __init__(self, name: str):
         self.device = name
         self.allocator = HostAllocator()
-        self.renderer = CStyleRenderer()
+        self.renderer = CRenderer()
         self.compiler = ClangCompiler()
 
     def build(self, info) -> CPUProgram:
