@@ -103,17 +103,32 @@ def llvm_rows(rng) -> None:
         cases.append((f"matmul {m}x{m} f32", (xn, yn), lambda x, y: x @ y, lambda xn=xn, yn=yn: xn @ yn))
     print(f"{'LLVM vs C backend':34s} {'CPU (C)':>10s} {'LLVM':>10s} {'numpy':>10s} {'LLVM / C time':>14s}")
     for name, inputs, expr, np_fn in cases:
-        times = {}
+        runs = {}
         for device in ("CPU", "LLVM"):
             tensors = [Tensor(x, device=device).realize() for x in inputs]
             # assigned into one output: an identical expression would otherwise be served from the realized cache
             out = Tensor.empty(*expr(*tensors).shape, device=device).realize()
-            times[device] = median_time(lambda: out.assign(expr(*tensors)).realize(), repeats=5)
-        t_np = median_time(np_fn, repeats=5)
+            runs[device] = lambda out=out, tensors=tensors: out.assign(expr(*tensors)).realize()
+        runs["numpy"] = np_fn
+        times = interleaved_median_times(runs, repeats=9)
         print(
-            f"{name:34s} {times['CPU'] * 1e3:8.2f}ms {times['LLVM'] * 1e3:8.2f}ms {t_np * 1e3:8.2f}ms"
+            f"{name:34s} {times['CPU'] * 1e3:8.2f}ms {times['LLVM'] * 1e3:8.2f}ms {times['numpy'] * 1e3:8.2f}ms"
             f" {times['LLVM'] / times['CPU']:13.2f}x"
         )
+
+
+def interleaved_median_times(fns: dict, repeats: int) -> dict:
+    """Median time of each function, run in turns (one of each per round), so load that comes and goes during the
+    measurement hits every contender alike."""
+    for fn in fns.values():
+        fn()  # warm-up: compiles and allocates
+    times: dict = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            st = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - st)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def runs_a_kernel(fn) -> bool:
