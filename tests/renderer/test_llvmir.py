@@ -178,3 +178,22 @@ def test_default_device_falls_back_to_llvm_without_a_c_compiler(monkeypatch, cap
             Device.DEFAULT
     finally:
         device_module._host_default.cache_clear()
+
+
+def test_a_process_without_any_c_compiler_computes_on_llvm(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "DEV")}
+    env.update(
+        PATH=str(tmp_path),
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+        PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )
+    code = "from fusegrad import Tensor\nt = Tensor([1.0, 2.0, 3.0])\nprint(t.device, (t * 2).sum().item())"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["LLVM", "12.0"]
+    assert proc.stderr.strip() == (
+        "fusegrad: no C compiler found for the CPU device, so the default device is LLVM (set CC or DEV to choose)"
+    )
