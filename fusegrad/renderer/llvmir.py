@@ -94,7 +94,7 @@ class IRText:
     allocas: list[str] = field(default_factory=list)
     declares: set[str] = field(default_factory=set)
     vec_names: dict[Pack, str] = field(default_factory=dict)
-    slots: dict[UOp, str] = field(default_factory=dict)  # DEFINE_ACC and RANGE -> its alloca
+    slots: dict[UOp | Pack, str] = field(default_factory=dict)  # RANGE, DEFINE_ACC or accumulator pack -> its alloca
     loops: dict[UOp, tuple[str, str, str]] = field(default_factory=dict)  # RANGE -> (value, cond label, exit label)
     counter: int = 0
     block: str = "entry"
@@ -134,10 +134,9 @@ class IRText:
         """u as a vector of pack's shape: its own pack, or a scalar broadcast to every lane."""
         t = ltype(pack.dtype, len(pack.lanes))
         if u in self.packs:
-            own = self.packs[u][0]
             if (acc := self.acc_of(u)) is not None:
                 return self.emit(f"load {t}, ptr {self.slots[self.packs[acc][0]]}")
-            return self.vec_names[own]
+            return self.vec_names[self.packs[u][0]]
         one = self.emit(f"insertelement {t} poison, {ltype(u.dtype)} {self.ref(u)}, i32 0")
         return self.emit(f"shufflevector {t} {one}, {t} poison, <{len(pack.lanes)} x i32> zeroinitializer")
 
@@ -422,12 +421,12 @@ def _vector(ctx: IRText, u: UOp, pack: Pack) -> str:
         ctx.lines.append(f"  store {t} {value}, ptr {_vector_address(ctx, u, pack)}, align {dt.itemsize}")
         return ""
     if u.op is Ops.DEFINE_ACC:
-        slot = ctx.slots[pack] = "%" + ctx.fresh("vacc")  # type: ignore[index]
+        slot = ctx.slots[pack] = "%" + ctx.fresh("vacc")
         ctx.allocas.append(f"  {slot} = alloca {t}")
         ctx.lines.append(f"  store {t} {ctx.vref(u.src[0], pack)}, ptr {slot}")
         return slot
     if u.op is Ops.ACC_UPDATE:
-        slot = ctx.slots[pack] = ctx.slots[ctx.packs[u.src[0]][0]]  # type: ignore[index]
+        slot = ctx.slots[pack] = ctx.slots[ctx.packs[u.src[0]][0]]
         old = ctx.emit(f"load {t}, ptr {slot}")
         if _fma_product(ctx, u) is not None:
             a, b = _product_operands(ctx, u.src[1], pack)
@@ -453,8 +452,7 @@ def _vector(ctx: IRText, u: UOp, pack: Pack) -> str:
 
 def _product_operands(ctx: IRText, product: UOp, pack: Pack) -> tuple[str, str]:
     """The operands of a fused product's first lane as vectors: each is a pack (lane by lane) or a shared scalar."""
-    a, b = (ctx.vref(s, pack) for s in product.src)
-    return a, b
+    return ctx.vref(product.src[0], pack), ctx.vref(product.src[1], pack)
 
 
 class LLVMRenderer:
@@ -482,7 +480,7 @@ class LLVMRenderer:
             if u.op is Ops.CONST:
                 continue
             if u in packs:
-                pack, lane = packs[u]
+                pack = packs[u][0]
                 if pack not in ctx.vec_names:
                     ctx.vec_names[pack] = _vector(ctx, u, pack)
                     _extract_used_lanes(ctx, pack, users)
