@@ -14,7 +14,7 @@ import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from fusegrad.helpers import CACHELEVEL, CC, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS, cache_dir
-from fusegrad.renderer.cstyle import CStyleRenderer
+from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.runtime.device import Buffer, HostAllocator
 
 COMPILER_CANDIDATES = ("cc", "clang", "gcc")
@@ -102,19 +102,21 @@ def _sha256_file(path: str) -> str:
 
 
 class KernelCache:
-    """Compiled kernels on disk, each `<key>.so` next to `<key>.sha256` (its content hash). A file whose hash does not
-    match (truncated, zero bytes, garbage) is never loaded: it is deleted and compiled again. When the cache directory
-    cannot be written, a temporary directory takes its place for the rest of the process, with one warning."""
+    """Compiled kernels on disk, each `<key><suffix>` next to `<key>.sha256` (its content hash), in `<cache>/<subdir>`.
+    A file whose hash does not match (truncated, zero bytes, garbage) is never loaded: it is deleted and compiled again.
+    When the cache directory cannot be written, a temporary directory takes its place for the rest of the process,
+    with one warning."""
 
-    def __init__(self):
+    def __init__(self, subdir: str = "cpu", suffix: str = ".so"):
         self.fallback: str | None = None
+        self.subdir, self.suffix = subdir, suffix
 
     def dirs(self) -> list[str]:
-        return [os.path.join(cache_dir(), "cpu")] + ([self.fallback] if self.fallback else [])
+        return [os.path.join(cache_dir(), self.subdir)] + ([self.fallback] if self.fallback else [])
 
     def lookup(self, key: str) -> str | None:
         for d in self.dirs():
-            path = os.path.join(d, f"{key}.so")
+            path = os.path.join(d, f"{key}{self.suffix}")
             if not os.path.exists(path):
                 continue
             try:
@@ -128,7 +130,7 @@ class KernelCache:
         return None
 
     def evict(self, path: str) -> None:
-        for p in (path, path[: -len(".so")] + ".sha256"):
+        for p in (path, path[: -len(self.suffix)] + ".sha256"):
             try:
                 os.unlink(p)
             except OSError:
@@ -136,23 +138,22 @@ class KernelCache:
 
     def store(self, key: str, built: str) -> str:
         try:
-            return self._store_in(os.path.join(cache_dir(), "cpu"), key, built)
+            return self._store_in(os.path.join(cache_dir(), self.subdir), key, built)
         except OSError as e:
             if self.fallback is None:
                 self.fallback = tempfile.mkdtemp(prefix="fusegrad-kernels-")
                 warnings.warn(
-                    f"kernel cache {os.path.join(cache_dir(), 'cpu')} is not writable ({e.strerror or e}); "
+                    f"kernel cache {os.path.join(cache_dir(), self.subdir)} is not writable ({e.strerror or e}); "
                     f"compiled kernels go to {self.fallback} for this process",
                     stacklevel=2,
                 )
             return self._store_in(self.fallback, key, built)
 
-    @staticmethod
-    def _store_in(directory: str, key: str, built: str) -> str:
+    def _store_in(self, directory: str, key: str, built: str) -> str:
         os.makedirs(directory, exist_ok=True)
         with open(built, "rb") as f:
             data = f.read()
-        path = os.path.join(directory, f"{key}.so")
+        path = os.path.join(directory, f"{key}{self.suffix}")
         # checksum first: whoever sees the new binary also sees its checksum (each file is renamed into place whole)
         _write_atomic(os.path.join(directory, f"{key}.sha256"), hashlib.sha256(data).hexdigest().encode())
         _write_atomic(path, data)
@@ -258,7 +259,7 @@ class CpuDevice:
     def __init__(self, name: str):
         self.device = name
         self.allocator = HostAllocator()
-        self.renderer = CStyleRenderer()
+        self.renderer = CRenderer()
         self.compiler = ClangCompiler()
 
     def build(self, info) -> CPUProgram:
