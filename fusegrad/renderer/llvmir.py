@@ -86,6 +86,7 @@ class IRText:
     """One kernel being written: SSA names, lines, allocas, the current block and the vectors (packs) found."""
 
     lin: tuple[UOp, ...]
+    renderer: LLVMRenderer  # the dialect: pointer types of buffers and of allocas
     packs: dict[UOp, tuple[Pack, int]]
     fused: set[UOp]  # products folded into an llvm.fma by their only user
     reassoc: set[UOp]  # accumulator updates that may reassociate (single accumulator of an innermost sum loop)
@@ -110,6 +111,11 @@ class IRText:
         self.lines.append(f"  {name} = {rhs}")
         return name
 
+    def alloca(self, prefix: str, t: str) -> str:
+        slot = "%" + self.fresh(prefix)
+        self.allocas.append(f"  {slot} = alloca {t}{self.renderer.alloca_suffix}")
+        return slot
+
     def label(self, name: str) -> None:
         self.lines.append(f"{name}:")
         self.block = name
@@ -123,11 +129,12 @@ class IRText:
         if u in self.packs:
             pack, lane = self.packs[u]
             if (acc := self.acc_of(u)) is not None:  # the accumulator's current value, read where it is used
-                vec = self.emit(f"load {ltype(pack.dtype, len(pack.lanes))}, ptr {self.slots[self.packs[acc][0]]}")
+                t = ltype(pack.dtype, len(pack.lanes))
+                vec = self.emit(f"load {t}, {self.renderer.private_ptr} {self.slots[self.packs[acc][0]]}")
                 return self.emit(f"extractelement {ltype(pack.dtype, len(pack.lanes))} {vec}, i32 {lane}")
             return self.names[u]
         if (acc := self.acc_of(u)) is not None:
-            return self.emit(f"load {ltype(u.dtype)}, ptr {self.slots[acc]}")
+            return self.emit(f"load {ltype(u.dtype)}, {self.renderer.private_ptr} {self.slots[acc]}")
         return self.names[u]
 
     def vref(self, u: UOp, pack: Pack) -> str:
@@ -135,7 +142,7 @@ class IRText:
         t = ltype(pack.dtype, len(pack.lanes))
         if u in self.packs:
             if (acc := self.acc_of(u)) is not None:
-                return self.emit(f"load {t}, ptr {self.slots[self.packs[acc][0]]}")
+                return self.emit(f"load {t}, {self.renderer.private_ptr} {self.slots[self.packs[acc][0]]}")
             return self.vec_names[self.packs[u][0]]
         one = self.emit(f"insertelement {t} poison, {ltype(u.dtype)} {self.ref(u)}, i32 0")
         return self.emit(f"shufflevector {t} {one}, {t} poison, <{len(pack.lanes)} x i32> zeroinitializer")
@@ -155,7 +162,8 @@ class IRText:
 
 def _address(ctx: IRText, u: UOp) -> str:
     buf, idx = u.src[0], u.src[1]
-    return ctx.emit(f"getelementptr inbounds {mtype(buf.dtype)}, ptr {ctx.ref(buf)}, {ltype(idx.dtype)} {ctx.ref(idx)}")
+    g = ctx.renderer.global_ptr
+    return ctx.emit(f"getelementptr inbounds {mtype(buf.dtype)}, {g} {ctx.ref(buf)}, {ltype(idx.dtype)} {ctx.ref(idx)}")
 
 
 def _gated(ctx: IRText, gate: UOp, t: str, zero: str, load) -> str:
@@ -173,7 +181,7 @@ def _gated(ctx: IRText, gate: UOp, t: str, zero: str, load) -> str:
 
 def _load(ctx: IRText, x: UOp) -> str:
     def load() -> str:
-        raw = ctx.emit(f"load {mtype(x.dtype)}, ptr {_address(ctx, x)}, align {x.dtype.itemsize}")
+        raw = ctx.emit(f"load {mtype(x.dtype)}, {ctx.renderer.global_ptr} {_address(ctx, x)}, align {x.dtype.itemsize}")
         return ctx.emit(f"icmp ne i8 {raw}, 0") if x.dtype is dtypes.bool else raw
 
     return _gated(ctx, x.src[2], ltype(x.dtype), render_const(0, x.dtype), load) if len(x.src) == 3 else load()
@@ -183,25 +191,24 @@ def _store(ctx: IRText, x: UOp) -> str:
     value, dt = ctx.ref(x.src[2]), x.src[2].dtype
     if dt is dtypes.bool:
         value = ctx.emit(f"zext i1 {value} to i8")
-    ctx.lines.append(f"  store {mtype(dt)} {value}, ptr {_address(ctx, x)}, align {dt.itemsize}")
+    ctx.lines.append(f"  store {mtype(dt)} {value}, {ctx.renderer.global_ptr} {_address(ctx, x)}, align {dt.itemsize}")
     return ""
 
 
 def _range(ctx: IRText, x: UOp) -> str:
-    t = ltype(x.dtype)
-    slot = ctx.slots[x] = "%" + ctx.fresh("ctr")
-    ctx.allocas.append(f"  {slot} = alloca {t}")
+    t, p = ltype(x.dtype), ctx.renderer.private_ptr
+    slot = ctx.slots[x] = ctx.alloca("ctr", t)
     if x is ctx.outer:
         start, end = "%core_start", "%core_end"
         if t != "i64":
             start, end = ctx.emit(f"trunc i64 {start} to {t}"), ctx.emit(f"trunc i64 {end} to {t}")
     else:
         start, end = "0", ctx.ref(x.src[0])
-    ctx.lines.append(f"  store {t} {start}, ptr {slot}")
+    ctx.lines.append(f"  store {t} {start}, {p} {slot}")
     cond, body, done = ctx.fresh("cond"), ctx.fresh("body"), ctx.fresh("exit")
     ctx.lines.append(f"  br label %{cond}")
     ctx.label(cond)
-    value = ctx.emit(f"load {t}, ptr {slot}")
+    value = ctx.emit(f"load {t}, {p} {slot}")
     go = ctx.emit(f"icmp slt {t} {value}, {end}")
     ctx.lines.append(f"  br i1 {go}, label %{body}, label %{done}")
     ctx.label(body)
@@ -213,16 +220,15 @@ def _endrange(ctx: IRText, x: UOp) -> str:
     r = x.src[0]
     value, cond, done = ctx.loops[r]
     t = ltype(r.dtype)
-    ctx.lines.append(f"  store {t} {ctx.emit(f'add nsw {t} {value}, 1')}, ptr {ctx.slots[r]}")
+    ctx.lines.append(f"  store {t} {ctx.emit(f'add nsw {t} {value}, 1')}, {ctx.renderer.private_ptr} {ctx.slots[r]}")
     ctx.lines.append(f"  br label %{cond}")
     ctx.label(done)
     return ""
 
 
 def _define_acc(ctx: IRText, x: UOp) -> str:
-    slot = ctx.slots[x] = "%" + ctx.fresh("acc")
-    ctx.allocas.append(f"  {slot} = alloca {ltype(x.dtype)}")
-    ctx.lines.append(f"  store {ltype(x.dtype)} {ctx.ref(x.src[0])}, ptr {slot}")
+    slot = ctx.slots[x] = ctx.alloca("acc", ltype(x.dtype))
+    ctx.lines.append(f"  store {ltype(x.dtype)} {ctx.ref(x.src[0])}, {ctx.renderer.private_ptr} {slot}")
     return ""
 
 
@@ -237,9 +243,9 @@ def _binary_float(ctx: IRText, op: Ops, t: str, a: str, b: str, flags: str = "")
 
 
 def _acc_update(ctx: IRText, x: UOp) -> str:
-    acc, t = x.src[0], ltype(x.dtype)
+    acc, t, p = x.src[0], ltype(x.dtype), ctx.renderer.private_ptr
     slot = ctx.slots[acc]
-    old = ctx.emit(f"load {t}, ptr {slot}")
+    old = ctx.emit(f"load {t}, {p} {slot}")
     flags = "reassoc " if x in ctx.reassoc else ""
     if _fma_product(ctx, x) is not None:
         product = x.src[1]
@@ -248,7 +254,7 @@ def _acc_update(ctx: IRText, x: UOp) -> str:
         new = ctx.emit(f"call {flags}{t} {fn}({args})")
     else:
         new = _alu(ctx, x.arg, x.dtype, [old, ctx.ref(x.src[1])], (acc, x.src[1]), wrap=True, flags=flags)
-    ctx.lines.append(f"  store {t} {new}, ptr {slot}")
+    ctx.lines.append(f"  store {t} {new}, {p} {slot}")
     return ""
 
 
@@ -405,35 +411,36 @@ def _vector_address(ctx: IRText, u: UOp, pack: Pack) -> str:
     index = ctx.ref(base)
     if pack.offset:
         index = ctx.emit(f"add nsw {ltype(base.dtype)} {index}, {pack.offset}")
-    return ctx.emit(f"getelementptr inbounds {mtype(buf.dtype)}, ptr {ctx.ref(buf)}, {ltype(base.dtype)} {index}")
+    g = ctx.renderer.global_ptr
+    return ctx.emit(f"getelementptr inbounds {mtype(buf.dtype)}, {g} {ctx.ref(buf)}, {ltype(base.dtype)} {index}")
 
 
 def _vector(ctx: IRText, u: UOp, pack: Pack) -> str:
     t, dt = ltype(pack.dtype, len(pack.lanes)), pack.dtype
+    g, p = ctx.renderer.global_ptr, ctx.renderer.private_ptr
     if u.op is Ops.LOAD:
 
         def load() -> str:
-            return ctx.emit(f"load {t}, ptr {_vector_address(ctx, u, pack)}, align {dt.itemsize}")
+            return ctx.emit(f"load {t}, {g} {_vector_address(ctx, u, pack)}, align {dt.itemsize}")
 
         return _gated(ctx, u.src[2], t, "zeroinitializer", load) if len(u.src) == 3 else load()
     if u.op is Ops.STORE:
         value = ctx.vref(u.src[2], pack)
-        ctx.lines.append(f"  store {t} {value}, ptr {_vector_address(ctx, u, pack)}, align {dt.itemsize}")
+        ctx.lines.append(f"  store {t} {value}, {g} {_vector_address(ctx, u, pack)}, align {dt.itemsize}")
         return ""
     if u.op is Ops.DEFINE_ACC:
-        slot = ctx.slots[pack] = "%" + ctx.fresh("vacc")
-        ctx.allocas.append(f"  {slot} = alloca {t}")
-        ctx.lines.append(f"  store {t} {ctx.vref(u.src[0], pack)}, ptr {slot}")
+        slot = ctx.slots[pack] = ctx.alloca("vacc", t)
+        ctx.lines.append(f"  store {t} {ctx.vref(u.src[0], pack)}, {p} {slot}")
         return slot
     if u.op is Ops.ACC_UPDATE:
         slot = ctx.slots[pack] = ctx.slots[ctx.packs[u.src[0]][0]]
-        old = ctx.emit(f"load {t}, ptr {slot}")
+        old = ctx.emit(f"load {t}, {p} {slot}")
         if _fma_product(ctx, u) is not None:
             a, b = _product_operands(ctx, u.src[1], pack)
             new = ctx.emit(f"call {t} {ctx.intrinsic('fma', t, 3)}({t} {a}, {t} {b}, {t} {old})")
         else:
             new = ctx.emit(f"fadd {t} {old}, {ctx.vref(u.src[1], pack)}")
-        ctx.lines.append(f"  store {t} {new}, ptr {slot}")
+        ctx.lines.append(f"  store {t} {new}, {p} {slot}")
         return slot
     if u in ctx.fused:
         return ""
@@ -457,17 +464,37 @@ def _product_operands(ctx: IRText, product: UOp, pack: Pack) -> tuple[str, str]:
 
 class LLVMRenderer:
     """Linear UOps -> one LLVM IR function `void @name(ptr %data0, ..., i64 %core_start, i64 %core_end)`.
-    vector_bytes: the width of the target's vector registers (upcast lanes are packed into vectors that wide)."""
+    vector_bytes: the width of the target's vector registers (upcast lanes are packed into vectors that wide).
+    A dialect (llvmir_amdgpu.py) overrides the class attributes and hooks below, nothing else."""
+
+    global_ptr = "ptr"  # type of a buffer pointer
+    private_ptr = "ptr"  # type of a pointer to an alloca
+    alloca_suffix = ""  # e.g. ", addrspace(5)"
+    calling_convention = ""  # e.g. "amdgpu_kernel "
 
     def __init__(self, vector_bytes: int = 16, triple: str = "", data_layout: str = ""):
         self.vector_bytes, self.triple, self.data_layout = vector_bytes, triple, data_layout
         self.string_rewrite = llvm_rewrite
 
+    def check(self, lin: tuple[UOp, ...]) -> None:
+        """Raise RenderError for what the target cannot compile (nothing on the host)."""
+
+    def outer_range(self, lin: tuple[UOp, ...]) -> UOp | None:
+        """The loop that runs [core_start, core_end) so threads can split it."""
+        return next((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"), None)
+
+    def params(self, lin: tuple[UOp, ...]) -> list[str]:
+        return [f"ptr %data{u.arg[0]}" for u in lin if u.op is Ops.DEFINE_GLOBAL] + [
+            "i64 %core_start",
+            "i64 %core_end",
+        ]
+
     def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
+        self.check(lin)
         packs = find_packs(lin, self.vector_bytes) if vectorize else {}
         uses = Counter(s for u in lin for s in u.src)
-        ctx = IRText(lin, packs, _fusable_products(lin, packs, uses), _reassociable(lin))
-        ctx.outer = next((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"), None)
+        ctx = IRText(lin, self, packs, _fusable_products(lin, packs, uses), _reassociable(lin))
+        ctx.outer = self.outer_range(lin)
         for u in lin:
             ctx.reads_data[u] = u.op in (Ops.LOAD, Ops.DEFINE_ACC, Ops.ACC_UPDATE) or any(
                 ctx.reads_data.get(x, False) for x in u.src
@@ -489,17 +516,13 @@ class LLVMRenderer:
                 raise RenderError(f"the LLVM renderer has no rule for {u.op}")
             if value:
                 ctx.names[u] = value
-        params = [f"ptr %data{u.arg[0]}" for u in lin if u.op is Ops.DEFINE_GLOBAL] + [
-            "i64 %core_start",
-            "i64 %core_end",
-        ]
         head = (f'target triple = "{self.triple}"\n' if self.triple else "") + (
             f'target datalayout = "{self.data_layout}"\n' if self.data_layout else ""
         )
         body = ["entry:", *ctx.allocas, *ctx.lines, "  ret void"]
         return (
             head
-            + f"define void @{name}({', '.join(params)}) nounwind {{\n"
+            + f"define {self.calling_convention}void @{name}({', '.join(self.params(lin))}) nounwind {{\n"
             + "\n".join(body)
             + "\n}\n"
             + "".join(d + "\n" for d in sorted(ctx.declares))

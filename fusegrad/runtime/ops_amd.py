@@ -1,6 +1,6 @@
 """The AMD device: buffers in VRAM through the GPU VM, uploads through SDMA, kernels on the compute queue.
 
-Kernels are LLVM IR for amdgcn-amd-amdhsa (support/amd/llvmir.py), compiled to a code object by the installed LLVM.
+Kernels are LLVM IR for amdgcn-amd-amdhsa (renderer/llvmir_amdgpu.py), compiled to a code object by the installed LLVM.
 `AMD_SIM=1` runs everything on the simulated MI350X VF, whose command processor executes each dispatch with the
 kernel's PYTHON-device twin over simulated VRAM. The AMD parts sit behind a small interface (`AmdAllocator`,
 `AmdProgram`, `AmdDevice`) shaped like the other devices', so a later device-interface rewrite maps onto it.
@@ -26,7 +26,7 @@ from fusegrad.runtime.support.amd.errors import AMDError
 from fusegrad.runtime.support.amd.codeobj import compile_ir, load_image, parse_code_object, pick_target
 from fusegrad.runtime.support.amd.gpu import AMDGPU
 from fusegrad.runtime.support.amd.ipregs import sh_register
-from fusegrad.runtime.support.amd_llvmir import render
+from fusegrad.renderer.llvmir_amdgpu import AMDGPURenderer
 from fusegrad.runtime.support.amd.memory import MiB
 from fusegrad.runtime.support.amd.simgpu import SimDispatch
 
@@ -121,7 +121,7 @@ class AmdProgram:
     def __init__(self, device: AmdDevice, info: Any):
         self.device, self.info = device, info
         self.params = sorted((u for u in info.lin if u.op.name == "DEFINE_GLOBAL"), key=lambda u: u.arg[0])
-        ir = render(info.name, info.lin)
+        ir = device.renderer.render(info.name, info.lin)
         if DEBUG >= 4:
             print(ir)
         self.elf = compile_ir(ir, device.arch)
@@ -185,7 +185,7 @@ class AmdDevice:
         self.lock = threading.RLock()
         self.arch = pick_target(AMD_ARCH.value)
         self.allocator = AmdAllocator(self.gpu, self.lock)
-        self.renderer = self.compiler = None
+        self.renderer, self.compiler = AMDGPURenderer(), None
         atexit.register(self.close)  # teardown takes a short access window; the PF should not have to time it out
 
     def close(self) -> None:

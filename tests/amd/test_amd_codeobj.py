@@ -14,7 +14,10 @@ from fusegrad.runtime.support.amd.codeobj import (
     parse_code_object,
     pick_target,
 )
-from fusegrad.runtime.support.amd_llvmir import RenderError, render
+from fusegrad.renderer.cstyle import RenderError
+from fusegrad.renderer.llvmir_amdgpu import AMDGPURenderer
+
+render = AMDGPURenderer().render
 
 
 def kernels(t: Tensor):
@@ -58,10 +61,26 @@ def test_reductions_and_transcendentals_compile(target):
         parse_code_object(compile_ir(render(info.name, info.lin), target), info.name)
 
 
-def test_unsupported_dtypes_are_named():
-    (info,) = kernels(Tensor([1.0, 2.0], dtype=dtypes.bfloat16) + 1)
-    with pytest.raises(RenderError, match="bfloat16"):
+def test_unsupported_float64_transcendentals_are_named():
+    (info,) = kernels(Tensor([1.0, 2.0], dtype=dtypes.float64).sin())
+    with pytest.raises(RenderError, match="sin on dtypes.float64"):
         render(info.name, info.lin)
+
+
+def test_other_dtypes_compile(target):
+    x = Tensor([1.0, 2.0, 3.0])
+    cases = [
+        (x.cast(dtypes.bfloat16) + 1).cast(dtypes.float32),
+        x.cast(dtypes.float16).exp2(),
+        x.cast(dtypes.float64).sqrt() * 2,
+        (x > 1.5) & (x < 2.5),
+        (x * 40).cast(dtypes.uint8) >> 1,
+        Tensor([7, -7, 9], dtype=dtypes.int64) // Tensor([2, 0, -1], dtype=dtypes.int64),
+    ]
+    for t in cases:
+        for info in kernels(t):
+            kd = parse_code_object(compile_ir(render(info.name, info.lin), target), info.name)
+            assert kd.kernarg_size == 8 * info.nparams and kd.private_segment == 0
 
 
 def test_broken_ir_reports_the_tool_and_its_message(target):
