@@ -17,7 +17,7 @@ from fusegrad.engine.memory_planner import plan_buffers
 from fusegrad.engine.realize import capturing, realize_lock
 from fusegrad.runtime.device import Buffer, Device, HostAllocator
 from fusegrad.schedule import buffer_of, buffer_uop
-from fusegrad.tensor import Tensor, _all_tensors
+from fusegrad.tensor import Tensor, _all_tensors, _pending_assigns
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 
@@ -300,6 +300,11 @@ def _returned_tensors(ret: Any, where: str = "return value") -> list[Tensor]:
     raise JitError(f"a jitted function returns None, Tensors or lists/tuples/dicts of them; {where} is {type(ret)}")
 
 
+def _realize_effects(returned: list[Tensor]) -> None:
+    """Realize the returned tensors with every assign still pending: a step's effects happen within the step."""
+    Tensor.realize_all(returned + [t for t in list(_pending_assigns.values()) if t.uop.op is Ops.ASSIGN])
+
+
 def _freeze(ret: Any) -> Any:
     """The return structure with each tensor as its (uop, device), to rebuild fresh Tensors on each replay."""
     if isinstance(ret, Tensor):
@@ -368,8 +373,9 @@ class TinyJit:
                 ret = self._capture(tensors, others, args, kwargs)
             else:
                 _prepare_inputs(tensors)
+                _realize_effects([])  # assigns made before the call are not the function's
                 ret = self.fxn(*args, **kwargs)
-                Tensor.realize_all(_returned_tensors(ret))
+                _realize_effects(_returned_tensors(ret))
         self.cnt += 1
         return ret
 
@@ -379,14 +385,14 @@ class TinyJit:
     # ------------------------------------------------------------------------------------------ capture
     def _capture(self, tensors: list[tuple[str, Tensor]], others: list, args: tuple, kwargs: dict) -> Any:
         layouts, bases = _prepare_inputs(tensors)
+        _realize_effects([])  # assigns made before the call are not the function's
         before = _live_tensor_buffers()
         recorder = _Recorder()
         capturing.append(recorder)
         try:
             with Context(BEAM=int(JITBEAM.value)) if JITBEAM.value else nullcontext():
                 ret = self.fxn(*args, **kwargs)
-                returned = _returned_tensors(ret)
-                Tensor.realize_all(returned)
+                _realize_effects(_returned_tensors(ret))
         finally:
             capturing.pop()
         if not recorder.launches:
