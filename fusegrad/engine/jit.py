@@ -7,6 +7,7 @@ on every call against the capture: a mismatch raises JitError rather than replay
 
 from __future__ import annotations
 import functools
+import pickle
 import time
 import weakref
 from contextlib import nullcontext
@@ -141,10 +142,10 @@ class _Recorder:
     """Collects every launch of a capture (realize.py calls `record`), and refuses reads of data."""
 
     def __init__(self):
-        self.launches: list[tuple[Any, tuple[Buffer, ...]]] = []
+        self.launches: list[tuple[Any, tuple[Buffer, ...], UOp]] = []
 
     def record(self, item: Any, runner: Any) -> None:
-        self.launches.append((runner, tuple(item.buffers)))
+        self.launches.append((runner, tuple(item.buffers), item.ast))
 
     def refuse_read(self, t: Tensor) -> None:
         raise JitError(
@@ -173,6 +174,7 @@ class Launch:
 
     runner: Any
     buffers: list[Buffer]
+    ast: UOp | None = None  # what the runner was compiled from (a pickled capture compiles it again)
 
 
 @dataclass
@@ -198,6 +200,8 @@ class CapturedJit:
     input_base_uops: list[UOp]  # BUFFER nodes of the capture's inputs (a returned view of an input is rebased)
     planned_from: int = 0
     planned_to: int = 0
+    arenas: list[Buffer] = field(default_factory=list)  # memory of the planned buffers
+    placement: dict[Buffer, tuple[int, int]] = field(default_factory=dict)  # planned buffer -> (arena, offset)
     steps: list[Any] = field(default_factory=list)
     internal: set[Buffer] = field(default_factory=set)
     _last: list[Buffer | None] = field(default_factory=list)
@@ -228,6 +232,11 @@ class CapturedJit:
         flush()
         self._last = list(self.input_buffers)
 
+    def __reduce__(self) -> tuple:
+        from fusegrad.engine.jit_pickle import captured_state
+
+        return _restore_captured, (captured_state(self), any(isinstance(s, _GraphStep) for s in self.steps))
+
     @property
     def batches(self) -> int:
         return sum(isinstance(s, _GraphStep) for s in self.steps)
@@ -254,6 +263,12 @@ class CapturedJit:
                 _run_one(step.launch.runner, bufs)
         self._last = list(inputs)
         GlobalCounters.kernel_count += len(self.launches)
+
+
+def _restore_captured(state: dict, use_graphs: bool) -> CapturedJit:
+    from fusegrad.engine.jit_pickle import captured_from_state
+
+    return captured_from_state(state, CapturedJit, Launch, use_graphs)
 
 
 def _graphable(la: Launch) -> bool:
@@ -349,12 +364,25 @@ class TinyJit:
         self.cnt = 0
         self.captured: CapturedJit | None = None
 
+    def __getstate__(self) -> dict:
+        # the function goes along when pickle can name it (a module-level def); a loaded capture replays without it
+        try:
+            fxn = self.fxn if pickle.dumps(self.fxn) else None
+        except Exception:
+            fxn = None
+        return {"fxn": fxn, "prune": self.prune, "cnt": self.cnt, "captured": self.captured}
+
+    def __setstate__(self, state: dict) -> None:
+        self.fxn, self.prune, self.cnt, self.captured = state["fxn"], state["prune"], state["cnt"], state["captured"]
+        if self.fxn is not None:
+            functools.update_wrapper(self, self.fxn)
+
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         # a method: the instance is a non-tensor argument, so another instance is a mismatch, not a silent replay
         return self if obj is None else functools.partial(self.__call__, obj)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.fxn is None:
+        if self.fxn is None and self.captured is None:
             if len(args) == 1 and not kwargs and callable(args[0]):
                 self.fxn = args[0]
                 functools.update_wrapper(self, self.fxn)
@@ -362,7 +390,7 @@ class TinyJit:
             raise TypeError("TinyJit(prune=...) decorates one function: use @TinyJit(prune=True) above a def")
         if capturing:
             raise RuntimeError(f"TinyJit {self._name()} called while another TinyJit captures; nested JITs cannot be")
-        if not JIT:
+        if not JIT and self.fxn is not None:
             self.cnt += 1
             return self.fxn(*args, **kwargs)
         tensors, others = _split_args(args, kwargs)
@@ -397,7 +425,7 @@ class TinyJit:
             capturing.pop()
         if not recorder.launches:
             raise JitError(f"didn't JIT anything! {self._name()} launched no kernel while it was captured")
-        launches = [Launch(r, list(b)) for r, b in recorder.launches]
+        launches = [Launch(r, list(b), ast) for r, b, ast in recorder.launches]
         input_bufs = [buffer_of[u] for b in bases for u in b]
         launches += _keep_moved_state(before, launches)
         if self.prune:
@@ -552,9 +580,8 @@ def _plan_memory(cap: CapturedJit, keep: set[Buffer], enabled: bool) -> None:
     if not enabled or not plan:
         cap.planned_to = cap.planned_from
         return
-    replacement, arenas = plan_buffers(plan, [(first_use[b], last_use[b]) for b in plan])
-    cap.planned_to = sum(a.nbytes for a in arenas)
-    cap.arenas = arenas  # type: ignore[attr-defined]  # the planned buffers view these
+    replacement, cap.arenas, cap.placement = plan_buffers(plan, [(first_use[b], last_use[b]) for b in plan])
+    cap.planned_to = sum(a.nbytes for a in cap.arenas)
     for la in cap.launches:
         la.buffers = [replacement.get(b, b) for b in la.buffers]
 

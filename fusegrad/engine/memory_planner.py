@@ -28,23 +28,29 @@ def plan_offsets(sizes: list[int], lifetimes: list[tuple[int, int]], align: int 
     return offsets, max((e for _, e, _, _ in placed), default=0)
 
 
-def plan_buffers(bufs: list[Buffer], lifetimes: list[tuple[int, int]]) -> tuple[dict[Buffer, Buffer], list[Buffer]]:
-    """A new buffer for each of `bufs`, viewing a per-device arena at its planned offset; returns {old: new} and the
-    arenas (which own the memory: keep them alive as long as the new buffers)."""
+def plan_buffers(
+    bufs: list[Buffer], lifetimes: list[tuple[int, int]]
+) -> tuple[dict[Buffer, Buffer], list[Buffer], dict[Buffer, tuple[int, int]]]:
+    """A new buffer for each of `bufs`, viewing a per-device arena at its planned offset; returns {old: new}, the
+    arenas (which own the memory: keep them alive as long as the new buffers) and {new: (arena index, offset)}."""
     replacement: dict[Buffer, Buffer] = {}
     arenas: list[Buffer] = []
+    placement: dict[Buffer, tuple[int, int]] = {}
     for device in dict.fromkeys(b.device for b in bufs):
         mine = [i for i, b in enumerate(bufs) if b.device == device]
         offsets, total = plan_offsets([bufs[i].nbytes for i in mine], [lifetimes[i] for i in mine])
-        arena = Buffer(device, total, dtypes.uint8).ensure_allocated()
-        arenas.append(arena)
-        memory = arena.host_view()
+        arenas.append(Buffer(device, total, dtypes.uint8).ensure_allocated())
         for i, offset in zip(mine, offsets):
-            old = bufs[i]
-            new = Buffer(old.device, old.size, old.dtype)
-            new.use_external(memory[offset : offset + old.nbytes])
-            replacement[old] = new
-    return replacement, arenas
+            replacement[bufs[i]] = placed_buffer(arenas[-1], offset, bufs[i])
+            placement[replacement[bufs[i]]] = (len(arenas) - 1, offset)
+    return replacement, arenas, placement
+
+
+def placed_buffer(arena: Buffer, offset: int, like: Buffer) -> Buffer:
+    """A buffer of like's device, size and dtype whose memory is arena's bytes from offset."""
+    new = Buffer(like.device, like.size, like.dtype)
+    new.use_external(arena.host_view()[offset : offset + like.nbytes])
+    return new
 
 
 def overlapping_live_pairs(

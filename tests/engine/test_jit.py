@@ -2,6 +2,7 @@
 input mismatch raises JitError, and the memory planner never lets two live buffers share memory."""
 
 import random
+from pathlib import Path
 import numpy as np
 import pytest
 import torch
@@ -429,3 +430,61 @@ def test_debug_lines(capsys):
         f = captured(x=(5,))
         f(Tensor(data(5)))
     assert "replay 1: 1 kernels in 1 calls" in capsys.readouterr().out
+
+
+def test_batched_kernels_split_over_threads():
+    w = Tensor(data(256, 256))
+    with Context(NUM_CPU_THREADS=4):
+        f = TinyJit(lambda x: ((x @ w).relu() @ w).contiguous())
+        for _ in range(4):
+            a = data(128, 256)
+            np.testing.assert_allclose(f(Tensor(a)).numpy(), np.maximum(a @ w.numpy(), 0) @ w.numpy(), rtol=1e-4)
+    graphs = [s.graph for s in f.captured.steps if hasattr(s, "graph")]
+    assert graphs and max(c for g in graphs for c in g.chunks) > 1  # replayed on the runner's worker threads
+
+
+def scaled_tanh(x, w):
+    return ((x @ w).tanh() * 2).contiguous(), (x.sum() + 1).contiguous()
+
+
+def test_pickled_capture_replays_in_a_fresh_process(tmp_path):
+    import pickle
+    import subprocess
+    import sys
+
+    w = Tensor(data(4, 3))
+    f = TinyJit(scaled_tanh)
+    for _ in range(3):
+        f(Tensor(data(5, 4)), w)
+    path = tmp_path / "jit.pkl"
+    path.write_bytes(pickle.dumps(f))
+    a, w_np = data(5, 4), w.numpy()
+    script = (
+        "import pickle, sys, numpy as np\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})  # the jitted function is this module's\n"
+        "from fusegrad import Tensor\n"
+        f"f = pickle.loads(open({str(path)!r}, 'rb').read())\n"
+        f"a, w = np.array({a.tolist()}, np.float32), np.array({w_np.tolist()}, np.float32)\n"
+        "out, s = f(Tensor(a), Tensor(w))\n"
+        "assert f.captured is not None and f.cnt == 4\n"
+        "np.testing.assert_allclose(out.numpy(), np.tanh(a @ w) * 2, rtol=1e-5, atol=1e-6)\n"
+        "np.testing.assert_allclose(s.numpy(), a.sum() + 1, rtol=1e-5)\n"
+        "print('replayed')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "replayed" in done.stdout, done.stderr
+
+
+def test_pickled_lambda_capture_replays_without_its_function():
+    import pickle
+
+    w = Tensor(data(3))
+    f = TinyJit(lambda x: (x * w).exp())
+    for _ in range(2):
+        f(Tensor(data(3)))
+    loaded = pickle.loads(pickle.dumps(f))
+    assert loaded.fxn is None  # a lambda cannot be pickled: the capture replays alone
+    a = data(3)
+    np.testing.assert_allclose(loaded(Tensor(a)).numpy(), np.exp(a * w.numpy()), rtol=1e-5)
+    with pytest.raises(JitError, match="args mismatch"):
+        loaded(Tensor(data(4)))
