@@ -28,20 +28,25 @@ class MLP:
         return self.l2(self.l1(x).relu())
 
 
-def steps_per_second(step, warmup: int = 3, runs: int = 9, seconds: float = 0.3) -> float:
-    for _ in range(warmup):
-        step()
-    st, n = time.perf_counter(), 0
-    while time.perf_counter() - st < seconds / runs or n < 2:  # steps per run: about seconds/runs of work
-        step()
-        n += 1
-    times = []
-    for _ in range(runs):
-        st = time.perf_counter()
-        for _ in range(n):
+def steps_per_second(steppers: dict, runs: int = 9, seconds: float = 0.2) -> dict:
+    """Median steps/s of each stepper; the runs take turns, so load from elsewhere hits every stepper alike."""
+    counts = {}
+    for name, step in steppers.items():
+        for _ in range(3):  # warm-up (and, under TinyJit, the capture)
             step()
-        times.append((time.perf_counter() - st) / n)
-    return 1 / statistics.median(times)
+        st, n = time.perf_counter(), 0
+        while time.perf_counter() - st < seconds or n < 2:
+            step()
+            n += 1
+        counts[name] = n
+    times: dict[str, list[float]] = {name: [] for name in steppers}
+    for _ in range(runs):
+        for name, step in steppers.items():
+            st = time.perf_counter()
+            for _ in range(counts[name]):
+                step()
+            times[name].append((time.perf_counter() - st) / counts[name])
+    return {name: 1 / statistics.median(t) for name, t in times.items()}
 
 
 def fusegrad_step(model, opt_name: str, x_np: np.ndarray, y_np: np.ndarray, jit: bool):
@@ -106,13 +111,16 @@ def main() -> None:
         ("digits convnet Adam, bs 128", ConvNet, torch_conv, "Adam", rng.random((128, 1, 8, 8), dtype=np.float32)),
     ]
     only_jit = os.environ.get("ONLY") == "jit"
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; steps/s, medians of 9 runs")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; steps/s, medians of 9 interleaved runs")
     print(f"{'case':30s} {'torch':>9s} {'fg eager':>9s} {'fg jit':>9s} {'eager/torch':>12s} {'jit/torch':>10s}")
     for name, ours, theirs, opt_name, x in cases:
         y = rng.integers(0, 10, len(x)).astype(np.int32)
-        th = steps_per_second(torch_step(theirs(), opt_name, x, y))
-        eager = float("nan") if only_jit else steps_per_second(fusegrad_step(ours(), opt_name, x, y, jit=False))
-        jit = steps_per_second(fusegrad_step(ours(), opt_name, x, y, jit=True))
+        steppers = {"torch": torch_step(theirs(), opt_name, x, y)}
+        if not only_jit:
+            steppers["eager"] = fusegrad_step(ours(), opt_name, x, y, jit=False)
+        steppers["jit"] = fusegrad_step(ours(), opt_name, x, y, jit=True)
+        r = steps_per_second(steppers)
+        th, eager, jit = r["torch"], r.get("eager", float("nan")), r["jit"]
         print(f"{name:30s} {th:9.1f} {eager:9.1f} {jit:9.1f} {eager / th:11.2f}x {jit / th:9.2f}x")
 
 
