@@ -5,5 +5,6 @@ from fusegrad.dtype import dtypes
 from fusegrad.runtime.device import Device
 from fusegrad.helpers import Context, GlobalCounters, getenv
 from fusegrad.engine.jit import TinyJit
+from fusegrad.uop.sint import Variable
 
-__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "TinyJit"]
+__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "TinyJit", "Variable"]

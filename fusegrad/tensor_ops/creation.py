@@ -16,6 +16,7 @@ from fusegrad.schedule.multi import canonical_device, make_multi, multi_axis, sh
 from fusegrad.tensor_ops.pydata import py_scalar_const
 from fusegrad.tensor_ops.shapes import as_index, check_shape, is_index
 from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.sint import shape_str
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -134,6 +135,8 @@ class CreationMixin:
     def empty(*shape: Any, device: str | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
         Tensor._reject_kwargs("empty", kwargs)
         shape = check_shape(argfix(*shape))
+        if any(isinstance(d, UOp) for d in shape):
+            raise ValueError(f"empty() allocates storage, so its shape must be concrete, got {shape_str(shape)}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         placement = canonical_device(device)
         if isinstance(placement, tuple):  # replicated: one uninitialized buffer per device
@@ -239,6 +242,8 @@ class CreationMixin:
     @staticmethod
     def _random_bits(shape: tuple[int, ...], device: str | None) -> Tensor:
         """uint32 random bits from Threefry-2x32 (20 rounds) over (element index, call number) with the seed as key."""
+        if any(isinstance(d, UOp) for d in shape):
+            raise NotImplementedError(f"random tensors need a concrete shape, got {shape_str(shape)}; shrink after")
         Tensor._rng_calls += 1
         n = prod(shape)
         counter = (
