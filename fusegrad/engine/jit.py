@@ -18,6 +18,7 @@ from fusegrad.engine.memory_planner import plan_buffers
 from fusegrad.engine.realize import capturing, realize_lock
 from fusegrad.runtime.device import Buffer, Device, HostAllocator
 from fusegrad.schedule import buffer_of, buffer_uop
+from fusegrad.schedule.variables import var_buffer, var_params
 from fusegrad.tensor import Tensor, _all_tensors, _pending_assigns
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
@@ -29,9 +30,11 @@ class JitError(Exception):
 # ---------------------------------------------------------------------------------------------- inputs
 
 
-def _split_args(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Any]]]:
+def _split_args(
+    args: tuple, kwargs: dict, var_vals: dict[UOp, int]
+) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Any]]]:
     """(name, tensor) of every input (positional, keyword, and one level inside list/tuple/dict) and (name, value) of
-    every other argument."""
+    every other argument; a bound Variable (or an expression of some) is compared unbound, its value put in var_vals."""
     tensors: list[tuple[str, Tensor]] = []
     others: list[tuple[str, Any]] = []
 
@@ -47,7 +50,7 @@ def _split_args(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], li
             for k, x in v.items():
                 visit(f"{name}[{k!r}]", x, False)
         else:
-            others.append((name, v))
+            others.append((name, _unbind(v, var_vals) if isinstance(v, UOp) else v))
 
     for i, a in enumerate(args):
         visit(f"argument {i}", a, True)
@@ -56,20 +59,49 @@ def _split_args(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Tensor]], li
     return tensors, others
 
 
-def _layout(u: UOp, bases: list[UOp]) -> Hashable | None:
+def _layout(u: UOp, bases: list[UOp], var_vals: dict[UOp, int]) -> Hashable | None:
     """What a replay must find again in an input: its views down to each buffer (device, size, dtype), or None when
-    the tensor is not a view of realized buffers yet. Appends the BUFFER nodes to `bases`."""
+    the tensor is not a view of realized buffers yet. Appends the BUFFER nodes to `bases`; symbolic sizes are kept
+    unbound, their values go to `var_vals`."""
     if u.op is Ops.BUFFER:
         buf = buffer_of[u]
         bases.append(u)
         return (buf.device, buf.size, u.dtype)
     if u.op in GroupOp.Movement:
-        inner = _layout(u.src[0], bases)
-        return None if inner is None else (u.op, u.arg, inner)
+        inner = _layout(u.src[0], bases, var_vals)
+        return None if inner is None else (u.op, _unbind(u.arg, var_vals), inner)
     if u.op is Ops.MULTI and all(_whole(s) for s in u.src):
-        shards = tuple(_layout(s, bases) for s in u.src)
+        shards = tuple(_layout(s, bases, var_vals) for s in u.src)
         return (Ops.MULTI, u.arg, shards)
     return None
+
+
+def _unbind(x: Any, var_vals: dict[UOp, int]) -> Any:
+    """x (a size, a tuple of sizes or pairs) with each bound Variable replaced by the Variable; values to var_vals."""
+    if isinstance(x, tuple):
+        return tuple(_unbind(y, var_vals) for y in x) if any(isinstance(y, (tuple, UOp)) for y in x) else x
+    if not isinstance(x, UOp):
+        return x
+    if x.op is Ops.BIND:
+        var, value = x.unbind()
+        if var_vals.setdefault(var, value) != value:
+            raise JitError(f"Variable {var.arg[0]!r} is bound to both {var_vals[var]} and {value} in one call")
+        return var
+    src = tuple(_unbind(s, var_vals) for s in x.src)
+    return x if src == x.src else x.replace(src=src)
+
+
+def _rebind(x: Any, var_vals: dict[UOp, int]) -> Any:
+    """x with each bound Variable bound to its value in var_vals instead."""
+    if isinstance(x, tuple):
+        return tuple(_rebind(y, var_vals) for y in x) if any(isinstance(y, (tuple, UOp)) for y in x) else x
+    if not isinstance(x, UOp):
+        return x
+    if x.op is Ops.BIND:
+        var = x.src[0]
+        return var.bind(var_vals[var]) if var in var_vals and var_vals[var] != x.src[1].arg else x
+    src = tuple(_rebind(s, var_vals) for s in x.src)
+    return x if src == x.src else x.replace(src=src)
 
 
 def _whole(u: UOp) -> bool:
@@ -102,15 +134,18 @@ class InputLayout:
     others: list[tuple[str, Any]]
 
 
-def _prepare_inputs(tensors: list[tuple[str, Tensor]]) -> tuple[list[Hashable], list[list[UOp]]]:
+def _prepare_inputs(
+    tensors: list[tuple[str, Tensor]], var_vals: dict[UOp, int] | None = None
+) -> tuple[list[Hashable], list[list[UOp]]]:
     """Realize the inputs (refusing constants) and return each one's layout and BUFFER nodes; one buffer twice is an
     error, since a replay could not tell the two apart."""
     layouts: list[Hashable] = []
     bases: list[list[UOp]] = []
     pending = []
+    var_vals = {} if var_vals is None else var_vals
     for name, t in tensors:
         b: list[UOp] = []
-        if (lay := _layout(t.uop, b)) is None:
+        if (lay := _layout(t.uop, b, var_vals)) is None:
             if _is_constant(t.uop):
                 raise JitError(
                     f"{name} is a constant tensor (shape {t.shape}), not a buffer a replay can swap: "
@@ -124,7 +159,7 @@ def _prepare_inputs(tensors: list[tuple[str, Tensor]]) -> tuple[list[Hashable], 
         for i, (name, t) in enumerate(tensors):
             if layouts[i] is None:
                 bases[i] = []
-                layouts[i] = _layout(t.uop, bases[i])
+                layouts[i] = _layout(t.uop, bases[i], var_vals)
                 if layouts[i] is None:
                     raise JitError(f"{name} did not realize to a buffer (its graph ends in {t.uop.op})")
     seen: dict[Buffer, str] = {}
@@ -157,15 +192,17 @@ class _Recorder:
 def _tensor_buffers(u: UOp) -> list[Buffer] | None:
     """The buffers a realized tensor's value is a view of, or None for an unrealized one."""
     b: list[UOp] = []
-    return [buffer_of[x] for x in b] if _layout(u, b) is not None else None
+    return [buffer_of[x] for x in b] if _layout(u, b, {}) is not None else None
 
 
-def _rebase(u: UOp, new_base: dict[UOp, UOp]) -> UOp:
-    """u with its BUFFER nodes replaced by those `new_base` maps them to (the view ops above them kept)."""
+def _rebase(u: UOp, new_base: dict[UOp, UOp], var_vals: dict[UOp, int] | None = None) -> UOp:
+    """u with its BUFFER nodes replaced by those `new_base` maps them to (the view ops above them kept), and its
+    symbolic sizes bound to the values in var_vals."""
     if u.op is Ops.BUFFER:
         return new_base.get(u, u)
-    src = tuple(_rebase(s, new_base) for s in u.src)
-    return u if src == u.src else u.replace(src=src)
+    src = tuple(_rebase(s, new_base, var_vals) for s in u.src)
+    arg = _rebind(u.arg, var_vals) if var_vals and u.op in GroupOp.Movement else u.arg
+    return u if src == u.src and arg is u.arg else u.replace(src=src, arg=arg)
 
 
 @dataclass
@@ -187,6 +224,7 @@ class _PythonStep:
 class _GraphStep:
     graph: Any  # runtime.cpu_graph.CPUGraph
     input_slots: list[tuple[list[int], int]]  # (table cells, input buffer index)
+    launches: list[Launch]
 
 
 @dataclass
@@ -198,11 +236,14 @@ class CapturedJit:
     layout: InputLayout
     returns: Any  # the return value's structure, tensors as (uop, device) leaves
     input_base_uops: list[UOp]  # BUFFER nodes of the capture's inputs (a returned view of an input is rebased)
+    var_vals: dict[UOp, int] = field(default_factory=dict)  # bound Variable values of the capture
     planned_from: int = 0
     planned_to: int = 0
     arenas: list[Buffer] = field(default_factory=list)  # memory of the planned buffers
     placement: dict[Buffer, tuple[int, int]] = field(default_factory=dict)  # planned buffer -> (arena, offset)
     steps: list[Any] = field(default_factory=list)
+    var_slots: list[tuple[Launch, int, UOp, Any, int | None]] = field(default_factory=list)
+    _last_vals: dict[UOp, int] = field(default_factory=dict)
     internal: set[Buffer] = field(default_factory=set)
     _last: list[Buffer | None] = field(default_factory=list)
 
@@ -218,7 +259,7 @@ class CapturedJit:
                 entries = [GraphEntry(la.runner.program if la.runner else None, tuple(la.buffers)) for la in batch]
                 graph = CPUGraph(entries)
                 slots = [(graph.slots[b], i) for b, i in index.items() if b in graph.slots]
-                self.steps.append(_GraphStep(graph, slots))
+                self.steps.append(_GraphStep(graph, slots, list(batch)))
                 batch.clear()
 
         for la in self.launches:
@@ -231,6 +272,16 @@ class CapturedJit:
             self.steps.append(_PythonStep(la, [(p, index[b]) for p, b in enumerate(la.buffers) if b in index]))
         flush()
         self._last = list(self.input_buffers)
+        # where each kernel reads a Variable's value: a replay with another value swaps in that value's buffer
+        place = {
+            id(la): (s.graph, i) for s in self.steps if isinstance(s, _GraphStep) for i, la in enumerate(s.launches)
+        }
+        self.var_slots = []
+        for la in self.launches:
+            for pos, var in (var_params(la.ast) if la.ast is not None and la.runner is not None else {}).items():
+                graph, entry = place.get(id(la), (None, 0))
+                self.var_slots.append((la, pos, var, graph, None if graph is None else graph.arg_off[entry] + pos))
+        self._last_vals = dict(self.var_vals)
 
     def __reduce__(self) -> tuple:
         from fusegrad.engine.jit_pickle import captured_state
@@ -241,11 +292,16 @@ class CapturedJit:
     def batches(self) -> int:
         return sum(isinstance(s, _GraphStep) for s in self.steps)
 
-    def __call__(self, inputs: list[Buffer], var_vals: dict[str, int] | None = None) -> None:
-        """Run every launch with `inputs` in place of the capture's input buffers. `var_vals` (bound Variable values,
-        API.md §6.2) is where symbolic sizes will enter the kernels' arguments; no captured kernel takes any yet."""
-        if var_vals:
-            raise NotImplementedError("TinyJit does not replay kernels with Variable arguments yet")
+    def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
+        """Run every launch with `inputs` in place of the capture's input buffers and the bound Variables' values
+        `var_vals` (API.md §6.2) in place of the capture's (each is a one-element buffer a kernel reads)."""
+        if var_vals and var_vals != self._last_vals:
+            for la, pos, var, graph, cell in self.var_slots:
+                if var in var_vals:
+                    la.buffers[pos] = var_buffer(la.runner.device, var, var_vals[var])
+                    if graph is not None:
+                        graph.set_address([cell], la.buffers[pos].address())
+            self._last_vals = {**self._last_vals, **var_vals}
         changed = [i for i, (b, last) in enumerate(zip(inputs, self._last)) if b is not last]
         for i in changed:
             if inputs[i] in self.internal:
@@ -393,12 +449,13 @@ class TinyJit:
         if not JIT and self.fxn is not None:
             self.cnt += 1
             return self.fxn(*args, **kwargs)
-        tensors, others = _split_args(args, kwargs)
+        var_vals: dict[UOp, int] = {}
+        tensors, others = _split_args(args, kwargs, var_vals)
         with realize_lock:
             if self.captured is not None:
-                ret = self._replay(tensors, others)
+                ret = self._replay(tensors, others, var_vals)
             elif self.cnt >= 1:
-                ret = self._capture(tensors, others, args, kwargs)
+                ret = self._capture(tensors, others, var_vals, args, kwargs)
             else:
                 _prepare_inputs(tensors)
                 _realize_effects([])  # assigns made before the call are not the function's
@@ -411,8 +468,10 @@ class TinyJit:
         return getattr(self.fxn, "__qualname__", repr(self.fxn))
 
     # ------------------------------------------------------------------------------------------ capture
-    def _capture(self, tensors: list[tuple[str, Tensor]], others: list, args: tuple, kwargs: dict) -> Any:
-        layouts, bases = _prepare_inputs(tensors)
+    def _capture(
+        self, tensors: list[tuple[str, Tensor]], others: list, var_vals: dict[UOp, int], args: tuple, kwargs: dict
+    ) -> Any:
+        layouts, bases = _prepare_inputs(tensors, var_vals)
         _realize_effects([])  # assigns made before the call are not the function's
         before = _live_tensor_buffers()
         recorder = _Recorder()
@@ -429,7 +488,11 @@ class TinyJit:
         input_bufs = [buffer_of[u] for b in bases for u in b]
         launches += _keep_moved_state(before, launches)
         if self.prune:
-            launches, kept_outputs = _prune(launches, set(input_bufs))
+            # a kernel reading a Variable's value changes with it, like one reading an input
+            var_bufs = {
+                la.buffers[p] for la in launches if la.ast is not None and la.runner for p in var_params(la.ast)
+            }
+            launches, kept_outputs = _prune(launches, set(input_bufs) | var_bufs)
         else:
             kept_outputs = set()
         captured = CapturedJit(
@@ -445,6 +508,7 @@ class TinyJit:
             ),
             _freeze(ret),
             [u for b in bases for u in b],
+            var_vals=var_vals,
         )
         _plan_memory(captured, kept_outputs, enabled=not NO_MEMORY_PLANNER)
         captured.build_steps(use_graphs=int(JIT.value) != 2)
@@ -458,7 +522,7 @@ class TinyJit:
         return ret
 
     # ------------------------------------------------------------------------------------------ replay
-    def _replay(self, tensors: list[tuple[str, Tensor]], others: list) -> Any:
+    def _replay(self, tensors: list[tuple[str, Tensor]], others: list, var_vals: dict[UOp, int]) -> Any:
         cap = self.captured
         assert cap is not None
         lay = cap.layout
@@ -475,10 +539,10 @@ class TinyJit:
         bases: list[UOp] = []
         for i, (name, t) in enumerate(tensors):
             start = len(bases)
-            got = _layout(t.uop, bases)
+            got = _layout(t.uop, bases, var_vals)
             if got is None:
                 del bases[start:]
-                layouts, b = _prepare_inputs([(name, t)])
+                layouts, b = _prepare_inputs([(name, t)], var_vals)
                 got = layouts[0]
                 bases.extend(b[0])
             if got != lay.layouts[i]:
@@ -487,17 +551,18 @@ class TinyJit:
         if len(set(inputs)) != len(inputs):
             _prepare_inputs(tensors)  # names the two arguments
         st = time.perf_counter()
-        cap(inputs)
+        cap(inputs, var_vals)
         if DEBUG >= 2:
             print(
                 f"JIT {self._name()}: replay {self.cnt - 1}: {len(cap.launches)} kernels in {len(cap.steps)} "
                 f"calls, {(time.perf_counter() - st) * 1e6:.1f} us"
             )
         rebase = {old: new for old, new in zip(cap.input_base_uops, bases) if old is not new}
+        new_vals = {v: x for v, x in var_vals.items() if cap.var_vals.get(v, x) != x}
         return _thaw(
             cap.returns,
             _is_frozen_tensor,
-            lambda f: Tensor(_rebase(f[0], rebase) if rebase else f[0], device=f[1]),
+            lambda f: Tensor(_rebase(f[0], rebase, new_vals) if rebase or new_vals else f[0], device=f[1]),
         )
 
 

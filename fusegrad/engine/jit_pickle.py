@@ -83,6 +83,7 @@ def captured_state(cap: Any) -> dict:
         "layout": cap.layout,
         "returns": _map_leaves(cap.returns, lambda f: ("view", (_encode_view(f[0], index), f[1]))),
         "planned": (cap.planned_from, cap.planned_to),
+        "var_vals": cap._last_vals,  # the values the kernels' variable buffers hold now
     }
 
 
@@ -116,6 +117,7 @@ def captured_from_state(state: dict, cls: Any, launch_cls: Any, use_graphs: bool
         state["layout"],
         _map_leaves(state["returns"], lambda f: (_decode_view(f[1][0], bases), f[1][1])),
         [bases[i] for i in state["inputs"]],
+        var_vals=state["var_vals"],
     )
     cap.arenas, cap.placement = arenas, placement
     cap.planned_from, cap.planned_to = state["planned"]

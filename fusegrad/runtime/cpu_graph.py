@@ -177,7 +177,7 @@ class CPUGraph:
         self.fns = (ctypes.c_void_p * n)(*fns)
         self.nargs = (ctypes.c_int * n)(*nargs)
         self.args = (ctypes.c_void_p * max(len(flat_args), 1))(*(b.address() for b in flat_args))
-        self.arg_off = (ctypes.c_int * n)(*arg_off)
+        self.arg_off = (ctypes.c_int * n)(*arg_off)  # entry i's buffer addresses start at cell arg_off[i]
         self.bounds = (ctypes.c_longlong * max(len(bounds), 1))(*bounds)
         self.bound_off = (ctypes.c_int * n)(*bound_off)
         self.chunks = (ctypes.c_int * n)(*chunks)

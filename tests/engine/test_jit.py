@@ -366,12 +366,6 @@ def test_nested_capture_raises():
         outer(Tensor(data(3)))
 
 
-def test_variable_values_are_not_replayed_yet():
-    f = captured()
-    with pytest.raises(NotImplementedError):
-        f.captured(f.captured.input_buffers, {"i": 3})
-
-
 # ------------------------------------------------------------------------------------------------ memory planner
 
 
@@ -488,3 +482,46 @@ def test_pickled_lambda_capture_replays_without_its_function():
     np.testing.assert_allclose(loaded(Tensor(a)).numpy(), np.exp(a * w.numpy()), rtol=1e-5)
     with pytest.raises(JitError, match="args mismatch"):
         loaded(Tensor(data(4)))
+
+
+# ------------------------------------------------------------------------------------------------ variables
+
+
+def test_new_variable_values_replay_one_capture():
+    from fusegrad import GlobalCounters, Variable
+
+    v = Variable("n", 0, 7)
+    cache = Tensor.zeros(8, 4).contiguous().realize()
+
+    @TinyJit
+    def step(x, pos):
+        cache[pos : pos + 1] = x  # a write at a symbolic position
+        seen = cache[: pos + 1]
+        return (seen * 2).contiguous(), seen.sum(0).contiguous()
+
+    ref = np.zeros((8, 4), np.float32)
+    for val in range(7):
+        x = data(1, 4)
+        ref[val] = x
+        compiled = GlobalCounters.compile_count
+        doubled, total = step(Tensor(x), v.bind(val))
+        if val >= 2:
+            assert GlobalCounters.compile_count == compiled  # a replay compiles nothing for a new value
+        assert doubled.shape[0].expr == "(n+1)" and doubled.shape[0].vmax == 8
+        np.testing.assert_allclose(doubled.shrink(((0, val + 1), None)).numpy(), ref[: val + 1] * 2, rtol=1e-6)
+        np.testing.assert_allclose(total.numpy(), ref[: val + 1].sum(0), rtol=1e-5)
+    assert step.cnt == 7 and len(step.captured.var_slots) >= 2
+    with pytest.raises(JitError, match="args mismatch"):
+        step(Tensor(data(1, 4)), Variable("m", 0, 7).bind(2))
+
+
+def test_inputs_of_symbolic_shape():
+    from fusegrad import Variable
+
+    v = Variable("rows", 1, 6)
+    f = TinyJit(lambda x: (x.exp().sum(0) + 1).contiguous())
+    base = Tensor(data(6, 3))
+    for val in (2, 5, 1, 6, 3):
+        out = f(base[: v.bind(val)])
+        np.testing.assert_allclose(out.numpy(), np.exp(base.numpy()[:val]).sum(0) + 1, rtol=1e-5)
+    assert f.cnt == 5 and f.captured is not None
