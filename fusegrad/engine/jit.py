@@ -580,8 +580,9 @@ Snapshot = dict[int, tuple[weakref.ref[Tensor], list[Buffer]]]
 
 def _keep_moved_state(before: Snapshot, launches: list[Launch]) -> list[Launch]:
     """A tensor whose assign copied on write during the capture (a live graph still read its old value) now lives in
-    a new buffer, but the captured kernels read the old one: point the tensor back at its old buffer and copy the new
-    value there at the end of every replay (and now), so the next replay reads the updated state."""
+    a new buffer, but the captured kernels read the old one: point the tensor back at its old buffer and either let
+    the assign write there (when that is safe) or copy the new value there at the end of every replay (and now), so
+    the next replay reads the updated state. Returns the copies to append."""
     read = {b for la in launches for b in la.buffers[1:]}
     written = {la.buffers[0] for la in launches}
     copies: dict[Buffer, Buffer] = {}  # new buffer -> old buffer
@@ -597,10 +598,53 @@ def _keep_moved_state(before: Snapshot, launches: list[Launch]) -> list[Launch]:
                 base[u] = buffer_uop(old)
         t.uop = _rebase(t.uop, base)
         copies.update(moved)
+    held = {id(b) for _, bufs in _live_tensor_buffers().values() for b in bufs} if copies else set()
+    for new, old in list(copies.items()):
+        if id(new) not in held and _write_in_place(launches, new, old):
+            del copies[new]
     extra = [Launch(None, [old, new]) for new, old in copies.items()]
     for la in extra:
         _run_one(None, la.buffers)
     return extra
+
+
+def _write_in_place(launches: list[Launch], new: Buffer, old: Buffer) -> bool:
+    """Make the kernel that writes `new` write `old` instead, when no launch after it reads the old value and it reads
+    `old` only at the element it writes; then `old` holds the new value from there on and `new` is unused."""
+    writers = [i for i, la in enumerate(launches) if new in la.buffers]
+    w = writers[0]
+    la = launches[w]
+    if la.runner is None or la.ast is None or la.buffers[0] is not new or new in la.buffers[1:]:
+        return False
+    if any(old in later.buffers for later in launches[w + 1 :] if new not in later.buffers):
+        return False  # a later launch reads the old value (one reading the new value reads `old` after the rename)
+    if any(old in later.buffers[1:] and new in later.buffers for later in launches[w + 1 :]):
+        return False
+    if any(p and b is old and not _reads_aligned(la.ast, p) for p, b in enumerate(la.buffers)):
+        return False
+    for i in writers:
+        launches[i].buffers = [old if b is new else b for b in launches[i].buffers]
+    la.buffers[0] = old
+    _run_one(None, [old, new])  # the capture's new value, where the next replay reads it
+    return True
+
+
+def _reads_aligned(ast: UOp, param: int) -> bool:
+    """Every read of kernel parameter `param` is of the element the kernel stores (only reshapes and elementwise ops
+    between the load and the store): the kernel may write that buffer in place."""
+    stack, seen = [(ast.src[0].src[1], False)], set()
+    while stack:
+        u, moved = stack.pop()
+        if (u, moved) in seen:
+            continue
+        seen.add((u, moved))
+        if u.op is Ops.DEFINE_GLOBAL:
+            if u.arg[0] == param and moved:
+                return False
+            continue
+        shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op is Ops.REDUCE_AXIS
+        stack.extend((x, moved or shifts) for x in u.src)
+    return True
 
 
 def _prune(launches: list[Launch], inputs: set[Buffer]) -> tuple[list[Launch], set[Buffer]]:
