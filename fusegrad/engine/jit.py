@@ -244,6 +244,7 @@ class CapturedJit:
     steps: list[Any] = field(default_factory=list)
     var_slots: list[tuple[Launch, int, UOp, Any, int | None]] = field(default_factory=list)
     _last_vals: dict[UOp, int] = field(default_factory=dict)
+    returns_vary: bool = True  # some returned tensor views an input or has a symbolic shape
     internal: set[Buffer] = field(default_factory=set)
     _last: list[Buffer | None] = field(default_factory=list)
 
@@ -272,6 +273,12 @@ class CapturedJit:
             self.steps.append(_PythonStep(la, [(p, index[b]) for p, b in enumerate(la.buffers) if b in index]))
         flush()
         self._last = list(self.input_buffers)
+        leaves: list[UOp] = []
+        _thaw(self.returns, _is_frozen_tensor, lambda f: leaves.append(f[0]))
+        inputs = set(self.input_base_uops)
+        self.returns_vary = any(
+            any(isinstance(d, UOp) for d in u.shape) or any(x in inputs for x in u.toposort()) for u in leaves
+        )
         # where each kernel reads a Variable's value: a replay with another value swaps in that value's buffer
         place = {
             id(la): (s.graph, i) for s in self.steps if isinstance(s, _GraphStep) for i, la in enumerate(s.launches)
@@ -302,22 +309,24 @@ class CapturedJit:
                     if graph is not None:
                         graph.set_address([cell], la.buffers[pos].address())
             self._last_vals = {**self._last_vals, **var_vals}
-        changed = [i for i, (b, last) in enumerate(zip(inputs, self._last)) if b is not last]
-        for i in changed:
-            if inputs[i] in self.internal:
-                inputs[i] = _fresh_copy(inputs[i])  # a buffer this step writes, e.g. an earlier return: read a copy
+        if inputs != self._last:  # Buffers compare by identity
+            for i, (b, last) in enumerate(zip(inputs, self._last)):
+                if b is not last and b in self.internal:
+                    inputs[i] = _fresh_copy(b)  # a buffer this step writes, e.g. an earlier return: read a copy
+            for step in self.steps:
+                if isinstance(step, _GraphStep):
+                    for cells, i in step.input_slots:
+                        if inputs[i] is not self._last[i]:
+                            step.graph.set_address(cells, inputs[i].address())
+            self._last = inputs
         for step in self.steps:
             if isinstance(step, _GraphStep):
-                for cells, i in step.input_slots:
-                    if inputs[i] is not self._last[i]:
-                        step.graph.set_address(cells, inputs[i].address())
                 step.graph()
             else:
                 bufs = list(step.launch.buffers)
                 for p, i in step.input_slots:
                     bufs[p] = inputs[i]
                 _run_one(step.launch.runner, bufs)
-        self._last = list(inputs)
         GlobalCounters.kernel_count += len(self.launches)
 
 
@@ -557,13 +566,12 @@ class TinyJit:
                 f"JIT {self._name()}: replay {self.cnt - 1}: {len(cap.launches)} kernels in {len(cap.steps)} "
                 f"calls, {(time.perf_counter() - st) * 1e6:.1f} us"
             )
+        if not cap.returns_vary:
+            return _thaw(cap.returns, _is_frozen_tensor, lambda f: Tensor(f[0], device=f[1]))
+        # a returned view of an input, or a return of symbolic shape: rebuilt on this call's inputs and values
         rebase = {old: new for old, new in zip(cap.input_base_uops, bases) if old is not new}
         new_vals = {v: x for v, x in var_vals.items() if cap.var_vals.get(v, x) != x}
-        return _thaw(
-            cap.returns,
-            _is_frozen_tensor,
-            lambda f: Tensor(_rebase(f[0], rebase, new_vals) if rebase or new_vals else f[0], device=f[1]),
-        )
+        return _thaw(cap.returns, _is_frozen_tensor, lambda f: Tensor(_rebase(f[0], rebase, new_vals), device=f[1]))
 
 
 def _describe_mismatch(name: str, t: Tensor, lay: InputLayout, i: int, got: Hashable) -> str:
