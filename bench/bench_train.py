@@ -2,7 +2,8 @@
 
 Three cases on random data of the real shapes: a 784-128-10 MLP (batch 128) with SGD and with Adam, and the digits
 convnet of examples/train_digits.py (batch 128, 1x8x8) with Adam. Each runs in torch eager (2 threads), fusegrad eager
-and fusegrad under TinyJit; prints median steps/s and fusegrad's ratios to torch. `ONLY=jit` skips fusegrad eager."""
+and fusegrad under TinyJit (torch also on 1 thread: on a loaded machine its 2 threads can lose more to waiting on each
+other than they gain); prints median steps/s and fusegrad's ratios to torch. `ONLY=jit` skips fusegrad eager."""
 
 from __future__ import annotations
 import os
@@ -71,12 +72,14 @@ def fusegrad_step(model, opt_name: str, x_np: np.ndarray, y_np: np.ndarray, jit:
     return step
 
 
-def torch_step(model: torch.nn.Module, opt_name: str, x_np: np.ndarray, y_np: np.ndarray):
+def torch_step(model: torch.nn.Module, opt_name: str, x_np: np.ndarray, y_np: np.ndarray, threads: int):
     params = model.parameters()
     opt = torch.optim.SGD(params, lr=1e-3) if opt_name == "SGD" else torch.optim.Adam(params, lr=1e-3)
     x, y = torch.tensor(x_np), torch.tensor(y_np, dtype=torch.long)
 
     def step():
+        if torch.get_num_threads() != threads:  # switched once per run of steps, not per step
+            torch.set_num_threads(threads)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -112,16 +115,25 @@ def main() -> None:
     ]
     only_jit = os.environ.get("ONLY") == "jit"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; steps/s, medians of 9 interleaved runs")
-    print(f"{'case':30s} {'torch':>9s} {'fg eager':>9s} {'fg jit':>9s} {'eager/torch':>12s} {'jit/torch':>10s}")
+    print(
+        f"{'case':30s} {'torch':>9s} {'torch 1t':>9s} {'fg eager':>9s} {'fg jit':>9s} {'eager/torch':>12s}"
+        f" {'jit/torch':>10s} {'jit/torch 1t':>13s}"
+    )
     for name, ours, theirs, opt_name, x in cases:
         y = rng.integers(0, 10, len(x)).astype(np.int32)
-        steppers = {"torch": torch_step(theirs(), opt_name, x, y)}
+        steppers = {
+            "torch": torch_step(theirs(), opt_name, x, y, 2),
+            "torch 1t": torch_step(theirs(), opt_name, x, y, 1),
+        }
         if not only_jit:
             steppers["eager"] = fusegrad_step(ours(), opt_name, x, y, jit=False)
         steppers["jit"] = fusegrad_step(ours(), opt_name, x, y, jit=True)
         r = steps_per_second(steppers)
-        th, eager, jit = r["torch"], r.get("eager", float("nan")), r["jit"]
-        print(f"{name:30s} {th:9.1f} {eager:9.1f} {jit:9.1f} {eager / th:11.2f}x {jit / th:9.2f}x")
+        th, th1, eager, jit = r["torch"], r["torch 1t"], r.get("eager", float("nan")), r["jit"]
+        print(
+            f"{name:30s} {th:9.1f} {th1:9.1f} {eager:9.1f} {jit:9.1f} {eager / th:11.2f}x {jit / th:9.2f}x"
+            f" {jit / th1:12.2f}x"
+        )
 
 
 if __name__ == "__main__":
