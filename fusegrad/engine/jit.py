@@ -10,6 +10,7 @@ import functools
 import pickle
 import time
 import weakref
+import numpy as np
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
@@ -178,6 +179,14 @@ class _Recorder:
 
     def __init__(self):
         self.launches: list[tuple[Any, tuple[Buffer, ...], UOp]] = []
+        self.rng_start = Tensor._rng_calls
+        self.rng_base: dict[str, Tensor] = {}  # device -> uint32 (1,) buffer holding rng_start, advanced per replay
+
+    def rng_stream(self, device: str, call: int) -> Tensor:
+        """The random stream number of rand call `call` as a kernel input: base buffer + offset in this step."""
+        if device not in self.rng_base:
+            self.rng_base[device] = Tensor(np.array([self.rng_start], np.uint32), device=device)
+        return self.rng_base[device] + (call - self.rng_start)
 
     def record(self, item: Any, runner: Any) -> None:
         self.launches.append((runner, tuple(item.buffers), item.ast))
@@ -245,6 +254,8 @@ class CapturedJit:
     var_slots: list[tuple[Launch, int, UOp, Any, int | None]] = field(default_factory=list)
     _last_vals: dict[UOp, int] = field(default_factory=dict)
     returns_vary: bool = True  # some returned tensor views an input or has a symbolic shape
+    rng_buffers: list[Buffer] = field(default_factory=list)  # random stream bases read by the captured kernels
+    rng_calls: int = 0  # random draws per step: each replay advances the bases (and Tensor's counter) by this
     internal: set[Buffer] = field(default_factory=set)
     _last: list[Buffer | None] = field(default_factory=list)
 
@@ -309,6 +320,10 @@ class CapturedJit:
                     if graph is not None:
                         graph.set_address([cell], la.buffers[pos].address())
             self._last_vals = {**self._last_vals, **var_vals}
+        if self.rng_calls:
+            Tensor._rng_calls += self.rng_calls
+            for b in self.rng_buffers:
+                b.host_view()[0] += np.uint32(self.rng_calls)
         if inputs != self._last:  # Buffers compare by identity
             for i, (b, last) in enumerate(zip(inputs, self._last)):
                 if b is not last and b in self.internal:
@@ -518,6 +533,8 @@ class TinyJit:
             _freeze(ret),
             [u for b in bases for u in b],
             var_vals=var_vals,
+            rng_buffers=[buffer_of[t.uop] for t in recorder.rng_base.values()],
+            rng_calls=Tensor._rng_calls - recorder.rng_start if recorder.rng_base else 0,
         )
         _plan_memory(captured, kept_outputs, enabled=not NO_MEMORY_PLANNER)
         captured.build_steps(use_graphs=int(JIT.value) != 2)
@@ -697,8 +714,11 @@ def _plan_memory(cap: CapturedJit, keep: set[Buffer], enabled: bool) -> None:
     if not enabled or not plan:
         cap.planned_to = cap.planned_from
         return
-    replacement, cap.arenas, cap.placement = plan_buffers(plan, [(first_use[b], last_use[b]) for b in plan])
-    cap.planned_to = sum(a.nbytes for a in cap.arenas)
+    replacement, arenas, placement = plan_buffers(plan, [(first_use[b], last_use[b]) for b in plan])
+    if sum(a.nbytes for a in arenas) >= cap.planned_from:  # nothing shared: the buffers keep their own memory
+        cap.planned_to = cap.planned_from
+        return
+    cap.arenas, cap.placement, cap.planned_to = arenas, placement, sum(a.nbytes for a in arenas)
     for la in cap.launches:
         la.buffers = [replacement.get(b, b) for b in la.buffers]
 

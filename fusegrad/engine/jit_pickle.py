@@ -56,7 +56,7 @@ def captured_state(cap: Any) -> dict:
     index: dict[Buffer, int] = {}
     returned: list[Buffer] = []
     _leaf_buffers(cap.returns, returned)
-    for b in [*cap.input_buffers, *(b for la in cap.launches for b in la.buffers), *returned]:
+    for b in [*cap.input_buffers, *(b for la in cap.launches for b in la.buffers), *returned, *cap.rng_buffers]:
         if b not in index:
             index[b] = len(table)
             table.append(b)
@@ -84,6 +84,7 @@ def captured_state(cap: Any) -> dict:
         "returns": _map_leaves(cap.returns, lambda f: ("view", (_encode_view(f[0], index), f[1]))),
         "planned": (cap.planned_from, cap.planned_to),
         "var_vals": cap._last_vals,  # the values the kernels' variable buffers hold now
+        "rng": ([index[b] for b in cap.rng_buffers], cap.rng_calls),
     }
 
 
@@ -118,6 +119,8 @@ def captured_from_state(state: dict, cls: Any, launch_cls: Any, use_graphs: bool
         _map_leaves(state["returns"], lambda f: (_decode_view(f[1][0], bases), f[1][1])),
         [bases[i] for i in state["inputs"]],
         var_vals=state["var_vals"],
+        rng_buffers=[table[i] for i in state["rng"][0]],
+        rng_calls=state["rng"][1],
     )
     cap.arenas, cap.placement = arenas, placement
     cap.planned_from, cap.planned_to = state["planned"]

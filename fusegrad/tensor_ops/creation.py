@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, to_dtype
+from fusegrad.engine.realize import capturing
 from fusegrad.helpers import argfix, prod
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule import buffer_uop
@@ -24,12 +25,14 @@ if TYPE_CHECKING:
 Scalar = int | float | bool
 
 
-def threefry2x32(counter: Tensor, stream: int, key: int) -> Tensor:
-    """Threefry-2x32 with 20 rounds; returns the first output word as uint32 random bits."""
+def threefry2x32(counter: Tensor, stream: int | Tensor, key: int) -> Tensor:
+    """Threefry-2x32 with 20 rounds; returns the first output word as uint32 random bits. `stream` may be a uint32
+    tensor of one element (a TinyJit capture reads it from a buffer that each replay advances)."""
     rotations = (13, 15, 26, 6, 17, 29, 16, 24)
     k0, k1 = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
     ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
-    x0, x1 = counter + ks[0], counter.full_like(stream & 0xFFFFFFFF) + ks[1]
+    lanes = counter.full_like(stream & 0xFFFFFFFF) if isinstance(stream, int) else stream.expand(counter.shape)
+    x0, x1 = counter + ks[0], lanes + ks[1]
     for group in range(5):
         for r in range(4):
             rot = rotations[(group % 2) * 4 + r]
@@ -251,7 +254,9 @@ class CreationMixin:
             if n < 2**31
             else Tensor.arange(n, device=device).cast(dtypes.uint32)
         )
-        return threefry2x32(counter, Tensor._rng_calls, Tensor._seed).reshape(shape)
+        # while a TinyJit captures, the call number comes from a buffer, so each replay draws new numbers
+        stream = capturing[-1].rng_stream(counter.device, Tensor._rng_calls) if capturing else Tensor._rng_calls
+        return threefry2x32(counter, stream, Tensor._seed).reshape(shape)
 
     @staticmethod
     def rand(

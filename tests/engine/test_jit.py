@@ -557,3 +557,19 @@ def test_state_whose_assign_copied_on_write(read_old_after):
     np.testing.assert_array_equal(jit_w, expected)
     for a, b in zip(jit_outs, eager_outs):
         np.testing.assert_array_equal(a, b)
+
+
+def test_random_numbers_are_new_on_every_replay():
+    def body(x):
+        with Context(TRAINING=1):
+            return (x.dropout(0.5) + Tensor.randn(3, 4)).contiguous()
+
+    runs = []
+    for jit in (False, True):
+        Tensor.manual_seed(3)
+        f = TinyJit(body) if jit else body
+        outs = [f(Tensor(np.ones((3, 4), np.float32))).numpy() for _ in range(5)]
+        runs.append(outs + [Tensor.rand(4).numpy()])  # eager draws after the replays continue the same sequence
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    assert len({a.tobytes() for a in runs[1]}) == len(runs[1])  # every replay drew new numbers
