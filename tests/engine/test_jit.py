@@ -573,3 +573,19 @@ def test_random_numbers_are_new_on_every_replay():
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
     assert len({a.tobytes() for a in runs[1]}) == len(runs[1])  # every replay drew new numbers
+
+
+def test_jitbeam_applies_only_to_the_capture():
+    from fusegrad.helpers import BEAM
+
+    seen = []
+
+    def body(x):
+        seen.append(int(BEAM.value))
+        return x * 2
+
+    with Context(JITBEAM=2, NOOPT=1):  # NOOPT wins over BEAM: the capture compiles without a search here
+        f = TinyJit(body)
+        for _ in range(3):
+            f(Tensor(data(3)))
+    assert seen == [0, 2]  # the warm-up runs with BEAM as set, the capture with JITBEAM
