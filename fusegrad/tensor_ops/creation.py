@@ -26,13 +26,17 @@ Scalar = int | float | bool
 
 
 def threefry2x32(counter: Tensor, stream: int | Tensor, key: int) -> Tensor:
-    """Threefry-2x32 with 20 rounds; returns the first output word as uint32 random bits. `stream` may be a uint32
-    tensor of one element (a TinyJit capture reads it from a buffer that each replay advances)."""
+    """Threefry-2x32 with 20 rounds; returns the first output word as uint32 random bits. A stream given as a
+    one-element uint32 tensor is read from memory, so each new stream reuses one compiled kernel."""
     rotations = (13, 15, 26, 6, 17, 29, 16, 24)
     k0, k1 = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
     ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
-    lanes = counter.full_like(stream & 0xFFFFFFFF) if isinstance(stream, int) else stream.expand(counter.shape)
-    x0, x1 = counter + ks[0], lanes + ks[1]
+    stream_bits = (
+        stream.reshape((1,) * counter.ndim).expand(counter.shape)
+        if isinstance(stream, Tensor)
+        else counter.full_like(stream & 0xFFFFFFFF)
+    )
+    x0, x1 = counter + ks[0], stream_bits + ks[1]
     for group in range(5):
         for r in range(4):
             rot = rotations[(group % 2) * 4 + r]
