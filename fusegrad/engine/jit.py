@@ -7,6 +7,7 @@ on every call against the capture: a mismatch raises JitError rather than replay
 
 from __future__ import annotations
 import functools
+import gc
 import pickle
 import time
 import weakref
@@ -20,7 +21,8 @@ from fusegrad.engine.realize import capturing, realize_lock
 from fusegrad.runtime.device import Buffer, Device, HostAllocator
 from fusegrad.schedule import buffer_of, buffer_uop
 from fusegrad.schedule.variables import var_buffer, var_params
-from fusegrad.tensor import Tensor, _all_tensors, _pending_assigns
+import fusegrad.tensor as tensor_module
+from fusegrad.tensor import Tensor, _pending_assigns
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 
@@ -374,10 +376,17 @@ def _fresh_copy(buf: Buffer) -> Buffer:
     return out
 
 
+def _live_tensors() -> list[Tensor]:
+    """Every live Tensor: from the tensor module's registry where it keeps one, else from the garbage collector's list
+    of objects (once per capture, so its cost does not matter)."""
+    registry = getattr(tensor_module, "_all_tensors", None)
+    return list(registry) if registry is not None else [o for o in gc.get_objects() if issubclass(type(o), Tensor)]
+
+
 def _live_tensor_buffers() -> dict[int, tuple[weakref.ref[Tensor], list[Buffer]]]:
     """id(tensor) -> (weak reference to the tensor, its buffers) for every live realized tensor."""
     out = {}
-    for t in list(_all_tensors):
+    for t in _live_tensors():
         if (bufs := _tensor_buffers(t.uop)) is not None:
             out[id(t)] = (weakref.ref(t), bufs)
     return out
