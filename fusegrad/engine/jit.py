@@ -519,7 +519,8 @@ class TinyJit:
             raise JitError(f"didn't JIT anything! {self._name()} launched no kernel while it was captured")
         launches = [Launch(r, list(b), ast) for r, b, ast in recorder.launches]
         input_bufs = [buffer_of[u] for b in bases for u in b]
-        launches += _keep_moved_state(before, launches)
+        copies, held = _keep_moved_state(before, launches)
+        launches += copies
         if self.prune:
             # a kernel reading a Variable's value changes with it, like one reading an input
             var_bufs = {
@@ -545,7 +546,9 @@ class TinyJit:
             rng_buffers=[buffer_of[t.uop] for t in recorder.rng_base.values()],
             rng_calls=Tensor._rng_calls - recorder.rng_start if recorder.rng_base else 0,
         )
-        _plan_memory(captured, kept_outputs, enabled=not NO_MEMORY_PLANNER)
+        _plan_memory(
+            captured, kept_outputs | {b for la in launches for b in la.buffers if id(b) in held}, not NO_MEMORY_PLANNER
+        )
         captured.build_steps(use_graphs=int(JIT.value) != 2)
         self.captured = captured
         if DEBUG >= 1:
@@ -612,11 +615,12 @@ def _describe_mismatch(name: str, t: Tensor, lay: InputLayout, i: int, got: Hash
 Snapshot = dict[int, tuple[weakref.ref[Tensor], list[Buffer]]]
 
 
-def _keep_moved_state(before: Snapshot, launches: list[Launch]) -> list[Launch]:
+def _keep_moved_state(before: Snapshot, launches: list[Launch]) -> tuple[list[Launch], set[int]]:
     """A tensor whose assign copied on write during the capture (a live graph still read its old value) now lives in
     a new buffer, but the captured kernels read the old one: point the tensor back at its old buffer and either let
     the assign write there (when that is safe) or copy the new value there at the end of every replay (and now), so
-    the next replay reads the updated state. Returns the copies to append."""
+    the next replay reads the updated state. Returns the copies to append, and the ids of the buffers live tensors
+    view from then on."""
     read = {b for la in launches for b in la.buffers[1:]}
     written = {la.buffers[0] for la in launches}
     copies: dict[Buffer, Buffer] = {}  # new buffer -> old buffer
@@ -632,14 +636,14 @@ def _keep_moved_state(before: Snapshot, launches: list[Launch]) -> list[Launch]:
                 base[u] = buffer_uop(old)
         t.uop = _rebase(t.uop, base)
         copies.update(moved)
-    held = {id(b) for _, bufs in _live_tensor_buffers().values() for b in bufs} if copies else set()
+    held = {id(b) for _, bufs in _live_tensor_buffers().values() for b in bufs}
     for new, old in list(copies.items()):
         if id(new) not in held and _write_in_place(launches, new, old):
             del copies[new]
     extra = [Launch(None, [old, new]) for new, old in copies.items()]
     for la in extra:
         _run_one(None, la.buffers)
-    return extra
+    return extra, held
 
 
 def _write_in_place(launches: list[Launch], new: Buffer, old: Buffer) -> bool:
@@ -696,9 +700,9 @@ def _prune(launches: list[Launch], inputs: set[Buffer]) -> tuple[list[Launch], s
 
 
 def _plan_memory(cap: CapturedJit, keep: set[Buffer], enabled: bool) -> None:
-    """Give the step's intermediates (buffers first written by it, no input, no live tensor's) shared memory."""
+    """Give the step's intermediates (buffers first written by it, no input, nothing in `keep`: live tensors' and
+    pruned kernels' outputs) shared memory."""
     inputs = set(cap.input_buffers)
-    held = {id(b) for _, bufs in _live_tensor_buffers().values() for b in bufs}
     first_use: dict[Buffer, int] = {}
     last_use: dict[Buffer, int] = {}
     candidates: dict[Buffer, bool] = {}
@@ -715,7 +719,6 @@ def _plan_memory(cap: CapturedJit, keep: set[Buffer], enabled: bool) -> None:
         if ok
         and b not in inputs
         and b not in keep
-        and id(b) not in held
         and type(b) is Buffer
         and isinstance(Device[b.device].allocator, HostAllocator)
     ]
