@@ -589,3 +589,37 @@ def test_jitbeam_applies_only_to_the_capture():
         for _ in range(3):
             f(Tensor(data(3)))
     assert seen == [0, 2]  # the warm-up runs with BEAM as set, the capture with JITBEAM
+
+
+def test_batchnorm_running_stats_and_sharded_parameters_match_eager():
+    devices = ("CPU", "CPU:1")
+    batches = [(data(8, 2, 6, 6), rng.integers(0, 3, 8).astype(np.int32), data(4, 6)) for _ in range(5)]
+    w0 = data(6, 4)
+    results = []
+    for jit in (False, True):
+        Tensor.manual_seed(1)
+        conv, bn, head = nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.Linear(64, 3)
+        opt = Adam(get_parameters([conv, bn, head]), lr=0.01)
+        w = Tensor(w0).shard(devices)  # a replicated parameter on two devices, its own optimizer
+        w.requires_grad = True
+        sharded_opt = SGD([w], lr=0.1, momentum=0.9)
+
+        def step(x, y, z):
+            with Context(TRAINING=1):
+                opt.zero_grad()
+                sharded_opt.zero_grad()
+                loss = head(bn(conv(x)).relu().flatten(1)).sparse_categorical_crossentropy(y)
+                sharded_loss = (z @ w).relu().sum()
+                (loss + sharded_loss.to("CPU")).backward()
+                opt.step()
+                sharded_opt.step()
+            return loss, sharded_loss
+
+        f = TinyJit(step) if jit else step
+        losses = [[t.item() for t in f(Tensor(x), Tensor(y), Tensor(z).shard(devices, axis=0))] for x, y, z in batches]
+        state = [t.numpy() for t in [*get_parameters([conv, bn, head]), bn.running_mean, bn.running_var, w]]
+        results.append((losses, state))
+    (eager_losses, eager_state), (jit_losses, jit_state) = results
+    np.testing.assert_array_equal(jit_losses, eager_losses)
+    for a, b in zip(jit_state, eager_state):
+        np.testing.assert_array_equal(a, b)
