@@ -33,6 +33,9 @@ class JitError(Exception):
 # ---------------------------------------------------------------------------------------------- inputs
 
 
+_POSITIONAL_NAMES = [f"argument {i}" for i in range(16)]
+
+
 def _split_args(
     args: tuple, kwargs: dict, var_vals: dict[UOp, int]
 ) -> tuple[list[tuple[str, Tensor]], list[tuple[str, Any]]]:
@@ -56,7 +59,7 @@ def _split_args(
             others.append((name, _unbind(v, var_vals) if isinstance(v, UOp) else v))
 
     for i, a in enumerate(args):
-        visit(f"argument {i}", a, True)
+        visit(_POSITIONAL_NAMES[i] if i < len(_POSITIONAL_NAMES) else f"argument {i}", a, True)
     for k, a in kwargs.items():
         visit(f"argument {k!r}", a, True)
     return tensors, others
@@ -588,7 +591,7 @@ class TinyJit:
         inputs = [buffer_of[u] for u in bases]
         if len(set(inputs)) != len(inputs):
             _prepare_inputs(tensors)  # names the two arguments
-        st = time.perf_counter()
+        st = time.perf_counter() if DEBUG >= 2 else 0.0
         cap(inputs, var_vals)
         if DEBUG >= 2:
             print(
