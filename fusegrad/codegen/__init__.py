@@ -69,6 +69,7 @@ class CodegenState:
     opts: tuple[Opt, ...] | None
     kernel: UOp | None = None
     lin: list[UOp] | None = None
+    max_trips: dict | None = None  # range arg -> the most trips of a symbolic loop (its variables at their largest)
 
 
 def _lower(s: CodegenState) -> None:
@@ -99,6 +100,9 @@ def _block_long_sums(s: CodegenState) -> None:
 def _linearize(s: CodegenState) -> None:
     # every buffer stays a parameter even when simplification removed its loads (x % 1 reads nothing); a variable,
     # simplified with its range until now, becomes the load of its parameter
+    s.max_trips = {
+        u.arg: u.src[0].vmax for u in s.kernel.toposort() if u.op is Ops.RANGE and u.src[0].op is not Ops.CONST
+    }
     kernel = graph_rewrite(s.kernel, pm_load_vars)
     s.lin = linearize(kernel, params=[u for u in s.ast.toposort() if u.op is Ops.DEFINE_GLOBAL])
 
@@ -153,20 +157,21 @@ def lower_to_linear(ast: UOp, half_native: bool = True, opts: tuple[Opt, ...] | 
         kernel_name(ast),
         tuple(lin),
         outer.src[0].arg if outer is not None else 1,
-        estimate_ops(lin),
+        estimate_ops(lin, state.max_trips),
         sum(1 for u in lin if u.op is Ops.DEFINE_GLOBAL),
         state.opts,
     )
 
 
-def estimate_ops(lin: list[UOp]) -> int:
-    """ALU operations executed, counting each instruction once per iteration of the loops around it."""
+def estimate_ops(lin: list[UOp], max_trips: dict | None = None) -> int:
+    """ALU operations executed, counting each instruction once per iteration of the loops around it; a symbolic loop
+    counts its most trips (`max_trips` by range arg), so threads split it when it can be long."""
     total, trips = 0, []
     from fusegrad.uop.ops import GroupOp
 
     for u in lin:
         if u.op is Ops.RANGE:
-            trips.append(u.src[0].arg if u.src[0].op is Ops.CONST else 1)  # a symbolic loop's trips are unknown
+            trips.append(u.src[0].arg if u.src[0].op is Ops.CONST else (max_trips or {}).get(u.arg, 1))
         elif u.op is Ops.ENDRANGE:
             trips.pop()
         elif u.op in GroupOp.ALU or u.op is Ops.ACC_UPDATE:

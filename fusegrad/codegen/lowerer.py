@@ -35,22 +35,30 @@ class Lowerer:
         self.next_range += 1
         return r
 
+    def idx(self, d: int | UOp) -> int | UOp:
+        """A size or bound to combine with an index: an int as it is, a symbolic one in the index dtype."""
+        return self.sz(d) if isinstance(d, UOp) else d
+
+    def smul(self, a: int | UOp, b: int | UOp) -> int | UOp:
+        # strides stay Python ints until a symbolic size joins them
+        return a * b if isinstance(a, int) and isinstance(b, int) else self.sz(a) * self.sz(b)
+
     def flat_index(self, idxs: tuple[UOp, ...], shape: tuple[int | UOp, ...]) -> UOp:
-        out, stride = UOp.const(self.idx_dtype, 0), self.sz(1)
+        out, stride = UOp.const(self.idx_dtype, 0), 1
         for i, d in reversed(list(zip(idxs, shape))):
             if not isinstance(d, int) or d != 1:
                 out = out + i * stride
-            stride = stride * self.sz(d)
+            stride = self.smul(stride, d)
         return out
 
     def unflatten(self, flat: UOp, shape: tuple[int | UOp, ...]) -> tuple[UOp, ...]:
-        out, stride = [], self.sz(1)
+        out, stride = [], 1
         for j, d in reversed(list(enumerate(shape))):
             if isinstance(d, int) and d == 1:
                 out.append(UOp.const(self.idx_dtype, 0))
             else:
-                out.append((flat // stride) % self.sz(d) if j > 0 else flat // stride)
-            stride = stride * self.sz(d)
+                out.append((flat // stride) % (self.sz(d) if isinstance(d, UOp) else d) if j > 0 else flat // stride)
+            stride = self.smul(stride, d)
         return tuple(reversed(out))
 
     def lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
@@ -92,19 +100,21 @@ class Lowerer:
             expanded = tuple(UOp.const(self.idx_dtype, 0) if o == 1 else i for i, o in zip(idxs, src[0].shape))
             return (yield self._lower_step(src[0], expanded, valid))
         if op is Ops.SHRINK:
-            shifted = tuple(i + self.sz(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
+            shifted = tuple(i + self.idx(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
             return (yield self._lower_step(src[0], shifted, valid))
         if op is Ops.FLIP:
-            flipped = tuple((self.sz(d) - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape))
+            flipped = tuple((self.idx(d) - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape))
             return (yield self._lower_step(src[0], flipped, valid))
         if op is Ops.PAD:
             in_bounds = TRUE
             for i, (b, a), d in zip(idxs, u.arg, src[0].shape):
                 if _nonzero(b):
-                    in_bounds = in_bounds & (i >= self.sz(b))
+                    in_bounds = in_bounds & (i >= self.idx(b))
                 if _nonzero(a):
-                    in_bounds = in_bounds & (i < self.sz(d) + self.sz(b))
-            unpadded = tuple(i - self.sz(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
+                    in_bounds = in_bounds & (
+                        i < (d + b if isinstance(d, int) and isinstance(b, int) else self.sz(d) + self.sz(b))
+                    )
+            unpadded = tuple(i - self.idx(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
             inner = yield self._lower_step(src[0], unpadded, valid & in_bounds)
             return in_bounds.where(inner, UOp.const(u.dtype, 0))
         if op is Ops.REDUCE_AXIS:

@@ -8,7 +8,6 @@ import numpy as np
 from fusegrad.dtype import dtypes
 from fusegrad.runtime.device import Buffer
 from fusegrad.uop.ops import Ops, UOp
-from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 MAX_VAR_BUFFERS = 4096
 # (device, variable, value) -> a one-element int32 buffer holding the value; kernels only read it. Keyed by the
@@ -74,8 +73,17 @@ class KernelVars:
 
     def kernel_arg(self, u: UOp, device: str, param: Callable[[Buffer], UOp]) -> tuple:
         """u's arg with every bound variable replaced by its kernel DEFINE_VAR."""
-        pm = PatternMatcher([(UPat(Ops.BIND, name="b"), lambda b: self.kernel_var(b, device, param))])
-        return _map_arg(u.arg, lambda x: graph_rewrite(x, pm))
+        return _map_arg(u.arg, lambda x: self._swap_binds(x, device, param))
+
+    def _swap_binds(self, x: UOp, device: str, param: Callable[[Buffer], UOp]) -> UOp:
+        # a plain rebuild, not a graph_rewrite: a size is a few nodes, and this runs for every view in every kernel
+        memo: dict[UOp, UOp] = {}
+        for n in x.toposort(gate=lambda u: u.op is not Ops.BIND):
+            if n.op is Ops.BIND:
+                memo[n] = self.kernel_var(n, device, param)
+            else:
+                memo[n] = n.replace(src=tuple(memo[s] for s in n.src)) if n.src else n
+        return memo[x]
 
 
 def _symbolic_nodes(value: UOp) -> list[UOp]:

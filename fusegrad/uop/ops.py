@@ -3,6 +3,7 @@
 from __future__ import annotations
 import math
 import weakref
+from numbers import Number
 from enum import Enum, auto
 from typing import Any, Callable, Iterator
 from fusegrad.dtype import DType, dtypes, truncate
@@ -188,27 +189,43 @@ class UOp(metaclass=UOpMeta):
         return x if isinstance(x, UOp) else self.const_like(x)
 
     def __add__(self, x):
+        if not isinstance(x, (UOp, Number)):
+            return NotImplemented  # a Tensor operand: Tensor's reflected op takes over
         return self.alu(Ops.ADD, self._operand(x))
 
     def __radd__(self, x):
+        if not isinstance(x, (UOp, Number)):
+            return NotImplemented  # a Tensor operand: Tensor's reflected op takes over
         return self._operand(x).alu(Ops.ADD, self)
 
     def __sub__(self, x):
+        if not isinstance(x, (UOp, Number)):
+            return NotImplemented  # a Tensor operand: Tensor's reflected op takes over
         return self.alu(Ops.ADD, self._operand(x).alu(Ops.NEG))
 
     def __rsub__(self, x):
+        if not isinstance(x, (UOp, Number)):
+            return NotImplemented  # a Tensor operand: Tensor's reflected op takes over
         return self._operand(x).alu(Ops.ADD, self.alu(Ops.NEG))
 
     def __mul__(self, x):
+        if not isinstance(x, (UOp, Number)):
+            return NotImplemented  # a Tensor operand: Tensor's reflected op takes over
         return self.alu(Ops.MUL, self._operand(x))
 
     def __rmul__(self, x):
+        if not isinstance(x, (UOp, Number)):
+            return NotImplemented  # a Tensor operand: Tensor's reflected op takes over
         return self._operand(x).alu(Ops.MUL, self)
 
     def __floordiv__(self, x):
+        if not isinstance(x, (UOp, Number)):
+            return NotImplemented  # a Tensor operand: Tensor's reflected op takes over
         return self.alu(Ops.IDIV, self._operand(x))
 
     def __mod__(self, x):
+        if not isinstance(x, (UOp, Number)):
+            return NotImplemented  # a Tensor operand: Tensor's reflected op takes over
         return self.alu(Ops.MOD, self._operand(x))
 
     def __neg__(self):

@@ -2,10 +2,12 @@
 keep symbolic dims in one canonical (simplified) form, so equal sizes are the same node."""
 
 from __future__ import annotations
+import weakref
 from typing import Any, Iterable
 from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import GroupOp, Ops, UOp
-from fusegrad.uop.pattern import PatternMatcher, UPat
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from fusegrad.uop.symbolic import pm_symbolic, sym_eval
 
 sint = int | UOp
 
@@ -13,6 +15,9 @@ sint = int | UOp
 pm_sizes = PatternMatcher(
     [(UPat(Ops.NEG, src=(UPat.var("x"),), name="n"), lambda n, x: x * -1 if dtypes.is_int(n.dtype) else None)]
 )
+pm_canonical = pm_symbolic + pm_sizes
+# symbolic size -> its canonical form (None when it is canonical already); shapes ask for the same sizes again and again
+_canonical_memo: weakref.WeakKeyDictionary[UOp, Any] = weakref.WeakKeyDictionary()
 
 
 def Variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.weakint, multiple_of: int = 1) -> UOp:
@@ -40,11 +45,57 @@ def canonical(x: sint) -> sint:
     """x simplified; a symbolic value that folds to a constant becomes a plain int."""
     if not isinstance(x, UOp):
         return x
-    from fusegrad.uop.pattern import graph_rewrite
-    from fusegrad.uop.symbolic import pm_symbolic
+    if (done := _canonical_memo.get(x, x)) is not x:
+        return x if done is None else done
+    if (lin := _linear_form(x)) is not None:
+        out = _build_linear(*lin, x)
+    else:
+        out = graph_rewrite(x, pm_canonical)
+        out = out.arg if out.op is Ops.CONST else out
+    _canonical_memo[x] = None if out is x else out  # None: x is canonical (a value of x itself would keep it alive)
+    if isinstance(out, UOp):
+        _canonical_memo[out] = None
+    return out
 
-    x = graph_rewrite(x, pm_symbolic + pm_sizes)
-    return x.arg if x.op is Ops.CONST else x
+
+def _linear_form(x: UOp) -> tuple[dict[UOp, int], int] | None:
+    """x as sum(k * leaf) + c over variables (bound or not), or None when x is not linear (a //, %, max)."""
+    terms: dict[UOp, int] = {}
+    const = 0
+    stack: list[tuple[int, UOp]] = [(1, x)]
+    while stack:
+        k, u = stack.pop()
+        if u.op is Ops.CONST:
+            const += k * u.arg
+        elif u.op in (Ops.BIND, Ops.DEFINE_VAR):
+            terms[u] = terms.get(u, 0) + k
+        elif u.op is Ops.ADD:
+            stack.extend(((k, u.src[1]), (k, u.src[0])))
+        elif u.op is Ops.NEG and dtypes.is_int(u.dtype):
+            stack.append((-k, u.src[0]))
+        elif u.op is Ops.MUL and (c := next((s for s in u.src if s.op is Ops.CONST), None)) is not None:
+            stack.append((k * c.arg, u.src[1] if c is u.src[0] else u.src[0]))
+        else:
+            return None
+    return terms, const
+
+
+def _leaf_order(u: UOp) -> tuple:
+    var = u.src[0] if u.op is Ops.BIND else u
+    return (var.arg, u.src[1].arg if u.op is Ops.BIND else -1)
+
+
+def _build_linear(terms: dict[UOp, int], const: int, like: UOp) -> sint:
+    """The one form of a linear size: variables in name order times their coefficients, then the constant; the
+    simplifier leaves it as it is (this is the fast path of `canonical`: shapes are built on every tensor op)."""
+    out: UOp | None = None
+    for leaf in sorted((t for t, k in terms.items() if k), key=_leaf_order):
+        k = terms[leaf]
+        term = leaf if k == 1 else leaf * UOp.const(like.dtype, k)
+        out = term if out is None else out + term
+    if out is None:
+        return const
+    return out + UOp.const(like.dtype, const) if const else out
 
 
 def _uop(x: sint, like: UOp) -> UOp:
@@ -110,8 +161,6 @@ def bound_value(x: sint) -> int:
     """x's value under the values its variables are bound to (AssertionError naming a variable that is not bound)."""
     if not isinstance(x, UOp):
         return x
-    from fusegrad.uop.symbolic import sym_eval
-
     env: dict[UOp, Any] = {}
     for n in x.toposort(gate=lambda u: u.op is not Ops.BIND):
         if n.op is Ops.BIND:

@@ -282,3 +282,15 @@ def test_more_ops_on_symbolic_shapes():
         Tensor.empty(v.bind(3), 2)
     with pytest.raises(NotImplementedError, match="concrete shape"):
         Tensor.rand(v.bind(3), 2)
+
+
+def test_bound_variable_as_a_value():
+    v = Variable("n", 1, 10)
+    a, f = Tensor([1, 2, 3]), Tensor([1.5, 2.0, 3.0])
+    for val in (2, 9):
+        vb = v.bind(val)
+        np.testing.assert_array_equal((a + vb).numpy(), np.array([1, 2, 3]) + val)
+        np.testing.assert_array_equal((vb - a).numpy(), val - np.array([1, 2, 3]))  # Tensor's reflected op
+        np.testing.assert_allclose((f * (vb + 1)).numpy(), np.array([1.5, 2.0, 3.0], np.float32) * (val + 1))
+        np.testing.assert_allclose((f / vb).numpy(), np.array([1.5, 2.0, 3.0], np.float32) / val, rtol=1e-6)
+        assert Tensor(vb).item() == val
