@@ -623,3 +623,12 @@ def test_batchnorm_running_stats_and_sharded_parameters_match_eager():
     np.testing.assert_array_equal(jit_losses, eager_losses)
     for a, b in zip(jit_state, eager_state):
         np.testing.assert_array_equal(a, b)
+
+
+def test_one_variable_bound_twice_in_a_call():
+    from fusegrad import Variable
+
+    v = Variable("k", 1, 4)
+    f = TinyJit(lambda x, a, b: x[:a].sum() + x[:b].sum())
+    with pytest.raises(JitError, match="bound to both 2 and 3"):
+        f(Tensor(data(4)), v.bind(2), v.bind(3))
