@@ -14,8 +14,9 @@ from fusegrad.helpers import NUM_CPU_THREADS
 from fusegrad.runtime.device import Buffer
 from fusegrad.runtime.ops_cpu import CPUProgram
 
-# kernels with more buffers than this are launched from Python (the C switch has one case per arity)
-MAX_KERNEL_ARGS = 48
+# kernels with more buffers than this are launched from Python (the C switch has one case per arity); the
+# scheduler gives a kernel at most 64 constant parameters besides its buffers
+MAX_KERNEL_ARGS = 128
 MAX_WORKERS = 63
 
 

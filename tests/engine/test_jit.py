@@ -632,3 +632,13 @@ def test_one_variable_bound_twice_in_a_call():
     f = TinyJit(lambda x, a, b: x[:a].sum() + x[:b].sum())
     with pytest.raises(JitError, match="bound to both 2 and 3"):
         f(Tensor(data(4)), v.bind(2), v.bind(3))
+
+
+def test_kernel_with_many_buffers_in_a_batch():
+    f = TinyJit(lambda *xs: sum(xs).contiguous())
+    for _ in range(3):
+        arrays = [data(5) for _ in range(70)]
+        out = f(*(Tensor(a) for a in arrays))
+        np.testing.assert_allclose(out.numpy(), sum(arrays), rtol=1e-4, atol=1e-4)
+    graphs = [s.graph for s in f.captured.steps if hasattr(s, "graph")]
+    assert graphs and max(graphs[0].nargs) > 70  # one launch with every input, from the C runner's switch
