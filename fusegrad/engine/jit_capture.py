@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import fusegrad.tensor as tensor_module
 from fusegrad.engine.jit_inputs import JitError, rebase_view, tensor_buffers
-from fusegrad.engine.jit_program import CapturedJit, Launch, run_launch
+from fusegrad.engine.jit_program import CapturedJit, IndexCheckRunner, Launch, run_launch
 from fusegrad.engine.memory_planner import plan_buffers
 from fusegrad.runtime.device import Buffer, Device, HostAllocator
 from fusegrad.schedule import buffer_of, buffer_uop
@@ -32,6 +32,10 @@ class Recorder:
 
     def record(self, item: Any, runner: Any) -> None:
         self.launches.append((runner, tuple(item.buffers), item.ast))
+
+    def record_check(self, check: Any, buf: Buffer) -> None:
+        """An index check (CHECK_OOB=1) the realize made after its bound kernels: replays make it at the same place."""
+        self.launches.append((IndexCheckRunner(check), (buf,), None))
 
     def refuse_read(self, t: Tensor) -> None:
         raise JitError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 import numpy as np
 from fusegrad.codegen import lower_to_linear
+from fusegrad.engine.jit_program import IndexCheckRunner
 from fusegrad.dtype import dtypes
 from fusegrad.runtime.device import Buffer, Device
 from fusegrad.schedule import buffer_of, buffer_uop
@@ -70,7 +71,11 @@ def captured_state(cap: Any) -> dict:
             buffers.append(("data", b.device, b.size, b.dtype, b.host_view().copy()))
     launches = [
         (
-            None if la.runner is None else (la.runner.device, la.ast, la.runner.info.opts),
+            None
+            if la.runner is None
+            else ("check", la.runner.check)
+            if isinstance(la.runner, IndexCheckRunner)
+            else (la.runner.device, la.ast, la.runner.info.opts),
             [index[b] for b in la.buffers],
         )
         for la in cap.launches
@@ -107,11 +112,14 @@ def captured_from_state(state: dict, cls: Any, launch_cls: Any, use_graphs: bool
     launches = []
     for program, idx in state["launches"]:
         runner = None
-        if program is not None:
+        if program is not None and program[0] == "check":
+            runner = IndexCheckRunner(program[1])
+        elif program is not None:
             device, ast, opts = program
             info = lower_to_linear(ast, opts=opts)
             runner = Runner(info, Device[device].build(info), device)
-        launches.append(launch_cls(runner, [table[i] for i in idx], None if program is None else program[1]))
+        ast = program[1] if program is not None and program[0] != "check" else None
+        launches.append(launch_cls(runner, [table[i] for i in idx], ast))
     cap = cls(
         launches,
         [table[i] for i in state["inputs"]],

@@ -35,6 +35,16 @@ class GraphStep:
     launches: list[Launch]
 
 
+class IndexCheckRunner:
+    """A replayed CHECK_OOB index check: raises IndexError from the extremes buffer before later launches run."""
+
+    def __init__(self, check: Any):
+        self.check, self.device = check, check.device
+
+    def __call__(self, buffers: list[Buffer]) -> None:
+        self.check.raise_if_violated(buffers[0].host_view())
+
+
 @dataclass
 class CapturedJit:
     """A replayable step: launches in order over fixed buffers, except the input buffers, swapped on each call."""
@@ -155,7 +165,7 @@ def graphable(la: Launch) -> bool:
 
     if la.runner is None:
         return all(type(b) is Buffer and isinstance(Device[b.device].allocator, HostAllocator) for b in la.buffers)
-    return batchable(la.runner.program, len(la.buffers))
+    return batchable(getattr(la.runner, "program", None), len(la.buffers))
 
 
 def run_launch(runner: Any, buffers: list[Buffer]) -> None:
@@ -203,4 +213,4 @@ def is_frozen_tensor(x: Any) -> bool:
     return type(x) is tuple and len(x) == 2 and isinstance(x[0], UOp)
 
 
-__all__ = ["CapturedJit", "Launch", "run_launch", "freeze", "thaw", "is_frozen_tensor"]
+__all__ = ["CapturedJit", "IndexCheckRunner", "Launch", "run_launch", "freeze", "thaw", "is_frozen_tensor"]

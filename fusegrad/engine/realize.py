@@ -121,6 +121,8 @@ def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReader
                 run_item(item)
             for check, buf in zip(checks, check_bufs):
                 check.raise_if_violated(buf.host_view())
+                if capturing:
+                    capturing[-1].record_check(check, buf)
             items, results = items[split:], results[len(checks) :]
         for item in items:
             run_item(item)

@@ -1,6 +1,7 @@
 """TinyJit (API.md §6.1): jitted training matches eager fusegrad exactly and torch closely, replays read new data, every
 input mismatch raises JitError, and the memory planner never lets two live buffers share memory."""
 
+import pickle
 import random
 from pathlib import Path
 import numpy as np
@@ -442,7 +443,6 @@ def scaled_tanh(x, w):
 
 
 def test_pickled_capture_replays_in_a_fresh_process(tmp_path):
-    import pickle
     import subprocess
     import sys
 
@@ -470,8 +470,6 @@ def test_pickled_capture_replays_in_a_fresh_process(tmp_path):
 
 
 def test_pickled_lambda_capture_replays_without_its_function():
-    import pickle
-
     w = Tensor(data(3))
     f = TinyJit(lambda x: (x * w).exp())
     for _ in range(2):
@@ -642,3 +640,20 @@ def test_kernel_with_many_buffers_in_a_batch():
         np.testing.assert_allclose(out.numpy(), sum(arrays), rtol=1e-4, atol=1e-4)
     graphs = [s.graph for s in f.captured.steps if hasattr(s, "graph")]
     assert graphs and max(graphs[0].nargs) > 70  # one launch with every input, from the C runner's switch
+
+
+def test_index_checks_are_replayed():
+    table = Tensor(data(5, 3))
+    with Context(CHECK_OOB=1):
+        f = TinyJit(lambda idx: table[idx].sum(1).contiguous())
+        for _ in range(3):
+            idx = rng.integers(0, 5, 4).astype(np.int32)
+            np.testing.assert_allclose(f(Tensor(idx)).numpy(), table.numpy()[idx].sum(1), rtol=1e-5)
+        with pytest.raises(IndexError, match="index 7 is out of bounds"):
+            f(Tensor(np.array([0, 7, 1, 2], np.int32)))
+        idx = np.array([4, 0, 3, 3], np.int32)
+        np.testing.assert_allclose(f(Tensor(idx)).numpy(), table.numpy()[idx].sum(1), rtol=1e-5)
+        loaded = pickle.loads(pickle.dumps(f))  # the check travels with a pickled capture
+        np.testing.assert_allclose(loaded(Tensor(idx)).numpy(), table.numpy()[idx].sum(1), rtol=1e-5)
+        with pytest.raises(IndexError, match="index -9 is out of bounds"):
+            loaded(Tensor(np.array([0, -9, 1, 2], np.int32)))
