@@ -10,7 +10,7 @@ import ctypes
 import functools
 import threading
 from dataclasses import dataclass
-from fusegrad.helpers import NUM_CPU_THREADS
+from fusegrad.helpers import DEBUG, NUM_CPU_THREADS
 from fusegrad.runtime.device import Buffer
 from fusegrad.runtime.ops_cpu import CPUProgram
 
@@ -114,10 +114,17 @@ _start_lock = threading.Lock()
 
 
 @functools.cache
-def _graph_library() -> ctypes.CDLL:
+def graph_library() -> ctypes.CDLL | None:
+    """The compiled runner, or None where no C compiler is found (e.g. on the LLVM device): replays then launch kernel
+    by kernel."""
     from fusegrad.runtime.device import Device
 
-    lib = Device["CPU"].compiler.load(_runner_source(), "fg_graph_runner")
+    try:
+        lib = Device["CPU"].compiler.load(_runner_source(), "fg_graph_runner")
+    except RuntimeError as e:  # CompileError is one, and so is a missing compiler
+        if DEBUG >= 1:
+            print(f"TinyJit replays without batching: the CPU graph runner did not build ({e})")
+        return None
     lib.fg_run_graph.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7
     lib.fg_run_graph.restype = None
     lib.fg_start_workers.argtypes = [ctypes.c_int]
@@ -142,7 +149,7 @@ class GraphEntry:
 
 
 def batchable(program: object, nbuffers: int) -> bool:
-    return isinstance(program, CPUProgram) and nbuffers <= MAX_KERNEL_ARGS
+    return isinstance(program, CPUProgram) and nbuffers <= MAX_KERNEL_ARGS and graph_library() is not None
 
 
 class CPUGraph:
@@ -150,7 +157,9 @@ class CPUGraph:
     replay swaps buffers (new inputs) by rewriting table cells and runs the batch in one call."""
 
     def __init__(self, entries: list[GraphEntry]):
-        self.lib = _graph_library()
+        lib = graph_library()
+        assert lib is not None, "a CPUGraph needs the compiled runner (see batchable)"
+        self.lib = lib
         threads = int(NUM_CPU_THREADS.value)
         with _start_lock:
             self.lib.fg_start_workers(min(max(threads - 1, 0), MAX_WORKERS))

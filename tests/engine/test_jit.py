@@ -657,3 +657,15 @@ def test_index_checks_are_replayed():
         np.testing.assert_allclose(loaded(Tensor(idx)).numpy(), table.numpy()[idx].sum(1), rtol=1e-5)
         with pytest.raises(IndexError, match="index -9 is out of bounds"):
             loaded(Tensor(np.array([0, -9, 1, 2], np.int32)))
+
+
+def test_replays_kernel_by_kernel_without_the_graph_runner(monkeypatch):
+    from fusegrad.runtime import cpu_graph
+
+    monkeypatch.setattr(cpu_graph, "graph_library", lambda: None)  # as where no C compiler builds the runner
+    w = Tensor(data(4, 4))
+    f = TinyJit(lambda x: (x @ w).relu().contiguous() * 2)
+    for _ in range(4):
+        a = data(3, 4)
+        np.testing.assert_allclose(f(Tensor(a)).numpy(), np.maximum(a @ w.numpy(), 0) * 2, rtol=1e-5)
+    assert f.captured.batches == 0 and len(f.captured.steps) == len(f.captured.launches)
