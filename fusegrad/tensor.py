@@ -21,7 +21,7 @@ from fusegrad.dtype import (
     to_dtype,
     to_numpy_dtype,
 )
-from fusegrad.engine.realize import realize_lock, realize_uops
+from fusegrad.engine.realize import capturing, realize_lock, realize_uops
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import prod
 from fusegrad.runtime.device import Buffer, Device
@@ -222,6 +222,8 @@ class Tensor(
 
     def _host_data(self) -> np.ndarray:
         """The values as a new numpy array (bfloat16 / fp8 as float32); a multi-device tensor is gathered first."""
+        if capturing:
+            capturing[-1].refuse_read(self)  # a TinyJit capture cannot replay a read of data into Python
         self._check_concrete()
         if isinstance(self.device, tuple):
             return self.to(self.device[0])._host_data()

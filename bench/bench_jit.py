@@ -1,0 +1,61 @@
+"""What a TinyJit replay costs, measured in one process: `python bench/bench_jit.py`.
+
+A tiny op (`x + y` on 16 float32) per call: torch eager, fusegrad eager (realize each call) and fusegrad under TinyJit;
+and a chain of 100 dependent tiny kernels replayed as one step (batched C calls vs `JIT=2`, one Python call per
+kernel), per kernel. Medians of interleaved runs."""
+
+from __future__ import annotations
+import statistics
+import time
+import numpy as np
+import torch
+from fusegrad import Context, Tensor, TinyJit
+
+
+def per_call_us(fns: dict, calls: int = 2000, runs: int = 7) -> dict:
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for f in fns.values():
+        for _ in range(3):
+            f()
+    for _ in range(runs):
+        for name, f in fns.items():
+            st = time.perf_counter()
+            for _ in range(calls):
+                f()
+            times[name].append((time.perf_counter() - st) / calls * 1e6)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def chain(x: Tensor) -> Tensor:
+    for _ in range(100):
+        x = (x * 1.0001 + 0.5).contiguous()  # one kernel each
+    return x
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    a, b = np.ones(16, np.float32), np.full(16, 2, np.float32)
+    x, y = Tensor(a).realize(), Tensor(b).realize()
+    tx, ty = torch.tensor(a), torch.tensor(b)
+    add = TinyJit(lambda p, q: p + q)
+    tiny = per_call_us(
+        {"torch": lambda: tx + ty, "eager": lambda: (x + y).realize(), "jit": lambda: add(x, y)}, calls=500
+    )
+    print(
+        f"tiny op x + y (16 float32), us per call: torch {tiny['torch']:.1f}, fusegrad eager {tiny['eager']:.1f},"
+        f" fusegrad TinyJit {tiny['jit']:.1f}"
+    )
+    batched = TinyJit(chain)
+    with Context(JIT=2):
+        unbatched = TinyJit(chain)
+        for _ in range(3):
+            unbatched(x)
+    steps = per_call_us({"batched": lambda: batched(x), "unbatched": lambda: unbatched(x)}, calls=50)
+    print(
+        f"100-kernel chain replay, us per kernel: batched {steps['batched'] / 100:.2f}"
+        f" ({batched.captured.batches} C calls), JIT=2 {steps['unbatched'] / 100:.2f} (one Python call each)"
+    )
+
+
+if __name__ == "__main__":
+    main()

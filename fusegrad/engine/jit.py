@@ -1,0 +1,207 @@
+"""TinyJit (API.md §6.1): the first call runs a function, the second records the kernels it launches, later calls
+replay them on the new inputs' buffers with no Python graph work.
+
+A replay is a `CapturedJit` (`jit_program.py`): the recorded launches with their buffers, intermediate buffers
+re-planned to share memory (`memory_planner.py`, `jit_capture.py`), consecutive CPU kernels batched into one C call each
+(`runtime/cpu_graph.py`). Inputs are checked on every call against the capture (`jit_inputs.py`): a mismatch raises
+JitError rather than replaying on the wrong layout."""
+
+from __future__ import annotations
+import functools
+import pickle
+import time
+from contextlib import nullcontext
+from typing import Any, Callable
+from fusegrad.helpers import DEBUG, JIT, JITBEAM, NO_MEMORY_PLANNER, Context
+from fusegrad.engine.jit_capture import (
+    Recorder,
+    keep_moved_state,
+    live_tensor_buffers,
+    plan_memory,
+    prune_launches,
+    realize_effects,
+    returned_tensors,
+)
+from fusegrad.engine.jit_inputs import (
+    InputLayout,
+    JitError,
+    describe_mismatch,
+    input_layout,
+    prepare_inputs,
+    rebase_view,
+    same_value,
+    split_args,
+)
+from fusegrad.engine.jit_program import CapturedJit, Launch, freeze, is_frozen_tensor, thaw
+from fusegrad.engine.realize import capturing, realize_lock
+from fusegrad.schedule import buffer_of
+from fusegrad.schedule.variables import var_params
+from fusegrad.tensor import Tensor
+from fusegrad.uop.ops import UOp
+
+
+class TinyJit:
+    """`@TinyJit`, `@TinyJit(prune=True)` or `TinyJit(f)`: warm up, capture, then replay (API.md §6.1)."""
+
+    def __init__(self, fxn: Callable | None = None, *, prune: bool = False):
+        self.fxn, self.prune = fxn, prune
+        if fxn is not None:
+            functools.update_wrapper(self, fxn)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the capture: the next call warms up again."""
+        self.cnt = 0
+        self.captured: CapturedJit | None = None
+
+    def __getstate__(self) -> dict:
+        # the function goes along when pickle can name it (a module-level def); a loaded capture replays without it
+        try:
+            fxn = self.fxn if pickle.dumps(self.fxn) else None
+        except Exception:
+            fxn = None
+        return {"fxn": fxn, "prune": self.prune, "cnt": self.cnt, "captured": self.captured}
+
+    def __setstate__(self, state: dict) -> None:
+        self.fxn, self.prune, self.cnt, self.captured = state["fxn"], state["prune"], state["cnt"], state["captured"]
+        if self.fxn is not None:
+            functools.update_wrapper(self, self.fxn)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        # a method: the instance is a non-tensor argument, so another instance is a mismatch, not a silent replay
+        return self if obj is None else functools.partial(self.__call__, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fxn is None and self.captured is None:
+            if len(args) == 1 and not kwargs and callable(args[0]):
+                self.fxn = args[0]
+                functools.update_wrapper(self, self.fxn)
+                return self
+            raise TypeError("TinyJit(prune=...) decorates one function: use @TinyJit(prune=True) above a def")
+        if capturing:
+            raise RuntimeError(f"TinyJit {self._name()} called while another TinyJit captures; nested JITs cannot be")
+        if not JIT and self.fxn is not None:
+            self.cnt += 1
+            return self.fxn(*args, **kwargs)
+        var_vals: dict[UOp, int] = {}
+        tensors, others = split_args(args, kwargs, var_vals)
+        with realize_lock:
+            if self.captured is not None:
+                ret = self._replay(tensors, others, var_vals)
+            elif self.cnt >= 1:
+                ret = self._capture(tensors, others, var_vals, args, kwargs)
+            else:
+                prepare_inputs(tensors)
+                realize_effects([])  # assigns made before the call are not the function's
+                ret = self.fxn(*args, **kwargs)
+                realize_effects(returned_tensors(ret))
+        self.cnt += 1
+        return ret
+
+    def _name(self) -> str:
+        return getattr(self.fxn, "__qualname__", repr(self.fxn))
+
+    # ------------------------------------------------------------------------------------------ capture
+    def _capture(
+        self, tensors: list[tuple[str, Tensor]], others: list, var_vals: dict[UOp, int], args: tuple, kwargs: dict
+    ) -> Any:
+        layouts, bases = prepare_inputs(tensors, var_vals)
+        realize_effects([])  # assigns made before the call are not the function's
+        before = live_tensor_buffers()
+        recorder = Recorder()
+        capturing.append(recorder)
+        try:
+            with Context(BEAM=int(JITBEAM.value)) if JITBEAM.value else nullcontext():
+                ret = self.fxn(*args, **kwargs)
+                realize_effects(returned_tensors(ret))
+        finally:
+            capturing.pop()
+        if not recorder.launches:
+            raise JitError(f"didn't JIT anything! {self._name()} launched no kernel while it was captured")
+        launches = [Launch(r, list(b), ast) for r, b, ast in recorder.launches]
+        input_bufs = [buffer_of[u] for b in bases for u in b]
+        copies, held = keep_moved_state(before, launches)
+        launches += copies
+        if self.prune:
+            # a kernel reading a Variable's value changes with it, like one reading an input
+            var_bufs = {
+                la.buffers[p] for la in launches if la.ast is not None and la.runner for p in var_params(la.ast)
+            }
+            launches, kept_outputs = prune_launches(launches, set(input_bufs) | var_bufs)
+        else:
+            kept_outputs = set()
+        captured = CapturedJit(
+            launches,
+            input_bufs,
+            InputLayout(
+                [n for n, _ in tensors],
+                layouts,
+                [t.shape for _, t in tensors],
+                [t.dtype for _, t in tensors],
+                [t.device for _, t in tensors],
+                others,
+            ),
+            freeze(ret),
+            [u for b in bases for u in b],
+            var_vals=var_vals,
+            rng_buffers=[buffer_of[t.uop] for t in recorder.rng_base.values()],
+            rng_calls=Tensor._rng_calls - recorder.rng_start if recorder.rng_base else 0,
+        )
+        plan_memory(
+            captured, kept_outputs | {b for la in launches for b in la.buffers if id(b) in held}, not NO_MEMORY_PLANNER
+        )
+        captured.build_steps(use_graphs=int(JIT.value) != 2)
+        self.captured = captured
+        if DEBUG >= 1:
+            print(
+                f"JIT {self._name()}: captured {len(launches)} kernels into {captured.batches} batches "
+                f"({len(captured.steps) - captured.batches} launched alone); memory planned from "
+                f"{captured.planned_from} to {captured.planned_to} bytes"
+            )
+        return ret
+
+    # ------------------------------------------------------------------------------------------ replay
+    def _replay(self, tensors: list[tuple[str, Tensor]], others: list, var_vals: dict[UOp, int]) -> Any:
+        cap = self.captured
+        assert cap is not None
+        lay = cap.layout
+        names = [n for n, _ in tensors]
+        if names != lay.names:
+            raise JitError(f"args mismatch: inputs were {lay.names} at capture, now {names}")
+        if len(others) != len(lay.others) or any(
+            a[0] != b[0] or not same_value(a[1], b[1]) for a, b in zip(others, lay.others)
+        ):
+            for (n0, v0), (n1, v1) in zip(lay.others, others):
+                if n0 != n1 or not same_value(v0, v1):
+                    raise JitError(f"args mismatch: {n1} is {v1!r}, at capture {n0} was {v0!r}")
+            raise JitError(f"args mismatch: other arguments {[n for n, _ in others]}, at capture {lay.others}")
+        bases: list[UOp] = []
+        for i, (name, t) in enumerate(tensors):
+            start = len(bases)
+            got = input_layout(t.uop, bases, var_vals)
+            if got is None:
+                del bases[start:]
+                layouts, b = prepare_inputs([(name, t)], var_vals)
+                got = layouts[0]
+                bases.extend(b[0])
+            if got != lay.layouts[i]:
+                raise JitError(f"args mismatch: {describe_mismatch(name, t, lay, i, got)}")
+        inputs = [buffer_of[u] for u in bases]
+        if len(set(inputs)) != len(inputs):
+            prepare_inputs(tensors)  # names the two arguments
+        st = time.perf_counter() if DEBUG >= 2 else 0.0
+        cap(inputs, var_vals)
+        if DEBUG >= 2:
+            print(
+                f"JIT {self._name()}: replay {self.cnt - 1}: {len(cap.launches)} kernels in {len(cap.steps)} "
+                f"calls, {(time.perf_counter() - st) * 1e6:.1f} us"
+            )
+        if not cap.returns_vary:
+            return thaw(cap.returns, is_frozen_tensor, lambda f: Tensor(f[0], device=f[1]))
+        # a returned view of an input, or a return of symbolic shape: rebuilt on this call's inputs and values
+        rebase = {old: new for old, new in zip(cap.input_base_uops, bases) if old is not new}
+        new_vals = {v: x for v, x in var_vals.items() if cap.var_vals.get(v, x) != x}
+        return thaw(cap.returns, is_frozen_tensor, lambda f: Tensor(rebase_view(f[0], rebase, new_vals), device=f[1]))
+
+
+__all__ = ["TinyJit", "JitError", "CapturedJit"]

@@ -1,0 +1,216 @@
+"""A captured TinyJit step (`CapturedJit`): the recorded launches over fixed buffers, run in batched CPU graphs or one
+by one, with the input buffers and bound Variable values of each call swapped in."""
+
+from __future__ import annotations
+from dataclasses import dataclass, field
+from typing import Any, Callable
+import numpy as np
+from fusegrad.helpers import JIT_BATCH_SIZE, GlobalCounters
+from fusegrad.engine.jit_inputs import InputLayout
+from fusegrad.runtime.device import Buffer, Device, HostAllocator
+from fusegrad.schedule.variables import var_buffer, var_params
+from fusegrad.tensor import Tensor
+from fusegrad.uop.ops import UOp
+
+
+@dataclass
+class Launch:
+    """One recorded launch: a compiled runner (None: a copy of buffers[1] into buffers[0]) and its buffers."""
+
+    runner: Any
+    buffers: list[Buffer]
+    ast: UOp | None = None  # what the runner was compiled from (a pickled capture compiles it again)
+
+
+@dataclass
+class PythonStep:
+    launch: Launch
+    input_slots: list[tuple[int, int]]  # (position in buffers, input buffer index)
+
+
+@dataclass
+class GraphStep:
+    graph: Any  # runtime.cpu_graph.CPUGraph
+    input_slots: list[tuple[list[int], int]]  # (table cells, input buffer index)
+    launches: list[Launch]
+
+
+class IndexCheckRunner:
+    """A replayed CHECK_OOB index check: raises IndexError from the extremes buffer before later launches run."""
+
+    def __init__(self, check: Any):
+        self.check, self.device = check, check.device
+
+    def __call__(self, buffers: list[Buffer]) -> None:
+        self.check.raise_if_violated(buffers[0].host_view())
+
+
+@dataclass
+class CapturedJit:
+    """A replayable step: launches in order over fixed buffers, except the input buffers, swapped on each call."""
+
+    launches: list[Launch]
+    input_buffers: list[Buffer]  # at capture, in input order (each input's buffers in layout order)
+    layout: InputLayout
+    returns: Any  # the return value's structure, tensors as (uop, device) leaves
+    input_base_uops: list[UOp]  # BUFFER nodes of the capture's inputs (a returned view of an input is rebased)
+    var_vals: dict[UOp, int] = field(default_factory=dict)  # bound Variable values of the capture
+    planned_from: int = 0
+    planned_to: int = 0
+    arenas: list[Buffer] = field(default_factory=list)  # memory of the planned buffers
+    placement: dict[Buffer, tuple[int, int]] = field(default_factory=dict)  # planned buffer -> (arena, offset)
+    steps: list[Any] = field(default_factory=list)
+    var_slots: list[tuple[Launch, int, UOp, Any, int | None]] = field(default_factory=list)
+    _last_vals: dict[UOp, int] = field(default_factory=dict)
+    returns_vary: bool = True  # some returned tensor views an input or has a symbolic shape
+    rng_buffers: list[Buffer] = field(default_factory=list)  # random stream bases read by the captured kernels
+    rng_calls: int = 0  # random draws per step: each replay advances the bases (and Tensor's counter) by this
+    internal: set[Buffer] = field(default_factory=set)
+    _last: list[Buffer | None] = field(default_factory=list)
+
+    def build_steps(self, use_graphs: bool) -> None:
+        from fusegrad.runtime.cpu_graph import CPUGraph, GraphEntry
+
+        index = {b: i for i, b in enumerate(self.input_buffers)}
+        self.internal = {b for la in self.launches for b in la.buffers if b not in index}
+        self.steps, batch = [], []
+
+        def flush() -> None:
+            if batch:
+                entries = [GraphEntry(la.runner.program if la.runner else None, tuple(la.buffers)) for la in batch]
+                graph = CPUGraph(entries)
+                slots = [(graph.slots[b], i) for b, i in index.items() if b in graph.slots]
+                self.steps.append(GraphStep(graph, slots, list(batch)))
+                batch.clear()
+
+        for la in self.launches:
+            if use_graphs and graphable(la):
+                batch.append(la)
+                if len(batch) >= max(int(JIT_BATCH_SIZE.value), 1):
+                    flush()
+                continue
+            flush()
+            self.steps.append(PythonStep(la, [(p, index[b]) for p, b in enumerate(la.buffers) if b in index]))
+        flush()
+        self._last = list(self.input_buffers)
+        leaves: list[UOp] = []
+        thaw(self.returns, is_frozen_tensor, lambda f: leaves.append(f[0]))
+        inputs = set(self.input_base_uops)
+        self.returns_vary = any(
+            any(isinstance(d, UOp) for d in u.shape) or any(x in inputs for x in u.toposort()) for u in leaves
+        )
+        # where each kernel reads a Variable's value: a replay with another value swaps in that value's buffer
+        place = {
+            id(la): (s.graph, i) for s in self.steps if isinstance(s, GraphStep) for i, la in enumerate(s.launches)
+        }
+        self.var_slots = []
+        for la in self.launches:
+            for pos, var in (var_params(la.ast) if la.ast is not None and la.runner is not None else {}).items():
+                graph, entry = place.get(id(la), (None, 0))
+                self.var_slots.append((la, pos, var, graph, None if graph is None else graph.arg_off[entry] + pos))
+        self._last_vals = dict(self.var_vals)
+
+    def __reduce__(self) -> tuple:
+        from fusegrad.engine.jit_pickle import captured_state
+
+        return restore_captured, (captured_state(self), any(isinstance(s, GraphStep) for s in self.steps))
+
+    @property
+    def batches(self) -> int:
+        return sum(isinstance(s, GraphStep) for s in self.steps)
+
+    def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
+        """Run every launch with `inputs` in place of the capture's input buffers and the bound Variables' values
+        `var_vals` (API.md §6.2) in place of the capture's (each is a one-element buffer a kernel reads)."""
+        if var_vals and var_vals != self._last_vals:
+            for la, pos, var, graph, cell in self.var_slots:
+                if var in var_vals:
+                    la.buffers[pos] = var_buffer(la.runner.device, var, var_vals[var])
+                    if graph is not None:
+                        graph.set_address([cell], la.buffers[pos].address())
+            self._last_vals = {**self._last_vals, **var_vals}
+        if self.rng_calls:
+            Tensor._rng_calls += self.rng_calls
+            for b in self.rng_buffers:
+                b.host_view()[0] += np.uint32(self.rng_calls)
+        if inputs != self._last:  # Buffers compare by identity
+            for i, (b, last) in enumerate(zip(inputs, self._last)):
+                if b is not last and b in self.internal:
+                    inputs[i] = fresh_copy(b)  # a buffer this step writes, e.g. an earlier return: read a copy
+            for step in self.steps:
+                if isinstance(step, GraphStep):
+                    for cells, i in step.input_slots:
+                        if inputs[i] is not self._last[i]:
+                            step.graph.set_address(cells, inputs[i].address())
+            self._last = inputs
+        for step in self.steps:
+            if isinstance(step, GraphStep):
+                step.graph()
+            else:
+                bufs = list(step.launch.buffers)
+                for p, i in step.input_slots:
+                    bufs[p] = inputs[i]
+                run_launch(step.launch.runner, bufs)
+        GlobalCounters.kernel_count += len(self.launches)
+
+
+def restore_captured(state: dict, use_graphs: bool) -> CapturedJit:
+    from fusegrad.engine.jit_pickle import captured_from_state
+
+    return captured_from_state(state, CapturedJit, Launch, use_graphs)
+
+
+def graphable(la: Launch) -> bool:
+    from fusegrad.runtime.cpu_graph import batchable
+
+    if la.runner is None:
+        return all(type(b) is Buffer and isinstance(Device[b.device].allocator, HostAllocator) for b in la.buffers)
+    return batchable(getattr(la.runner, "program", None), len(la.buffers))
+
+
+def run_launch(runner: Any, buffers: list[Buffer]) -> None:
+    if runner is None:
+        buffers[0].host_view()[:] = buffers[1].host_view()
+    else:
+        for b in buffers:
+            b.ensure_allocated()
+        runner(buffers)
+
+
+def fresh_copy(buf: Buffer) -> Buffer:
+    out = Buffer(buf.device, buf.size, buf.dtype).ensure_allocated()
+    out.host_view()[:] = buf.host_view()
+    return out
+
+
+def freeze(ret: Any) -> Any:
+    """The return structure with each tensor as its (uop, device), to rebuild fresh Tensors on each replay."""
+    if isinstance(ret, Tensor):
+        return (ret.uop, ret.device)
+    if isinstance(ret, list):
+        return [freeze(x) for x in ret]
+    if isinstance(ret, tuple):
+        return tuple(freeze(x) for x in ret) if type(ret) is tuple else type(ret)(*(freeze(x) for x in ret))
+    if isinstance(ret, dict):
+        return {k: freeze(x) for k, x in ret.items()}
+    return ret
+
+
+def thaw(frozen: Any, is_leaf: Callable[[Any], bool], make: Callable[[Any], Tensor]) -> Any:
+    if is_leaf(frozen):
+        return make(frozen)
+    if isinstance(frozen, list):
+        return [thaw(x, is_leaf, make) for x in frozen]
+    if isinstance(frozen, tuple):
+        items = (thaw(x, is_leaf, make) for x in frozen)
+        return tuple(items) if type(frozen) is tuple else type(frozen)(*items)
+    if isinstance(frozen, dict):
+        return {k: thaw(x, is_leaf, make) for k, x in frozen.items()}
+    return frozen
+
+
+def is_frozen_tensor(x: Any) -> bool:
+    return type(x) is tuple and len(x) == 2 and isinstance(x[0], UOp)
+
+
+__all__ = ["CapturedJit", "IndexCheckRunner", "Launch", "run_launch", "freeze", "thaw", "is_frozen_tensor"]
