@@ -171,13 +171,27 @@ def _tile_start(r: UOp, amount: int, size: int) -> UOp:
     return (r * amount < size - amount).where(r * amount, UOp.const(r.dtype, size - amount))
 
 
+def output_value(ast: UOp) -> UOp:
+    """The value a kernel stores, below reshapes over a reduce that merge dims: its output loops run over the reduce's
+    own dims (a grouped conv's groups and channels), so no output index is split again by division. Opts name axes of
+    this value's shape."""
+    value = ast.src[0].src[1]
+    inner = value
+    while inner.op is Ops.RESHAPE:
+        inner = inner.src[0]
+    if inner.op is not Ops.REDUCE_AXIS:
+        return value
+    while value.op is Ops.RESHAPE and sum(d != 1 for d in value.src[0].shape) > sum(d != 1 for d in value.shape):
+        value = value.src[0]
+    return value
+
+
 def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs; each UPCAST
     opt cuts its output axis into tiles whose outputs are separate stores of separately lowered values, each TILE opt
     walks an axis's tiles in blocks, the loop within a block innermost among the output loops, and REDUCE_BLOCK makes
     the blocks of a plain sum's reduce an output loop right after the first (the one threads split)."""
-    store = ast.src[0]
-    out, value = store.src
+    out, value = ast.src[0].src[0], output_value(ast)
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
     shape = value.shape

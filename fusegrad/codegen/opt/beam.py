@@ -15,6 +15,7 @@ import numpy as np
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import DEBUG, IGNORE_BEAM_CACHE, cache_dir
 from fusegrad.codegen import kernel_name, lower_to_linear
+from fusegrad.codegen.lowerer import output_value
 from fusegrad.codegen.opt import Opt, OptError, OptOps, single_sum
 from fusegrad.codegen.opt.target import vector_bytes
 from fusegrad.runtime.device import Buffer, Device
@@ -162,7 +163,7 @@ def _random_fill(rng: np.random.Generator, view: np.ndarray) -> np.ndarray:
 
 def actions(ast: UOp) -> list[Opt]:
     """One more opt: upcasts and tiles of every output axis, and blocks of a plain sum's reduce."""
-    value = ast.src[0].src[1]
+    value = output_value(ast)
     width = max(vector_bytes() // max(value.dtype.itemsize, 1), 1)
     out: list[Opt] = []
     for axis, size in enumerate(value.shape):
