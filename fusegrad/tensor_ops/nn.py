@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
 Scalar = int | float | bool
+# a convolution's padded input with at least this many elements is stored padded before the conv reads it
+CONV_PAD_REALIZE_SIZE = 2**16
 IntOrInts = int | Sequence[int]
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -218,25 +220,31 @@ class NNMixin:
         Its gradient is registered as two convolutions of the same windowed form (input: the transposed convolution
         of the output gradient; weight: the input's windows times it), whose kernels index without division."""
         n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
-        win = self._conv_padded(pads)._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)
+        padded = self._conv_padded(pads)
+        win = padded._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)
         bs, outs = self.shape[0], win.shape[2 : 2 + n]
         win = win.reshape((bs, groups, 1, cin_g) + outs + kernel)
         w = weight.reshape((1, groups, cout // groups, cin_g) + (1,) * n + kernel)
         axes = (3,) + tuple(range(4 + n, 4 + 2 * n))
         out = (win * w).sum(axes, dtype=acc_dtype).reshape((bs, cout) + outs)
-        x_uop, w_uop, device = self.uop, weight.uop, self.device
+        x_uop, w_uop, padded_uop, device = self.uop, weight.uop, padded.uop, self.device
 
         def backward(g: Any) -> tuple[Any, Any]:
             x_in, w_in, grad = Tensor(x_uop, device=device), Tensor(w_uop, device=device), Tensor(g, device=device)
             dx = grad._conv_input_grad(w_in, groups, stride, dilation, pads, x_in.shape[2:])
-            dw = x_in._conv_padded(pads)._conv_weight_grad(grad, groups, stride, dilation, kernel)
+            dw = Tensor(padded_uop, device=device)._conv_weight_grad(grad, groups, stride, dilation, kernel)
             return dx.cast(x_in.dtype).uop, dw.cast(w_in.dtype).uop
 
         register_gradient(out.uop, (x_uop, w_uop), backward)
         return out
 
     def _conv_padded(self, pads: tuple[tuple[int, int], ...]) -> Tensor:
-        return self.pad(((0, 0), (0, 0)) + pads)
+        """The input padded for a convolution; a large one is stored padded, so the conv's loads need no bounds
+        checks (a check per lane would keep them from being vector loads)."""
+        if all(p == (0, 0) for p in pads):
+            return self
+        padded = self.pad(((0, 0), (0, 0)) + pads)
+        return padded.contiguous() if padded.numel() >= CONV_PAD_REALIZE_SIZE else padded
 
     def _conv_input_grad(
         self,
@@ -264,6 +272,7 @@ class NNMixin:
             ((0, 0), (0, 0))
             + tuple((r - lo, i + lo - gs) for r, (lo, _), i, gs in zip(reach, pads, spatial, g.shape[2:]))
         )
+        g = g.contiguous() if g.numel() >= CONV_PAD_REALIZE_SIZE and g.uop is not self.uop else g
         w = weight.reshape((groups, cout // groups, cin_g) + kernel).transpose(1, 2)
         w = w.reshape((groups * cin_g, cout // groups) + kernel).flip(tuple(range(2, 2 + n)))
         return g._conv_core(w, groups, (1,) * n, dilation, ((0, 0),) * n, None)
@@ -281,8 +290,19 @@ class NNMixin:
         n, bs, cin_g, outs = len(kernel), self.shape[0], self.shape[1] // groups, grad.shape[2:]
         cout_g = grad.shape[1] // groups
         win = self._windows(kernel, stride, dilation).reshape((bs, groups, 1, cin_g) + outs + kernel)
-        g = grad.reshape((bs, groups, cout_g, 1) + outs + (1,) * n)
-        dw = (win * g).sum((0,) + tuple(range(4, 4 + n)))
+        if grad.numel() < CONV_PAD_REALIZE_SIZE:
+            g = grad.reshape((bs, groups, cout_g, 1) + outs + (1,) * n)
+            dw = (win * g).sum((0,) + tuple(range(4, 4 + n)))
+            return dw.reshape((groups * cout_g, cin_g) + kernel)
+        # a large one is computed with the output channels last, read from a channels-last copy of the gradient:
+        # then its last output axis is contiguous in one input and walked by the reduce in the other, a matmul the
+        # register-tile heuristics take (in the weight's own order no output axis is contiguous in any input)
+        o_axes, k_axes = tuple(range(4, 4 + n)), tuple(range(4 + n, 4 + 2 * n))
+        x = win.permute((0, 1, 3) + k_axes + o_axes + (2,))  # (N, G, C_in/G, *kernel, *out, 1)
+        g = grad.reshape((bs, groups, cout_g) + outs).permute((0, 1) + tuple(range(3, 3 + n)) + (2,)).contiguous()
+        g = g.reshape((bs, groups, 1) + (1,) * n + outs + (cout_g,))
+        dw = (x * g).sum((0,) + tuple(range(3 + n, 3 + 2 * n))).contiguous()  # (G, C_in/G, *kernel, C_out/G)
+        dw = dw.permute((0, 2 + n, 1) + tuple(range(2, 2 + n)))
         return dw.reshape((groups * cout_g, cin_g) + kernel)
 
     def conv_transpose2d(

@@ -8,12 +8,13 @@ from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.accumulators import INNER_BLOCK
 from fusegrad.codegen.opt import Opt, OptOps, check_opts, single_sum
 from fusegrad.codegen.opt.target import vector_bytes, vector_registers
-from fusegrad.uop.symbolic import split_terms
+from fusegrad.uop.symbolic import signed_terms
 
 # accumulators along the output's last dim of a reduce kernel that is not matmul-like (e.g. a column sum)
 COLUMN_UPCASTS = (16, 8, 4)
 # a register tile's rows: one broadcast value each, reused by every vector of columns
 MAX_TILE_ROWS = 8
+MIN_TILE_ROWS = 4
 # vector registers the tile leaves free: the loaded vectors of the contiguous input and the broadcast row value
 SPARE_REGISTERS = 4
 # what a block of row tiles reads of the row input per reduce block: it stays in L1 while every column tile reuses
@@ -51,11 +52,16 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     col, inner = axes[-1], max(reduces, key=lambda r: r.arg[0])
     col_r = axis_range[col]
     loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
-    contiguous = [i for i in loads if coefficient(i, col_r) == 1 and coefficient(i, inner) != 1]
-    if not contiguous:
-        return []
+    contiguous = [i for i in loads if coefficient(i, col_r) == 1]
     cols = value.shape[col]
-    row = next((a for a in reversed(axes[:-1]) if _is_row_axis(axis_range[a], col_r, inner, contiguous, loads)), None)
+    if not contiguous or (cols < _width(value) and _reduce_is_contiguous(loads, inner)):
+        # a reduce contiguous in every input it walks (a conv's weight gradient) vectorizes best as it is: one
+        # accumulator the compiler keeps in a vector; outputs too few to fill a vector would only take that away
+        return []
+    rows_ok = [a for a in reversed(axes[:-1]) if _is_row_axis(axis_range[a], col_r, inner, contiguous, loads)]
+    # the innermost row axis long enough for a register tile (a conv's weight gradient: the input channels, not the
+    # 3 kernel taps)
+    row = next((a for a in rows_ok if value.shape[a] >= MIN_TILE_ROWS), rows_ok[0] if rows_ok else None)
     if row is None or value.dtype not in (dtypes.float32, dtypes.float64):
         amount = next((up for up in COLUMN_UPCASTS if cols % up == 0 and cols > up), None)
         return [Opt(OptOps.UPCAST, col, amount)] if amount else []
@@ -116,9 +122,18 @@ def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
     return Opt(OptOps.REDUCE_BLOCK, red.arg[1][0], block) if block is not None else None
 
 
+def _width(value: UOp) -> int:
+    return max(vector_bytes() // value.dtype.itemsize, 1)
+
+
+def _reduce_is_contiguous(loads: list[UOp], inner: UOp) -> bool:
+    strides = [coefficient(i, inner) for i in loads]
+    return inner.src[0].arg >= 8 and any(s == 1 for s in strides) and all(s in (0, 1) for s in strides)
+
+
 def coefficient(index: UOp, r: UOp) -> int | None:
     """The stride of index along loop r, or None when r appears inside division or modulo."""
-    terms, _ = split_terms(index)
+    terms, _ = signed_terms(index)
     if any(t is not r and r in t.toposort() for _, t in terms):
         return None
     return sum(k for k, t in terms if t is r)
