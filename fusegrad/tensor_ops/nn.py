@@ -301,7 +301,9 @@ class NNMixin:
         x = win.permute((0, 1, 3) + k_axes + o_axes + (2,))  # (N, G, C_in/G, *kernel, *out, 1)
         g = grad.reshape((bs, groups, cout_g) + outs).permute((0, 1) + tuple(range(3, 3 + n)) + (2,)).contiguous()
         g = g.reshape((bs, groups, 1) + (1,) * n + outs + (cout_g,))
-        dw = (x * g).sum((0,) + tuple(range(3 + n, 3 + 2 * n))).contiguous()  # (G, C_in/G, *kernel, C_out/G)
+        # per sample first: one sample's rows stay in cache for every output tile; then the sum over the batch
+        per_sample = (x * g).sum(tuple(range(3 + n, 3 + 2 * n))).contiguous()  # (N, G, C_in/G, *kernel, C_out/G)
+        dw = per_sample.sum(0).contiguous()
         dw = dw.permute((0, 2 + n, 1) + tuple(range(2, 2 + n)))
         return dw.reshape((groups * cout_g, cin_g) + kernel)
 

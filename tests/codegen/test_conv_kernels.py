@@ -93,7 +93,7 @@ def test_conv_kernels_have_no_division_in_the_innermost_loop(xs, ws, kw, layout)
             for loop in innermost_c_loops(src.split(f"void {info.name}(")[1]):
                 assert "/" not in loop and "%" not in loop, f"{info.name}:\n{loop}"
         reducing += info.name.startswith("r_")
-    assert reducing == 3  # forward, input gradient, weight gradient
+    assert reducing >= 3  # forward, input gradient, weight gradient
 
 
 @pytest.fixture(params=["fused", "stored"])
