@@ -54,6 +54,11 @@ def main() -> None:
             with Context(BEAM=2):
                 t_beam = median_time(lambda: out_mm.assign(x @ y).realize(), repeats=3)
             rows.append((f"matmul {m}x{m} f32 BEAM=2", t_beam, t_np))
+            bn_ = rng.standard_normal(m, dtype=np.float32)
+            bias = Tensor(bn_).realize()
+            t_np_epi = median_time(lambda: np.maximum(xn @ yn + bn_, 0), repeats=3)
+            t_epi = median_time(lambda: out_mm.assign((x @ y + bias).relu()).realize(), repeats=3)
+            rows.append((f"(x @ w + b).relu() {m}x{m} f32", t_epi, t_np_epi))
         gflops.append(f"{m}: fusegrad {2 * m**3 / t_fg / 1e9:.1f}, numpy {2 * m**3 / t_np / 1e9:.1f}")
 
     print(f"{'case':34s} {'fusegrad':>12s} {'numpy':>12s} {'speed vs numpy':>15s}")

@@ -3,7 +3,15 @@
 from __future__ import annotations
 import itertools
 from fusegrad.dtype import dtypes
-from fusegrad.codegen.opt import Opt, OptError, check_opts, check_reduce_block, single_sum
+from fusegrad.codegen.opt import (
+    Opt,
+    OptError,
+    ReduceOpts,
+    check_opts,
+    check_reduce_block,
+    check_reduce_opts,
+    blockable_sum,
+)
 from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
@@ -23,6 +31,8 @@ class Lowerer:
         self.next_range = 0
         # REDUCE_BLOCK: (the reduce, its loop over blocks, block size); its reduced index is blocks*size + within
         self.blocked: tuple[UOp, UOp, int] | None = None
+        # UNROLL and PADTO: the reduce they apply to and what they do to its axes
+        self.reduce_opts: tuple[UOp, ReduceOpts] | None = None
 
     def new_range(self, size: int, kind: str) -> UOp:
         if size == 1:
@@ -107,15 +117,33 @@ class Lowerer:
             # own loops
             key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
             blocked = self.blocked is not None and self.blocked[0] is u
+            ropts = self.reduce_opts[1] if self.reduce_opts is not None and self.reduce_opts[0] is u else None
+            unroll, padto = (ropts.unroll, ropts.padto) if ropts is not None else ({}, {})
             if key not in self.reduce_ranges:
                 sizes = [self.blocked[2] if blocked else src[0].shape[a] for a in axes]  # type: ignore[index]
+                sizes = [padto.get(a, d) // unroll.get(a, 1) for a, d in zip(axes, sizes)]
                 self.reduce_ranges[key] = tuple(self.new_range(d, "reduce") for d in sizes)
             loop_of = dict(zip(axes, self.reduce_ranges[key]))
             if blocked:
                 loop_of = {a: self.blocked[1] * self.blocked[2] + r for a, r in loop_of.items()}  # type: ignore[index]
-            new_idxs = tuple(loop_of.get(a, i) for a, i in enumerate(idxs))
             ranges = tuple(r for r in self.reduce_ranges[key] if r.op is Ops.RANGE)
-            value = yield self._lower_step(src[0], new_idxs, valid)
+            # each unrolled lane is lowered on its own and the lanes are combined before the accumulator; a padded
+            # tail reads nothing and gives the identity
+            lane_values = []
+            for lanes in itertools.product(*(range(unroll.get(a, 1)) for a in axes)):
+                lane_of = dict(zip(axes, lanes))
+                at = {a: r * unroll[a] + lane_of[a] if a in unroll else r for a, r in loop_of.items()}
+                inside = TRUE
+                for a in padto:
+                    inside = inside & (at[a] < src[0].shape[a])
+                new_idxs = tuple(at.get(a, i) for a, i in enumerate(idxs))
+                lane = yield self._lower_step(src[0], new_idxs, valid if inside is TRUE else valid & inside)
+                if inside is not TRUE:
+                    lane = inside.where(lane, UOp.const(u.dtype, identity(reduce_op, u.dtype)))
+                lane_values.append(lane)
+            value = lane_values[0]
+            for lane in lane_values[1:]:
+                value = UOp(reduce_op, u.dtype, (value, lane))
             if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes):
                 value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
             return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
@@ -139,6 +167,11 @@ def identity(op: Ops, dtype) -> object:
 
 pm_loads = PatternMatcher(
     [
+        # a PADTO lane known to be inside (or outside) the reduced axis
+        (
+            UPat(Ops.WHERE, src=(UPat.cvar("c", dtypes.bool), UPat.var("a"), UPat.var("b"))),
+            lambda c, a, b: a if c.arg else b,
+        ),
         # a padded load is already gated: selecting its zero again is redundant
         (
             UPat(
@@ -195,17 +228,34 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
     shape = value.shape
-    reduce = single_sum(value)
+    reduce = blockable_sum(value)
     block = check_reduce_block(opts, (reduce.src[0].shape, reduce.arg[1][0]) if reduce is not None else None)
     # partial sums added in memory read the output, so no tile may overlap another
     reads_output = bool(opts) and (block is not None or reads_own_output(lower_kernel(ast)))
     applied = check_opts(opts, shape, reads_output)
     up, tiles = applied.upcasts, applied.tiles
+    reduces = [u for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL) if u.op is Ops.REDUCE_AXIS]
+    only = reduces[0] if len(reduces) == 1 else None
+    ropts = check_reduce_opts(opts, (only.src[0].shape, only.arg[1]) if only else None, block is not None)
     counts = [-(-d // up.get(a, 1)) for a, d in enumerate(shape)]
     lowerer = Lowerer(idx_dtype)
+    if only is not None and (ropts.unroll or ropts.padto):
+        lowerer.reduce_opts = (only, ropts)
+    trips = [-(-c // tiles.get(a, 1)) for a, c in enumerate(counts)]
+    # THREAD: the loop over chunks of its axis comes first (lowest range id: outermost), the one threads split
+    chunks = None
+    if applied.thread is not None:
+        chunks = lowerer.new_range(applied.thread[1], "global")
+        if block is not None:  # the loop over blocks comes right after the threaded loop
+            blocks = lowerer.new_range(reduce.src[0].shape[block.axis] // block.amount, "global")  # type: ignore[union-attr]
+            lowerer.blocked = (reduce, blocks, block.amount)  # type: ignore[assignment]
     outer: list[UOp] = []
-    for a, c in enumerate(counts):
-        outer.append(lowerer.new_range(-(-c // tiles.get(a, 1)), "global"))
+    for a, t in enumerate(trips):
+        if applied.thread is not None and a == applied.thread[0]:
+            per_chunk = t // applied.thread[1]
+            outer.append(chunks * per_chunk + lowerer.new_range(per_chunk, "global"))  # type: ignore[operator]
+            continue
+        outer.append(lowerer.new_range(t, "global"))
         # the loop over blocks comes right after the first output loop, the one threads split
         if block is not None and lowerer.blocked is None and outer[-1].op is Ops.RANGE:
             blocks = lowerer.new_range(reduce.src[0].shape[block.axis] // block.amount, "global")  # type: ignore[union-attr]
@@ -221,11 +271,26 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
         index = lowerer.flat_index(idxs, shape)
         partial = lowerer.lower(value, idxs, TRUE)
         if lowerer.blocked is not None:
-            # the first block stores its partial; each later one adds its partial to what the blocks before stored
+            # the first block stores its partial; each later one adds its partial to what the blocks before stored;
+            # an epilogue over the sum (bias, activation) is applied by the last block only
             later = lowerer.blocked[1].ne(0)  # a RANGE: check_reduce_block asks for more than one block
-            partial = later.where(UOp(Ops.LOAD, value.dtype, (out, index, later)) + partial, partial)
+            sums = [u for u in partial.toposort() if u.op is Ops.REDUCE]
+            if partial.op is Ops.REDUCE or len(sums) != 1:
+                partial = later.where(UOp(Ops.LOAD, value.dtype, (out, index, later)) + partial, partial)
+            else:
+                total = later.where(UOp(Ops.LOAD, value.dtype, (out, index, later)) + sums[0], sums[0])
+                last = lowerer.blocked[1].eq(lowerer.blocked[1].src[0].arg - 1)
+                partial = last.where(substitute(partial, sums[0], total), total)
         stores.append(UOp(Ops.STORE, src=(out, index, partial)))
     return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)
+
+
+def substitute(root: UOp, old: UOp, new: UOp) -> UOp:
+    """root with old replaced by new (new may contain old: nothing below a replacement is visited again)."""
+    memo: dict[UOp, UOp] = {}
+    for u in root.toposort(gate=lambda x: x is not old):
+        memo[u] = new if u is old else u.replace(src=tuple(memo[s] for s in u.src)) if u.src else u
+    return memo[root]
 
 
 def reads_own_output(kernel: UOp) -> bool:

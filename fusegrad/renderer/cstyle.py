@@ -126,6 +126,8 @@ _INFIX = {
 
 
 _UNSIGNED = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long long"}
+# the lanes of a comparison of float vectors
+_MASK_INT = {dtypes.float32: dtypes.int32, dtypes.float64: dtypes.int64}
 
 
 def render_wrapping(op: Ops, dt: DType, args: list[str]) -> str:
@@ -226,7 +228,7 @@ class CStyleRenderer:
             )
 
         def vtype(pack: Pack) -> str:
-            dt, n = pack.dtype, len(pack.lanes)
+            dt, n = (_MASK_INT[pack.mask_of] if pack.mask_of is not None else pack.dtype), len(pack.lanes)
             tname = f"fg_{dt.name}x{n}"
             vec_types[tname] = f"typedef {ctype(dt)} {tname} __attribute__((vector_size({n * dt.itemsize})));"
             return tname
@@ -263,7 +265,18 @@ class CStyleRenderer:
             elif op is Ops.WHERE:
                 # C's conditional needs both arms of the vector type: a scalar arm is broadcast explicitly
                 arms = [vref(s) if s in packs else f"(({vtype(pack)}){{}} + {ref(s)})" for s in u.src[1:]]
-                line(f"{vtype(pack)} {vname} = ({ref(u.src[0])} ? {arms[0]} : {arms[1]});")
+                if u.src[0] in packs:  # a mask: bitwise select of the arms' bits (C has no lane-wise ?:)
+                    mask = packs[u.src[0]][0]
+                    m, it = vec_names[mask], vtype(mask)
+                    select = f"((({it}){arms[0]} & {m}) | (({it}){arms[1]} & ~{m}))"
+                    line(f"{vtype(pack)} {vname} = ({vtype(pack)}){select};")
+                else:
+                    line(f"{vtype(pack)} {vname} = ({ref(u.src[0])} ? {arms[0]} : {arms[1]});")
+            elif pack.mask_of is not None and op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE):
+                # a comparison of float vectors gives all-ones integer lanes where it holds
+                ft = vtype(packs[next(s for s in u.src if s in packs)][0])
+                sides = [vref(s) if s in packs else f"(({ft}){{}} + {ref(s)})" for s in u.src]
+                line(f"{vtype(pack)} {vname} = ({sides[0]}{_INFIX[op]}{sides[1]});")
             else:
                 line(f"{vtype(pack)} {vname} = ({vref(u.src[0])}{_INFIX[op]}{vref(u.src[1])});")
 
@@ -274,7 +287,10 @@ class CStyleRenderer:
                 if pack not in vec_names:
                     emit_vector(u, pack)
                 if op is not Ops.STORE:
-                    names[u] = f"{vec_names[pack]}[{lane}]"
+                    # a mask lane is all ones where true: a scalar user gets it as 0/1
+                    names[u] = (
+                        f"({vec_names[pack]}[{lane}]!=0)" if pack.mask_of is not None else f"{vec_names[pack]}[{lane}]"
+                    )
                 continue
             if op is Ops.DEFINE_GLOBAL:
                 names[u] = f"data{u.arg[0]}"

@@ -6,7 +6,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, prod
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.accumulators import INNER_BLOCK
-from fusegrad.codegen.opt import Opt, OptOps, check_opts, single_sum
+from fusegrad.codegen.opt import Opt, OptOps, check_opts, blockable_sum
 from fusegrad.codegen.opt.target import vector_bytes, vector_registers
 from fusegrad.uop.symbolic import signed_terms
 
@@ -26,12 +26,54 @@ ROW_BLOCK_BYTES = 32 * 1024
 # memory, one after another, which keeps the error near that of the blocked sums
 REDUCE_BLOCK_SIZE = 64
 MAX_REDUCE_BLOCKS = 32
+# a reduce this short or shorter loses its loop (when nothing is upcast: unrolled lanes would break the vectors)
+MAX_FULL_UNROLL = 4
+# an outermost loop with this many iterations per thread keeps the threads' shares within a few percent
+BALANCED_TRIPS = 8
 # worth per output of a column tile two vectors wide (half the row broadcasts of one), one vector wide, and narrower
 # ones, which run as scalars
 TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
 
 
 def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
+    """The register tiles and blocks of `tile_opts`, a full UNROLL of a short innermost reduce in a kernel without
+    upcasts, and a THREAD split of the largest loop when the outermost one would leave threads idle."""
+    opts = tile_opts(value, plain, reads_output)
+    if not opts and (unroll := _unroll_short_reduce(value)) is not None:
+        opts.append(unroll)
+    if (thread := _thread_split(value.shape, opts)) is not None:
+        opts.append(thread)
+    return opts
+
+
+def _unroll_short_reduce(value: UOp) -> Opt | None:
+    """The innermost reduced axis of the kernel's one reduce, when it is at most MAX_FULL_UNROLL long: its loop would
+    cost more than its body."""
+    reduces = [u for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL) if u.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1:
+        return None
+    shape, axes = reduces[0].src[0].shape, reduces[0].arg[1]
+    inner = max((a for a in axes if shape[a] > 1), default=None)
+    return Opt(OptOps.UNROLL, inner, shape[inner]) if inner is not None and shape[inner] <= MAX_FULL_UNROLL else None
+
+
+def _thread_split(shape: tuple[int, ...], opts: list[Opt]) -> Opt | None:
+    """THREAD on the axis with the most iterations that splits evenly over the threads, when the outermost loop has
+    fewer than BALANCED_TRIPS iterations per thread and does not split evenly."""
+    threads = int(NUM_CPU_THREADS.value)
+    if threads < 2:
+        return None
+    up = {o.axis: o.amount for o in opts if o.op is OptOps.UPCAST}
+    tiles = {o.axis: o.amount for o in opts if o.op is OptOps.TILE}
+    trips = [-(-(-(-d // up.get(a, 1))) // tiles.get(a, 1)) for a, d in enumerate(shape)]
+    first = next((t for t in trips if t > 1), 1)
+    if first % threads == 0 or first >= BALANCED_TRIPS * threads:
+        return None
+    even = [a for a, t in enumerate(trips) if t % threads == 0 and t > first]
+    return Opt(OptOps.THREAD, max(even, key=lambda a: trips[a]), threads) if even else None
+
+
+def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     """Upcasts for a reduce kernel whose last output axis is contiguous in some input and strided along the reduce:
     a register tile of rows x vectors of columns when another input varies along a row axis (matmul-like), else
     16/8/4 accumulators along the last axis. Elementwise kernels get none: the C compiler vectorizes them itself."""
@@ -109,7 +151,7 @@ def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool
 def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
     """A long plain sum's reduce in the shortest blocks of at least REDUCE_BLOCK_SIZE that divide it into at most
     MAX_REDUCE_BLOCKS."""
-    if (red := single_sum(value)) is None or reduce_size <= INNER_BLOCK:
+    if (red := blockable_sum(value)) is None or reduce_size <= INNER_BLOCK:
         return None
     block = next(
         (
