@@ -142,8 +142,12 @@ class Lowerer:
                     lane = inside.where(lane, UOp.const(u.dtype, identity(reduce_op, u.dtype)))
                 lane_values.append(lane)
             value = lane_values[0]
+            # bool lanes combine as logic (max is any, product is all), which the simplifier folds with constants
+            combine = (
+                {Ops.MAX: Ops.OR, Ops.MUL: Ops.AND, Ops.ADD: Ops.OR}[reduce_op] if u.dtype is dtypes.bool else reduce_op
+            )
             for lane in lane_values[1:]:
-                value = UOp(reduce_op, u.dtype, (value, lane))
+                value = UOp(combine, u.dtype, (value, lane))
             if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes):
                 value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
             return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 Scalar = int | float | bool
 # a convolution's padded input with at least this many elements is stored padded before the conv reads it
 CONV_PAD_REALIZE_SIZE = 2**16
+# a large conv's weight gradient is summed per sample first while the partials (batch x weight) stay this small
+CONV_PER_SAMPLE_LIMIT = 2**24
 IntOrInts = int | Sequence[int]
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -301,9 +303,12 @@ class NNMixin:
         x = win.permute((0, 1, 3) + k_axes + o_axes + (2,))  # (N, G, C_in/G, *kernel, *out, 1)
         g = grad.reshape((bs, groups, cout_g) + outs).permute((0, 1) + tuple(range(3, 3 + n)) + (2,)).contiguous()
         g = g.reshape((bs, groups, 1) + (1,) * n + outs + (cout_g,))
-        # per sample first: one sample's rows stay in cache for every output tile; then the sum over the batch
-        per_sample = (x * g).sum(tuple(range(3 + n, 3 + 2 * n))).contiguous()  # (N, G, C_in/G, *kernel, C_out/G)
-        dw = per_sample.sum(0).contiguous()
+        positions = tuple(range(3 + n, 3 + 2 * n))
+        if bs * prod(kernel) * cin_g * cout_g * groups <= CONV_PER_SAMPLE_LIMIT:
+            # per sample first: one sample's rows stay in cache for every output tile; then the sum over the batch
+            dw = (x * g).sum(positions).contiguous().sum(0).contiguous()  # (G, C_in/G, *kernel, C_out/G)
+        else:
+            dw = (x * g).sum((0,) + positions).contiguous()
         dw = dw.permute((0, 2 + n, 1) + tuple(range(2, 2 + n)))
         return dw.reshape((groups * cout_g, cin_g) + kernel)
 

@@ -96,12 +96,15 @@ def test_conv_kernels_have_no_division_in_the_innermost_loop(xs, ws, kw, layout)
     assert reducing >= 3  # forward, input gradient, weight gradient
 
 
-@pytest.fixture(params=["fused", "stored"])
+@pytest.fixture(params=["fused", "stored", "stored, whole batch"])
 def layout(request, monkeypatch):
     """fused: every conv here is small enough to read its padding in place; stored: the padded input, the padded
-    output gradient and the channels-last gradient of large convs are stored first, here for every size."""
-    if request.param == "stored":
+    output gradient and the channels-last gradient of large convs are stored first, here for every size (the weight
+    gradient summed per sample first, or, past its size limit, over the whole batch at once)."""
+    if request.param != "fused":
         monkeypatch.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
+    if request.param == "stored, whole batch":
+        monkeypatch.setattr(nn_ops, "CONV_PER_SAMPLE_LIMIT", 0)
     return request.param
 
 

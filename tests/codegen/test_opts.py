@@ -277,3 +277,13 @@ def test_epilogue_the_vectors_cannot_carry_is_not_blocked():
     assert not any(o.op is OptOps.REDUCE_BLOCK for o in lower_to_linear(ast_of((a @ b).maximum(c))).opts)
     with pytest.raises(OptError, match="not a single float sum over one axis"):
         lower_to_linear(ast_of((a @ b).maximum(c)), opts=(opt("REDUCE_BLOCK", 2, 64),))
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_short_bool_reduces_unroll_to_logic(k):
+    xn = np.random.default_rng(k).standard_normal((6, k)) > 0.5
+    t = Tensor(xn)
+    assert lower_to_linear(ast_of(t.any(1))).opts == (opt("UNROLL", 1, k),)
+    np.testing.assert_array_equal(t.any(1).numpy(), xn.any(1))
+    np.testing.assert_array_equal(t.all(1).numpy(), xn.all(1))
+    np.testing.assert_array_equal(Tensor(xn, device="PYTHON").any(1).numpy(), xn.any(1))
