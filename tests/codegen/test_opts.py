@@ -287,3 +287,11 @@ def test_short_bool_reduces_unroll_to_logic(k):
     np.testing.assert_array_equal(t.any(1).numpy(), xn.any(1))
     np.testing.assert_array_equal(t.all(1).numpy(), xn.all(1))
     np.testing.assert_array_equal(Tensor(xn, device="PYTHON").any(1).numpy(), xn.any(1))
+
+
+@pytest.mark.parametrize("thread_axis,chunks", [(0, 2), (1, 4), (1, 8)])
+def test_thread_split_with_reduce_blocks_equals_noopt(thread_axis, chunks):
+    rng = np.random.default_rng(chunks)
+    arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((12, 64), (64, 16), (16,))]
+    opts = [opt("UPCAST", 0, 3), opt("UPCAST", 1, 2), opt("REDUCE_BLOCK", 2, 16), opt("THREAD", thread_axis, chunks)]
+    check_opts_values(lambda a, b, c: (a @ b + c).relu(), arrays, opts, atol=1e-4)
