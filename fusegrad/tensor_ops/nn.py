@@ -225,9 +225,14 @@ class NNMixin:
         padded = self._conv_padded(pads)
         win = padded._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)
         bs, outs = self.shape[0], win.shape[2 : 2 + n]
+        # the kernel taps before the input channels: the channels are the innermost, longest reduce loop
         win = win.reshape((bs, groups, 1, cin_g) + outs + kernel)
-        w = weight.reshape((1, groups, cout // groups, cin_g) + (1,) * n + kernel)
-        axes = (3,) + tuple(range(4 + n, 4 + 2 * n))
+        win = win.permute((0, 1, 2) + tuple(range(4 + n, 4 + 2 * n)) + (3,) + tuple(range(4, 4 + n)))
+        w = weight.reshape((1, groups, cout // groups, cin_g) + kernel).permute(
+            (0, 1, 2) + tuple(range(4, 4 + n)) + (3,)
+        )
+        w = w.reshape(w.shape + (1,) * n)
+        axes = tuple(range(3, 4 + n))
         out = (win * w).sum(axes, dtype=acc_dtype).reshape((bs, cout) + outs)
         x_uop, w_uop, padded_uop, device = self.uop, weight.uop, padded.uop, self.device
 
@@ -274,9 +279,11 @@ class NNMixin:
             ((0, 0), (0, 0))
             + tuple((r - lo, i + lo - gs) for r, (lo, _), i, gs in zip(reach, pads, spatial, g.shape[2:]))
         )
-        g = g.contiguous() if g.numel() >= CONV_PAD_REALIZE_SIZE and g.uop is not self.uop else g
         w = weight.reshape((groups, cout // groups, cin_g) + kernel).transpose(1, 2)
         w = w.reshape((groups * cin_g, cout // groups) + kernel).flip(tuple(range(2, 2 + n)))
+        if g.numel() >= CONV_PAD_REALIZE_SIZE:
+            # stored: the padded gradient needs no bounds checks, the swapped kernel is read in its own order
+            g, w = (g.contiguous() if g.uop is not self.uop else g), w.contiguous()
         return g._conv_core(w, groups, (1,) * n, dilation, ((0, 0),) * n, None)
 
     def _conv_weight_grad(
