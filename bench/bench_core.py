@@ -54,6 +54,11 @@ def main() -> None:
             with Context(BEAM=2):
                 t_beam = median_time(lambda: out_mm.assign(x @ y).realize(), repeats=3)
             rows.append((f"matmul {m}x{m} f32 BEAM=2", t_beam, t_np))
+            bn_ = rng.standard_normal(m, dtype=np.float32)
+            bias = Tensor(bn_).realize()
+            t_np_epi = median_time(lambda: np.maximum(xn @ yn + bn_, 0), repeats=3)
+            t_epi = median_time(lambda: out_mm.assign((x @ y + bias).relu()).realize(), repeats=3)
+            rows.append((f"(x @ w + b).relu() {m}x{m} f32", t_epi, t_np_epi))
         gflops.append(f"{m}: fusegrad {2 * m**3 / t_fg / 1e9:.1f}, numpy {2 * m**3 / t_np / 1e9:.1f}")
 
     print(f"{'case':34s} {'fusegrad':>12s} {'numpy':>12s} {'speed vs numpy':>15s}")
@@ -62,6 +67,7 @@ def main() -> None:
     print(f"matmul GFLOPS: {'; '.join(gflops)}")
 
     fresh_output_rows(rng, an, bn, cn, a, b, c)
+    conv_row(rng)
     llvm_rows(rng)
 
     small = Tensor(rng.standard_normal(16, dtype=np.float32)).realize()
@@ -195,6 +201,45 @@ def axpy_row(rng) -> tuple:
         median_time(np_axpy_out),
         median_time(lambda: torch.add(srct, dt, alpha=3)),
         median_time(lambda: torch.add(srct, dt, alpha=3, out=out_t)),
+    )
+
+
+def conv_row(rng, batch: int = 32, channels: int = 64, size: int = 56) -> None:
+    """conv2d forward + backward (input and weight gradients) of a batch x 64 x 56 x 56 input with 64 3x3 filters,
+    padding 1, against torch on the same number of threads."""
+    torch.set_num_threads(int(NUM_CPU_THREADS.value))
+    xn = rng.standard_normal((batch, channels, size, size), dtype=np.float32)
+    wn = rng.standard_normal((channels, channels, 3, 3), dtype=np.float32) * 0.05
+    gn = rng.standard_normal((batch, channels, size, size), dtype=np.float32)
+    x, w, g = Tensor(xn).realize(), Tensor(wn).realize(), Tensor(gn).realize()
+    xt, wt, gt = (torch.from_numpy(v).clone() for v in (xn, wn, gn))
+    xt.requires_grad_(True)
+    wt.requires_grad_(True)
+
+    def fg_step():
+        x.grad = w.grad = None
+        x.requires_grad, w.requires_grad = True, True
+        out = x.conv2d(w, padding=1)
+        out.backward(g)
+        Tensor.realize(out, x.grad, w.grad)
+        return out
+
+    def torch_step():
+        xt.grad = wt.grad = None
+        out = torch.nn.functional.conv2d(xt, wt, padding=1)
+        out.backward(gt)
+        return out
+
+    out, ref = fg_step(), torch_step()
+    for ours, theirs in ((out, ref), (x.grad, xt.grad), (w.grad, wt.grad)):
+        scale = float(theirs.detach().abs().max())
+        assert np.abs(ours.numpy() - theirs.detach().numpy()).max() <= 1e-4 * scale, "conv values differ from torch"
+    t_fg, t_torch = median_time(fg_step, repeats=5), median_time(torch_step, repeats=5)
+    flops = 3 * 2 * batch * channels * channels * 9 * size * size  # forward, input gradient, weight gradient
+    print(
+        f"conv2d fwd+bwd {batch}x{channels}x{size}x{size}, {channels} 3x3 filters, padding 1 (torch on"
+        f" {torch.get_num_threads()} threads): fusegrad {t_fg * 1e3:.1f}ms ({flops / t_fg / 1e9:.0f} GFLOPS),"
+        f" torch {t_torch * 1e3:.1f}ms ({flops / t_torch / 1e9:.0f} GFLOPS), speed vs torch {t_torch / t_fg:.2f}x"
     )
 
 

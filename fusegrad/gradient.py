@@ -4,6 +4,7 @@ Composite ops (softmax, conv, losses, ...) are built from these primitives, so t
 
 from __future__ import annotations
 import math
+import weakref
 from typing import Callable
 from fusegrad.dtype import NARROW_FLOATS, dtypes
 from fusegrad.uop.ops import GroupOp, Ops, UOp, device_of
@@ -148,6 +149,31 @@ NO_GRADIENT = (
 )
 
 
+# node -> (inputs, backward): a composite op's gradient reaches its inputs as backward(g) instead of through the
+# transposes of the nodes between them (conv: the transpose of its windowed view needs per-element division, the
+# transposed convolution does not). Weak keys: an entry lives as long as its node.
+_composite_gradients: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Callable[[UOp], tuple[UOp, ...]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def register_gradient(node: UOp, inputs: tuple[UOp, ...], backward: Callable[[UOp], tuple[UOp, ...]]) -> None:
+    """Gradients arriving at node go to inputs as backward(g) (one per input, same shapes); backward must not hold
+    node itself, or the entry never dies."""
+    _composite_gradients[node] = (inputs, backward)
+
+
+def _composite_rule(node: UOp, targets: set[UOp]) -> tuple[tuple[UOp, ...], Callable] | None:
+    """node's registered gradient, unless a target lies strictly between node and its inputs (it needs the plain
+    rules to get its own gradient)."""
+    entry = _composite_gradients.get(node)
+    if entry is None:
+        return None
+    inputs = set(entry[0])
+    inside = node.toposort(gate=lambda u: u not in inputs)
+    return None if any(u in targets for u in inside if u is not node and u not in inputs) else entry
+
+
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
     """Gradients of root with respect to every float node on a path from root to one of targets."""
     nodes = root.toposort()
@@ -159,6 +185,12 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
     for node in reversed(nodes):
         g = grads.get(node)
         if g is None or node.op in NO_GRADIENT or not node.src:
+            continue
+        if (composite := _composite_rule(node, targets)) is not None:
+            inputs, backward = composite
+            for src, sg in zip(inputs, backward(g)):
+                if src in on_path and dtypes.is_float(src.dtype):
+                    grads[src] = sg if src not in grads else _alu(Ops.ADD, grads[src], sg)
             continue
         rule = GRAD_RULES.get(node.op)
         if rule is None:

@@ -8,7 +8,7 @@ from fusegrad.helpers import DEBUG, NOOPT, SPEC, prod
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import sym_str
 from fusegrad.uop.spec import check_graph, check_linear
-from fusegrad.codegen.lowerer import lower_kernel, reads_own_output
+from fusegrad.codegen.lowerer import lower_kernel, output_value, reads_own_output
 from fusegrad.codegen.opt import Opt
 from fusegrad.codegen.opt.heuristic import hand_coded_opts
 from fusegrad.codegen.linearize import linearize
@@ -78,7 +78,7 @@ def _lower(s: CodegenState) -> None:
 
 def _choose_opts(s: CodegenState) -> None:
     if s.opts is None:
-        s.opts = () if NOOPT else tuple(hand_coded_opts(s.ast.src[0].src[1], s.kernel, reads_own_output(s.kernel)))
+        s.opts = () if NOOPT else tuple(hand_coded_opts(output_value(s.ast), s.kernel, reads_own_output(s.kernel)))
     if DEBUG >= 3:
         print(f"{kernel_name(s.ast)} opts: {list(s.opts)}")
 

@@ -3,7 +3,15 @@
 from __future__ import annotations
 import itertools
 from fusegrad.dtype import dtypes
-from fusegrad.codegen.opt import Opt, OptError, check_opts, check_reduce_block, single_sum
+from fusegrad.codegen.opt import (
+    Opt,
+    OptError,
+    ReduceOpts,
+    check_opts,
+    check_reduce_block,
+    check_reduce_opts,
+    blockable_sum,
+)
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.uop.sint import smax
@@ -23,6 +31,8 @@ class Lowerer:
         self.next_range = 0
         # REDUCE_BLOCK: (the reduce, its loop over blocks, block size); its reduced index is blocks*size + within
         self.blocked: tuple[UOp, UOp, int] | None = None
+        # UNROLL and PADTO: the reduce they apply to and what they do to its axes
+        self.reduce_opts: tuple[UOp, ReduceOpts] | None = None
 
     def sz(self, d: int | UOp) -> UOp:
         """A size or bound as an index-typed UOp: a constant, or a symbolic size over the kernel's variables."""
@@ -124,15 +134,37 @@ class Lowerer:
             # own loops
             key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
             blocked = self.blocked is not None and self.blocked[0] is u
+            ropts = self.reduce_opts[1] if self.reduce_opts is not None and self.reduce_opts[0] is u else None
+            unroll, padto = (ropts.unroll, ropts.padto) if ropts is not None else ({}, {})
             if key not in self.reduce_ranges:
                 sizes = [self.blocked[2] if blocked else src[0].shape[a] for a in axes]  # type: ignore[index]
+                sizes = [padto.get(a, d) // unroll.get(a, 1) for a, d in zip(axes, sizes)]
                 self.reduce_ranges[key] = tuple(self.new_range(d, "reduce") for d in sizes)
             loop_of = dict(zip(axes, self.reduce_ranges[key]))
             if blocked:
                 loop_of = {a: self.blocked[1] * self.blocked[2] + r for a, r in loop_of.items()}  # type: ignore[index]
-            new_idxs = tuple(loop_of.get(a, i) for a, i in enumerate(idxs))
             ranges = tuple(r for r in self.reduce_ranges[key] if r.op is Ops.RANGE)
-            value = yield self._lower_step(src[0], new_idxs, valid)
+            # each unrolled lane is lowered on its own and the lanes are combined before the accumulator; a padded
+            # tail reads nothing and gives the identity
+            lane_values = []
+            for lanes in itertools.product(*(range(unroll.get(a, 1)) for a in axes)):
+                lane_of = dict(zip(axes, lanes))
+                at = {a: r * unroll[a] + lane_of[a] if a in unroll else r for a, r in loop_of.items()}
+                inside = TRUE
+                for a in padto:
+                    inside = inside & (at[a] < src[0].shape[a])
+                new_idxs = tuple(at.get(a, i) for a, i in enumerate(idxs))
+                lane = yield self._lower_step(src[0], new_idxs, valid if inside is TRUE else valid & inside)
+                if inside is not TRUE:
+                    lane = inside.where(lane, UOp.const(u.dtype, identity(reduce_op, u.dtype)))
+                lane_values.append(lane)
+            value = lane_values[0]
+            # bool lanes combine as logic (max is any, product is all), which the simplifier folds with constants
+            combine = (
+                {Ops.MAX: Ops.OR, Ops.MUL: Ops.AND, Ops.ADD: Ops.OR}[reduce_op] if u.dtype is dtypes.bool else reduce_op
+            )
+            for lane in lane_values[1:]:
+                value = UOp(combine, u.dtype, (value, lane))
             if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes):
                 value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
             return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
@@ -160,6 +192,11 @@ def identity(op: Ops, dtype) -> object:
 
 pm_loads = PatternMatcher(
     [
+        # a PADTO lane known to be inside (or outside) the reduced axis
+        (
+            UPat(Ops.WHERE, src=(UPat.cvar("c", dtypes.bool), UPat.var("a"), UPat.var("b"))),
+            lambda c, a, b: a if c.arg else b,
+        ),
         # a padded load is already gated: selecting its zero again is redundant
         (
             UPat(
@@ -194,33 +231,64 @@ def _tile_start(r: UOp, amount: int, size: int) -> UOp:
     return (r * amount < size - amount).where(r * amount, UOp.const(r.dtype, size - amount))
 
 
+def output_value(ast: UOp) -> UOp:
+    """The value a kernel stores, below reshapes over a reduce that merge dims: its output loops run over the reduce's
+    own dims (a grouped conv's groups and channels), so no output index is split again by division. Opts name axes of
+    this value's shape."""
+    value = ast.src[0].src[1]
+    inner = value
+    while inner.op is Ops.RESHAPE:
+        inner = inner.src[0]
+    if inner.op is not Ops.REDUCE_AXIS:
+        return value
+    while value.op is Ops.RESHAPE and sum(d != 1 for d in value.src[0].shape) > sum(d != 1 for d in value.shape):
+        value = value.src[0]
+    return value
+
+
 def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     """SINK(STORE(out, value)) -> SINK(STORE(out, index, scalar value), ...) with RANGE loops and LOADs; each UPCAST
     opt cuts its output axis into tiles whose outputs are separate stores of separately lowered values, each TILE opt
     walks an axis's tiles in blocks, the loop within a block innermost among the output loops, and REDUCE_BLOCK makes
     the blocks of a plain sum's reduce an output loop right after the first (the one threads split)."""
-    store = ast.src[0]
-    out, value = store.src
+    out, value = ast.src[0].src[0], output_value(ast)
     # a symbolic shape counts at its largest (UOp.size)
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [u.size for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
     shape = value.shape
-    reduce = single_sum(value)
+    reduce = blockable_sum(value)
     block = check_reduce_block(opts, (reduce.src[0].shape, reduce.arg[1][0]) if reduce is not None else None)
     # partial sums added in memory read the output, so no tile may overlap another
     reads_output = bool(opts) and (block is not None or reads_own_output(lower_kernel(ast)))
     applied = check_opts(opts, shape, reads_output)
     up, tiles = applied.upcasts, applied.tiles
+    reduces = [u for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL) if u.op is Ops.REDUCE_AXIS]
+    only = reduces[0] if len(reduces) == 1 else None
+    ropts = check_reduce_opts(opts, (only.src[0].shape, only.arg[1]) if only else None, block is not None)
     # check_opts cuts no symbolic axis
     counts = [d if up.get(a, 1) == 1 else -(-d // up[a]) for a, d in enumerate(shape)]
     lowerer = Lowerer(idx_dtype)
+    if only is not None and (ropts.unroll or ropts.padto):
+        lowerer.reduce_opts = (only, ropts)
+    trips = [c if tiles.get(a, 1) == 1 else -(-c // tiles[a]) for a, c in enumerate(counts)]
+    # THREAD: the loop over chunks of its axis comes first (lowest range id: outermost), the one threads split
+    chunks = None
+    if applied.thread is not None:
+        chunks = lowerer.new_range(applied.thread[1], "global")
+        if block is not None:  # the loop over blocks comes right after the threaded loop
+            blocks = lowerer.new_range(reduce.src[0].shape[block.axis] // block.amount, "global")  # type: ignore[union-attr]
+            lowerer.blocked = (reduce, blocks, block.amount)  # type: ignore[assignment]
     outer: list[UOp] = []
     # the outermost loop is the one threads split at a size fixed when compiling: a symbolic one gets a loop of one
     # trip around it
     first = next((c for c in counts if not isinstance(c, int) or c != 1), 1)
     lead = UOp(Ops.RANGE, idx_dtype, (UOp.const(idx_dtype, 1),), (-1, "global")) if isinstance(first, UOp) else None
-    for a, c in enumerate(counts):
-        outer.append(lowerer.new_range(c if tiles.get(a, 1) == 1 else -(-c // tiles[a]), "global"))
+    for a, t in enumerate(trips):
+        if applied.thread is not None and a == applied.thread[0]:
+            per_chunk = t // applied.thread[1]
+            outer.append(chunks * per_chunk + lowerer.new_range(per_chunk, "global"))  # type: ignore[operator]
+            continue
+        outer.append(lowerer.new_range(t, "global"))
         # the loop over blocks comes right after the first output loop, the one threads split
         if block is not None and lowerer.blocked is None and outer[-1].op is Ops.RANGE:
             blocks = lowerer.new_range(reduce.src[0].shape[block.axis] // block.amount, "global")  # type: ignore[union-attr]
@@ -239,11 +307,26 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
             index = index + lead
         partial = lowerer.lower(value, idxs, TRUE)
         if lowerer.blocked is not None:
-            # the first block stores its partial; each later one adds its partial to what the blocks before stored
+            # the first block stores its partial; each later one adds its partial to what the blocks before stored;
+            # an epilogue over the sum (bias, activation) is applied by the last block only
             later = lowerer.blocked[1].ne(0)  # a RANGE: check_reduce_block asks for more than one block
-            partial = later.where(UOp(Ops.LOAD, value.dtype, (out, index, later)) + partial, partial)
+            sums = [u for u in partial.toposort() if u.op is Ops.REDUCE]
+            if partial.op is Ops.REDUCE or len(sums) != 1:
+                partial = later.where(UOp(Ops.LOAD, value.dtype, (out, index, later)) + partial, partial)
+            else:
+                total = later.where(UOp(Ops.LOAD, value.dtype, (out, index, later)) + sums[0], sums[0])
+                last = lowerer.blocked[1].eq(lowerer.blocked[1].src[0].arg - 1)
+                partial = last.where(substitute(partial, sums[0], total), total)
         stores.append(UOp(Ops.STORE, src=(out, index, partial)))
     return graph_rewrite(UOp(Ops.SINK, src=tuple(stores)), pm_symbolic + pm_loads)
+
+
+def substitute(root: UOp, old: UOp, new: UOp) -> UOp:
+    """root with old replaced by new (new may contain old: nothing below a replacement is visited again)."""
+    memo: dict[UOp, UOp] = {}
+    for u in root.toposort(gate=lambda x: x is not old):
+        memo[u] = new if u is old else u.replace(src=tuple(memo[s] for s in u.src)) if u.src else u
+    return memo[root]
 
 
 def reads_own_output(kernel: UOp) -> bool:

@@ -86,6 +86,8 @@ INFIX = {
     Ops.SHL: "<<",
     Ops.SHR: ">>",
 }
+# the lanes of a comparison of float vectors
+MASK_INT = {dtypes.float32: dtypes.int32, dtypes.float64: dtypes.int64}
 MATH_FUNCTIONS = {
     Ops.SQRT: "sqrt",
     Ops.EXP: "exp",
@@ -170,7 +172,9 @@ class KernelText:
         self.lines.extend("  " * self.depth + part for part in s.split("\n"))
 
     def vtype(self, pack: Pack) -> str:
-        name, definition = self.renderer.vector_type(pack.dtype, len(pack.lanes))
+        # a comparison of float vectors gives integer lanes of the same width (all ones where it holds)
+        dt = MASK_INT[pack.mask_of] if pack.mask_of is not None else pack.dtype
+        name, definition = self.renderer.vector_type(dt, len(pack.lanes))
         if definition:
             self.vec_types[name] = definition
         return name
@@ -380,7 +384,9 @@ class CStyleRenderer:
                 if pack not in ctx.vec_names:
                     self.render_vector(ctx, u, pack)
                 if u.op is not Ops.STORE:
-                    ctx.names[u] = self.lane(ctx.vec_names[pack], lane)
+                    # a mask lane is all ones where true: a scalar user gets it as 0/1
+                    lane_expr = self.lane(ctx.vec_names[pack], lane)
+                    ctx.names[u] = f"({lane_expr}!=0)" if pack.mask_of is not None else lane_expr
                 continue
             if u.op is Ops.CONST:
                 continue
@@ -436,7 +442,20 @@ def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str]) -> str 
 def _gcc_vector_where(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
     # C's conditional needs both arms of the vector type: a scalar arm is broadcast explicitly
     arms = [ctx.vref(s) if s in ctx.packs else f"(({t}){{}} + {ctx.ref(s)})" for s in u.src[1:]]
+    if u.src[0] in ctx.packs:  # a mask: bitwise select of the arms' bits (C has no lane-wise ?:)
+        mask = ctx.packs[u.src[0]][0]
+        m, it = ctx.vec_names[mask], ctx.vtype(mask)
+        return f"{t} {vname} = ({t})((({it}){arms[0]} & {m}) | (({it}){arms[1]} & ~{m}));"
     return f"{t} {vname} = ({ctx.ref(u.src[0])} ? {arms[0]} : {arms[1]});"
+
+
+def _gcc_vector_compare(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    # a comparison of float vectors gives all-ones integer lanes where it holds; a scalar side is broadcast
+    if pack.mask_of is None:
+        raise RenderError(f"a vector {u.op} must produce a mask pack")
+    ft = ctx.vtype(ctx.packs[next(s for s in u.src if s in ctx.packs)][0])
+    sides = [ctx.vref(s) if s in ctx.packs else f"(({ft}){{}} + {ctx.ref(s)})" for s in u.src]
+    return f"{t} {vname} = ({sides[0]}{INFIX[u.op]}{sides[1]});"
 
 
 def _gcc_vector_load(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
@@ -452,11 +471,13 @@ GCC_VECTOR_RULES: dict[Ops, Callable[[KernelText, UOp, Pack, str, str], str]] = 
     Ops.DEFINE_ACC: lambda ctx, u, pack, v, t: f"{t} {v} = ({t}){{}} + {ctx.ref(u.src[0])};",
     Ops.NEG: lambda ctx, u, pack, v, t: f"{t} {v} = -{ctx.vref(u.src[0])};",
     Ops.WHERE: _gcc_vector_where,
+    **{op: _gcc_vector_compare for op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE)},
+    # lane-wise infix; AND/OR pack only as masks (all-ones lanes), where bitwise is logical
     **{
         op: (lambda op: lambda ctx, u, pack, v, t: f"{t} {v} = ({ctx.vref(u.src[0])}{INFIX[op]}{ctx.vref(u.src[1])});")(
             op
         )
-        for op in (Ops.ADD, Ops.MUL, Ops.FDIV)
+        for op in (Ops.ADD, Ops.MUL, Ops.FDIV, Ops.AND, Ops.OR)
     },
 }
 

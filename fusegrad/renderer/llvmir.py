@@ -449,7 +449,19 @@ def _vector(ctx: IRText, u: UOp, pack: Pack) -> str:
         return ctx.emit(f"call {t} {ctx.intrinsic('fma', t, 3)}({t} {a}, {t} {b}, {t} {ctx.vref(u.src[1 - i], pack)})")
     if u.op is Ops.WHERE:
         a, b = (ctx.vref(s, pack) for s in u.src[1:])
-        return ctx.emit(f"select i1 {ctx.ref(u.src[0])}, {t} {a}, {t} {b}")
+        if u.src[0] in ctx.packs:  # a mask pack selects lane by lane
+            mask = ctx.packs[u.src[0]][0]
+            cond = f"{ltype(dtypes.bool, len(mask.lanes))} {ctx.vref(u.src[0], mask)}"
+        else:
+            cond = f"i1 {ctx.ref(u.src[0])}"
+        return ctx.emit(f"select {cond}, {t} {a}, {t} {b}")
+    if pack.mask_of is not None and u.op in _FLOAT_COMPARE:  # float lanes compared: a vector of i1
+        floats = ctx.packs[next(s for s in u.src if s in ctx.packs)][0]
+        ft, (x, y) = ltype(floats.dtype, len(floats.lanes)), (ctx.vref(s, floats) for s in u.src)
+        return ctx.emit(f"fcmp {_FLOAT_COMPARE[u.op]} {ft} {x}, {y}")
+    if pack.mask_of is not None and u.op in (Ops.AND, Ops.OR):
+        x, y = (ctx.vref(s, pack) for s in u.src)
+        return ctx.emit(f"{u.op.name.lower()} {t} {x}, {y}")
     if u.op is Ops.NEG:
         return ctx.emit(f"fneg {t} {ctx.vref(u.src[0], pack)}")
     if u.op in _FLOAT_BINARY:

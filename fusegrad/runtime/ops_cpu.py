@@ -214,16 +214,20 @@ class ClangCompiler:
 
 
 _pool: ThreadPoolExecutor | None = None
+_pool_workers = 0
 _pool_lock = threading.Lock()
 
 
-def thread_pool() -> ThreadPoolExecutor:
-    global _pool
+def thread_pool(workers: int | None = None) -> ThreadPoolExecutor:
+    """The persistent pool of worker threads (the launching thread runs one chunk itself); it grows when a kernel asks
+    for more workers than it has (NUM_CPU_THREADS raised in a Context), and never starts threads per launch."""
+    global _pool, _pool_workers
+    workers = max(workers if workers is not None else int(NUM_CPU_THREADS.value) - 1, 1)
     with _pool_lock:  # two threads launching their first kernels get the same pool
-        if _pool is None:
-            _pool = ThreadPoolExecutor(
-                max_workers=max(int(NUM_CPU_THREADS.value) - 1, 1), thread_name_prefix="fusegrad-cpu"
-            )
+        if _pool is None or workers > _pool_workers:
+            old, _pool, _pool_workers = _pool, ThreadPoolExecutor(workers, thread_name_prefix="fusegrad-cpu"), workers
+            if old is not None:
+                old.shutdown(wait=False)  # its queued chunks still run; its threads exit after them
         return _pool
 
 
@@ -249,7 +253,8 @@ class CPUProgram:
             return
         n = min(threads, self.outer_size, max(self.ops // self.MIN_OPS_PER_THREAD, 1))
         bounds = [self.outer_size * i // n for i in range(n + 1)]
-        futures = [thread_pool().submit(self.fn, *addrs, bounds[i], bounds[i + 1]) for i in range(1, n)]
+        pool = thread_pool(n - 1)
+        futures = [pool.submit(self.fn, *addrs, bounds[i], bounds[i + 1]) for i in range(1, n)]
         self.fn(*addrs, bounds[0], bounds[1])
         for f in futures:
             f.result()

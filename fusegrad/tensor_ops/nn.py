@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fusegrad.gradient import register_gradient
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import TRAINING, ceildiv, flatten, prod
 from fusegrad.tensor_ops.indexing import check_index_bounds
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
 Scalar = int | float | bool
+# a convolution's padded input with at least this many elements is stored padded before the conv reads it
+CONV_PAD_REALIZE_SIZE = 2**16
+# a large conv's weight gradient is summed per sample first while the partials (batch x weight) stay this small
+CONV_PER_SAMPLE_LIMIT = 2**24
 IntOrInts = int | Sequence[int]
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -180,7 +185,7 @@ class NNMixin:
         if self.ndim == weight.ndim - 1 >= 2:
             return self.unsqueeze(0).conv2d(weight, bias, groups, stride, dilation, padding, dtype).squeeze(0)
         n = _check_conv(self, weight, groups, weight.shape[1] * groups)
-        cout, cin_g, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
+        cout, kernel = weight.shape[0], weight.shape[2:]
         if cout % groups:
             raise RuntimeError(f"Given groups={groups}, expected weight {weight.shape} to be divisible by it at dim 0")
         if bias is not None and bias.shape != (cout,):
@@ -188,26 +193,131 @@ class NNMixin:
                 f"Given weight of shape {weight.shape}, expected bias of shape ({cout},), got {bias.shape}"
             )
         stride_t, dilation_t = _positive(stride, n, "stride"), _positive(dilation, n, "dilation")
-        x = self.pad(((0, 0), (0, 0)) + _pad_pairs(padding, n))
+        pads = _pad_pairs(padding, n)
+        x = self.pad(((0, 0), (0, 0)) + pads)
         if any(i < d * (k - 1) + 1 for i, k, d in zip(x.shape[2:], kernel, dilation_t)):
             raise RuntimeError(
                 f"padded input size per channel {x.shape[2:]} is smaller than the dilated kernel "
                 f"{tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation_t))}"
             )
-        win = x._windows(kernel, stride_t, dilation_t)  # (N, C_in, *out, *kernel)
-        bs, outs = self.shape[0], win.shape[2 : 2 + n]
-        win = win.reshape((bs, groups, 1, cin_g) + outs + kernel)
-        w = weight.reshape((1, groups, cout // groups, cin_g) + (1,) * n + kernel)
-        axes = (3,) + tuple(range(4 + n, 4 + 2 * n))
         out_dt = least_upper_dtype(self.dtype, weight.dtype)
         if dtype is None:
-            out = (win * w).sum(axes).cast(out_dt)
+            out = self._conv_core(weight, groups, stride_t, dilation_t, pads, None).cast(out_dt)
         else:
             # products are formed in the accumulation dtype when it is the wider one, like torch's upcast inputs
             wide = least_upper_dtype(out_dt, to_dtype(dtype))
-            out = (win.cast(wide) * w.cast(wide)).sum(axes, dtype=to_dtype(dtype))
-        out = out.reshape((bs, cout) + outs)
+            out = self.cast(wide)._conv_core(weight.cast(wide), groups, stride_t, dilation_t, pads, to_dtype(dtype))
         return out if bias is None else out + bias.reshape((1, cout) + (1,) * n)
+
+    def _conv_core(
+        self,
+        weight: Tensor,
+        groups: int,
+        stride: tuple[int, ...],
+        dilation: tuple[int, ...],
+        pads: tuple[tuple[int, int], ...],
+        acc_dtype: Any,
+    ) -> Tensor:
+        """(N, C_in, *spatial) -> (N, C_out, *out): the padded input's windowed view times the weight, one reduce.
+        Its gradient is registered as two convolutions of the same windowed form (input: the transposed convolution
+        of the output gradient; weight: the input's windows times it), whose kernels index without division."""
+        n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
+        padded = self._conv_padded(pads)
+        win = padded._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)
+        bs, outs = self.shape[0], win.shape[2 : 2 + n]
+        # the kernel taps before the input channels: the channels are the innermost, longest reduce loop
+        win = win.reshape((bs, groups, 1, cin_g) + outs + kernel)
+        win = win.permute((0, 1, 2) + tuple(range(4 + n, 4 + 2 * n)) + (3,) + tuple(range(4, 4 + n)))
+        w = weight.reshape((1, groups, cout // groups, cin_g) + kernel).permute(
+            (0, 1, 2) + tuple(range(4, 4 + n)) + (3,)
+        )
+        w = w.reshape(w.shape + (1,) * n)
+        axes = tuple(range(3, 4 + n))
+        out = (win * w).sum(axes, dtype=acc_dtype).reshape((bs, cout) + outs)
+        x_uop, w_uop, padded_uop, device = self.uop, weight.uop, padded.uop, self.device
+
+        def backward(g: Any) -> tuple[Any, Any]:
+            x_in, w_in, grad = Tensor(x_uop, device=device), Tensor(w_uop, device=device), Tensor(g, device=device)
+            dx = grad._conv_input_grad(w_in, groups, stride, dilation, pads, x_in.shape[2:])
+            dw = Tensor(padded_uop, device=device)._conv_weight_grad(grad, groups, stride, dilation, kernel)
+            return dx.cast(x_in.dtype).uop, dw.cast(w_in.dtype).uop
+
+        register_gradient(out.uop, (x_uop, w_uop), backward)
+        return out
+
+    def _conv_padded(self, pads: tuple[tuple[int, int], ...]) -> Tensor:
+        """The input padded for a convolution; a large one is stored padded, so the conv's loads need no bounds
+        checks (a check per lane would keep them from being vector loads)."""
+        if all(p == (0, 0) for p in pads):
+            return self
+        padded = self.pad(((0, 0), (0, 0)) + pads)
+        return padded.contiguous() if padded.numel() >= CONV_PAD_REALIZE_SIZE else padded
+
+    def _conv_input_grad(
+        self,
+        weight: Tensor,
+        groups: int,
+        stride: tuple[int, ...],
+        dilation: tuple[int, ...],
+        pads: tuple[tuple[int, int], ...],
+        spatial: tuple[int, ...],
+    ) -> Tensor:
+        """The gradient of a convolution of a (N, C_in, *spatial) input from the output gradient self (N, C_out,
+        *out): the output gradient zero-stuffed by stride and padded by the dilated kernel, convolved with the kernel
+        flipped and its channels swapped per group."""
+        n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
+        bs, outs = self.shape[0], self.shape[2:]
+        g = self
+        if any(s > 1 for s in stride):
+            g = g.reshape((bs, cout) + _cat((o, 1) for o in outs))
+            g = g.pad(((0, 0), (0, 0)) + _cat(((0, 0), (0, s - 1)) for s in stride))
+            g = g.reshape((bs, cout) + tuple(o * s for o, s in zip(outs, stride)))
+        reach = tuple(d * (k - 1) for k, d in zip(kernel, dilation))
+        # tap k-1-a of the flipped kernel at input position p reads the stuffed gradient at p + pad - a*d: shifted
+        # right by reach - pad, and cut or filled to spatial + reach (negative amounts crop)
+        g = g.pad(
+            ((0, 0), (0, 0))
+            + tuple((r - lo, i + lo - gs) for r, (lo, _), i, gs in zip(reach, pads, spatial, g.shape[2:]))
+        )
+        w = weight.reshape((groups, cout // groups, cin_g) + kernel).transpose(1, 2)
+        w = w.reshape((groups * cin_g, cout // groups) + kernel).flip(tuple(range(2, 2 + n)))
+        if g.numel() >= CONV_PAD_REALIZE_SIZE:
+            # stored: the padded gradient needs no bounds checks, the swapped kernel is read in its own order
+            g, w = (g.contiguous() if g.uop is not self.uop else g), w.contiguous()
+        return g._conv_core(w, groups, (1,) * n, dilation, ((0, 0),) * n, None)
+
+    def _conv_weight_grad(
+        self,
+        grad: Tensor,
+        groups: int,
+        stride: tuple[int, ...],
+        dilation: tuple[int, ...],
+        kernel: tuple[int, ...],
+    ) -> Tensor:
+        """The gradient of a convolution's (C_out, C_in/groups, *kernel) weight: the padded input's windows (self)
+        times the output gradient, summed over the batch and the output positions."""
+        n, bs, cin_g, outs = len(kernel), self.shape[0], self.shape[1] // groups, grad.shape[2:]
+        cout_g = grad.shape[1] // groups
+        win = self._windows(kernel, stride, dilation).reshape((bs, groups, 1, cin_g) + outs + kernel)
+        if grad.numel() < CONV_PAD_REALIZE_SIZE:
+            g = grad.reshape((bs, groups, cout_g, 1) + outs + (1,) * n)
+            dw = (win * g).sum((0,) + tuple(range(4, 4 + n)))
+            return dw.reshape((groups * cout_g, cin_g) + kernel)
+        # a large one is computed with the output channels last, read from a channels-last copy of the gradient:
+        # then its last output axis is contiguous in one input and walked by the reduce in the other, a matmul the
+        # register-tile heuristics take (in the weight's own order no output axis is contiguous in any input)
+        o_axes, k_axes = tuple(range(4, 4 + n)), tuple(range(4 + n, 4 + 2 * n))
+        x = win.permute((0, 1, 3) + k_axes + o_axes + (2,))  # (N, G, C_in/G, *kernel, *out, 1)
+        g = grad.reshape((bs, groups, cout_g) + outs).permute((0, 1) + tuple(range(3, 3 + n)) + (2,)).contiguous()
+        g = g.reshape((bs, groups, 1) + (1,) * n + outs + (cout_g,))
+        positions = tuple(range(3 + n, 3 + 2 * n))
+        if bs * prod(kernel) * cin_g * cout_g * groups <= CONV_PER_SAMPLE_LIMIT:
+            # per sample first: one sample's rows stay in cache for every output tile; then the sum over the batch
+            dw = (x * g).sum(positions).contiguous().sum(0).contiguous()  # (G, C_in/G, *kernel, C_out/G)
+        else:
+            dw = (x * g).sum((0,) + positions).contiguous()
+        dw = dw.permute((0, 2 + n, 1) + tuple(range(2, 2 + n)))
+        return dw.reshape((groups * cout_g, cin_g) + kernel)
 
     def conv_transpose2d(
         self,

@@ -47,6 +47,9 @@ def value_range(u: UOp) -> tuple[Any, Any]:
         return (-m if s[0].vmin < 0 else 0, m if s[0].vmax > 0 else 0)
     if u.op is Ops.MAX:
         return (max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax))
+    if u.op is Ops.WHERE and s[0].op is Ops.CMPLT and s[0].src == (s[1], s[2]):
+        # where(a < b, a, b) is min(a, b): an overlapping last tile's start stays below the axis's end
+        return (min(s[1].vmin, s[2].vmin), min(s[1].vmax, s[2].vmax))
     if u.op is Ops.WHERE:
         if s[0].vmin == s[0].vmax:
             return (s[1].vmin, s[1].vmax) if s[0].vmin else (s[2].vmin, s[2].vmax)
@@ -248,6 +251,63 @@ pm_symbolic = PatternMatcher(
         (UPat(Ops.CMPLT, src=(UPat(Ops.ADD, src=(_ix, _c1)), _c2)), lambda x, c1, c2: x < (c2.arg - c1.arg)),
     ]
 )
+
+
+# ---- division and modulo folded by value range (kept apart from the rules above). Indices of flipped or transposed
+# views (a convolution's input gradient reads its kernel flipped and its channels swapped per group) are sums with
+# negated terms, which fold_divmod leaves alone: here each coefficient is split into a multiple of the divisor and the
+# nearest remainder (negative when nearer), and the division folds when the remainders' range, shifted by a multiple
+# of the divisor, fits in one quotient.
+
+
+def signed_terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
+    """x as sum(coef * term) + const, a negated term counted with a negative coefficient."""
+    terms, const = split_terms(x)
+    out: list[tuple[int, UOp]] = []
+    for k, t in terms:
+        while t.op is Ops.NEG or (t.op is Ops.MUL and t.src[1].op is Ops.CONST):
+            k, t = (-k, t.src[0]) if t.op is Ops.NEG else (k * t.src[1].arg, t.src[0])
+        if t.op is Ops.ADD:  # a negated sum: its own terms, negated
+            inner, c = signed_terms(t)
+            out.extend((k * ik, it) for ik, it in inner)
+            const += k * c
+        else:
+            out.append((k, t))
+    return out, const
+
+
+def fold_divmod_by_range(d: UOp, x: UOp, c: UOp) -> UOp | None:
+    """x // c and x % c for x >= 0 and c > 0 when x = c*Q + R with R's range inside one multiple of c: Q + m and
+    R - c*m, with no division left."""
+    cv = c.arg
+    if cv <= 0 or x.vmin < 0:
+        return None
+    terms, const = signed_terms(x)
+    moved, rest = [], []
+    for k, t in terms:
+        q, r = divmod(k, cv)
+        if 2 * r > cv:
+            q, r = q + 1, r - cv
+        if q:
+            moved.append((q, t))
+        if r:
+            rest.append((r, t))
+    if not rest and not moved:
+        return None
+    rest_sum = build_sum(rest, 0, x)
+    lo, hi = rest_sum.vmin, rest_sum.vmax
+    if lo <= x.dtype.min or hi >= x.dtype.max:  # a range that is not known
+        return None
+    m = (lo + const) // cv
+    if hi + const - cv * m >= cv:
+        return None
+    return build_sum(moved, m, x) if d.op is Ops.IDIV else build_sum(rest, const - cv * m, x)
+
+
+pm_divmod_by_range = PatternMatcher(
+    [(UPat((Ops.IDIV, Ops.MOD), name="d", src=(_ix, _c1)), lambda d, x, c1: fold_divmod_by_range(d, x, c1))]
+)
+pm_symbolic = pm_symbolic + pm_divmod_by_range
 
 
 def simplify(u: UOp) -> UOp:

@@ -41,6 +41,16 @@ def test_upcast_matmul_renders_vectors_and_fma_without_fast_math():
     assert " x float>" not in LLVMRenderer(vector_bytes=64).render("k", plain.lin)
 
 
+def test_relu_epilogue_compares_and_selects_lane_by_lane():
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((64, 1024), dtype=np.float32), rng.standard_normal((1024, 64), dtype=np.float32)
+    out = (Tensor(x) @ Tensor(w) + 0.5).relu()
+    irs = [LLVMRenderer(vector_bytes=64).render("k", info.lin) for info in kernels(out)]
+    assert any(re.search(r"fcmp \w+ <16 x float>", ir) and "select <16 x i1>" in ir for ir in irs)
+    got = (Tensor(x, device="LLVM") @ Tensor(w, device="LLVM") + 0.5).relu().numpy()
+    np.testing.assert_allclose(got, np.maximum(x @ w + 0.5, 0), rtol=1e-4, atol=1e-3)
+
+
 def test_only_an_innermost_sums_accumulator_reassociates():
     (info,) = kernels(Tensor.rand(4, 300).realize().sum(1))
     ir = LLVMRenderer().render("k", info.lin)

@@ -18,6 +18,19 @@ class OptOps(enum.Enum):
     # first output loop: each block adds its partial sums to the output in memory, so what one block reads stays in
     # cache for every output tile of the block
     REDUCE_BLOCK = "REDUCE_BLOCK"
+    # the kernel's reduce (axis: of the reduce's input) walked `amount` elements per iteration, each a separately
+    # lowered value, combined before the accumulator: a short reduce loses its loop, a long one its loop overhead
+    UNROLL = "UNROLL"
+    # the loops split across CPU threads: an output axis's loop cut into `amount` equal chunks, the loop over chunks
+    # outermost (the thread pool splits it; NUM_CPU_THREADS still bounds the threads), the rest in place
+    THREAD = "THREAD"
+    # the kernel's reduce axis (of the reduce's input) walked to the next multiple of `amount`, the tail masked: its
+    # loads are not made and it adds the reduce's identity (so an UNROLL may divide it)
+    PADTO = "PADTO"
+
+
+# opts on the axes of the kernel's single reduce (of its input shape), checked by check_reduce_opts
+REDUCE_OPTS = (OptOps.UNROLL, OptOps.PADTO)
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,13 @@ class OptError(ValueError):
 class AppliedOpts:
     upcasts: dict[int, int]  # output axis -> outputs per tile
     tiles: dict[int, int]  # output axis -> tiles per block
+    thread: tuple[int, int] | None = None  # (output axis, chunks) of a THREAD opt
+
+
+@dataclass(frozen=True)
+class ReduceOpts:
+    unroll: dict[int, int]  # reduce input axis -> elements per iteration
+    padto: dict[int, int]  # reduce input axis -> the padded size
 
 
 def check_opts(opts: tuple[Opt, ...] | list[Opt], shape: tuple[int, ...], reads_output: bool) -> AppliedOpts:
@@ -46,11 +66,12 @@ def check_opts(opts: tuple[Opt, ...] | list[Opt], shape: tuple[int, ...], reads_
     buffer it writes, so such a kernel needs amounts that divide."""
     upcasts: dict[int, int] = {}
     tiles: dict[int, int] = {}
+    thread: tuple[int, int] | None = None
     for opt in opts:
         if not isinstance(opt, Opt) or not isinstance(opt.op, OptOps):
             raise OptError(f"not an Opt: {opt!r}")
-        if opt.op is OptOps.REDUCE_BLOCK:
-            continue  # check_reduce_block
+        if opt.op is OptOps.REDUCE_BLOCK or opt.op in REDUCE_OPTS:
+            continue  # check_reduce_block, check_reduce_opts
         if not isinstance(opt.axis, int) or not 0 <= opt.axis < len(shape):
             raise OptError(f"{opt}: axis {opt.axis!r} is not an axis of the output shape {shape}")
         if isinstance(shape[opt.axis], UOp):
@@ -76,6 +97,12 @@ def check_opts(opts: tuple[Opt, ...] | list[Opt], shape: tuple[int, ...], reads_
             if opt.axis in tiles:
                 raise OptError(f"{opt}: axis {opt.axis} of shape {shape} is already tiled by {tiles[opt.axis]}")
             tiles[opt.axis] = opt.amount
+        elif opt.op is OptOps.THREAD:
+            if not isinstance(opt.amount, int) or opt.amount < 2:
+                raise OptError(f"{opt}: amount must be an int >= 2, got {opt.amount!r}")
+            if thread is not None:
+                raise OptError(f"{opt}: the kernel is already split across threads along axis {thread[0]}")
+            thread = (opt.axis, opt.amount)
     for axis, amount in tiles.items():
         count = -(-shape[axis] // upcasts.get(axis, 1))
         if amount > count:
@@ -85,15 +112,62 @@ def check_opts(opts: tuple[Opt, ...] | list[Opt], shape: tuple[int, ...], reads_
                 f"Opt(TILE, axis={axis}, amount={amount}): amount does not divide the {count} tiles of axis {axis}, "
                 "and the kernel reads the buffer it writes, so an overlapping last block would read its own results"
             )
+    if thread is not None:
+        axis, amount = thread
+        trips = -(-(-(-shape[axis] // upcasts.get(axis, 1))) // tiles.get(axis, 1))
+        if trips % amount or trips == amount == 1:
+            raise OptError(
+                f"Opt(THREAD, axis={axis}, amount={amount}): amount does not divide the {trips} iterations of the loop "
+                f"of axis {axis} of {shape} into equal chunks"
+            )
     if _lanes(upcasts) > MAX_LANES:
         raise OptError(f"{list(opts)}: {_lanes(upcasts)} outputs per iteration exceed the limit of {MAX_LANES}")
-    return AppliedOpts(upcasts, tiles)
+    return AppliedOpts(upcasts, tiles, thread)
+
+
+def check_reduce_opts(
+    opts: tuple[Opt, ...] | list[Opt], reduce: tuple[tuple[int, ...], tuple[int, ...]] | None, blocked: bool
+) -> ReduceOpts:
+    """What valid UNROLL and PADTO opts do to the reduce's axes, else OptError. reduce is (input shape, reduced axes)
+    of the kernel's one REDUCE_AXIS, None when it has none or several; blocked: a REDUCE_BLOCK is applied too."""
+    unroll: dict[int, int] = {}
+    padto: dict[int, int] = {}
+    given: dict[tuple[OptOps, int], int] = {}
+    # PADTOs first: an UNROLL divides the padded size, wherever it stands in the list
+    ordered = sorted((o for o in opts if isinstance(o, Opt) and o.op in REDUCE_OPTS), key=lambda o: o.op.value)
+    for opt in ordered:
+        if reduce is None:
+            raise OptError(f"{opt}: the kernel has no single reduce for it to apply to")
+        if blocked:
+            raise OptError(f"{opt}: the kernel's reduce is already cut into blocks (REDUCE_BLOCK)")
+        shape, axes = reduce
+        if not isinstance(opt.axis, int) or opt.axis not in axes:
+            raise OptError(f"{opt}: axis {opt.axis!r} is not a reduced axis {axes} of the reduce's input {shape}")
+        if isinstance(shape[opt.axis], UOp):
+            raise OptError(f"{opt}: reduced axis {opt.axis} has a symbolic size; only axes of constant size are cut")
+        if not isinstance(opt.amount, int) or opt.amount < 2:
+            raise OptError(f"{opt}: amount must be an int >= 2, got {opt.amount!r}")
+        if (opt.op, opt.axis) in given:
+            raise OptError(f"{opt}: axis {opt.axis} already has a {opt.op.value} of {given[(opt.op, opt.axis)]}")
+        given[(opt.op, opt.axis)] = opt.amount
+        if opt.op is OptOps.PADTO:
+            padto[opt.axis] = -(-shape[opt.axis] // opt.amount) * opt.amount
+            continue
+        size = padto.get(opt.axis, shape[opt.axis])
+        if size % opt.amount:
+            raise OptError(
+                f"{opt}: amount does not divide the size {size} of reduced axis {opt.axis} of {shape} "
+                "(a PADTO can round the size up)"
+            )
+        unroll[opt.axis] = opt.amount
+    if _lanes(unroll) > MAX_UNROLL:
+        raise OptError(f"{list(opts)}: {_lanes(unroll)} values per reduce iteration exceed the limit of {MAX_UNROLL}")
+    return ReduceOpts(unroll, padto)
 
 
 def check_reduce_block(opts: tuple[Opt, ...] | list[Opt], reduce: tuple[tuple[int, ...], int] | None) -> Opt | None:
     """The one valid REDUCE_BLOCK among opts (or None), else OptError. reduce is (input shape, reduced axis) of the
-    kernel's value when that is exactly one float sum over one axis, else None (partial sums of anything else cannot
-    be added up in memory)."""
+    kernel's blockable_sum, else None (partial sums of anything else cannot be added up in memory)."""
     blocks = [o for o in opts if isinstance(o, Opt) and o.op is OptOps.REDUCE_BLOCK]
     if not blocks:
         return None
@@ -101,7 +175,9 @@ def check_reduce_block(opts: tuple[Opt, ...] | list[Opt], reduce: tuple[tuple[in
     if len(blocks) > 1:
         raise OptError(f"{blocks}: a kernel's reduce is blocked once")
     if reduce is None:
-        raise OptError(f"{opt}: the kernel's value is not a single float sum over one axis")
+        raise OptError(
+            f"{opt}: the kernel's value is not a single float sum over one axis (under an elementwise epilogue)"
+        )
     shape, axis = reduce
     if opt.axis != axis:
         raise OptError(f"{opt}: axis {opt.axis!r} is not the reduced axis {axis} of the reduce's input {shape}")
@@ -122,8 +198,38 @@ def single_sum(value: UOp) -> UOp | None:
     return None
 
 
+# ops of an epilogue a blocked sum may carry: lane-wise in the renderer's vectors (packs.py: arithmetic, comparisons
+# of floats as masks, and/or of masks, selects)
+EPILOGUE_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.FDIV, Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.WHERE)
+
+
+def blockable_sum(value: UOp) -> UOp | None:
+    """The REDUCE_AXIS whose partial sums a REDUCE_BLOCK may add in the output buffer: value itself when it is one
+    float sum over one axis, or the one such sum under an elementwise epilogue of the same dtype (a bias, an
+    activation) that keeps its element order; the epilogue is then applied by the last block."""
+    if (red := single_sum(value)) is not None or not dtypes.is_float(value.dtype):
+        return red
+    nodes = value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL)
+    reduces = [u for u in nodes if u.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1 or (red := single_sum(reduces[0])) is None or red.dtype != value.dtype:
+        return None
+    kept = [d for d in value.shape if d != 1]
+    on_path: set[UOp] = {red}
+    for u in nodes:
+        if u is red or not any(s in on_path for s in u.src):
+            continue
+        on_path.add(u)
+        same_order = u.op is Ops.RESHAPE and [d for d in u.shape if d != 1] == kept
+        # every block computes the epilogue and only the last stores it: it must stay in the vectors (packs.py)
+        if u.op not in EPILOGUE_OPS and not same_order:
+            return None
+    return red if [d for d in red.shape if d != 1] == kept else None
+
+
 # past this many separately named outputs per iteration a kernel only grows, it cannot keep them in registers
 MAX_LANES = 1024
+# the same for the values an unrolled reduce combines per iteration
+MAX_UNROLL = 256
 
 
 def _lanes(upcasts: dict[int, int]) -> int:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 import numpy as np
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import DEBUG, IGNORE_BEAM_CACHE, cache_dir
+from fusegrad.helpers import DEBUG, IGNORE_BEAM_CACHE, NUM_CPU_THREADS, cache_dir
 from fusegrad.codegen import kernel_name, lower_to_linear
-from fusegrad.codegen.opt import Opt, OptError, OptOps, single_sum
+from fusegrad.codegen.lowerer import output_value
+from fusegrad.codegen.opt import Opt, OptError, OptOps, blockable_sum
 from fusegrad.codegen.opt.target import vector_bytes
 from fusegrad.runtime.device import Buffer, Device
 from fusegrad.uop.ops import Ops, UOp
@@ -32,6 +33,10 @@ MIN_IMPROVEMENT = 0.01
 UPCAST_AMOUNTS = (2, 4, 8, 16, 32)
 TILE_AMOUNTS = (2, 4, 8, 16)
 REDUCE_BLOCK_AMOUNTS = (16, 32, 64, 128, 256)
+UNROLL_AMOUNTS = (2, 3, 4, 8)
+# a reduce this short is also tried without its loop
+MAX_FULL_UNROLL = 16
+PADTO_AMOUNTS = (4, 8, 16)
 # float reassociation changes the last bits of a sum: error relative to the largest magnitude of the output
 FLOAT_TOLERANCE = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2}
 DEFAULT_FLOAT_TOLERANCE = 2e-3
@@ -161,8 +166,9 @@ def _random_fill(rng: np.random.Generator, view: np.ndarray) -> np.ndarray:
 
 
 def actions(ast: UOp) -> list[Opt]:
-    """One more opt: upcasts and tiles of every output axis, and blocks of a plain sum's reduce."""
-    value = ast.src[0].src[1]
+    """One more opt: upcasts, tiles and thread splits of every output axis, blocks of a plain sum's reduce, unrolls
+    and paddings of the axes of a kernel's one reduce (an UNROLL whose amount does not divide waits for a PADTO)."""
+    value = output_value(ast)
     width = max(vector_bytes() // max(value.dtype.itemsize, 1), 1)
     out: list[Opt] = []
     for axis, size in enumerate(value.shape):
@@ -172,11 +178,27 @@ def actions(ast: UOp) -> list[Opt]:
             if 2 <= amount <= size:
                 out.append(Opt(OptOps.UPCAST, axis, amount))
         out.extend(Opt(OptOps.TILE, axis, amount) for amount in TILE_AMOUNTS if amount < size)
-    if (red := single_sum(value)) is not None:
+    if (red := blockable_sum(value)) is not None:
         axis = red.arg[1][0]
         size = red.src[0].shape[axis]
         size = size if isinstance(size, int) else 0  # a symbolic reduce is not blocked
         out.extend(Opt(OptOps.REDUCE_BLOCK, axis, a) for a in REDUCE_BLOCK_AMOUNTS if a < size and size % a == 0)
+    threads = int(NUM_CPU_THREADS.value)
+    if threads >= 2:
+        out.extend(
+            Opt(OptOps.THREAD, axis, n)
+            for axis, size in enumerate(value.shape)
+            for n in (threads, 2 * threads)
+            if isinstance(size, int) and size >= n  # a symbolic axis is never cut
+        )
+    reduces = [u for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL) if u.op is Ops.REDUCE_AXIS]
+    if len(reduces) == 1:
+        shape = reduces[0].src[0].shape
+        for axis in (a for a in reduces[0].arg[1] if isinstance(shape[a], int) and shape[a] > 1):
+            size = shape[axis]
+            amounts = sorted(set(UNROLL_AMOUNTS) | ({size} if size <= MAX_FULL_UNROLL else set()))
+            out.extend(Opt(OptOps.UNROLL, axis, a) for a in amounts if a <= size and (size % a == 0 or a < 8))
+            out.extend(Opt(OptOps.PADTO, axis, a) for a in PADTO_AMOUNTS if size % a)
     return out
 
 

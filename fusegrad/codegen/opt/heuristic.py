@@ -6,14 +6,15 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, prod
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.accumulators import INNER_BLOCK
-from fusegrad.codegen.opt import Opt, OptOps, check_opts, single_sum
+from fusegrad.codegen.opt import Opt, OptOps, check_opts, blockable_sum
 from fusegrad.codegen.opt.target import vector_bytes, vector_registers
-from fusegrad.uop.symbolic import split_terms
+from fusegrad.uop.symbolic import signed_terms
 
 # accumulators along the output's last dim of a reduce kernel that is not matmul-like (e.g. a column sum)
 COLUMN_UPCASTS = (16, 8, 4)
 # a register tile's rows: one broadcast value each, reused by every vector of columns
 MAX_TILE_ROWS = 8
+MIN_TILE_ROWS = 4
 # vector registers the tile leaves free: the loaded vectors of the contiguous input and the broadcast row value
 SPARE_REGISTERS = 4
 # what a block of row tiles reads of the row input per reduce block: it stays in L1 while every column tile reuses
@@ -25,12 +26,56 @@ ROW_BLOCK_BYTES = 32 * 1024
 # memory, one after another, which keeps the error near that of the blocked sums
 REDUCE_BLOCK_SIZE = 64
 MAX_REDUCE_BLOCKS = 32
+# a reduce this short or shorter loses its loop (when nothing is upcast: unrolled lanes would break the vectors)
+MAX_FULL_UNROLL = 4
+# an outermost loop with this many iterations per thread keeps the threads' shares within a few percent
+BALANCED_TRIPS = 8
 # worth per output of a column tile two vectors wide (half the row broadcasts of one), one vector wide, and narrower
 # ones, which run as scalars
 TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
 
 
 def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
+    """The register tiles and blocks of `tile_opts`, a full UNROLL of a short innermost reduce in a kernel without
+    upcasts, and a THREAD split of the largest loop when the outermost one would leave threads idle."""
+    opts = tile_opts(value, plain, reads_output)
+    if not opts and (unroll := _unroll_short_reduce(value)) is not None:
+        opts.append(unroll)
+    if (thread := _thread_split(value.shape, opts)) is not None:
+        opts.append(thread)
+    return opts
+
+
+def _unroll_short_reduce(value: UOp) -> Opt | None:
+    """The innermost reduced axis of the kernel's one reduce, when it is at most MAX_FULL_UNROLL long: its loop would
+    cost more than its body."""
+    reduces = [u for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL) if u.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1:
+        return None
+    shape, axes = reduces[0].src[0].shape, reduces[0].arg[1]
+    if any(not isinstance(shape[a], int) for a in axes):  # a symbolic reduce is never cut
+        return None
+    inner = max((a for a in axes if shape[a] > 1), default=None)
+    return Opt(OptOps.UNROLL, inner, shape[inner]) if inner is not None and shape[inner] <= MAX_FULL_UNROLL else None
+
+
+def _thread_split(shape: tuple[int, ...], opts: list[Opt]) -> Opt | None:
+    """THREAD on the axis with the most iterations that splits evenly over the threads, when the outermost loop has
+    fewer than BALANCED_TRIPS iterations per thread and does not split evenly."""
+    threads = int(NUM_CPU_THREADS.value)
+    if threads < 2 or any(not isinstance(d, int) for d in shape):  # a symbolic loop's trips are not known
+        return None
+    up = {o.axis: o.amount for o in opts if o.op is OptOps.UPCAST}
+    tiles = {o.axis: o.amount for o in opts if o.op is OptOps.TILE}
+    trips = [-(-(-(-d // up.get(a, 1))) // tiles.get(a, 1)) for a, d in enumerate(shape)]
+    first = next((t for t in trips if t > 1), 1)
+    if first % threads == 0 or first >= BALANCED_TRIPS * threads:
+        return None
+    even = [a for a, t in enumerate(trips) if t % threads == 0 and t > first]
+    return Opt(OptOps.THREAD, max(even, key=lambda a: trips[a]), threads) if even else None
+
+
+def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     """Upcasts for a reduce kernel whose last output axis is contiguous in some input and strided along the reduce:
     a register tile of rows x vectors of columns when another input varies along a row axis (matmul-like), else
     16/8/4 accumulators along the last axis. Elementwise kernels get none: the C compiler vectorizes them itself."""
@@ -54,11 +99,16 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     col, inner = axes[-1], max(reduces, key=lambda r: r.arg[0])
     col_r = axis_range[col]
     loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
-    contiguous = [i for i in loads if coefficient(i, col_r) == 1 and coefficient(i, inner) != 1]
-    if not contiguous:
-        return []
+    contiguous = [i for i in loads if coefficient(i, col_r) == 1]
     cols = value.shape[col]
-    row = next((a for a in reversed(axes[:-1]) if _is_row_axis(axis_range[a], col_r, inner, contiguous, loads)), None)
+    if not contiguous or (cols < _width(value) and _reduce_is_contiguous(loads, inner)):
+        # a reduce contiguous in every input it walks (a conv's weight gradient) vectorizes best as it is: one
+        # accumulator the compiler keeps in a vector; outputs too few to fill a vector would only take that away
+        return []
+    rows_ok = [a for a in reversed(axes[:-1]) if _is_row_axis(axis_range[a], col_r, inner, contiguous, loads)]
+    # the innermost row axis long enough for a register tile (a conv's weight gradient: the input channels, not the
+    # 3 kernel taps)
+    row = next((a for a in rows_ok if value.shape[a] >= MIN_TILE_ROWS), rows_ok[0] if rows_ok else None)
     if row is None or value.dtype not in (dtypes.float32, dtypes.float64):
         amount = next((up for up in COLUMN_UPCASTS if cols % up == 0 and cols > up), None)
         return [Opt(OptOps.UPCAST, col, amount)] if amount else []
@@ -108,7 +158,7 @@ def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool
 def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
     """A long plain sum's reduce in the shortest blocks of at least REDUCE_BLOCK_SIZE that divide it into at most
     MAX_REDUCE_BLOCKS."""
-    if (red := single_sum(value)) is None or reduce_size <= INNER_BLOCK:
+    if (red := blockable_sum(value)) is None or reduce_size <= INNER_BLOCK:
         return None
     block = next(
         (
@@ -121,9 +171,24 @@ def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
     return Opt(OptOps.REDUCE_BLOCK, red.arg[1][0], block) if block is not None else None
 
 
+def _width(value: UOp) -> int:
+    return max(vector_bytes() // value.dtype.itemsize, 1)
+
+
+def _reduce_is_contiguous(loads: list[UOp], inner: UOp) -> bool:
+    strides = [coefficient(i, inner) for i in loads]
+    # a symbolic reduce's trip count is not a constant: its loop stays as it is
+    return (
+        inner.src[0].op is Ops.CONST
+        and inner.src[0].arg >= 8
+        and any(s == 1 for s in strides)
+        and all(s in (0, 1) for s in strides)
+    )
+
+
 def coefficient(index: UOp, r: UOp) -> int | None:
     """The stride of index along loop r, or None when r appears inside division or modulo."""
-    terms, _ = split_terms(index)
+    terms, _ = signed_terms(index)
     if any(t is not r and r in t.toposort() for _, t in terms):
         return None
     return sum(k for k, t in terms if t is r)

@@ -12,9 +12,12 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import Ops, UOp
 
 VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
-# element-wise in GCC's vector extension with IEEE semantics per lane; WHERE packs only on one scalar condition (C has
-# no lane-wise select), comparisons and MAX (a select in C) stay scalar
+# element-wise in GCC's vector extension with IEEE semantics per lane; MAX (a select in C) stays scalar
 VECTOR_ALU = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.FDIV)
+# comparisons of float lanes give a mask pack (integer lanes of the floats' width, all ones where true), combined by
+# AND/OR; a WHERE on a mask pack is a bitwise select
+MASK_COMPARE = (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE)
+MASK_LOGIC = (Ops.AND, Ops.OR)
 
 
 @dataclass(frozen=True, eq=False)
@@ -22,6 +25,7 @@ class Pack:
     lanes: tuple[UOp, ...]  # lane order: lane i holds element i of the vector
     base: UOp | None = None  # loads and stores: the index of lane 0 is base + offset
     offset: int = 0
+    mask_of: DType | None = None  # a mask pack (bool lanes): the dtype of the floats it compared
 
     @property
     def dtype(self) -> DType:
@@ -55,8 +59,8 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
     def width(dt: DType) -> int:
         return vector_bytes // dt.itemsize if dt in VECTOR_DTYPES else 0
 
-    def add(lanes: list[UOp], base: UOp | None = None, offset: int = 0) -> None:
-        pack = Pack(tuple(lanes), base, offset)
+    def add(lanes: list[UOp], base: UOp | None = None, offset: int = 0, mask_of: DType | None = None) -> None:
+        pack = Pack(tuple(lanes), base, offset, mask_of)
         for i, u in enumerate(lanes):
             lane_of[u] = (pack, i)
 
@@ -74,12 +78,21 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
     while True:
         groups: dict[tuple, dict[int, UOp]] = {}
         for u in lin:
-            if u in lane_of or width(u.dtype) <= 1:
+            if u in lane_of:
                 continue
-            if u.op in VECTOR_ALU and all(s.dtype is u.dtype for s in u.src):
+            mask_of = _mask_dtype(u, lane_of)
+            if width(u.dtype) <= 1 and mask_of is None:
+                continue
+            if mask_of is not None:
                 operands = u.src
-            elif u.op is Ops.WHERE and u.src[0] not in lane_of and all(s.dtype is u.dtype for s in u.src[1:]):
-                operands = u.src  # one condition for all lanes selects whole vectors
+            elif u.op in VECTOR_ALU and all(s.dtype is u.dtype for s in u.src):
+                operands = u.src
+            elif u.op is Ops.WHERE and all(s.dtype is u.dtype for s in u.src[1:]):
+                # one scalar condition selects whole vectors; a mask pack selects lane by lane (when it compared
+                # floats of this width)
+                if u.src[0] in lane_of and lane_of[u.src[0]][0].mask_of is not u.dtype:
+                    continue
+                operands = u.src
             elif u.op is Ops.ACC_UPDATE and u.arg is Ops.ADD:
                 operands = (u.src[1],)
             else:
@@ -88,11 +101,15 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
             if lane is None:
                 continue
             extra = u.src[2:] if u.op is Ops.ACC_UPDATE else u.arg
-            groups.setdefault((u.op, u.dtype, extra, key, scope[u]), {}).setdefault(lane, u)
+            groups.setdefault((u.op, u.dtype, extra, key, scope[u], mask_of), {}).setdefault(lane, u)
         new = 0
-        for g in groups.values():
-            lanes = [g.get(i) for i in range(width(next(iter(g.values())).dtype))]
+        for (*_, mask_of), g in groups.items():
+            lanes = [g.get(i) for i in range(width(mask_of or next(iter(g.values())).dtype))]
             if None in lanes:
+                continue
+            if mask_of is not None:
+                add(lanes, mask_of=mask_of)  # type: ignore[arg-type]
+                new += 1
                 continue
             if lanes[0].op is Ops.ACC_UPDATE:
                 accs = [u.src[0] for u in lanes]
@@ -141,6 +158,19 @@ def _keeps_memory_order(lin: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int
                 if (load[1] < store[1]) != (load[2] < store[2]):
                     return False
     return True
+
+
+def _mask_dtype(u: UOp, lane_of: dict[UOp, tuple[Pack, int]]) -> DType | None:
+    """The float dtype a bool instruction's lanes compare, when it packs as a mask: a comparison of float packs (and
+    scalars), or AND/OR of masks of one dtype."""
+    if u.dtype is not dtypes.bool or not any(s in lane_of for s in u.src):
+        return None
+    if u.op in MASK_COMPARE and u.src[0].dtype in VECTOR_DTYPES and u.src[0].dtype is u.src[1].dtype:
+        return u.src[0].dtype
+    if u.op in MASK_LOGIC and all(s in lane_of and lane_of[s][0].mask_of is not None for s in u.src):
+        kinds = {lane_of[s][0].mask_of for s in u.src}
+        return kinds.pop() if len(kinds) == 1 else None
+    return None
 
 
 def _consecutive_runs(by_offset: dict[int, UOp], width: int) -> list[tuple[list[UOp], int]]:

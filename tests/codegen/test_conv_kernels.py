@@ -1,0 +1,147 @@
+"""Convolution kernels (issue 9, item 8): forward, input-gradient and weight-gradient kernels index without per-element
+division or modulo in their innermost loop (stride 1, any padding, dilation, groups), and their values (forward and
+backward, every stride/padding/dilation/groups variant) equal torch's."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusegrad import Context, Tensor
+from fusegrad.codegen import lower_to_linear
+from fusegrad.renderer.cstyle import CStyleRenderer
+from fusegrad.runtime.device import Device
+from fusegrad.schedule import create_schedule
+from fusegrad.uop.ops import Ops
+import fusegrad.tensor_ops.nn as nn_ops
+
+CASES = [  # input shape, weight shape, conv2d kwargs
+    ((2, 4, 9, 9), (8, 4, 3, 3), {"padding": 1}),
+    ((2, 3, 11, 10), (4, 3, 3, 2), {"dilation": 2}),
+    ((1, 4, 8, 7), (6, 2, 3, 3), {"groups": 2, "padding": (2, 1), "dilation": (1, 2)}),
+    ((2, 3, 13), (5, 3, 4), {"padding": 2}),
+    ((1, 2, 5, 6, 5), (3, 2, 2, 3, 2), {"padding": (1, 0, 1)}),
+]
+STRIDED = [
+    ((2, 4, 9, 9), (8, 4, 3, 3), {"stride": 2, "padding": 1}),
+    ((2, 4, 7, 8), (6, 2, 3, 2), {"groups": 2, "stride": (2, 1), "dilation": (1, 2), "padding": (1, 2)}),
+    ((1, 3, 10, 9), (2, 3, 2, 3), {"stride": 3}),
+    ((1, 2, 8, 8), (2, 2, 1, 1), {"stride": 2, "padding": 1}),
+]
+
+
+def conv_graphs(xs, ws, kw, seed=0):
+    rng = np.random.default_rng(seed)
+    xn, wn = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    x, w = Tensor(xn, requires_grad=True).realize(), Tensor(wn, requires_grad=True).realize()
+    out = x.conv2d(w, **kw)
+    gn = rng.standard_normal(out.shape, dtype=np.float32)
+    out.backward(Tensor(gn))
+    return (xn, wn, gn), (out, x.grad, w.grad)
+
+
+def innermost_loop_bodies(lin):
+    """The instructions inside each loop that contains no other loop."""
+    bodies, stack = [], []
+    for u in lin:
+        if u.op is Ops.RANGE:
+            stack.append([u, [], False])
+            if len(stack) > 1:
+                stack[-2][2] = True
+        elif u.op is Ops.ENDRANGE:
+            r, body, has_inner = stack.pop()
+            if not has_inner:
+                bodies.append(body)
+        elif stack:
+            stack[-1][1].append(u)
+    return bodies
+
+
+def innermost_c_loops(src: str) -> list[str]:
+    """The text of each `for` loop in src that contains no other `for`."""
+    loops, lines = [], src.splitlines()
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith("for ("):
+            continue
+        depth, body = 0, []
+        for other in lines[i:]:
+            depth += other.count("{") - other.count("}")
+            body.append(other)
+            if depth == 0:
+                break
+        if sum(1 for b in body if b.lstrip().startswith("for (")) == 1:
+            loops.append("\n".join(body[1:]))
+    return loops
+
+
+@pytest.mark.parametrize("xs,ws,kw", CASES)
+def test_conv_kernels_have_no_division_in_the_innermost_loop(xs, ws, kw, layout):
+    _, tensors = conv_graphs(xs, ws, kw)
+    items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
+    reducing = 0
+    for item in items:
+        # the conv kernels reduce; copies (the padded input, the channels-last gradient, the weight gradient back in
+        # the weight's order, which divides by the channels per group when groups > 1) do not
+        if item.ast.op is not Ops.SINK or not lower_to_linear(item.ast).name.startswith("r_"):
+            continue
+        for noopt in (1, 0):
+            with Context(NOOPT=noopt):
+                info = lower_to_linear(item.ast)
+            for body in innermost_loop_bodies(info.lin):
+                assert not [u.op for u in body if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides in its loop"
+            src = CStyleRenderer().render(info.name, info.lin)
+            for loop in innermost_c_loops(src.split(f"void {info.name}(")[1]):
+                assert "/" not in loop and "%" not in loop, f"{info.name}:\n{loop}"
+        reducing += info.name.startswith("r_")
+    assert reducing >= 3  # forward, input gradient, weight gradient
+
+
+@pytest.fixture(params=["fused", "stored", "stored, whole batch"])
+def layout(request, monkeypatch):
+    """fused: every conv here is small enough to read its padding in place; stored: the padded input, the padded
+    output gradient and the channels-last gradient of large convs are stored first, here for every size (the weight
+    gradient summed per sample first, or, past its size limit, over the whole batch at once)."""
+    if request.param != "fused":
+        monkeypatch.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
+    if request.param == "stored, whole batch":
+        monkeypatch.setattr(nn_ops, "CONV_PER_SAMPLE_LIMIT", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("xs,ws,kw", CASES + STRIDED)
+def test_conv_forward_and_backward_equal_torch(xs, ws, kw, layout):
+    (xn, wn, gn), (out, dx, dw) = conv_graphs(xs, ws, kw, seed=1)
+    tx, tw = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(ws)]
+    ref = conv(tx, tw, **kw)
+    ref.backward(torch.tensor(gn))
+    for ours, theirs in ((out, ref), (dx, tx.grad), (dw, tw.grad)):
+        assert ours.shape == tuple(theirs.shape)
+        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_conv_second_order_gradient_equals_torch():
+    rng = np.random.default_rng(2)
+    xn, wn = rng.standard_normal((1, 2, 6, 6), dtype=np.float32), rng.standard_normal((3, 2, 3, 3), dtype=np.float32)
+    x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+    (gx,) = (x.conv2d(w, padding=1) ** 2).sum().gradient(x)
+    (gx.sum()).backward()
+    tx, tw = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    (tgx,) = torch.autograd.grad((F.conv2d(tx, tw, padding=1) ** 2).sum(), tx, create_graph=True)
+    tgx.sum().backward()
+    np.testing.assert_allclose(gx.numpy(), tgx.detach().numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), atol=1e-3, rtol=1e-4)
+
+
+def test_gradient_of_a_tensor_inside_the_conv_uses_the_plain_rules():
+    """A target strictly between the conv's output and its inputs (here the padded input, held by the caller) still
+    gets its gradient."""
+    rng = np.random.default_rng(3)
+    xn, wn = rng.standard_normal((1, 2, 5, 5), dtype=np.float32), rng.standard_normal((2, 2, 3, 3), dtype=np.float32)
+    x, w = Tensor(xn), Tensor(wn)
+    padded = x.pad(((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = padded.conv2d(w)
+    (gp,) = out.sum().gradient(padded)
+    tp = torch.tensor(np.pad(xn, ((0, 0), (0, 0), (1, 1), (1, 1))), requires_grad=True)
+    F.conv2d(tp, torch.tensor(wn)).sum().backward()
+    np.testing.assert_allclose(gp.numpy(), tp.grad.numpy(), atol=1e-5)

@@ -1,0 +1,297 @@
+"""Codegen opts UNROLL, THREAD and PADTO (issue 9, item 3) and blocked sums under an epilogue (item 4): invalid
+applications raise OptError naming the opt, every opt and heuristic choice gives the values of NOOPT=1 and of the
+PYTHON device on awkward shapes (primes, 1, sizes the amounts do not divide), the heuristics choose them where
+intended, DEBUG=3 lists them and BEAM searches them."""
+
+import contextlib
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import fusegrad.codegen as codegen
+import fusegrad.engine.realize as realize
+from fusegrad import Context, Tensor
+from fusegrad.codegen import lower_to_linear
+from fusegrad.codegen.opt import Opt, OptError, OptOps
+from fusegrad.codegen.opt.beam import actions
+from fusegrad.runtime.device import Device
+from fusegrad.schedule import create_schedule
+
+SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33])
+
+
+def opt(op: str, axis: int, amount: int) -> Opt:
+    return Opt(OptOps[op], axis, amount)
+
+
+def ast_of(t: Tensor):
+    items, _, _ = create_schedule([t.uop], [Device["CPU"]])
+    return items[-1].ast
+
+
+def matmul_ast(m: int, k: int, n: int):
+    return ast_of(Tensor.rand(m, k).realize() @ Tensor.rand(k, n).realize())
+
+
+@contextlib.contextmanager
+def forced_opts(opts: list[Opt]):
+    """Every kernel compiled inside uses opts instead of the heuristics' choice (compiled programs are not reused)."""
+    realize._runners.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(codegen, "hand_coded_opts", lambda value, plain, reads_output: list(opts))
+        yield
+    realize._runners.clear()
+
+
+# ---- validation
+
+
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        ([opt("THREAD", 0, 3)], "Opt(THREAD, axis=0, amount=3): amount does not divide the 8 iterations"),
+        ([opt("THREAD", 0, 1)], "amount must be an int >= 2, got 1"),
+        ([opt("THREAD", 0, 2), opt("THREAD", 1, 2)], "already split across threads along axis 0"),
+        ([opt("THREAD", 2, 2)], "axis 2 is not an axis of the output shape (8, 6)"),
+        ([opt("UPCAST", 0, 4), opt("THREAD", 0, 4)], "amount does not divide the 2 iterations of the loop of axis 0"),
+        ([opt("UNROLL", 0, 2)], "axis 0 is not a reduced axis (2,) of the reduce's input (8, 6, 10)"),
+        ([opt("UNROLL", 2, 3)], "amount does not divide the size 10 of reduced axis 2 of (8, 6, 10)"),
+        ([opt("UNROLL", 2, 1)], "amount must be an int >= 2, got 1"),
+        ([opt("UNROLL", 2, 2), opt("UNROLL", 2, 5)], "axis 2 already has a UNROLL of 2"),
+        ([opt("PADTO", 1, 4)], "axis 1 is not a reduced axis (2,) of the reduce's input (8, 6, 10)"),
+        ([opt("PADTO", 2, 4), opt("PADTO", 2, 8)], "axis 2 already has a PADTO of 4"),
+        ([opt("UNROLL", 2, 5), opt("REDUCE_BLOCK", 2, 5)], "already cut into blocks (REDUCE_BLOCK)"),
+        ([opt("UNROLL", 2, 512), opt("PADTO", 2, 512)], "512 values per reduce iteration exceed the limit of 256"),
+    ],
+)
+def test_invalid_opts_raise_opt_error_naming_them(opts, message):
+    with pytest.raises(OptError, match=re.escape(message)):
+        lower_to_linear(matmul_ast(8, 10, 6), opts=tuple(opts))
+
+
+def test_reduce_opts_need_a_kernel_with_one_reduce():
+    x = Tensor.rand(4, 6).realize()
+    with pytest.raises(OptError, match=re.escape("Opt(UNROLL, axis=1, amount=2): the kernel has no single reduce")):
+        lower_to_linear(ast_of(x * 2), opts=(opt("UNROLL", 1, 2),))
+
+
+def test_padto_unroll_order_does_not_matter():
+    ast = matmul_ast(4, 7, 4)
+    a = lower_to_linear(ast, opts=(opt("UNROLL", 2, 4), opt("PADTO", 2, 4)))
+    b = lower_to_linear(ast, opts=(opt("PADTO", 2, 4), opt("UNROLL", 2, 4)))
+    assert a.lin == b.lin
+
+
+# ---- values
+
+
+def run(fn, arrays, device="CPU"):
+    return fn(*(Tensor(a, device=device) for a in arrays)).numpy()
+
+
+def check_opts_values(fn, arrays, opts, rtol=1e-5, atol=1e-5):
+    """fn under opts equals fn under NOOPT=1, on the CPU and on the PYTHON device."""
+    with Context(NOOPT=1):
+        realize._runners.clear()
+        plain = run(fn, arrays)
+    with forced_opts(opts):
+        np.testing.assert_allclose(run(fn, arrays), plain, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(run(fn, arrays, "PYTHON"), plain, rtol=rtol, atol=atol)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(2, n + 1) if n % d == 0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), m=SIZES, k=SIZES, n=SIZES)
+def test_unroll_padto_thread_equal_noopt_on_matmul(data, m, k, n):
+    rng = np.random.default_rng(m * 10000 + k * 100 + n)
+    arrays = [rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)]
+    opts = []
+    up = {axis: data.draw(st.sampled_from([1, 2, 4, 8])) for axis, size in ((0, m), (1, n))}
+    opts += [opt("UPCAST", a, amount) for a, amount in up.items() if 1 < amount <= (m, n)[a]]
+    applied = {o.axis: o.amount for o in opts}
+    trips = [-(-size // applied.get(a, 1)) for a, size in ((0, m), (1, n))]
+    thread_axis = data.draw(st.sampled_from([None, 0, 1]))
+    if thread_axis is not None and divisors(trips[thread_axis]):
+        opts.append(opt("THREAD", thread_axis, data.draw(st.sampled_from(divisors(trips[thread_axis])))))
+    if k > 1:
+        pad = data.draw(st.sampled_from([None, 2, 4, 8]))
+        size = k if pad is None else -(-k // pad) * pad
+        if pad is not None:
+            opts.append(opt("PADTO", 2, pad))
+        if divisors(size) and data.draw(st.booleans()):
+            opts.append(opt("UNROLL", 2, data.draw(st.sampled_from([d for d in divisors(size) if d <= 64] or [size]))))
+    check_opts_values(lambda a, b: a @ b, arrays, opts)
+
+
+@pytest.mark.parametrize("k,pad,unroll", [(1, None, None), (3, None, 3), (7, 8, 8), (7, 4, 2), (13, 16, 4)])
+@pytest.mark.parametrize("reduce", ["max", "sum", "prod"])
+def test_padded_unrolled_reduce_keeps_its_identity(k, pad, unroll, reduce):
+    rng = np.random.default_rng(k)
+    xn = rng.standard_normal((5, k), dtype=np.float32) - 4  # every value negative: a zero pad would win a max
+    xn[1, 0] = np.nan
+    opts = ([opt("PADTO", 1, pad)] if pad else []) + ([opt("UNROLL", 1, unroll)] if unroll else [])
+    if k == 1:
+        with pytest.raises(OptError):
+            lower_to_linear(ast_of(Tensor(xn).max(1)), opts=(opt("UNROLL", 1, 2),))
+        return
+    check_opts_values(lambda x: getattr(x, reduce)(1), [xn], opts)
+
+
+def test_thread_split_runs_on_any_number_of_threads():
+    xn = np.random.default_rng(1).standard_normal((3, 4096), dtype=np.float32)
+    for threads in (1, 2, 3, 8):
+        with Context(NUM_CPU_THREADS=threads):
+            check_opts_values(lambda x: (x * 2 + 1).exp(), [xn], [opt("THREAD", 1, 8)])
+
+
+def test_thread_loop_is_the_one_split_across_cores():
+    x = Tensor.rand(3, 4096).realize()
+    info = lower_to_linear(ast_of(x * 2), opts=(opt("THREAD", 1, 4),))
+    assert info.outer_size == 4  # the chunks of axis 1, not axis 0's 3 rows
+
+
+# ---- heuristics
+
+
+def test_heuristics_thread_the_largest_evenly_split_loop():
+    with Context(NUM_CPU_THREADS=2):
+        assert lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2)).opts == (opt("THREAD", 1, 2),)
+        assert lower_to_linear(ast_of(Tensor.rand(64, 64).realize() * 2)).opts == ()  # 64 rows split evenly
+    with Context(NUM_CPU_THREADS=1):
+        assert lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2)).opts == ()
+
+
+def test_heuristics_unroll_a_short_reduce_and_keep_matmul_tiles():
+    assert lower_to_linear(ast_of(Tensor.rand(300, 3).realize().sum(1))).opts == (opt("UNROLL", 1, 3),)
+    with Context(NUM_CPU_THREADS=2):
+        opts = lower_to_linear(matmul_ast(64, 1024, 64)).opts
+    assert opts[:2] == (opt("UPCAST", 0, 8), opt("UPCAST", 1, opts[1].amount)) and opts[1].amount >= 8
+    assert opt("REDUCE_BLOCK", 2, 64) in opts
+    assert not [o for o in opts if o.op in (OptOps.UNROLL, OptOps.THREAD, OptOps.PADTO)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(m=SIZES, k=SIZES, n=SIZES)
+def test_heuristic_choices_equal_noopt_and_python_device(m, k, n):
+    rng = np.random.default_rng(m * 7 + k * 11 + n)
+    an, bn = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    for fn, arrays in (
+        (lambda a, b: (a @ b).relu(), [an, bn]),
+        (lambda a: a.sum(1) * 2, [an]),
+        (lambda a: a.max(0), [an]),
+        (lambda a: (a * 3).exp(), [an]),
+    ):
+        realize._runners.clear()
+        got = run(fn, arrays)
+        with Context(NOOPT=1):
+            realize._runners.clear()
+            np.testing.assert_allclose(got, run(fn, arrays), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, run(fn, arrays, "PYTHON"), rtol=1e-5, atol=1e-5)
+
+
+def test_debug_3_lists_the_new_opts(capsys):
+    with Context(DEBUG=3, NUM_CPU_THREADS=2):
+        lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2))
+    assert "opts: [Opt(THREAD, axis=1, amount=2)]" in capsys.readouterr().out
+
+
+def test_beam_searches_unroll_thread_and_padto():
+    with Context(NUM_CPU_THREADS=2):
+        moves = actions(matmul_ast(8, 7, 6))
+    assert {opt("UNROLL", 2, 7), opt("PADTO", 2, 8), opt("THREAD", 0, 2), opt("THREAD", 1, 2)} <= set(moves)
+
+
+# ---- blocked sums under an epilogue
+
+
+def test_bias_epilogue_keeps_the_blocked_matmul_and_equals_noopt():
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((16, 512), (512, 64), (64,))]
+    a, b, c = (Tensor(x).realize() for x in arrays)
+    plain_opts = lower_to_linear(matmul_ast(16, 512, 64)).opts
+    epilogue_opts = lower_to_linear(ast_of(a @ b * 0.5 + c)).opts
+    assert any(o.op is OptOps.REDUCE_BLOCK for o in epilogue_opts) and epilogue_opts == plain_opts
+    with Context(NOOPT=1):
+        realize._runners.clear()
+        plain = run(lambda a, b, c: a @ b * 0.5 + c, arrays)
+    realize._runners.clear()
+    np.testing.assert_allclose(run(lambda a, b, c: a @ b * 0.5 + c, arrays), plain, rtol=1e-5, atol=1e-4)
+    realize._runners.clear()
+    np.testing.assert_allclose(run(lambda a, b, c: a @ b * 0.5 + c, arrays, "PYTHON"), plain, rtol=1e-5, atol=1e-4)
+    ref = arrays[0].astype(np.float64) @ arrays[1] * 0.5 + arrays[2]
+    np.testing.assert_allclose(plain, ref, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), m=SIZES, n=SIZES, k=st.sampled_from([4, 6, 12, 64]))
+def test_every_reduce_block_under_an_epilogue_equals_noopt(data, m, n, k):
+    rng = np.random.default_rng(m * 100 + n + k)
+    arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((m, k), (k, n), (n,))]
+    block = data.draw(st.sampled_from([d for d in divisors(k) if d < k]))
+    up = data.draw(st.sampled_from([d for d in [1] + divisors(m) if d <= 8]))
+    opts = [opt("REDUCE_BLOCK", 2, block)] + ([opt("UPCAST", 0, up)] if up > 1 else [])
+    if m == up and n == 1:  # one tile: no output loop for the blocks to run inside
+        return
+    check_opts_values(lambda a, b, c: -(a @ b) * 2 + c, arrays, opts, atol=1e-4)
+
+
+def test_relu_epilogue_is_blocked_in_vectors_and_keeps_nan_and_zero_sign():
+    rng = np.random.default_rng(6)
+    an, bn, cn = (rng.standard_normal(s, dtype=np.float32) for s in ((16, 512), (512, 64), (64,)))
+    an[2, 5], cn[3] = np.nan, -1e30  # a NaN row; a column far below zero (relu gives +0.0 there)
+    fn = lambda a, b, c: (a @ b + c).relu()  # noqa: E731
+    a, b, c = (Tensor(x).realize() for x in (an, bn, cn))
+    info = lower_to_linear(ast_of(fn(a, b, c)))
+    assert any(o.op is OptOps.REDUCE_BLOCK for o in info.opts)
+    from fusegrad.renderer.cstyle import CRenderer
+
+    src = CRenderer().render(info.name, info.lin)
+    assert "fg_intx" in src and " & ~vec" in src  # the compare-and-select runs on vectors
+    realize._runners.clear()
+    got = run(fn, [an, bn, cn])
+    with Context(NOOPT=1):
+        realize._runners.clear()
+        plain = run(fn, [an, bn, cn])
+    np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(plain))
+    assert np.isnan(got[2]).all() and (got[:, 3][np.arange(16) != 2] == 0).all()
+    realize._runners.clear()
+    np.testing.assert_allclose(run(fn, [an, bn, cn], "PYTHON"), plain, rtol=1e-5, atol=1e-4)
+
+
+def test_mask_lanes_read_as_zero_or_one_by_scalar_users():
+    rng = np.random.default_rng(7)
+    an, bn = rng.standard_normal((16, 32), dtype=np.float32), rng.standard_normal((32, 64), dtype=np.float32)
+    fn = lambda a, b: ((a @ b) < 0).cast("float32") * 3  # noqa: E731
+    realize._runners.clear()
+    np.testing.assert_array_equal(run(fn, [an, bn]), ((an @ bn) < 0).astype(np.float32) * 3)
+
+
+def test_epilogue_the_vectors_cannot_carry_is_not_blocked():
+    a, b, c = Tensor.rand(16, 512).realize(), Tensor.rand(512, 64).realize(), Tensor.rand(16, 64).realize()
+    assert not any(o.op is OptOps.REDUCE_BLOCK for o in lower_to_linear(ast_of((a @ b).maximum(c))).opts)
+    with pytest.raises(OptError, match="not a single float sum over one axis"):
+        lower_to_linear(ast_of((a @ b).maximum(c)), opts=(opt("REDUCE_BLOCK", 2, 64),))
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_short_bool_reduces_unroll_to_logic(k):
+    xn = np.random.default_rng(k).standard_normal((6, k)) > 0.5
+    t = Tensor(xn)
+    assert lower_to_linear(ast_of(t.any(1))).opts == (opt("UNROLL", 1, k),)
+    np.testing.assert_array_equal(t.any(1).numpy(), xn.any(1))
+    np.testing.assert_array_equal(t.all(1).numpy(), xn.all(1))
+    np.testing.assert_array_equal(Tensor(xn, device="PYTHON").any(1).numpy(), xn.any(1))
+
+
+@pytest.mark.parametrize("thread_axis,chunks", [(0, 2), (1, 4), (1, 8)])
+def test_thread_split_with_reduce_blocks_equals_noopt(thread_axis, chunks):
+    rng = np.random.default_rng(chunks)
+    arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((12, 64), (64, 16), (16,))]
+    opts = [opt("UPCAST", 0, 3), opt("UPCAST", 1, 2), opt("REDUCE_BLOCK", 2, 16), opt("THREAD", thread_axis, chunks)]
+    check_opts_values(lambda a, b, c: (a @ b + c).relu(), arrays, opts, atol=1e-4)
