@@ -8,7 +8,7 @@ from typing import Any
 from fusegrad.helpers import BEAM, DEBUG, NOOPT, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
-from fusegrad.runtime.device import Device, physical_memory
+from fusegrad.runtime.device import Device, copy_buffer, physical_memory
 from fusegrad.schedule import OldVersionReaders, ScheduleItem, base_buffer, buffer_of, create_schedule, record_realized
 from fusegrad.uop.ops import Ops, UOp
 
@@ -59,7 +59,7 @@ def run_item(item: ScheduleItem) -> None:
     st = time.perf_counter()
     if item.ast.op is Ops.COPY:
         dst, src = item.buffers
-        dst.host_view()[:] = src.host_view()
+        copy_buffer(dst, src)
         name, ops = f"copy {src.device} -> {dst.device}", 0
     else:
         if item.buffers[0].size == 0:
@@ -116,7 +116,7 @@ def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReader
             for item in items[:split]:
                 run_item(item)
             for check, buf in zip(checks, check_bufs):
-                check.raise_if_violated(buf.host_view())
+                check.raise_if_violated(buf.numpy())
             items, results = items[split:], results[len(checks) :]
         for item in items:
             run_item(item)
