@@ -164,6 +164,7 @@ CHECK_OOB = ContextVar("CHECK_OOB", 0)
 LRU_CACHE_MB = ContextVar("LRU_CACHE_MB", -1)  # MiB of freed host buffers kept for reuse (-1: RAM / 8, 0: none)
 BEAM = ContextVar("BEAM", 0)  # beam width of the opts search (0: the heuristics)
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)
+CUDA_ARCH = ContextVar("CUDA_ARCH", "")  # sm_XX the CUDA compiler targets when no GPU says (compile-only)
 NOOPT = ContextVar("NOOPT", 0)  # 1 applies no codegen opts
 SPEC = ContextVar("SPEC", 0)  # 1 checks the kernel graph against uop/spec.py after every codegen stage
 # API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
