@@ -287,15 +287,17 @@ class Buffer:
         flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         if flat.nbytes != self.nbytes:
             raise ValueError(f"copying {flat.nbytes} bytes into {self!r} of {self.nbytes} bytes")
-        self.allocator.copyin(self.handle, flat)
+        if flat.nbytes:
+            self.allocator.copyin(self.handle, flat)
 
     def numpy(self) -> np.ndarray:
         """A host copy of the values, flat, of the storage dtype."""
         if self.is_host:
             return self.host_view().copy()
         out = np.empty(self.nbytes, np.uint8)
-        Device[self.device].synchronize()
-        self.allocator.copyout(out, self.handle)
+        if self.nbytes:
+            Device[self.device].synchronize()
+            self.allocator.copyout(out, self.handle)
         return out.view(to_numpy_dtype(self.dtype))
 
     def __repr__(self) -> str:
