@@ -15,7 +15,7 @@ from fusegrad.codegen import lower_to_linear
 from fusegrad.codegen.opt import Opt, OptError, OptOps, check_opts
 from fusegrad.codegen.opt.packs import find_packs
 from fusegrad.codegen.opt.target import vector_bytes
-from fusegrad.renderer.cstyle import CStyleRenderer
+from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.schedule import create_schedule
 from fusegrad.runtime.device import Device
 from fusegrad.dtype import dtypes
@@ -129,11 +129,11 @@ def test_debug_3_lists_the_opts(capsys):
 def test_upcast_kernel_renders_vector_types_and_plain_kernel_does_not():
     width = vector_bytes() // 4
     ast = matmul_ast(32, 16, 2 * width)
-    src = CStyleRenderer().render("k", lower_to_linear(ast).lin)
+    src = CRenderer().render("k", lower_to_linear(ast).lin)
     assert f"typedef float fg_floatx{width} __attribute__((vector_size({vector_bytes()})));" in src
     assert f"fg_floatx{width} vec" in src and "__builtin_memcpy(&vec" in src
     with Context(NOOPT=1):
-        plain = CStyleRenderer().render("k", lower_to_linear(ast).lin)
+        plain = CRenderer().render("k", lower_to_linear(ast).lin)
     assert "vector_size" not in plain and "fg_floatx" not in plain
 
 

@@ -1,23 +1,29 @@
-"""Renders a linear kernel as readable C: one statement per value, loops as for-statements."""
+"""Renders a linear kernel as C-family source: one statement per value, loops as for-statements.
+
+`CStyleRenderer` holds what the C family shares, as two tables a dialect extends: `string_rewrite`, rules from a
+linear UOp to its statement or expression (a PatternMatcher; ctx is the kernel being written), and `code_for_op`,
+templates from an ALU op to its expression. A dialect is a subclass that overrides the class attributes (kernel prefix,
+buffer address space, type names, constants, math names, vector types, thread indices) and adds or replaces rules:
+`CRenderer` (C99 with GNU vector extensions, for the CPU device), `OpenCLRenderer` (OpenCL C) and `CUDARenderer`
+(CUDA C) below."""
 
 from __future__ import annotations
 import math
 from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
 from fusegrad.dtype import FP8_FORMATS, DType, dtypes, float_to_fp8
 from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat
 from fusegrad.codegen.opt.packs import Pack, find_packs
 from fusegrad.codegen.opt.target import vector_bytes
 
-C_TYPES = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"} | {
-    dt: "unsigned char" for dt in dtypes.fp8s
-}
+
+class RenderError(NotImplementedError):
+    """The dialect cannot express this kernel (an op without a rule, a dtype the language lacks)."""
 
 
-def ctype(dt: DType) -> str:
-    return C_TYPES.get(dt, dt.name)
-
-
-PRELUDE = """#include <math.h>
+C_PRELUDE = """#include <math.h>
 #include <string.h>
 static inline float fg_bf16_to_f32(unsigned short b) { unsigned int u = (unsigned int)b << 16; \
 float f; memcpy(&f, &u, 4); return f; }
@@ -67,50 +73,7 @@ def _fp8_from(x: str, dt: DType) -> str:
     return f"fg_f64_to_fp8({x}, {_fp8_args(dt)}, {f.max_bits}, {f.max_value!r})"
 
 
-def render_const(value: object, dt: DType) -> str:
-    if dt is dtypes.bool:
-        return "1" if value else "0"
-    if dt in FP8_FORMATS:
-        return f"((unsigned char){float_to_fp8(value, dt):#04x})"
-    if dtypes.is_float(dt):
-        v = float(value)  # type: ignore[arg-type]
-        if math.isnan(v):
-            s = "NAN"
-        elif math.isinf(v):
-            s = "INFINITY" if v > 0 else "(-INFINITY)"
-        else:
-            s = repr(v) + ("f" if dt is not dtypes.float64 else "")
-        if dt is dtypes.float64 and s in ("NAN", "INFINITY", "(-INFINITY)"):
-            return f"((double){s})"
-        if dt is dtypes.float16:
-            return f"((_Float16){s})"
-        if dt is dtypes.bfloat16:
-            return f"fg_f32_to_bf16({s})"
-        return s
-    v = int(value)  # type: ignore[call-overload]
-    if dt is dtypes.int64:
-        return f"{v}LL" if v != -(2**63) else "(-9223372036854775807LL-1)"
-    if dt is dtypes.uint64:
-        return f"{v}ULL"
-    if dt is dtypes.uint32:
-        return f"{v}u"
-    if dt is dtypes.int32 and v == -(2**31):
-        return "(-2147483647-1)"
-    return str(v) if v >= 0 else f"({v})"
-
-
-_MATH = {
-    Ops.SQRT: "sqrt",
-    Ops.EXP: "exp",
-    Ops.LOG: "log",
-    Ops.EXP2: "exp2",
-    Ops.LOG2: "log2",
-    Ops.SIN: "sin",
-    Ops.COS: "cos",
-    Ops.TRUNC: "trunc",
-    Ops.POW: "pow",
-}
-_INFIX = {
+INFIX = {
     Ops.ADD: "+",
     Ops.MUL: "*",
     Ops.FDIV: "/",
@@ -123,235 +86,548 @@ _INFIX = {
     Ops.SHL: "<<",
     Ops.SHR: ">>",
 }
+MATH_FUNCTIONS = {
+    Ops.SQRT: "sqrt",
+    Ops.EXP: "exp",
+    Ops.LOG: "log",
+    Ops.EXP2: "exp2",
+    Ops.LOG2: "log2",
+    Ops.SIN: "sin",
+    Ops.COS: "cos",
+    Ops.TRUNC: "trunc",
+    Ops.POW: "pow",
+}
 
 
-_UNSIGNED = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long long"}
+def _max(r: CStyleRenderer, dt: DType, a: list[str], srcs: tuple[UOp, ...]) -> str:
+    x, y = a
+    # NaN wins like torch.maximum; integers compare plainly
+    return f"(({x}>{y}||{x}!={x})?{x}:{y})" if dtypes.is_float(dt) else f"(({x}>{y})?{x}:{y})"
 
 
-def render_wrapping(op: Ops, dt: DType, args: list[str]) -> str:
-    """Signed data arithmetic that wraps like torch: computed in the unsigned type, converted back (modulo in gcc)."""
-    u, t = _UNSIGNED[dt], ctype(dt)
-    if op is Ops.NEG:
-        return f"(({t})(0-({u})({args[0]})))"
-    if op is Ops.SHL:
-        return f"(({t})(({u})({args[0]})<<({args[1]})))"
-    return f"(({t})(({u})({args[0]}){_INFIX[op]}({u})({args[1]})))"
+def _division(op: Ops) -> Callable[[CStyleRenderer, DType, list[str], tuple[UOp, ...]], str]:
+    sym = "/" if op is Ops.IDIV else "%"
 
-
-def render_alu(op: Ops, dt: DType, args: list[str], srcs: tuple[UOp, ...], wrap: bool = False) -> str:
-    sdt = srcs[0].dtype
-    if wrap and dt in _UNSIGNED and op in (Ops.ADD, Ops.MUL, Ops.NEG, Ops.SHL):
-        return render_wrapping(op, dt, args)
-    if op in _MATH:
-        fn = _MATH[op] + ("f" if sdt is dtypes.float32 else "")
-        expr = f"{fn}({', '.join(args)})"
-    elif op is Ops.NEG:
-        expr = f"(!{args[0]})" if dt is dtypes.bool else f"(-{args[0]})"
-    elif op is Ops.RECIPROCAL:
-        expr = f"(1/{args[0]})" if dt is dtypes.float64 else f"(1.0f/{args[0]})"
-    elif op is Ops.MAX:
-        a, b = args
-        expr = f"(({a}>{b}||{a}!={a})?{a}:{b})" if dtypes.is_float(dt) else f"(({a}>{b})?{a}:{b})"
-    elif op in (Ops.IDIV, Ops.MOD):
-        sym = "/" if op is Ops.IDIV else "%"
+    def render(r: CStyleRenderer, dt: DType, a: list[str], srcs: tuple[UOp, ...]) -> str:
         # C traps on integer division by zero; the result is defined as 0 instead (matches the PYTHON backend)
         if srcs[1].op is Ops.CONST and srcs[1].arg > 0:
-            expr = f"({args[0]}{sym}{args[1]})"
-        elif dtypes.is_unsigned(dt):
-            expr = f"(({args[1]})==0?0:({args[0]}{sym}{args[1]}))"
+            return f"({a[0]}{sym}{a[1]})"
+        if dtypes.is_unsigned(dt):
+            return f"(({a[1]})==0?0:({a[0]}{sym}{a[1]}))"
         # signed MIN / -1 traps too; x / -1 is -x (wrapping) and x % -1 is 0
-        else:
-            neg = render_wrapping(Ops.NEG, dt, args[:1]) if dt in _UNSIGNED else f"(-({args[0]}))"
-            expr = f"(({args[1]})==0?0:({args[1]})==-1?{neg if op is Ops.IDIV else '0'}:({args[0]}{sym}{args[1]}))"
-    elif op is Ops.WHERE:
-        expr = f"({args[0]}?{args[1]}:{args[2]})"
-    elif op is Ops.ADD and dt is dtypes.bool:
-        expr = f"({args[0]}|{args[1]})"
-    elif op is Ops.MUL and dt is dtypes.bool:
-        expr = f"({args[0]}&{args[1]})"
-    else:
-        expr = f"({args[0]}{_INFIX[op]}{args[1]})"
-    # C computes narrow integers as int: cast back so wrap-around matches the dtype
-    if dtypes.is_int(dt) and dt.itemsize < 4 and op not in GroupOp.Comparison:
-        expr = f"(({ctype(dt)}){expr})"
-    return expr
+        neg = r.render_wrapping(Ops.NEG, dt, a[:1]) if dt in r.wrapping_types else f"(-({a[0]}))"
+        return f"(({a[1]})==0?0:({a[1]})==-1?{neg if op is Ops.IDIV else '0'}:({a[0]}{sym}{a[1]}))"
+
+    return render
 
 
-def render_cast(x: str, src: DType, dst: DType) -> str:
-    if src in FP8_FORMATS:
-        return f"fg_fp8_to_f32({x}, {_fp8_args(src)})"
-    if dst in FP8_FORMATS:
-        return _fp8_from(x, dst)
-    if src is dtypes.bfloat16:
-        return f"fg_bf16_to_f32({x})"
-    if dst is dtypes.bfloat16:
-        return f"fg_f32_to_bf16({x})"
-    return f"(({ctype(dst)})({x}))"
+def _infix(op: Ops) -> Callable[[CStyleRenderer, DType, list[str], tuple[UOp, ...]], str]:
+    return lambda r, dt, a, srcs: f"({a[0]}{INFIX[op]}{a[1]})"
+
+
+def _math(op: Ops) -> Callable[[CStyleRenderer, DType, list[str], tuple[UOp, ...]], str]:
+    return lambda r, dt, a, srcs: f"{r.math_function(op, srcs[0].dtype)}({', '.join(a)})"
+
+
+# op -> template(renderer, result dtype, operand expressions, operand UOps); bool ADD/MUL are OR/AND
+CODE_FOR_OP: dict[Ops, Callable[[CStyleRenderer, DType, list[str], tuple[UOp, ...]], str]] = {
+    **{op: _infix(op) for op in INFIX},
+    **{op: _math(op) for op in MATH_FUNCTIONS},
+    Ops.NEG: lambda r, dt, a, srcs: f"(!{a[0]})" if dt is dtypes.bool else f"(-{a[0]})",
+    Ops.RECIPROCAL: lambda r, dt, a, srcs: f"(1/{a[0]})" if dt is dtypes.float64 else f"(1.0f/{a[0]})",
+    Ops.MAX: _max,
+    Ops.IDIV: _division(Ops.IDIV),
+    Ops.MOD: _division(Ops.MOD),
+    Ops.WHERE: lambda r, dt, a, srcs: f"({a[0]}?{a[1]}:{a[2]})",
+}
+
+
+@dataclass
+class KernelText:
+    """One kernel being written: names given to values, the lines so far, and the vectors (packs) found."""
+
+    renderer: CStyleRenderer
+    lin: tuple[UOp, ...]
+    packs: dict[UOp, tuple[Pack, int]]
+    names: dict[UOp, str] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+    counters: Counter = field(default_factory=Counter)
+    vec_names: dict[Pack, str] = field(default_factory=dict)
+    vec_types: dict[str, str] = field(default_factory=dict)
+    depth: int = 1
+    outer: UOp | None = None  # the outermost global loop, which a dialect splits over threads or work items
+    reads_data: dict[UOp, bool] = field(default_factory=dict)
+    uses: Counter = field(default_factory=Counter)
+
+    def fresh(self, prefix: str) -> str:
+        self.counters[prefix] += 1
+        return f"{prefix}{self.counters[prefix] - 1}"
+
+    def ref(self, u: UOp) -> str:
+        return self.renderer.render_const(u.arg, u.dtype) if u.op is Ops.CONST else self.names[u]
+
+    def line(self, s: str) -> None:
+        self.lines.extend("  " * self.depth + part for part in s.split("\n"))
+
+    def vtype(self, pack: Pack) -> str:
+        name, definition = self.renderer.vector_type(pack.dtype, len(pack.lanes))
+        if definition:
+            self.vec_types[name] = definition
+        return name
+
+    def vref(self, s: UOp) -> str:
+        # a pack operand is its vector; a scalar one is broadcast by the dialect's vector-scalar arithmetic
+        return self.vec_names[self.packs[s][0]] if s in self.packs else self.ref(s)
+
+    def address(self, u: UOp, pack: Pack) -> str:
+        return f"{self.ref(u.src[0])} + ({self.ref(pack.base)}+{pack.offset})"  # type: ignore[arg-type]
+
+
+def _load(ctx: KernelText, x: UOp) -> str:
+    load = f"{ctx.ref(x.src[0])}[{ctx.ref(x.src[1])}]"
+    return f"({ctx.ref(x.src[2])}?{load}:{ctx.renderer.render_const(0, x.dtype)})" if len(x.src) == 3 else load
+
+
+def _acc_update(ctx: KernelText, x: UOp) -> str:
+    acc = ctx.names[x.src[0]]
+    ctx.names[x] = acc
+    value = ctx.renderer.render_alu(x.arg, x.dtype, [acc, ctx.ref(x.src[1])], (x.src[0], x.src[1]), wrap=True)
+    return f"{acc} = {value};"
+
+
+def _bitcast(ctx: KernelText, x: UOp) -> str:
+    t, s = ctx.renderer.ctype(x.dtype), ctx.renderer.ctype(x.src[0].dtype)
+    return f"({{ {t} bc_; {s} in_ = {ctx.ref(x.src[0])}; memcpy(&bc_, &in_, sizeof(bc_)); bc_; }})"
+
+
+# statements return a line; values (LOAD, DEFINE_ACC, ALU, CAST, BITCAST) return the expression the kernel names
+base_rewrite = PatternMatcher(
+    [
+        (UPat(Ops.DEFINE_GLOBAL, name="x"), lambda ctx, x: ctx.names.setdefault(x, f"data{x.arg[0]}") and ""),
+        (UPat(Ops.RANGE, name="x"), lambda ctx, x: ctx.renderer.render_range(ctx, x)),
+        (UPat(Ops.ENDRANGE), lambda ctx: "}"),
+        (UPat(Ops.DEFINE_ACC, name="x"), lambda ctx, x: ctx.ref(x.src[0])),
+        (UPat(Ops.ACC_UPDATE, name="x"), _acc_update),
+        (UPat(Ops.LOAD, name="x"), _load),
+        (UPat(Ops.STORE, name="x"), lambda ctx, x: f"{ctx.ref(x.src[0])}[{ctx.ref(x.src[1])}] = {ctx.ref(x.src[2])};"),
+        (
+            UPat(Ops.CAST, name="x"),
+            lambda ctx, x: ctx.renderer.render_cast(ctx.ref(x.src[0]), x.src[0].dtype, x.dtype),
+        ),
+        (UPat(Ops.BITCAST, name="x"), _bitcast),
+        (
+            UPat(GroupOp.ALU, name="x"),
+            lambda ctx, x: ctx.renderer.render_alu(
+                x.op, x.dtype, [ctx.ref(s) for s in x.src], x.src, wrap=ctx.reads_data[x]
+            ),
+        ),
+    ]
+)
+
+# the prefix a value's name starts with; every other op is a statement
+VALUE_PREFIX = {Ops.LOAD: "val", Ops.DEFINE_ACC: "acc", Ops.CAST: "cast", Ops.BITCAST: "cast"} | {
+    op: "alu" for op in GroupOp.ALU
+}
 
 
 class CStyleRenderer:
-    """C99 with GNU extensions; the outermost global loop runs [core_start, core_end) so threads can split it."""
+    """What the C family shares. The class attributes and the two tables are the dialect's knobs; the methods below
+    them are hooks a dialect overrides when a table entry is not enough. Scalar code, every loop a for-statement."""
+
+    kernel_prefix = ""  # before the return type: "__kernel " (OpenCL C), 'extern "C" __global__ ' (CUDA C)
+    buffer_prefix = ""  # address space of a buffer parameter: "__global " (OpenCL C)
+    extra_params: tuple[str, ...] = ()  # scalar parameters after the buffers (C: the thread's slice of the outer loop)
+    prelude = ""  # includes and helpers before the kernel
+    type_map: dict[DType, str] = {dtypes.bool: "_Bool"}
+    unsupported: tuple[DType, ...] = ()  # dtypes the language lacks: rendering a kernel using one raises RenderError
+    float32_math_suffix = "f"  # sqrtf (C, CUDA C) or the overloaded sqrt (OpenCL C)
+    nan, infinity = "NAN", "INFINITY"
+    int64_suffix, uint64_suffix = "LL", "ULL"
+    vectorize = False  # pack upcast lanes into vector types (needs vector_type and render_vector)
+    vector_bytes: int | None = None  # bytes of one vector; None: the host CPU's vector registers
+    # integer data arithmetic that wraps: computed in the unsigned type and converted back
+    wrapping_types: dict[DType, str] = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long long"}
+    code_for_op = CODE_FOR_OP
+    string_rewrite = base_rewrite
+
+    # ---- hooks
+
+    def ctype(self, dt: DType) -> str:
+        return self.type_map.get(dt, dt.name)
+
+    def math_function(self, op: Ops, dt: DType) -> str:
+        return MATH_FUNCTIONS[op] + (self.float32_math_suffix if dt is dtypes.float32 else "")
+
+    def render_range(self, ctx: KernelText, u: UOp) -> str:
+        name, t = ctx.names[u], self.ctype(u.dtype)
+        return f"for ({t} {name} = 0; {name} < {ctx.ref(u.src[0])}; {name}++) {{"
+
+    def vector_type(self, dt: DType, n: int) -> tuple[str, str]:
+        """(type name, its definition or "") of n lanes of dt."""
+        raise RenderError(f"{type(self).__name__} has no vector types")
+
+    def lane(self, vector: str, i: int) -> str:
+        return f"{vector}[{i}]"
+
+    def render_prelude(self, lin: tuple[UOp, ...]) -> str:
+        return self.prelude
+
+    def render_float(self, s: str, dt: DType) -> str:
+        """A float literal `s` (digits, or the dialect's NaN/infinity) as a constant of dt."""
+        if dt is dtypes.float64 and s in (self.nan, self.infinity, f"(-{self.infinity})"):
+            return f"((double){s})"
+        if dt is dtypes.float16:
+            return f"(({self.ctype(dt)}){s})"
+        if dt is dtypes.bfloat16:
+            return f"fg_f32_to_bf16({s})"
+        return s
+
+    def render_const(self, value: object, dt: DType) -> str:
+        if dt is dtypes.bool:
+            return "1" if value else "0"
+        if dt in FP8_FORMATS:
+            return f"((unsigned char){float_to_fp8(value, dt):#04x})"
+        if dtypes.is_float(dt):
+            v = float(value)  # type: ignore[arg-type]
+            if math.isnan(v):
+                s = self.nan
+            elif math.isinf(v):
+                s = self.infinity if v > 0 else f"(-{self.infinity})"
+            else:
+                s = repr(v) + ("f" if dt is not dtypes.float64 else "")
+            return self.render_float(s, dt)
+        v = int(value)  # type: ignore[call-overload]
+        if dt is dtypes.int64:
+            return f"{v}{self.int64_suffix}" if v != -(2**63) else f"(-9223372036854775807{self.int64_suffix}-1)"
+        if dt is dtypes.uint64:
+            return f"{v}{self.uint64_suffix}"
+        if dt is dtypes.uint32:
+            return f"{v}u"
+        if dt is dtypes.int32 and v == -(2**31):
+            return "(-2147483647-1)"
+        return str(v) if v >= 0 else f"({v})"
+
+    def render_wrapping(self, op: Ops, dt: DType, args: list[str]) -> str:
+        """Signed data arithmetic that wraps like torch: computed in the unsigned type, converted back."""
+        u, t = self.wrapping_types[dt], self.ctype(dt)
+        if op is Ops.NEG:
+            return f"(({t})(0-({u})({args[0]})))"
+        if op is Ops.SHL:
+            return f"(({t})(({u})({args[0]})<<({args[1]})))"
+        return f"(({t})(({u})({args[0]}){INFIX[op]}({u})({args[1]})))"
+
+    def render_alu(self, op: Ops, dt: DType, args: list[str], srcs: tuple[UOp, ...], wrap: bool = False) -> str:
+        if wrap and dt in self.wrapping_types and op in (Ops.ADD, Ops.MUL, Ops.NEG, Ops.SHL):
+            return self.render_wrapping(op, dt, args)
+        if op is Ops.ADD and dt is dtypes.bool:
+            expr = f"({args[0]}|{args[1]})"
+        elif op is Ops.MUL and dt is dtypes.bool:
+            expr = f"({args[0]}&{args[1]})"
+        elif (template := self.code_for_op.get(op)) is not None:
+            expr = template(self, dt, args, srcs)
+        else:
+            raise RenderError(f"{type(self).__name__} has no template for {op}")
+        # C computes narrow integers as int: cast back so wrap-around matches the dtype
+        if dtypes.is_int(dt) and dt.itemsize < 4 and op not in GroupOp.Comparison:
+            expr = f"(({self.ctype(dt)}){expr})"
+        return expr
+
+    def render_cast(self, x: str, src: DType, dst: DType) -> str:
+        if src in FP8_FORMATS:
+            return f"fg_fp8_to_f32({x}, {_fp8_args(src)})"
+        if dst in FP8_FORMATS:
+            return _fp8_from(x, dst)
+        if src is dtypes.bfloat16:
+            return f"fg_bf16_to_f32({x})"
+        if dst is dtypes.bfloat16:
+            return f"fg_f32_to_bf16({x})"
+        return f"(({self.ctype(dst)})({x}))"
+
+    def render_vector(self, ctx: KernelText, u: UOp, pack: Pack) -> None:
+        raise RenderError(f"{type(self).__name__} has no vector rules")
+
+    def render_params(self, lin: tuple[UOp, ...]) -> list[str]:
+        stored = {u.src[0] for u in lin if u.op is Ops.STORE}
+        return [
+            f"{self.buffer_prefix}{'const ' if p not in stored else ''}{self.ctype(p.dtype)}* data{p.arg[0]}"
+            for p in lin
+            if p.op is Ops.DEFINE_GLOBAL
+        ] + list(self.extra_params)
+
+    # ---- the driver
 
     def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
-        uses = Counter(s for u in lin for s in u.src)
-        packs = find_packs(lin, vector_bytes()) if vectorize else {}
-        vec_names: dict[Pack, str] = {}
-        vec_types: dict[str, str] = {}
-        names: dict[UOp, str] = {}
-        counters: Counter[str] = Counter()
-        lines: list[str] = []
-        depth = 1
-        first_global = True
-
-        def fresh(prefix: str) -> str:
-            counters[prefix] += 1
-            return f"{prefix}{counters[prefix] - 1}"
-
-        def ref(u: UOp) -> str:
-            if u.op is Ops.CONST:
-                return render_const(u.arg, u.dtype)
-            return names[u]
-
-        def line(s: str) -> None:
-            lines.append("  " * depth + s)
-
-        params = [u for u in lin if u.op is Ops.DEFINE_GLOBAL]
-        stored = {u.src[0] for u in lin if u.op is Ops.STORE}
+        for u in lin:
+            if u.dtype in self.unsupported:
+                raise RenderError(f"{type(self).__name__} cannot render {u.dtype} (kernel {name}, {u.op})")
+        width = vector_bytes() if self.vector_bytes is None else self.vector_bytes
+        packs = find_packs(lin, width) if vectorize and self.vectorize else {}
+        ctx = KernelText(self, lin, packs, uses=Counter(s for u in lin for s in u.src))
+        ctx.outer = next((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"), None)
         # integer math on loaded data wraps like torch; index math over loops cannot overflow, so it stays plain signed
         # arithmetic the compiler may assume affine (and vectorize)
-        reads_data: dict[UOp, bool] = {}
         for u in lin:
-            reads_data[u] = u.op in (Ops.LOAD, Ops.DEFINE_ACC, Ops.ACC_UPDATE) or any(
-                reads_data.get(x, False) for x in u.src
+            ctx.reads_data[u] = u.op in (Ops.LOAD, Ops.DEFINE_ACC, Ops.ACC_UPDATE) or any(
+                ctx.reads_data.get(x, False) for x in u.src
             )
-
-        def vtype(pack: Pack) -> str:
-            dt, n = pack.dtype, len(pack.lanes)
-            tname = f"fg_{dt.name}x{n}"
-            vec_types[tname] = f"typedef {ctype(dt)} {tname} __attribute__((vector_size({n * dt.itemsize})));"
-            return tname
-
-        def vref(s: UOp) -> str:
-            # a pack operand is its vector; a scalar one is broadcast by GCC's vector-scalar arithmetic
-            return vec_names[packs[s][0]] if s in packs else ref(s)
-
-        def emit_vector(u: UOp, pack: Pack) -> None:
-            op = u.op
-            if op is Ops.STORE:
-                value = vec_names[pack] = vec_names[packs[u.src[2]][0]]
-                address = f"{ref(u.src[0])} + ({ref(pack.base)}+{pack.offset})"
-                line(f"__builtin_memcpy({address}, &{value}, sizeof({value}));")
-                return
-            if op is Ops.ACC_UPDATE:
-                acc = vec_names[packs[u.src[0]][0]]
-                vec_names[pack] = acc
-                line(f"{acc} = {acc} + {vref(u.src[1])};")
-                return
-            vname = vec_names[pack] = fresh("vec")
-            if op is Ops.LOAD:
-                address = f"{ref(u.src[0])} + ({ref(pack.base)}+{pack.offset})"
-                if len(u.src) == 3:  # gated: zeros, and memory is read only where the gate holds
-                    line(f"{vtype(pack)} {vname} = {{}};")
-                    line(f"if ({ref(u.src[2])}) __builtin_memcpy(&{vname}, {address}, sizeof({vname}));")
-                else:
-                    line(f"{vtype(pack)} {vname};")
-                    line(f"__builtin_memcpy(&{vname}, {address}, sizeof({vname}));")
-            elif op is Ops.DEFINE_ACC:
-                line(f"{vtype(pack)} {vname} = ({vtype(pack)}){{}} + {ref(u.src[0])};")
-            elif op is Ops.NEG:
-                line(f"{vtype(pack)} {vname} = -{vref(u.src[0])};")
-            elif op is Ops.WHERE:
-                # C's conditional needs both arms of the vector type: a scalar arm is broadcast explicitly
-                arms = [vref(s) if s in packs else f"(({vtype(pack)}){{}} + {ref(s)})" for s in u.src[1:]]
-                line(f"{vtype(pack)} {vname} = ({ref(u.src[0])} ? {arms[0]} : {arms[1]});")
-            else:
-                line(f"{vtype(pack)} {vname} = ({vref(u.src[0])}{_INFIX[op]}{vref(u.src[1])});")
-
         for u in lin:
-            op = u.op
             if u in packs:
                 pack, lane = packs[u]
-                if pack not in vec_names:
-                    emit_vector(u, pack)
-                if op is not Ops.STORE:
-                    names[u] = f"{vec_names[pack]}[{lane}]"
+                if pack not in ctx.vec_names:
+                    self.render_vector(ctx, u, pack)
+                if u.op is not Ops.STORE:
+                    ctx.names[u] = self.lane(ctx.vec_names[pack], lane)
                 continue
-            if op is Ops.DEFINE_GLOBAL:
-                names[u] = f"data{u.arg[0]}"
-            elif op is Ops.CONST:
+            if u.op is Ops.CONST:
                 continue
-            elif op is Ops.RANGE:
-                names[u] = fresh("gidx" if u.arg[1] == "global" else "ridx")
-                end = ref(u.src[0])
-                if u.arg[1] == "global" and first_global:
-                    first_global = False
-                    line(f"for ({ctype(u.dtype)} {names[u]} = core_start; {names[u]} < core_end; {names[u]}++) {{")
-                else:
-                    acc = self._simd_reduction(u, lin, names)
-                    if acc:
-                        line(acc)
-                    line(f"for ({ctype(u.dtype)} {names[u]} = 0; {names[u]} < {end}; {names[u]}++) {{")
-                depth += 1
-            elif op is Ops.ENDRANGE:
-                depth -= 1
-                line("}")
-            elif op is Ops.DEFINE_ACC:
-                names[u] = fresh("acc")
-                line(f"{ctype(u.dtype)} {names[u]} = {ref(u.src[0])};")
-            elif op is Ops.ACC_UPDATE:
-                acc = names[u.src[0]]
-                line(f"{acc} = {render_alu(u.arg, u.dtype, [acc, ref(u.src[1])], (u.src[0], u.src[1]), wrap=True)};")
-                names[u] = acc
-            elif op is Ops.LOAD:
-                names[u] = fresh("val")
-                load = f"{ref(u.src[0])}[{ref(u.src[1])}]"
-                if len(u.src) == 3:
-                    load = f"({ref(u.src[2])}?{load}:{render_const(0, u.dtype)})"
-                line(f"{ctype(u.dtype)} {names[u]} = {load};")
-            elif op is Ops.STORE:
-                line(f"{ref(u.src[0])}[{ref(u.src[1])}] = {ref(u.src[2])};")
-            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-                if op is Ops.CAST:
-                    expr = render_cast(ref(u.src[0]), u.src[0].dtype, u.dtype)
-                elif op is Ops.BITCAST:
-                    expr = (
-                        f"({{ {ctype(u.dtype)} bc_; {ctype(u.src[0].dtype)} in_ = {ref(u.src[0])};"
-                        " memcpy(&bc_, &in_, sizeof(bc_)); bc_; })"
-                    )
-                else:
-                    expr = render_alu(op, u.dtype, [ref(s) for s in u.src], u.src, wrap=reads_data[u])
-                # single-use integer index math is inlined so the indexing reads like the formula it is
-                if uses[u] == 1 and dtypes.is_int(u.dtype) and op in GroupOp.ALU:
-                    names[u] = expr
-                else:
-                    names[u] = fresh("alu" if op in GroupOp.ALU else "cast")
-                    line(f"{ctype(u.dtype)} {names[u]} = {expr};")
-            else:
-                raise NotImplementedError(f"C renderer has no rule for {op}")
-        args = [f"{'const ' if p not in stored else ''}{ctype(p.dtype)}* data{p.arg[0]}" for p in params] + [
-            "long long core_start",
-            "long long core_end",
-        ]
-        typedefs = "".join(t + "\n" for t in vec_types.values())
-        return PRELUDE + typedefs + f"void {name}({', '.join(args)}) {{\n" + "\n".join(lines) + "\n}\n"
-
-    @staticmethod
-    def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str]) -> str | None:
-        """An innermost sum loop may be vectorized: the pragma allows reassociating only this accumulator."""
-        start = lin.index(r)
-        body = []
-        for u in lin[start + 1 :]:
-            if u.op is Ops.ENDRANGE and u.src[0] is r:
-                break
             if u.op is Ops.RANGE:
-                return None
-            body.append(u)
-        updates = [u for u in body if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
-        # several accumulators are better vectorized across each other (SLP) than along the loop
-        if len(updates) != 1 or any(
-            u.arg is not Ops.ADD or u.dtype not in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
-            for u in updates
-        ):
+                ctx.names[u] = ctx.fresh("gidx" if u.arg[1] == "global" else "ridx")
+            if u.op is Ops.ENDRANGE:
+                ctx.depth -= 1
+            if (text := self.string_rewrite.rewrite(u, ctx)) is None:
+                raise RenderError(f"{type(self).__name__} has no rule for {u.op}")
+            if (prefix := VALUE_PREFIX.get(u.op)) is None:
+                if text:
+                    ctx.line(text)
+            # single-use integer index math is inlined so the indexing reads like the formula it is
+            elif u.op in GroupOp.ALU and ctx.uses[u] == 1 and dtypes.is_int(u.dtype):
+                ctx.names[u] = text
+            else:
+                ctx.names[u] = ctx.fresh(prefix)
+                ctx.line(f"{self.ctype(u.dtype)} {ctx.names[u]} = {text};")
+            if u.op is Ops.RANGE:
+                ctx.depth += 1
+        typedefs = "".join(t + "\n" for t in ctx.vec_types.values())
+        params = ", ".join(self.render_params(lin))
+        return (
+            self.render_prelude(lin)
+            + typedefs
+            + f"{self.kernel_prefix}void {name}({params}) {{\n"
+            + "\n".join(ctx.lines)
+            + "\n}\n"
+        )
+
+
+def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str]) -> str | None:
+    """An innermost sum loop may be vectorized: the pragma allows reassociating only this accumulator."""
+    start = lin.index(r)
+    body = []
+    for u in lin[start + 1 :]:
+        if u.op is Ops.ENDRANGE and u.src[0] is r:
+            break
+        if u.op is Ops.RANGE:
             return None
-        accs = ", ".join(names[u.src[0]] for u in updates)
-        return f"#pragma omp simd reduction(+:{accs})"
+        body.append(u)
+    updates = [u for u in body if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
+    # several accumulators are better vectorized across each other (SLP) than along the loop
+    if len(updates) != 1 or any(
+        u.arg is not Ops.ADD or u.dtype not in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
+        for u in updates
+    ):
+        return None
+    accs = ", ".join(names[u.src[0]] for u in updates)
+    return f"#pragma omp simd reduction(+:{accs})"
+
+
+def _gcc_vector_where(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    # C's conditional needs both arms of the vector type: a scalar arm is broadcast explicitly
+    arms = [ctx.vref(s) if s in ctx.packs else f"(({t}){{}} + {ctx.ref(s)})" for s in u.src[1:]]
+    return f"{t} {vname} = ({ctx.ref(u.src[0])} ? {arms[0]} : {arms[1]});"
+
+
+def _gcc_vector_load(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    if len(u.src) == 3:  # gated: zeros, and memory is read only where the gate holds
+        gate = ctx.ref(u.src[2])
+        return f"{t} {vname} = {{}};\nif ({gate}) __builtin_memcpy(&{vname}, {ctx.address(u, pack)}, sizeof({vname}));"
+    return f"{t} {vname};\n__builtin_memcpy(&{vname}, {ctx.address(u, pack)}, sizeof({vname}));"
+
+
+# one vector instruction per pack, in GCC's vector extension: (ctx, first lane, pack, vector name, vector type) -> text
+GCC_VECTOR_RULES: dict[Ops, Callable[[KernelText, UOp, Pack, str, str], str]] = {
+    Ops.LOAD: _gcc_vector_load,
+    Ops.DEFINE_ACC: lambda ctx, u, pack, v, t: f"{t} {v} = ({t}){{}} + {ctx.ref(u.src[0])};",
+    Ops.NEG: lambda ctx, u, pack, v, t: f"{t} {v} = -{ctx.vref(u.src[0])};",
+    Ops.WHERE: _gcc_vector_where,
+    **{
+        op: (lambda op: lambda ctx, u, pack, v, t: f"{t} {v} = ({ctx.vref(u.src[0])}{INFIX[op]}{ctx.vref(u.src[1])});")(
+            op
+        )
+        for op in (Ops.ADD, Ops.MUL, Ops.FDIV)
+    },
+}
+
+
+class CRenderer(CStyleRenderer):
+    """C99 with GNU extensions for the CPU device: explicit vectors (GCC vector extensions) where the opts upcast, and
+    the outermost global loop runs [core_start, core_end) so threads can split it."""
+
+    prelude = C_PRELUDE
+    extra_params = ("long long core_start", "long long core_end")
+    type_map = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"} | {
+        dt: "unsigned char" for dt in dtypes.fp8s
+    }
+    vectorize = True
+    vector_rules = GCC_VECTOR_RULES
+
+    def render_range(self, ctx: KernelText, u: UOp) -> str:
+        name, t = ctx.names[u], self.ctype(u.dtype)
+        if u is ctx.outer:
+            return f"for ({t} {name} = core_start; {name} < core_end; {name}++) {{"
+        loop = super().render_range(ctx, u)
+        return f"{pragma}\n{loop}" if (pragma := _simd_reduction(u, ctx.lin, ctx.names)) else loop
+
+    def vector_type(self, dt: DType, n: int) -> tuple[str, str]:
+        name = f"fg_{dt.name}x{n}"
+        return name, f"typedef {self.ctype(dt)} {name} __attribute__((vector_size({n * dt.itemsize})));"
+
+    def render_vector(self, ctx: KernelText, u: UOp, pack: Pack) -> None:
+        if u.op is Ops.STORE:
+            value = ctx.vec_names[pack] = ctx.vec_names[ctx.packs[u.src[2]][0]]
+            ctx.line(f"__builtin_memcpy({ctx.address(u, pack)}, &{value}, sizeof({value}));")
+        elif u.op is Ops.ACC_UPDATE:
+            acc = ctx.vec_names[pack] = ctx.vec_names[ctx.packs[u.src[0]][0]]
+            ctx.line(f"{acc} = {acc} + {ctx.vref(u.src[1])};")
+        elif (rule := self.vector_rules.get(u.op)) is not None:
+            vname = ctx.vec_names[pack] = ctx.fresh("vec")
+            ctx.line(rule(ctx, u, pack, vname, ctx.vtype(pack)))
+        else:
+            raise RenderError(f"{type(self).__name__} has no vector rule for {u.op}")
+
+
+# ---- GPU dialects: one work item per iteration of the outermost global loop; the launch's global size is its trip
+# count (KernelInfo.outer_size). Rendering only here: the devices that compile and run them bring their runtimes.
+
+
+def _uses(lin: tuple[UOp, ...], dt: DType) -> bool:
+    return any(u.dtype is dt or (u.op is Ops.CAST and u.src[0].dtype is dt) for u in lin)
+
+
+OPENCL_BF16 = """inline float fg_bf16_to_f32(ushort b) { return as_float((uint)b << 16); }
+inline ushort fg_f32_to_bf16(float f) {
+  uint u = as_uint(f);
+  if (f != f) return 0x7FC0;
+  return (ushort)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+"""
+
+
+class OpenCLRenderer(CStyleRenderer):
+    """OpenCL C: `__kernel` functions over `__global` buffers, work item i runs iteration i of the outer loop; native
+    vector types (float4) loaded with vload/vstore; half through cl_khr_fp16."""
+
+    kernel_prefix = "__kernel "
+    buffer_prefix = "__global "
+    type_map = {
+        dtypes.bool: "bool",
+        dtypes.float16: "half",
+        dtypes.bfloat16: "ushort",
+        dtypes.int8: "char",
+        dtypes.uint8: "uchar",
+        dtypes.uint16: "ushort",
+        dtypes.uint32: "uint",
+        dtypes.int64: "long",
+        dtypes.uint64: "ulong",
+    }
+    unsupported = dtypes.fp8s
+    float32_math_suffix = ""  # the math builtins are overloaded
+    int64_suffix, uint64_suffix = "L", "UL"
+    wrapping_types = {dtypes.int32: "uint", dtypes.int64: "ulong"}
+    vectorize, vector_bytes = True, 16  # float4 / double2
+    string_rewrite = (
+        PatternMatcher(
+            [(UPat(Ops.BITCAST, name="x"), lambda ctx, x: f"as_{ctx.renderer.ctype(x.dtype)}({ctx.ref(x.src[0])})")]
+        )
+        + base_rewrite
+    )
+
+    def render_prelude(self, lin: tuple[UOp, ...]) -> str:
+        half = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n" if _uses(lin, dtypes.float16) else ""
+        fp64 = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if _uses(lin, dtypes.float64) else ""
+        return half + fp64 + (OPENCL_BF16 if _uses(lin, dtypes.bfloat16) else "")
+
+    def render_range(self, ctx: KernelText, u: UOp) -> str:
+        if u is not ctx.outer:
+            return super().render_range(ctx, u)
+        name = ctx.names[u]
+        return f"{self.ctype(u.dtype)} {name} = get_global_id(0);\nif ({name} < {ctx.ref(u.src[0])}) {{"
+
+    def vector_type(self, dt: DType, n: int) -> tuple[str, str]:
+        return f"{self.ctype(dt)}{n}", ""
+
+    def lane(self, vector: str, i: int) -> str:
+        return f"{vector}.s{i:x}"
+
+    def render_vector(self, ctx: KernelText, u: UOp, pack: Pack) -> None:
+        n = len(pack.lanes)
+        if u.op is Ops.STORE:
+            value = ctx.vec_names[pack] = ctx.vec_names[ctx.packs[u.src[2]][0]]
+            ctx.line(f"vstore{n}({value}, 0, {ctx.address(u, pack)});")
+            return
+        if u.op is Ops.ACC_UPDATE:
+            acc = ctx.vec_names[pack] = ctx.vec_names[ctx.packs[u.src[0]][0]]
+            ctx.line(f"{acc} = {acc} + {ctx.vref(u.src[1])};")
+            return
+        v, t = ctx.fresh("vec"), ctx.vtype(pack)
+        ctx.vec_names[pack] = v
+        if u.op is Ops.LOAD:
+            zero = f"({t})({self.render_const(0, pack.dtype)})"
+            load = f"vload{n}(0, {ctx.address(u, pack)})"
+            ctx.line(f"{t} {v} = {f'({ctx.ref(u.src[2])}?{load}:{zero})' if len(u.src) == 3 else load};")
+        elif u.op is Ops.DEFINE_ACC:
+            ctx.line(f"{t} {v} = ({t})({ctx.ref(u.src[0])});")
+        elif u.op is Ops.NEG:
+            ctx.line(f"{t} {v} = -{ctx.vref(u.src[0])};")
+        elif u.op is Ops.WHERE:
+            arms = [ctx.vref(s) if s in ctx.packs else f"({t})({ctx.ref(s)})" for s in u.src[1:]]
+            ctx.line(f"{t} {v} = ({ctx.ref(u.src[0])} ? {arms[0]} : {arms[1]});")
+        elif u.op in INFIX:
+            ctx.line(f"{t} {v} = ({ctx.vref(u.src[0])}{INFIX[u.op]}{ctx.vref(u.src[1])});")
+        else:
+            raise RenderError(f"{type(self).__name__} has no vector rule for {u.op}")
+
+
+CUDA_PRELUDE = """#include <cuda_fp16.h>
+__device__ inline float fg_bf16_to_f32(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+__device__ inline unsigned short fg_f32_to_bf16(float f) {
+  unsigned int u = __float_as_uint(f);
+  if (f != f) return 0x7FC0;
+  return (unsigned short)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+template <class T, class F> __device__ inline T fg_bitcast(F x) { T y; memcpy(&y, &x, sizeof(y)); return y; }
+"""
+
+
+class CUDARenderer(CStyleRenderer):
+    """CUDA C: `extern "C" __global__` kernels, thread blockIdx.x * blockDim.x + threadIdx.x runs that iteration of the
+    outer loop; half from cuda_fp16.h; NaN/infinity from their bits (no math.h macros in device code); scalar code."""
+
+    kernel_prefix = 'extern "C" __global__ '
+    prelude = CUDA_PRELUDE
+    type_map = {dtypes.bool: "bool", dtypes.float16: "half", dtypes.bfloat16: "unsigned short"}
+    unsupported = dtypes.fp8s
+    nan, infinity = "__int_as_float(0x7fc00000)", "__int_as_float(0x7f800000)"
+    string_rewrite = (
+        PatternMatcher(
+            [
+                (
+                    UPat(Ops.BITCAST, name="x"),
+                    lambda ctx, x: f"fg_bitcast<{ctx.renderer.ctype(x.dtype)}>({ctx.ref(x.src[0])})",
+                )
+            ]
+        )
+        + base_rewrite
+    )
+
+    def render_float(self, s: str, dt: DType) -> str:
+        if dt is dtypes.float64 and s in (self.nan, self.infinity, f"(-{self.infinity})"):
+            return s.replace("__int_as_float(0x7fc00000)", "__longlong_as_double(0x7ff8000000000000LL)").replace(
+                "__int_as_float(0x7f800000)", "__longlong_as_double(0x7ff0000000000000LL)"
+            )
+        return super().render_float(s, dt)
+
+    def render_range(self, ctx: KernelText, u: UOp) -> str:
+        if u is not ctx.outer:
+            return super().render_range(ctx, u)
+        name, t = ctx.names[u], self.ctype(u.dtype)
+        index = f"({t})blockIdx.x * blockDim.x + threadIdx.x"
+        return f"{t} {name} = {index};\nif ({name} < {ctx.ref(u.src[0])}) {{"

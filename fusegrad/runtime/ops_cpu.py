@@ -13,7 +13,7 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from fusegrad.helpers import CACHELEVEL, CC, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS
-from fusegrad.renderer.cstyle import CStyleRenderer
+from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
 from fusegrad.runtime.kernel_cache import KernelCache
 
@@ -182,7 +182,7 @@ class CPUProgram:
 
 class CpuDevice(Compiled):
     def __init__(self, name: str):
-        super().__init__(name, HostAllocator(), CStyleRenderer(), None, CPUProgram)
+        super().__init__(name, HostAllocator(), CRenderer(), None, CPUProgram)
         self.compiler = ClangCompiler()  # its binaries are shared objects on disk, loaded from their path
 
     def build(self, info) -> CPUProgram:

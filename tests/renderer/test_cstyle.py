@@ -1,0 +1,125 @@
+"""The C-family renderer as a rule table: every linear op has a rule, dialects override tables and hooks, upcast kernels
+render vector types, and the rendered C (and CUDA C, where nvcc is installed) compiles and computes the right values."""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from fusegrad import Context, Tensor, dtypes
+from fusegrad.codegen import lower_to_linear
+from fusegrad.codegen.opt.target import vector_bytes
+from fusegrad.renderer.cstyle import (
+    CODE_FOR_OP,
+    CRenderer,
+    CStyleRenderer,
+    CUDARenderer,
+    OpenCLRenderer,
+    RenderError,
+)
+from fusegrad.runtime.device import Device
+from fusegrad.schedule import create_schedule
+from fusegrad.uop.ops import GroupOp, Ops
+from fusegrad.uop.pattern import PatternMatcher
+from fusegrad.uop.spec import LINEAR_OPS
+
+
+def kernels(t: Tensor):
+    items, _, _ = create_schedule([t.uop], [Device["CPU"]])
+    return [lower_to_linear(i.ast) for i in items if i.ast.op is Ops.SINK]
+
+
+def matmul_info(m: int, k: int, n: int):
+    a, b = Tensor.rand(m, k).realize(), Tensor.rand(k, n).realize()
+    return kernels(a @ b)[-1]
+
+
+def test_every_alu_op_has_a_template_and_every_linear_op_a_rule():
+    assert set(GroupOp.ALU) <= set(CODE_FOR_OP)
+    statement_ops = LINEAR_OPS - {Ops.CONST, Ops.DEFINE_VAR}  # constants are inlined; no kernel has variables yet
+    for renderer in (CRenderer, OpenCLRenderer, CUDARenderer):
+        assert statement_ops <= set(renderer.string_rewrite.by_op), renderer.__name__
+
+
+def test_dialects_are_subclasses_that_override_knobs_not_the_driver():
+    for dialect in (CRenderer, OpenCLRenderer, CUDARenderer):
+        assert issubclass(dialect, CStyleRenderer)
+        assert "render" not in vars(dialect)  # one driver for the family
+    info = matmul_info(64, 32, 64)
+    c, cl, cuda = (r().render("k", info.lin) for r in (CRenderer, OpenCLRenderer, CUDARenderer))
+    assert "void k(const float* data1" in c.replace("float* data0, ", "") and "core_start" in c
+    assert "__kernel void k(__global float* data0, __global const float* data1" in cl
+    assert "get_global_id(0)" in cl and "core_start" not in cl
+    assert 'extern "C" __global__ void k(float* data0, const float* data1' in cuda
+    assert "blockIdx.x * blockDim.x + threadIdx.x" in cuda
+
+
+def test_a_dialect_overrides_one_template():
+    class FmaxC(CRenderer):
+        code_for_op = {**CODE_FOR_OP, Ops.MAX: lambda r, dt, a, srcs: f"fmaxf({a[0]}, {a[1]})"}
+
+    a = Tensor.rand(16).realize()
+    (info,) = kernels(a.maximum(0.5))
+    assert "fmaxf(" in FmaxC().render("k", info.lin) and "fmaxf(" not in CRenderer().render("k", info.lin)
+
+
+def test_missing_rule_and_unsupported_dtype_raise_render_error():
+    class NoRules(CStyleRenderer):
+        string_rewrite = PatternMatcher([])
+
+    (info,) = kernels(Tensor.rand(4).realize() + 1)
+    with pytest.raises(RenderError, match="NoRules has no rule for Ops.DEFINE_GLOBAL"):
+        NoRules().render("k", info.lin)
+    (fp8,) = kernels(Tensor.rand(4).realize().cast(dtypes.fp8e4m3))
+    with pytest.raises(RenderError, match="OpenCLRenderer cannot render dtypes.fp8e4m3"):
+        OpenCLRenderer().render("k", fp8.lin)
+
+
+def test_upcast_kernel_renders_vector_types_in_c_and_opencl():
+    width = vector_bytes() // 4
+    info = matmul_info(32, 16, 2 * width)
+    assert info.opts, "the heuristics upcast a matmul"
+    c = CRenderer().render("k", info.lin)
+    assert f"typedef float fg_floatx{width} __attribute__((vector_size({vector_bytes()})));" in c
+    cl = OpenCLRenderer().render("k", info.lin)
+    assert "float4 vec" in cl and "vload4(0, " in cl and "vstore4(" in cl
+    with Context(NOOPT=1):
+        plain = kernels(Tensor.rand(32, 16).realize() @ Tensor.rand(16, 8).realize())[-1]
+    assert "vector_size" not in CRenderer().render("k", plain.lin)
+    assert "float4" not in OpenCLRenderer().render("k", plain.lin)
+
+
+def test_constants_follow_the_dialect():
+    r_c, r_cl, r_cuda = CRenderer(), OpenCLRenderer(), CUDARenderer()
+    assert r_c.render_const(float("nan"), dtypes.float32) == "NAN"
+    assert r_c.render_const(float("-inf"), dtypes.float64) == "((double)(-INFINITY))"
+    assert r_cl.render_const(2**40, dtypes.int64) == "1099511627776L"
+    assert r_cuda.render_const(float("inf"), dtypes.float32) == "__int_as_float(0x7f800000)"
+    assert r_cuda.render_const(float("nan"), dtypes.float64) == "__longlong_as_double(0x7ff8000000000000LL)"
+    assert r_c.render_const(1.5, dtypes.float16) == "((_Float16)1.5f)" and r_cl.render_const(1.5, dtypes.float16) == (
+        "((half)1.5f)"
+    )
+
+
+def test_rendered_c_computes_nan_inf_and_wrapping_like_numpy():
+    x = np.array([1.0, np.nan, -np.inf, 0.0, 3.0], np.float32)
+    with np.errstate(all="ignore"):
+        want = np.maximum(x, 2.0) + np.exp(x)
+        np.testing.assert_array_equal((Tensor(x).maximum(2.0) + Tensor(x).exp()).numpy(), want)
+        ints = np.array([2**31 - 1, -(2**31), 7], np.int32)
+        np.testing.assert_array_equal((Tensor(ints) * 3 + 1).numpy(), ints * 3 + 1)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_cuda_source_compiles_to_ptx(tmp_path):
+    a = Tensor.rand(16, 16).realize()
+    infos = kernels((a @ a).relu()) + kernels(a.half().sqrt().cast(dtypes.bfloat16)) + kernels(a.bitcast(dtypes.int32))
+    src = "\n".join(CUDARenderer().render(f"k{i}", info.lin) for i, info in enumerate(infos))
+    # one translation unit: the prelude repeats, so each kernel goes in its own file
+    for i, info in enumerate(infos):
+        path = tmp_path / f"k{i}.cu"
+        path.write_text(CUDARenderer().render(f"k{i}", info.lin))
+        proc = subprocess.run(["nvcc", "--ptx", str(path), "-o", str(tmp_path / f"k{i}.ptx")], capture_output=True)
+        assert proc.returncode == 0, proc.stderr.decode() + src
+        assert f".entry k{i}" in (tmp_path / f"k{i}.ptx").read_text()
