@@ -67,6 +67,8 @@ def run_item(item: ScheduleItem) -> None:
         runner = get_runner(item.device, item.ast)
         runner(list(item.buffers))
         name, ops = runner.info.name, runner.info.ops_estimate
+    if DEBUG >= 2:
+        Device[item.device].synchronize()  # a GPU launch returns at once: the time shown is the kernel's
     et = time.perf_counter() - st
     mem = sum(b.nbytes for b in item.buffers)
     GlobalCounters.kernel_count += 1
