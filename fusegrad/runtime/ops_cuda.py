@@ -49,9 +49,7 @@ class CUDACompiler(Compiler):
         self.arch = arch
 
     def identity(self) -> str:
-        nvcc = shutil.which("nvcc")
-        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout if nvcc else "nvrtc"
-        return f"{self.arch}|{version.strip().splitlines()[-1:]}|{shutil.which('ptxas') is not None}"
+        return f"{self.arch}|{_toolchain_version(shutil.which('nvcc'))}|{shutil.which('ptxas') is not None}"
 
     def to_ptx(self, src: str, name: str) -> str:
         if (nvcc := shutil.which("nvcc")) is not None:
@@ -86,6 +84,13 @@ class CUDACompiler(Compiler):
                 raise CompileError(_failure(f"ptxas -arch={self.arch}", name, proc.stderr, ptx))
             with open(cubin, "rb") as f:
                 return f.read()
+
+
+@functools.cache
+def _toolchain_version(nvcc: str | None) -> str:
+    if nvcc is None:
+        return "nvrtc"
+    return subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
 
 
 def _failure(tool: str, name: str, log: str, src: str) -> str:
@@ -154,11 +159,15 @@ class CUDAAllocator(Allocator):
     def copyin(self, handle: int, src: np.ndarray) -> None:
         src = np.ascontiguousarray(src)
         self.dev.activate()
-        self.dev.cu("cuMemcpyHtoD_v2", ctypes.c_uint64(handle), src.ctypes.data_as(ctypes.c_void_p), src.nbytes)
+        self.dev.cu(
+            "cuMemcpyHtoD_v2", ctypes.c_uint64(handle), src.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(src.nbytes)
+        )
 
     def copyout(self, dst: np.ndarray, handle: int) -> None:
         self.dev.activate()
-        self.dev.cu("cuMemcpyDtoH_v2", dst.ctypes.data_as(ctypes.c_void_p), ctypes.c_uint64(handle), dst.nbytes)
+        self.dev.cu(
+            "cuMemcpyDtoH_v2", dst.ctypes.data_as(ctypes.c_void_p), ctypes.c_uint64(handle), ctypes.c_size_t(dst.nbytes)
+        )
 
     def can_transfer_from(self, src: Allocator) -> bool:
         return isinstance(src, CUDAAllocator) and src.dev.context.value == self.dev.context.value
@@ -190,7 +199,9 @@ class CUDAProgram:
         start, end = (self.dev.event(), self.dev.event()) if wait else (None, None)
         if start is not None:
             self.dev.cu("cuEventRecord", start, None)
-        self.dev.cu("cuLaunchKernel", self.function, *grid, *block, 0, None, args, None)
+        self.dev.cu(
+            "cuLaunchKernel", self.function, *map(ctypes.c_uint, (*grid, *block)), ctypes.c_uint(0), None, args, None
+        )
         if start is None:
             return None
         self.dev.cu("cuEventRecord", end, None)
