@@ -8,7 +8,8 @@ trip count rounded up to a multiple of its local size; the work items past the e
 A kernel with few outputs and one reduce loop nest (a sum to a scalar, a row of partial sums) would leave most of the
 GPU idle: its work group instead has `lanes` work items along dimension 0 that split the outermost reduce loop, combine
 their partial accumulators in local memory with barriers, and one lane writes the result; the global loops then read
-dimension 1 (one work group per output)."""
+dimension 1 (one work group per output). A device whose work items are CPU threads (PoCL) gains nothing from it and
+turns it off."""
 
 from __future__ import annotations
 from dataclasses import dataclass
@@ -88,11 +89,12 @@ def grouped_updates(lin: tuple[UOp, ...], r: UOp) -> list[UOp]:
     return [u for u in lin if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
 
 
-def launch_dims(lin: tuple[UOp, ...], group_size: int = GROUP_SIZE) -> LaunchDims:
-    """The launch of `lin` on a GPU: a pure function of the kernel, so renderer and runtime compute the same."""
+def launch_dims(lin: tuple[UOp, ...], group_reduce: bool = True, group_size: int = GROUP_SIZE) -> LaunchDims:
+    """The launch of `lin` on a GPU: a pure function of the kernel and the device's choice to split reductions over
+    work groups, so renderer and runtime compute the same."""
     loops = global_loops(lin)
     sizes = [int(r.src[0].arg) for r in loops]
-    if (grouped := grouped_reduce(lin)) is not None:
+    if group_reduce and (grouped := grouped_reduce(lin)) is not None:
         lanes = min(group_size, _pow2_at_least(int(grouped.src[0].arg)))
         axes, divisor = {}, 1
         for k, r in enumerate(reversed(loops)):  # every global loop flattened into dimension 1, innermost fastest

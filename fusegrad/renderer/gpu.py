@@ -14,7 +14,7 @@ LANE = "fg_lane"
 
 def _end_grouped(ctx: KernelText, x: UOp) -> str | None:
     """After the lanes' share of the split loop: a tree reduction in local memory, then only lane 0 goes on."""
-    dims: LaunchDims = launch_dims(ctx.lin)
+    dims: LaunchDims = launch_dims(ctx.lin, ctx.renderer.group_reduce)  # type: ignore[attr-defined]
     if x.src[0] is not dims.grouped:
         return None
     r = ctx.renderer
@@ -38,6 +38,7 @@ class _WorkItemLoops:
     """A global loop is one work item's index and a bound check (its ENDRANGE closes the check's block); the grouped
     reduce loop strides by the lane count."""
 
+    group_reduce = True  # split reductions with few outputs over a work group (codegen/gpu_dims.py)
     local_array = ""  # declaration prefix of a work group's shared array
     barrier = ""
     lane_id = ""
@@ -53,7 +54,7 @@ class _WorkItemLoops:
         return "\n".join(lines) + "\n"
 
     def render_range(self, ctx: KernelText, u: UOp) -> str:
-        dims = launch_dims(ctx.lin)
+        dims = launch_dims(ctx.lin, self.group_reduce)
         name, t = ctx.names[u], self.ctype(u.dtype)  # type: ignore[attr-defined]
         loops = global_loops(ctx.lin)
         first = loops[0] if loops else dims.grouped
@@ -68,15 +69,16 @@ class _WorkItemLoops:
 
 class OpenCLKernelRenderer(_WorkItemLoops, OpenCLRenderer):
     """OpenCL C for the CL device. Buffers of bool are uchar (OpenCL forbids bool in kernel arguments); half needs the
-    device's cl_khr_fp16, which `half_supported` says."""
+    device's cl_khr_fp16, which `half_supported` says; `group_reduce` is off on CPU devices (PoCL), where lanes are
+    not cheaper than loop iterations and LLVM takes minutes on some kernels with barriers in loops."""
 
     local_array = "__local "
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     lane_id = "get_local_id(0)"
     string_rewrite = PatternMatcher([(UPat(Ops.ENDRANGE, name="x"), _end_grouped)]) + OpenCLRenderer.string_rewrite
 
-    def __init__(self, half_supported: bool = True):
-        self.half_supported = half_supported
+    def __init__(self, half_supported: bool = True, group_reduce: bool = True):
+        self.half_supported, self.group_reduce = half_supported, group_reduce
 
     def work_item_id(self, dim: int) -> str:
         return f"get_global_id({dim})"

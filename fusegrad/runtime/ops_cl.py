@@ -102,7 +102,7 @@ class CLProgram:
     def __init__(self, dev: ClDevice, info: Any, binary: bytes):
         cl = dev.cl
         self.dev, self.name, self.nparams = dev, info.name, info.nparams
-        self.dims = launch_dims(info.lin)
+        self.dims = launch_dims(info.lin, dev.renderer.group_reduce)
         program = cl.Program(dev.context, [dev.cl_device], [binary]).build()
         self.kernel = getattr(program, info.name)
 
@@ -125,7 +125,9 @@ class ClDevice(Compiled):
         props = self.cl.command_queue_properties.PROFILING_ENABLE if self.profiling else 0
         self.queue = self.cl.CommandQueue(self.context, properties=props)
         half = "cl_khr_fp16" in self.cl_device.extensions
-        super().__init__(name, CLAllocator(self), OpenCLKernelRenderer(half), CLCompiler(self), CLProgram)
+        gpu = bool(self.cl_device.type & (self.cl.device_type.GPU | self.cl.device_type.ACCELERATOR))
+        renderer = OpenCLKernelRenderer(half, group_reduce=gpu)
+        super().__init__(name, CLAllocator(self), renderer, CLCompiler(self), CLProgram)
         if DEBUG >= 1:
             print(f"{name}: {self.cl_device.platform.name} / {self.cl_device.name}")
 
