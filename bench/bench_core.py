@@ -62,6 +62,7 @@ def main() -> None:
     print(f"matmul GFLOPS: {'; '.join(gflops)}")
 
     fresh_output_rows(rng, an, bn, cn, a, b, c)
+    llvm_rows(rng)
 
     small = Tensor(rng.standard_normal(16, dtype=np.float32)).realize()
     out_small = Tensor.empty(16).realize()
@@ -77,6 +78,57 @@ def main() -> None:
         f"python overhead: build + realize a 10-op chain on 16 elements: {t_chain * 1e6 / 10:.1f} us per op"
         f" ({t_chain * 1e6:.0f} us total)"
     )
+
+
+def llvm_rows(rng) -> None:
+    """The LLVM device (llvmlite, in-process) against the C backend on the same data, with numpy for scale."""
+    try:
+        import llvmlite  # noqa: F401
+    except ImportError:
+        print("LLVM column skipped: llvmlite is not installed (pip install llvmlite)")
+        return
+    n = 16 * 1024 * 1024
+    an, bn, cn = (rng.standard_normal(n, dtype=np.float32) for _ in range(3))
+    cases = [
+        (
+            "(a*b+c).relu() 16M f32",
+            (an, bn, cn),
+            lambda a, b, c: (a * b + c).relu(),
+            lambda: np.maximum(an * bn + cn, 0),
+        ),
+        ("a.sum() 16M f32", (an,), lambda a: a.sum(), lambda: an.sum()),
+    ]
+    for m in (512, 1024):
+        xn, yn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
+        cases.append((f"matmul {m}x{m} f32", (xn, yn), lambda x, y: x @ y, lambda xn=xn, yn=yn: xn @ yn))
+    print(f"{'LLVM vs C backend':34s} {'CPU (C)':>10s} {'LLVM':>10s} {'numpy':>10s} {'LLVM / C time':>14s}")
+    for name, inputs, expr, np_fn in cases:
+        runs = {}
+        for device in ("CPU", "LLVM"):
+            tensors = [Tensor(x, device=device).realize() for x in inputs]
+            # assigned into one output: an identical expression would otherwise be served from the realized cache
+            out = Tensor.empty(*expr(*tensors).shape, device=device).realize()
+            runs[device] = lambda out=out, tensors=tensors: out.assign(expr(*tensors)).realize()
+        runs["numpy"] = np_fn
+        times = interleaved_median_times(runs, repeats=9)
+        print(
+            f"{name:34s} {times['CPU'] * 1e3:8.2f}ms {times['LLVM'] * 1e3:8.2f}ms {times['numpy'] * 1e3:8.2f}ms"
+            f" {times['LLVM'] / times['CPU']:13.2f}x"
+        )
+
+
+def interleaved_median_times(fns: dict, repeats: int) -> dict:
+    """Median time of each function, run in turns (one of each per round), so load that comes and goes during the
+    measurement hits every contender alike."""
+    for fn in fns.values():
+        fn()  # warm-up: compiles and allocates
+    times: dict = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            st = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - st)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def runs_a_kernel(fn) -> bool:

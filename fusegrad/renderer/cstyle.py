@@ -346,10 +346,14 @@ class CStyleRenderer:
     def render_vector(self, ctx: KernelText, u: UOp, pack: Pack) -> None:
         raise RenderError(f"{type(self).__name__} has no vector rules")
 
+    def buffer_type(self, dt: DType) -> str:
+        """The element type of a buffer parameter (OpenCL C forbids bool there)."""
+        return self.ctype(dt)
+
     def render_params(self, lin: tuple[UOp, ...]) -> list[str]:
         stored = {u.src[0] for u in lin if u.op is Ops.STORE}
         return [
-            f"{self.buffer_prefix}{'const ' if p not in stored else ''}{self.ctype(p.dtype)}* data{p.arg[0]}"
+            f"{self.buffer_prefix}{'const ' if p not in stored else ''}{self.buffer_type(p.dtype)}* data{p.arg[0]}"
             for p in lin
             if p.op is Ops.DEFINE_GLOBAL
         ] + list(self.extra_params)
@@ -539,6 +543,9 @@ class OpenCLRenderer(CStyleRenderer):
         )
         + base_rewrite
     )
+
+    def buffer_type(self, dt: DType) -> str:
+        return "uchar" if dt is dtypes.bool else self.ctype(dt)
 
     def render_prelude(self, lin: tuple[UOp, ...]) -> str:
         half = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n" if _uses(lin, dtypes.float16) else ""

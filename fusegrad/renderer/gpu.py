@@ -4,7 +4,7 @@ of a work group that combine their accumulators in local memory."""
 
 from __future__ import annotations
 from fusegrad.codegen.gpu_dims import LaunchDims, global_loops, grouped_updates, launch_dims
-from fusegrad.dtype import dtypes
+from fusegrad.dtype import DType, dtypes
 from fusegrad.renderer.cstyle import CUDARenderer, KernelText, OpenCLRenderer, RenderError
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
@@ -86,10 +86,14 @@ class OpenCLKernelRenderer(_WorkItemLoops, OpenCLRenderer):
     def render_params(self, lin: tuple[UOp, ...]) -> list[str]:
         return [p.replace("bool*", "uchar*") for p in super().render_params(lin)]
 
+    def unsupported_dtypes(self) -> tuple[DType, ...]:
+        return tuple(self.unsupported) + (() if self.half_supported else (dtypes.float16,))
+
     def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
-        if not self.half_supported and any(u.dtype is dtypes.float16 for u in lin if u.op is not Ops.CONST):
+        if bad := sorted({u.dtype for u in lin if u.dtype in self.unsupported_dtypes()}, key=str):
+            why = "the fp8 formats have no OpenCL C type" if bad[0] in dtypes.fp8s else "the device lacks cl_khr_fp16"
             raise RenderError(
-                f"kernel {name} uses float16, but this OpenCL device lacks cl_khr_fp16: use float32 (or bfloat16) on CL"
+                f"the OpenCL renderer does not support {bad[0]} (kernel {name}): {why}; use float32 on CL"
             )
         return super().render(name, lin, vectorize)
 

@@ -6,6 +6,7 @@ import functools
 import gc
 import hashlib
 import importlib
+import importlib.util
 import mmap
 import os
 import sys
@@ -15,7 +16,7 @@ from collections import OrderedDict, deque
 from typing import Any, Iterator
 import numpy as np
 from fusegrad.dtype import DType, to_numpy_dtype
-from fusegrad.helpers import CACHELEVEL, CCACHE, DEBUG, DEV, LRU_CACHE_MB, GlobalCounters
+from fusegrad.helpers import CACHELEVEL, CC, CCACHE, DEBUG, DEV, LRU_CACHE_MB, GlobalCounters
 from fusegrad.runtime.kernel_cache import KernelCache
 
 # transparent huge page size (x86-64, most arm64 kernels): blocks this large are aligned to it and ask for huge pages,
@@ -414,7 +415,7 @@ class _DeviceRegistry:
 
     @property
     def DEFAULT(self) -> str:
-        return self.canonicalize(DEV.value) if DEV.value else "CPU"
+        return self.canonicalize(DEV.value) if DEV.value else _host_default(CC.value)
 
     @DEFAULT.setter
     def DEFAULT(self, name: str) -> None:
@@ -431,6 +432,27 @@ class _DeviceRegistry:
                 yield base
             except Exception:
                 pass
+
+
+@functools.cache
+def _host_default(cc: str) -> str:
+    """CPU where a C compiler is installed; otherwise LLVM (compiles in-process through llvmlite), said once."""
+    from fusegrad.runtime.ops_cpu import find_compiler  # the CPU device's own search, honoring CC
+
+    try:
+        find_compiler()
+        return "CPU"
+    except RuntimeError as no_compiler:
+        if importlib.util.find_spec("llvmlite") is None:
+            raise RuntimeError(
+                f"no device can compile kernels: the CPU device needs a C compiler ({no_compiler}), and the LLVM "
+                "device needs llvmlite (pip install llvmlite, or pip install 'fusegrad[llvm]')"
+            ) from None
+    print(
+        "fusegrad: no C compiler found for the CPU device, so the default device is LLVM (set CC or DEV to choose)",
+        file=sys.stderr,
+    )
+    return "LLVM"
 
 
 @functools.cache

@@ -123,3 +123,11 @@ def test_cuda_source_compiles_to_ptx(tmp_path):
         proc = subprocess.run(["nvcc", "--ptx", str(path), "-o", str(tmp_path / f"k{i}.ptx")], capture_output=True)
         assert proc.returncode == 0, proc.stderr.decode() + src
         assert f".entry k{i}" in (tmp_path / f"k{i}.ptx").read_text()
+
+
+def test_opencl_bool_buffers_are_bytes():
+    a = Tensor.rand(8).realize()
+    (info,) = kernels(a < 0.5)
+    cl = OpenCLRenderer().render("k", info.lin)
+    assert "__global uchar* data0" in cl and "bool alu" in cl
+    assert "_Bool* data0" in CRenderer().render("k", info.lin)
