@@ -241,7 +241,8 @@ class Buffer:
 
     @property
     def is_host(self) -> bool:
-        return bool(getattr(self.allocator, "host", False))
+        # an allocator outside the Allocator hierarchy hands out numpy arrays the host can read (AMD: BAR views)
+        return bool(getattr(self.allocator, "host", True))
 
     def ensure_allocated(self) -> Buffer:
         if self._mem is None:
@@ -313,7 +314,7 @@ def copy_buffer(dst: Buffer, src: Buffer) -> None:
     if dst.nbytes == 0:
         return
     dst_alloc, src_alloc = dst.allocator, src.allocator
-    if dst_alloc.can_transfer_from(src_alloc):
+    if (direct := getattr(dst_alloc, "can_transfer_from", None)) is not None and direct(src_alloc):
         Device[src.device].synchronize()
         dst_alloc.transfer(dst.handle, src.handle, dst.nbytes, src_alloc)
     elif src.is_host:
