@@ -56,3 +56,34 @@ def test_innermost_loop_is_dimension_zero_so_neighbours_read_neighbours():
 def test_a_kernel_without_global_loops_is_one_work_item():
     dims = launch_dims(())
     assert dims.global_size == (1, 1, 1) and dims.local_size == (1, 1, 1)
+
+
+def lowered_kernels(build) -> list:
+    """The linear kernels realizing build() lowers (on NULL: nothing runs)."""
+    from fusegrad.runtime.device import Device
+
+    infos, null = [], Device["NULL"]
+    real = type(null).build
+    type(null).build = lambda self, info: infos.append(info) or real(self, info)
+    try:
+        build().realize()
+    finally:
+        type(null).build = real
+    return infos
+
+
+def test_few_outputs_with_one_reduce_nest_split_the_reduce_over_a_work_group():
+    import numpy as np
+    from fusegrad import Tensor
+
+    (info,) = lowered_kernels(lambda: Tensor(np.ones((6, 300), np.float32), device="NULL").max(axis=1))
+    dims = launch_dims(info.lin)
+    reduce = next(u for u in info.lin if u.op is Ops.RANGE and u.arg[1] == "reduce")
+    assert dims.grouped is reduce and dims.lanes == GROUP_SIZE
+    assert dims.local_size == (GROUP_SIZE, 1, 1) and dims.global_size == (GROUP_SIZE, 6, 1)
+    assert all(a.dim == 1 for a in dims.axes.values())
+    plain = launch_dims(info.lin, group_reduce=False)
+    assert plain.grouped is None and plain.global_size[0] >= 6
+    # many outputs fill a GPU without splitting: no grouping
+    (wide,) = lowered_kernels(lambda: Tensor(np.ones((5000, 40), np.float32), device="NULL").sum(axis=1))
+    assert launch_dims(wide.lin).grouped is None
