@@ -1,5 +1,6 @@
-"""A broad op set, forward and backward, on the CL device against the CPU backend (same graph, same inputs): results
-equal within float32 tolerance; integer and boolean results exactly."""
+"""Ops beyond tests/runtime/test_backend_ops.py's suite (which runs CL too), forward and backward, on the CL device
+against the CPU backend (same graph, same inputs): pooling, layernorm, cumsum, slicing, wrapping integer arithmetic.
+Results equal within float32 tolerance; integer and boolean results exactly."""
 
 import numpy as np
 import pytest
