@@ -258,5 +258,45 @@ def print_fresh_rows(rows: list[tuple]) -> None:
         )
 
 
+def cl_rows() -> None:
+    """The CL device (OpenCL; PoCL on a CPU-only machine) on the core cases, against the CPU backend and numpy."""
+    from fusegrad.runtime.device import Device
+
+    try:
+        cl = Device["CL"]
+    except Exception as e:  # noqa: BLE001 (no pyopencl or no OpenCL driver: nothing to measure)
+        print(f"CL: not measured ({e})")
+        return
+    rng = np.random.default_rng(0)
+    n = 16 * 1024 * 1024
+    an, bn, cn = (rng.standard_normal(n, dtype=np.float32) for _ in range(3))
+    cases: list[tuple[str, object, object]] = [
+        ("fused (a*b+c).relu(), 16M f32", lambda a, b, c: (a * b + c).relu(), lambda: np.maximum(an * bn + cn, 0)),
+        ("a.sum(), 16M f32", lambda a, b, c: a.sum(), lambda: an.sum()),
+    ]
+    print(f"CL on {cl.cl_device.platform.name} / {cl.cl_device.name}: median ms (CL, CPU backend, numpy)")
+    for name, fn, np_fn in cases:
+        times = []
+        for device in ("CL", "CPU"):
+            a, b, c = (Tensor(x, device=device).realize() for x in (an, bn, cn))
+            out = fn(a, b, c).realize()
+            outbuf = Tensor.empty(*out.shape, device=device).realize()
+            times.append(median_time(lambda: (outbuf.assign(fn(a, b, c)).realize(), Device[device].synchronize())))
+        times.append(median_time(np_fn))
+        print(f"{name:34s} {times[0] * 1e3:9.2f} {times[1] * 1e3:9.2f} {times[2] * 1e3:9.2f}")
+    for m in (512, 1024):
+        xn, yn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
+        times = []
+        for device in ("CL", "CPU"):
+            x, y = Tensor(xn, device=device).realize(), Tensor(yn, device=device).realize()
+            out_mm = Tensor.empty(m, m, device=device).realize()
+            times.append(median_time(lambda: (out_mm.assign(x @ y).realize(), Device[device].synchronize()), repeats=3))
+        times.append(median_time(lambda: xn @ yn, repeats=3))
+        gflops = ", ".join(f"{2 * m**3 / t / 1e9:.1f}" for t in times)
+        ms = " ".join(f"{t * 1e3:9.2f}" for t in times)
+        print(f"{f'matmul {m}x{m} f32':34s} {ms}  GFLOPS {gflops}")
+
+
 if __name__ == "__main__":
     main()
+    cl_rows()

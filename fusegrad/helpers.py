@@ -164,6 +164,7 @@ CHECK_OOB = ContextVar("CHECK_OOB", 0)
 LRU_CACHE_MB = ContextVar("LRU_CACHE_MB", -1)  # MiB of freed host buffers kept for reuse (-1: RAM / 8, 0: none)
 BEAM = ContextVar("BEAM", 0)  # beam width of the opts search (0: the heuristics)
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)
+CUDA_ARCH = ContextVar("CUDA_ARCH", "")  # sm_XX the CUDA compiler targets when no GPU says (compile-only)
 NOOPT = ContextVar("NOOPT", 0)  # 1 applies no codegen opts
 AMD_SIM = ContextVar("AMD_SIM", 0)  # 1: DEV=AMD runs on the simulated MI350X VF
 AMD_PCI = ContextVar("AMD_PCI", "")  # PCI address of the AMD function DEV=AMD opens ("": the first AMD GPU)

@@ -24,8 +24,16 @@ from fusegrad.dtype import (
 from fusegrad.engine.realize import capturing, realize_lock, realize_uops
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import prod
-from fusegrad.runtime.device import Buffer, Device
-from fusegrad.schedule import OldVersionReaders, base_buffer, buffer_of, buffer_uop, is_contiguous_view
+from fusegrad.runtime.buffers import (
+    Buffer,
+    base_buffer,
+    buffer_uop,
+    copy_to_device,
+    file_buffer,
+    is_contiguous_view,
+    read_values,
+)
+from fusegrad.schedule import OldVersionReaders
 from fusegrad.schedule.multi import canonical_device, is_realized_multi, multi_axis, shard_uop
 from fusegrad.tensor_ops import bind_tensor_class
 from fusegrad.tensor_ops.creation import CreationMixin
@@ -90,11 +98,9 @@ class Tensor(
 
     def _from_file(self, path: pathlib.Path, dt: DType) -> UOp:
         """A 1-D tensor over the file's bytes on device DISK:<abs path>; nothing is read until it is used."""
-        from fusegrad.runtime.ops_disk import DiskBuffer
-
-        self.device = f"DISK:{path.resolve()}"
-        mapping = Device[self.device].mapping()
-        return buffer_uop(DiskBuffer(self.device, len(mapping) // dt.itemsize, dt, mapping, 0))
+        buf = file_buffer(str(path.resolve()), dt)
+        self.device = buf.device
+        return buffer_uop(buf)
 
     def _from_numpy(self, arr: np.ndarray, dt: DType | None) -> UOp:
         src_dt = from_numpy(arr.dtype)
@@ -229,8 +235,7 @@ class Tensor(
             return self.to(self.device[0])._host_data()
         t = self if is_contiguous_view(self.uop) else self.contiguous()
         t.realize()
-        buf = buffer_of[base_buffer(t.uop)]  # type: ignore[index]
-        data = buf.host_view().copy().reshape(self.shape)
+        data = read_values(t.uop).reshape(self.shape)
         if self.dtype in dtypes.fp8s:
             return fp8_to_float(data, self.dtype)
         return np_bf16_to_f32(data) if self.dtype is dtypes.bfloat16 else data
@@ -266,10 +271,8 @@ class Tensor(
             if isinstance(self.device, tuple):
                 raise RuntimeError(f"tensor is already sharded on {self.device}; gather first")
             return self.shard(device)
-        if isinstance(self.device, str) and self.device.startswith("DISK:"):
-            from fusegrad.runtime.ops_disk import copy_off_disk  # DISK cannot compute: views are computed on `device`
-
-            out = Tensor(copy_off_disk(self.uop, device), device=device)
+        if isinstance(self.device, str):
+            out = Tensor(copy_to_device(self.uop, self.device, device), device=device)
         else:
             out = Tensor(UOp(Ops.COPY, self.dtype, (self.uop,), device), device=device)
         if self.grad is not None:

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import numpy as np
 from fusegrad.helpers import JIT_BATCH_SIZE, GlobalCounters
 from fusegrad.engine.jit_inputs import InputLayout
-from fusegrad.runtime.device import Buffer, Device, HostAllocator
+from fusegrad.runtime.device import Buffer, Device, HostAllocator, copy_buffer
 from fusegrad.schedule.variables import var_buffer, var_params
 from fusegrad.tensor import Tensor
 from fusegrad.uop.ops import UOp
@@ -42,7 +42,7 @@ class IndexCheckRunner:
         self.check, self.device = check, check.device
 
     def __call__(self, buffers: list[Buffer]) -> None:
-        self.check.raise_if_violated(buffers[0].host_view())
+        self.check.raise_if_violated(buffers[0].numpy())
 
 
 @dataclass
@@ -132,7 +132,7 @@ class CapturedJit:
         if self.rng_calls:
             Tensor._rng_calls += self.rng_calls
             for b in self.rng_buffers:
-                b.host_view()[0] += np.uint32(self.rng_calls)
+                b.copyin(b.numpy() + np.uint32(self.rng_calls))
         if inputs != self._last:  # Buffers compare by identity
             for i, (b, last) in enumerate(zip(inputs, self._last)):
                 if b is not last and b in self.internal:
@@ -170,7 +170,7 @@ def graphable(la: Launch) -> bool:
 
 def run_launch(runner: Any, buffers: list[Buffer]) -> None:
     if runner is None:
-        buffers[0].host_view()[:] = buffers[1].host_view()
+        copy_buffer(buffers[0], buffers[1])
     else:
         for b in buffers:
             b.ensure_allocated()
@@ -179,7 +179,7 @@ def run_launch(runner: Any, buffers: list[Buffer]) -> None:
 
 def fresh_copy(buf: Buffer) -> Buffer:
     out = Buffer(buf.device, buf.size, buf.dtype).ensure_allocated()
-    out.host_view()[:] = buf.host_view()
+    copy_buffer(out, buf)
     return out
 
 

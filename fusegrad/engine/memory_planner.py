@@ -36,7 +36,8 @@ def plan_buffers(
     replacement: dict[Buffer, Buffer] = {}
     arenas: list[Buffer] = []
     placement: dict[Buffer, tuple[int, int]] = {}
-    for device in dict.fromkeys(b.device for b in bufs):
+    # only host memory can be viewed at an offset; other devices keep their own buffers
+    for device in dict.fromkeys(b.device for b in bufs if b.is_host):
         mine = [i for i, b in enumerate(bufs) if b.device == device]
         offsets, total = plan_offsets([bufs[i].nbytes for i in mine], [lifetimes[i] for i in mine])
         arenas.append(Buffer(device, total, dtypes.uint8).ensure_allocated())

@@ -8,7 +8,7 @@ from typing import Any
 from fusegrad.helpers import BEAM, DEBUG, NOOPT, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
-from fusegrad.runtime.device import Device, physical_memory
+from fusegrad.runtime.device import Device, copy_buffer, physical_memory
 from fusegrad.schedule import OldVersionReaders, ScheduleItem, base_buffer, buffer_of, create_schedule, record_realized
 from fusegrad.uop.ops import Ops, UOp
 
@@ -61,7 +61,7 @@ def run_item(item: ScheduleItem) -> None:
     st = time.perf_counter()
     if item.ast.op is Ops.COPY:
         dst, src = item.buffers
-        dst.copyin(src.host_view())  # a device with a DMA engine uploads it itself
+        copy_buffer(dst, src)
         name, ops = f"copy {src.device} -> {dst.device}", 0
     else:
         if item.buffers[0].size == 0:
@@ -69,6 +69,8 @@ def run_item(item: ScheduleItem) -> None:
         runner = get_runner(item.device, item.ast)
         runner(list(item.buffers))
         name, ops = runner.info.name, runner.info.ops_estimate
+    if DEBUG >= 2:
+        Device[item.device].synchronize()  # a GPU launch returns at once: the time shown is the kernel's
     et = time.perf_counter() - st
     if capturing:
         capturing[-1].record(item, runner if item.ast.op is not Ops.COPY else None)
@@ -120,7 +122,7 @@ def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReader
             for item in items[:split]:
                 run_item(item)
             for check, buf in zip(checks, check_bufs):
-                check.raise_if_violated(buf.host_view())
+                check.raise_if_violated(buf.numpy())
                 if capturing:
                     capturing[-1].record_check(check, buf)
             items, results = items[split:], results[len(checks) :]

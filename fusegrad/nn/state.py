@@ -25,9 +25,9 @@ import numpy as np
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import prod, round_up
 from fusegrad.nn.safe_pickle import MAX_RANK, PickleSource, RestrictedUnpickler
-from fusegrad.runtime.device import Buffer, Device
-from fusegrad.runtime.ops_disk import DiskBuffer, check_mapped
-from fusegrad.schedule import base_buffer, buffer_of, buffer_uop, is_contiguous_view
+from fusegrad.runtime.buffers import Buffer, DiskBuffer, buffer_uop, check_mapped, host_values, is_contiguous_view
+from fusegrad.runtime.buffers import view_buffer
+from fusegrad.runtime.device import Device
 from fusegrad.schedule.multi import multi_axis
 from fusegrad.tensor import Tensor
 
@@ -194,8 +194,7 @@ def _blob_of(fn: Any) -> _Blob:
         raise TypeError(f"expected a path or a uint8 Tensor, got {type(fn).__name__}")
     if fn.dtype is not dtypes.uint8 or fn.ndim != 1:
         raise TypeError(f"expected a 1-D uint8 Tensor of file bytes, got {fn}")
-    base = base_buffer(fn.uop)
-    buf = buffer_of[base] if base is not None and is_contiguous_view(fn.uop) else None
+    buf = view_buffer(fn.uop)
     if isinstance(buf, DiskBuffer):
         mem = memoryview(buf.mapping)[buf.offset : buf.offset + buf.nbytes]
         return _Blob(
@@ -209,7 +208,7 @@ def _raw_bytes(t: Tensor) -> np.ndarray:
     if not is_contiguous_view(t.uop):
         t = t.contiguous()
     t.realize()
-    return buffer_of[base_buffer(t.uop)].host_view().view(np.uint8)  # type: ignore[index]
+    return host_values(t.uop).view(np.uint8)
 
 
 class _BlobIO(io.RawIOBase):

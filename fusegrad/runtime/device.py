@@ -1,9 +1,10 @@
-"""Device registry, Buffer and the host allocator shared by the CPU and PYTHON devices."""
+"""The device interface (Allocator, Compiler, Compiled) with the registry, Buffer and the host allocator."""
 
 from __future__ import annotations
 import contextlib
 import functools
 import gc
+import hashlib
 import importlib
 import importlib.util
 import mmap
@@ -15,7 +16,8 @@ from collections import OrderedDict, deque
 from typing import Any, Iterator
 import numpy as np
 from fusegrad.dtype import DType, to_numpy_dtype
-from fusegrad.helpers import CC, DEV, LRU_CACHE_MB, GlobalCounters
+from fusegrad.helpers import CACHELEVEL, CC, CCACHE, DEBUG, DEV, LRU_CACHE_MB, GlobalCounters
+from fusegrad.runtime.kernel_cache import KernelCache
 
 # transparent huge page size (x86-64, most arm64 kernels): blocks this large are aligned to it and ask for huge pages,
 # so first touch faults once per 2 MiB instead of once per 4 KiB page
@@ -127,11 +129,39 @@ def _unshared_counts() -> tuple[int, int]:
 _UNSHARED_COUNTS = _unshared_counts()
 
 
-class HostAllocator:
+class Allocator:
+    """Device memory as opaque handles: alloc/free, and copies between the handle and host memory. A device that can
+    copy straight from another device's handle says so in `can_transfer_from` and implements `transfer`."""
+
+    host = False  # handles are numpy views of host memory (then Buffer.host_view works and copies are numpy copies)
+
+    def alloc(self, nbytes: int) -> Any:
+        raise NotImplementedError
+
+    def free(self, handle: Any) -> None:
+        pass
+
+    def copyin(self, handle: Any, src: np.ndarray) -> None:
+        """Host bytes `src` (a flat uint8 array) into the first src.nbytes bytes of `handle`."""
+        raise NotImplementedError
+
+    def copyout(self, dst: np.ndarray, handle: Any) -> None:
+        """The first dst.nbytes bytes of `handle` into the host array `dst` (flat uint8)."""
+        raise NotImplementedError
+
+    def can_transfer_from(self, src: Allocator) -> bool:
+        return False
+
+    def transfer(self, dst: Any, src: Any, nbytes: int, src_allocator: Allocator) -> None:
+        raise NotImplementedError
+
+
+class HostAllocator(Allocator):
     """Host memory backed by numpy, so copies in and out are plain numpy copies: 64-byte aligned, and HUGE_PAGE aligned
     with transparent huge pages requested from HUGE_PAGE bytes up. Freed blocks go to `cache` for the next allocation
     of the same size; a failed allocation empties the cache and tries once more."""
 
+    host = True
     cache = HostBufferCache()  # one for every host device: they share the machine's memory, so they share one bound
 
     def alloc(self, nbytes: int) -> np.ndarray:
@@ -153,6 +183,18 @@ class HostAllocator:
 
     def free(self, mem: np.ndarray) -> None:
         self.cache.give_back(mem)
+
+    def copyin(self, handle: np.ndarray, src: np.ndarray) -> None:
+        handle[: src.nbytes] = src
+
+    def copyout(self, dst: np.ndarray, handle: np.ndarray) -> None:
+        dst[:] = handle[: dst.nbytes]
+
+    def can_transfer_from(self, src: Allocator) -> bool:
+        return src.host
+
+    def transfer(self, dst: np.ndarray, src: np.ndarray, nbytes: int, src_allocator: Allocator) -> None:
+        dst[:nbytes] = src[:nbytes]
 
     @staticmethod
     def _fresh(nbytes: int) -> np.ndarray:
@@ -177,11 +219,12 @@ class HostAllocator:
 
 
 class Buffer:
-    """Device memory for `size` elements of `dtype`; allocated on first use, freed when unreferenced."""
+    """Device memory for `size` elements of `dtype`, allocated on first use and freed when unreferenced. It holds the
+    allocator's opaque handle; only buffers of host devices expose it as numpy (`host_view`)."""
 
     def __init__(self, device: str, size: int, dtype: DType, initial: np.ndarray | None = None):
         self.device, self.size, self.dtype = device, size, dtype
-        self._mem: np.ndarray | None = None
+        self._mem: Any = None  # the allocator's handle (a numpy array on host devices)
         self._initial = initial  # host data copied in on first allocation
 
     @property
@@ -192,9 +235,18 @@ class Buffer:
     def is_allocated(self) -> bool:
         return self._mem is not None
 
+    @property
+    def allocator(self) -> Allocator:
+        return Device[self.device].allocator
+
+    @property
+    def is_host(self) -> bool:
+        # an allocator outside the Allocator hierarchy hands out numpy arrays the host can read (AMD: BAR views)
+        return bool(getattr(self.allocator, "host", True))
+
     def ensure_allocated(self) -> Buffer:
         if self._mem is None:
-            allocator = Device[self.device].allocator
+            allocator = self.allocator
             self._mem = allocator.alloc(self.nbytes)
             GlobalCounters.mem_used += self.nbytes
             GlobalCounters.mem_used_per_device[self.device] = (
@@ -208,33 +260,126 @@ class Buffer:
         return self
 
     def use_external(self, mem: np.ndarray) -> None:
-        """Back this buffer by memory someone else owns (from_blob); it is neither copied nor freed here."""
-        self._mem, self._initial = mem, None
+        """Back this buffer by host memory someone else owns (from_blob): neither copied nor freed here. A device whose
+        memory is not host memory gets a copy of it instead."""
+        if self.is_host:
+            self._mem, self._initial = mem, None
+        else:
+            self._mem, self._initial = None, mem[: self.nbytes].copy()
+
+    @property
+    def handle(self) -> Any:
+        """The allocator's handle for this buffer's memory (allocating it first)."""
+        return self.ensure_allocated()._mem
 
     def host_view(self) -> np.ndarray:
-        """The buffer's memory as a flat numpy array of its storage dtype (no copy)."""
+        """The buffer's memory as a flat numpy array of its storage dtype (no copy); host devices only."""
+        if not self.is_host:
+            raise RuntimeError(
+                f"{self.device} buffers live in device memory and have no host view: read them with Buffer.numpy()"
+            )
         self.ensure_allocated()
-        assert self._mem is not None
         return self._mem[: self.nbytes].view(to_numpy_dtype(self.dtype))
 
     def address(self) -> int:
-        return self.ensure_allocated()._mem.ctypes.data  # type: ignore[union-attr]
+        return self.host_view().ctypes.data
 
     def copyin(self, data: np.ndarray) -> None:
-        # a device with a DMA engine (AMD: SDMA) uploads itself; host memory is written directly
-        if (upload := getattr(Device[self.device].allocator, "copyin", None)) is not None:
-            return upload(self.ensure_allocated()._mem, data.reshape(-1).astype(to_numpy_dtype(self.dtype), copy=False))
-        self.host_view()[:] = data.reshape(-1)
+        """Host values (any shape, of this buffer's storage dtype) into the buffer."""
+        flat = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if flat.nbytes != self.nbytes:
+            raise ValueError(f"copying {flat.nbytes} bytes into {self!r} of {self.nbytes} bytes")
+        if flat.nbytes:
+            self.allocator.copyin(self.handle, flat)
+
+    def numpy(self) -> np.ndarray:
+        """A host copy of the values, flat, of the storage dtype."""
+        if self.is_host:
+            return self.host_view().copy()
+        out = np.empty(self.nbytes, np.uint8)
+        if self.nbytes:
+            Device[self.device].synchronize()
+            self.allocator.copyout(out, self.handle)
+        return out.view(to_numpy_dtype(self.dtype))
 
     def __repr__(self) -> str:
         return f"<Buffer {self.device} {self.size} {self.dtype}>"
 
 
-def _free(allocator: Any, mem: np.ndarray, device: str, nbytes: int) -> None:
+def copy_buffer(dst: Buffer, src: Buffer) -> None:
+    """dst = src between any two devices: a direct transfer when dst's allocator can read src's handles, else through
+    host memory (a host side's own memory when there is one)."""
+    if dst.nbytes != src.nbytes:
+        raise ValueError(f"copy between buffers of different sizes: {src!r} -> {dst!r}")
+    if dst.nbytes == 0:
+        return
+    dst_alloc, src_alloc = dst.allocator, src.allocator
+    if (direct := getattr(dst_alloc, "can_transfer_from", None)) is not None and direct(src_alloc):
+        Device[src.device].synchronize()
+        dst_alloc.transfer(dst.handle, src.handle, dst.nbytes, src_alloc)
+    elif src.is_host:
+        dst_alloc.copyin(dst.handle, src.host_view().view(np.uint8))
+    elif dst.is_host:
+        Device[src.device].synchronize()
+        src_alloc.copyout(dst.host_view().view(np.uint8), src.handle)
+    else:
+        dst.copyin(src.numpy())
+
+
+def _free(allocator: Any, mem: Any, device: str, nbytes: int) -> None:
     GlobalCounters.mem_used -= nbytes
     GlobalCounters.mem_used_per_device[device] = GlobalCounters.mem_used_per_device.get(device, 0) - nbytes
-    if (free := getattr(allocator, "free", None)) is not None:
-        free(mem)
+    allocator.free(mem)
+
+
+class Compiler:
+    """Source -> binary bytes, cached on disk (cache_dir()/<cache_name>) by a hash of the compiler's identity and the
+    source; subclasses implement `compile` and say in `identity` what else changes the binary (version, target)."""
+
+    def __init__(self, cache_name: str):
+        self.cache = KernelCache(cache_name, ".bin")
+
+    def identity(self) -> str:
+        return type(self).__name__
+
+    def compile(self, src: str, name: str) -> bytes:
+        raise NotImplementedError
+
+    def compile_cached(self, src: str, name: str) -> bytes:
+        key = hashlib.sha256(f"{self.identity()}\n{src}".encode()).hexdigest()
+        if CACHELEVEL >= 1 and CCACHE and (path := self.cache.lookup(key)) is not None:
+            with open(path, "rb") as f:
+                return f.read()
+        binary = self.compile(src, name)
+        self.cache.store_bytes(key, binary)
+        return binary
+
+
+class Compiled:
+    """A device that runs kernels: `render(info)` gives source, the compiler a cached binary, and
+    `program(info, binary)` something callable on the kernel's buffers (with its launch dimensions)."""
+
+    def __init__(self, name: str, allocator: Allocator, renderer: Any, compiler: Compiler | None, program: Any):
+        self.device, self.allocator, self.renderer, self.compiler, self.program = (
+            name,
+            allocator,
+            renderer,
+            compiler,
+            program,
+        )
+
+    def render(self, info: Any) -> str:
+        return self.renderer.render(info.name, info.lin)
+
+    def build(self, info: Any) -> Any:
+        src = self.render(info)
+        if DEBUG >= 4:
+            print(src)
+        binary = self.compiler.compile_cached(src, info.name) if self.compiler is not None else src.encode()
+        return self.program(self, info, binary)
+
+    def synchronize(self) -> None:
+        pass
 
 
 class _DeviceRegistry:

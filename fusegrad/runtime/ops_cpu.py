@@ -11,11 +11,11 @@ import signal
 import subprocess
 import tempfile
 import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
-from fusegrad.helpers import CACHELEVEL, CC, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS, cache_dir
+from fusegrad.helpers import CACHELEVEL, CC, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS
 from fusegrad.renderer.cstyle import CRenderer
-from fusegrad.runtime.device import Buffer, HostAllocator
+from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
+from fusegrad.runtime.kernel_cache import KernelCache
 
 COMPILER_CANDIDATES = ("cc", "clang", "gcc")
 # -fopenmp-simd: only the simd pragmas, no OpenMP runtime (signed data arithmetic wraps in the renderer itself)
@@ -96,86 +96,11 @@ def compiler_identity(cc: str) -> str:
     return f"{cc}|{version}|{platform.machine()}|{cpu}|{' '.join(CFLAGS)}"
 
 
-def _sha256_file(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-class KernelCache:
-    """Compiled kernels on disk, each `<key><suffix>` next to `<key>.sha256` (its content hash), in `<cache>/<subdir>`.
-    A file whose hash does not match (truncated, zero bytes, garbage) is never loaded: it is deleted and compiled again.
-    When the cache directory cannot be written, a temporary directory takes its place for the rest of the process,
-    with one warning."""
-
-    def __init__(self, subdir: str = "cpu", suffix: str = ".so"):
-        self.fallback: str | None = None
-        self.subdir, self.suffix = subdir, suffix
-
-    def dirs(self) -> list[str]:
-        return [os.path.join(cache_dir(), self.subdir)] + ([self.fallback] if self.fallback else [])
-
-    def lookup(self, key: str) -> str | None:
-        for d in self.dirs():
-            path = os.path.join(d, f"{key}{self.suffix}")
-            if not os.path.exists(path):
-                continue
-            try:
-                with open(os.path.join(d, f"{key}.sha256")) as f:
-                    expected = f.read().strip()
-                if _sha256_file(path) == expected:
-                    return path
-            except OSError:
-                pass  # no or unreadable checksum: the binary is not trusted
-            self.evict(path)
-        return None
-
-    def evict(self, path: str) -> None:
-        for p in (path, path[: -len(self.suffix)] + ".sha256"):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass  # a read-only cache keeps the bad file; lookup then skips it and the fallback holds the good one
-
-    def store(self, key: str, built: str) -> str:
-        try:
-            return self._store_in(os.path.join(cache_dir(), self.subdir), key, built)
-        except OSError as e:
-            if self.fallback is None:
-                self.fallback = tempfile.mkdtemp(prefix="fusegrad-kernels-")
-                warnings.warn(
-                    f"kernel cache {os.path.join(cache_dir(), self.subdir)} is not writable ({e.strerror or e}); "
-                    f"compiled kernels go to {self.fallback} for this process",
-                    stacklevel=2,
-                )
-            return self._store_in(self.fallback, key, built)
-
-    def _store_in(self, directory: str, key: str, built: str) -> str:
-        os.makedirs(directory, exist_ok=True)
-        with open(built, "rb") as f:
-            data = f.read()
-        path = os.path.join(directory, f"{key}{self.suffix}")
-        # checksum first: whoever sees the new binary also sees its checksum (each file is renamed into place whole)
-        _write_atomic(os.path.join(directory, f"{key}.sha256"), hashlib.sha256(data).hexdigest().encode())
-        _write_atomic(path, data)
-        return path
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 class ClangCompiler:
     """Compiles C source to a shared object; results are cached on disk by a hash of source, flags and compiler."""
 
     def __init__(self):
-        self.cache = KernelCache()
+        self.cache = KernelCache("cpu", ".so")
 
     def compile(self, src: str, name: str = "kernel") -> str:
         """Path of a verified shared object for `src`: from the disk cache, or compiled now and stored there."""
@@ -260,19 +185,14 @@ class CPUProgram:
             f.result()
 
 
-class CpuDevice:
+class CpuDevice(Compiled):
     def __init__(self, name: str):
-        self.device = name
-        self.allocator = HostAllocator()
-        self.renderer = CRenderer()
-        self.compiler = ClangCompiler()
+        super().__init__(name, HostAllocator(), CRenderer(), None, CPUProgram)
+        self.compiler = ClangCompiler()  # its binaries are shared objects on disk, loaded from their path
 
     def build(self, info) -> CPUProgram:
-        src = self.renderer.render(info.name, info.lin)
+        src = self.render(info)
         if DEBUG >= 4:
             print(src)
         lib = self.compiler.load(src, info.name)
         return CPUProgram(info.name, lib, info.nparams, info.outer_size, info.ops_estimate)
-
-    def synchronize(self) -> None:
-        pass

@@ -3,52 +3,22 @@
 from __future__ import annotations
 import mmap
 import os
+from typing import Mapping
 import numpy as np
-from fusegrad.dtype import DType
 from fusegrad.helpers import prod
-from fusegrad.runtime.device import Buffer
+from fusegrad.runtime.buffers import DiskBuffer, buffer_of
+from fusegrad.runtime.device import Allocator, Buffer, Compiled
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 
-class DiskBuffer(Buffer):
-    """`size` elements of `dtype` at byte `offset` of a file mapping; nothing is read until the buffer is used."""
-
-    def __init__(self, device: str, size: int, dtype: DType, mapping: mmap.mmap | bytes, offset: int):
-        super().__init__(device, size, dtype)
-        self.mapping, self.offset = mapping, offset
-
-    def ensure_allocated(self) -> Buffer:
-        # a view of the mapping, not host memory: it is not counted in GlobalCounters.mem_used
-        if self._mem is None:
-            check_mapped(self.mapping, self.offset, self.nbytes, self.device[5:], "tensor")
-            self._mem = np.frombuffer(self.mapping, np.uint8, count=self.nbytes, offset=self.offset)
-        return self
-
-    def host_view(self) -> np.ndarray:
-        # every read out of the mapping goes through here: a file cut short since loading must not be touched
-        check_mapped(self.mapping, self.offset, self.nbytes, self.device[5:], "tensor")
-        return super().host_view()
-
-
-def check_mapped(mapping: mmap.mmap | bytes, start: int, nbytes: int, path: str, what: str) -> None:
-    """Raise ValueError unless bytes [start, start + nbytes) of the mapped file still exist: reading mapped pages past
-    the end of a file that shrank after it was mapped kills the process with SIGBUS."""
-    size = mapping.size() if isinstance(mapping, mmap.mmap) else len(mapping)
-    if start < 0 or nbytes < 0 or start + nbytes > size:
-        raise ValueError(
-            f"{path}: {what} needs bytes [{start}, {start + nbytes}) but the file now has {size} "
-            f"(it was {len(mapping)} bytes when mapped: changed on disk after loading)"
-        )
-
-
-def disk_view(u: UOp, buffer_of: dict) -> DiskBuffer | None:
+def disk_view(u: UOp, table: Mapping[UOp, Buffer] = buffer_of) -> DiskBuffer | None:
     """A DiskBuffer over the bytes `u` reads when u is reshapes and slices of a DISK buffer that read one contiguous
     range in order (t[2:5], rows of a matrix): such a view needs no kernel, only a new offset into the mapping."""
     chain = []
     while u.op in (Ops.RESHAPE, Ops.SHRINK):
         chain.append(u)
         u = u.src[0]
-    if u.op is not Ops.BUFFER or not isinstance(base := buffer_of.get(u), DiskBuffer):
+    if u.op is not Ops.BUFFER or not isinstance(base := table.get(u), DiskBuffer):
         return None
     start = 0  # first element read, in the base buffer
     for node in reversed(chain):
@@ -68,14 +38,12 @@ def copy_off_disk(u: UOp, device: str) -> UOp:
     """`u` (on DISK) copied to `device`: one copy of the bytes it reads when that is a contiguous range of a file; for
     any other view (strided slices, transposes) the viewed tensor is copied and the view is taken on `device`. Compute
     is not moved: DISK never runs it, so `(t + 1).to("CPU")` still fails when realized."""
-    from fusegrad.schedule import buffer_of
-
     views = []
     base = u
     while base.op in GroupOp.Movement:
         views.append(base)
         base = base.src[0]
-    if base.op is not Ops.BUFFER or not views or disk_view(u, buffer_of) is not None:
+    if base.op is not Ops.BUFFER or not views or disk_view(u) is not None:
         return UOp(Ops.COPY, u.dtype, (u,), device)
     out = UOp(Ops.COPY, base.dtype, (base,), device)
     for view in reversed(views):
@@ -83,7 +51,9 @@ def copy_off_disk(u: UOp, device: str) -> UOp:
     return out
 
 
-class DiskAllocator:
+class DiskAllocator(Allocator):
+    host = True  # a DiskBuffer's memory is its file mapping, a host numpy view
+
     def __init__(self, device: str):
         self.device = device
 
@@ -94,12 +64,12 @@ class DiskAllocator:
         )
 
 
-class DiskDevice:
+class DiskDevice(Compiled):
     """One file. The mapping is shared by all buffers of the file as it is now; a changed file is mapped anew."""
 
     def __init__(self, name: str):
-        self.device, self.path = name, name.partition(":")[2]
-        self.allocator, self.renderer, self.compiler = DiskAllocator(name), None, None
+        super().__init__(name, DiskAllocator(name), None, None, None)
+        self.path = name.partition(":")[2]
         self._stamp: tuple[int, int, int] | None = None
         self._mapping: mmap.mmap | bytes = b""
 
@@ -117,11 +87,11 @@ class DiskDevice:
             self._stamp = stamp
         return self._mapping
 
+    def plan_copy(self, u: UOp, device: str) -> UOp:
+        return copy_off_disk(u, device)
+
     def build(self, info):
         raise RuntimeError(
             f"{self.device} cannot run kernels (kernel {info.name}): a file is read whole or in contiguous slices; "
             "move the tensor with .to('CPU') first, then compute or slice it there"
         )
-
-    def synchronize(self) -> None:
-        pass

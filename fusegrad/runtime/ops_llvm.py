@@ -10,7 +10,7 @@ import os
 import tempfile
 from fusegrad.helpers import CACHELEVEL, CCACHE, DEBUG
 from fusegrad.renderer.llvmir import LLVMRenderer
-from fusegrad.runtime.device import HostAllocator
+from fusegrad.runtime.device import Compiled, HostAllocator
 from fusegrad.runtime.ops_cpu import CompileError, CPUProgram, KernelCache
 
 try:
@@ -139,13 +139,12 @@ class LLVMProgram(CPUProgram):
         self.outer_size, self.ops, self.nparams = outer_size, ops, nparams
 
 
-class LlvmDevice:
+class LlvmDevice(Compiled):
     def __init__(self, name: str):
-        self.device = name
-        self.allocator = HostAllocator()
         tm = host_target()
-        self.renderer = LLVMRenderer(host_vector_bytes(), tm.triple, str(tm.target_data))
-        self.compiler = LLVMCompiler()
+        renderer = LLVMRenderer(host_vector_bytes(), tm.triple, str(tm.target_data))
+        super().__init__(name, HostAllocator(), renderer, None, LLVMProgram)
+        self.compiler = LLVMCompiler()  # its objects are linked in-process from bytes (load), not run by the base
 
     def build(self, info) -> LLVMProgram:
         ir = self.renderer.render(info.name, info.lin)
@@ -153,6 +152,3 @@ class LlvmDevice:
             print(ir)
         engine, address = self.compiler.load(ir, info.name)
         return LLVMProgram(info.name, engine, address, info.nparams, info.outer_size, info.ops_estimate)
-
-    def synchronize(self) -> None:
-        pass

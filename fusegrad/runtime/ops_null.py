@@ -1,7 +1,7 @@
 """The NULL device: kernels are lowered and "built" but never run; useful to measure scheduling and codegen."""
 
 from __future__ import annotations
-from fusegrad.runtime.device import Buffer, HostAllocator
+from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
 
 
 class NullProgram:
@@ -9,15 +9,9 @@ class NullProgram:
         pass
 
 
-class NullDevice:
+class NullDevice(Compiled):
     def __init__(self, name: str):
-        self.device = name
-        self.allocator = HostAllocator()
-        self.renderer = None
-        self.compiler = None
+        super().__init__(name, HostAllocator(), None, None, NullProgram)
 
     def build(self, info) -> NullProgram:
         return NullProgram()
-
-    def synchronize(self) -> None:
-        pass

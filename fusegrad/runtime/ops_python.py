@@ -6,7 +6,7 @@ from fusegrad.dtype import dtypes, bf16_to_float, float_to_bf16, float_to_fp8, f
 from fusegrad.helpers import DEBUG
 from fusegrad.uop.alu import bitcast_value, cast_value, exec_alu
 from fusegrad.uop.ops import GroupOp, Ops, UOp
-from fusegrad.runtime.device import Buffer, HostAllocator
+from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
 
 
 def _read(mem: Any, i: int, dt) -> Any:
@@ -79,18 +79,12 @@ class PythonProgram:
             pc += 1
 
 
-class PythonDevice:
+class PythonDevice(Compiled):
     def __init__(self, name: str):
-        self.device = name
-        self.allocator = HostAllocator()
-        self.renderer = None
-        self.compiler = None
+        super().__init__(name, HostAllocator(), None, None, PythonProgram)
 
     def build(self, info) -> PythonProgram:
         if DEBUG >= 4:
             for i, u in enumerate(info.lin):
                 print(f"{i:4d} {u.op.name:12s} {u.dtype!r:18s} {u.arg!r}")
         return PythonProgram(info.lin, info.outer_size)
-
-    def synchronize(self) -> None:
-        pass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 import heapq
-import itertools
 import math
 import sys
 import weakref
@@ -12,6 +11,9 @@ import numpy as np
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG
 from fusegrad.runtime.device import Buffer
+
+# the buffer table lives with the buffers (runtime/buffers.py), where the front end reads it
+from fusegrad.runtime.buffers import base_buffer, buffer_of, buffer_uop, is_contiguous_view
 from fusegrad.schedule.multi import lower_multi
 from fusegrad.schedule.split_reduce import split_long_reduces
 from fusegrad.schedule.variables import KernelVars, arg_uops, symbolic_view
@@ -36,8 +38,6 @@ class ScheduleItem:
     device: str
 
 
-# BUFFER uop -> its storage; several uops (versions, after an assign) may share one Buffer
-buffer_of: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
 # a computed tensor-level uop -> the buffer view holding its value, so realized work is not redone. A tensor's own
 # result is held weakly (it lives as long as the tensor holds it); an intermediate that read data is held as long as
 # the graph node that computed it is alive (loss.item() after opt.step() reuses the forward pass)
@@ -54,16 +54,6 @@ def record_realized(u: UOp, value: UOp, strong: bool = False) -> None:
     realized[u] = value if strong else weakref.ref(value)
 
 
-_unique = itertools.count()
-
-
-def buffer_uop(buf: Buffer) -> UOp:
-    """A fresh BUFFER node (a new version) for an existing Buffer."""
-    u = UOp(Ops.BUFFER, buf.dtype, (), (next(_unique), buf.device, buf.size))
-    buffer_of[u] = buf
-    return u
-
-
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     return buffer_uop(Buffer(device, size, dtype))
 
@@ -73,20 +63,6 @@ def kernel_value(point: UOp) -> UOp:
     if point.op is Ops.ASSIGN:
         return point.src[1]
     return point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
-
-
-def base_buffer(u: UOp) -> UOp | None:
-    """The BUFFER under a chain of movement ops, if u is only a view of one."""
-    while u.op in GroupOp.Movement:
-        u = u.src[0]
-    return u if u.op is Ops.BUFFER else None
-
-
-def is_contiguous_view(u: UOp) -> bool:
-    """u reads its buffer in order, element for element (only reshapes over a whole buffer)."""
-    while u.op is Ops.RESHAPE:
-        u = u.src[0]
-    return u.op is Ops.BUFFER
 
 
 def substitute_realized(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:

@@ -11,8 +11,7 @@ import numpy as np
 from fusegrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from fusegrad.engine.realize import capturing
 from fusegrad.helpers import argfix, prod
-from fusegrad.runtime.device import Buffer
-from fusegrad.schedule import buffer_uop
+from fusegrad.runtime.buffers import Buffer, buffer_uop
 from fusegrad.schedule.multi import canonical_device, make_multi, multi_axis, shard_shape
 from fusegrad.tensor_ops.pydata import py_scalar_const
 from fusegrad.tensor_ops.shapes import as_index, check_shape, is_index

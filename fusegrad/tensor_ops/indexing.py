@@ -16,7 +16,7 @@ import numpy as np
 from fusegrad.dtype import dtypes
 from fusegrad.engine.checks import IndexCheck, register_check
 from fusegrad.helpers import CHECK_OOB, prod
-from fusegrad.schedule import base_buffer, buffer_of, is_contiguous_view
+from fusegrad.runtime.buffers import base_buffer, host_values, is_contiguous_view
 from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import sadd, ssub
@@ -611,5 +611,5 @@ class IndexingMixin:
         if u.op is Ops.CONST:
             return np.array([u.arg])
         if u.op is Ops.BUFFER and is_contiguous_view(self.uop):
-            return buffer_of[u].host_view()
+            return host_values(self.uop)
         return self.numpy() if base_buffer(self.uop) is not None else None

@@ -138,15 +138,15 @@ def test_objects_are_cached_checksummed_and_rebuilt_when_damaged(cache_home, mon
 
 def test_big_kernels_split_over_the_thread_pool(monkeypatch):
     submitted = []
-    real = ops_cpu.thread_pool()
+    real = ops_cpu.thread_pool(1)
 
     class Counting:
         def submit(self, *args):
             submitted.append(args)
             return real.submit(*args)
 
-    monkeypatch.setattr(ops_llvm, "thread_pool", lambda: Counting(), raising=False)
-    monkeypatch.setattr(ops_cpu, "thread_pool", lambda: Counting())
+    monkeypatch.setattr(ops_llvm, "thread_pool", lambda workers=1: Counting(), raising=False)
+    monkeypatch.setattr(ops_cpu, "thread_pool", lambda workers=1: Counting())
     x = np.random.default_rng(0).standard_normal((64, 8192)).astype(np.float32)
     with Context(NUM_CPU_THREADS=2):
         got = (Tensor(x, device="LLVM") * 2 + 1).numpy()

@@ -2,7 +2,8 @@
 BACKENDS and must equal the CPU backend within the dtype's tolerance; on CPU itself it is checked against numpy.
 
 Dtypes a backend does not support (UNSUPPORTED) must raise a clear error naming the dtype:
-  CPU: none; LLVM: the fp8 formats; PYTHON: none (it runs the QUICK subset, on small shapes)."""
+  CPU: none; LLVM: the fp8 formats; PYTHON: none (it runs the QUICK subset, on small shapes); CL: the fp8 formats,
+  and float16 on a device without cl_khr_fp16 (PoCL)."""
 
 from __future__ import annotations
 import functools
@@ -22,8 +23,15 @@ try:
 except ImportError:
     HAVE_LLVM = False
 
-BACKENDS = ["CPU", "LLVM", "PYTHON"]  # another runnable backend is one more entry here
-UNSUPPORTED: dict[str, tuple[DType, ...]] = {"CPU": (), "LLVM": dtypes.fp8s, "PYTHON": ()}
+try:
+    from fusegrad.runtime.device import Device
+
+    CL_UNSUPPORTED: tuple[DType, ...] | None = Device["CL"].renderer.unsupported_dtypes()
+except (ImportError, RuntimeError):
+    CL_UNSUPPORTED = None  # no pyopencl or no OpenCL driver (.ci/run installs PoCL)
+
+BACKENDS = ["CPU", "LLVM", "PYTHON", "CL"]  # another runnable backend is one more entry here
+UNSUPPORTED: dict[str, tuple[DType, ...]] = {"CPU": (), "LLVM": dtypes.fp8s, "PYTHON": (), "CL": CL_UNSUPPORTED or ()}
 SUBSET_ONLY = {"PYTHON"}  # interpreters: only the QUICK cases
 
 FLOATS = (dtypes.float32, dtypes.float16, dtypes.bfloat16, dtypes.float64)
@@ -182,6 +190,8 @@ def _params(devices: list[str]):
 def _need(device: str) -> None:
     if device == "LLVM" and not HAVE_LLVM:
         pytest.skip("the LLVM device needs llvmlite (pip install llvmlite)")
+    if device == "CL" and CL_UNSUPPORTED is None:
+        pytest.skip("the CL device needs pyopencl and an OpenCL driver (PoCL: apt-get install pocl-opencl-icd)")
 
 
 def _inputs(case: Case, dt: DType, small: bool) -> list[np.ndarray]:
@@ -252,6 +262,10 @@ def assert_close(got: np.ndarray, want: np.ndarray, dt: DType, sums: bool, what:
 def test_op(device: str, name: str, dt: DType):
     _need(device)
     case, small = CASES[name], device in SUBSET_ONLY
+    if dt in UNSUPPORTED[device]:
+        with pytest.raises(NotImplementedError, match=f"does not support {dt}"):
+            run(device, name, dt, small)
+        return
     got, grads = run(device, name, dt, small)
     if device == "CPU":
         if case.reference is not None and dt in (dtypes.float32, dtypes.float64):
@@ -277,6 +291,10 @@ def _cast_params(devices: list[str]):
 @pytest.mark.parametrize("device, src, dst", list(_cast_params(BACKENDS)))
 def test_cast(device: str, src: DType, dst: DType):
     _need(device)
+    if bad := [d for d in (src, dst) if d in UNSUPPORTED[device]]:
+        with pytest.raises(NotImplementedError, match=f"does not support {bad[0]}"):
+            _tensor(np.zeros(3), src, device, False).cast(dst).numpy()
+        return
     # values every dtype holds exactly (float -> int truncates toward zero; anything -> bool is != 0)
     x = np.array([0.0, 1.0, -1.0, 2.5, -7.75, 100.0, 0.5, -0.0])
     if dtypes.is_int(src) or src is dtypes.bool:

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 import numpy as np
-from fusegrad.dtype import dtypes
+from fusegrad.dtype import dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG, IGNORE_BEAM_CACHE, NUM_CPU_THREADS, cache_dir
 from fusegrad.codegen import kernel_name, lower_to_linear
 from fusegrad.codegen.lowerer import output_value
@@ -88,6 +88,8 @@ def _device_identity(device: str) -> str:
 
     if isinstance(getattr(Device[device], "compiler", None), ops_cpu.ClangCompiler):
         return ops_cpu.compiler_identity(ops_cpu.find_compiler())
+    if callable(identity := getattr(Device[device].compiler, "identity", None)):
+        return identity()  # a GPU compiler names its device and driver
     return type(Device[device]).__name__
 
 
@@ -133,12 +135,15 @@ class _Bench:
         rng = np.random.default_rng(0)
         params = sorted((u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])
         self.buffers = [Buffer(device, u.arg[1], u.dtype).ensure_allocated() for u in params]
-        self.initial = [_random_fill(rng, b.host_view()) for b in self.buffers]
+        # filled on the host and copied in: a device buffer (CL, CUDA) has no host view
+        self.initial = [_random_fill(rng, np.empty(b.size, to_numpy_dtype(b.dtype))) for b in self.buffers]
+        for b, values in zip(self.buffers, self.initial):
+            b.copyin(values)
         self.device, self.out_dtype = device, params[0].dtype
 
     def run(self, program: Callable[[list[Buffer]], None]) -> float:
         # a kernel that reads its output (an assign) starts from the same values every run
-        self.buffers[0].host_view()[:] = self.initial[0]
+        self.buffers[0].copyin(self.initial[0])
         st = time.perf_counter()
         program(self.buffers)
         if hasattr(dev := Device[self.device], "synchronize"):
@@ -146,7 +151,7 @@ class _Bench:
         return time.perf_counter() - st
 
     def output(self) -> np.ndarray:
-        return self.buffers[0].host_view().copy()
+        return self.buffers[0].numpy()
 
     def matches(self, out: np.ndarray, ref: np.ndarray) -> bool:
         if out.dtype.kind != "f":

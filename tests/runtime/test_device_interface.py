@@ -1,0 +1,90 @@
+"""The device interface (runtime/device.py): buffers copy through allocators, only host devices expose numpy views,
+and the front end reaches buffers only through runtime/buffers.py."""
+
+import ast
+import pathlib
+import numpy as np
+import pytest
+from fusegrad import Tensor, dtypes
+from fusegrad.runtime.buffers import Buffer, view_buffer
+from fusegrad.runtime.device import Allocator, Device, HostAllocator, copy_buffer
+
+FRONT_END = ["fusegrad/tensor.py", "fusegrad/gradient.py", *map(str, pathlib.Path("fusegrad/tensor_ops").glob("*.py"))]
+FRONT_END += [str(p) for p in pathlib.Path("fusegrad/nn").glob("*.py")]
+
+
+def imported_names(path: str) -> set[str]:
+    tree = ast.parse(pathlib.Path(path).read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+@pytest.mark.parametrize("path", FRONT_END)
+def test_front_end_imports_no_device_module_and_no_buffer_table(path):
+    root = pathlib.Path(__file__).resolve().parents[2]
+    names = imported_names(str(root / path))
+    assert not [n for n in names if n.startswith("fusegrad.runtime.ops_")], names
+    assert not [n for n in names if n.startswith("fusegrad.schedule") and n.endswith(".buffer_of")], names
+    assert "fusegrad.runtime.buffers.buffer_of" not in names
+
+
+def test_every_device_is_a_compiled_device_with_an_allocator():
+    for name in ("CPU", "PYTHON", "NULL"):
+        dev = Device[name]
+        assert isinstance(dev.allocator, Allocator) and dev.allocator.host and dev.device == name
+
+
+class BytesAllocator(Allocator):
+    """Device memory that is not host-visible: bytearrays behind opaque handles."""
+
+    def __init__(self):
+        self.mem: dict[int, bytearray] = {}
+
+    def alloc(self, nbytes):
+        handle = len(self.mem) + 1
+        self.mem[handle] = bytearray(max(nbytes, 1))
+        return handle
+
+    def copyin(self, handle, src):
+        self.mem[handle][: src.nbytes] = src.tobytes()
+
+    def copyout(self, dst, handle):
+        dst[:] = np.frombuffer(bytes(self.mem[handle][: dst.nbytes]), np.uint8)
+
+
+def test_copies_between_host_and_an_opaque_device_go_through_the_allocator(monkeypatch):
+    opaque = BytesAllocator()
+    monkeypatch.setattr(Device["CPU:7"], "allocator", opaque)
+    values = np.arange(10, dtype=np.float32) - 3.5
+    host, dev, back = (
+        Buffer("CPU", 10, dtypes.float32),
+        Buffer("CPU:7", 10, dtypes.float32),
+        Buffer("CPU", 10, dtypes.float32),
+    )
+    host.copyin(values)
+    copy_buffer(dev, host)
+    assert isinstance(dev.handle, int) and not dev.is_host
+    with pytest.raises(RuntimeError, match="CPU:7 buffers live in device memory"):
+        dev.host_view()
+    np.testing.assert_array_equal(dev.numpy(), values)
+    copy_buffer(back, dev)
+    np.testing.assert_array_equal(back.host_view(), values)
+    # opaque -> opaque goes through a host copy
+    other = Buffer("CPU:7", 10, dtypes.float32)
+    copy_buffer(other, dev)
+    np.testing.assert_array_equal(other.numpy(), values)
+    with pytest.raises(ValueError, match="different sizes"):
+        copy_buffer(Buffer("CPU", 3, dtypes.float32), host)
+
+
+def test_tensor_to_another_host_device_round_trips_exactly():
+    x = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32)
+    t = Tensor(x).to("CPU:1").to("PYTHON").to("CPU")
+    np.testing.assert_array_equal(t.numpy(), x)
+    buf = view_buffer(t.realize().uop)
+    assert buf is not None and buf.device == "CPU" and isinstance(buf.allocator, HostAllocator)
