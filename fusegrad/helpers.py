@@ -165,6 +165,7 @@ LRU_CACHE_MB = ContextVar("LRU_CACHE_MB", -1)  # MiB of freed host buffers kept 
 BEAM = ContextVar("BEAM", 0)  # beam width of the opts search (0: the heuristics)
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)
 NOOPT = ContextVar("NOOPT", 0)  # 1 applies no codegen opts
+SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0 plans every realize's schedule again instead of reusing one
 SPEC = ContextVar("SPEC", 0)  # 1 checks the kernel graph against uop/spec.py after every codegen stage
 # API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
 JITBEAM = ContextVar("JITBEAM", 0)

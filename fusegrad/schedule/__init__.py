@@ -190,6 +190,9 @@ class _Planner:
         self.points: dict[UOp, str] = {}  # realize point -> device
         self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
         self.items: list[ScheduleItem] = []
+        # what the schedule made, so a cached copy of it can make the same again for other inputs (schedule/cache.py)
+        self.created: list[Buffer] = []  # fresh buffers, in order of creation
+        self.const_params: dict[Buffer, tuple[DType, float]] = {}  # lifted constant -> (dtype, value)
         sink = UOp(Ops.SINK, src=tuple(roots))
         self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
         self.cost_memo: dict[UOp, int] = {}
@@ -390,7 +393,7 @@ class _Planner:
         if point.op is Ops.COPY:
             src = self.result.get(point.src[0], point.src[0])
             src_buf = buffer_of[base_buffer(src)]  # type: ignore[index]
-            out = new_buffer(device, point.size, point.dtype)
+            out = self._new_buffer(device, point.size, point.dtype)
             self.items.append(ScheduleItem(point, (buffer_of[out], src_buf), device))
             self.result[point] = _view(out, point.shape)
             return
@@ -404,11 +407,11 @@ class _Planner:
             target = base_buffer(point.src[0])
             target_buf = buffer_of[target]  # type: ignore[index]
             # copy on write: the old version keeps its storage for the live graphs that still read it
-            out = new_buffer(device, target_buf.size, target_buf.dtype) if target in self.copy_on_write else None
+            out = self._new_buffer(device, target_buf.size, target_buf.dtype) if target in self.copy_on_write else None
             out, value = out or buffer_uop(target_buf), point.src[1]
         else:
             out, value = (
-                new_buffer(device, point.size, point.dtype),
+                self._new_buffer(device, point.size, point.dtype),
                 point.src[0] if point.op is Ops.CONTIGUOUS else point,
             )
         if value in self.result and value is not point:
@@ -419,6 +422,11 @@ class _Planner:
         ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)),))
         self.items.append(ScheduleItem(ast, (buffer_of[out], *params), device))
         self.result[point] = _view(out, point.shape)
+
+    def _new_buffer(self, device: str, size: int, dtype: DType) -> UOp:
+        out = new_buffer(device, size, dtype)
+        self.created.append(buffer_of[out])
+        return out
 
     def _to_ast(self, value: UOp, params: dict[Buffer, UOp], out_buf: Buffer, point: UOp, device: str) -> UOp:
         """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers, and
@@ -446,7 +454,8 @@ class _Planner:
             elif u.op is Ops.BUFFER:
                 ret = param(buffer_of[u])
             elif u.op is Ops.CONST and is_liftable_const(u):
-                ret = UOp(Ops.RESHAPE, u.dtype, (param(const_buffer(device, u.dtype, u.arg)),), ())
+                self.const_params[buf := const_buffer(device, u.dtype, u.arg)] = (u.dtype, u.arg)
+                ret = UOp(Ops.RESHAPE, u.dtype, (param(buf),), ())
             elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
                 if not expanded:
                     stack.extend(((u, True), (u.src[0], False)))
@@ -493,12 +502,30 @@ def _view(buf: UOp, shape: tuple[int, ...]) -> UOp:
     return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
 
 
+@dataclass
+class Plan:
+    """A schedule with what its planner decided: `kept` maps the caller's nodes whose value an intermediate buffer
+    keeps to that point, `planner` holds the buffers and constants it made."""
+
+    items: list[ScheduleItem]
+    results: list[UOp]
+    inner: dict[UOp, UOp]
+    kept: dict[UOp, UOp]
+    planner: _Planner
+
+
 def create_schedule(
     roots: list[UOp], devices: list, readers: OldVersionReaders | None = None
 ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
     buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel).
     An assign into a BUFFER version that `readers` says is still read elsewhere writes a fresh buffer instead."""
+    plan = plan_schedule(roots, devices, readers)
+    return plan.items, plan.results, plan.inner
+
+
+def plan_schedule(roots: list[UOp], devices: list, readers: OldVersionReaders | None = None) -> Plan:
+    """create_schedule, keeping the planner's decisions."""
     substituted, memo = substitute_realized(roots)
     lowered = lower_multi(substituted, devices)
     split, replaced = split_long_reduces(lowered)
@@ -526,4 +553,4 @@ def create_schedule(
     inner.update({u: planner.result[p] for u, p in kept_originals.items() if any(planner.inputs[p])})
     if DEBUG >= 3:
         print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
-    return items, results, inner
+    return Plan(items, results, inner, kept_originals, planner)
