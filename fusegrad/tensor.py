@@ -66,7 +66,7 @@ class Tensor(
         self.device = placement[0] if isinstance(placement, tuple) and not isinstance(data, UOp) else placement
         self.grad: Tensor | None = None
         self.requires_grad, self.is_param = requires_grad, requires_grad is not False
-        _all_tensors.add(self)
+        self._ref = weakref.ref(self)  # registered on each node it holds, so backward finds it from the graph
         if isinstance(data, UOp):
             self.uop = data
         elif data is None:
@@ -114,6 +114,15 @@ class Tensor(
         return buf if arr.ndim == 1 else UOp(Ops.RESHAPE, dt, (buf,), arr.shape)
 
     # ------------------------------------------------------------------ properties
+    @property
+    def uop(self) -> UOp:
+        return self._uop
+
+    @uop.setter
+    def uop(self, u: UOp) -> None:
+        self._uop = u
+        u.add_holder(self._ref)
+
     @property
     def shape(self) -> tuple[int, ...]:
         return self.uop.shape
@@ -454,15 +463,15 @@ class Tensor(
     def backward(self, gradient: Tensor | None = None) -> Tensor:
         """d self / d t into t.grad for every live float tensor t in self's graph; accumulated into an existing
         t.grad when t.requires_grad is True (set explicitly or by an optimizer), replacing it otherwise."""
-        nodes = set(self.uop.toposort())
-        targets = [
-            t
-            for t in list(_all_tensors)
-            if t.uop in nodes
-            and dtypes.is_float(t.dtype)
-            and t.requires_grad is not False
-            and t.uop.op is not Ops.CONST
-        ]
+        targets = list(
+            {
+                id(t): t
+                for u in self.uop.toposort()
+                if u.holders and u.op is not Ops.CONST and dtypes.is_float(u.dtype)
+                for ref in u.holders
+                if (t := ref()) is not None and t._uop is u and t.requires_grad is not False
+            }.values()
+        )
         grads = compute_gradient(self.uop, self._seed_gradient(gradient), {t.uop for t in targets})
         for t in targets:
             if t.uop not in grads:
@@ -487,7 +496,6 @@ class Tensor(
         return Tensor.train(not mode)
 
 
-_all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 # tensors that were assigned to (by id: Tensor.__eq__ is elementwise); realize_all picks up those still pending
 _pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 _contiguous_ids = itertools.count()

@@ -222,7 +222,7 @@ def _make_template(shape: GraphShape, plan, position: dict[UOp, int]) -> Schedul
         refs = tuple(ref(b, item.device) for b in item.buffers)
         if None in refs:
             return None
-        kernels.append((item.ast, item.device, refs))
+        kernels.append((_copy_stand_in(item.ast) if item.ast.op is Ops.COPY else item.ast, item.device, refs))
     new_versions: list[BufferRef] = []
     version_index: dict[UOp, int] = {}
 
@@ -251,6 +251,12 @@ def _make_template(shape: GraphShape, plan, position: dict[UOp, int]) -> Schedul
     return ScheduleTemplate(
         kernels, new_buffers, new_versions, results, inner, sum(b.nbytes for b in plan.planner.created)
     )  # type: ignore[arg-type]
+
+
+def _copy_stand_in(copy: UOp) -> UOp:
+    """A transfer's item names its COPY node, which holds the caller's graph (and its buffers): a template keeps a
+    COPY of a placeholder instead, so it holds no caller's storage alive."""
+    return UOp(Ops.COPY, copy.dtype, (UOp(Ops.DEFINE_GLOBAL, copy.dtype, (), (1, copy.size)),), copy.arg)
 
 
 def clear_schedule_cache() -> None:

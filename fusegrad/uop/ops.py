@@ -100,6 +100,10 @@ class GroupOp:
     Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
 
 
+# ops that only view their source's storage (what a write through a tensor's view reaches)
+_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.DETACH})
+
+
 def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
     """The value a reduce with op may read any number of times without changing its result."""
     if op is Ops.MAX:
@@ -119,6 +123,9 @@ class UOpMeta(type):
             return ret
         ret = super().__call__(op, dtype, src, arg)
         UOpMeta.cache[key] = ret
+        for s in src:
+            if s._readers is not None:
+                s.add_reader(ret)
         return ret
 
 
@@ -132,10 +139,35 @@ def _hashable(arg: Any) -> Any:
 
 
 class UOp(metaclass=UOpMeta):
-    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_size", "_vrange")
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_size", "_vrange", "_readers", "holders")
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+        # weak references to the live nodes built on a BUFFER or on a view of one, so a write into storage finds who
+        # still reads it without scanning every graph
+        tracked = op is Ops.BUFFER or op in _VIEW_OPS and bool(src) and src[0]._readers is not None
+        self._readers: list[weakref.ref[UOp]] | None = [] if tracked else None
+        # weak references to the objects (tensors) that registered as holding this node; some may have moved on
+        self.holders: list[weakref.ref] | None = None
+
+    def add_reader(self, u: UOp) -> None:
+        readers = self._readers
+        assert readers is not None
+        if len(readers) >= 16 and not len(readers) & (len(readers) - 1):  # at powers of two: drop the dead
+            readers[:] = [r for r in readers if r() is not None]
+        readers.append(weakref.ref(u))
+
+    def live_readers(self) -> list[UOp]:
+        """The live nodes built directly on this one (tracked for BUFFER nodes and views of them only)."""
+        return [u for r in self._readers or () if (u := r()) is not None]
+
+    def add_holder(self, ref: weakref.ref) -> None:
+        if (holders := self.holders) is None:
+            self.holders = [ref]
+            return
+        if len(holders) >= 16 and not len(holders) & (len(holders) - 1):
+            holders[:] = [h for h in holders if (t := h()) is not None and getattr(t, "uop", None) is self]
+        holders.append(ref)
 
     def __reduce__(self):
         # the whole graph as one flat table: pickling node by node would recurse once per level of depth
