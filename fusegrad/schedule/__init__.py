@@ -271,9 +271,7 @@ class _Planner:
             target = base_buffer(point.src[0])
             if target is None or not is_contiguous_view(point.src[0]):
                 raise RuntimeError("assign target must be a whole realized buffer")
-            if self._reads_shifted(value, buffer_of[target]) or self._reads_any(
-                value, self.assigned - {buffer_of[target]}
-            ):
+            if self._reads_shifted(value, buffer_of[target]) or self._reads_other_assigned(value, buffer_of[target]):
                 yield self._mark_step(value, device)
         stack: list[tuple[UOp, bool]] = [(value, False)]
         seen: set[tuple[UOp, bool]] = set()
@@ -319,10 +317,12 @@ class _Planner:
             )
         return sum(1 for n in nodes if n.op in GroupOp.ALU and reads_data[n])
 
-    def _reads_any(self, value: UOp, bufs: set[Buffer]) -> bool:
-        return any(
-            u.op is Ops.BUFFER and buffer_of[u] in bufs for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN)
-        )
+    def _reads_other_assigned(self, value: UOp, target: Buffer) -> bool:
+        """Does `value` read a buffer that another assign of this schedule overwrites?"""
+        for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN):
+            if u.op is Ops.BUFFER and (buf := buffer_of[u]) is not target and buf in self.assigned:
+                return True
+        return False
 
     def _reads_shifted(self, value: UOp, buf: Buffer) -> bool:
         """Does `value` read `buf` anywhere other than at the element it writes (an in-place hazard)?"""
@@ -362,11 +362,15 @@ class _Planner:
         inputs = self.inputs = {p: self._kernel_inputs(p) for p in order}
         # write-after-read: a kernel reading a buffer that an assign overwrites must run before that assign
         after: dict[UOp, set[UOp]] = {p: set(inputs[p][0]) for p in order}
+        readers_of: dict[Buffer, list[UOp]] = {}  # buffer -> the points whose kernels read it, one pass over all
+        for p in order:
+            for buf in inputs[p][1]:
+                readers_of.setdefault(buf, []).append(p)
         for a in order:
             if a.op is not Ops.ASSIGN or base_buffer(a.src[0]) in self.copy_on_write:
                 continue
             target = buffer_of[base_buffer(a.src[0])]  # type: ignore[index]
-            after[a] |= {p for p in order if p is not a and target in inputs[p][1]}
+            after[a].update(p for p in readers_of.get(target, ()) if p is not a)
         # emit the earliest point (in graph order) whose prerequisites are all emitted; a heap keeps this linear-log
         position = {p: i for i, p in enumerate(order)}
         waiting_on = {p: len(after[p]) for p in order}
