@@ -205,12 +205,15 @@ class Tensor(
         todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
         if not todo:
             return
-        # an assign reached through another tensor's graph runs now: its own tensor takes the result (or it runs again)
-        for key, t in list(_pending_assigns.items()):
-            if t.uop.op is not Ops.ASSIGN:
-                del _pending_assigns[key]
-        todo += _pending_assigns_reached(todo)
-        _separate_equal_roots(todo)
+        if _pending_assigns:
+            # an assign reached through another tensor's graph runs now: its own tensor takes the result (or it runs
+            # again)
+            for key, t in list(_pending_assigns.items()):
+                if t.uop.op is not Ops.ASSIGN:
+                    del _pending_assigns[key]
+            todo += _pending_assigns_reached(todo)
+        if len(todo) > 1:
+            _separate_equal_roots(todo)
         roots = [t.uop for t in todo]
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
@@ -359,7 +362,13 @@ class Tensor(
         return self
 
     def _new(self, uop: UOp) -> Tensor:
-        return Tensor(uop, device=self.device)
+        """A tensor of a graph built from self, on self's (already canonical) device: __init__ without its parsing,
+        since every op builds one."""
+        t = Tensor.__new__(Tensor)
+        t.device, t.grad, t.requires_grad, t.is_param = self.device, None, None, True
+        t._ref = weakref.ref(t)
+        t.uop = uop
+        return t
 
     # ------------------------------------------------------------------ creation
     # ------------------------------------------------------------------ random numbers
@@ -369,7 +378,7 @@ class Tensor(
         if isinstance(x, Tensor):
             if x.device != self.device:
                 raise RuntimeError(f"operands on different devices: {self.device} and {x.device}")
-            out_dt = least_upper_dtype(self.dtype, x.dtype)
+            out_dt = self.dtype if x.dtype is self.dtype else least_upper_dtype(self.dtype, x.dtype)
             a, b = self, x
         else:
             if not isinstance(x, (bool, int, float)) or isinstance(x, np.generic):
