@@ -417,6 +417,13 @@ class Tensor(
         return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
 
     def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
+        if type(x) is float and dtypes.is_float(self.dtype):
+            # the hot path of elementwise code (a float tensor and a Python float): one tensor for the result only
+            const = UOp.const(self.dtype, x)
+            if self.shape:
+                const = UOp(Ops.EXPAND, self.dtype, (UOp(Ops.RESHAPE, self.dtype, (const,), (1,) * self.ndim),), self.shape)
+            srcs = (const, self.uop) if reverse else (self.uop, const)
+            return self._new(UOp(op, dtype or self.dtype, srcs))
         a, b = self._operand(x, reverse)
         return a._alu(op, b, dtype=dtype)
 

@@ -118,7 +118,7 @@ class UOpMeta(type):
     cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, tuple(id(s) for s in src), _hashable(arg))
+        key = (op, dtype, tuple(map(id, src)), _hashable(arg))
         if (ret := UOpMeta.cache.get(key)) is not None:
             return ret
         ret = super().__call__(op, dtype, src, arg)
@@ -134,6 +134,8 @@ def _hashable(arg: Any) -> Any:
     if isinstance(arg, float):
         return ("f", math.copysign(1, arg), arg if arg == arg else "nan")
     if isinstance(arg, tuple):
+        if all(type(a) is int for a in arg):
+            return arg  # a shape: cannot equal the (type, value) pairs below
         return tuple(_hashable(a) for a in arg)
     return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
 
@@ -276,6 +278,10 @@ class UOp(metaclass=UOpMeta):
             return self._shape
         except AttributeError:
             pass
+        sources = _shape_sources(self)
+        if all(hasattr(s, "_shape") for s in sources):  # a node built on known shapes: no walk
+            self._shape = _infer_shape(self)
+            return self._shape
         # sources first, from an explicit stack: the first question about a deep new graph must not recurse
         for n in _uncached_postorder(self, "_shape", _shape_sources):
             n._shape = _infer_shape(n)
