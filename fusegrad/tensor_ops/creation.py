@@ -23,12 +23,18 @@ if TYPE_CHECKING:
 Scalar = int | float | bool
 
 
-def threefry2x32(counter: Tensor, stream: int, key: int) -> Tensor:
-    """Threefry-2x32 with 20 rounds; returns the first output word as uint32 random bits."""
+def threefry2x32(counter: Tensor, stream: int | Tensor, key: int) -> Tensor:
+    """Threefry-2x32 with 20 rounds; returns the first output word as uint32 random bits. A stream given as a
+    one-element uint32 tensor is read from memory, so each new stream reuses one compiled kernel."""
     rotations = (13, 15, 26, 6, 17, 29, 16, 24)
     k0, k1 = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
     ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
-    x0, x1 = counter + ks[0], counter.full_like(stream & 0xFFFFFFFF) + ks[1]
+    stream_bits = (
+        stream.reshape((1,) * counter.ndim).expand(counter.shape)
+        if isinstance(stream, Tensor)
+        else counter.full_like(stream & 0xFFFFFFFF)
+    )
+    x0, x1 = counter + ks[0], stream_bits + ks[1]
     for group in range(5):
         for r in range(4):
             rot = rotations[(group % 2) * 4 + r]
@@ -246,7 +252,9 @@ class CreationMixin:
             if n < 2**31
             else Tensor.arange(n, device=device).cast(dtypes.uint32)
         )
-        return threefry2x32(counter, Tensor._rng_calls, Tensor._seed).reshape(shape)
+        # the call number is data (not a constant in the kernel): every dropout mask of a training loop is one kernel
+        stream = Tensor(np.array([Tensor._rng_calls & 0xFFFFFFFF], np.uint32), device=device)
+        return threefry2x32(counter, stream, Tensor._seed).reshape(shape)
 
     @staticmethod
     def rand(

@@ -168,3 +168,18 @@ def _many_assigns(n: int) -> list[Tensor]:
 def test_scheduling_visits_grow_linearly(monkeypatch, build):
     small, large = _visits(monkeypatch, build(100)), _visits(monkeypatch, build(1000))
     assert large <= 11 * small, f"node visits grew from {small} to {large} for 10x the graph"
+
+
+def test_random_draws_reuse_one_kernel():
+    # the call number of the random stream is data, so a dropout mask per step compiles and plans once
+    Tensor.manual_seed(3)
+    first = [Tensor.rand(64).numpy() for _ in range(2)]
+    compiled, hits = GlobalCounters.compile_count, ScheduleCacheStats.hits
+    more = [Tensor.rand(64).numpy() for _ in range(3)]
+    assert GlobalCounters.compile_count == compiled
+    assert ScheduleCacheStats.hits >= hits + 3
+    draws = first + more
+    assert all(not np.array_equal(a, b) for i, a in enumerate(draws) for b in draws[i + 1 :])
+    assert all(((d >= 0) & (d < 1)).all() for d in draws)
+    Tensor.manual_seed(3)
+    np.testing.assert_array_equal(Tensor.rand(64).numpy(), first[0])
