@@ -420,11 +420,11 @@ class _Planner:
             )
         if value in self.result and value is not point:
             value = self.result[value]
-        params: dict[Buffer, UOp] = {}
+        params: dict[object, tuple[Buffer, UOp]] = {}
         out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size))
-        ast_value = self._to_ast(value, params, buffer_of[out], point, device)
+        ast_value = self._to_ast(value, params, point, device)
         ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)),))
-        self.items.append(ScheduleItem(ast, (buffer_of[out], *params), device))
+        self.items.append(ScheduleItem(ast, (buffer_of[out], *(buf for buf, _ in params.values())), device))
         self.result[point] = _view(out, point.shape)
 
     def _new_buffer(self, device: str, size: int, dtype: DType) -> UOp:
@@ -432,16 +432,30 @@ class _Planner:
         self.created.append(buffer_of[out])
         return out
 
-    def _to_ast(self, value: UOp, params: dict[Buffer, UOp], out_buf: Buffer, point: UOp, device: str) -> UOp:
+    def _to_ast(self, value: UOp, params: dict[object, tuple[Buffer, UOp]], point: UOp, device: str) -> UOp:
         """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers, and
         float data constants are read from one-element parameter buffers, so kernels that differ only in a constant
-        (a learning rate, a scalar in a user's loop) are one AST and one compiled program."""
+        (a learning rate, a scalar in a user's loop) are one AST and one compiled program. Each use of a constant gets
+        a parameter of its own: equal constants (one hash-consed node) then build the same AST as different ones."""
         memo: dict[UOp, UOp] = {}
 
-        def param(buf: Buffer) -> UOp:
-            if buf not in params:
-                params[buf] = UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size))
-            return params[buf]
+        def param(buf: Buffer, key: object) -> UOp:
+            if key not in params:
+                params[key] = (buf, UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size)))
+            return params[key][1]
+
+        def const_use(u: UOp) -> UOp:
+            """A lifted constant (under its views) read from a parameter of this use's own."""
+            views = []
+            while u.op in GroupOp.Movement:
+                views.append(u)
+                u = u.src[0]
+            self.const_params[buf := const_buffer(device, u.dtype, u.arg)] = (u.dtype, u.arg)
+            # past the cap, uses of one value share a parameter: a kernel's argument list stays short
+            ret = UOp(Ops.RESHAPE, u.dtype, (param(buf, object() if len(params) < MAX_KERNEL_PARAMS else buf),), ())
+            for v in reversed(views):
+                ret = v.replace(src=(ret,))
+            return ret
 
         # sources before users, from an explicit stack: a kernel's value graph can be thousands of nodes deep
         stack: list[tuple[UOp, bool]] = [(value, False)]
@@ -456,10 +470,9 @@ class _Planner:
                     continue
                 ret = memo[inner]
             elif u.op is Ops.BUFFER:
-                ret = param(buffer_of[u])
-            elif u.op is Ops.CONST and is_liftable_const(u):
-                self.const_params[buf := const_buffer(device, u.dtype, u.arg)] = (u.dtype, u.arg)
-                ret = UOp(Ops.RESHAPE, u.dtype, (param(buf),), ())
+                ret = param(buf := buffer_of[u], buf)
+            elif is_lifted_const_view(u):
+                ret = const_use(u)
             elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
                 if not expanded:
                     stack.extend(((u, True), (u.src[0], False)))
@@ -468,12 +481,19 @@ class _Planner:
             else:
                 if not expanded:
                     stack.append((u, True))
-                    stack.extend((s, False) for s in reversed(u.src))
+                    stack.extend((s, False) for s in reversed(u.src) if not is_lifted_const_view(s))
                     continue
-                new_src = tuple(memo[s] for s in u.src)
+                new_src = tuple(const_use(s) if is_lifted_const_view(s) else memo[s] for s in u.src)
                 ret = u if new_src == u.src else u.replace(src=new_src)
             memo[u] = ret
         return memo[value]
+
+
+def is_lifted_const_view(u: UOp) -> bool:
+    """A constant the kernel reads from a parameter, or a view of one."""
+    while u.op in GroupOp.Movement:
+        u = u.src[0]
+    return u.op is Ops.CONST and is_liftable_const(u)
 
 
 # constants the code generator folds by value (x*1, x+0, where(..., 0)) and non-finite masks stay literals
@@ -481,6 +501,8 @@ _FOLDED_CONSTS = (0.0, 1.0, -1.0)
 # float dtypes whose values numpy stores exactly as the kernel reads them
 _LIFTED_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64)
 MAX_CONST_BUFFERS = 4096
+# a kernel gives each use of a constant its own parameter up to this many parameters
+MAX_KERNEL_PARAMS = 64
 # (device, dtype, value) -> a one-element buffer holding it; kernels only read these, so one buffer serves every kernel
 _const_buffers: OrderedDict[tuple[str, DType, float], Buffer] = OrderedDict()
 

@@ -38,7 +38,7 @@ def test_new_constants_compile_no_new_kernels(const_dtype):
     x = Tensor(x_np).realize() if const_dtype == "float" else Tensor(x_np).half().realize()
     (x * 0.3 + 0.7).realize()
     compiled = GlobalCounters.compile_count
-    for a, b in ((0.25, 0.5), (1.5, -3.0), (7.0, 0.125), (2.0, 3.0)):
+    for a, b in ((0.25, 0.5), (1.5, -3.0), (7.0, 0.125), (2.0, 2.0)):
         got = (x * a + b).numpy().astype(np.float32)
         want = (x_np * a + b) if const_dtype == "float" else (x_np.astype(np.float16) * np.float16(a) + np.float16(b))
         np.testing.assert_allclose(got, want.astype(np.float32), rtol=3e-3 if const_dtype != "float" else 1e-6)
