@@ -421,7 +421,9 @@ class Tensor(
             # the hot path of elementwise code (a float tensor and a Python float): one tensor for the result only
             const = UOp.const(self.dtype, x)
             if self.shape:
-                const = UOp(Ops.EXPAND, self.dtype, (UOp(Ops.RESHAPE, self.dtype, (const,), (1,) * self.ndim),), self.shape)
+                const = UOp(
+                    Ops.EXPAND, self.dtype, (UOp(Ops.RESHAPE, self.dtype, (const,), (1,) * self.ndim),), self.shape
+                )
             srcs = (const, self.uop) if reverse else (self.uop, const)
             return self._new(UOp(op, dtype or self.dtype, srcs))
         a, b = self._operand(x, reverse)

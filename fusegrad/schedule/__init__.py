@@ -193,6 +193,7 @@ class _Planner:
         # what the schedule made, so a cached copy of it can make the same again for other inputs (schedule/cache.py)
         self.created: list[Buffer] = []  # fresh buffers, in order of creation
         self.const_params: dict[Buffer, tuple[DType, float]] = {}  # lifted constant -> (dtype, value)
+        self.const_views: dict[UOp, bool] = {}  # is_lifted_const_view's memo
         sink = UOp(Ops.SINK, src=tuple(roots))
         self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
         self.cost_memo: dict[UOp, int] = {}
@@ -471,7 +472,7 @@ class _Planner:
                 ret = memo[inner]
             elif u.op is Ops.BUFFER:
                 ret = param(buf := buffer_of[u], buf)
-            elif is_lifted_const_view(u):
+            elif is_lifted_const_view(u, self.const_views):
                 ret = const_use(u)
             elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
                 if not expanded:
@@ -481,19 +482,25 @@ class _Planner:
             else:
                 if not expanded:
                     stack.append((u, True))
-                    stack.extend((s, False) for s in reversed(u.src) if not is_lifted_const_view(s))
+                    stack.extend((s, False) for s in reversed(u.src) if not is_lifted_const_view(s, self.const_views))
                     continue
-                new_src = tuple(const_use(s) if is_lifted_const_view(s) else memo[s] for s in u.src)
+                new_src = tuple(const_use(s) if is_lifted_const_view(s, self.const_views) else memo[s] for s in u.src)
                 ret = u if new_src == u.src else u.replace(src=new_src)
             memo[u] = ret
         return memo[value]
 
 
-def is_lifted_const_view(u: UOp) -> bool:
-    """A constant the kernel reads from a parameter, or a view of one."""
-    while u.op in GroupOp.Movement:
+def is_lifted_const_view(u: UOp, memo: dict[UOp, bool]) -> bool:
+    """A constant the kernel reads from a parameter, or a view of one (memo: answers for the views, so a long chain
+    of views is walked once)."""
+    chain = []
+    while u.op in GroupOp.Movement and u not in memo:
+        chain.append(u)
         u = u.src[0]
-    return u.op is Ops.CONST and is_liftable_const(u)
+    found = memo[u] if u in memo else u.op is Ops.CONST and is_liftable_const(u)
+    for v in chain:
+        memo[v] = found
+    return found
 
 
 # constants the code generator folds by value (x*1, x+0, where(..., 0)) and non-finite masks stay literals
