@@ -22,7 +22,7 @@ from fusegrad.schedule import (
     const_buffer,
     is_liftable_const,
     plan_schedule,
-    realized_value,
+    realized,
 )
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _hashable
 
@@ -49,6 +49,9 @@ class GraphShape:
         self.consts: list[tuple[DType, float]] = []
         self.key: tuple | None = None
         self.visits = 0
+        # the walk runs once per realize: names it reads per node are locals (an Ops member lookup is a Python call)
+        buffer_op, const_op, contiguous_op, special = Ops.BUFFER, Ops.CONST, Ops.CONTIGUOUS, (Ops.MULTI, Ops.COPY)
+        realized_get, nodes, visits = realized.get, self.nodes, 0
         # entries: (node, state) with state 0 = to visit, 1 = sources done, 2 = stands for its realized value
         stack: list[tuple[UOp, int, UOp | None]] = [(r, 0, None) for r in reversed(roots)]
         while stack:
@@ -58,20 +61,22 @@ class GraphShape:
             if state == 2:
                 index[u] = index[value]  # type: ignore[index]
                 continue
+            op = u.op
             if state == 0:
-                self.visits += 1
-                if u.op is not Ops.BUFFER and u not in root_set and (value := realized_value(u)) is not None:
-                    # computed already: this graph reads the stored value, as substitute_realized makes it
-                    stack.append((u, 2, value))
-                    stack.append((value, 0, None))
-                    continue
+                visits += 1
+                if op is not buffer_op and u not in root_set and (ref := realized_get(u)) is not None:
+                    if (value := ref if isinstance(ref, UOp) else ref()) is not None:
+                        # computed already: this graph reads the stored value, as substitute_realized makes it
+                        stack.append((u, 2, value))
+                        stack.append((value, 0, None))
+                        continue
                 stack.append((u, 1, None))
                 for s in reversed(u.src):
                     if s not in index:
                         stack.append((s, 0, None))
                 continue
-            op, arg = u.op, u.arg
-            if op is Ops.BUFFER:
+            arg = u.arg
+            if op is buffer_op:
                 buf = buffer_of[u]
                 if buf.device.startswith("DISK"):
                     return  # a DISK slice is a view of a file, made by the planner: not re-bindable
@@ -81,7 +86,7 @@ class GraphShape:
                 self.version_slot[u] = len(self.versions)
                 self.versions.append(u)
                 arg = (b, self.version_slot[u], arg[1], arg[2])
-            elif op is Ops.CONST:
+            elif op is const_op:
                 if is_liftable_const(u):
                     if (c := self.const_slot.get(ck := (u.dtype, arg))) is None:
                         c = self.const_slot[ck] = len(self.consts)
@@ -89,13 +94,14 @@ class GraphShape:
                     arg = ("lifted", c)
                 else:
                     arg = _hashable(arg)  # 0.0 and -0.0 are different literals
-            elif op is Ops.CONTIGUOUS and type(arg) is int:
+            elif op is contiguous_op and type(arg) is int:
                 arg = "distinct"  # a per-call id that only keeps equal graphs apart
-            elif op is Ops.MULTI or op is Ops.COPY and arg.startswith("DISK"):
+            elif op in special and (op is special[0] or arg.startswith("DISK")):
                 return  # multi-device and disk graphs are planned every time
             index[u] = len(rows)
             rows.append((op, u.dtype, arg, tuple([index[s] for s in u.src])))
-            self.nodes.append(u)
+            nodes.append(u)
+        self.visits = visits
         if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):
             return
         self.key = (tuple(rows), tuple([index[r] for r in roots]), tuple(devices), int(NUM_CPU_THREADS.value))

@@ -72,6 +72,9 @@ class Ops(Enum):
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
 
+    # by identity, in C: Enum's own hash is a Python call on the name, and every hash-consed node hashes its op
+    __hash__ = object.__hash__
+
 
 class GroupOp:
     Unary = {Ops.NEG, Ops.RECIPROCAL, Ops.SQRT, Ops.EXP, Ops.LOG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TRUNC}
