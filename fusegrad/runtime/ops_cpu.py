@@ -226,6 +226,17 @@ def thread_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+def _address(buf: Buffer) -> int:
+    """buf's address, remembered with the memory it belongs to: numpy's .ctypes.data builds an object per call, and
+    a kernel launch asks for every argument's address."""
+    cached = buf.__dict__.get("_launch_address")
+    if cached is not None and cached[0] is buf._mem:
+        return cached[1]
+    address = buf.address()
+    buf._launch_address = (buf._mem, address)  # type: ignore[attr-defined]
+    return address
+
+
 class CPUProgram:
     """A loaded kernel; ctypes releases the GIL during the call, so chunks of the outer loop run in parallel."""
 
@@ -241,7 +252,7 @@ class CPUProgram:
     def __call__(self, buffers: list[Buffer]) -> None:
         if len(buffers) != self.nparams:
             raise RuntimeError(f"kernel takes {self.nparams} buffers, got {len(buffers)}")
-        addrs = [b.address() for b in buffers]
+        addrs = [_address(b) for b in buffers]
         threads = int(NUM_CPU_THREADS.value)
         if threads <= 1 or self.outer_size < 2 or self.ops < self.MIN_OPS_PER_THREAD * 2:
             self.fn(*addrs, 0, self.outer_size)
