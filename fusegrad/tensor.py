@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 import pathlib
 import weakref
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import numpy as np
@@ -419,13 +421,9 @@ class Tensor(
     def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
         if type(x) is float and dtypes.is_float(self.dtype):
             # the hot path of elementwise code (a float tensor and a Python float): one tensor for the result only
-            const = UOp.const(self.dtype, x)
-            if self.shape:
-                const = UOp(
-                    Ops.EXPAND, self.dtype, (UOp(Ops.RESHAPE, self.dtype, (const,), (1,) * self.ndim),), self.shape
-                )
-            srcs = (const, self.uop) if reverse else (self.uop, const)
-            return self._new(UOp(op, dtype or self.dtype, srcs))
+            uop = self.uop
+            const = _broadcast_const(uop.dtype, x, uop.shape)
+            return self._new(UOp(op, dtype or uop.dtype, (const, uop) if reverse else (uop, const)))
         a, b = self._operand(x, reverse)
         return a._alu(op, b, dtype=dtype)
 
@@ -517,6 +515,24 @@ class Tensor(
 # tensors that were assigned to (by id: Tensor.__eq__ is elementwise); realize_all picks up those still pending
 _pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 _contiguous_ids = itertools.count()
+
+
+# (dtype, shape, value, sign) -> the constant broadcast to shape; a loop applying the same scalars asks for a few
+_broadcast_consts: OrderedDict[tuple, UOp] = OrderedDict()
+MAX_BROADCAST_CONSTS = 1024
+
+
+def _broadcast_const(dtype: DType, value: float, shape: tuple[int, ...]) -> UOp:
+    key = (dtype, shape, value, math.copysign(1.0, value))  # the sign keeps 0.0 and -0.0 apart
+    if (const := _broadcast_consts.get(key)) is not None:
+        return const
+    const = UOp.const(dtype, value)
+    if shape:
+        const = UOp(Ops.EXPAND, dtype, (UOp(Ops.RESHAPE, dtype, (const,), (1,) * len(shape)),), shape)
+    _broadcast_consts[key] = const
+    if len(_broadcast_consts) > MAX_BROADCAST_CONSTS:
+        _broadcast_consts.popitem(last=False)
+    return const
 
 
 def _pending_assigns_reached(todo: list[Tensor]) -> list[Tensor]:
