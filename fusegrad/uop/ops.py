@@ -118,14 +118,19 @@ def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
 class UOpMeta(type):
     """Hash-consing: UOp(op, dtype, src, arg) with equal parts returns the same live object."""
 
-    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+    # key -> weak reference to the live node; a plain dict of plain weakrefs (a WeakValueDictionary's get and set are
+    # Python calls, and every op of every graph goes through here); a node's death removes its entry
+    cache: dict[tuple, weakref.ref[UOp]] = {}
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
         key = (op, dtype, tuple(map(id, src)), _hashable(arg))
-        if (ret := UOpMeta.cache.get(key)) is not None:
+        if (ref := UOpMeta.cache.get(key)) is not None and (ret := ref()) is not None:
             return ret
         ret = super().__call__(op, dtype, src, arg)
-        UOpMeta.cache[key] = ret
+        cache = UOpMeta.cache
+        # removes the entry when the node dies, unless a node made again since has its own (no globals: it may run
+        # while the interpreter shuts down)
+        cache[key] = weakref.ref(ret, lambda dead, key=key: cache.pop(key) if cache.get(key) is dead else None)
         for s in src:
             if s._readers is not None:
                 s.add_reader(ret)
@@ -356,6 +361,11 @@ def _shape_sources(u: UOp) -> tuple[UOp, ...]:
 
 
 def _infer_shape(u: UOp) -> tuple[int, ...]:
+    if u.op in GroupOp.ALU:  # first: the most common node, and each `Ops.X` below is a lookup of its own
+        shapes = {x.shape for x in u.src}
+        if len(shapes) != 1:
+            raise ValueError(f"{u.op} on mismatched shapes {[x.shape for x in u.src]}")
+        return u.src[0].shape
     if u.op is Ops.BUFFER:
         return (u.arg[2],)
     if u.op is Ops.DEFINE_GLOBAL:
@@ -383,11 +393,6 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
         return ()
     if u.op is Ops.BITCAST and u.src[0].dtype.itemsize != u.dtype.itemsize:
         return s[:-1] + (s[-1] * u.src[0].dtype.itemsize // u.dtype.itemsize,)
-    if u.op in GroupOp.ALU:
-        shapes = {x.shape for x in u.src}
-        if len(shapes) != 1:
-            raise ValueError(f"{u.op} on mismatched shapes {[x.shape for x in u.src]}")
-        return s
     return s  # FLIP, CAST, BITCAST, CONTIGUOUS, COPY, ASSIGN, DETACH keep the shape
 
 
