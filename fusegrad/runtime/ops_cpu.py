@@ -232,7 +232,11 @@ def _address(buf: Buffer) -> int:
     cached = buf.__dict__.get("_launch_address")
     if cached is not None and cached[0] is buf._mem:
         return cached[1]
-    address = buf.address()
+    buf.ensure_allocated()
+    try:  # a quarter of .ctypes.data's cost; read-only or empty memory cannot be exported this way
+        address = ctypes.addressof(ctypes.c_char.from_buffer(buf._mem))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        address = buf.address()
     buf._launch_address = (buf._mem, address)  # type: ignore[attr-defined]
     return address
 
