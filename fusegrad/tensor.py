@@ -115,6 +115,16 @@ class Tensor(
         buf = buffer_uop(Buffer(self.device, arr.size, dt, initial=store))
         return buf if arr.ndim == 1 else UOp(Ops.RESHAPE, dt, (buf,), arr.shape)
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_ref"]  # a weak reference does not pickle; the copy makes its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._ref = weakref.ref(self)
+        self._uop.add_holder(self._ref)
+
     # ------------------------------------------------------------------ properties
     @property
     def uop(self) -> UOp:
