@@ -169,6 +169,7 @@ NOOPT = ContextVar("NOOPT", 0)  # 1 applies no codegen opts
 AMD_SIM = ContextVar("AMD_SIM", 0)  # 1: DEV=AMD runs on the simulated MI350X VF
 AMD_PCI = ContextVar("AMD_PCI", "")  # PCI address of the AMD function DEV=AMD opens ("": the first AMD GPU)
 AMD_ARCH = ContextVar("AMD_ARCH", "gfx950")  # kernel target; gfx942 when the installed LLVM lacks it
+SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0 plans every realize's schedule again instead of reusing one
 SPEC = ContextVar("SPEC", 0)  # 1 checks the kernel graph against uop/spec.py after every codegen stage
 # API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
 JITBEAM = ContextVar("JITBEAM", 0)

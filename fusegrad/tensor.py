@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 import pathlib
 import weakref
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import numpy as np
@@ -75,7 +77,7 @@ class Tensor(
         self.device = placement[0] if isinstance(placement, tuple) and not isinstance(data, UOp) else placement
         self.grad: Tensor | None = None
         self.requires_grad, self.is_param = requires_grad, requires_grad is not False
-        _all_tensors.add(self)
+        self._ref = weakref.ref(self)  # registered on each node it holds, so backward finds it from the graph
         if isinstance(data, UOp):
             self.uop = data
         elif data is None:
@@ -120,7 +122,26 @@ class Tensor(
         buf = buffer_uop(Buffer(self.device, arr.size, dt, initial=store))
         return buf if arr.ndim == 1 else UOp(Ops.RESHAPE, dt, (buf,), arr.shape)
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_ref"]  # a weak reference does not pickle; the copy makes its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._ref = weakref.ref(self)
+        self._uop.add_holder(self._ref)
+
     # ------------------------------------------------------------------ properties
+    @property
+    def uop(self) -> UOp:
+        return self._uop
+
+    @uop.setter
+    def uop(self, u: UOp) -> None:
+        self._uop = u
+        u.add_holder(self._ref)
+
     @property
     def shape(self) -> tuple[int, ...]:
         return self.uop.shape
@@ -203,12 +224,15 @@ class Tensor(
         todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
         if not todo:
             return
-        # an assign reached through another tensor's graph runs now: its own tensor takes the result (or it runs again)
-        for key, t in list(_pending_assigns.items()):
-            if t.uop.op is not Ops.ASSIGN:
-                del _pending_assigns[key]
-        todo += _pending_assigns_reached(todo)
-        _separate_equal_roots(todo)
+        if _pending_assigns:
+            # an assign reached through another tensor's graph runs now: its own tensor takes the result (or it runs
+            # again)
+            for key, t in list(_pending_assigns.items()):
+                if t.uop.op is not Ops.ASSIGN:
+                    del _pending_assigns[key]
+            todo += _pending_assigns_reached(todo)
+        if len(todo) > 1:
+            _separate_equal_roots(todo)
         roots = [t.uop for t in todo]
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
@@ -366,7 +390,13 @@ class Tensor(
         return self
 
     def _new(self, uop: UOp) -> Tensor:
-        return Tensor(uop, device=self.device)
+        """A tensor of a graph built from self, on self's (already canonical) device: __init__ without its parsing,
+        since every op builds one."""
+        t = Tensor.__new__(Tensor)
+        t.device, t.grad, t.requires_grad, t.is_param = self.device, None, None, True
+        t._ref = weakref.ref(t)
+        t.uop = uop
+        return t
 
     # ------------------------------------------------------------------ creation
     # ------------------------------------------------------------------ random numbers
@@ -376,7 +406,7 @@ class Tensor(
         if isinstance(x, Tensor):
             if x.device != self.device:
                 raise RuntimeError(f"operands on different devices: {self.device} and {x.device}")
-            out_dt = least_upper_dtype(self.dtype, x.dtype)
+            out_dt = self.dtype if x.dtype is self.dtype else least_upper_dtype(self.dtype, x.dtype)
             a, b = self, x
         else:
             if isinstance(x, UOp):  # a symbolic int (API.md 6.2): a weak int whose value is a kernel parameter
@@ -417,6 +447,11 @@ class Tensor(
         return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
 
     def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
+        if type(x) is float and dtypes.is_float(self.dtype):
+            # the hot path of elementwise code (a float tensor and a Python float): one tensor for the result only
+            uop = self.uop
+            const = _broadcast_const(uop.dtype, x, uop.shape)
+            return self._new(UOp(op, dtype or uop.dtype, (const, uop) if reverse else (uop, const)))
         a, b = self._operand(x, reverse)
         return a._alu(op, b, dtype=dtype)
 
@@ -472,15 +507,15 @@ class Tensor(
     def backward(self, gradient: Tensor | None = None) -> Tensor:
         """d self / d t into t.grad for every live float tensor t in self's graph; accumulated into an existing
         t.grad when t.requires_grad is True (set explicitly or by an optimizer), replacing it otherwise."""
-        nodes = set(self.uop.toposort())
-        targets = [
-            t
-            for t in list(_all_tensors)
-            if t.uop in nodes
-            and dtypes.is_float(t.dtype)
-            and t.requires_grad is not False
-            and t.uop.op is not Ops.CONST
-        ]
+        targets = list(
+            {
+                id(t): t
+                for u in self.uop.toposort()
+                if u.holders and u.op is not Ops.CONST and dtypes.is_float(u.dtype)
+                for ref in u.holders
+                if (t := ref()) is not None and t._uop is u and t.requires_grad is not False
+            }.values()
+        )
         grads = compute_gradient(self.uop, self._seed_gradient(gradient), {t.uop for t in targets})
         for t in targets:
             if t.uop not in grads:
@@ -505,10 +540,27 @@ class Tensor(
         return Tensor.train(not mode)
 
 
-_all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 # tensors that were assigned to (by id: Tensor.__eq__ is elementwise); realize_all picks up those still pending
 _pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 _contiguous_ids = itertools.count()
+
+
+# (dtype, shape, value, sign) -> the constant broadcast to shape; a loop applying the same scalars asks for a few
+_broadcast_consts: OrderedDict[tuple, UOp] = OrderedDict()
+MAX_BROADCAST_CONSTS = 1024
+
+
+def _broadcast_const(dtype: DType, value: float, shape: tuple[int, ...]) -> UOp:
+    key = (dtype, shape, value, math.copysign(1.0, value))  # the sign keeps 0.0 and -0.0 apart
+    if (const := _broadcast_consts.get(key)) is not None:
+        return const
+    const = UOp.const(dtype, value)
+    if shape:
+        const = UOp(Ops.EXPAND, dtype, (UOp(Ops.RESHAPE, dtype, (const,), (1,) * len(shape)),), shape)
+    _broadcast_consts[key] = const
+    if len(_broadcast_consts) > MAX_BROADCAST_CONSTS:
+        _broadcast_consts.popitem(last=False)
+    return const
 
 
 def _pending_assigns_reached(todo: list[Tensor]) -> list[Tensor]:

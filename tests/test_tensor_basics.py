@@ -266,3 +266,35 @@ def test_legacy_training_switches():
     with Tensor.test():
         assert not TRAINING
     assert Tensor.no_grad is False
+
+
+def test_tensor_pickles_and_copies_and_copies_take_gradients():
+    import copy
+    import pickle
+
+    t = Tensor(np.arange(3, dtype=np.float32)) * 2
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(t)).numpy(), [0, 2, 4])
+    np.testing.assert_array_equal(copy.deepcopy(t).numpy(), [0, 2, 4])
+    w = Tensor([1.0, 2.0], requires_grad=True)
+    w_copy = copy.copy(w)  # holds the same node: backward finds it from the graph like w
+    (w_copy * 3).sum().backward()
+    np.testing.assert_array_equal(w_copy.grad.numpy(), [3, 3])
+    np.testing.assert_array_equal(w.grad.numpy(), [3, 3])
+
+
+def test_backward_reaches_live_intermediates_among_many_tensors():
+    import torch
+
+    unrelated = [Tensor.ones(2) * i for i in range(200)]  # live tensors outside the graph get nothing
+    x_np = np.array([[0.5, -1.0], [2.0, 3.0]], np.float32)
+    x = Tensor(x_np, requires_grad=True)
+    h = (x * x).relu()
+    loss = (h * 2).sum()
+    loss.backward()
+    xt = torch.tensor(x_np, requires_grad=True)
+    ht = (xt * xt).relu()
+    ht.retain_grad()
+    (ht * 2).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(h.grad.numpy(), ht.grad.numpy(), rtol=1e-6)
+    assert all(t.grad is None for t in unrelated)

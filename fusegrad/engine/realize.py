@@ -9,7 +9,8 @@ from fusegrad.helpers import BEAM, DEBUG, NOOPT, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
-from fusegrad.schedule import OldVersionReaders, ScheduleItem, base_buffer, buffer_of, create_schedule, record_realized
+from fusegrad.schedule import OldVersionReaders, ScheduleItem, base_buffer, buffer_of, record_realized
+from fusegrad.schedule.cache import cached_schedule
 from fusegrad.uop.ops import Ops, UOp
 
 
@@ -110,7 +111,7 @@ def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReader
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
     with realize_lock:
         checks = checks_below(roots)
-        items, results, inner = create_schedule(
+        items, results, inner = cached_schedule(
             [c.extremes for c in checks] + roots, [c.device for c in checks] + devices, readers
         )
         # compile everything first: a compiler error then leaves every buffer untouched

@@ -168,6 +168,10 @@ class _Planner:
         self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
         self.items: list[ScheduleItem] = []
         self.vars = KernelVars()  # the value of each bound variable in this schedule
+        # what the schedule made, so a cached copy of it can make the same again for other inputs (schedule/cache.py)
+        self.created: list[Buffer] = []  # fresh buffers, in order of creation
+        self.const_params: dict[Buffer, tuple[DType, float]] = {}  # lifted constant -> (dtype, value)
+        self.const_views: dict[UOp, bool] = {}  # is_lifted_const_view's memo
         sink = UOp(Ops.SINK, src=tuple(roots))
         self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
         self.cost_memo: dict[UOp, int] = {}
@@ -246,9 +250,7 @@ class _Planner:
             target = base_buffer(point.src[0])
             if target is None or not is_contiguous_view(point.src[0]):
                 raise RuntimeError("assign target must be a whole realized buffer")
-            if self._reads_shifted(value, buffer_of[target]) or self._reads_any(
-                value, self.assigned - {buffer_of[target]}
-            ):
+            if self._reads_shifted(value, buffer_of[target]) or self._reads_other_assigned(value, buffer_of[target]):
                 yield self._mark_step(value, device)
         stack: list[tuple[UOp, bool]] = [(value, False)]
         seen: set[tuple[UOp, bool]] = set()
@@ -294,10 +296,12 @@ class _Planner:
             )
         return sum(1 for n in nodes if n.op in GroupOp.ALU and reads_data[n])
 
-    def _reads_any(self, value: UOp, bufs: set[Buffer]) -> bool:
-        return any(
-            u.op is Ops.BUFFER and buffer_of[u] in bufs for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN)
-        )
+    def _reads_other_assigned(self, value: UOp, target: Buffer) -> bool:
+        """Does `value` read a buffer that another assign of this schedule overwrites?"""
+        for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN):
+            if u.op is Ops.BUFFER and (buf := buffer_of[u]) is not target and buf in self.assigned:
+                return True
+        return False
 
     def _reads_shifted(self, value: UOp, buf: Buffer) -> bool:
         """Does `value` read `buf` anywhere other than at the element it writes (an in-place hazard)?"""
@@ -337,11 +341,15 @@ class _Planner:
         inputs = self.inputs = {p: self._kernel_inputs(p) for p in order}
         # write-after-read: a kernel reading a buffer that an assign overwrites must run before that assign
         after: dict[UOp, set[UOp]] = {p: set(inputs[p][0]) for p in order}
+        readers_of: dict[Buffer, list[UOp]] = {}  # buffer -> the points whose kernels read it, one pass over all
+        for p in order:
+            for buf in inputs[p][1]:
+                readers_of.setdefault(buf, []).append(p)
         for a in order:
             if a.op is not Ops.ASSIGN or base_buffer(a.src[0]) in self.copy_on_write:
                 continue
             target = buffer_of[base_buffer(a.src[0])]  # type: ignore[index]
-            after[a] |= {p for p in order if p is not a and target in inputs[p][1]}
+            after[a].update(p for p in readers_of.get(target, ()) if p is not a)
         # emit the earliest point (in graph order) whose prerequisites are all emitted; a heap keeps this linear-log
         position = {p: i for i, p in enumerate(order)}
         waiting_on = {p: len(after[p]) for p in order}
@@ -368,7 +376,7 @@ class _Planner:
         if point.op is Ops.COPY:
             src = self.result.get(point.src[0], point.src[0])
             src_buf = buffer_of[base_buffer(src)]  # type: ignore[index]
-            out = new_buffer(device, point.size, point.dtype)
+            out = self._new_buffer(device, point.size, point.dtype)
             self.items.append(ScheduleItem(point, (buffer_of[out], src_buf), device))
             self.result[point] = _view(out, point.shape)
             return
@@ -382,32 +390,54 @@ class _Planner:
             target = base_buffer(point.src[0])
             target_buf = buffer_of[target]  # type: ignore[index]
             # copy on write: the old version keeps its storage for the live graphs that still read it
-            out = new_buffer(device, target_buf.size, target_buf.dtype) if target in self.copy_on_write else None
+            out = self._new_buffer(device, target_buf.size, target_buf.dtype) if target in self.copy_on_write else None
             out, value = out or buffer_uop(target_buf), point.src[1]
         else:
             out, value = (
-                new_buffer(device, point.size, point.dtype),
+                self._new_buffer(device, point.size, point.dtype),
                 point.src[0] if point.op is Ops.CONTIGUOUS else point,
             )
         if value in self.result and value is not point:
             value = self.result[value]
-        params: dict[Buffer, UOp] = {}
+        params: dict[object, tuple[Buffer, UOp]] = {}
         out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size))
-        ast_value = self._to_ast(value, params, buffer_of[out], point, device)
+        ast_value = self._to_ast(value, params, point, device)
         ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)), *self.vars.take_kernel_vars()))
-        self.items.append(ScheduleItem(ast, (buffer_of[out], *params), device))
+        self.items.append(ScheduleItem(ast, (buffer_of[out], *(buf for buf, _ in params.values())), device))
         self.result[point] = _view(out, point.shape)
 
-    def _to_ast(self, value: UOp, params: dict[Buffer, UOp], out_buf: Buffer, point: UOp, device: str) -> UOp:
+    def _new_buffer(self, device: str, size: int, dtype: DType) -> UOp:
+        out = new_buffer(device, size, dtype)
+        self.created.append(buffer_of[out])
+        return out
+
+    def _to_ast(self, value: UOp, params: dict[object, tuple[Buffer, UOp]], point: UOp, device: str) -> UOp:
         """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers, and
         float data constants are read from one-element parameter buffers, so kernels that differ only in a constant
-        (a learning rate, a scalar in a user's loop) are one AST and one compiled program."""
+        (a learning rate, a scalar in a user's loop) are one AST and one compiled program. Each use of a constant gets
+        a parameter of its own: equal constants (one hash-consed node) then build the same AST as different ones."""
         memo: dict[UOp, UOp] = {}
 
-        def param(buf: Buffer) -> UOp:
-            if buf not in params:
-                params[buf] = UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size))
-            return params[buf]
+        def param(buf: Buffer, key: object) -> UOp:
+            if key not in params:
+                params[key] = (buf, UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size)))
+            return params[key][1]
+
+        def buffer_param(buf: Buffer) -> UOp:
+            return param(buf, buf)
+
+        def const_use(u: UOp) -> UOp:
+            """A lifted constant (under its views) read from a parameter of this use's own."""
+            views = []
+            while u.op in GroupOp.Movement:
+                views.append(u)
+                u = u.src[0]
+            self.const_params[buf := const_buffer(device, u.dtype, u.arg)] = (u.dtype, u.arg)
+            # past the cap, uses of one value share a parameter: a kernel's argument list stays short
+            ret = UOp(Ops.RESHAPE, u.dtype, (param(buf, object() if len(params) < MAX_KERNEL_PARAMS else buf),), ())
+            for v in reversed(views):
+                ret = v.replace(src=(ret,))
+            return ret
 
         # sources before users, from an explicit stack: a kernel's value graph can be thousands of nodes deep
         stack: list[tuple[UOp, bool]] = [(value, False)]
@@ -422,11 +452,11 @@ class _Planner:
                     continue
                 ret = memo[inner]
             elif u.op is Ops.BUFFER:
-                ret = param(buffer_of[u])
-            elif u.op is Ops.CONST and is_liftable_const(u):
-                ret = UOp(Ops.RESHAPE, u.dtype, (param(const_buffer(device, u.dtype, u.arg)),), ())
+                ret = param(buf := buffer_of[u], buf)
+            elif is_lifted_const_view(u, self.const_views):
+                ret = const_use(u)
             elif u.op is Ops.BIND:
-                ret = self.vars.kernel_var(u, device, param)  # its value is a parameter, not part of the AST
+                ret = self.vars.kernel_var(u, device, buffer_param)  # its value is a parameter, not part of the AST
             elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
                 if not expanded:
                     stack.extend(((u, True), (u.src[0], False)))
@@ -435,15 +465,28 @@ class _Planner:
             else:
                 if not expanded:
                     stack.append((u, True))
-                    stack.extend((s, False) for s in reversed(u.src))
+                    stack.extend((s, False) for s in reversed(u.src) if not is_lifted_const_view(s, self.const_views))
                     continue
-                new_src = tuple(memo[s] for s in u.src)
+                new_src = tuple(const_use(s) if is_lifted_const_view(s, self.const_views) else memo[s] for s in u.src)
                 if arg_uops(u):
-                    ret = u.replace(src=new_src, arg=self.vars.kernel_arg(u, device, param))
+                    ret = u.replace(src=new_src, arg=self.vars.kernel_arg(u, device, buffer_param))
                 else:
                     ret = u if new_src == u.src else u.replace(src=new_src)
             memo[u] = ret
         return memo[value]
+
+
+def is_lifted_const_view(u: UOp, memo: dict[UOp, bool]) -> bool:
+    """A constant the kernel reads from a parameter, or a view of one (memo: answers for the views, so a long chain
+    of views is walked once)."""
+    chain = []
+    while u.op in GroupOp.Movement and u not in memo:
+        chain.append(u)
+        u = u.src[0]
+    found = memo[u] if u in memo else u.op is Ops.CONST and is_liftable_const(u)
+    for v in chain:
+        memo[v] = found
+    return found
 
 
 # constants the code generator folds by value (x*1, x+0, where(..., 0)) and non-finite masks stay literals
@@ -451,6 +494,8 @@ _FOLDED_CONSTS = (0.0, 1.0, -1.0)
 # float dtypes whose values numpy stores exactly as the kernel reads them
 _LIFTED_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64)
 MAX_CONST_BUFFERS = 4096
+# a kernel gives each use of a constant its own parameter up to this many parameters
+MAX_KERNEL_PARAMS = 64
 # (device, dtype, value) -> a one-element buffer holding it; kernels only read these, so one buffer serves every kernel
 _const_buffers: OrderedDict[tuple[str, DType, float], Buffer] = OrderedDict()
 
@@ -478,12 +523,30 @@ def _view(buf: UOp, shape: tuple[int, ...]) -> UOp:
     return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
 
 
+@dataclass
+class Plan:
+    """A schedule with what its planner decided: `kept` maps the caller's nodes whose value an intermediate buffer
+    keeps to that point, `planner` holds the buffers and constants it made."""
+
+    items: list[ScheduleItem]
+    results: list[UOp]
+    inner: dict[UOp, UOp]
+    kept: dict[UOp, UOp]
+    planner: _Planner
+
+
 def create_schedule(
     roots: list[UOp], devices: list, readers: OldVersionReaders | None = None
 ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
     buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel).
     An assign into a BUFFER version that `readers` says is still read elsewhere writes a fresh buffer instead."""
+    plan = plan_schedule(roots, devices, readers)
+    return plan.items, plan.results, plan.inner
+
+
+def plan_schedule(roots: list[UOp], devices: list, readers: OldVersionReaders | None = None) -> Plan:
+    """create_schedule, keeping the planner's decisions."""
     substituted, memo = substitute_realized(roots)
     lowered = lower_multi(substituted, devices)
     split, replaced = split_long_reduces(lowered)
@@ -511,4 +574,4 @@ def create_schedule(
     inner.update({u: planner.result[p] for u, p in kept_originals.items() if any(planner.inputs[p])})
     if DEBUG >= 3:
         print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
-    return items, results, inner
+    return Plan(items, results, inner, kept_originals, planner)

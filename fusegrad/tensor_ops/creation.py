@@ -257,8 +257,13 @@ class CreationMixin:
             if n < 2**31
             else Tensor.arange(n, device=device).cast(dtypes.uint32)
         )
-        # while a TinyJit captures, the call number comes from a buffer, so each replay draws new numbers
-        stream = capturing[-1].rng_stream(counter.device, Tensor._rng_calls) if capturing else Tensor._rng_calls
+        # the call number is data (not a constant in the kernel): every dropout mask of a training loop is one kernel;
+        # while a TinyJit captures, it comes from the capture's stream buffer, so each replay draws new numbers
+        stream = (
+            capturing[-1].rng_stream(counter.device, Tensor._rng_calls)
+            if capturing
+            else Tensor(np.array([Tensor._rng_calls & 0xFFFFFFFF], np.uint32), device=device)
+        )
         return threefry2x32(counter, stream, Tensor._seed).reshape(shape)
 
     @staticmethod

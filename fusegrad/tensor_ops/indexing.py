@@ -349,7 +349,7 @@ class IndexingMixin:
             )
         if base.op is Ops.BUFFER:
             # every tensor that views this storage sees the write; one that lazily computes from it would not
-            self._check_no_lazy_readers({id(v)} | {id(i) for i in plan.adv_index})
+            self._check_no_lazy_readers([v, *plan.adv_index])
             _reject_aliased_writes(views)
         if plan.adv_dims:
             value, written = v._put(plan)
@@ -407,25 +407,32 @@ class IndexingMixin:
             check_index_bounds("setitem", f"dim {dim}", index, -size, size, value, written)
         return value, written
 
-    def _check_no_lazy_readers(self, consumed: set[int]) -> None:
-        """An in-place write must not change what an unrealized tensor (other than those it consumes) will compute."""
-        from fusegrad.tensor import _all_tensors
-
+    def _check_no_lazy_readers(self, consumed: list[Tensor]) -> None:
+        """An in-place write must not change what an unrealized graph (other than those it consumes) will compute."""
         buf = view_base(self.uop)
         if buf.op is not Ops.BUFFER:
             return  # self gets a fresh buffer: no one else reads it
-        readers = [
-            t
-            for t in list(_all_tensors)
-            if t is not self
-            and id(t) not in consumed
-            and view_base(t.uop) is not buf
-            and any(u is buf for u in t.uop.toposort())
-        ]
+        # up from the storage through its views (which see the write, as they should): a live node computing from it
+        # is a lazy reader; the storage knows the nodes built on it, so no other graph is walked
+        readers: list[UOp] = []
+        consumed_nodes: set[UOp] | None = None
+        stack, seen = [buf], {buf}
+        while stack:
+            for parent in stack.pop().live_readers():
+                if parent in seen:
+                    continue
+                seen.add(parent)
+                if parent.op in _VIEW_OPS:
+                    stack.append(parent)
+                    continue
+                if consumed_nodes is None:
+                    consumed_nodes = set(UOp(Ops.SINK, src=tuple(t.uop for t in consumed)).toposort())
+                if parent not in consumed_nodes:
+                    readers.append(parent)
         if readers:
             raise RuntimeError(
-                f"setitem would overwrite values that {len(readers)} unrealized tensor(s) still read "
-                f"(shapes {[t.shape for t in readers][:4]}); realize them first"
+                f"setitem would overwrite values that {len(readers)} unrealized graph node(s) still read "
+                f"({', '.join(f'{u.op.name} of shape {u.shape}' for u in readers[:4])}); realize them first"
             )
 
     # ------------------------------------------------------------------ gather / scatter

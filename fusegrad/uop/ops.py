@@ -74,6 +74,9 @@ class Ops(Enum):
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
 
+    # by identity, in C: Enum's own hash is a Python call on the name, and every hash-consed node hashes its op
+    __hash__ = object.__hash__
+
 
 class GroupOp:
     Unary = {Ops.NEG, Ops.RECIPROCAL, Ops.SQRT, Ops.EXP, Ops.LOG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TRUNC}
@@ -102,6 +105,10 @@ class GroupOp:
     Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
 
 
+# ops that only view their source's storage (what a write through a tensor's view reaches)
+_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.DETACH})
+
+
 def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
     """The value a reduce with op may read any number of times without changing its result."""
     if op is Ops.MAX:
@@ -113,14 +120,22 @@ def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
 class UOpMeta(type):
     """Hash-consing: UOp(op, dtype, src, arg) with equal parts returns the same live object."""
 
-    cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+    # key -> weak reference to the live node; a plain dict of plain weakrefs (a WeakValueDictionary's get and set are
+    # Python calls, and every op of every graph goes through here); a node's death removes its entry
+    cache: dict[tuple, weakref.ref[UOp]] = {}
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, tuple(id(s) for s in src), _hashable(arg))
-        if (ret := UOpMeta.cache.get(key)) is not None:
+        key = (op, dtype, tuple(map(id, src)), _hashable(arg))
+        if (ref := UOpMeta.cache.get(key)) is not None and (ret := ref()) is not None:
             return ret
         ret = super().__call__(op, dtype, src, arg)
-        UOpMeta.cache[key] = ret
+        cache = UOpMeta.cache
+        # removes the entry when the node dies, unless a node made again since has its own (no globals: it may run
+        # while the interpreter shuts down)
+        cache[key] = weakref.ref(ret, lambda dead, key=key: cache.pop(key) if cache.get(key) is dead else None)
+        for s in src:
+            if s._readers is not None:
+                s.add_reader(ret)
         return ret
 
 
@@ -129,15 +144,42 @@ def _hashable(arg: Any) -> Any:
     if isinstance(arg, float):
         return ("f", math.copysign(1, arg), arg if arg == arg else "nan")
     if isinstance(arg, tuple):
+        if all(type(a) is int for a in arg):
+            return arg  # a shape: cannot equal the (type, value) pairs below
         return tuple(_hashable(a) for a in arg)
     return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
 
 
 class UOp(metaclass=UOpMeta):
-    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_size", "_vrange")
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_size", "_vrange", "_readers", "holders")
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+        # weak references to the live nodes built on a BUFFER or on a view of one, so a write into storage finds who
+        # still reads it without scanning every graph
+        tracked = op is Ops.BUFFER or op in _VIEW_OPS and bool(src) and src[0]._readers is not None
+        self._readers: list[weakref.ref[UOp]] | None = [] if tracked else None
+        # weak references to the objects (tensors) that registered as holding this node; some may have moved on
+        self.holders: list[weakref.ref] | None = None
+
+    def add_reader(self, u: UOp) -> None:
+        readers = self._readers
+        assert readers is not None
+        if len(readers) >= 16 and not len(readers) & (len(readers) - 1):  # at powers of two: drop the dead
+            readers[:] = [r for r in readers if r() is not None]
+        readers.append(weakref.ref(u))
+
+    def live_readers(self) -> list[UOp]:
+        """The live nodes built directly on this one (tracked for BUFFER nodes and views of them only)."""
+        return [u for r in self._readers or () if (u := r()) is not None]
+
+    def add_holder(self, ref: weakref.ref) -> None:
+        if (holders := self.holders) is None:
+            self.holders = [ref]
+            return
+        if len(holders) >= 16 and not len(holders) & (len(holders) - 1):
+            holders[:] = [h for h in holders if (t := h()) is not None and getattr(t, "uop", None) is self]
+        holders.append(ref)
 
     def __reduce__(self):
         # the whole graph as one flat table: pickling node by node would recurse once per level of depth
@@ -288,6 +330,10 @@ class UOp(metaclass=UOpMeta):
             return self._shape
         except AttributeError:
             pass
+        sources = _shape_sources(self)
+        if all(hasattr(s, "_shape") for s in sources):  # a node built on known shapes: no walk
+            self._shape = _infer_shape(self)
+            return self._shape
         # sources first, from an explicit stack: the first question about a deep new graph must not recurse
         for n in _uncached_postorder(self, "_shape", _shape_sources):
             n._shape = _infer_shape(n)
@@ -372,6 +418,11 @@ def _shape_sources(u: UOp) -> tuple[UOp, ...]:
 
 
 def _infer_shape(u: UOp) -> tuple[int, ...]:
+    if u.op in GroupOp.ALU:  # first: the most common node, and each `Ops.X` below is a lookup of its own
+        shapes = {x.shape for x in u.src}
+        if len(shapes) != 1:
+            raise ValueError(f"{u.op} on mismatched shapes {[x.shape for x in u.src]}")
+        return u.src[0].shape
     if u.op is Ops.BUFFER:
         return (u.arg[2],)
     if u.op is Ops.DEFINE_GLOBAL:
@@ -407,11 +458,6 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
         return ()
     if u.op is Ops.BITCAST and u.src[0].dtype.itemsize != u.dtype.itemsize:
         return s[:-1] + (s[-1] * u.src[0].dtype.itemsize // u.dtype.itemsize,)
-    if u.op in GroupOp.ALU:
-        shapes = {x.shape for x in u.src}
-        if len(shapes) != 1:
-            raise ValueError(f"{u.op} on mismatched shapes {[x.shape for x in u.src]}")
-        return s
     return s  # FLIP, CAST, BITCAST, CONTIGUOUS, COPY, ASSIGN, DETACH keep the shape
 
 

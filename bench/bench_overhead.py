@@ -1,0 +1,116 @@
+"""Eager (non-JIT) Python overhead against torch CPU, measured in one process: `python bench/bench_overhead.py`.
+
+Three cases, each timed as the median of several runs: a tiny op realized per call (`(x + y).realize()` on 16
+float32 elements, x and y realized), a chain of 100 tiny ops realized once (per op), and one SGD training step of a
+784-128-10 MLP at batch 128 without a JIT (steps/s). Prints fusegrad, torch and their ratio for each."""
+
+from __future__ import annotations
+import statistics
+import time
+import numpy as np
+import torch
+from fusegrad import Context, Tensor, nn
+from fusegrad.nn.optim import SGD
+from fusegrad.nn.state import get_parameters
+
+
+def median_seconds(fn, warmup: int = 5, runs: int = 9, repeat: int = 20, clock=time.perf_counter) -> float:
+    """Median over `runs` of the mean time of `repeat` calls, on `clock` (wall, or this process's CPU time, which a
+    machine shared with other work inflates less)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        st = clock()
+        for _ in range(repeat):
+            fn()
+        times.append((clock() - st) / repeat)
+    return statistics.median(times)
+
+
+CLOCKS = (time.perf_counter, time.process_time)
+
+
+def tiny_op() -> tuple[tuple[float, float], ...]:
+    x, y = Tensor(np.arange(16, dtype=np.float32)).realize(), Tensor(np.ones(16, np.float32)).realize()
+    tx, ty = torch.arange(16, dtype=torch.float32), torch.ones(16)
+    fg, th = lambda: (x + y).realize(), lambda: tx + ty
+    return tuple(
+        (median_seconds(fg, repeat=200, clock=clock), median_seconds(th, repeat=2000, clock=clock)) for clock in CLOCKS
+    )
+
+
+def chain_of_100() -> tuple[tuple[float, float], ...]:
+    x = Tensor(np.arange(16, dtype=np.float32)).realize()
+    tx = torch.arange(16, dtype=torch.float32)
+
+    def fusegrad_chain():
+        out = x
+        for i in range(100):
+            out = out * 1.01 if i % 2 else out + 0.5
+        out.realize()
+
+    def torch_chain():
+        out = tx
+        for i in range(100):
+            out = out * 1.01 if i % 2 else out + 0.5
+        return out
+
+    return tuple(
+        (median_seconds(fusegrad_chain, repeat=5, clock=c) / 100, median_seconds(torch_chain, repeat=50, clock=c) / 100)
+        for c in CLOCKS
+    )
+
+
+class MLP:
+    def __init__(self):
+        self.l1, self.l2 = nn.Linear(784, 128), nn.Linear(128, 10)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.l2(self.l1(x).relu())
+
+
+def mlp_step() -> tuple[float, float]:
+    rng = np.random.default_rng(0)
+    x_np, y_np = rng.standard_normal((128, 784), dtype=np.float32), rng.integers(0, 10, 128).astype(np.int32)
+    model = MLP()
+    opt = SGD(get_parameters(model), lr=0.01)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+
+    def fusegrad_step():
+        with Context(TRAINING=1):
+            opt.zero_grad()
+            loss = model(x).sparse_categorical_crossentropy(y)
+            loss.backward()
+            opt.step()
+        return loss.item()
+
+    torch_model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    torch_opt = torch.optim.SGD(torch_model.parameters(), lr=0.01)
+    tx, ty = torch.tensor(x_np), torch.tensor(y_np, dtype=torch.long)
+
+    def torch_step():
+        torch_opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(torch_model(tx), ty)
+        loss.backward()
+        torch_opt.step()
+        return loss.item()
+
+    return 1 / median_seconds(fusegrad_step, repeat=5), 1 / median_seconds(torch_step, repeat=20)
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    us = 1e6
+    for (fg, th), clock in zip(tiny_op(), ("wall", "cpu")):
+        print(f"tiny op (x + y on 16), per realize, {clock}: fusegrad {fg * us:6.1f} us, torch {th * us:5.2f} us")
+    for (fg, th), clock in zip(chain_of_100(), ("wall", "cpu")):
+        print(
+            f"chain of 100 tiny ops realized once, per op, {clock}: fusegrad {fg * us:5.1f} us, torch {th * us:5.2f} us"
+        )
+    fg, th = mlp_step()
+    print(f"MLP 784-128-10 SGD step without JIT: fusegrad {fg:6.1f}/s, torch {th:6.1f}/s ({fg / th:.2f}x torch)")
+
+
+if __name__ == "__main__":
+    main()

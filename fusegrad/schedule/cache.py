@@ -1,0 +1,269 @@
+"""Schedules reused by graph structure.
+
+A realize whose graph has the structure of an earlier one (the same ops, dtypes, shapes, devices, the same pattern of
+buffers and realized values, only other buffers and other lifted constants) gets the kernels planned for that one,
+re-bound to this call's buffers and constants, without planning again: a training step with new data schedules once.
+
+The structure is one walk of the graph (`GraphShape`), which numbers buffers, buffer versions and lifted constants
+in order of first appearance. A `ScheduleTemplate` says where each kernel argument, result and kept intermediate of
+a planned schedule comes from in those terms: an input buffer, a constant, or a buffer the schedule creates."""
+
+from __future__ import annotations
+from collections import OrderedDict
+from dataclasses import dataclass
+from fusegrad.dtype import DType
+from fusegrad.helpers import NUM_CPU_THREADS, SCHEDULE_CACHE
+from fusegrad.runtime.device import Buffer
+from fusegrad.schedule import (
+    OldVersionReaders,
+    ScheduleItem,
+    buffer_of,
+    buffer_uop,
+    const_buffer,
+    is_liftable_const,
+    plan_schedule,
+    realized,
+)
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _hashable
+
+MAX_CACHED_SCHEDULES = 512
+# where a kernel argument comes from: ("in", buffer slot) | ("new", k) | ("const", const slot, device) | ("fixed", buf)
+BufferRef = tuple
+
+
+class GraphShape:
+    """One walk of a graph: its structural key and, in slot order, the buffers, versions and constants it reads."""
+
+    __slots__ = ("key", "nodes", "buffers", "versions", "version_slot", "consts", "const_slot", "visits")
+
+    def __init__(self, roots: list[UOp], devices: list):
+        root_set = set(roots)
+        index: dict[UOp, int] = {}
+        rows: list[tuple] = []
+        self.nodes: list[UOp] = []
+        buffer_slot: dict[Buffer, int] = {}
+        self.buffers: list[Buffer] = []
+        self.version_slot: dict[UOp, int] = {}
+        self.versions: list[UOp] = []
+        self.const_slot: dict[tuple[DType, float], int] = {}
+        self.consts: list[tuple[DType, float]] = []
+        self.key: tuple | None = None
+        self.visits = 0
+        # the walk runs once per realize: names it reads per node are locals (an Ops member lookup is a Python call)
+        buffer_op, const_op, contiguous_op, special = Ops.BUFFER, Ops.CONST, Ops.CONTIGUOUS, (Ops.MULTI, Ops.COPY)
+        realized_get, nodes, visits = realized.get, self.nodes, 0
+        # entries: (node, state) with state 0 = to visit, 1 = sources done, 2 = stands for its realized value
+        stack: list[tuple[UOp, int, UOp | None]] = [(r, 0, None) for r in reversed(roots)]
+        while stack:
+            u, state, value = stack.pop()
+            if u in index:
+                continue
+            if state == 2:
+                index[u] = index[value]  # type: ignore[index]
+                continue
+            op = u.op
+            if state == 0:
+                visits += 1
+                if op is not buffer_op and u not in root_set and (ref := realized_get(u)) is not None:
+                    if (value := ref if isinstance(ref, UOp) else ref()) is not None:
+                        # computed already: this graph reads the stored value, as substitute_realized makes it
+                        stack.append((u, 2, value))
+                        stack.append((value, 0, None))
+                        continue
+                stack.append((u, 1, None))
+                for s in reversed(u.src):
+                    if s not in index:
+                        stack.append((s, 0, None))
+                continue
+            arg = u.arg
+            if op is buffer_op:
+                buf = buffer_of[u]
+                if buf.device.startswith("DISK"):
+                    return  # a DISK slice is a view of a file, made by the planner: not re-bindable
+                if (b := buffer_slot.get(buf)) is None:
+                    b = buffer_slot[buf] = len(self.buffers)
+                    self.buffers.append(buf)
+                self.version_slot[u] = len(self.versions)
+                self.versions.append(u)
+                arg = (b, self.version_slot[u], arg[1], arg[2])
+            elif op is const_op:
+                if is_liftable_const(u):
+                    if (c := self.const_slot.get(ck := (u.dtype, arg))) is None:
+                        c = self.const_slot[ck] = len(self.consts)
+                        self.consts.append(ck)
+                    arg = ("lifted", c)
+                else:
+                    arg = _hashable(arg)  # 0.0 and -0.0 are different literals
+            elif op is contiguous_op and type(arg) is int:
+                arg = "distinct"  # a per-call id that only keeps equal graphs apart
+            elif op in special and (op is special[0] or arg.startswith("DISK")):
+                return  # multi-device and disk graphs are planned every time
+            index[u] = len(rows)
+            rows.append((op, u.dtype, arg, tuple([index[s] for s in u.src])))
+            nodes.append(u)
+        self.visits = visits
+        if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):
+            return
+        self.key = (tuple(rows), tuple([index[r] for r in roots]), tuple(devices), int(NUM_CPU_THREADS.value))
+
+
+@dataclass
+class ScheduleTemplate:
+    """A planned schedule in slot terms; `bind` makes the items, results and kept values for another GraphShape."""
+
+    kernels: list[tuple[UOp, str, tuple[BufferRef, ...]]]  # (ast, device, where each argument comes from)
+    new_buffers: list[tuple[str, int, DType]]  # buffers the schedule creates: (device, size, dtype)
+    new_versions: list[BufferRef]  # BUFFER nodes the schedule creates, over these buffers
+    results: list[tuple]  # each root's value as a view recipe (see _recipe)
+    inner: list[tuple[int, tuple]]  # (node position, view recipe) of kept intermediate values
+    new_bytes: int
+
+    def bind(self, shape: GraphShape) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+        created = [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
+        consts = shape.consts
+
+        def resolve(ref: BufferRef) -> Buffer:
+            kind = ref[0]
+            if kind == "in":
+                return shape.buffers[ref[1]]
+            if kind == "new":
+                return created[ref[1]]
+            if kind == "const":
+                dtype, value = consts[ref[1]]
+                return const_buffer(ref[2], dtype, value)
+            return ref[1]
+
+        items = [ScheduleItem(ast, tuple([resolve(r) for r in refs]), device) for ast, device, refs in self.kernels]
+        versions = [buffer_uop(resolve(ref)) for ref in self.new_versions]
+
+        def view(recipe: tuple) -> UOp:
+            (kind, slot), chain = recipe
+            u = shape.versions[slot] if kind == "version" else versions[slot]
+            for op, dtype, arg in chain:
+                u = UOp(op, dtype, (u,), arg)
+            return u
+
+        return items, [view(r) for r in self.results], {shape.nodes[i]: view(r) for i, r in self.inner}
+
+
+class _Entry:
+    """Templates of one structure, by the copy-on-write decision (which depends on who else holds the graph)."""
+
+    __slots__ = ("kept", "templates")
+
+    def __init__(self, kept: tuple[int, ...]):
+        self.kept = kept  # positions of the caller's nodes whose values the schedule keeps
+        self.templates: dict[frozenset[int], ScheduleTemplate] = {}
+
+
+_cache: OrderedDict[tuple, _Entry] = OrderedDict()
+
+
+class ScheduleCacheStats:
+    hits: int = 0
+    misses: int = 0
+
+
+def _copy_on_write_slots(shape: GraphShape, kept: tuple[int, ...], readers: OldVersionReaders | None) -> frozenset:
+    if readers is None:
+        return frozenset()
+    return _slots(shape, readers.shared({shape.nodes[i] for i in kept}))
+
+
+def _slots(shape: GraphShape, targets: set[UOp]) -> frozenset[int]:
+    # a target only below a realized value is no assign of this schedule: it changes nothing in the plan
+    return frozenset(slot for t in targets if (slot := shape.version_slot.get(t)) is not None)
+
+
+def cached_schedule(
+    roots: list[UOp], devices: list, readers: OldVersionReaders | None = None
+) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+    """create_schedule, reusing the plan of an earlier graph of the same structure."""
+    shape = GraphShape(roots, devices) if SCHEDULE_CACHE else None
+    key = shape.key if shape is not None else None
+    if key is None:
+        plan = plan_schedule(roots, devices, readers)
+        return plan.items, plan.results, plan.inner
+    assert shape is not None
+    if (entry := _cache.get(key)) is not None:
+        _cache.move_to_end(key)
+        cow = _copy_on_write_slots(shape, entry.kept, readers)
+        if (template := entry.templates.get(cow)) is not None:
+            ScheduleCacheStats.hits += 1
+            return template.bind(shape)
+    ScheduleCacheStats.misses += 1
+    plan = plan_schedule(roots, devices, readers)
+    position = {u: i for i, u in enumerate(shape.nodes)}
+    kept = tuple(sorted(position[u] for u in plan.kept if u in position))
+    template = _make_template(shape, plan, position)
+    if template is not None and len(kept) == len(plan.kept):
+        cow = _slots(shape, plan.planner.copy_on_write)
+        if entry is None:
+            entry = _cache[key] = _Entry(kept)
+            while len(_cache) > MAX_CACHED_SCHEDULES:
+                _cache.popitem(last=False)
+        entry.templates[cow] = template
+    return plan.items, plan.results, plan.inner
+
+
+def _make_template(shape: GraphShape, plan, position: dict[UOp, int]) -> ScheduleTemplate | None:
+    """The plan in slot terms, or None when some part of it is not one of the kinds a template re-binds."""
+    buffer_slot = {b: i for i, b in enumerate(shape.buffers)}
+    created = {b: i for i, b in enumerate(plan.planner.created)}
+    const_params = plan.planner.const_params
+
+    def ref(buf: Buffer, device: str) -> BufferRef | None:
+        if (i := buffer_slot.get(buf)) is not None:
+            return ("in", i)
+        if (i := created.get(buf)) is not None:
+            return ("new", i)
+        if (c := const_params.get(buf)) is not None:
+            slot = shape.const_slot.get(c)
+            # a constant the lowering made (not the caller's) is part of the structure: the same buffer serves
+            return ("const", slot, device) if slot is not None else ("fixed", buf)
+        return None
+
+    kernels = []
+    for item in plan.items:
+        refs = tuple(ref(b, item.device) for b in item.buffers)
+        if None in refs:
+            return None
+        kernels.append((_copy_stand_in(item.ast) if item.ast.op is Ops.COPY else item.ast, item.device, refs))
+    new_versions: list[BufferRef] = []
+    version_index: dict[UOp, int] = {}
+
+    def recipe(u: UOp) -> tuple | None:
+        chain = []
+        while u.op is not Ops.BUFFER:
+            if u.op not in GroupOp.Movement:
+                return None
+            chain.append((u.op, u.dtype, u.arg))
+            u = u.src[0]
+        chain.reverse()
+        if (slot := shape.version_slot.get(u)) is not None:
+            return ("version", slot), tuple(chain)
+        if (j := version_index.get(u)) is None:
+            if (r := ref(buffer_of[u], u.arg[1])) is None or r[0] not in ("in", "new"):
+                return None
+            j = version_index[u] = len(new_versions)
+            new_versions.append(r)
+        return ("new", j), tuple(chain)
+
+    results = [recipe(r) for r in plan.results]
+    inner = [(position[u], recipe(v)) for u, v in plan.inner.items() if u in position]
+    if None in results or any(r is None for _, r in inner):
+        return None
+    new_buffers = [(b.device, b.size, b.dtype) for b in plan.planner.created]
+    return ScheduleTemplate(
+        kernels, new_buffers, new_versions, results, inner, sum(b.nbytes for b in plan.planner.created)
+    )  # type: ignore[arg-type]
+
+
+def _copy_stand_in(copy: UOp) -> UOp:
+    """A transfer's item names its COPY node, which holds the caller's graph (and its buffers): a template keeps a
+    COPY of a placeholder instead, so it holds no caller's storage alive."""
+    return UOp(Ops.COPY, copy.dtype, (UOp(Ops.DEFINE_GLOBAL, copy.dtype, (), (1, copy.size)),), copy.arg)
+
+
+def clear_schedule_cache() -> None:
+    _cache.clear()

@@ -1,0 +1,185 @@
+"""The schedule cache (fusegrad/schedule/cache.py): a graph of a known structure re-binds the planned schedule to
+its own buffers and constants; everything else about a realize (values, copy on write, kept values) stays the same."""
+
+import numpy as np
+import pytest
+from fusegrad import Context, Tensor
+from fusegrad.helpers import GlobalCounters
+from fusegrad.nn.optim import SGD
+from fusegrad.schedule import create_schedule
+from fusegrad.schedule.cache import GraphShape, ScheduleCacheStats
+from fusegrad.uop.ops import UOp
+
+rng = np.random.default_rng(0)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_new_inputs_reuse_the_schedule_and_match_numpy():
+    def step(x_np, w_np, scale):
+        x, w = Tensor(x_np).realize(), Tensor(w_np).realize()
+        return ((x * scale + 1.25).relu() @ w).sum(axis=1).numpy()
+
+    step(f32(8, 5), f32(5, 3), 0.5)
+    hits = ScheduleCacheStats.hits
+    for scale in (0.75, -2.0, 3.5):
+        x_np, w_np = f32(8, 5), f32(5, 3)
+        np.testing.assert_allclose(
+            step(x_np, w_np, scale), (np.maximum(x_np * scale + 1.25, 0) @ w_np).sum(axis=1), rtol=1e-5, atol=1e-5
+        )
+    assert ScheduleCacheStats.hits >= hits + 3
+
+
+@pytest.mark.parametrize("const_dtype", ["float", "float16"])
+def test_new_constants_compile_no_new_kernels(const_dtype):
+    x_np = f32(16)
+    x = Tensor(x_np).realize() if const_dtype == "float" else Tensor(x_np).half().realize()
+    (x * 0.3 + 0.7).realize()
+    compiled = GlobalCounters.compile_count
+    for a, b in ((0.25, 0.5), (1.5, -3.0), (7.0, 0.125), (2.0, 2.0)):
+        got = (x * a + b).numpy().astype(np.float32)
+        want = (x_np * a + b) if const_dtype == "float" else (x_np.astype(np.float16) * np.float16(a) + np.float16(b))
+        np.testing.assert_allclose(got, want.astype(np.float32), rtol=3e-3 if const_dtype != "float" else 1e-6)
+    assert GlobalCounters.compile_count == compiled
+
+
+def test_equal_and_different_constants_are_told_apart():
+    # two equal constants share one kernel argument; the same structure with different ones must not reuse that
+    x_np = f32(10)
+    x = Tensor(x_np).realize()
+    np.testing.assert_allclose((x * 0.5 + 0.5).numpy(), x_np * 0.5 + 0.5, rtol=1e-6)
+    np.testing.assert_allclose((x * 0.5 + 0.25).numpy(), x_np * 0.5 + 0.25, rtol=1e-6)
+    np.testing.assert_allclose((x * 3.0 + 3.0).numpy(), x_np * 3.0 + 3.0, rtol=1e-6)
+
+
+def test_same_buffer_twice_is_not_two_buffers():
+    a_np, b_np = f32(6), f32(6)
+    a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
+    np.testing.assert_allclose((a * b + a).numpy(), a_np * b_np + a_np, rtol=1e-6)
+    np.testing.assert_allclose((a * a + b).numpy(), a_np * a_np + b_np, rtol=1e-6)
+    np.testing.assert_allclose((b * a + a).numpy(), b_np * a_np + a_np, rtol=1e-6)
+
+
+def test_shapes_dtypes_devices_and_views_change_the_schedule():
+    x_np = f32(4, 6)
+    cases = [
+        (lambda: Tensor(x_np).realize(), lambda x: x * 2.5 + 1.5, x_np * 2.5 + 1.5),
+        (lambda: Tensor(x_np[:, :4]).realize(), lambda x: x * 2.5 + 1.5, x_np[:, :4] * 2.5 + 1.5),
+        (lambda: Tensor(x_np.astype(np.float64)).realize(), lambda x: x * 2.5 + 1.5, x_np * 2.5 + 1.5),
+        (lambda: Tensor(x_np, device="PYTHON").realize(), lambda x: x * 2.5 + 1.5, x_np * 2.5 + 1.5),
+        (lambda: Tensor(x_np).realize(), lambda x: x.T * 2.5 + 1.5, x_np.T * 2.5 + 1.5),
+        (lambda: Tensor(x_np).realize(), lambda x: x[1:] * 2.5 + 1.5, x_np[1:] * 2.5 + 1.5),
+        (lambda: Tensor(x_np).realize(), lambda x: x[:-1] * 2.5 + 1.5, x_np[:-1] * 2.5 + 1.5),
+        (lambda: Tensor(x_np).realize(), lambda x: x.flip(0) * 2.5 + 1.5, x_np[::-1] * 2.5 + 1.5),
+        (lambda: Tensor(x_np).realize(), lambda x: (x * 2.5 + 1.5).sum(0), (x_np * 2.5 + 1.5).sum(0)),
+        (lambda: Tensor(x_np).realize(), lambda x: (x * 2.5 + 1.5).sum(1), (x_np * 2.5 + 1.5).sum(1)),
+    ]
+    for _ in range(2):  # the second round runs every case from the cache
+        for make, fn, want in cases:
+            out = fn(make())
+            np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+            assert out.dtype == make().dtype
+
+
+def test_copy_on_write_decided_per_call():
+    # the same assign with and without a live lazy reader of the old value: one structure, two plans
+    for round_ in range(3):
+        w_np = f32(5)
+        w = Tensor(w_np).realize()
+        held = w * 2 if round_ != 1 else None
+        w.assign(w + 1.0).realize()
+        np.testing.assert_allclose(w.numpy(), w_np + 1, rtol=1e-6)
+        if held is not None:
+            np.testing.assert_allclose(held.numpy(), w_np * 2, rtol=1e-6)
+
+
+def test_training_steps_match_uncached_steps():
+    def train(cache: int) -> list[np.ndarray]:
+        local = np.random.default_rng(1)
+        w1, w2 = local.standard_normal((6, 8)).astype(np.float32), local.standard_normal((8, 3)).astype(np.float32)
+        p1, p2 = Tensor(w1, requires_grad=True), Tensor(w2, requires_grad=True)
+        opt = SGD([p1, p2], lr=0.05, momentum=0.9)
+        with Context(SCHEDULE_CACHE=cache, TRAINING=1):
+            for _ in range(4):
+                x = Tensor(local.standard_normal((4, 6)).astype(np.float32))
+                y = Tensor(local.integers(0, 3, 4).astype(np.int32))
+                opt.zero_grad()
+                loss = (x @ p1).relu().matmul(p2).sparse_categorical_crossentropy(y)
+                loss.backward()
+                opt.step()
+                loss.item()
+        return [p1.numpy(), p2.numpy()]
+
+    for cached, planned in zip(train(1), train(0)):
+        np.testing.assert_array_equal(cached, planned)
+
+
+def test_kept_intermediate_is_reused_after_a_cached_realize():
+    # an intermediate a realize keeps is read back (not recomputed) by a later graph, also from a cached plan
+    for _ in range(3):
+        x_np = f32(8, 8)
+        x = Tensor(x_np).realize()
+        s = x.exp().sum(axis=1, keepdim=True)
+        out = x.exp() / s
+        lazy_s = s * 1.0
+        out.realize()
+        np.testing.assert_allclose(lazy_s.numpy(), np.exp(x_np).sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def _visits(monkeypatch, roots: list[Tensor]) -> int:
+    count = [0]
+    toposort = UOp.toposort
+
+    def counted(self, gate=None):
+        out = toposort(self, gate)
+        count[0] += len(out)
+        return out
+
+    monkeypatch.setattr(UOp, "toposort", counted)
+    create_schedule([t.uop for t in roots], [t.device for t in roots])
+    shape = GraphShape([t.uop for t in roots], [t.device for t in roots])
+    monkeypatch.setattr(UOp, "toposort", toposort)
+    return count[0] + shape.visits
+
+
+def _chain(n: int) -> list[Tensor]:
+    out = Tensor(f32(16)).realize()
+    for i in range(n):
+        out = out * 1.01 if i % 2 else out + 0.5
+    return [out]
+
+
+def _reduce_chain(n: int) -> list[Tensor]:
+    out = Tensor(f32(16)).realize()
+    for _ in range(n):
+        out = (out - out.max() * 0.5).contiguous()
+    return [out]
+
+
+def _many_assigns(n: int) -> list[Tensor]:
+    g = Tensor(f32(4)).realize()
+    params = [Tensor(f32(4)).realize() for _ in range(n)]
+    return [p.assign(p - g * 0.1) for p in params]
+
+
+@pytest.mark.parametrize("build", [_chain, _reduce_chain, _many_assigns])
+def test_scheduling_visits_grow_linearly(monkeypatch, build):
+    small, large = _visits(monkeypatch, build(100)), _visits(monkeypatch, build(1000))
+    assert large <= 11 * small, f"node visits grew from {small} to {large} for 10x the graph"
+
+
+def test_random_draws_reuse_one_kernel():
+    # the call number of the random stream is data, so a dropout mask per step compiles and plans once
+    Tensor.manual_seed(3)
+    first = [Tensor.rand(64).numpy() for _ in range(2)]
+    compiled, hits = GlobalCounters.compile_count, ScheduleCacheStats.hits
+    more = [Tensor.rand(64).numpy() for _ in range(3)]
+    assert GlobalCounters.compile_count == compiled
+    assert ScheduleCacheStats.hits >= hits + 3
+    draws = first + more
+    assert all(not np.array_equal(a, b) for i, a in enumerate(draws) for b in draws[i + 1 :])
+    assert all(((d >= 0) & (d < 1)).all() for d in draws)
+    Tensor.manual_seed(3)
+    np.testing.assert_array_equal(Tensor.rand(64).numpy(), first[0])
