@@ -435,8 +435,8 @@ class _Planner:
             self.const_params[buf := const_buffer(device, u.dtype, u.arg)] = (u.dtype, u.arg)
             # past the cap, uses of one value share a parameter: a kernel's argument list stays short
             ret = UOp(Ops.RESHAPE, u.dtype, (param(buf, object() if len(params) < MAX_KERNEL_PARAMS else buf),), ())
-            for v in reversed(views):
-                ret = v.replace(src=(ret,))
+            for v in reversed(views):  # a view to a symbolic size reads the variable's kernel parameter too
+                ret = v.replace(src=(ret,), arg=self.vars.kernel_arg(v, device, buffer_param) if arg_uops(v) else v.arg)
             return ret
 
         # sources before users, from an explicit stack: a kernel's value graph can be thousands of nodes deep
