@@ -8,6 +8,7 @@ import functools
 import hashlib
 import os
 import tempfile
+import threading
 from fusegrad.helpers import CACHELEVEL, CCACHE, DEBUG
 from fusegrad.renderer.llvmir import LLVMRenderer
 from fusegrad.runtime.device import Compiled, HostAllocator
@@ -119,13 +120,21 @@ class LLVMCompiler:
     @staticmethod
     def _link(data: bytes, name: str) -> tuple[llvm.ExecutionEngine, int]:
         host_target()  # LLVM initialized
-        # an engine owns its target machine and frees it with itself: each gets its own
-        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
-        engine.add_object_file(llvm.ObjectFileRef.from_data(data))
-        engine.finalize_object()
-        if not (address := engine.get_function_address(name)):
-            raise RuntimeError(f"the object file has no function {name}")
+        with _engine_lock:
+            _retired_engines.clear()  # disposed here, never by a finalizer on whatever thread dropped the program
+            # an engine owns its target machine and frees it with itself: each gets its own
+            engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
+            engine.add_object_file(llvm.ObjectFileRef.from_data(data))
+            engine.finalize_object()
+            if not (address := engine.get_function_address(name)):
+                raise RuntimeError(f"the object file has no function {name}")
         return engine, address
+
+
+# MCJIT engines are created and disposed under one lock, on the thread that links the next kernel: a program dropped
+# by garbage collection on a worker thread only retires its engine
+_engine_lock = threading.Lock()
+_retired_engines: list[llvm.ExecutionEngine] = []
 
 
 class LLVMProgram(CPUProgram):
@@ -137,6 +146,10 @@ class LLVMProgram(CPUProgram):
         signature = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nparams), ctypes.c_longlong, ctypes.c_longlong)
         self.fn = signature(address)
         self.outer_size, self.ops, self.nparams = outer_size, ops, nparams
+
+    def __del__(self) -> None:
+        if (engine := getattr(self, "engine", None)) is not None:
+            _retired_engines.append(engine)
 
 
 class LlvmDevice(Compiled):
