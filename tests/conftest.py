@@ -24,3 +24,15 @@ def pytest_runtest_makereport(item, call):
         reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
         if not any(allowed in reason for allowed in SKIPS_ALLOWED_IN_CI):
             report.outcome, report.longrepr = "failed", f"skipped in CI, where nothing may be missing: {reason}"
+
+
+@pytest.fixture(scope="session")
+def amdgpu_target():
+    """The AMD GPU LLVM builds code objects for (gfx950, or gfx942 where LLVM lacks it); skips without LLVM."""
+    from fusegrad.runtime.support.amd.codeobj import ToolchainError, find_llvm, pick_target
+
+    try:
+        find_llvm()
+    except ToolchainError as e:
+        pytest.skip(str(e))
+    return pick_target("gfx950")

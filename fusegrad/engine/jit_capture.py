@@ -11,9 +11,9 @@ from fusegrad.engine.jit_inputs import JitError, rebase_view, tensor_buffers
 from fusegrad.engine.jit_program import CapturedJit, IndexCheckRunner, Launch, run_launch
 from fusegrad.engine.memory_planner import plan_buffers
 from fusegrad.runtime.device import Buffer, Device, HostAllocator
-from fusegrad.schedule import buffer_of, buffer_uop
+from fusegrad.schedule import buffer_of, buffer_uop, reads_shifted
 from fusegrad.tensor import Tensor, _pending_assigns
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import Ops, UOp
 
 
 class Recorder:
@@ -135,19 +135,11 @@ def write_in_place(launches: list[Launch], new: Buffer, old: Buffer) -> bool:
 def reads_aligned(ast: UOp, param: int) -> bool:
     """Every read of kernel parameter `param` is of the element the kernel stores (only reshapes and elementwise ops
     between the load and the store): the kernel may write that buffer in place."""
-    stack, seen = [(ast.src[0].src[1], False)], set()
-    while stack:
-        u, moved = stack.pop()
-        if (u, moved) in seen:
-            continue
-        seen.add((u, moved))
-        if u.op is Ops.DEFINE_GLOBAL:
-            if u.arg[0] == param and moved:
-                return False
-            continue
-        shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op is Ops.REDUCE_AXIS
-        stack.extend((x, moved or shifts) for x in u.src)
-    return True
+    return not reads_shifted(
+        ast.src[0].src[1],
+        lambda u: u.op is Ops.DEFINE_GLOBAL and u.arg[0] == param,
+        lambda u: u.op is Ops.DEFINE_GLOBAL,
+    )
 
 
 def prune_launches(launches: list[Launch], inputs: set[Buffer]) -> tuple[list[Launch], set[Buffer]]:

@@ -15,7 +15,7 @@ from fusegrad.dtype import DType, dtypes, float_to_bf16
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
 from fusegrad.codegen.opt.packs import Pack, find_packs
-from fusegrad.renderer.cstyle import RenderError
+from fusegrad.renderer.cstyle import MATH_FUNCTIONS, RenderError
 
 # register types; bfloat16 is its bits (converted through float32 only, see codegen/decompose.py)
 LLVM_TYPES = {
@@ -33,17 +33,8 @@ LLVM_TYPES = {
     dtypes.float32: "float",
     dtypes.float64: "double",
 }
-INTRINSICS = {
-    Ops.SQRT: "sqrt",
-    Ops.EXP: "exp",
-    Ops.LOG: "log",
-    Ops.EXP2: "exp2",
-    Ops.LOG2: "log2",
-    Ops.SIN: "sin",
-    Ops.COS: "cos",
-    Ops.TRUNC: "trunc",
-    Ops.POW: "pow",
-}
+# llvm.<name> intrinsics carry the C math functions' names
+INTRINSICS = MATH_FUNCTIONS
 _INT_BINARY = {Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor", Ops.SHL: "shl"}
 _FLOAT_BINARY = {Ops.ADD: "fadd", Ops.MUL: "fmul", Ops.FDIV: "fdiv"}
 _FLOAT_COMPARE = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}

@@ -7,6 +7,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 import numpy as np
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG
@@ -56,6 +57,27 @@ def record_realized(u: UOp, value: UOp, strong: bool = False) -> None:
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
     return buffer_uop(Buffer(device, size, dtype))
+
+
+def reads_shifted(root: UOp, is_target: Callable[[UOp], bool], is_leaf: Callable[[UOp], bool]) -> bool:
+    """Does `root` read a target through a movement op other than a reshape, or a reduce: another element than the one
+    it writes (an in-place hazard)? The walk does not go past targets and leaves."""
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    seen: set[tuple[UOp, bool]] = set()
+    while stack:
+        u, moved = stack.pop()
+        if (u, moved) in seen:
+            continue
+        seen.add((u, moved))
+        if is_target(u):
+            if moved:
+                return True
+            continue
+        if is_leaf(u):
+            continue
+        shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op is Ops.REDUCE_AXIS
+        stack.extend((s, moved or shifts) for s in u.src)
+    return False
 
 
 def kernel_value(point: UOp) -> UOp:
@@ -305,22 +327,11 @@ class _Planner:
 
     def _reads_shifted(self, value: UOp, buf: Buffer) -> bool:
         """Does `value` read `buf` anywhere other than at the element it writes (an in-place hazard)?"""
-        stack: list[tuple[UOp, bool]] = [(value, False)]
-        seen: set[tuple[UOp, bool]] = set()
-        while stack:
-            u, moved = stack.pop()
-            if (u, moved) in seen:
-                continue
-            seen.add((u, moved))
-            if u.op is Ops.BUFFER:
-                if buffer_of[u] is buf and moved:
-                    return True
-                continue
-            if u in self.points and u is not value:
-                continue
-            shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op is Ops.REDUCE_AXIS
-            stack.extend((s, moved or shifts) for s in u.src)
-        return False
+        return reads_shifted(
+            value,
+            lambda u: u.op is Ops.BUFFER and buffer_of[u] is buf,
+            lambda u: u.op is Ops.BUFFER or u in self.points and u is not value,
+        )
 
     def _kernel_inputs(self, point: UOp) -> tuple[set[UOp], set[Buffer]]:
         """The points and the buffers a point's kernel reads (the walk stops at other points)."""

@@ -137,6 +137,22 @@ def _classes_last(x: Tensor, class_axis: int) -> Tensor:
     return x.permute([i for i in range(x.ndim) if i != class_axis] + [class_axis])
 
 
+def _zero_stuffed(x: Tensor, stride: tuple[int, ...]) -> Tensor:
+    """(N, C, *spatial) with s-1 zeros after every element of each spatial dim (trailing ones included)."""
+    lead, spatial = x.shape[:2], x.shape[2:]
+    x = x.reshape(lead + _cat((i, 1) for i in spatial))
+    x = x.pad(((0, 0), (0, 0)) + _cat(((0, 0), (0, s - 1)) for s in stride))
+    return x.reshape(lead + tuple(i * s for i, s in zip(spatial, stride)))
+
+
+def _flipped_kernel(weight: Tensor, groups: int) -> Tensor:
+    """(A, B, *kernel) -> (groups*B, A/groups, *kernel): in/out channels swapped per group, taps reversed; the kernel
+    of the transposed convolution."""
+    a, b, kernel = weight.shape[0] // groups, weight.shape[1], weight.shape[2:]
+    w = weight.reshape((groups, a, b) + kernel).transpose(1, 2)
+    return w.reshape((groups * b, a) + kernel).flip(tuple(range(2, 2 + len(kernel))))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -265,13 +281,8 @@ class NNMixin:
         """The gradient of a convolution of a (N, C_in, *spatial) input from the output gradient self (N, C_out,
         *out): the output gradient zero-stuffed by stride and padded by the dilated kernel, convolved with the kernel
         flipped and its channels swapped per group."""
-        n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
-        bs, outs = self.shape[0], self.shape[2:]
-        g = self
-        if any(s > 1 for s in stride):
-            g = g.reshape((bs, cout) + _cat((o, 1) for o in outs))
-            g = g.pad(((0, 0), (0, 0)) + _cat(((0, 0), (0, s - 1)) for s in stride))
-            g = g.reshape((bs, cout) + tuple(o * s for o, s in zip(outs, stride)))
+        n, kernel = weight.ndim - 2, weight.shape[2:]
+        g = _zero_stuffed(self, stride) if any(s > 1 for s in stride) else self
         reach = tuple(d * (k - 1) for k, d in zip(kernel, dilation))
         # tap k-1-a of the flipped kernel at input position p reads the stuffed gradient at p + pad - a*d: shifted
         # right by reach - pad, and cut or filled to spatial + reach (negative amounts crop)
@@ -279,8 +290,7 @@ class NNMixin:
             ((0, 0), (0, 0))
             + tuple((r - lo, i + lo - gs) for r, (lo, _), i, gs in zip(reach, pads, spatial, g.shape[2:]))
         )
-        w = weight.reshape((groups, cout // groups, cin_g) + kernel).transpose(1, 2)
-        w = w.reshape((groups * cin_g, cout // groups) + kernel).flip(tuple(range(2, 2 + n)))
+        w = _flipped_kernel(weight, groups)
         if g.numel() >= CONV_PAD_REALIZE_SIZE:
             # stored: the padded gradient needs no bounds checks, the swapped kernel is read in its own order
             g, w = (g.contiguous() if g.uop is not self.uop else g), w.contiguous()
@@ -337,7 +347,7 @@ class NNMixin:
             )
             return batched.squeeze(0)
         n = _check_conv(self, weight, groups, weight.shape[0])
-        cin, cout_g, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
+        kernel = weight.shape[2:]
         stride_t, dilation_t = _positive(stride, n, "stride"), _positive(dilation, n, "dilation")
         pads, out_pad = _pad_pairs(padding, n), _per_dim(output_padding, n, "output_padding")
         if any(not 0 <= op < max(s, d) for op, s, d in zip(out_pad, stride_t, dilation_t)):
@@ -345,15 +355,13 @@ class NNMixin:
                 f"output padding must be non-negative and smaller than either stride or dilation, but got "
                 f"output_padding={out_pad}, stride={stride_t}, dilation={dilation_t}"
             )
-        # insert s-1 zeros between input elements
+        # insert s-1 zeros between input elements (none after the last)
         spatial = self.shape[2:]
-        x = self.reshape(self.shape[:2] + _cat((i, 1) for i in spatial))
-        x = x.pad(((0, 0), (0, 0)) + _cat(((0, 0), (0, s - 1)) for s in stride_t))
-        x = x.reshape(self.shape[:2] + tuple(i * s for i, s in zip(spatial, stride_t)))
-        x = x.shrink((None, None) + tuple((0, max(i - 1, 0) * s + min(i, 1)) for i, s in zip(spatial, stride_t)))
+        x = _zero_stuffed(self, stride_t).shrink(
+            (None, None) + tuple((0, max(i - 1, 0) * s + min(i, 1)) for i, s in zip(spatial, stride_t))
+        )
         # the kernel with in/out channels swapped per group and its taps reversed
-        w = weight.reshape((groups, cin // groups, cout_g) + kernel).transpose(1, 2)
-        w = w.reshape((groups * cout_g, cin // groups) + kernel).flip(tuple(range(2, 2 + n)))
+        w = _flipped_kernel(weight, groups)
         conv_pads = [
             (d * (k - 1) - b, d * (k - 1) - a + op) for (b, a), k, d, op in zip(pads, kernel, dilation_t, out_pad)
         ]
