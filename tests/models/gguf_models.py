@@ -87,7 +87,7 @@ def _stored(
 
 
 def write_gguf(
-    model: torch.nn.Module, kind: str, path, qtype: str | None = None, seed: int = 0, rope_freqs=None
+    model: torch.nn.Module, kind: str, path, qtype: str | None = None, seed: int = 0, rope_freqs=None, tokenizer=None
 ) -> None:
     """Write the model to GGUF (matmul weights in qtype when their rows fill whole blocks) and load the file's
     dequantized weights back into the model, so both hold the same numbers."""
@@ -121,6 +121,8 @@ def write_gguf(
         writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     else:
         writer.add_feed_forward_length(cfg.intermediate_size)
+    for key, value in (tokenizer or {}).items():  # GGUFWriter method name -> value, e.g. add_token_list
+        getattr(writer, key)(value)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
 
@@ -178,3 +180,47 @@ def write_gguf(
     missing = set(sd) - set(new_sd)
     assert not missing, f"weights not written: {missing}"
     model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in new_sd.items()}, strict=False)
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def bpe_tokenizer(vocab_size: int = 320) -> dict:
+    """GGUF tokenizer metadata (GGUFWriter method -> value) of a byte-level BPE trained on a small corpus, with the
+    ChatML markers as control tokens and a ChatML chat template."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    from fusegrad.models.gguf_tokenizer import PRE_TOKENIZER_SPLITS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS["qwen2"]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    corpus = ["The quick brown fox jumps over the lazy dog.", "Hello, world! How are you today?"] * 10
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=specials
+    )
+    tok.train_from_iterator(corpus, trainer)
+    model = json.loads(tok.to_str())["model"]
+    tokens = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    tokens += [f"<unused{i}>" for i in range(vocab_size - len(tokens))]  # the corpus is too small to fill the vocab
+    return {
+        "add_tokenizer_model": "gpt2",
+        "add_tokenizer_pre": "qwen2",
+        "add_token_list": tokens,
+        "add_token_types": [3 if t in specials else 5 if t.startswith("<unused") else 1 for t in tokens],
+        "add_token_merges": [" ".join(m) for m in model["merges"]],
+        "add_eos_token_id": 2,
+        "add_bos_token_id": 0,
+        "add_add_bos_token": False,
+        "add_chat_template": CHATML,
+    }
