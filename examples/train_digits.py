@@ -5,7 +5,7 @@ Run: python examples/train_digits.py   (env: EPOCHS, BS, LR, SEED)"""
 import sys
 import time
 import numpy as np
-from fusegrad import Context, Tensor, getenv, nn
+from fusegrad import Context, Tensor, TinyJit, getenv, nn
 from fusegrad.nn.datasets import digits
 from fusegrad.nn.optim import Adam
 from fusegrad.nn.state import get_parameters
@@ -37,6 +37,19 @@ def main() -> None:
     Y_train_np = Y_train.numpy()
     model = ConvNet()
     opt = Adam(get_parameters(model), lr=lr)
+
+    @TinyJit
+    def train_step(idx: Tensor) -> tuple[Tensor, Tensor]:
+        # captured on its second call, then replayed: no graph building or scheduling per step
+        x, y = X_train[idx], Y_train[idx]
+        with Context(TRAINING=1):
+            opt.zero_grad()
+            out = model(x)
+            loss = out.sparse_categorical_crossentropy(y)
+            loss.backward()
+            opt.step()
+        return loss, (out.argmax(axis=-1) == y).float().mean()
+
     rng = np.random.default_rng(getenv("SEED", 0))
     steps_per_epoch = len(Y_train_np) // bs
     total, step, start = epochs * steps_per_epoch, 0, time.perf_counter()
@@ -46,21 +59,15 @@ def main() -> None:
     for _ in range(epochs):
         order = rng.permutation(len(Y_train_np))
         for i in range(steps_per_epoch):
-            idx = Tensor(order[i * bs : (i + 1) * bs].astype(np.int32))
-            x, y = X_train[idx], Y_train[idx]
-            with Context(TRAINING=1):
-                opt.zero_grad()
-                out = model(x)
-                loss = out.sparse_categorical_crossentropy(y)
-                loss.backward()
-                opt.step()
+            loss, acc = train_step(Tensor(order[i * bs : (i + 1) * bs].astype(np.int32)))
             step += 1
             if step % 5 == 0 or step == total:
-                acc = (out.argmax(axis=-1) == y).float().mean().item()
+                elapsed = time.perf_counter() - start
                 progress(
                     step,
                     total,
-                    f"loss {loss.item():.3f} batch acc {acc * 100:5.1f}% {time.perf_counter() - start:5.1f}s",
+                    f"loss {loss.item():.3f} batch acc {acc.item() * 100:5.1f}% {elapsed:5.1f}s "
+                    f"{step / elapsed:6.1f} steps/s",
                 )
     test_acc = (model(X_test).argmax(axis=-1) == Y_test).float().mean().item()
     print(f"\ntest accuracy: {test_acc * 100:.2f}% after {time.perf_counter() - start:.1f}s")

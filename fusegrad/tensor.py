@@ -21,7 +21,7 @@ from fusegrad.dtype import (
     to_dtype,
     to_numpy_dtype,
 )
-from fusegrad.engine.realize import realize_lock, realize_uops
+from fusegrad.engine.realize import capturing, realize_lock, realize_uops
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import prod
 from fusegrad.runtime.device import Buffer, Device
@@ -36,9 +36,10 @@ from fusegrad.tensor_ops.movement import MovementMixin
 from fusegrad.tensor_ops.nn import NNMixin
 from fusegrad.tensor_ops.pydata import py_data_to_numpy, py_scalar_const
 from fusegrad.tensor_ops.reduce import ReduceMixin
-from fusegrad.tensor_ops.shapes import broadcast_shape
+from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
 from fusegrad.tensor_ops.sorting import SortingMixin
 from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.sint import shape_str, smax, sprod
 
 Scalar = int | float | bool
 
@@ -127,7 +128,7 @@ class Tensor(
         return len(self.shape)
 
     def numel(self) -> int:
-        return prod(self.shape)
+        return sprod(self.shape)
 
     def size(self, dim: int | None = None) -> Any:
         return self.shape if dim is None else self.shape[self._axis(dim)]
@@ -170,10 +171,10 @@ class Tensor(
 
     @property
     def max_shape(self) -> tuple[int, ...]:
-        return self.shape
+        return tuple(smax(d) for d in self.shape)
 
     def max_numel(self) -> int:
-        return self.numel()
+        return prod(self.max_shape)
 
     # ------------------------------------------------------------------ realization and data
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
@@ -221,6 +222,9 @@ class Tensor(
 
     def _host_data(self) -> np.ndarray:
         """The values as a new numpy array (bfloat16 / fp8 as float32); a multi-device tensor is gathered first."""
+        if capturing:
+            capturing[-1].refuse_read(self)  # a TinyJit capture cannot replay a read of data into Python
+        self._check_concrete()
         if isinstance(self.device, tuple):
             return self.to(self.device[0])._host_data()
         t = self if is_contiguous_view(self.uop) else self.contiguous()
@@ -237,7 +241,13 @@ class Tensor(
     def tolist(self) -> Any:
         return self._host_data().tolist()
 
+    def _check_concrete(self) -> None:
+        assert all(isinstance(d, int) for d in self.shape), (
+            f"cannot read back a tensor of symbolic shape {shape_str(self.shape)}; shrink it to a concrete shape first"
+        )
+
     def item(self) -> Scalar:
+        self._check_concrete()
         if self.numel() != 1:
             raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
         return self._host_data().reshape(()).item()
@@ -310,7 +320,10 @@ class Tensor(
         return create_schedule([t.uop for t in tensors], [t.device for t in tensors])[0]
 
     def linear_with_vars(self, *lst: Tensor) -> tuple[list, dict]:
-        return self.schedule_linear(*lst), {}
+        """The kernels and the value of each bound Variable they read (the kernels read them as parameters)."""
+        from fusegrad.schedule.variables import bound_vars
+
+        return self.schedule_linear(*lst), bound_vars([t.uop for t in (self, *lst)])
 
     schedule = schedule_linear
     schedule_with_vars = linear_with_vars
@@ -363,15 +376,17 @@ class Tensor(
             out_dt = least_upper_dtype(self.dtype, x.dtype)
             a, b = self, x
         else:
-            if not isinstance(x, (bool, int, float)) or isinstance(x, np.generic):
+            if isinstance(x, UOp):  # a symbolic int (API.md 6.2): a weak int whose value is a kernel parameter
+                x = check_sym("operand", x)
+            elif not isinstance(x, (bool, int, float)) or isinstance(x, np.generic):
                 x = _scalar(x)
             if isinstance(x, bool):
                 out_dt = self.dtype
-            elif isinstance(x, int):
+            elif isinstance(x, (int, UOp)):
                 out_dt = dtypes.default_int if self.dtype is dtypes.bool else self.dtype
             else:
                 out_dt = self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float
-            const = UOp.const(out_dt, x)
+            const = x.cast(out_dt) if isinstance(x, UOp) else UOp.const(out_dt, x)
             a = self.cast(out_dt)
             # a scalar becomes a broadcast constant directly: this is the hot path of elementwise code
             if a.shape:

@@ -1,10 +1,12 @@
 """Lowers one kernel AST to a simplified, linear list of UOps through the named STAGES below."""
 
 from __future__ import annotations
+import re
 from dataclasses import dataclass
 from typing import Callable
 from fusegrad.helpers import DEBUG, NOOPT, SPEC, prod
 from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.sint import sym_str
 from fusegrad.uop.spec import check_graph, check_linear
 from fusegrad.codegen.lowerer import lower_kernel, reads_own_output
 from fusegrad.codegen.opt import Opt
@@ -12,6 +14,18 @@ from fusegrad.codegen.opt.heuristic import hand_coded_opts
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.decompose import decompose_for_device
 from fusegrad.codegen.accumulators import block_long_sums
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from fusegrad.dtype import dtypes
+
+# a kernel variable (schedule/variables.py) is element 0 of its int32 parameter buffer
+pm_load_vars = PatternMatcher(
+    [
+        (
+            UPat(Ops.DEFINE_VAR, src=(UPat(Ops.DEFINE_GLOBAL, name="g"),), name="v"),
+            lambda v, g: UOp(Ops.LOAD, g.dtype, (g, UOp.const(dtypes.int32, 0))).cast(v.dtype),
+        )
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +52,12 @@ def kernel_name(ast: UOp) -> str:
         for i, d in enumerate(u.src[0].shape)
         if i in u.arg[1] and d != 1
     ]
-    return ("r_" if reduced else "E_") + "_".join(str(d) for d in out_shape + reduced)
+    return ("r_" if reduced else "E_") + "_".join(_dim_name(d) for d in out_shape + reduced)
+
+
+def _dim_name(d: int | UOp) -> str:
+    # a symbolic size by its formula, in the characters a C identifier may hold
+    return str(d) if isinstance(d, int) else re.sub(r"\W+", "_", sym_str(d)).strip("_")
 
 
 @dataclass
@@ -78,8 +97,10 @@ def _block_long_sums(s: CodegenState) -> None:
 
 
 def _linearize(s: CodegenState) -> None:
-    # every buffer stays a parameter even when simplification removed its loads (x % 1 reads nothing)
-    s.lin = linearize(s.kernel, params=[u for u in s.ast.toposort() if u.op is Ops.DEFINE_GLOBAL])
+    # every buffer stays a parameter even when simplification removed its loads (x % 1 reads nothing); a variable,
+    # simplified with its range until now, becomes the load of its parameter
+    kernel = graph_rewrite(s.kernel, pm_load_vars)
+    s.lin = linearize(kernel, params=[u for u in s.ast.toposort() if u.op is Ops.DEFINE_GLOBAL])
 
 
 @dataclass(frozen=True)
@@ -145,7 +166,7 @@ def estimate_ops(lin: list[UOp]) -> int:
 
     for u in lin:
         if u.op is Ops.RANGE:
-            trips.append(u.src[0].arg)
+            trips.append(u.src[0].arg if u.src[0].op is Ops.CONST else 1)  # a symbolic loop's trips are unknown
         elif u.op is Ops.ENDRANGE:
             trips.pop()
         elif u.op in GroupOp.ALU or u.op is Ops.ACC_UPDATE:

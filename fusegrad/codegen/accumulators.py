@@ -59,6 +59,8 @@ def _block_reduce(red: UOp, ctx: BlockSplitter) -> UOp | None:
     if red.arg is not Ops.ADD or not dtypes.is_float(red.dtype):
         return None
     value, ranges = red.src[0], red.src[1:]
+    if any(r.src[0].op is not Ops.CONST for r in ranges):
+        return None  # a symbolic loop's length is not known when compiling: it is summed plainly
     sizes = [r.src[0].arg for r in ranges]
     # a reduce over partial sums is a level above a block: its adds are few, so its blocks are short
     block = OUTER_BLOCK if value.op is Ops.REDUCE and value.arg is Ops.ADD else INNER_BLOCK

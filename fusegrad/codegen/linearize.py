@@ -82,6 +82,8 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
     for u in nodes:
         if u.op is Ops.LOAD and not deps[u]:
             run_steps(emit(u))
+    for r in global_ranges:  # a symbolic loop bound is computed before the loops
+        run_steps(emit(r.src[0]))
     lin.extend(global_ranges)
     done.update(global_ranges)
     open_ranges.update(global_ranges)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import itertools
 from fusegrad.dtype import dtypes
 from fusegrad.codegen.opt import Opt, OptError, check_opts, check_reduce_block, single_sum
-from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from fusegrad.uop.sint import smax
 from fusegrad.uop.symbolic import pm_symbolic
 from fusegrad.uop.trampoline import Step, run_steps
 
@@ -24,29 +24,33 @@ class Lowerer:
         # REDUCE_BLOCK: (the reduce, its loop over blocks, block size); its reduced index is blocks*size + within
         self.blocked: tuple[UOp, UOp, int] | None = None
 
-    def new_range(self, size: int, kind: str) -> UOp:
-        if size == 1:
+    def sz(self, d: int | UOp) -> UOp:
+        """A size or bound as an index-typed UOp: a constant, or a symbolic size over the kernel's variables."""
+        return d.cast(self.idx_dtype) if isinstance(d, UOp) else UOp.const(self.idx_dtype, d)
+
+    def new_range(self, size: int | UOp, kind: str) -> UOp:
+        if isinstance(size, int) and size == 1:
             return UOp.const(self.idx_dtype, 0)
-        r = UOp(Ops.RANGE, self.idx_dtype, (UOp.const(self.idx_dtype, size),), (self.next_range, kind))
+        r = UOp(Ops.RANGE, self.idx_dtype, (self.sz(size),), (self.next_range, kind))
         self.next_range += 1
         return r
 
-    def flat_index(self, idxs: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
-        out, stride = UOp.const(self.idx_dtype, 0), 1
+    def flat_index(self, idxs: tuple[UOp, ...], shape: tuple[int | UOp, ...]) -> UOp:
+        out, stride = UOp.const(self.idx_dtype, 0), self.sz(1)
         for i, d in reversed(list(zip(idxs, shape))):
-            if d != 1:
+            if not isinstance(d, int) or d != 1:
                 out = out + i * stride
-            stride *= d
+            stride = stride * self.sz(d)
         return out
 
-    def unflatten(self, flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
-        out, stride = [], 1
+    def unflatten(self, flat: UOp, shape: tuple[int | UOp, ...]) -> tuple[UOp, ...]:
+        out, stride = [], self.sz(1)
         for j, d in reversed(list(enumerate(shape))):
-            if d == 1:
+            if isinstance(d, int) and d == 1:
                 out.append(UOp.const(self.idx_dtype, 0))
             else:
-                out.append((flat // stride) % d if j > 0 else flat // stride)
-            stride *= d
+                out.append((flat // stride) % self.sz(d) if j > 0 else flat // stride)
+            stride = stride * self.sz(d)
         return tuple(reversed(out))
 
     def lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
@@ -65,6 +69,8 @@ class Lowerer:
             return UOp(Ops.LOAD, u.dtype, (u, idxs[0]) + (() if valid is TRUE else (valid,)))
         if op is Ops.CONST:
             return u
+        if op is Ops.DEFINE_VAR:
+            return u  # a bound variable's value used as data (a mean over a symbolic axis divides by it)
         if op is Ops.ARANGE:
             return idxs[0].cast(u.dtype)
         if op is Ops.RESHAPE:
@@ -86,18 +92,19 @@ class Lowerer:
             expanded = tuple(UOp.const(self.idx_dtype, 0) if o == 1 else i for i, o in zip(idxs, src[0].shape))
             return (yield self._lower_step(src[0], expanded, valid))
         if op is Ops.SHRINK:
-            return (yield self._lower_step(src[0], tuple(i + b if b else i for i, (b, _) in zip(idxs, u.arg)), valid))
+            shifted = tuple(i + self.sz(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
+            return (yield self._lower_step(src[0], shifted, valid))
         if op is Ops.FLIP:
-            flipped = tuple((d - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape))
+            flipped = tuple((self.sz(d) - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape))
             return (yield self._lower_step(src[0], flipped, valid))
         if op is Ops.PAD:
             in_bounds = TRUE
             for i, (b, a), d in zip(idxs, u.arg, src[0].shape):
-                if b:
-                    in_bounds = in_bounds & (i >= b)
-                if a:
-                    in_bounds = in_bounds & (i < d + b)
-            unpadded = tuple(i - b if b else i for i, (b, _) in zip(idxs, u.arg))
+                if _nonzero(b):
+                    in_bounds = in_bounds & (i >= self.sz(b))
+                if _nonzero(a):
+                    in_bounds = in_bounds & (i < self.sz(d) + self.sz(b))
+            unpadded = tuple(i - self.sz(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
             inner = yield self._lower_step(src[0], unpadded, valid & in_bounds)
             return in_bounds.where(inner, UOp.const(u.dtype, 0))
         if op is Ops.REDUCE_AXIS:
@@ -127,6 +134,10 @@ class Lowerer:
         if op in (Ops.CONTIGUOUS, Ops.DETACH):
             return (yield self._lower_step(src[0], idxs, valid))
         raise NotImplementedError(f"cannot lower {op} inside a kernel")
+
+
+def _nonzero(x: int | UOp) -> bool:
+    return isinstance(x, UOp) or x != 0
 
 
 def identity(op: Ops, dtype) -> object:
@@ -166,6 +177,8 @@ pm_loads = PatternMatcher(
 def _tile_start(r: UOp, amount: int, size: int) -> UOp:
     """First index of tile r of an axis cut into tiles of amount; a last partial tile is moved back to end at size,
     overlapping the one before it (its outputs are computed twice, to equal values)."""
+    if amount == 1:
+        return r
     if size % amount == 0 or r.op is Ops.CONST:
         return r * amount
     return (r * amount < size - amount).where(r * amount, UOp.const(r.dtype, size - amount))
@@ -178,7 +191,8 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     the blocks of a plain sum's reduce an output loop right after the first (the one threads split)."""
     store = ast.src[0]
     out, value = store.src
-    sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [prod(u.shape) for u in ast.toposort()]
+    # a symbolic shape counts at its largest (UOp.size)
+    sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [u.size for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
     shape = value.shape
     reduce = single_sum(value)
@@ -187,11 +201,16 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     reads_output = bool(opts) and (block is not None or reads_own_output(lower_kernel(ast)))
     applied = check_opts(opts, shape, reads_output)
     up, tiles = applied.upcasts, applied.tiles
-    counts = [-(-d // up.get(a, 1)) for a, d in enumerate(shape)]
+    # check_opts cuts no symbolic axis
+    counts = [d if up.get(a, 1) == 1 else -(-d // up[a]) for a, d in enumerate(shape)]
     lowerer = Lowerer(idx_dtype)
     outer: list[UOp] = []
+    # the outermost loop is the one threads split at a size fixed when compiling: a symbolic one gets a loop of one
+    # trip around it
+    first = next((c for c in counts if not isinstance(c, int) or c != 1), 1)
+    lead = UOp(Ops.RANGE, idx_dtype, (UOp.const(idx_dtype, 1),), (-1, "global")) if isinstance(first, UOp) else None
     for a, c in enumerate(counts):
-        outer.append(lowerer.new_range(-(-c // tiles.get(a, 1)), "global"))
+        outer.append(lowerer.new_range(c if tiles.get(a, 1) == 1 else -(-c // tiles[a]), "global"))
         # the loop over blocks comes right after the first output loop, the one threads split
         if block is not None and lowerer.blocked is None and outer[-1].op is Ops.RANGE:
             blocks = lowerer.new_range(reduce.src[0].shape[block.axis] // block.amount, "global")  # type: ignore[union-attr]
@@ -204,7 +223,10 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     stores = []
     for lanes in itertools.product(*(range(up.get(a, 1)) for a in range(len(shape)))):
         idxs = tuple(s + lane if lane else s for s, lane in zip(starts, lanes))
-        index = lowerer.flat_index(idxs, shape)
+        # a symbolic shape is stored in a buffer of its largest shape (schedule's view of it reads it that way)
+        index = lowerer.flat_index(idxs, tuple(smax(d) for d in shape))
+        if lead is not None:
+            index = index + lead
         partial = lowerer.lower(value, idxs, TRUE)
         if lowerer.blocked is not None:
             # the first block stores its partial; each later one adds its partial to what the blocks before stored

@@ -29,6 +29,8 @@ _runners: OrderedDict[tuple[str, UOp, int, int], Runner] = OrderedDict()
 MAX_LOADED_PROGRAMS = 1024
 # scheduling and running mutate shared state (buffer maps, realized values, counters): one realize at a time
 realize_lock = threading.RLock()
+# TinyJit's recorder while it captures a step (engine/jit.py): it sees every launch and refuses reads of data
+capturing: list[Any] = []
 
 
 def get_runner(device: str, ast: UOp) -> Runner:
@@ -68,6 +70,8 @@ def run_item(item: ScheduleItem) -> None:
         runner(list(item.buffers))
         name, ops = runner.info.name, runner.info.ops_estimate
     et = time.perf_counter() - st
+    if capturing:
+        capturing[-1].record(item, runner if item.ast.op is not Ops.COPY else None)
     mem = sum(b.nbytes for b in item.buffers)
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += ops
@@ -129,4 +133,4 @@ def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReader
     return results
 
 
-__all__ = ["realize_uops", "compile_schedule", "get_runner", "buffer_of", "realize_lock"]
+__all__ = ["realize_uops", "compile_schedule", "get_runner", "buffer_of", "realize_lock", "capturing"]

@@ -14,6 +14,7 @@ from fusegrad.helpers import DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule.multi import lower_multi
 from fusegrad.schedule.split_reduce import split_long_reduces
+from fusegrad.schedule.variables import KernelVars, arg_uops, symbolic_view
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.trampoline import Step, run_steps
 
@@ -190,6 +191,7 @@ class _Planner:
         self.points: dict[UOp, str] = {}  # realize point -> device
         self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
         self.items: list[ScheduleItem] = []
+        self.vars = KernelVars()  # the value of each bound variable in this schedule
         sink = UOp(Ops.SINK, src=tuple(roots))
         self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
         self.cost_memo: dict[UOp, int] = {}
@@ -416,7 +418,7 @@ class _Planner:
         params: dict[Buffer, UOp] = {}
         out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size))
         ast_value = self._to_ast(value, params, buffer_of[out], point, device)
-        ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)),))
+        ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)), *self.vars.take_kernel_vars()))
         self.items.append(ScheduleItem(ast, (buffer_of[out], *params), device))
         self.result[point] = _view(out, point.shape)
 
@@ -447,6 +449,8 @@ class _Planner:
                 ret = param(buffer_of[u])
             elif u.op is Ops.CONST and is_liftable_const(u):
                 ret = UOp(Ops.RESHAPE, u.dtype, (param(const_buffer(device, u.dtype, u.arg)),), ())
+            elif u.op is Ops.BIND:
+                ret = self.vars.kernel_var(u, device, param)  # its value is a parameter, not part of the AST
             elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
                 if not expanded:
                     stack.extend(((u, True), (u.src[0], False)))
@@ -458,7 +462,10 @@ class _Planner:
                     stack.extend((s, False) for s in reversed(u.src))
                     continue
                 new_src = tuple(memo[s] for s in u.src)
-                ret = u if new_src == u.src else u.replace(src=new_src)
+                if arg_uops(u):
+                    ret = u.replace(src=new_src, arg=self.vars.kernel_arg(u, device, param))
+                else:
+                    ret = u if new_src == u.src else u.replace(src=new_src)
             memo[u] = ret
         return memo[value]
 
@@ -490,6 +497,8 @@ def const_buffer(device: str, dtype: DType, value: float) -> Buffer:
 
 
 def _view(buf: UOp, shape: tuple[int, ...]) -> UOp:
+    if any(isinstance(d, UOp) for d in shape):
+        return symbolic_view(buf, shape)
     return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
 
 

@@ -69,6 +69,8 @@ def split_reduce(reduce: UOp) -> UOp | None:
     few_outputs = 0 < reduce.size < REDUCE_SPLIT_OUTPUTS_PER_THREAD * threads
     if not few_outputs or src.size < REDUCE_SPLIT_MIN_LENGTH * reduce.size:
         return None
+    if any(isinstance(d, UOp) for d in src.shape):
+        return None  # a symbolic length is not known when compiling: the reduce runs whole
     shape, merged_axes = _merge_reduce_runs(src.shape, axes)
     split_axis = max(merged_axes, key=lambda a: shape[a])
     chunks = chunk_count(shape[split_axis], threads)

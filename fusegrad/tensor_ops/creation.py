@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, to_dtype
+from fusegrad.engine.realize import capturing
 from fusegrad.helpers import argfix, prod
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule import buffer_uop
@@ -16,6 +17,7 @@ from fusegrad.schedule.multi import canonical_device, make_multi, multi_axis, sh
 from fusegrad.tensor_ops.pydata import py_scalar_const
 from fusegrad.tensor_ops.shapes import as_index, check_shape, is_index
 from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.sint import shape_str
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -23,12 +25,18 @@ if TYPE_CHECKING:
 Scalar = int | float | bool
 
 
-def threefry2x32(counter: Tensor, stream: int, key: int) -> Tensor:
-    """Threefry-2x32 with 20 rounds; returns the first output word as uint32 random bits."""
+def threefry2x32(counter: Tensor, stream: int | Tensor, key: int) -> Tensor:
+    """Threefry-2x32 with 20 rounds; returns the first output word as uint32 random bits. A stream given as a
+    one-element uint32 tensor is read from memory, so each new stream reuses one compiled kernel."""
     rotations = (13, 15, 26, 6, 17, 29, 16, 24)
     k0, k1 = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
     ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
-    x0, x1 = counter + ks[0], counter.full_like(stream & 0xFFFFFFFF) + ks[1]
+    stream_bits = (
+        stream.reshape((1,) * counter.ndim).expand(counter.shape)
+        if isinstance(stream, Tensor)
+        else counter.full_like(stream & 0xFFFFFFFF)
+    )
+    x0, x1 = counter + ks[0], stream_bits + ks[1]
     for group in range(5):
         for r in range(4):
             rot = rotations[(group % 2) * 4 + r]
@@ -134,6 +142,8 @@ class CreationMixin:
     def empty(*shape: Any, device: str | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
         Tensor._reject_kwargs("empty", kwargs)
         shape = check_shape(argfix(*shape))
+        if any(isinstance(d, UOp) for d in shape):
+            raise ValueError(f"empty() allocates storage, so its shape must be concrete, got {shape_str(shape)}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         placement = canonical_device(device)
         if isinstance(placement, tuple):  # replicated: one uninitialized buffer per device
@@ -239,6 +249,8 @@ class CreationMixin:
     @staticmethod
     def _random_bits(shape: tuple[int, ...], device: str | None) -> Tensor:
         """uint32 random bits from Threefry-2x32 (20 rounds) over (element index, call number) with the seed as key."""
+        if any(isinstance(d, UOp) for d in shape):
+            raise NotImplementedError(f"random tensors need a concrete shape, got {shape_str(shape)}; shrink after")
         Tensor._rng_calls += 1
         n = prod(shape)
         counter = (
@@ -246,7 +258,9 @@ class CreationMixin:
             if n < 2**31
             else Tensor.arange(n, device=device).cast(dtypes.uint32)
         )
-        return threefry2x32(counter, Tensor._rng_calls, Tensor._seed).reshape(shape)
+        # while a TinyJit captures, the call number comes from a buffer, so each replay draws new numbers
+        stream = capturing[-1].rng_stream(counter.device, Tensor._rng_calls) if capturing else Tensor._rng_calls
+        return threefry2x32(counter, stream, Tensor._seed).reshape(shape)
 
     @staticmethod
     def rand(

@@ -17,8 +17,9 @@ from fusegrad.dtype import dtypes
 from fusegrad.engine.checks import IndexCheck, register_check
 from fusegrad.helpers import CHECK_OOB, prod
 from fusegrad.schedule import base_buffer, buffer_of, is_contiguous_view
-from fusegrad.tensor_ops.shapes import broadcast_shape
+from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
 from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.sint import sadd, ssub
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -172,6 +173,16 @@ def _unview(x: UOp, views: list[UOp]) -> UOp:
     return x
 
 
+def _symbolic_window(e: slice, size: Any) -> tuple[Any, Any, int]:
+    """(start, count, 1) of a slice with a symbolic bound or size: step 1, bounds not clamped (shrink checks them)."""
+    if e.step not in (None, 1):
+        raise IndexError(f"a slice with a symbolic bound or size takes step 1, got {e.step}")
+    start = 0 if e.start is None else e.start
+    stop = size if e.stop is None else e.stop
+    start, stop = (sadd(v, size) if isinstance(v, int) and v < 0 else v for v in (start, stop))
+    return start, ssub(stop, start), 1
+
+
 class IndexingMixin:
     # ------------------------------------------------------------------ __getitem__ / __setitem__
     def _index_entry(self, i: Any) -> Any:
@@ -180,10 +191,14 @@ class IndexingMixin:
             raise IndexError(f"index {i!r} of type {type(i).__name__} is not supported ({NO_MASKS})")
         if isinstance(i, (int, np.integer)):
             return int(i)
+        if isinstance(i, UOp):
+            return check_sym("index", i)  # a symbolic position (API.md 6.2): a shrink of one element
         if i is None or i is Ellipsis:
             return i
         if isinstance(i, slice):
             for v in (i.start, i.stop, i.step):
+                if isinstance(v, UOp) and v is not i.step:
+                    continue  # a symbolic bound (API.md 6.2), checked when the shrink is built
                 if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)):
                     raise TypeError(f"slice bounds must be ints or None, got {type(v).__name__} in {i!r}")
             if i.step == 0:
@@ -235,10 +250,15 @@ class IndexingMixin:
                 adv_index.append(e)
                 adv_source_dims.append(dim)
                 view_shape.append(size)
+            elif isinstance(e, UOp):
+                windows.append((e, 1, 1))  # negative positions are not wrapped: shrink checks the bounds
             elif isinstance(e, int):
                 if not -size <= e < size:
                     raise IndexError(f"index {e} is out of bounds for dimension {dim} with size {size}")
                 windows.append((e + size if e < 0 else e, 1, 1))
+            elif any(isinstance(v, UOp) for v in (e.start, e.stop, size)):
+                windows.append(_symbolic_window(e, size))
+                view_shape.append(windows[-1][1])
             else:
                 start, stop, step = e.indices(size)
                 windows.append((start, len(range(start, stop, step)), step))

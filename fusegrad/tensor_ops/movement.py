@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from fusegrad.dtype import dtypes, least_upper_dtype
 from fusegrad.helpers import argfix, prod
 from fusegrad.tensor_ops.pydata import check_py_values, py_scalar
-from fusegrad.tensor_ops.shapes import as_index, check_shape, is_index, pad_pairs
+from fusegrad.tensor_ops.shapes import as_index, check_shape, check_sym, is_index, pad_pairs
 from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.sint import bound_value, canonical, shape_str, smax, smin, sprod, ssub, sym_str
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -60,6 +61,11 @@ def _rearrange_side(side: str) -> list[list[str] | str]:
     return items
 
 
+def _bound(x: Any) -> Any:
+    """A shrink bound: an int, or a symbolic one (a bound Variable expression) in canonical form."""
+    return canonical(check_sym("shrink", x)) if isinstance(x, UOp) else int(x)
+
+
 class MovementMixin:
     # ------------------------------------------------------------------ G15: shape and layout
     def reshape(self, shape: Any, *args: Any) -> Tensor:
@@ -70,13 +76,25 @@ class MovementMixin:
         if new.count(-1) > 1:
             raise RuntimeError(f"only one dimension can be inferred in reshape {tuple(new)}")
         if -1 in new:
-            known = prod(d for d in new if d != -1)
+            known = sprod(d for d in new if not isinstance(d, int) or d != -1)
+            if isinstance(known, UOp) or isinstance(self.numel(), UOp):
+                raise ValueError(f"cannot infer a -1 in reshape {tuple(new)} of a symbolic shape {self.shape}")
             if known == 0 or self.numel() % known:
                 raise ValueError(f"cannot reshape {self.shape} into {tuple(new)}")
             new[new.index(-1)] = self.numel() // known
         shape_t = check_shape(tuple(new))
-        if prod(shape_t) != self.numel():
-            raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) into {shape_t}")
+        if (numel := sprod(shape_t)) is not self.numel() and numel != self.numel():
+            # symbolic counts agree when their forms do, or (a concrete buffer viewed symbolically) their bound values
+            if (
+                isinstance(numel, int)
+                and isinstance(self.numel(), int)
+                or bound_value(numel) != bound_value(self.numel())
+                or smax(numel) > smax(self.numel())  # some value of the variables would read past the data
+            ):
+                raise ValueError(
+                    f"cannot reshape {shape_str(self.shape)} ({sym_str(self.numel())} elements) into "
+                    f"{shape_str(shape_t)}"
+                )
         return self if shape_t == self.shape else self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape_t))
 
     def view(self, shape: Any, *args: Any) -> Tensor:
@@ -116,7 +134,7 @@ class MovementMixin:
             return self.reshape(1)
         if s > e:
             raise RuntimeError(f"flatten start_dim {start_dim} comes after end_dim {end_dim} for shape {self.shape}")
-        return self.reshape(self.shape[:s] + (prod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
+        return self.reshape(self.shape[:s] + (sprod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
 
     def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
         d, sizes = self._axis(dim), list(sizes)
@@ -146,13 +164,23 @@ class MovementMixin:
     def shrink(self, arg: Sequence[tuple[int, int] | None]) -> Tensor:
         if len(arg) != self.ndim:
             raise ValueError(f"shrink needs one entry per dim ({self.ndim}), got {len(arg)}")
-        if any(a is not None and (len(a) != 2 or not all(is_index(x) for x in a)) for a in arg):
+        if any(a is not None and (len(a) != 2 or not all(is_index(x) or isinstance(x, UOp) for x in a)) for a in arg):
             raise TypeError(f"shrink bounds {tuple(arg)} must be (start, end) int pairs or None")
-        bounds = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
+        bounds = tuple((0, s) if a is None else (_bound(a[0]), _bound(a[1])) for a, s in zip(arg, self.shape))
         for (b, e), s in zip(bounds, self.shape):
-            if not 0 <= b <= e <= s:
-                raise ValueError(f"shrink bounds {tuple(arg)} are invalid for shape {self.shape}")
-        if all(b == 0 and e == s for (b, e), s in zip(bounds, self.shape)):
+            # symbolic bounds are checked at the values their variables are bound to now
+            if not 0 <= bound_value(b) <= bound_value(e) <= bound_value(s):
+                shown = "(" + ", ".join(f"({sym_str(b)}, {sym_str(e)})" for b, e in bounds) + ")"
+                shown = str(tuple(arg)) if all(isinstance(x, int) for p in bounds for x in p) else shown
+                raise ValueError(f"shrink bounds {shown} are invalid for shape {shape_str(self.shape)}")
+            # one kernel serves every value: the view must stay inside the largest shape for all of them
+            if smin(b) < 0 or smax(e) > smax(s) or smin(ssub(e, b)) < 0:
+                shown = "(" + ", ".join(f"({sym_str(b)}, {sym_str(e)})" for b, e in bounds) + ")"
+                raise ValueError(
+                    f"shrink bounds {shown} leave shape {shape_str(self.shape)} (at most "
+                    f"{shape_str(self.max_shape)}) for some values in their variables' ranges"
+                )
+        if all(b == 0 and e is s or b == 0 and e == s for (b, e), s in zip(bounds, self.shape)):
             return self
         return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), bounds))
 
@@ -182,6 +210,10 @@ class MovementMixin:
         if dtypes.is_int(self.dtype):  # a fill the dtype cannot hold is refused like Tensor([value], dtype=...)
             value = check_py_values([py_scalar(value)], self.dtype)[0]
         pads = pad_pairs(padding, self.ndim)
+        if any(isinstance(x, UOp) for p in pads for x in p) or any(isinstance(d, UOp) for d in self.shape):
+            if mode != "constant" or any(bound_value(x) < 0 for p in pads for x in p):
+                raise NotImplementedError(f"symbolic sizes pad only in constant mode by >= 0, got {mode!r} {pads}")
+            return self._pad_const(pads, value)
         for (b, a), s in zip(pads, self.shape):
             if s + b + a < 0 or (mode == "circular" and s + min(b, 0) + min(a, 0) < 0):
                 raise RuntimeError(f"padding {tuple(padding)} crops dim of size {s} to a negative size")

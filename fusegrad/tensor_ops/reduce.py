@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
-from fusegrad.helpers import SUM_DTYPE, ceildiv, prod
-from fusegrad.uop.ops import Ops, reduce_identity
+from fusegrad.helpers import SUM_DTYPE, ceildiv
+from fusegrad.uop.ops import Ops, UOp, reduce_identity
+from fusegrad.uop.sint import canonical, sprod, ssub
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor  # noqa: I001, TC004 (bound at runtime, see tensor_ops/__init__.py)
@@ -101,7 +102,7 @@ def _scan_last(x: Tensor, scan: _Scan) -> Tensor:
 class ReduceMixin:
     # ------------------------------------------------------------------ reductions (G13)
     def _reduced_count(self, axis: Axis) -> int:
-        return prod(self.shape[i] for i in self._axes(axis))
+        return sprod(self.shape[i] for i in self._axes(axis))
 
     def _order_flip(self) -> Tensor:
         """An order-reversing bijection (negation, bitwise not), so min/argmin/cummin reuse the max code;
@@ -148,7 +149,12 @@ class ReduceMixin:
     def var(self, axis: Axis = None, keepdim: bool = False, correction: float = 1) -> Tensor:
         x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.float32)
         squares = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-        return squares / max(self._reduced_count(axis) - correction, 0)
+        count = self._reduced_count(axis)
+        if isinstance(count, UOp):  # a symbolic count: max(count - correction, 0) is computed in the kernel
+            if correction != int(correction):
+                raise NotImplementedError(f"var over a symbolic count takes an integer correction, got {correction}")
+            return squares / canonical(ssub(count, int(correction)).maximum(0))
+        return squares / max(count - correction, 0)
 
     def std(self, axis: Axis = None, keepdim: bool = False, correction: float = 1) -> Tensor:
         variance = self.var(axis, keepdim, correction)

@@ -31,7 +31,8 @@ class Ops(Enum):
     # kernel level
     SINK = auto()
     DEFINE_GLOBAL = auto()
-    DEFINE_VAR = auto()
+    DEFINE_VAR = auto()  # a named symbolic int, arg (name, min, max, multiple_of); in a kernel its src is the param
+    BIND = auto()  # a DEFINE_VAR bound to a value: src (DEFINE_VAR, CONST value); ranges and kernels use the var's
     RANGE = auto()
     REDUCE = auto()  # noqa: E702
     LOAD = auto()
@@ -144,6 +145,10 @@ class UOp(metaclass=UOpMeta):
         return (_rebuild_graph, (tuple((n.op, n.dtype, tuple(index[s] for s in n.src), n.arg) for n in nodes),))
 
     def __repr__(self) -> str:
+        if self.op is Ops.DEFINE_VAR or self.op is Ops.BIND or self.op in GroupOp.ALU and _is_symbolic_size(self):
+            from fusegrad.uop.sint import sym_repr
+
+            return sym_repr(self)
         return pretty(self)
 
     def replace(self, **kwargs: Any) -> UOp:
@@ -237,6 +242,28 @@ class UOp(metaclass=UOpMeta):
     def cast(self, dtype: DType) -> UOp:
         return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
 
+    # ---- symbolic variables (API.md 6.2): see uop/sint.py
+    def bind(self, val: int) -> UOp:
+        """This DEFINE_VAR bound to `val` (in range and a multiple of multiple_of, else AssertionError)."""
+        assert self.op is Ops.DEFINE_VAR, f"only a Variable can be bound, not {self.op}"
+        name, lo, hi, multiple_of = self.arg
+        assert isinstance(val, int) and not isinstance(val, bool), f"Variable {name!r} binds an int, got {val!r}"
+        assert lo <= val <= hi, f"Variable {name!r} bound to {val}, outside its range [{lo}, {hi}]"
+        assert val % multiple_of == 0, f"Variable {name!r} bound to {val}, not a multiple of {multiple_of}"
+        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, val)))
+
+    def unbind(self) -> tuple[UOp, int]:
+        """(variable, value) of a bound variable."""
+        assert self.op is Ops.BIND, f"unbind needs a bound variable, got {self.op}"
+        return self.src[0], self.src[1].arg
+
+    @property
+    def expr(self) -> str:
+        """A variable's name (bound or not); any other symbolic expression as text."""
+        from fusegrad.uop.sint import sym_str
+
+        return sym_str(self)
+
     # ---- shapes of tensor-level nodes
     @property
     def shape(self) -> tuple[int, ...]:
@@ -251,10 +278,11 @@ class UOp(metaclass=UOpMeta):
 
     @property
     def size(self) -> int:
+        """Element count; for a symbolic shape the largest it can be (what a buffer for it must hold)."""
         try:
             return self._size
         except AttributeError:
-            self._size = prod(self.shape)
+            self._size = prod(d if isinstance(d, int) else d.vmax for d in self.shape)
             return self._size
 
     # ---- value ranges of kernel-level integer nodes
@@ -276,6 +304,16 @@ class UOp(metaclass=UOpMeta):
         for n in _uncached_postorder(self, "_vrange", range_sources):
             n._vrange = value_range(n)
         return self._vrange
+
+
+def _is_symbolic_size(u: UOp) -> bool:
+    """An integer expression over variables (a symbolic size), printed as its formula."""
+    nodes = u.toposort(gate=lambda x: x.op is not Ops.BIND)
+    return (
+        len(nodes) < 64
+        and any(n.op in (Ops.DEFINE_VAR, Ops.BIND) for n in nodes)
+        and all(n.op in GroupOp.ALU or n.op in (Ops.CONST, Ops.BIND, Ops.DEFINE_VAR) for n in nodes)
+    )
 
 
 def _rebuild_graph(table: tuple[tuple[Ops, DType, tuple[int, ...], Any], ...]) -> UOp:
@@ -309,6 +347,8 @@ def _shape_sources(u: UOp) -> tuple[UOp, ...]:
     """The sources _infer_shape reads the shape of."""
     if u.op in (Ops.BUFFER, Ops.DEFINE_GLOBAL, Ops.CONST, Ops.ARANGE, Ops.RESHAPE, Ops.EXPAND, Ops.SINK):
         return ()
+    if u.op in (Ops.DEFINE_VAR, Ops.BIND):
+        return ()
     if u.op is Ops.STORE:
         return u.src[1:2]
     return u.src if u.op in GroupOp.ALU else u.src[:1]
@@ -319,8 +359,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
         return (u.arg[2],)
     if u.op is Ops.DEFINE_GLOBAL:
         return (u.arg[1],)
-    if u.op is Ops.CONST:
-        return ()
+    if u.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.BIND):
+        return ()  # a symbolic int is a 0-d value too (a mean over a symbolic axis divides by it)
     if u.op is Ops.ARANGE:
         return (u.arg,)
     if u.op in (Ops.RESHAPE, Ops.EXPAND):
@@ -329,8 +369,16 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
     if u.op is Ops.PERMUTE:
         return tuple(s[i] for i in u.arg)
     if u.op is Ops.PAD:
+        if any(isinstance(x, UOp) for x in (*s, *(v for p in u.arg for v in p))):
+            from fusegrad.uop.sint import sadd
+
+            return tuple(sadd(sadd(d, b), a) for d, (b, a) in zip(s, u.arg))
         return tuple(d + b + a for d, (b, a) in zip(s, u.arg))
     if u.op is Ops.SHRINK:
+        if any(isinstance(v, UOp) for p in u.arg for v in p):
+            from fusegrad.uop.sint import ssub
+
+            return tuple(ssub(e, b) for b, e in u.arg)
         return tuple(e - b for b, e in u.arg)
     if u.op is Ops.REDUCE_AXIS:
         return tuple(1 if i in u.arg[1] else d for i, d in enumerate(s))

@@ -58,9 +58,12 @@ def _alu_reason(u: UOp) -> str | None:
 
 
 def _range_reason(u: UOp) -> str | None:
-    if len(u.src) != 1 or u.src[0].op is not Ops.CONST or not dtypes.is_int(u.dtype) or u.src[0].arg < 0:
-        # an empty loop (a reduce over a 0-sized axis) runs zero times and leaves the identity
-        return f"a RANGE counts an integer to a non-negative constant, got {[s.op.name for s in u.src]}"
+    if len(u.src) != 1 or not dtypes.is_int(u.dtype) or u.src[0].dtype is not u.dtype:
+        return f"a RANGE counts an integer to a bound of its dtype, got {[s.op.name for s in u.src]}"
+    if u.src[0].op is Ops.CONST and u.src[0].arg < 0:
+        # an empty loop (a reduce over a 0-sized axis) runs zero times and leaves the identity; a symbolic bound (a
+        # bound variable's size) is checked non-negative when the variable is bound
+        return f"a RANGE counts to a non-negative constant or a symbolic size, got {u.src[0].arg}"
     if not (isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[1] in ("global", "reduce")):
         return "a RANGE's arg is (id, 'global' | 'reduce')"
     return None

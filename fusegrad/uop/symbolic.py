@@ -23,6 +23,8 @@ def value_range(u: UOp) -> tuple[Any, Any]:
         return (0, u.src[0].vmax - 1)
     if u.op is Ops.DEFINE_VAR:
         return (u.arg[1], u.arg[2])
+    if u.op is Ops.BIND:
+        return u.src[0].vmin, u.src[0].vmax  # the variable's range: what is proven holds for every value it takes
     if not (dtypes.is_int(dt) or dt is dtypes.bool):
         return (dt.min, dt.max)
     s = u.src
@@ -72,7 +74,7 @@ def value_range(u: UOp) -> tuple[Any, Any]:
 
 def range_sources(u: UOp) -> tuple[UOp, ...]:
     """The sources value_range reads the range of (UOp caches ranges sources first, without recursion)."""
-    if u.op is Ops.RANGE:
+    if u.op in (Ops.RANGE, Ops.BIND):
         return u.src[:1]
     if u.op in (Ops.CONST, Ops.DEFINE_VAR) or not (dtypes.is_int(u.dtype) or u.dtype is dtypes.bool):
         return ()
@@ -257,7 +259,7 @@ def simplify(u: UOp) -> UOp:
 def sym_eval(u: UOp, env: dict[UOp, Any]) -> Any:
     """Evaluate an expression graph with Python semantics; env gives values of RANGE / DEFINE_VAR leaves."""
     vals: dict[UOp, Any] = {}
-    for n in u.toposort():
+    for n in u.toposort(gate=lambda x: x not in env):  # a leaf given a value (a BIND) is not looked into
         if n in env:
             vals[n] = env[n]
         elif n.op is Ops.CONST:

@@ -53,6 +53,9 @@ def check_opts(opts: tuple[Opt, ...] | list[Opt], shape: tuple[int, ...], reads_
             continue  # check_reduce_block
         if not isinstance(opt.axis, int) or not 0 <= opt.axis < len(shape):
             raise OptError(f"{opt}: axis {opt.axis!r} is not an axis of the output shape {shape}")
+        if isinstance(shape[opt.axis], UOp):
+            # a tile of a symbolic axis could end past the value the variable takes at run time
+            raise OptError(f"{opt}: axis {opt.axis} has a symbolic size; only axes of constant size are cut")
         if opt.op is OptOps.UPCAST:
             size = shape[opt.axis]
             if not isinstance(opt.amount, int) or opt.amount < 2:
@@ -103,6 +106,8 @@ def check_reduce_block(opts: tuple[Opt, ...] | list[Opt], reduce: tuple[tuple[in
     if opt.axis != axis:
         raise OptError(f"{opt}: axis {opt.axis!r} is not the reduced axis {axis} of the reduce's input {shape}")
     size = shape[axis]
+    if isinstance(size, UOp):
+        raise OptError(f"{opt}: the reduced axis {axis} has a symbolic size; only constant sizes are blocked")
     if not isinstance(opt.amount, int) or opt.amount < 1 or size % opt.amount or opt.amount == size:
         raise OptError(f"{opt}: amount must divide the reduced size {size} into more than one block")
     return opt

@@ -166,8 +166,8 @@ def actions(ast: UOp) -> list[Opt]:
     width = max(vector_bytes() // max(value.dtype.itemsize, 1), 1)
     out: list[Opt] = []
     for axis, size in enumerate(value.shape):
-        if size == 1:
-            continue
+        if not isinstance(size, int) or size == 1:
+            continue  # a symbolic axis is never cut (check_opts refuses it)
         for amount in sorted(set(UPCAST_AMOUNTS) | {width, 2 * width, 3 * width}):
             if 2 <= amount <= size:
                 out.append(Opt(OptOps.UPCAST, axis, amount))
@@ -175,6 +175,7 @@ def actions(ast: UOp) -> list[Opt]:
     if (red := single_sum(value)) is not None:
         axis = red.arg[1][0]
         size = red.src[0].shape[axis]
+        size = size if isinstance(size, int) else 0  # a symbolic reduce is not blocked
         out.extend(Opt(OptOps.REDUCE_BLOCK, axis, a) for a in REDUCE_BLOCK_AMOUNTS if a < size and size % a == 0)
     return out
 

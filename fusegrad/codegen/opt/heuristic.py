@@ -45,6 +45,9 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
         if (r := ranges.get(len(axis_range))) is not None and r.arg[1] == "global":
             axis_range[axis] = r
         axis_range.setdefault(axis, None)  # type: ignore[arg-type]
+    for axis, d in enumerate(value.shape):
+        if isinstance(d, UOp):
+            axis_range[axis] = None  # type: ignore[assignment]  # a symbolic axis is never cut (check_opts refuses)
     axes = [a for a, r in axis_range.items() if r is not None]
     if not axes:
         return []
@@ -59,8 +62,10 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     if row is None or value.dtype not in (dtypes.float32, dtypes.float64):
         amount = next((up for up in COLUMN_UPCASTS if cols % up == 0 and cols > up), None)
         return [Opt(OptOps.UPCAST, col, amount)] if amount else []
-    reduce_size = prod(r.src[0].arg for r in reduces)
-    if (block := _reduce_block(value, reduce_size)) is not None:
+    # a symbolic reduce counts at its largest for the tile blocks, and is not blocked (its size is not known)
+    reduce_size = prod(r.src[0].vmax for r in reduces)
+    symbolic_reduce = any(r.src[0].op is not Ops.CONST for r in reduces)
+    if not symbolic_reduce and (block := _reduce_block(value, reduce_size)) is not None:
         # partial sums added in memory read the output: only tiles that divide it
         opts = _register_tile(value, row, col, block.amount, exact=True)
         # the loop over blocks runs inside an output loop, which threads split: some axis needs more than one tile

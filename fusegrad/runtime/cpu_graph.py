@@ -1,0 +1,197 @@
+"""A graph of the CPU device: a batch of loaded kernels launched in order by one C call (TinyJit's replay).
+
+The batch is a table of entries (kernel function pointer, its buffer addresses, how its outer loop is split over
+threads); a small C runner, compiled once by the CPU device's compiler, walks the table. A kernel the CPU device would
+split over threads is split the same way here, over the runner's own worker threads (NUM_CPU_THREADS - 1 of them, as
+the Python pool has): the two pools never run at once, since launches and replays hold the realize lock."""
+
+from __future__ import annotations
+import ctypes
+import functools
+import threading
+from dataclasses import dataclass
+from fusegrad.helpers import NUM_CPU_THREADS
+from fusegrad.runtime.device import Buffer
+from fusegrad.runtime.ops_cpu import CPUProgram
+
+# kernels with more buffers than this are launched from Python (the C switch has one case per arity)
+MAX_KERNEL_ARGS = 48
+MAX_WORKERS = 63
+
+
+def _runner_source() -> str:
+    arities = "\n".join(
+        f"typedef void (*fg_k{n})({'void*, ' * n}long long, long long);\n" for n in range(MAX_KERNEL_ARGS + 1)
+    )
+    cases = "\n".join(
+        f"    case {n}: ((fg_k{n})f)({''.join(f'a[{i}], ' for i in range(n))}s, e); break;"
+        for n in range(MAX_KERNEL_ARGS + 1)
+    )
+    return f"""#include <pthread.h>
+#include <string.h>
+{arities}
+static void fg_call(void *f, int n, void **a, long long s, long long e) {{
+  switch (n) {{
+{cases}
+    default: break;
+  }}
+}}
+
+/* the kernel being split: workers and the caller take its chunks from `next` until none is left */
+static struct {{ void *f; int n; void **a; long long *bounds; int chunks; int next; int busy; long gen; }} job;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t go = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
+static int nworkers = 0;
+
+static void fg_take_chunks(void) {{
+  for (;;) {{
+    int c = __atomic_fetch_add(&job.next, 1, __ATOMIC_ACQ_REL);
+    if (c >= job.chunks) return;
+    fg_call(job.f, job.n, job.a, job.bounds[c], job.bounds[c + 1]);
+  }}
+}}
+
+static void *fg_worker(void *arg) {{
+  (void)arg;
+  long seen = 0;
+  pthread_mutex_lock(&mu);
+  for (;;) {{
+    while (job.gen == seen) pthread_cond_wait(&go, &mu);
+    seen = job.gen;
+    job.busy++;
+    pthread_mutex_unlock(&mu);
+    fg_take_chunks();
+    pthread_mutex_lock(&mu);
+    if (--job.busy == 0) pthread_cond_signal(&done);
+  }}
+  return 0;
+}}
+
+int fg_start_workers(int n) {{
+  pthread_mutex_lock(&mu);
+  while (nworkers < n) {{
+    pthread_t t;
+    if (pthread_create(&t, 0, fg_worker, 0) != 0) break;
+    pthread_detach(t);
+    nworkers++;
+  }}
+  int started = nworkers;
+  pthread_mutex_unlock(&mu);
+  return started;
+}}
+
+static void fg_split(void *f, int n, void **a, long long *bounds, int chunks) {{
+  pthread_mutex_lock(&mu);
+  /* a worker that woke late for the previous job may still be in it: the fields change only once it has left */
+  while (job.busy > 0) pthread_cond_wait(&done, &mu);
+  job.f = f; job.n = n; job.a = a; job.bounds = bounds; job.chunks = chunks; job.next = 0;
+  job.gen++;
+  pthread_cond_broadcast(&go);
+  pthread_mutex_unlock(&mu);
+  fg_take_chunks();
+  pthread_mutex_lock(&mu);
+  while (job.busy > 0) pthread_cond_wait(&done, &mu);
+  pthread_mutex_unlock(&mu);
+}}
+
+/* entry i: nargs[i] >= 0 launches fns[i] on args[arg_off[i]..] over its chunks (bounds[bound_off[i]..], chunks[i]
+   of them); nargs[i] == -1 copies bounds[bound_off[i]] bytes from args[arg_off[i] + 1] to args[arg_off[i]] */
+void fg_run_graph(int count, void **fns, int *nargs, void **args, int *arg_off, long long *bounds, int *bound_off,
+                  int *chunks) {{
+  for (int i = 0; i < count; i++) {{
+    void **a = args + arg_off[i];
+    long long *b = bounds + bound_off[i];
+    if (nargs[i] < 0) memcpy(a[0], a[1], (size_t)b[0]);
+    else if (chunks[i] > 1 && nworkers > 0) fg_split(fns[i], nargs[i], a, b, chunks[i]);
+    else fg_call(fns[i], nargs[i], a, b[0], b[chunks[i]]);
+  }}
+}}
+"""
+
+
+_start_lock = threading.Lock()
+
+
+@functools.cache
+def _graph_library() -> ctypes.CDLL:
+    from fusegrad.runtime.device import Device
+
+    lib = Device["CPU"].compiler.load(_runner_source(), "fg_graph_runner")
+    lib.fg_run_graph.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7
+    lib.fg_run_graph.restype = None
+    lib.fg_start_workers.argtypes = [ctypes.c_int]
+    lib.fg_start_workers.restype = ctypes.c_int
+    return lib
+
+
+def chunk_bounds(program: CPUProgram, threads: int) -> list[int]:
+    """The outer-loop split CPUProgram uses for this kernel with `threads` threads (one chunk: no split)."""
+    if threads <= 1 or program.outer_size < 2 or program.ops < program.MIN_OPS_PER_THREAD * 2:
+        return [0, program.outer_size]
+    n = min(threads, program.outer_size, max(program.ops // program.MIN_OPS_PER_THREAD, 1))
+    return [program.outer_size * i // n for i in range(n + 1)]
+
+
+@dataclass(frozen=True)
+class GraphEntry:
+    """One launch of a batch: a CPU kernel on buffers, or (program None) a copy of buffers[1] into buffers[0]."""
+
+    program: CPUProgram | None
+    buffers: tuple[Buffer, ...]
+
+
+def batchable(program: object, nbuffers: int) -> bool:
+    return isinstance(program, CPUProgram) and nbuffers <= MAX_KERNEL_ARGS
+
+
+class CPUGraph:
+    """A batch of launches compiled into argument tables once; `slots` says where each buffer's address sits, so a
+    replay swaps buffers (new inputs) by rewriting table cells and runs the batch in one call."""
+
+    def __init__(self, entries: list[GraphEntry]):
+        self.lib = _graph_library()
+        threads = int(NUM_CPU_THREADS.value)
+        with _start_lock:
+            self.lib.fg_start_workers(min(max(threads - 1, 0), MAX_WORKERS))
+        self.entries = entries
+        n = len(entries)
+        fns, nargs, arg_off, bound_off, chunks = [], [], [], [], []
+        flat_args: list[Buffer] = []
+        bounds: list[int] = []
+        for e in entries:
+            arg_off.append(len(flat_args))
+            bound_off.append(len(bounds))
+            flat_args.extend(e.buffers)
+            if e.program is None:
+                fns.append(None)
+                nargs.append(-1)
+                chunks.append(1)
+                bounds.extend((min(e.buffers[0].nbytes, e.buffers[1].nbytes), 0))
+            else:
+                fns.append(ctypes.cast(e.program.fn, ctypes.c_void_p).value)
+                nargs.append(len(e.buffers))
+                b = chunk_bounds(e.program, threads)
+                chunks.append(len(b) - 1)
+                bounds.extend(b)
+        self.count = n
+        self.fns = (ctypes.c_void_p * n)(*fns)
+        self.nargs = (ctypes.c_int * n)(*nargs)
+        self.args = (ctypes.c_void_p * max(len(flat_args), 1))(*(b.address() for b in flat_args))
+        self.arg_off = (ctypes.c_int * n)(*arg_off)  # entry i's buffer addresses start at cell arg_off[i]
+        self.bounds = (ctypes.c_longlong * max(len(bounds), 1))(*bounds)
+        self.bound_off = (ctypes.c_int * n)(*bound_off)
+        self.chunks = (ctypes.c_int * n)(*chunks)
+        self.slots: dict[Buffer, list[int]] = {}
+        for i, b in enumerate(flat_args):
+            self.slots.setdefault(b, []).append(i)
+        self._call_args = tuple(
+            ctypes.addressof(a)
+            for a in (self.fns, self.nargs, self.args, self.arg_off, self.bounds, self.bound_off, self.chunks)
+        )
+
+    def set_address(self, slots: list[int], address: int) -> None:
+        for i in slots:
+            self.args[i] = address
+
+    def __call__(self) -> None:
+        self.lib.fg_run_graph(self.count, *self._call_args)
