@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusegrad import Tensor, dtypes, nn
+from fusegrad import Tensor, TinyJit, dtypes, nn
 from fusegrad.models.generate import KVCache, causal_mask
 from fusegrad.models.weights import embedding_rows, load_into
 from fusegrad.nn.state import safe_load
@@ -105,6 +105,7 @@ class GPT2:
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self._caches: list[KVCache] | None = None
         self._host_tables: tuple[np.ndarray, np.ndarray] | None = None
+        self._steps: dict[int, TinyJit] = {}  # one captured step per chunk size (prefill chunks, decode tokens)
 
     @staticmethod
     def from_pretrained(model_dir: str | Path, max_context: int | None = None) -> GPT2:
@@ -119,8 +120,8 @@ class GPT2:
         return model
 
     def reset(self) -> None:
-        """Forget the cached keys and values (the next forward starts a new sequence)."""
-        self._caches = None
+        """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
+        current position are masked, and a new sequence writes every slot before it reads it."""
 
     def forward(self, ids: np.ndarray, pos: int) -> Tensor:
         ids = np.asarray(ids, np.int32).reshape(-1)
@@ -137,8 +138,13 @@ class GPT2:
             self._host_tables = (self.wte.weight.numpy(), self.wpe.weight.numpy())
         words, places = self._host_tables
         x = embedding_rows(words, ids) + embedding_rows(places, np.arange(pos, pos + len(ids)))
-        pos_t = Tensor([pos], dtype=dtypes.int32)
-        mask = causal_mask(pos_t, len(ids), self.max_context)
+        step = self._steps.setdefault(len(ids), TinyJit(self._step))
+        return step(x.realize(), Tensor([pos], dtype=dtypes.int32).realize())
+
+    def _step(self, x: Tensor, pos: Tensor) -> Tensor:
+        """Logits of a chunk's embeddings x at position pos (a 1-element tensor): the same kernels for every pos."""
+        assert self._caches is not None
+        mask = causal_mask(pos, x.shape[0], self.max_context)
         for block, cache in zip(self.h, self._caches):
-            x = block(x, cache, pos_t, mask)
-        return self.ln_f(x) @ self.wte.weight.T
+            x = block(x, cache, pos, mask)
+        return (self.ln_f(x) @ self.wte.weight.T).realize()

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fusegrad import Device, Tensor, dtypes
+from fusegrad import Device, Tensor, TinyJit, dtypes
 from fusegrad.helpers import _Progress
 from fusegrad.models.generate import KVCache, causal_mask
 from fusegrad.nn.state import GGMLQuantized, gguf_load
@@ -250,6 +250,7 @@ class Llama:
         self._cos, self._sin = cos[: self.max_context], sin[: self.max_context]
         self._caches: list[KVCache] | None = None
         self._embed_rows = self._embedding_table()
+        self._steps: dict[int, TinyJit] = {}  # one captured step per chunk size (prefill chunks, decode tokens)
 
     @staticmethod
     def from_gguf(path: str | Path, max_context: int | None = None, progress: bool = True) -> tuple[Llama, dict]:
@@ -286,8 +287,8 @@ class Llama:
         return rows
 
     def reset(self) -> None:
-        """Forget the cached keys and values (the next forward starts a new sequence)."""
-        self._caches = None
+        """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
+        current position are masked, and a new sequence writes every slot before it reads it."""
 
     def forward(self, ids: np.ndarray, pos: int) -> Tensor:
         cfg = self.cfg
@@ -299,10 +300,17 @@ class Llama:
         if self._caches is None:
             self._caches = [KVCache(1, cfg.n_kv_heads, self.max_context, cfg.head_dim) for _ in self.blocks]
         t = len(ids)
-        x = self.embed(ids)
         cos, sin = Tensor(self._cos[pos : pos + t]), Tensor(self._sin[pos : pos + t])
-        pos_t = Tensor([pos], dtype=dtypes.int32)
-        mask = causal_mask(pos_t, t, self.max_context)
+        step = self._steps.setdefault(t, TinyJit(self._step))
+        return step(
+            self.embed(ids).realize(), Tensor([pos], dtype=dtypes.int32).realize(), cos.realize(), sin.realize()
+        )
+
+    def _step(self, x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Logits of a chunk's embeddings x at position pos (a 1-element tensor) with its rope angles: the same
+        kernels for every pos."""
+        assert self._caches is not None
+        mask = causal_mask(pos, x.shape[0], self.max_context)
         for block, cache in zip(self.blocks, self._caches):
-            x = block(x, cache, pos_t, mask, cos, sin)
-        return self.output(rms_norm(x, self.output_norm, cfg.norm_eps))
+            x = block(x, cache, pos, mask, cos, sin)
+        return self.output(rms_norm(x, self.output_norm, self.cfg.norm_eps)).realize()
