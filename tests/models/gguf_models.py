@@ -108,6 +108,12 @@ def write_gguf(
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     rope = getattr(cfg, "rope_parameters", None) or {}
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    if rope.get("rope_type") == "llama3":  # llama.cpp stores llama3 scaling as per-frequency divisors, rope_freqs
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        scaled = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")[0].numpy()
+        base = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+        rope_freqs = (base / scaled).astype(np.float32)
     if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))

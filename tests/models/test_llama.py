@@ -19,6 +19,19 @@ WIDE = dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=256, h
 CASES = {
     "llama-f32": ("llama", None, {}),
     "llama-linear-rope-q8_0": ("llama", "Q8_0", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "llama-llama3-rope": (
+        "llama",
+        None,
+        dict(
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            )
+        ),
+    ),
     "qwen2-bias-q4_0": ("qwen2", "Q4_0", {}),
     "qwen3-qknorm-q8_0": ("qwen3", "Q8_0", {}),
     "qwen3moe-f32": ("qwen3moe", None, {}),
