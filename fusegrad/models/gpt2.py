@@ -106,6 +106,7 @@ class GPT2:
         self._caches: list[KVCache] | None = None
         self._host_tables: tuple[np.ndarray, np.ndarray] | None = None
         self._steps: dict[int, TinyJit] = {}  # one captured step per chunk size (prefill chunks, decode tokens)
+        self._lm_head: Tensor | None = None  # wte transposed, (n_embd, vocab): x @ W runs faster than x @ W.T
 
     @staticmethod
     def from_pretrained(model_dir: str | Path, max_context: int | None = None) -> GPT2:
@@ -136,6 +137,7 @@ class GPT2:
             self._caches = [KVCache(1, self.cfg.n_head, self.max_context, hd) for _ in self.h]
         if self._host_tables is None:  # token and position rows are gathered on the host (see embedding_rows)
             self._host_tables = (self.wte.weight.numpy(), self.wpe.weight.numpy())
+            self._lm_head = self.wte.weight.T.contiguous().realize()
         words, places = self._host_tables
         x = embedding_rows(words, ids) + embedding_rows(places, np.arange(pos, pos + len(ids)))
         step = self._steps.setdefault(len(ids), TinyJit(self._step))
@@ -147,4 +149,5 @@ class GPT2:
         mask = causal_mask(pos, x.shape[0], self.max_context)
         for block, cache in zip(self.h, self._caches):
             x = block(x, cache, pos, mask)
-        return (self.ln_f(x) @ self.wte.weight.T).realize()
+        assert self._lm_head is not None
+        return (self.ln_f(x) @ self._lm_head).realize()

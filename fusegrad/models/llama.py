@@ -87,19 +87,18 @@ class LlamaConfig:
 Weight = Tensor | GGMLQuantized
 
 
-def _dense(w: Weight) -> Tensor:
-    """The float32 weight; for a quantized one a lazy dequantizing graph over its blocks, fused into the user."""
-    return w.dequantize() if isinstance(w, GGMLQuantized) else w.cast(dtypes.float32)
-
-
 class QuantLinear:
-    """y = x @ W.T (+ b) with W (out, in) as a float tensor or as quantized blocks."""
+    """y = x @ W.T (+ b) with W (out, in) as quantized blocks, dequantized by a lazy graph that fuses into the
+    matmul; a float W is kept transposed, (in, out), which the C backend runs faster than x @ W.T."""
 
     def __init__(self, weight: Weight, bias: Tensor | None = None):
-        self.weight, self.bias = weight, bias
+        self.bias = bias
+        self.weight = (
+            weight if isinstance(weight, GGMLQuantized) else weight.cast(dtypes.float32).T.contiguous().realize()
+        )
 
     def __call__(self, x: Tensor) -> Tensor:
-        y = x @ _dense(self.weight).T
+        y = x @ (self.weight.dequantize().T if isinstance(self.weight, GGMLQuantized) else self.weight)
         return y if self.bias is None else y + self.bias.cast(dtypes.float32)
 
 
