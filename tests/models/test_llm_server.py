@@ -166,3 +166,34 @@ def test_chat_command_streams_a_reply(served):
     assert out.returncode == 0, out.stderr
     prompt = engine.chat_prompt([{"role": "user", "content": "Hello, fox!"}])
     assert expected_text(engine, prompt, 8) in out.stdout
+
+
+def test_ctrl_c_stops_a_reply_not_the_chat(served, monkeypatch, capsys):
+    """A KeyboardInterrupt while a reply streams ends that reply; the chat goes on to the next prompt."""
+    import argparse
+
+    import fusegrad.apps.llm as llm
+
+    engine, _, _, path = served
+    real_stream = engine.stream
+    calls = []
+
+    def interrupted_stream(*args, **kwargs):
+        calls.append(args[0])
+        for i, item in enumerate(real_stream(*args, **kwargs)):
+            if len(calls) == 1 and i == 2:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(llm, "Engine", lambda *a, **k: engine)
+    monkeypatch.setattr(engine, "stream", interrupted_stream)
+    lines = iter(["Hello, fox!", "How are you?", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    args = argparse.Namespace(
+        model=str(path), ctx=None, temperature=0.0, top_k=0, top_p=1.0, seed=None, max_tokens=6, system=None
+    )
+    llm.chat(args)
+    out = capsys.readouterr().out
+    assert out.count("[stopped]") == 1 and len(calls) == 2
+    # the interrupted reply stays in the conversation: the second prompt holds both turns
+    assert engine.tokenizer.decode(calls[1]).count("Hello, fox!") == 1
