@@ -77,9 +77,12 @@ def decode_rates(model, ref, vocab: int) -> tuple[float, float, float, float]:
         with torch.no_grad():
             ref(ids)
 
-    def ref_decode():
+    def ref_decode():  # greedy with the KV cache, by hand: faster here than transformers' generate()
         with torch.no_grad():
-            ref.generate(ids[:, :4], max_new_tokens=DECODE, min_new_tokens=DECODE, do_sample=False)
+            out = ref(ids[:, :4], use_cache=True)
+            for _ in range(DECODE - 1):
+                token = out.logits[:, -1:].argmax(-1)
+                out = ref(token, past_key_values=out.past_key_values, use_cache=True)
 
     rates = []
     for fn, n in ((ours_prefill, PROMPT), (ref_prefill, PROMPT), (ours_decode, DECODE), (ref_decode, DECODE)):
@@ -98,7 +101,6 @@ def bench_gpt2() -> None:
     with tempfile.TemporaryDirectory() as d:
         ref.save_pretrained(d)
         model = GPT2.from_pretrained(d, max_context=256)
-        ref.generation_config.eos_token_id = None
         p, dcd, rp, rd = decode_rates(model, ref, cfg.vocab_size)
     row("GPT-2 small shape (12x768) prefill 128", "tok/s", p, rp)
     row("GPT-2 small shape (12x768) decode", "tok/s", dcd, rd)
