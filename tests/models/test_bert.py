@@ -56,3 +56,16 @@ def test_bad_token_ids_raise(encoder):
     ids = np.array([[101, 10**6, 102]], np.int32)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         encoder.model(ids, np.ones_like(ids))
+
+
+def test_embed_example_prints_the_cosine_similarity(encoder):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "embed.py"
+    pair = ["A man is eating food.", "A man is eating a piece of bread."]
+    out = subprocess.run([sys.executable, str(script), *pair], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    a, b = encoder.encode(pair)
+    assert out.stdout.strip() == f"cosine similarity: {float(a @ b):.4f}"
