@@ -1027,9 +1027,31 @@ def _gguf_value(r: _Reader, vtype: int, key: str, depth: int = 0) -> Any:
     raise ValueError(f"{r.blob.name}: metadata {key!r} has unknown value type {vtype} at offset {r.pos - 4}")
 
 
-def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
+class GGMLQuantized:
+    """A quantized GGUF tensor kept as its blocks: `blocks` is (n_blocks, bytes per block) uint8, lazily on DISK until
+    moved; dequantize() is the float32 tensor of `shape` as a lazy graph over the blocks (it fuses into its user)."""
+
+    def __init__(self, name: str, ggml_type: int, shape: tuple[int, ...], blocks: Tensor):
+        self.name, self.ggml_type, self.shape, self.blocks = name, ggml_type, shape, blocks
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.ggml_type][0]
+
+    def to(self, device: str) -> GGMLQuantized:
+        return GGMLQuantized(self.name, self.ggml_type, self.shape, self.blocks.to(device).contiguous())
+
+    def dequantize(self) -> Tensor:
+        return ggml_data_to_tensor(self.blocks.reshape(-1), prod(self.shape), self.ggml_type).reshape(self.shape)
+
+    def __repr__(self) -> str:
+        return f"<GGMLQuantized {self.name} {self.type_name} {self.shape} on {self.blocks.device}>"
+
+
+def gguf_load(fn: Any, keep_quantized: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metadata, tensors) of a GGUF file (path or uint8 Tensor). Plain tensors stay lazily on DISK; quantized ones
-    (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) are dequantized to float32 on the default device when realized."""
+    (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) are dequantized to float32 on the default device when realized, or with
+    keep_quantized are GGMLQuantized values holding their blocks."""
     blob = _blob_of(fn)
     r = _Reader(blob)
     if (magic := r.take(4, "magic")) != b"GGUF":
@@ -1094,11 +1116,15 @@ def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
             if ggml_type not in _DEQUANT:
                 raise NotImplementedError(f"{blob.name}: tensor {name!r} has ggml type {tname}, which is not supported")
             raw = blob.tensor(data_start + offset, dtypes.uint8, (n // block * block_bytes,), f"tensor {name!r}")
-            state[name] = ggml_data_to_tensor(raw, n, ggml_type).reshape(shape)
+            if keep_quantized:
+                state[name] = GGMLQuantized(name, ggml_type, shape, raw.reshape(n // block, block_bytes))
+            else:
+                state[name] = ggml_data_to_tensor(raw, n, ggml_type).reshape(shape)
     return kv, state
 
 
 __all__ = [
+    "GGMLQuantized",
     "TensorIO",
     "get_parameters",
     "get_state_dict",

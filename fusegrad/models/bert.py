@@ -1,0 +1,202 @@
+"""BERT encoder (Hugging Face `BertModel` safetensors layout) and sentence embeddings as sentence-transformers makes
+them: mean of the token states over the attention mask, then L2 normalization."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fusegrad import Tensor, dtypes, nn
+from fusegrad.models.weights import InOutLinear, embedding_rows, load_into, transposed_linears
+from fusegrad.nn.state import safe_load
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+
+    @staticmethod
+    def from_json(path: str | Path) -> BertConfig:
+        raw = json.loads(Path(path).read_text())
+        if raw.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"{path}: position_embedding_type {raw['position_embedding_type']!r} is not supported")
+        return BertConfig(**{k: raw[k] for k in BertConfig.__dataclass_fields__ if k in raw})
+
+
+_ACTIVATIONS = {
+    "gelu": lambda x: x.gelu(approximate="none"),
+    "gelu_new": lambda x: x.gelu(approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"),
+    "relu": lambda x: x.relu(),
+}
+
+
+class BertSelfAttention:
+    def __init__(self, cfg: BertConfig):
+        self.heads, self.head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+        self.query = InOutLinear(cfg.hidden_size, cfg.hidden_size)
+        self.key = InOutLinear(cfg.hidden_size, cfg.hidden_size)
+        self.value = InOutLinear(cfg.hidden_size, cfg.hidden_size)
+
+    def __call__(self, x: Tensor, key_mask: Tensor) -> Tensor:
+        """x is (batch * tokens, hidden); key_mask (batch, 1, 1, tokens)."""
+        b, t, d = key_mask.shape[0], key_mask.shape[-1], x.shape[-1]
+        # each projection is realized row-major first: written straight into the heads layout it runs ~4x slower
+        q, k, v = (
+            f(x).contiguous().reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
+            for f in (self.query, self.key, self.value)
+        )
+        return q.scaled_dot_product_attention(k, v, attn_mask=key_mask).transpose(1, 2).reshape(b * t, d)
+
+
+class BertAttention:
+    def __init__(self, cfg: BertConfig):
+        self.self = BertSelfAttention(cfg)
+        self.output = _DenseNorm(cfg.hidden_size, cfg.hidden_size, cfg.layer_norm_eps)
+
+
+class _DenseNorm:
+    """LayerNorm(dense(x) + residual): BERT's output block after attention and after the feed-forward layer."""
+
+    def __init__(self, d_in: int, d_out: int, eps: float):
+        self.dense = InOutLinear(d_in, d_out)
+        self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
+
+    def __call__(self, x: Tensor, residual: Tensor) -> Tensor:
+        return self.LayerNorm(self.dense(x) + residual)
+
+
+class _Intermediate:
+    def __init__(self, cfg: BertConfig):
+        if cfg.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported; supported: {sorted(_ACTIVATIONS)}")
+        self.dense, self.act = InOutLinear(cfg.hidden_size, cfg.intermediate_size), _ACTIVATIONS[cfg.hidden_act]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.act(self.dense(x))
+
+
+class BertLayer:
+    def __init__(self, cfg: BertConfig):
+        self.attention = BertAttention(cfg)
+        self.intermediate = _Intermediate(cfg)
+        self.output = _DenseNorm(cfg.intermediate_size, cfg.hidden_size, cfg.layer_norm_eps)
+
+    def __call__(self, x: Tensor, key_mask: Tensor) -> Tensor:
+        h = self.attention.output(self.attention.self(x, key_mask), x)
+        return self.output(self.intermediate(h), h)
+
+
+class BertEmbeddings:
+    def __init__(self, cfg: BertConfig):
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self._host_words: np.ndarray | None = None
+
+    def __call__(self, ids: np.ndarray, token_types: np.ndarray) -> Tensor:
+        if self._host_words is None:  # the word table is gathered on the host (see embedding_rows)
+            self._host_words = self.word_embeddings.weight.numpy()
+        t = ids.shape[1]
+        words = embedding_rows(self._host_words, ids)
+        types = embedding_rows(self.token_type_embeddings.weight.numpy(), token_types)
+        return self.LayerNorm(words + types + self.position_embeddings.weight[:t].unsqueeze(0))
+
+
+class BertModel:
+    def __init__(self, cfg: BertConfig):
+        self.cfg = cfg
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = _Encoder(cfg)
+
+    def __call__(self, ids: np.ndarray, attention_mask: np.ndarray, token_types: np.ndarray | None = None) -> Tensor:
+        """Last hidden states (batch, tokens, hidden) of int arrays ids and attention_mask (1 = token, 0 = padding)."""
+        if ids.ndim != 2 or ids.shape != attention_mask.shape:
+            raise ValueError(f"ids {ids.shape} and attention_mask {attention_mask.shape} must be equal 2-D shapes")
+        if ids.shape[1] > self.cfg.max_position_embeddings:
+            raise ValueError(f"{ids.shape[1]} tokens exceed max_position_embeddings {self.cfg.max_position_embeddings}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
+            raise ValueError(
+                f"token ids span [{ids.min()}, {ids.max()}], outside the vocabulary of {self.cfg.vocab_size}"
+            )
+        token_types = np.zeros_like(ids) if token_types is None else token_types
+        # token rows stay 2-D (batch * tokens, hidden) through the layers: the codegen tiles 2-D matmuls
+        x = self.embeddings(ids, token_types).reshape(ids.size, -1)
+        key_mask = Tensor(attention_mask.astype(bool)).reshape(ids.shape[0], 1, 1, ids.shape[1])
+        for layer in self.encoder.layer:
+            x = layer(x, key_mask)
+        return x.reshape(*ids.shape, -1)
+
+
+class _Encoder:
+    def __init__(self, cfg: BertConfig):
+        self.layer = [BertLayer(cfg) for _ in range(cfg.num_hidden_layers)]
+
+
+def mean_pool(states: Tensor, attention_mask: np.ndarray) -> Tensor:
+    """Mean of each sequence's token states over its mask (sentence-transformers' mean pooling)."""
+    mask = Tensor(attention_mask.astype(np.float32)).unsqueeze(-1)
+    return (states * mask).sum(1) / mask.sum(1).maximum(1e-9)
+
+
+def bert_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A BertModel's tensors from a file's: the "bert." prefix of task models dropped, position_ids (a constant
+    arange torch keeps as a buffer) and task heads left out, linear weights turned to (in, out)."""
+    named = {k.removeprefix("bert."): v for k, v in state.items()}
+    keep = [k for k in named if k.startswith(("embeddings.", "encoder.")) and not k.endswith("position_ids")]
+    return transposed_linears({k: named[k] for k in keep}, lambda k: k.startswith("encoder."))
+
+
+class SentenceEncoder:
+    """A sentence-transformers model directory (config.json, model.safetensors, tokenizer.json) as an encoder of
+    sentences into unit-length vectors."""
+
+    def __init__(self, model_dir: str | Path, pad_multiple: int = 16):
+        from tokenizers import Tokenizer  # the `models` extra
+
+        model_dir = Path(model_dir)
+        self.model = BertModel(BertConfig.from_json(model_dir / "config.json"))
+        load_into(self.model, bert_state(safe_load(model_dir / "model.safetensors")), f"loading {model_dir.name}")
+        st_cfg = model_dir / "sentence_bert_config.json"
+        max_len = json.loads(st_cfg.read_text()).get("max_seq_length") if st_cfg.exists() else None
+        self.max_len = min(max_len or math.inf, self.model.cfg.max_position_embeddings)
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(int(self.max_len))
+        # lengths round up to a multiple, so batches of similar sentences reuse the same compiled kernels
+        self.pad_multiple = pad_multiple
+
+    def tokenize(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        enc = self.tokenizer.encode_batch(sentences)
+        longest = max(len(e.ids) for e in enc)
+        t = min(-(-longest // self.pad_multiple) * self.pad_multiple, int(self.max_len))
+        ids, mask = np.zeros((len(enc), t), np.int32), np.zeros((len(enc), t), np.int32)
+        for i, e in enumerate(enc):
+            ids[i, : len(e.ids)], mask[i, : len(e.ids)] = e.ids, 1
+        return ids, mask
+
+    def encode(self, sentences: list[str] | str, batch_size: int = 32) -> np.ndarray:
+        """(n, hidden) float32 unit vectors, one per sentence."""
+        if isinstance(sentences, str):
+            sentences = [sentences]
+        if not sentences:
+            return np.zeros((0, self.model.cfg.hidden_size), np.float32)
+        out = []
+        for i in range(0, len(sentences), batch_size):
+            ids, mask = self.tokenize(sentences[i : i + batch_size])
+            pooled = mean_pool(self.model(ids, mask), mask)
+            out.append(pooled.normalize(dim=-1).cast(dtypes.float32).numpy())
+        return np.concatenate(out)

@@ -1,0 +1,137 @@
+"""Pieces every decoder-only model shares: a preallocated KV cache written at a position given as data, the causal
+mask of a chunk of queries, token sampling, and the generation loop.
+
+The position is a Tensor, not a Python int, so every decode step builds the same graph with the same shapes and
+reuses the compiled kernels: prefill runs in fixed-size chunks (padding rows write past the prompt and are overwritten
+before they are attended), decode in chunks of one token, and attention spans the whole cache under a mask."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from fusegrad import Tensor, dtypes
+from fusegrad.helpers import DEBUG
+
+
+class KVCache:
+    """Keys and values of one attention layer: (batch, kv_heads, max_context, head_dim) each, allocated once."""
+
+    def __init__(self, batch: int, kv_heads: int, max_context: int, head_dim: int, dtype=dtypes.float32):
+        self.max_context = max_context
+        self.k = Tensor.zeros(batch, kv_heads, max_context, head_dim, dtype=dtype).contiguous().realize()
+        self.v = Tensor.zeros(batch, kv_heads, max_context, head_dim, dtype=dtype).contiguous().realize()
+
+    def write(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The caches with k, v (batch, kv_heads, chunk, head_dim) stored at positions pos .. pos+chunk-1."""
+        chunk = k.shape[2]
+        slots = Tensor.arange(self.max_context).reshape(-1, 1)
+        hit = slots == (pos + Tensor.arange(chunk)).reshape(1, chunk)  # (max_context, chunk): slot j takes row j-pos
+        taken = hit.any(-1, keepdim=True)
+        for cache, new in ((self.k, k), (self.v, v)):
+            cache.assign(taken.where(hit.cast(new.dtype) @ new, cache))
+        return self.k, self.v
+
+
+def causal_mask(pos: Tensor, chunk: int, max_context: int) -> Tensor:
+    """(chunk, max_context) bool: query t (at position pos+t) sees cache slots 0 .. pos+t."""
+    return Tensor.arange(max_context).reshape(1, -1) <= (pos + Tensor.arange(chunk)).reshape(-1, 1)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0 is greedy; top_k 0 and top_p 1 keep every token."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"sampling needs temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got temperature "
+                f"{self.temperature}, top_k {self.top_k}, top_p {self.top_p}"
+            )
+
+
+def sample(logits: np.ndarray, params: Sampling, rng: np.random.Generator) -> int:
+    """One token id from a row of logits."""
+    if params.temperature == 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / params.temperature
+    order = np.argsort(-z, kind="stable")
+    if params.top_k:
+        order = order[: params.top_k]
+    p = np.exp(z[order] - z[order[0]])
+    p /= p.sum()
+    if params.top_p < 1:
+        # the smallest prefix whose mass reaches top_p (always at least the top token)
+        keep = int(np.searchsorted(np.cumsum(p), params.top_p)) + 1
+        order, p = order[:keep], p[:keep] / p[:keep].sum()
+    return int(order[rng.choice(len(order), p=p)])
+
+
+class CausalLM(Protocol):
+    max_context: int
+
+    def forward(self, ids: np.ndarray, pos: int) -> Tensor:
+        """Logits (chunk, vocab) of a chunk of token ids placed at positions pos.. (writes the KV cache)."""
+        ...
+
+
+def prefill(model: CausalLM, ids: list[int], start: int = 0, chunk: int = 32) -> np.ndarray:
+    """Runs ids through the model from position `start` in fixed-size chunks; returns the last token's logits."""
+    if start + len(ids) > model.max_context:
+        raise ValueError(
+            f"{start + len(ids)} tokens exceed the model's context of {model.max_context} (prompt of {len(ids)})"
+        )
+    last = None
+    for i in range(0, len(ids), chunk):
+        part = ids[i : i + chunk]
+        size = chunk if start + i + chunk <= model.max_context else len(part)  # no padding row past the cache
+        padded = np.zeros(size, np.int32)
+        padded[: len(part)] = part
+        last = model.forward(padded, start + i)[len(part) - 1].numpy()
+    assert last is not None, "prefill needs at least one token"
+    return last
+
+
+def generate(
+    model: CausalLM,
+    prompt: list[int],
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    seed: int | None = None,
+    stop: set[int] | frozenset[int] = frozenset(),
+    start: int = 0,
+) -> Iterator[int]:
+    """Token ids that follow the prompt, one at a time (stops early at a token in `stop`, which is yielded).
+    The prompt is placed at position `start` of the cache, after tokens already there."""
+    if not prompt:
+        raise ValueError("generate needs a prompt of at least one token")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    logits = prefill(model, prompt, start)
+    t1 = time.perf_counter()
+    if DEBUG.value >= 1:
+        print(f"prefill: {len(prompt)} tokens in {t1 - t0:.3f} s, {len(prompt) / (t1 - t0):.1f} tokens/s")
+    pos, produced = start + len(prompt), 0
+    try:
+        while produced < max_new_tokens:
+            token = sample(logits, sampling, rng)
+            produced += 1
+            yield token
+            if token in stop or produced == max_new_tokens or pos >= model.max_context:
+                break
+            logits = model.forward(np.array([token], np.int32), pos)[0].numpy()
+            pos += 1
+    finally:
+        if DEBUG.value >= 1 and produced > 1:
+            dt = time.perf_counter() - t1
+            print(f"decode: {produced} tokens in {dt:.3f} s, {(produced - 1) / dt:.1f} tokens/s")

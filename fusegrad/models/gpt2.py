@@ -1,0 +1,153 @@
+"""GPT-2 (Hugging Face `GPT2LMHeadModel` safetensors layout) with a KV cache, for greedy and sampled generation."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fusegrad import Tensor, TinyJit, dtypes, nn
+from fusegrad.models.generate import KVCache, causal_mask
+from fusegrad.models.weights import embedding_rows, load_into
+from fusegrad.nn.state import safe_load
+
+_ACTIVATIONS = {
+    "gelu_new": lambda x: x.gelu(approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"),
+    "gelu": lambda x: x.gelu(approximate="none"),
+    "relu": lambda x: x.relu(),
+}
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int | None = None
+    layer_norm_epsilon: float = 1e-5
+    activation_function: str = "gelu_new"
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    reorder_and_upcast_attn: bool = False
+
+    @staticmethod
+    def from_json(path: str | Path) -> GPT2Config:
+        raw = json.loads(Path(path).read_text())
+        cfg = GPT2Config(**{k: raw[k] for k in GPT2Config.__dataclass_fields__ if k in raw})
+        if cfg.activation_function not in _ACTIVATIONS:
+            raise ValueError(f"{path}: activation_function {cfg.activation_function!r} is not supported")
+        if not cfg.scale_attn_weights or cfg.scale_attn_by_inverse_layer_idx:
+            raise ValueError(f"{path}: only attention scaled by 1/sqrt(head_dim) is supported")
+        return cfg
+
+
+class Conv1D:
+    """GPT-2's linear layer: the weight is stored (in, out)."""
+
+    def __init__(self, d_in: int, d_out: int):
+        self.weight, self.bias = Tensor.zeros(d_in, d_out).contiguous(), Tensor.zeros(d_out).contiguous()
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.linear(self.weight, self.bias)
+
+
+class Attention:
+    def __init__(self, cfg: GPT2Config):
+        self.heads, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
+        self.c_attn, self.c_proj = Conv1D(cfg.n_embd, 3 * cfg.n_embd), Conv1D(cfg.n_embd, cfg.n_embd)
+
+    def __call__(self, x: Tensor, cache: KVCache, pos: Tensor, mask: Tensor) -> Tensor:
+        t, d = x.shape
+        q, k, v = (
+            y.reshape(t, self.heads, self.head_dim).transpose(0, 1).unsqueeze(0) for y in self.c_attn(x).split(d, -1)
+        )
+        keys, values = cache.write(k, v, pos)
+        out = q.scaled_dot_product_attention(keys, values, attn_mask=mask)
+        return self.c_proj(out[0].transpose(0, 1).reshape(t, d))
+
+
+class MLP:
+    def __init__(self, cfg: GPT2Config):
+        inner = cfg.n_inner or 4 * cfg.n_embd
+        self.c_fc, self.c_proj = Conv1D(cfg.n_embd, inner), Conv1D(inner, cfg.n_embd)
+        self.act = _ACTIVATIONS[cfg.activation_function]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.c_proj(self.act(self.c_fc(x)))
+
+
+class Block:
+    def __init__(self, cfg: GPT2Config):
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.attn = Attention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.mlp = MLP(cfg)
+
+    def __call__(self, x: Tensor, cache: KVCache, pos: Tensor, mask: Tensor) -> Tensor:
+        h = x + self.attn(self.ln_1(x), cache, pos, mask)
+        return h + self.mlp(self.ln_2(h))
+
+
+class GPT2:
+    """forward(ids, pos) -> logits; the KV cache holds max_context positions (n_positions unless smaller)."""
+
+    def __init__(self, cfg: GPT2Config, max_context: int | None = None):
+        self.cfg = cfg
+        self.max_context = min(max_context or cfg.n_positions, cfg.n_positions)
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.h = [Block(cfg) for _ in range(cfg.n_layer)]
+        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self._caches: list[KVCache] | None = None
+        self._host_tables: tuple[np.ndarray, np.ndarray] | None = None
+        self._steps: dict[int, TinyJit] = {}  # one captured step per chunk size (prefill chunks, decode tokens)
+        self._lm_head: Tensor | None = None  # wte transposed, (n_embd, vocab): x @ W runs faster than x @ W.T
+
+    @staticmethod
+    def from_pretrained(model_dir: str | Path, max_context: int | None = None) -> GPT2:
+        model_dir = Path(model_dir)
+        model = GPT2(GPT2Config.from_json(model_dir / "config.json"), max_context)
+        state = {k.removeprefix("transformer."): v for k, v in safe_load(model_dir / "model.safetensors").items()}
+        # lm_head is tied to wte; the attention bias buffers of old checkpoints are the causal mask
+        state = {
+            k: v for k, v in state.items() if k != "lm_head.weight" and not k.endswith((".attn.bias", "masked_bias"))
+        }
+        load_into(model, state, f"loading {model_dir.name}")
+        return model
+
+    def reset(self) -> None:
+        """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
+        current position are masked, and a new sequence writes every slot before it reads it."""
+
+    def forward(self, ids: np.ndarray, pos: int) -> Tensor:
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
+            raise ValueError(
+                f"token ids span [{ids.min()}, {ids.max()}], outside the vocabulary of {self.cfg.vocab_size}"
+            )
+        if not 0 <= pos or pos + len(ids) > self.max_context:
+            raise ValueError(f"positions {pos}..{pos + len(ids) - 1} are outside the context of {self.max_context}")
+        if self._caches is None:
+            hd = self.cfg.n_embd // self.cfg.n_head
+            self._caches = [KVCache(1, self.cfg.n_head, self.max_context, hd) for _ in self.h]
+        if self._host_tables is None:  # token and position rows are gathered on the host (see embedding_rows)
+            self._host_tables = (self.wte.weight.numpy(), self.wpe.weight.numpy())
+            self._lm_head = self.wte.weight.T.contiguous().realize()
+        words, places = self._host_tables
+        x = embedding_rows(words, ids) + embedding_rows(places, np.arange(pos, pos + len(ids)))
+        step = self._steps.setdefault(len(ids), TinyJit(self._step))
+        return step(x.realize(), Tensor([pos], dtype=dtypes.int32).realize())
+
+    def _step(self, x: Tensor, pos: Tensor) -> Tensor:
+        """Logits of a chunk's embeddings x at position pos (a 1-element tensor): the same kernels for every pos."""
+        assert self._caches is not None
+        mask = causal_mask(pos, x.shape[0], self.max_context)
+        for block, cache in zip(self.h, self._caches):
+            x = block(x, cache, pos, mask)
+        assert self._lm_head is not None
+        return (self.ln_f(x) @ self._lm_head).realize()

@@ -1,0 +1,315 @@
+"""LLaMA-family decoders from GGUF files (llama.cpp's format): llama, qwen2 (q/k/v biases), qwen3 (q/k RMSNorm) and
+their mixture-of-experts variants (llama with experts, qwen3moe). The architecture comes from the file's metadata.
+
+Quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stay as their blocks in memory; each matmul reads the blocks through
+a dequantizing graph that the scheduler fuses into the matmul kernel (see QuantLinear)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fusegrad import Device, Tensor, TinyJit, dtypes
+from fusegrad.helpers import _Progress
+from fusegrad.models.generate import KVCache, causal_mask
+from fusegrad.nn.state import GGMLQuantized, gguf_load
+
+# rope "norm" rotates adjacent pairs (x[2i], x[2i+1]); "neox" rotates the halves (x[i], x[i + d/2])
+_ROPE_NEOX = {"llama": False, "qwen2": True, "qwen3": True, "qwen3moe": True, "qwen2moe": True}
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    arch: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ff_dim: int
+    vocab_size: int
+    norm_eps: float
+    context_length: int
+    rope_theta: float
+    rope_dim: int
+    rope_neox: bool
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_ff_dim: int = 0
+    expert_weights_norm: bool = True
+
+    @staticmethod
+    def from_gguf(kv: dict[str, Any], vocab_size: int) -> LlamaConfig:
+        arch = kv.get("general.architecture")
+        if arch not in _ROPE_NEOX:
+            raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(_ROPE_NEOX)}")
+
+        def get(key: str, default: Any = None) -> Any:
+            if f"{arch}.{key}" not in kv and default is None:
+                raise ValueError(f"GGUF metadata lacks {arch}.{key}, which a {arch} model needs")
+            return kv.get(f"{arch}.{key}", default)
+
+        dim, heads = get("embedding_length"), get("attention.head_count")
+        head_dim = get("attention.key_length", dim // heads)
+        scaling = get("rope.scaling.type", "none")
+        if scaling not in ("none", "linear"):
+            raise NotImplementedError(f"rope scaling {scaling!r} is not supported; supported: none, linear, llama3")
+        n_experts = get("expert_count", 0)
+        return LlamaConfig(
+            arch=arch,
+            dim=dim,
+            n_layers=get("block_count"),
+            n_heads=heads,
+            n_kv_heads=get("attention.head_count_kv", heads),
+            head_dim=head_dim,
+            ff_dim=get("feed_forward_length", 0 if n_experts else None),
+            vocab_size=get("vocab_size", vocab_size),
+            norm_eps=get("attention.layer_norm_rms_epsilon"),
+            context_length=get("context_length"),
+            rope_theta=get("rope.freq_base", 10000.0),
+            rope_dim=get("rope.dimension_count", head_dim),
+            rope_neox=_ROPE_NEOX[arch],
+            rope_scaling=scaling,
+            rope_factor=get("rope.scaling.factor", 1.0),
+            n_experts=n_experts,
+            n_experts_used=get("expert_used_count", 0),
+            expert_ff_dim=get("expert_feed_forward_length", get("feed_forward_length", 0)),
+            expert_weights_norm=bool(get("expert_weights_norm", True)),
+        )
+
+
+Weight = Tensor | GGMLQuantized
+
+
+class QuantLinear:
+    """y = x @ W.T (+ b) with W (out, in) as quantized blocks, dequantized by a lazy graph that fuses into the
+    matmul; a float W is kept transposed, (in, out), which the C backend runs faster than x @ W.T."""
+
+    def __init__(self, weight: Weight, bias: Tensor | None = None):
+        self.bias = bias
+        self.weight = (
+            weight if isinstance(weight, GGMLQuantized) else weight.cast(dtypes.float32).T.contiguous().realize()
+        )
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = x @ (self.weight.dequantize().T if isinstance(self.weight, GGMLQuantized) else self.weight)
+        return y if self.bias is None else y + self.bias.cast(dtypes.float32)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * weight.cast(dtypes.float32)
+
+
+def rope_tables(cfg: LlamaConfig, freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (context, rope_dim/2) in float32, computed like the reference implementations do."""
+    inv_freq = (
+        1.0 / (cfg.rope_theta ** (np.arange(0, cfg.rope_dim, 2, dtype=np.int64).astype(np.float32) / cfg.rope_dim))
+    ).astype(np.float32)
+    if freq_factors is not None:  # llama3-style scaling: per-frequency divisors stored in the file (rope_freqs)
+        inv_freq = (inv_freq / freq_factors.astype(np.float32)).astype(np.float32)
+    positions = np.arange(cfg.context_length, dtype=np.float32)
+    if cfg.rope_scaling == "linear":
+        positions = positions / np.float32(cfg.rope_factor)
+    angles = np.outer(positions, inv_freq).astype(np.float32)
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, rope_dim: int, neox: bool) -> Tensor:
+    """x (1, heads, chunk, head_dim) rotated by angles cos/sin (chunk, rope_dim/2); dims past rope_dim pass through."""
+    rot, rest = (x, None) if rope_dim == x.shape[-1] else (x[..., :rope_dim], x[..., rope_dim:])
+    half = rope_dim // 2
+    if neox:
+        a, b = rot[..., :half], rot[..., half:]
+        out = (a * cos - b * sin).cat(b * cos + a * sin, dim=-1)
+    else:
+        pairs = rot.reshape(*rot.shape[:-1], half, 2)
+        a, b = pairs[..., 0], pairs[..., 1]
+        out = (a * cos - b * sin).unsqueeze(-1).cat((b * cos + a * sin).unsqueeze(-1), dim=-1).reshape(rot.shape)
+    return out if rest is None else out.cat(rest, dim=-1)
+
+
+class Attention:
+    def __init__(self, cfg: LlamaConfig, w: dict[str, Any]):
+        self.cfg = cfg
+        self.q, self.k, self.v = (QuantLinear(w[f"attn_{n}.weight"], w.get(f"attn_{n}.bias")) for n in "qkv")
+        self.o = QuantLinear(w["attn_output.weight"], w.get("attn_output.bias"))
+        self.q_norm, self.k_norm = w.get("attn_q_norm.weight"), w.get("attn_k_norm.weight")
+
+    def __call__(self, x: Tensor, cache: KVCache, pos: Tensor, mask: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        cfg, t = self.cfg, x.shape[0]
+        q = self.q(x).reshape(t, cfg.n_heads, cfg.head_dim)
+        k = self.k(x).reshape(t, cfg.n_kv_heads, cfg.head_dim)
+        v = self.v(x).reshape(t, cfg.n_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, cfg.norm_eps)
+        if self.k_norm is not None:
+            k = rms_norm(k, self.k_norm, cfg.norm_eps)
+        q, k, v = (y.transpose(0, 1).unsqueeze(0) for y in (q, k, v))
+        q = apply_rope(q, cos, sin, cfg.rope_dim, cfg.rope_neox)
+        k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.rope_neox)
+        keys, values = cache.write(k, v, pos)
+        out = q.scaled_dot_product_attention(keys, values, attn_mask=mask, enable_gqa=True)
+        return self.o(out[0].transpose(0, 1).reshape(t, cfg.n_heads * cfg.head_dim))
+
+
+class FeedForward:
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, gate: Weight, up: Weight, down: Weight):
+        self.gate, self.up, self.down = QuantLinear(gate), QuantLinear(up), QuantLinear(down)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.down(self.gate(x).silu() * self.up(x))
+
+
+def _expert(w: Weight, e: int) -> Weight:
+    """Expert e's (out, in) weight out of an (experts, out, in) stack, still quantized if the stack is."""
+    if isinstance(w, Tensor):
+        return w[e]
+    per_expert = w.blocks.shape[0] // w.shape[0]
+    return GGMLQuantized(f"{w.name}[{e}]", w.ggml_type, w.shape[1:], w.blocks[e * per_expert : (e + 1) * per_expert])
+
+
+class MoEFeedForward:
+    """Top-k routing: each token's output is the routing-weighted sum of its k best experts' SwiGLU outputs
+    (weights softmax-normalized over the chosen k, or the full softmax's when expert_weights_norm is off).
+    Every expert runs on every token of the chunk and the unchosen ones get weight 0, which keeps the graph the
+    same for every step (no host round trip for the routing)."""
+
+    def __init__(self, cfg: LlamaConfig, w: dict[str, Any]):
+        self.k, self.router, self.renormalize = (
+            cfg.n_experts_used,
+            QuantLinear(w["ffn_gate_inp.weight"]),
+            cfg.expert_weights_norm,
+        )
+        self.experts = [
+            FeedForward(*(_expert(w[f"ffn_{n}_exps.weight"], e) for n in ("gate", "up", "down")))
+            for e in range(cfg.n_experts)
+        ]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        logits = self.router(x)  # (chunk, experts)
+        kth = logits.topk(self.k, dim=-1)[0][:, -1:]
+        chosen = logits >= kth
+        weights = chosen.where(logits, -math.inf).softmax(-1) if self.renormalize else chosen * logits.softmax(-1)
+        out = None
+        for e, expert in enumerate(self.experts):
+            y = expert(x) * weights[:, e : e + 1]
+            out = y if out is None else out + y
+        assert out is not None
+        return out
+
+
+class Block:
+    def __init__(self, cfg: LlamaConfig, w: dict[str, Any]):
+        self.cfg = cfg
+        self.attn_norm, self.ffn_norm = w["attn_norm.weight"], w["ffn_norm.weight"]
+        self.attn = Attention(cfg, w)
+        if cfg.n_experts:
+            self.ffn: FeedForward | MoEFeedForward = MoEFeedForward(cfg, w)
+        else:
+            self.ffn = FeedForward(w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"])
+
+    def __call__(self, x: Tensor, cache: KVCache, pos: Tensor, mask: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        h = x + self.attn(rms_norm(x, self.attn_norm, self.cfg.norm_eps), cache, pos, mask, cos, sin)
+        return h + self.ffn(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
+
+
+def _place(value: Any) -> Any:
+    """A file tensor copied to the default device and realized (quantized ones as their blocks)."""
+    if isinstance(value, GGMLQuantized):
+        placed = value.to(Device.DEFAULT)
+        placed.blocks.realize()
+        return placed
+    return value.to(Device.DEFAULT).contiguous().realize()
+
+
+class Llama:
+    """forward(ids, pos) -> logits (chunk, vocab); the KV cache holds max_context positions."""
+
+    def __init__(self, cfg: LlamaConfig, weights: dict[str, Any], max_context: int | None = None):
+        self.cfg = cfg
+        self.max_context = min(max_context or cfg.context_length, cfg.context_length)
+        layer_w = [
+            {k.removeprefix(f"blk.{i}."): v for k, v in weights.items() if k.startswith(f"blk.{i}.")}
+            for i in range(cfg.n_layers)
+        ]
+        self.blocks = [Block(cfg, w) for w in layer_w]
+        self.output_norm = weights["output_norm.weight"]
+        self.token_embd = weights["token_embd.weight"]
+        self.output = QuantLinear(weights.get("output.weight", self.token_embd))  # tied to the embedding if absent
+        freq_factors = weights.get("rope_freqs.weight")
+        cos, sin = rope_tables(cfg, None if freq_factors is None else freq_factors.numpy())
+        self._cos, self._sin = cos[: self.max_context], sin[: self.max_context]
+        self._caches: list[KVCache] | None = None
+        self._embed_rows = self._embedding_table()
+        self._steps: dict[int, TinyJit] = {}  # one captured step per chunk size (prefill chunks, decode tokens)
+
+    @staticmethod
+    def from_gguf(path: str | Path, max_context: int | None = None, progress: bool = True) -> tuple[Llama, dict]:
+        """(model, GGUF metadata) of a file; weights are read through its memory map as they are placed."""
+        kv, state = gguf_load(path, keep_quantized=True)
+        vocab = len(kv.get("tokenizer.ggml.tokens", [])) or state["token_embd.weight"].shape[0]
+        cfg = LlamaConfig.from_gguf(kv, vocab)
+        total = sum(v.blocks.nbytes() if isinstance(v, GGMLQuantized) else v.nbytes() for v in state.values())
+        bar = _Progress(total, f"loading {Path(path).name}") if progress else None
+        placed = {}
+        for name, value in state.items():
+            placed[name] = _place(value)
+            if bar is not None:
+                bar.update(value.blocks.nbytes() if isinstance(value, GGMLQuantized) else value.nbytes())
+        if bar is not None:
+            bar.close()
+        return Llama(cfg, placed, max_context), kv
+
+    def _embedding_table(self) -> np.ndarray:
+        """The token embedding as host rows: float rows, or each token's quantized blocks as one row of bytes."""
+        emb = self.token_embd
+        if isinstance(emb, GGMLQuantized):
+            return emb.blocks.numpy().reshape(emb.shape[0], -1)
+        return emb.cast(dtypes.float32).numpy()
+
+    def embed(self, ids: np.ndarray) -> Tensor:
+        rows = Tensor(np.ascontiguousarray(self._embed_rows[ids]))
+        emb = self.token_embd
+        if isinstance(emb, GGMLQuantized):
+            per_row = rows.shape[1] // emb.blocks.shape[1]
+            return GGMLQuantized(
+                emb.name, emb.ggml_type, (len(ids), emb.shape[1]), rows.reshape(len(ids) * per_row, -1)
+            ).dequantize()
+        return rows
+
+    def reset(self) -> None:
+        """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
+        current position are masked, and a new sequence writes every slot before it reads it."""
+
+    def forward(self, ids: np.ndarray, pos: int) -> Tensor:
+        cfg = self.cfg
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
+            raise ValueError(f"token ids span [{ids.min()}, {ids.max()}], outside the vocabulary of {cfg.vocab_size}")
+        if not 0 <= pos or pos + len(ids) > self.max_context:
+            raise ValueError(f"positions {pos}..{pos + len(ids) - 1} are outside the context of {self.max_context}")
+        if self._caches is None:
+            self._caches = [KVCache(1, cfg.n_kv_heads, self.max_context, cfg.head_dim) for _ in self.blocks]
+        t = len(ids)
+        cos, sin = Tensor(self._cos[pos : pos + t]), Tensor(self._sin[pos : pos + t])
+        step = self._steps.setdefault(t, TinyJit(self._step))
+        return step(
+            self.embed(ids).realize(), Tensor([pos], dtype=dtypes.int32).realize(), cos.realize(), sin.realize()
+        )
+
+    def _step(self, x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Logits of a chunk's embeddings x at position pos (a 1-element tensor) with its rope angles: the same
+        kernels for every pos."""
+        assert self._caches is not None
+        mask = causal_mask(pos, x.shape[0], self.max_context)
+        for block, cache in zip(self.blocks, self._caches):
+            x = block(x, cache, pos, mask, cos, sin)
+        return self.output(rms_norm(x, self.output_norm, self.cfg.norm_eps)).realize()

@@ -1,0 +1,95 @@
+"""LLaMA-family models from GGUF against transformers on the same (dequantized) weights: tiny random llama, qwen2,
+qwen3, qwen3moe and mixtral configs written to GGUF with the gguf package, float and quantized."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers", reason="the test extra installs transformers")
+
+from gguf_models import make_model, write_gguf  # noqa: E402
+
+from fusegrad import GlobalCounters, Tensor  # noqa: E402
+from fusegrad.models.generate import generate  # noqa: E402
+from fusegrad.models.llama import Llama, QuantLinear  # noqa: E402
+from fusegrad.nn.state import GGMLQuantized  # noqa: E402
+
+WIDE = dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=256, head_dim=64)  # K-quant rows: 256 wide
+
+CASES = {
+    "llama-f32": ("llama", None, {}),
+    "llama-linear-rope-q8_0": ("llama", "Q8_0", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "llama-llama3-rope": (
+        "llama",
+        None,
+        dict(
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            )
+        ),
+    ),
+    "qwen2-bias-q4_0": ("qwen2", "Q4_0", {}),
+    "qwen3-qknorm-q8_0": ("qwen3", "Q8_0", {}),
+    "qwen3moe-f32": ("qwen3moe", None, {}),
+    "mixtral-q4_0": ("mixtral", "Q4_0", {}),
+    "llama-q4_k": ("llama", "Q4_K", {k: v for k, v in WIDE.items() if k in ("hidden_size", "intermediate_size")}),
+    "qwen3moe-q6_k": ("qwen3moe", "Q6_K", WIDE),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_logits_and_greedy_tokens_match_transformers(tmp_path, case):
+    kind, qtype, cfg = CASES[case]
+    ref = make_model(kind, **cfg)
+    write_gguf(ref, kind, tmp_path / "m.gguf", qtype)
+    model, meta = Llama.from_gguf(tmp_path / "m.gguf", progress=False)
+    if qtype is not None:  # matmul weights stay as their blocks
+        assert isinstance(model.blocks[0].attn.q.weight, GGMLQuantized)
+        assert model.blocks[0].attn.q.weight.type_name == qtype
+    ids = np.random.default_rng(1).integers(0, ref.config.vocab_size, 40)  # over one 32-token prefill chunk
+    with torch.no_grad():
+        want = ref(torch.tensor(ids[None])).logits[0].numpy()
+    tol = 1e-4 if qtype is None else 5e-4
+    np.testing.assert_allclose(model.forward(ids, 0).numpy(), want, atol=tol * np.abs(want).max(), rtol=1e-4)
+    model.reset()
+    prompt = ids[:6]
+    with torch.no_grad():
+        greedy = ref.generate(torch.tensor(prompt[None]), max_new_tokens=20, do_sample=False)[0, 6:].tolist()
+    assert list(generate(model, prompt.tolist(), 20)) == greedy
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+def test_quantized_matmul_is_one_kernel_over_the_blocks(qtype):
+    """A decode-shaped matmul reads the quantized blocks directly: one kernel, no dequantized weight in memory."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import GGML_QUANT_SIZES, dequantize
+    from gguf_models import _stored
+
+    qt = GGMLQuantizationType[qtype]
+    rng = np.random.default_rng(0)
+    raw, meant = _stored(rng.standard_normal((64, 512)).astype(np.float32) * 0.1, qt, rng)
+    np.testing.assert_array_equal(meant, dequantize(raw, qt))
+    weight = GGMLQuantized("w", int(qt), (64, 512), Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1])).realize())
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    GlobalCounters.reset()
+    y = QuantLinear(weight)(Tensor(x)).numpy()
+    assert GlobalCounters.kernel_count == 1
+    np.testing.assert_allclose(y, x @ meant.T, atol=1e-4 * np.abs(x @ meant.T).max())
+
+
+def test_unsupported_architecture_and_bad_ids_raise(tmp_path):
+    ref = make_model("llama", num_hidden_layers=1)
+    write_gguf(ref, "llama", tmp_path / "m.gguf")
+    model, _ = Llama.from_gguf(tmp_path / "m.gguf", progress=False)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.forward(np.array([0, 128]), 0)
+    with pytest.raises(ValueError, match="context of 128"):
+        model.forward(np.zeros(4, np.int32), 126)
+    from fusegrad.models.llama import LlamaConfig
+
+    with pytest.raises(ValueError, match="not supported"):
+        LlamaConfig.from_gguf({"general.architecture": "mamba"}, 10)
