@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fusegrad import GlobalCounters, Tensor, dtypes
+from fusegrad.uop.ops import Ops
 from reference import check_torch as check
 
 GRAD_ATOL, GRAD_RTOL = 1e-4, 1e-3
@@ -92,6 +93,25 @@ def test_matmul_views_reverse_and_kernels():
     GlobalCounters.reset()
     (Tensor(x).T @ Tensor(y).T).realize()
     assert GlobalCounters.kernel_count == 1
+
+
+def test_large_matmul_with_a_transposed_weight_copies_it_for_the_register_tiles():
+    from fusegrad.codegen import lower_to_linear
+    from fusegrad.codegen.opt import OptOps
+
+    xn, wn = rand(128, 784), rand(64, 784, seed=1)
+    GlobalCounters.reset()
+    out = Tensor(xn) @ Tensor(wn).T
+    kernels = [item for item in out.schedule_linear() if item.ast.op is Ops.SINK]
+    assert len(kernels) == 2  # W.T made contiguous, then the matmul
+    assert any(o.op is OptOps.UPCAST for o in lower_to_linear(kernels[-1].ast).opts)
+    np.testing.assert_allclose(out.numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+    (x @ w.T).relu().sum().backward()
+    (xt @ wt.T).relu().sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_matmul_errors():

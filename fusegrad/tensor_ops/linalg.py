@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from fusegrad.uop.ops import Ops
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -70,6 +71,10 @@ class LinalgMixin:
             # products are formed in the accumulation dtype when it is the wider one, like torch's upcast inputs
             wide = least_upper_dtype(x.dtype, w.dtype, to_dtype(dtype))
             x, w = x.cast(wide), w.cast(wide)
+        if w.ndim >= 2 and _is_transposed_view(w) and _copy_pays(x.shape, w.shape):
+            # x @ W.T (every nn.Linear) reads W across rows, where no register tile applies: a copy of W.T costs one
+            # pass over W and turns the matmul into the row-contiguous kind the tiles serve
+            w = w.contiguous()
         if w.ndim == 1:
             products = x * w
         elif x.ndim == 1:
@@ -269,3 +274,22 @@ def _jacobi_round(pairs: Tensor, rows: int) -> Tensor:
 def _lower_strict(n: int, device: str) -> Tensor:
     """[i, j] = j < i: earlier columns win ties."""
     return Tensor.arange(n, device=device).reshape(1, n) < Tensor.arange(n, device=device).reshape(n, 1)
+
+
+def _is_transposed_view(w: Tensor) -> bool:
+    """w is a view that swaps its last two axes (W.T, k.transpose(-1, -2)), leaving the others in place."""
+    u = w.uop
+    n = len(u.shape)
+    return u.op is Ops.PERMUTE and tuple(u.arg) == (*range(n - 2), n - 1, n - 2)
+
+
+# a transposed weight is copied when the matmul has at least this many rows and multiply-adds: below, the extra kernel
+# costs more than the register tiles save
+COPY_MIN_ROWS, COPY_MIN_MACS = 8, 1 << 18
+
+
+def _copy_pays(x_shape: tuple, w_shape: tuple) -> bool:
+    if not all(isinstance(d, int) for d in (*x_shape, *w_shape)):
+        return False  # a symbolic size: the matmul's cost is not known when the graph is built
+    rows = functools.reduce(lambda a, b: a * b, x_shape[:-1], 1)
+    return rows >= COPY_MIN_ROWS and rows * w_shape[-1] * w_shape[-2] >= COPY_MIN_MACS
