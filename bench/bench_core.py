@@ -1,7 +1,7 @@
 """Core pipeline benchmarks against numpy and torch, measured in one process: `python bench/bench_core.py`.
 
-Prints the median of several runs for each case and fusegrad's speed as a ratio to numpy (>1 means faster); the
-fresh-output cases also compare against torch on the same number of threads, with and without a preallocated `out=`."""
+Prints the median of several runs for each case and fusegrad's speed as a ratio to numpy and to torch on as many
+threads (>1 means faster); the fresh-output cases compare with and without a preallocated `out=`."""
 
 from __future__ import annotations
 import statistics
@@ -27,43 +27,50 @@ def main() -> None:
     rng = np.random.default_rng(0)
     an, bn, cn = (rng.standard_normal(n, dtype=np.float32) for _ in range(3))
     a, b, c = (Tensor(x).realize() for x in (an, bn, cn))
-    rows = []
+    torch.set_num_threads(int(NUM_CPU_THREADS.value))  # torch on as many threads as fusegrad
+    at, bt, ct = (torch.from_numpy(x) for x in (an, bn, cn))
+    rows = []  # (case, fusegrad, numpy, torch) seconds
 
     # results are assigned into an output buffer: a repeated identical expression would otherwise be served from
     # the realized-value cache without running anything
     out = Tensor.empty(n).realize()
     t_np = median_time(lambda: np.maximum(an * bn + cn, 0))
     t_fg = median_time(lambda: out.assign((a * b + c).relu()).realize())
-    rows.append(("fused (a*b+c).relu(), 16M f32", t_fg, t_np))
+    t_torch = median_time(lambda: torch.relu(at * bt + ct))
+    rows.append(("fused (a*b+c).relu(), 16M f32", t_fg, t_np, t_torch))
 
     t_np = median_time(lambda: an.sum())
     out_sum = Tensor.empty(()).realize()
     t_fg = median_time(lambda: out_sum.assign(a.sum()).realize())
-    rows.append(("a.sum(), 16M f32", t_fg, t_np))
+    rows.append(("a.sum(), 16M f32", t_fg, t_np, median_time(lambda: at.sum())))
 
     gflops = []
     for m in (512, 1024, 2048):
         xn, yn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
         x, y = Tensor(xn).realize(), Tensor(yn).realize()
+        xt, yt = torch.from_numpy(xn), torch.from_numpy(yn)
         t_np = median_time(lambda: xn @ yn, repeats=3)
+        t_torch = median_time(lambda: xt @ yt, repeats=3)
         out_mm = Tensor.empty(m, m).realize()
         t_fg = median_time(lambda: out_mm.assign(x @ y).realize(), repeats=3)
-        rows.append((f"matmul {m}x{m} f32", t_fg, t_np))
+        rows.append((f"matmul {m}x{m} f32", t_fg, t_np, t_torch))
         if m == 1024:
             # the warm-up searches (or finds the search's winner in the disk cache); the runs use the winner
             with Context(BEAM=2):
                 t_beam = median_time(lambda: out_mm.assign(x @ y).realize(), repeats=3)
-            rows.append((f"matmul {m}x{m} f32 BEAM=2", t_beam, t_np))
+            rows.append((f"matmul {m}x{m} f32 BEAM=2", t_beam, t_np, t_torch))
             bn_ = rng.standard_normal(m, dtype=np.float32)
             bias = Tensor(bn_).realize()
             t_np_epi = median_time(lambda: np.maximum(xn @ yn + bn_, 0), repeats=3)
             t_epi = median_time(lambda: out_mm.assign((x @ y + bias).relu()).realize(), repeats=3)
-            rows.append((f"(x @ w + b).relu() {m}x{m} f32", t_epi, t_np_epi))
+            bt_ = torch.from_numpy(bn_)
+            t_torch_epi = median_time(lambda: torch.relu(xt @ yt + bt_), repeats=3)
+            rows.append((f"(x @ w + b).relu() {m}x{m} f32", t_epi, t_np_epi, t_torch_epi))
         gflops.append(f"{m}: fusegrad {2 * m**3 / t_fg / 1e9:.1f}, numpy {2 * m**3 / t_np / 1e9:.1f}")
 
-    print(f"{'case':34s} {'fusegrad':>12s} {'numpy':>12s} {'speed vs numpy':>15s}")
-    for name, fg, npt in rows:
-        print(f"{name:34s} {fg * 1e3:10.2f}ms {npt * 1e3:10.2f}ms {npt / fg:14.2f}x")
+    print(f"{'case':34s} {'fusegrad':>12s} {'numpy':>12s} {'torch':>12s} {'vs numpy':>9s} {'vs torch':>9s}")
+    for name, fg, npt, tt in rows:
+        print(f"{name:34s} {fg * 1e3:10.2f}ms {npt * 1e3:10.2f}ms {tt * 1e3:10.2f}ms {npt / fg:8.2f}x {tt / fg:8.2f}x")
     print(f"matmul GFLOPS: {'; '.join(gflops)}")
 
     fresh_output_rows(rng, an, bn, cn, a, b, c)
