@@ -171,10 +171,11 @@ AMD_PCI = ContextVar("AMD_PCI", "")  # PCI address of the AMD function DEV=AMD o
 AMD_ARCH = ContextVar("AMD_ARCH", "gfx950")  # kernel target; gfx942 when the installed LLVM lacks it
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0 plans every realize's schedule again instead of reusing one
 SPEC = ContextVar("SPEC", 0)  # 1 checks the kernel graph against uop/spec.py after every codegen stage
+JIT = ContextVar("JIT", 1)  # 0: TinyJit runs the function every call; 2: replays kernel by kernel, not batched
+JITBEAM = ContextVar("JITBEAM", 0)  # BEAM width for kernels a TinyJit captures
+JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)  # most kernels one batched C call of a replay launches
+NO_MEMORY_PLANNER = ContextVar("NO_MEMORY_PLANNER", 0)  # 1: a captured step's intermediates keep their own memory
 # API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
-JITBEAM = ContextVar("JITBEAM", 0)
-JIT = ContextVar("JIT", 1)
-JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)
 IMAGE = ContextVar("IMAGE", 0)
 FLOAT16 = ContextVar("FLOAT16", 0)
 WINO = ContextVar("WINO", 0)
@@ -188,7 +189,6 @@ PROFILE = ContextVar("PROFILE", 0)
 VALIDATE_WITH_CPU = ContextVar("VALIDATE_WITH_CPU", 0)
 PARALLEL = ContextVar("PARALLEL", 0)
 MAX_BUFFER_SIZE = ContextVar("MAX_BUFFER_SIZE", 0)
-NO_MEMORY_PLANNER = ContextVar("NO_MEMORY_PLANNER", 0)
 USE_ATOMICS = ContextVar("USE_ATOMICS", 0)
 TRACEMETA = ContextVar("TRACEMETA", 0)
 CUDA_PATH = ContextVar("CUDA_PATH", "")
