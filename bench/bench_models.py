@@ -12,7 +12,6 @@ torch runs on as many threads as fusegrad's CPU backend. Each figure is a median
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -23,20 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "models"))  # the GGUF model maker
 
+from bench_core import median_time  # noqa: E402  (this script's folder is on the path)
 from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
 from fusegrad.models.generate import Sampling, generate, prefill  # noqa: E402
 
 PROMPT, DECODE = 128, 32
-
-
-def median_time(fn, repeats: int = 5) -> float:
-    fn()  # warm-up: compiles kernels
-    times = []
-    for _ in range(repeats):
-        st = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - st)
-    return statistics.median(times)
 
 
 def row(name: str, unit: str, ours: float, theirs: float) -> None:
@@ -54,8 +44,8 @@ def bench_bert() -> None:
     sentences = [" ".join(rng.choice(words, rng.integers(5, 14))) for _ in range(32)]
     ours = SentenceEncoder(get_model_path())
     ref = SentenceTransformer(str(get_model_path()), device="cpu")
-    t_ours = median_time(lambda: ours.encode(sentences))
-    t_ref = median_time(lambda: ref.encode(sentences, batch_size=32))
+    t_ours = median_time(lambda: ours.encode(sentences), repeats=5)
+    t_ref = median_time(lambda: ref.encode(sentences, batch_size=32), repeats=5)
     row("BERT MiniLM-L6, batch of 32", "sent/s", 32 / t_ours, 32 / t_ref)
 
 
@@ -155,7 +145,7 @@ def bench_serve() -> None:
             for _ in client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0, stream=True):
                 return
 
-        t = median_time(first_token)
+        t = median_time(first_token, repeats=5)
         server.should_exit = True
     print(f"{'fusegrad-llm serve first token (tiny model)':44s} {t * 1e3:10.1f} ms")
 
