@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from fusegrad.helpers import prod
 from fusegrad.uop.ops import Ops
 
 if TYPE_CHECKING:
@@ -291,5 +292,5 @@ COPY_MIN_ROWS, COPY_MIN_MACS = 8, 1 << 18
 def _copy_pays(x_shape: tuple, w_shape: tuple) -> bool:
     if not all(isinstance(d, int) for d in (*x_shape, *w_shape)):
         return False  # a symbolic size: the matmul's cost is not known when the graph is built
-    rows = functools.reduce(lambda a, b: a * b, x_shape[:-1], 1)
+    rows = prod(x_shape[:-1])
     return rows >= COPY_MIN_ROWS and rows * w_shape[-1] * w_shape[-2] >= COPY_MIN_MACS
