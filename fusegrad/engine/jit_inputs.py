@@ -3,7 +3,7 @@ of bound Variables in them (compared unbound, passed to the kernels)."""
 
 from __future__ import annotations
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule import buffer_of
 from fusegrad.tensor import Tensor
@@ -63,32 +63,38 @@ def input_layout(u: UOp, bases: list[UOp], var_vals: dict[UOp, int]) -> Hashable
     return None
 
 
-def unbind(x: Any, var_vals: dict[UOp, int]) -> Any:
-    """x (a size, a tuple of sizes or pairs) with each bound Variable replaced by the Variable; values to var_vals."""
+def map_binds(x: Any, on_bind: Callable[[UOp], UOp]) -> Any:
+    """x (a size, a tuple of sizes or pairs) with each BIND node inside it replaced by on_bind(node)."""
     if isinstance(x, tuple):
-        return tuple(unbind(y, var_vals) for y in x) if any(isinstance(y, (tuple, UOp)) for y in x) else x
+        return tuple(map_binds(y, on_bind) for y in x) if any(isinstance(y, (tuple, UOp)) for y in x) else x
     if not isinstance(x, UOp):
         return x
     if x.op is Ops.BIND:
-        var, value = x.unbind()
+        return on_bind(x)
+    src = tuple(map_binds(s, on_bind) for s in x.src)
+    return x if src == x.src else x.replace(src=src)
+
+
+def unbind(x: Any, var_vals: dict[UOp, int]) -> Any:
+    """x with each bound Variable replaced by the Variable; the values go to var_vals."""
+
+    def to_var(bind: UOp) -> UOp:
+        var, value = bind.unbind()
         if var_vals.setdefault(var, value) != value:
             raise JitError(f"Variable {var.arg[0]!r} is bound to both {var_vals[var]} and {value} in one call")
         return var
-    src = tuple(unbind(s, var_vals) for s in x.src)
-    return x if src == x.src else x.replace(src=src)
+
+    return map_binds(x, to_var)
 
 
 def rebind(x: Any, var_vals: dict[UOp, int]) -> Any:
     """x with each bound Variable bound to its value in var_vals instead."""
-    if isinstance(x, tuple):
-        return tuple(rebind(y, var_vals) for y in x) if any(isinstance(y, (tuple, UOp)) for y in x) else x
-    if not isinstance(x, UOp):
-        return x
-    if x.op is Ops.BIND:
-        var = x.src[0]
-        return var.bind(var_vals[var]) if var in var_vals and var_vals[var] != x.src[1].arg else x
-    src = tuple(rebind(s, var_vals) for s in x.src)
-    return x if src == x.src else x.replace(src=src)
+
+    def to_value(bind: UOp) -> UOp:
+        var = bind.src[0]
+        return var.bind(var_vals[var]) if var in var_vals and var_vals[var] != bind.src[1].arg else bind
+
+    return map_binds(x, to_value)
 
 
 def whole_buffer(u: UOp) -> bool:
