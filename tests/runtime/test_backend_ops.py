@@ -13,8 +13,9 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from fusegrad import Context, Tensor, dtypes
+from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
+from digits_steps import train_digits_steps
 
 try:
     import llvmlite  # noqa: F401
@@ -330,42 +331,8 @@ def test_the_digits_model_trains_on_llvm_like_on_cpu():
     """A few Adam steps of the digits demo's convnet on DEV=LLVM follow the CPU run's losses."""
     if not HAVE_LLVM:
         pytest.skip("the LLVM device needs llvmlite")
-    import importlib.util
-    import pathlib
-
-    from fusegrad import nn
-    from fusegrad.nn.datasets import digits
-    from fusegrad.nn.optim import Adam
-    from fusegrad.nn.state import get_parameters
-
-    spec = importlib.util.spec_from_file_location(
-        "train_digits", pathlib.Path(__file__).parents[2] / "examples" / "train_digits.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-
-    def train(device: str) -> tuple[list[float], float]:
-        with Context(DEV=device):
-            Tensor.manual_seed(0)
-            X_train, Y_train, X_test, Y_test = digits()
-            X_train, X_test = X_train.float() / 16.0, X_test.float() / 16.0
-            model = module.ConvNet()
-            opt = Adam(get_parameters(model), lr=5e-3)
-            losses = []
-            for step in range(12):
-                idx = Tensor(np.arange(step * 64, (step + 1) * 64, dtype=np.int32))
-                with Context(TRAINING=1):
-                    opt.zero_grad()
-                    loss = model(X_train[idx]).sparse_categorical_crossentropy(Y_train[idx])
-                    loss.backward()
-                    opt.step()
-                losses.append(loss.item())
-            accuracy = (model(X_test).argmax(axis=-1) == Y_test).float().mean().item()
-            assert isinstance(model.c1, nn.Conv2d) and model.c1.weight.device == device
-            return losses, accuracy
-
-    cpu_losses, cpu_accuracy = train("CPU")
-    llvm_losses, llvm_accuracy = train("LLVM")
+    cpu_losses, cpu_accuracy = train_digits_steps("CPU", 12, accuracy=True)
+    llvm_losses, llvm_accuracy = train_digits_steps("LLVM", 12, accuracy=True)
     assert llvm_losses[-1] < llvm_losses[0] * 0.7, llvm_losses
     np.testing.assert_allclose(llvm_losses, cpu_losses, rtol=1e-3)
     assert abs(llvm_accuracy - cpu_accuracy) < 0.01 and llvm_accuracy > 0.5
