@@ -132,14 +132,6 @@ def graph_library() -> ctypes.CDLL | None:
     return lib
 
 
-def chunk_bounds(program: CPUProgram, threads: int) -> list[int]:
-    """The outer-loop split CPUProgram uses for this kernel with `threads` threads (one chunk: no split)."""
-    if threads <= 1 or program.outer_size < 2 or program.ops < program.MIN_OPS_PER_THREAD * 2:
-        return [0, program.outer_size]
-    n = min(threads, program.outer_size, max(program.ops // program.MIN_OPS_PER_THREAD, 1))
-    return [program.outer_size * i // n for i in range(n + 1)]
-
-
 @dataclass(frozen=True)
 class GraphEntry:
     """One launch of a batch: a CPU kernel on buffers, or (program None) a copy of buffers[1] into buffers[0]."""
@@ -180,7 +172,7 @@ class CPUGraph:
             else:
                 fns.append(ctypes.cast(e.program.fn, ctypes.c_void_p).value)
                 nargs.append(len(e.buffers))
-                b = chunk_bounds(e.program, threads)
+                b = e.program.chunk_bounds(threads)
                 chunks.append(len(b) - 1)
                 bounds.extend(b)
         self.count = n

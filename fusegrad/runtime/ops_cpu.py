@@ -183,16 +183,22 @@ class CPUProgram:
         self.fn.restype = None
         self.outer_size, self.ops, self.nparams = outer_size, ops, nparams
 
+    def chunk_bounds(self, threads: int) -> list[int]:
+        """Where the outer loop is cut among threads: one chunk unless each thread gets enough work."""
+        if threads <= 1 or self.outer_size < 2 or self.ops < self.MIN_OPS_PER_THREAD * 2:
+            return [0, self.outer_size]
+        n = min(threads, self.outer_size, max(self.ops // self.MIN_OPS_PER_THREAD, 1))
+        return [self.outer_size * i // n for i in range(n + 1)]
+
     def __call__(self, buffers: list[Buffer]) -> None:
         if len(buffers) != self.nparams:
             raise RuntimeError(f"kernel takes {self.nparams} buffers, got {len(buffers)}")
         addrs = [_address(b) for b in buffers]
-        threads = int(NUM_CPU_THREADS.value)
-        if threads <= 1 or self.outer_size < 2 or self.ops < self.MIN_OPS_PER_THREAD * 2:
+        bounds = self.chunk_bounds(int(NUM_CPU_THREADS.value))
+        n = len(bounds) - 1
+        if n == 1:
             self.fn(*addrs, 0, self.outer_size)
             return
-        n = min(threads, self.outer_size, max(self.ops // self.MIN_OPS_PER_THREAD, 1))
-        bounds = [self.outer_size * i // n for i in range(n + 1)]
         pool = thread_pool(n - 1)
         futures = [pool.submit(self.fn, *addrs, bounds[i], bounds[i + 1]) for i in range(1, n)]
         self.fn(*addrs, bounds[0], bounds[1])
