@@ -12,7 +12,8 @@ import threading
 from fusegrad.helpers import CACHELEVEL, CCACHE, DEBUG
 from fusegrad.renderer.llvmir import LLVMRenderer
 from fusegrad.runtime.device import Compiled, HostAllocator
-from fusegrad.runtime.ops_cpu import CompileError, CPUProgram, KernelCache
+from fusegrad.runtime.kernel_cache import KernelCache
+from fusegrad.runtime.ops_cpu import CompileError, CPUProgram
 
 try:
     import llvmlite
