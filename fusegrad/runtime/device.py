@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 import contextlib
+import ctypes
 import functools
 import gc
 import hashlib
@@ -226,6 +227,7 @@ class Buffer:
         self.device, self.size, self.dtype = device, size, dtype
         self._mem: Any = None  # the allocator's handle (a numpy array on host devices)
         self._initial = initial  # host data copied in on first allocation
+        self._address: tuple[Any, int] | None = None  # (the memory, its address): address() of the current memory
 
     @property
     def nbytes(self) -> int:
@@ -282,7 +284,18 @@ class Buffer:
         return self._mem[: self.nbytes].view(to_numpy_dtype(self.dtype))
 
     def address(self) -> int:
-        return self.host_view().ctypes.data
+        """The host memory's address, remembered with the memory it belongs to: numpy's .ctypes.data builds an object
+        per call, and every kernel launch asks for each argument's."""
+        cached = self._address
+        if cached is not None and cached[0] is self._mem:
+            return cached[1]
+        view = self.host_view()  # host devices only; allocates
+        try:  # a quarter of .ctypes.data's cost; read-only or empty memory cannot be exported this way
+            address = ctypes.addressof(ctypes.c_char.from_buffer(self._mem))
+        except (TypeError, ValueError):
+            address = view.ctypes.data
+        self._address = (self._mem, address)
+        return address
 
     def copyin(self, data: np.ndarray) -> None:
         """Host values (any shape, of this buffer's storage dtype) into the buffer."""

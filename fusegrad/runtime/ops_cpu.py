@@ -156,21 +156,6 @@ def thread_pool(workers: int | None = None) -> ThreadPoolExecutor:
         return _pool
 
 
-def _address(buf: Buffer) -> int:
-    """buf's address, remembered with the memory it belongs to: numpy's .ctypes.data builds an object per call, and
-    a kernel launch asks for every argument's address."""
-    cached = buf.__dict__.get("_launch_address")
-    if cached is not None and cached[0] is buf._mem:
-        return cached[1]
-    buf.ensure_allocated()
-    try:  # a quarter of .ctypes.data's cost; read-only or empty memory cannot be exported this way
-        address = ctypes.addressof(ctypes.c_char.from_buffer(buf._mem))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        address = buf.address()
-    buf._launch_address = (buf._mem, address)  # type: ignore[attr-defined]
-    return address
-
-
 class CPUProgram:
     """A loaded kernel; ctypes releases the GIL during the call, so chunks of the outer loop run in parallel."""
 
@@ -193,7 +178,7 @@ class CPUProgram:
     def __call__(self, buffers: list[Buffer]) -> None:
         if len(buffers) != self.nparams:
             raise RuntimeError(f"kernel takes {self.nparams} buffers, got {len(buffers)}")
-        addrs = [_address(b) for b in buffers]
+        addrs = [b.address() for b in buffers]
         bounds = self.chunk_bounds(int(NUM_CPU_THREADS.value))
         n = len(bounds) - 1
         if n == 1:
