@@ -125,6 +125,9 @@ class LLVMCompiler:
             _retired_engines.clear()  # disposed here, never by a finalizer on whatever thread dropped the program
             # an engine owns its target machine and frees it with itself: each gets its own
             engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
+            # llvmlite's object file points into `data` without copying, and the engine keeps reading its loaded
+            # objects (it walks them again when disposed): the bytes must live exactly as long as the engine
+            engine.object_bytes = data
             engine.add_object_file(llvm.ObjectFileRef.from_data(data))
             engine.finalize_object()
             if not (address := engine.get_function_address(name)):
