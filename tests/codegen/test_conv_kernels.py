@@ -1,5 +1,5 @@
 """Convolution kernels (issue 9, item 8): forward, input-gradient and weight-gradient kernels index without per-element
-division or modulo in their innermost loop (stride 1, any padding, dilation, groups), and their values (forward and
+division or modulo in their innermost loop (any stride, padding, dilation, groups), and their values (forward and
 backward, every stride/padding/dilation/groups variant) equal torch's."""
 
 import numpy as np
@@ -27,6 +27,10 @@ STRIDED = [
     ((2, 4, 7, 8), (6, 2, 3, 2), {"groups": 2, "stride": (2, 1), "dilation": (1, 2), "padding": (1, 2)}),
     ((1, 3, 10, 9), (2, 3, 2, 3), {"stride": 3}),
     ((1, 2, 8, 8), (2, 2, 1, 1), {"stride": 2, "padding": 1}),
+    ((1, 2, 11, 12), (3, 2, 3, 3), {"stride": 2, "dilation": 2, "padding": 2}),
+    ((2, 3, 17), (4, 3, 5), {"stride": 3, "dilation": 2, "padding": 3}),
+    ((1, 2, 10, 13), (3, 2, 3, 2), {"stride": (4, 3), "dilation": (1, 3), "padding": (0, 2)}),
+    ((1, 2, 7, 6, 5), (2, 2, 2, 3, 2), {"stride": (2, 3, 1), "padding": (1, 0, 1)}),
 ]
 
 
@@ -74,7 +78,7 @@ def innermost_c_loops(src: str) -> list[str]:
     return loops
 
 
-@pytest.mark.parametrize("xs,ws,kw", CASES)
+@pytest.mark.parametrize("xs,ws,kw", CASES + STRIDED)
 def test_conv_kernels_have_no_division_in_the_innermost_loop(xs, ws, kw, layout):
     _, tensors = conv_graphs(xs, ws, kw)
     items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
@@ -94,6 +98,19 @@ def test_conv_kernels_have_no_division_in_the_innermost_loop(xs, ws, kw, layout)
                 assert "/" not in loop and "%" not in loop, f"{info.name}:\n{loop}"
         reducing += info.name.startswith("r_")
     assert reducing >= 3  # forward, input gradient, weight gradient
+
+
+@pytest.mark.parametrize("xs,ws,kw", [c for c in STRIDED if c[2].get("groups", 1) == 1])
+def test_strided_conv_input_gradient_kernels_never_divide(xs, ws, kw, layout):
+    """The stride > 1 input gradient is stride-1 sub-convolutions per phase, their sub-kernels and one interleave:
+    none of its kernels, copies included, reads a zero-stuffed gradient (a division by the stride per element)."""
+    _, (_, dx, _) = conv_graphs(xs, ws, kw)
+    items, _, _ = create_schedule([dx.uop], [Device["CPU"]])
+    kernels = [item for item in items if item.ast.op is Ops.SINK]
+    for item in kernels:
+        info = lower_to_linear(item.ast)
+        assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    assert any(lower_to_linear(item.ast).name.startswith("r_") for item in kernels)  # the phases' convs
 
 
 @pytest.fixture(params=["fused", "stored", "stored, whole batch"])
