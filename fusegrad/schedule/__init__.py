@@ -436,7 +436,14 @@ class _Planner:
             """Whether s, a source of user (None: the kernel's value itself), is read from a parameter."""
             if not is_lifted_const_view(s, const_views):
                 return False
-            return dtypes.is_float(s.dtype) or (user is not None and user.op in INT_CONST_OPERAND_OPS)
+            if dtypes.is_float(s.dtype):
+                return True
+            # an int constant combined only with constants (the squarings of `2 ** t`) stays foldable by the compiler
+            return user is not None and (
+                user.op is Ops.NEG  # `x - k` adds -k
+                or user.op in INT_CONST_OPERAND_OPS
+                and any(o is not s and not is_lifted_const_view(o, const_views) for o in user.src)
+            )
 
         def param(buf: Buffer, key: object) -> UOp:
             if key not in params:
@@ -514,7 +521,8 @@ _FOLDED_CONSTS = (0.0, 1.0, -1.0)
 # dtypes whose values numpy stores exactly as the kernel reads them (unsigned ints stay literals: random bits are
 # made of shifts and masks by them)
 _LIFTED_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64)
-# the ops an int constant is a parameter of; everything else (shifts, pow, division, bit masks, casts) compiles it in
+# the ops an int constant is a parameter of (with data as another operand; and NEG); everything else (shifts, pow,
+# division, bit masks, casts) compiles it in
 INT_CONST_OPERAND_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE})
 MAX_CONST_BUFFERS = 4096
 # a kernel gives each use of a constant its own parameter up to this many parameters
