@@ -422,8 +422,10 @@ class NNMixin:
                 f"output padding must be non-negative and smaller than either stride or dilation, but got "
                 f"output_padding={out_pad}, stride={stride_t}, dilation={dilation_t}"
             )
-        # insert s-1 zeros between input elements (none after the last)
         spatial = self.shape[2:]
+        if any(s > 1 for s in stride_t):
+            return self._conv_transpose_by_phase(weight, bias, groups, stride_t, dilation_t, pads, out_pad)
+        # insert s-1 zeros between input elements (none after the last)
         x = _zero_stuffed(self, stride_t).shrink(
             (None, None) + tuple((0, max(i - 1, 0) * s + min(i, 1)) for i, s in zip(spatial, stride_t))
         )
@@ -433,6 +435,29 @@ class NNMixin:
             (d * (k - 1) - b, d * (k - 1) - a + op) for (b, a), k, d, op in zip(pads, kernel, dilation_t, out_pad)
         ]
         return x.conv2d(w, bias, groups=groups, dilation=dilation_t, padding=_cat(reversed(conv_pads)))
+
+    def _conv_transpose_by_phase(
+        self,
+        weight: Tensor,
+        bias: Tensor | None,
+        groups: int,
+        stride: tuple[int, ...],
+        dilation: tuple[int, ...],
+        pads: tuple[tuple[int, int], ...],
+        out_pad: tuple[int, ...],
+    ) -> Tensor:
+        """A strided transposed convolution: the input gradient of the conv2d it transposes (one stride-1
+        convolution per stride phase), never reading a zero-stuffed input, whose indices divide by the stride."""
+        sizes = zip(self.shape[2:], weight.shape[2:], stride, dilation, pads, out_pad)
+        spatial = tuple((i - 1) * s - lo - hi + d * (k - 1) + op + 1 for i, k, s, d, (lo, hi), op in sizes)
+        if any(o < 1 for o in spatial):
+            raise RuntimeError(
+                f"conv_transpose2d of input {self.shape} with weight {weight.shape}, stride={stride}, "
+                f"dilation={dilation}, padding={pads}, output_padding={out_pad} has output size {spatial}"
+            )
+        out = self._conv_input_grad_by_phase(weight, groups, stride, dilation, pads, spatial)
+        out = out.cast(least_upper_dtype(self.dtype, weight.dtype))
+        return out if bias is None else out + bias.reshape((1, out.shape[1]) + (1,) * len(stride))
 
     # ------------------------------------------------------------------ pooling
     def _pool_args(
