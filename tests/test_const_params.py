@@ -153,3 +153,10 @@ def test_schedule_cache_never_rebinds_a_literal_int_constant():
     x = Tensor(x_np).realize()
     for k in (2, 3, 4, 5):
         np.testing.assert_array_equal(((x * k) + (x << k)).numpy(), x_np * k + (x_np << k))
+
+
+def test_python_backend_reads_int_parameter_constants():
+    x = Tensor(np.arange(-4, 4, dtype=np.int32), device="PYTHON")
+    outs: list[list[int]] = []
+    assert compiles_during(lambda: outs.extend((x * k + 3 * k).tolist() for k in (5, 7, 9))) == 1
+    assert outs == [[k * v + 3 * k for v in range(-4, 4)] for k in (5, 7, 9)]
