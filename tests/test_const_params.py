@@ -105,3 +105,58 @@ def test_loaded_programs_are_bounded(monkeypatch):
     for n in range(2, 9):
         np.testing.assert_array_equal(x.pow(n).numpy(), np.arange(5, dtype=np.float32) ** n)
     assert len(engine._runners) <= 3
+
+
+def test_fifty_int_scalars_compile_one_kernel():
+    """Int data constants are parameters too: `x * k + c` over 50 different k, c (int32 and int64) is one program."""
+    for dtype, np_dt in ((dtypes.int32, np.int32), (dtypes.int64, np.int64)):
+        x_np = np.arange(-20, 21, dtype=np_dt)
+        x = Tensor(x_np, dtype=dtype).realize()
+        outs: list[np.ndarray] = []
+        scalars = [(i * 7 - 170, 3 * i + 7) for i in range(50) if i * 7 - 170 not in (0, 1, -1)]
+        n = compiles_during(lambda: outs.extend(((x * k + c).maximum(c - 5) < k * 3).numpy() for k, c in scalars))
+        assert n == 1
+        for (k, c), got in zip(scalars, outs):
+            np.testing.assert_array_equal(got, np.maximum(x_np * np_dt(k) + np_dt(c), np_dt(c - 5)) < np_dt(k * 3))
+        sums: list[np.ndarray] = []
+        assert compiles_during(lambda: sums.extend((x + c).sum().numpy() for c in range(2, 12))) == 1
+        assert [int(s) for s in sums] == [int((x_np + c).sum()) for c in range(2, 12)]
+
+
+@pytest.mark.parametrize(
+    "build,ref",
+    [
+        (lambda x, k: x << k, lambda x, k: x << k),
+        (lambda x, k: x >> k, lambda x, k: x >> k),
+        (lambda x, k: x**k, lambda x, k: x**k),
+        (lambda x, k: x // k, lambda x, k: x // k),
+        (lambda x, k: x % k, lambda x, k: x % k),
+    ],
+    ids=["shl", "shr", "pow", "floordiv", "mod"],
+)
+def test_int_constants_that_shape_the_code_stay_literals(build, ref):
+    """Shift counts, integer powers and divisors are compiled in (the code depends on them: a power is unrolled, a
+    division by a constant becomes a multiply): each value is its own program, with numpy's values."""
+    x_np = np.arange(1, 40, dtype=np.int32)
+    x = Tensor(x_np).realize()
+    outs: list[np.ndarray] = []
+    n = compiles_during(lambda: outs.extend(build(x, k).numpy() for k in (2, 3, 5)))
+    assert n == 3
+    for k, got in zip((2, 3, 5), outs):
+        np.testing.assert_array_equal(got, ref(x_np, np.int32(k)))
+
+
+def test_schedule_cache_never_rebinds_a_literal_int_constant():
+    """`x * k` lifts k but `x << k` keeps it literal: a graph using one int constant both ways is planned again for
+    each value, never served with another value's compiled shift."""
+    x_np = np.arange(0, 30, dtype=np.int32)
+    x = Tensor(x_np).realize()
+    for k in (2, 3, 4, 5):
+        np.testing.assert_array_equal(((x * k) + (x << k)).numpy(), x_np * k + (x_np << k))
+
+
+def test_python_backend_reads_int_parameter_constants():
+    x = Tensor(np.arange(-4, 4, dtype=np.int32), device="PYTHON")
+    outs: list[list[int]] = []
+    assert compiles_during(lambda: outs.extend((x * k + 3 * k).tolist() for k in (5, 7, 9))) == 1
+    assert outs == [[k * v + 3 * k for v in range(-4, 4)] for k in (5, 7, 9)]

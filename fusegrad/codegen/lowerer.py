@@ -91,6 +91,9 @@ class Lowerer:
             return u  # a bound variable's value used as data (a mean over a symbolic axis divides by it)
         if op is Ops.ARANGE:
             return idxs[0].cast(u.dtype)
+        if op is Ops.RESHAPE and src[0].op is Ops.RESHAPE:
+            # one reshape: the middle shape's dims would be split off by division only to be merged again
+            return (yield self._lower_step(src[0].replace(arg=u.arg), idxs, valid))
         if op is Ops.RESHAPE:
             old = src[0].shape
             if tuple(d for d in old if d != 1) == tuple(d for d in u.arg if d != 1):  # only size-1 dims moved

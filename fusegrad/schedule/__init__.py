@@ -424,10 +424,26 @@ class _Planner:
 
     def _to_ast(self, value: UOp, params: dict[object, tuple[Buffer, UOp]], point: UOp, device: str) -> UOp:
         """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers, and
-        float data constants are read from one-element parameter buffers, so kernels that differ only in a constant
+        data constants are read from one-element parameter buffers, so kernels that differ only in a constant
         (a learning rate, a scalar in a user's loop) are one AST and one compiled program. Each use of a constant gets
-        a parameter of its own: equal constants (one hash-consed node) then build the same AST as different ones."""
+        a parameter of its own: equal constants (one hash-consed node) then build the same AST as different ones.
+        Float constants are lifted wherever they are used; int ones only as operands of plain arithmetic and
+        comparisons (INT_CONST_OPERAND_OPS): a shift count, a power, a divisor shape the compiled code."""
         memo: dict[UOp, UOp] = {}
+        const_views = self.const_views
+
+        def lifted(user: UOp | None, s: UOp) -> bool:
+            """Whether s, a source of user (None: the kernel's value itself), is read from a parameter."""
+            if not is_lifted_const_view(s, const_views):
+                return False
+            if dtypes.is_float(s.dtype):
+                return True
+            # an int constant combined only with constants (the squarings of `2 ** t`) stays foldable by the compiler
+            return user is not None and (
+                user.op is Ops.NEG  # `x - k` adds -k
+                or user.op in INT_CONST_OPERAND_OPS
+                and any(o is not s and not is_lifted_const_view(o, const_views) for o in user.src)
+            )
 
         def param(buf: Buffer, key: object) -> UOp:
             if key not in params:
@@ -464,7 +480,7 @@ class _Planner:
                 ret = memo[inner]
             elif u.op is Ops.BUFFER:
                 ret = param(buf := buffer_of[u], buf)
-            elif is_lifted_const_view(u, self.const_views):
+            elif lifted(None, u):
                 ret = const_use(u)
             elif u.op is Ops.BIND:
                 ret = self.vars.kernel_var(u, device, buffer_param)  # its value is a parameter, not part of the AST
@@ -476,9 +492,9 @@ class _Planner:
             else:
                 if not expanded:
                     stack.append((u, True))
-                    stack.extend((s, False) for s in reversed(u.src) if not is_lifted_const_view(s, self.const_views))
+                    stack.extend((s, False) for s in reversed(u.src) if not lifted(u, s))
                     continue
-                new_src = tuple(const_use(s) if is_lifted_const_view(s, self.const_views) else memo[s] for s in u.src)
+                new_src = tuple(const_use(s) if lifted(u, s) else memo[s] for s in u.src)
                 if arg_uops(u):
                     ret = u.replace(src=new_src, arg=self.vars.kernel_arg(u, device, buffer_param))
                 else:
@@ -502,8 +518,12 @@ def is_lifted_const_view(u: UOp, memo: dict[UOp, bool]) -> bool:
 
 # constants the code generator folds by value (x*1, x+0, where(..., 0)) and non-finite masks stay literals
 _FOLDED_CONSTS = (0.0, 1.0, -1.0)
-# float dtypes whose values numpy stores exactly as the kernel reads them
-_LIFTED_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64)
+# dtypes whose values numpy stores exactly as the kernel reads them (unsigned ints stay literals: random bits are
+# made of shifts and masks by them)
+_LIFTED_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64)
+# the ops an int constant is a parameter of (with data as another operand; and NEG); everything else (shifts, pow,
+# division, bit masks, casts) compiles it in
+INT_CONST_OPERAND_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE})
 MAX_CONST_BUFFERS = 4096
 # a kernel gives each use of a constant its own parameter up to this many parameters
 MAX_KERNEL_PARAMS = 64

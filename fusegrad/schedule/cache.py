@@ -11,7 +11,7 @@ a planned schedule comes from in those terms: an input buffer, a constant, or a 
 from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
-from fusegrad.dtype import DType
+from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, SCHEDULE_CACHE
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule import (
@@ -206,6 +206,18 @@ def cached_schedule(
     return plan.items, plan.results, plan.inner
 
 
+def _compiles_in_a_slot_constant(shape: GraphShape, items) -> bool:
+    """Whether a kernel has one of the caller's int constants as a literal (a shift count, a divisor: the scheduler
+    lifts int constants only where the code does not depend on them): a template would replay it for other values."""
+    slots = {(dtype, value) for dtype, value in shape.consts if dtypes.is_int(dtype)}
+    return bool(slots) and any(
+        u.op is Ops.CONST and (u.dtype, u.arg) in slots
+        for item in items
+        if item.ast.op is Ops.SINK
+        for u in item.ast.toposort()
+    )
+
+
 def _make_template(shape: GraphShape, plan, position: dict[UOp, int]) -> ScheduleTemplate | None:
     """The plan in slot terms, or None when some part of it is not one of the kinds a template re-binds."""
     buffer_slot = {b: i for i, b in enumerate(shape.buffers)}
@@ -223,6 +235,8 @@ def _make_template(shape: GraphShape, plan, position: dict[UOp, int]) -> Schedul
             return ("const", slot, device) if slot is not None else ("fixed", buf)
         return None
 
+    if _compiles_in_a_slot_constant(shape, plan.items):
+        return None
     kernels = []
     for item in plan.items:
         refs = tuple(ref(b, item.device) for b in item.buffers)

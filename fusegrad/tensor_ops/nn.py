@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -145,12 +146,37 @@ def _zero_stuffed(x: Tensor, stride: tuple[int, ...]) -> Tensor:
     return x.reshape(lead + tuple(i * s for i, s in zip(spatial, stride)))
 
 
+def _stride_phases(
+    k: int, s: int, d: int, pads: tuple[int, int], size: int, out: int
+) -> list[tuple[int, int, int, int, tuple[int, int]] | None]:
+    """Per phase r of one strided dim (padded input positions q*s + r, q < ceil((lo + size) / s)): None when no tap
+    reaches it, else (first tap j0, dilation of its sub-kernel, tap step, tap count M, padding of the gradient).
+    Tap j reads gradient q - (j*d - r)/s, so taps j0 + m*step read q - c - m*d' (c the first one's offset); the padding
+    (left c + (M-1)*d', right so the sub-convolution has ceil((lo + size) / s) outputs) makes that a plain
+    stride-1 correlation with the sub-kernel reversed."""
+    common = math.gcd(s, d)
+    step, sub_d, q = s // common, d // common, ceildiv(pads[0] + size, s)
+    phases: list[tuple[int, int, int, int, tuple[int, int]] | None] = []
+    for r in range(s):
+        first = next((j for j in range(min(k, step)) if (j * d - r) % s == 0), None)
+        if first is None:
+            phases.append(None)
+            continue
+        count, c = ceildiv(k - first, step), (first * d - r) // s
+        phases.append((first, sub_d, step, count, (c + (count - 1) * sub_d, q - c - out)))
+    return phases
+
+
 def _flipped_kernel(weight: Tensor, groups: int) -> Tensor:
     """(A, B, *kernel) -> (groups*B, A/groups, *kernel): in/out channels swapped per group, taps reversed; the kernel
     of the transposed convolution."""
+    return _swapped_channels(weight, groups).flip(tuple(range(2, weight.ndim)))
+
+
+def _swapped_channels(weight: Tensor, groups: int) -> Tensor:
+    """(A, B, *kernel) -> (groups*B, A/groups, *kernel): in/out channels swapped per group, taps in place."""
     a, b, kernel = weight.shape[0] // groups, weight.shape[1], weight.shape[2:]
-    w = weight.reshape((groups, a, b) + kernel).transpose(1, 2)
-    return w.reshape((groups * b, a) + kernel).flip(tuple(range(2, 2 + len(kernel))))
+    return weight.reshape((groups, a, b) + kernel).transpose(1, 2).reshape((groups * b, a) + kernel)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -282,7 +308,9 @@ class NNMixin:
         *out): the output gradient zero-stuffed by stride and padded by the dilated kernel, convolved with the kernel
         flipped and its channels swapped per group."""
         n, kernel = weight.ndim - 2, weight.shape[2:]
-        g = _zero_stuffed(self, stride) if any(s > 1 for s in stride) else self
+        if any(s > 1 for s in stride):
+            return self._conv_input_grad_by_phase(weight, groups, stride, dilation, pads, spatial)
+        g = self
         reach = tuple(d * (k - 1) for k, d in zip(kernel, dilation))
         # tap k-1-a of the flipped kernel at input position p reads the stuffed gradient at p + pad - a*d: shifted
         # right by reach - pad, and cut or filled to spatial + reach (negative amounts crop)
@@ -295,6 +323,45 @@ class NNMixin:
             # stored: the padded gradient needs no bounds checks, the swapped kernel is read in its own order
             g, w = (g.contiguous() if g.uop is not self.uop else g), w.contiguous()
         return g._conv_core(w, groups, (1,) * n, dilation, ((0, 0),) * n, None)
+
+    def _conv_input_grad_by_phase(
+        self,
+        weight: Tensor,
+        groups: int,
+        stride: tuple[int, ...],
+        dilation: tuple[int, ...],
+        pads: tuple[tuple[int, int], ...],
+        spatial: tuple[int, ...],
+    ) -> Tensor:
+        """The input gradient of a strided convolution without zero-stuffing the output gradient (reading a stuffed
+        gradient divides every index by the stride): padded input position q*s + r (a phase r per stride step) only
+        gets taps j with j*d = r (mod s), so each phase is a stride-1 transposed convolution of the gradient with
+        the kernel's taps j0, j0 + s', ... (s' = s / gcd(s, d)) at dilation d / gcd(s, d). The phases are stored side
+        by side as (N, C_in, Q, s) per dim, whose flat order is the padded input's: the gradient is a crop of it."""
+        n, kernel, outs = len(stride), weight.shape[2:], self.shape[2:]
+        per_dim = [_stride_phases(*a) for a in zip(kernel, stride, dilation, pads, spatial, outs)]
+        lead, flipped = (self.shape[0], weight.shape[1] * groups), weight.flip(tuple(range(2, 2 + n)))
+        total: Tensor | None = None
+        for phase in itertools.product(*(range(s) for s in stride)):
+            taps = [dim[r] for dim, r in zip(per_dim, phase)]
+            if any(t is None for t in taps):
+                continue  # no kernel tap lands on this phase: its positions get zero gradient
+            # the sub-kernel's taps reversed: every dim flipped before the stepped slices (a flip outside a slice's
+            # reshape would put negative terms into its index split), channels swapped, stored for the conv
+            k_last = tuple(k - 1 - j0 - (m - 1) * step for k, (j0, _, step, m, _) in zip(kernel, taps))
+            w = flipped[(slice(None), slice(None)) + tuple(slice(a, None, t[2]) for a, t in zip(k_last, taps))]
+            w = _swapped_channels(w, groups).contiguous()
+            g = self.pad(((0, 0), (0, 0)) + tuple(gpad for _, _, _, _, gpad in taps))
+            if g.numel() >= CONV_PAD_REALIZE_SIZE:
+                g = g.contiguous()
+            part = g._conv_core(w, groups, (1,) * n, tuple(d for _, d, _, _, _ in taps), ((0, 0),) * n, None)
+            # (N, C, *Q) -> (N, C, Q1, s1, Q2, s2, ...) with this phase's values at index r of each s axis
+            part = part.contiguous().reshape(lead + _cat((q, 1) for q in part.shape[2:]))
+            part = part.pad(((0, 0), (0, 0)) + _cat(((0, 0), (r, s - 1 - r)) for r, s in zip(phase, stride)))
+            total = part if total is None else total + part
+        assert total is not None, "phase 0 always holds tap 0"
+        interleaved = total.contiguous().reshape(lead + tuple(q * s for q, s in zip(total.shape[2::2], stride)))
+        return interleaved.shrink((None, None) + tuple((lo, lo + i) for (lo, _), i in zip(pads, spatial)))
 
     def _conv_weight_grad(
         self,
@@ -355,8 +422,10 @@ class NNMixin:
                 f"output padding must be non-negative and smaller than either stride or dilation, but got "
                 f"output_padding={out_pad}, stride={stride_t}, dilation={dilation_t}"
             )
-        # insert s-1 zeros between input elements (none after the last)
         spatial = self.shape[2:]
+        if any(s > 1 for s in stride_t):
+            return self._conv_transpose_by_phase(weight, bias, groups, stride_t, dilation_t, pads, out_pad)
+        # insert s-1 zeros between input elements (none after the last)
         x = _zero_stuffed(self, stride_t).shrink(
             (None, None) + tuple((0, max(i - 1, 0) * s + min(i, 1)) for i, s in zip(spatial, stride_t))
         )
@@ -366,6 +435,29 @@ class NNMixin:
             (d * (k - 1) - b, d * (k - 1) - a + op) for (b, a), k, d, op in zip(pads, kernel, dilation_t, out_pad)
         ]
         return x.conv2d(w, bias, groups=groups, dilation=dilation_t, padding=_cat(reversed(conv_pads)))
+
+    def _conv_transpose_by_phase(
+        self,
+        weight: Tensor,
+        bias: Tensor | None,
+        groups: int,
+        stride: tuple[int, ...],
+        dilation: tuple[int, ...],
+        pads: tuple[tuple[int, int], ...],
+        out_pad: tuple[int, ...],
+    ) -> Tensor:
+        """A strided transposed convolution: the input gradient of the conv2d it transposes (one stride-1
+        convolution per stride phase), never reading a zero-stuffed input, whose indices divide by the stride."""
+        sizes = zip(self.shape[2:], weight.shape[2:], stride, dilation, pads, out_pad)
+        spatial = tuple((i - 1) * s - lo - hi + d * (k - 1) + op + 1 for i, k, s, d, (lo, hi), op in sizes)
+        if any(o < 1 for o in spatial):
+            raise RuntimeError(
+                f"conv_transpose2d of input {self.shape} with weight {weight.shape}, stride={stride}, "
+                f"dilation={dilation}, padding={pads}, output_padding={out_pad} has output size {spatial}"
+            )
+        out = self._conv_input_grad_by_phase(weight, groups, stride, dilation, pads, spatial)
+        out = out.cast(least_upper_dtype(self.dtype, weight.dtype))
+        return out if bias is None else out + bias.reshape((1, out.shape[1]) + (1,) * len(stride))
 
     # ------------------------------------------------------------------ pooling
     def _pool_args(

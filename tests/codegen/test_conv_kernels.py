@@ -1,5 +1,5 @@
 """Convolution kernels (issue 9, item 8): forward, input-gradient and weight-gradient kernels index without per-element
-division or modulo in their innermost loop (stride 1, any padding, dilation, groups), and their values (forward and
+division or modulo in their innermost loop (any stride, padding, dilation, groups), and their values (forward and
 backward, every stride/padding/dilation/groups variant) equal torch's."""
 
 import numpy as np
@@ -27,6 +27,10 @@ STRIDED = [
     ((2, 4, 7, 8), (6, 2, 3, 2), {"groups": 2, "stride": (2, 1), "dilation": (1, 2), "padding": (1, 2)}),
     ((1, 3, 10, 9), (2, 3, 2, 3), {"stride": 3}),
     ((1, 2, 8, 8), (2, 2, 1, 1), {"stride": 2, "padding": 1}),
+    ((1, 2, 11, 12), (3, 2, 3, 3), {"stride": 2, "dilation": 2, "padding": 2}),
+    ((2, 3, 17), (4, 3, 5), {"stride": 3, "dilation": 2, "padding": 3}),
+    ((1, 2, 10, 13), (3, 2, 3, 2), {"stride": (4, 3), "dilation": (1, 3), "padding": (0, 2)}),
+    ((1, 2, 7, 6, 5), (2, 2, 2, 3, 2), {"stride": (2, 3, 1), "padding": (1, 0, 1)}),
 ]
 
 
@@ -74,7 +78,7 @@ def innermost_c_loops(src: str) -> list[str]:
     return loops
 
 
-@pytest.mark.parametrize("xs,ws,kw", CASES)
+@pytest.mark.parametrize("xs,ws,kw", CASES + STRIDED)
 def test_conv_kernels_have_no_division_in_the_innermost_loop(xs, ws, kw, layout):
     _, tensors = conv_graphs(xs, ws, kw)
     items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
@@ -94,6 +98,19 @@ def test_conv_kernels_have_no_division_in_the_innermost_loop(xs, ws, kw, layout)
                 assert "/" not in loop and "%" not in loop, f"{info.name}:\n{loop}"
         reducing += info.name.startswith("r_")
     assert reducing >= 3  # forward, input gradient, weight gradient
+
+
+@pytest.mark.parametrize("xs,ws,kw", [c for c in STRIDED if c[2].get("groups", 1) == 1])
+def test_strided_conv_input_gradient_kernels_never_divide(xs, ws, kw, layout):
+    """The stride > 1 input gradient is stride-1 sub-convolutions per phase, their sub-kernels and one interleave:
+    none of its kernels, copies included, reads a zero-stuffed gradient (a division by the stride per element)."""
+    _, (_, dx, _) = conv_graphs(xs, ws, kw)
+    items, _, _ = create_schedule([dx.uop], [Device["CPU"]])
+    kernels = [item for item in items if item.ast.op is Ops.SINK]
+    for item in kernels:
+        info = lower_to_linear(item.ast)
+        assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    assert any(lower_to_linear(item.ast).name.startswith("r_") for item in kernels)  # the phases' convs
 
 
 @pytest.fixture(params=["fused", "stored", "stored, whole batch"])
@@ -145,3 +162,41 @@ def test_gradient_of_a_tensor_inside_the_conv_uses_the_plain_rules():
     tp = torch.tensor(np.pad(xn, ((0, 0), (0, 0), (1, 1), (1, 1))), requires_grad=True)
     F.conv2d(tp, torch.tensor(wn)).sum().backward()
     np.testing.assert_allclose(gp.numpy(), tp.grad.numpy(), atol=1e-5)
+
+
+CONV_T_STRIDED = [  # input shape, weight shape, conv_transpose2d kwargs
+    ((2, 4, 4, 5), (4, 3, 3, 2), {"stride": 2, "padding": 1, "output_padding": 1}),
+    ((1, 4, 3, 4), (4, 2, 3, 3), {"groups": 2, "stride": (3, 2), "dilation": (2, 2), "padding": (1, 0)}),
+    ((1, 2, 5), (2, 3, 4), {"stride": 3, "padding": 2, "output_padding": 2}),
+    ((1, 3, 2, 3, 2), (3, 2, 2, 1, 3), {"stride": (2, 3, 2), "padding": (0, 0, 1), "output_padding": (1, 0, 0)}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", CONV_T_STRIDED)
+def test_strided_conv_transpose_equals_torch_and_never_divides(xs, ws, kw):
+    """A strided transposed convolution is the input gradient of a conv: the same phase sub-convolutions, values (and
+    gradients of input, weight and bias) equal to torch's, and no kernel of its forward divides."""
+    rng = np.random.default_rng(4)
+    xn, wn = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    bn = rng.standard_normal(ws[1] * kw.get("groups", 1), dtype=np.float32)
+    x, w, b = (Tensor(a, requires_grad=True).realize() for a in (xn, wn, bn))
+    out = x.conv_transpose2d(w, b, **kw)
+    if kw.get("groups", 1) == 1:  # a grouped kernel's channel swap divides by the channels per group (a copy)
+        items, _, _ = create_schedule([out.uop], [Device["CPU"]])
+        for item in (i for i in items if i.ast.op is Ops.SINK):
+            info = lower_to_linear(item.ast)
+            assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    gn = rng.standard_normal(out.shape, dtype=np.float32)
+    out.backward(Tensor(gn))
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (xn, wn, bn))
+    ref = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[len(ws)](tx, tw, tb, **kw)
+    ref.backward(torch.tensor(gn))
+    for ours, theirs in ((out, ref), (x.grad, tx.grad), (w.grad, tw.grad), (b.grad, tb.grad)):
+        assert ours.shape == tuple(theirs.shape)
+        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_strided_conv_transpose_with_no_output_raises():
+    x, w = Tensor.empty(1, 2, 1, 1), Tensor.empty(2, 2, 1, 1)
+    with pytest.raises(RuntimeError, match=r"output size \(-1, -1\)"):
+        x.conv_transpose2d(w, stride=2, padding=1)
