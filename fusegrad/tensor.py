@@ -35,7 +35,6 @@ from fusegrad.runtime.buffers import (
     is_contiguous_view,
     read_values,
 )
-from fusegrad.schedule import OldVersionReaders
 from fusegrad.schedule.multi import canonical_device, is_realized_multi, multi_axis, shard_uop
 from fusegrad.tensor_ops import bind_tensor_class
 from fusegrad.tensor_ops.creation import CreationMixin
@@ -237,9 +236,9 @@ class Tensor(
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
         # with no pending assign the graph holds no assign node worth the walk (one whose tensor is gone aside)
-        readers = OldVersionReaders(roots, 2) if keep_old_versions and _pending_assigns else None
+        holders = 2 if keep_old_versions and _pending_assigns else None
         try:
-            results = realize_uops(roots, [t.device for t in todo], readers)
+            results = realize_uops(roots, [t.device for t in todo], holders)
         except Exception:
             # failed index checks, compiles and memory checks raise before any kernel ran: targets keep their values
             for t in todo:

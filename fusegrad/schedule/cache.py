@@ -15,8 +15,8 @@ from fusegrad.dtype import DType
 from fusegrad.helpers import NUM_CPU_THREADS, SCHEDULE_CACHE
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule import (
-    OldVersionReaders,
     ScheduleItem,
+    VersionReaders,
     buffer_of,
     buffer_uop,
     const_buffer,
@@ -61,7 +61,7 @@ class GraphShape:
             if state == 2:
                 index[u] = index[value]  # type: ignore[index]
                 continue
-            op = u.op
+            op, src = u.op, u.src
             if state == 0:
                 visits += 1
                 if op is not buffer_op and u not in root_set and (ref := realized_get(u)) is not None:
@@ -70,11 +70,12 @@ class GraphShape:
                         stack.append((u, 2, value))
                         stack.append((value, 0, None))
                         continue
-                stack.append((u, 1, None))
-                for s in reversed(u.src):
-                    if s not in index:
-                        stack.append((s, 0, None))
-                continue
+                if src:  # a leaf (a buffer, a constant) is numbered at once, without a second trip on the stack
+                    stack.append((u, 1, None))
+                    for s in reversed(src):
+                        if s not in index:
+                            stack.append((s, 0, None))
+                    continue
             arg = u.arg
             if op is buffer_op:
                 buf = buffer_of[u]
@@ -99,7 +100,7 @@ class GraphShape:
             elif op in special and (op is special[0] or arg.startswith("DISK")):
                 return  # multi-device and disk graphs are planned every time
             index[u] = len(rows)
-            rows.append((op, u.dtype, arg, tuple([index[s] for s in u.src])))
+            rows.append((op, u.dtype, arg, tuple([index[s] for s in src]) if src else ()))
             nodes.append(u)
         self.visits = visits
         if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):
@@ -164,7 +165,7 @@ class ScheduleCacheStats:
     misses: int = 0
 
 
-def _copy_on_write_slots(shape: GraphShape, kept: tuple[int, ...], readers: OldVersionReaders | None) -> frozenset:
+def _copy_on_write_slots(shape: GraphShape, kept: tuple[int, ...], readers: VersionReaders | None) -> frozenset:
     if readers is None:
         return frozenset()
     return _slots(shape, readers.shared({shape.nodes[i] for i in kept}))
@@ -176,7 +177,7 @@ def _slots(shape: GraphShape, targets: set[UOp]) -> frozenset[int]:
 
 
 def cached_schedule(
-    roots: list[UOp], devices: list, readers: OldVersionReaders | None = None
+    roots: list[UOp], devices: list, readers: VersionReaders | None = None
 ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """create_schedule, reusing the plan of an earlier graph of the same structure."""
     shape = GraphShape(roots, devices) if SCHEDULE_CACHE else None

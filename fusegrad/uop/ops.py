@@ -125,7 +125,7 @@ class UOpMeta(type):
     cache: dict[tuple, weakref.ref[UOp]] = {}
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, tuple(map(id, src)), _hashable(arg))
+        key = (op, dtype, tuple(map(id, src)), None if arg is None else _hashable(arg))
         if (ref := UOpMeta.cache.get(key)) is not None and (ret := ref()) is not None:
             return ret
         ret = super().__call__(op, dtype, src, arg)
@@ -144,9 +144,10 @@ def _hashable(arg: Any) -> Any:
     if isinstance(arg, float):
         return ("f", math.copysign(1, arg), arg if arg == arg else "nan")
     if isinstance(arg, tuple):
-        if all(type(a) is int for a in arg):
-            return arg  # a shape: cannot equal the (type, value) pairs below
-        return tuple(_hashable(a) for a in arg)
+        for a in arg:
+            if type(a) is not int and type(a) is not str:
+                return tuple(_hashable(a) for a in arg)
+        return arg  # ints and strings (a shape, a BUFFER's arg): cannot equal the (type, value) pairs below
     return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
 
 
@@ -330,6 +331,18 @@ class UOp(metaclass=UOpMeta):
             return self._shape
         except AttributeError:
             pass
+        if self.op in _ALU_OPS:  # the common new node: sources of one known shape, asked once per tensor op
+            src = self.src
+            try:
+                first = src[0]._shape
+                for s in src[1:]:
+                    if s._shape != first:
+                        break  # mismatched: _infer_shape below says which
+                else:
+                    self._shape = first
+                    return first
+            except AttributeError:
+                pass  # a source without a shape yet: the walk below
         sources = _shape_sources(self)
         if all(hasattr(s, "_shape") for s in sources):  # a node built on known shapes: no walk
             self._shape = _infer_shape(self)
@@ -404,6 +417,9 @@ def _uncached_postorder(root: UOp, slot: str, sources: Callable[[UOp], tuple[UOp
         stack.append((u, True))
         stack.extend((s, False) for s in reversed(sources(u)))
     return out
+
+
+_ALU_OPS = frozenset(GroupOp.ALU)
 
 
 def _shape_sources(u: UOp) -> tuple[UOp, ...]:
