@@ -7,7 +7,7 @@ realize (the front end only says whether old versions are kept), the scheduler w
 from __future__ import annotations
 import sys
 from fusegrad.runtime.buffers import base_buffer
-from fusegrad.schedule import realized, realized_value
+from fusegrad.schedule import realized_value
 from fusegrad.uop.ops import Ops, UOp
 
 # references OldVersionReaders itself holds on the node it measures: the node list, the count dict's key, the loop
@@ -83,6 +83,6 @@ def _references_within(
     for u in (*targets, *root_set):
         refs[u] += 1
     for u in nodes:  # a value the realized map holds for a node of this graph belongs to this graph
-        if isinstance(value := realized.get(u), UOp) and value in refs:
+        if isinstance(value := u.realized_ref, UOp) and value in refs:
             refs[value] += 1
     return refs

@@ -253,12 +253,10 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._mem is None:
-            allocator = self.allocator
-            self._mem = allocator.alloc(self.nbytes)
-            GlobalCounters.mem_used += self.nbytes
-            GlobalCounters.mem_used_per_device[self.device] = (
-                GlobalCounters.mem_used_per_device.get(self.device, 0) + self.nbytes
-            )
+            allocator, nbytes, per_device = self.allocator, self.nbytes, GlobalCounters.mem_used_per_device
+            self._mem = allocator.alloc(nbytes)
+            GlobalCounters.mem_used += nbytes
+            per_device[self.device] = per_device.get(self.device, 0) + nbytes
             self._owner = allocator
             if self._initial is not None:
                 self.copyin(self._initial)

@@ -38,20 +38,17 @@ class ScheduleItem(NamedTuple):
     device: str
 
 
-# a computed tensor-level uop -> the buffer view holding its value, so realized work is not redone. A tensor's own
-# result is held weakly (it lives as long as the tensor holds it); an intermediate that read data is held as long as
-# the graph node that computed it is alive (loss.item() after opt.step() reuses the forward pass)
-realized: weakref.WeakKeyDictionary[UOp, UOp | weakref.ref[UOp]] = weakref.WeakKeyDictionary()
-
-
+# a computed tensor-level uop -> the buffer view holding its value (UOp.realized_ref), so realized work is not redone.
+# A tensor's own result is held weakly (it lives as long as the tensor holds it); an intermediate that read data is
+# held as long as the graph node that computed it is alive (loss.item() after opt.step() reuses the forward pass)
 def realized_value(u: UOp) -> UOp | None:
-    if (ref := realized.get(u)) is None:
+    if (ref := u.realized_ref) is None:
         return None
     return ref if isinstance(ref, UOp) else ref()
 
 
 def record_realized(u: UOp, value: UOp, strong: bool = False) -> None:
-    realized[u] = value if strong else weakref.ref(value)
+    u.realized_ref = value if strong else weakref.ref(value)
 
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:

@@ -22,7 +22,6 @@ from fusegrad.schedule import (
     const_buffer,
     is_liftable_const,
     plan_schedule,
-    realized,
 )
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _hashable
 
@@ -51,7 +50,7 @@ class GraphShape:
         self.visits = 0
         # the walk runs once per realize: names it reads per node are locals (an Ops member lookup is a Python call)
         buffer_op, const_op, contiguous_op, special = Ops.BUFFER, Ops.CONST, Ops.CONTIGUOUS, (Ops.MULTI, Ops.COPY)
-        realized_get, nodes, visits = realized.get, self.nodes, 0
+        nodes, visits = self.nodes, 0
         # entries: (node, state) with state 0 = to visit, 1 = sources done, 2 = stands for its realized value
         stack: list[tuple[UOp, int, UOp | None]] = [(r, 0, None) for r in reversed(roots)]
         while stack:
@@ -64,7 +63,7 @@ class GraphShape:
             op, src = u.op, u.src
             if state == 0:
                 visits += 1
-                if op is not buffer_op and u not in root_set and (ref := realized_get(u)) is not None:
+                if (ref := u.realized_ref) is not None and op is not buffer_op and u not in root_set:
                     if (value := ref if isinstance(ref, UOp) else ref()) is not None:
                         # computed already: this graph reads the stored value, as substitute_realized makes it
                         stack.append((u, 2, value))
@@ -121,17 +120,20 @@ class ScheduleTemplate:
 
     def bind(self, shape: GraphShape) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
         created = [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
-        consts = shape.consts
+        consts, inputs = shape.consts, shape.buffers
+        const_bufs: dict[tuple[int, str], Buffer] = {}  # a constant used by many kernels is looked up once
 
         def resolve(ref: BufferRef) -> Buffer:
             kind = ref[0]
             if kind == "in":
-                return shape.buffers[ref[1]]
+                return inputs[ref[1]]
             if kind == "new":
                 return created[ref[1]]
             if kind == "const":
-                dtype, value = consts[ref[1]]
-                return const_buffer(ref[2], dtype, value)
+                if (buf := const_bufs.get(key := (ref[1], ref[2]))) is None:
+                    dtype, value = consts[ref[1]]
+                    buf = const_bufs[key] = const_buffer(ref[2], dtype, value)
+                return buf
             return ref[1]
 
         items = [ScheduleItem(ast, tuple([resolve(r) for r in refs]), device) for ast, device, refs in self.kernels]

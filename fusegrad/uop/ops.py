@@ -152,7 +152,19 @@ def _hashable(arg: Any) -> Any:
 
 
 class UOp(metaclass=UOpMeta):
-    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_size", "_vrange", "_readers", "holders")
+    __slots__ = (
+        "op",
+        "dtype",
+        "src",
+        "arg",
+        "__weakref__",
+        "_shape",
+        "_size",
+        "_vrange",
+        "_readers",
+        "holders",
+        "realized_ref",
+    )
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
@@ -162,6 +174,9 @@ class UOp(metaclass=UOpMeta):
         self._readers: list[weakref.ref[UOp]] | None = [] if tracked else None
         # weak references to the objects (tensors) that registered as holding this node; some may have moved on
         self.holders: list[weakref.ref] | None = None
+        # the buffer view holding this node's computed value (a UOp or a weak reference to one): the scheduler's record
+        # (schedule.record_realized), kept on the node so that it dies with it and every walk reads it without a lookup
+        self.realized_ref: UOp | weakref.ref[UOp] | None = None
 
     def add_reader(self, u: UOp) -> None:
         readers = self._readers
