@@ -151,7 +151,7 @@ class Tensor(
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return len(self._uop.shape)
 
     def numel(self) -> int:
         return sprod(self.shape)
