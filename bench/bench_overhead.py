@@ -70,7 +70,7 @@ class MLP:
         return self.l2(self.l1(x).relu())
 
 
-def mlp_step() -> tuple[float, float]:
+def mlp_step() -> tuple[tuple[float, float], ...]:
     rng = np.random.default_rng(0)
     x_np, y_np = rng.standard_normal((128, 784), dtype=np.float32), rng.integers(0, 10, 128).astype(np.int32)
     model = MLP()
@@ -96,7 +96,10 @@ def mlp_step() -> tuple[float, float]:
         torch_opt.step()
         return loss.item()
 
-    return 1 / median_seconds(fusegrad_step, repeat=5), 1 / median_seconds(torch_step, repeat=20)
+    return tuple(
+        (1 / median_seconds(fusegrad_step, repeat=5, clock=c), 1 / median_seconds(torch_step, repeat=20, clock=c))
+        for c in CLOCKS
+    )
 
 
 def main() -> None:
@@ -108,8 +111,11 @@ def main() -> None:
         print(
             f"chain of 100 tiny ops realized once, per op, {clock}: fusegrad {fg * us:5.1f} us, torch {th * us:5.2f} us"
         )
-    fg, th = mlp_step()
-    print(f"MLP 784-128-10 SGD step without JIT: fusegrad {fg:6.1f}/s, torch {th:6.1f}/s ({fg / th:.2f}x torch)")
+    for (fg, th), clock in zip(mlp_step(), ("wall", "cpu")):
+        print(
+            f"MLP 784-128-10 SGD step without JIT, {clock}: fusegrad {fg:6.1f}/s, torch {th:6.1f}/s "
+            f"({fg / th:.2f}x torch)"
+        )
 
 
 if __name__ == "__main__":

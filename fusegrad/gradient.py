@@ -174,19 +174,27 @@ def _composite_rule(node: UOp, targets: set[UOp]) -> tuple[tuple[UOp, ...], Call
     return None if any(u in targets for u in inside if u is not node and u not in inputs) else entry
 
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
-    """Gradients of root with respect to every float node on a path from root to one of targets."""
-    nodes = root.toposort()
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], nodes: list[UOp] | None = None) -> dict[UOp, UOp]:
+    """Gradients of root with respect to every float node on a path from root to one of targets (`nodes`: root's
+    toposort, when the caller has it already)."""
+    if nodes is None:
+        nodes = root.toposort()
     on_path: set[UOp] = set()
     for u in nodes:  # sources come first, so one forward pass marks every node that reaches a target
-        if u in targets or any(s in on_path for s in u.src):
+        if u in targets:
             on_path.add(u)
+            continue
+        for s in u.src:
+            if s in on_path:
+                on_path.add(u)
+                break
     grads: dict[UOp, UOp] = {root: root_grad}
+    composites = len(_composite_gradients) > 0  # asked once: most graphs have no composite op to look up per node
     for node in reversed(nodes):
         g = grads.get(node)
         if g is None or node.op in NO_GRADIENT or not node.src:
             continue
-        if (composite := _composite_rule(node, targets)) is not None:
+        if composites and (composite := _composite_rule(node, targets)) is not None:
             inputs, backward = composite
             for src, sg in zip(inputs, backward(g)):
                 if src in on_path and dtypes.is_float(src.dtype):

@@ -35,7 +35,6 @@ from fusegrad.runtime.buffers import (
     is_contiguous_view,
     read_values,
 )
-from fusegrad.schedule import OldVersionReaders
 from fusegrad.schedule.multi import canonical_device, is_realized_multi, multi_axis, shard_uop
 from fusegrad.tensor_ops import bind_tensor_class
 from fusegrad.tensor_ops.creation import CreationMixin
@@ -144,15 +143,15 @@ class Tensor(
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.uop.shape
+        return self._uop.shape
 
     @property
     def dtype(self) -> DType:
-        return self.uop.dtype
+        return self._uop.dtype
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return len(self._uop.shape)
 
     def numel(self) -> int:
         return sprod(self.shape)
@@ -237,9 +236,9 @@ class Tensor(
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
         # with no pending assign the graph holds no assign node worth the walk (one whose tensor is gone aside)
-        readers = OldVersionReaders(roots, 2) if keep_old_versions and _pending_assigns else None
+        holders = 2 if keep_old_versions and _pending_assigns else None
         try:
-            results = realize_uops(roots, [t.device for t in todo], readers)
+            results = realize_uops(roots, [t.device for t in todo], holders)
         except Exception:
             # failed index checks, compiles and memory checks raise before any kernel ran: targets keep their values
             for t in todo:
@@ -395,7 +394,8 @@ class Tensor(
         t = Tensor.__new__(Tensor)
         t.device, t.grad, t.requires_grad, t.is_param = self.device, None, None, True
         t._ref = weakref.ref(t)
-        t.uop = uop
+        t._uop = uop  # the uop setter's work, inline: every op builds one
+        uop.add_holder(t._ref)
         return t
 
     # ------------------------------------------------------------------ creation
@@ -406,7 +406,8 @@ class Tensor(
         if isinstance(x, Tensor):
             if x.device != self.device:
                 raise RuntimeError(f"operands on different devices: {self.device} and {x.device}")
-            out_dt = self.dtype if x.dtype is self.dtype else least_upper_dtype(self.dtype, x.dtype)
+            dt, x_dt = self._uop.dtype, x._uop.dtype
+            out_dt = dt if x_dt is dt else least_upper_dtype(dt, x_dt)
             a, b = self, x
         else:
             if isinstance(x, UOp):  # a symbolic int (API.md 6.2): a weak int whose value is a kernel parameter
@@ -420,13 +421,15 @@ class Tensor(
             else:
                 out_dt = self.dtype if dtypes.is_float(self.dtype) else dtypes.default_float
             const = x.cast(out_dt) if isinstance(x, UOp) else UOp.const(out_dt, x)
-            a = self.cast(out_dt)
+            a = self if self.uop.dtype is out_dt else self.cast(out_dt)
             # a scalar becomes a broadcast constant directly: this is the hot path of elementwise code
             if a.shape:
                 const = UOp(Ops.EXPAND, out_dt, (UOp(Ops.RESHAPE, out_dt, (const,), (1,) * a.ndim),), a.shape)
             b = a._new(const)
             return (b, a) if reverse else (a, b)
-        a, b = a.cast(out_dt), b.cast(out_dt)
+        # most operands have the result dtype already: no cast's dtype parsing
+        a = a if a.uop.dtype is out_dt else a.cast(out_dt)
+        b = b if b.uop.dtype is out_dt else b.cast(out_dt)
         if a.shape != b.shape:
             shape = broadcast_shape(a.shape, b.shape)
             a, b = a._broadcast_to(shape), b._broadcast_to(shape)
@@ -444,12 +447,13 @@ class Tensor(
         return t._new(UOp(Ops.EXPAND, t.dtype, (t.uop,), shape)) if padded != shape else t
 
     def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
-        return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
+        src = (self._uop, srcs[0]._uop) if len(srcs) == 1 else (self._uop, *(s._uop for s in srcs))
+        return self._new(UOp(op, dtype or self._uop.dtype, src))
 
     def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
         if type(x) is float and dtypes.is_float(self.dtype):
             # the hot path of elementwise code (a float tensor and a Python float): one tensor for the result only
-            uop = self.uop
+            uop = self._uop
             const = _broadcast_const(uop.dtype, x, uop.shape)
             return self._new(UOp(op, dtype or uop.dtype, (const, uop) if reverse else (uop, const)))
         a, b = self._operand(x, reverse)
@@ -507,16 +511,18 @@ class Tensor(
     def backward(self, gradient: Tensor | None = None) -> Tensor:
         """d self / d t into t.grad for every live float tensor t in self's graph; accumulated into an existing
         t.grad when t.requires_grad is True (set explicitly or by an optimizer), replacing it otherwise."""
+        nodes = self.uop.toposort()
         targets = list(
             {
                 id(t): t
-                for u in self.uop.toposort()
+                for u in nodes
                 if u.holders and u.op is not Ops.CONST and dtypes.is_float(u.dtype)
                 for ref in u.holders
                 if (t := ref()) is not None and t._uop is u and t.requires_grad is not False
             }.values()
         )
-        grads = compute_gradient(self.uop, self._seed_gradient(gradient), {t.uop for t in targets})
+        grads = compute_gradient(self.uop, self._seed_gradient(gradient), {t.uop for t in targets}, nodes)
+        del nodes  # the graph's nodes: a list kept alive here would count as a holder of them in a realize below
         for t in targets:
             if t.uop not in grads:
                 continue
@@ -551,7 +557,8 @@ MAX_BROADCAST_CONSTS = 1024
 
 
 def _broadcast_const(dtype: DType, value: float, shape: tuple[int, ...]) -> UOp:
-    key = (dtype, shape, value, math.copysign(1.0, value))  # the sign keeps 0.0 and -0.0 apart
+    # a zero's sign keeps 0.0 and -0.0 apart (equal as keys otherwise); other values need no sign
+    key = (dtype, shape, value) if value else (dtype, shape, value, math.copysign(1.0, value))
     if (const := _broadcast_consts.get(key)) is not None:
         return const
     const = UOp.const(dtype, value)

@@ -168,6 +168,19 @@ def test_values_correct_when_blocks_are_reused(monkeypatch):
     assert sum(taken) > len(OPS)
 
 
+def test_buffer_in_a_reference_cycle_gives_its_memory_back_when_collected():
+    from fusegrad.runtime.device import Buffer
+
+    before, cached = GlobalCounters.mem_used, cache.sizes().get(4004, 0)
+    buf = Buffer("CPU", 1001, dtypes.float32).ensure_allocated()
+    buf.myself = buf  # only the cycle collector can free it
+    assert GlobalCounters.mem_used == before + 4004
+    del buf
+    gc.collect()
+    assert GlobalCounters.mem_used == before
+    assert cache.sizes().get(4004, 0) == cached + 1  # back in the allocator's cache for the next buffer of its size
+
+
 def test_mem_used_counts_live_buffers_only():
     a = Tensor(np.ones(10000, np.float32)).realize()
     a.numpy()  # a numpy-made buffer is allocated on first use

@@ -20,6 +20,23 @@ def test_hash_consing_gives_same_object():
     assert UOp.const(dtypes.int32, 1) is not UOp.const(dtypes.bool, True)
 
 
+def test_hash_consing_keeps_tuple_args_of_other_types_apart():
+    # a tuple of ints and strings is its own key; one with a bool or a float in the same place is another node
+    args = [(1, "CPU", 16), (True, "CPU", 16), (1.0, "CPU", 16), (1, "CPU", 16.0), ("1", "CPU", 16)]
+    nodes = [UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), a) for a in args]
+    assert len({id(n) for n in nodes}) == len(args)
+    assert UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), (1, "CPU", 16)) is nodes[0]
+
+
+def test_alu_shape_of_equal_shapes_and_error_naming_mismatched_ones():
+    a = UOp(Ops.RESHAPE, dtypes.float32, (UOp.const(dtypes.float32, 2.0),), (3, 4))
+    b = UOp(Ops.RESHAPE, dtypes.float32, (UOp.const(dtypes.float32, 5.0),), (3, 4))
+    assert (a + b).shape == (3, 4) and (a + b).alu(Ops.WHERE, a, b).shape == (3, 4)
+    c = UOp(Ops.RESHAPE, dtypes.float32, (UOp.const(dtypes.float32, 5.0),), (4, 3))
+    with pytest.raises(ValueError, match=r"mismatched shapes \[\(3, 4\), \(4, 3\)\]"):
+        _ = (a + c).shape
+
+
 def test_pattern_matcher_commutative_and_named():
     x = rng(10, 0)
     pm = PatternMatcher([(UPat.var("x") * 2, lambda x: x + x)])

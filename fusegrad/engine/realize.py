@@ -9,7 +9,9 @@ from fusegrad.helpers import BEAM, DEBUG, NOOPT, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
-from fusegrad.schedule import OldVersionReaders, ScheduleItem, base_buffer, buffer_of, record_realized
+from fusegrad.engine.copy_on_write import OldVersionReaders
+from fusegrad.runtime.buffers import base_buffer, buffer_of
+from fusegrad.schedule import ScheduleItem, record_realized
 from fusegrad.schedule.cache import cached_schedule
 from fusegrad.uop.ops import Ops, UOp
 
@@ -36,14 +38,15 @@ capturing: list[Any] = []
 
 def get_runner(device: str, ast: UOp) -> Runner:
     # NOOPT and BEAM change the program built from the same AST; NOOPT wins over BEAM
-    key = (device, ast, int(NOOPT.value), 0 if NOOPT else int(BEAM.value))
+    noopt = int(NOOPT.value)
+    key = (device, ast, noopt, 0 if noopt else int(BEAM.value))
     if (r := _runners.get(key)) is not None:
         _runners.move_to_end(key)
         return r
     dev = Device[device]
     if DEBUG >= 3:
         print(ast)
-    if BEAM.value and not NOOPT:
+    if key[3]:
         from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
 
         info = lower_to_linear(ast, opts=beam_search(ast, device, int(BEAM.value)).opts)
@@ -56,9 +59,13 @@ def get_runner(device: str, ast: UOp) -> Runner:
     return r
 
 
-def run_item(item: ScheduleItem) -> None:
+def run_item(item: ScheduleItem, runner: Runner | None = None, debug: int | None = None) -> None:
+    """Launch one item; `runner` (from compile_schedule) and `debug` (DEBUG's value) spare a loop the lookups."""
     for b in item.buffers:
-        b.ensure_allocated()
+        if b._mem is None:
+            b.ensure_allocated()
+    if debug is None:
+        debug = DEBUG.value
     st = time.perf_counter()
     if item.ast.op is Ops.COPY:
         dst, src = item.buffers
@@ -67,20 +74,23 @@ def run_item(item: ScheduleItem) -> None:
     else:
         if item.buffers[0].size == 0:
             return
-        runner = get_runner(item.device, item.ast)
-        runner(list(item.buffers))
+        if runner is None:
+            runner = get_runner(item.device, item.ast)
+        runner.program(item.buffers)
         name, ops = runner.info.name, runner.info.ops_estimate
-    if DEBUG >= 2:
+    if debug >= 2:
         Device[item.device].synchronize()  # a GPU launch returns at once: the time shown is the kernel's
     et = time.perf_counter() - st
     if capturing:
         capturing[-1].record(item, runner if item.ast.op is not Ops.COPY else None)
-    mem = sum(b.nbytes for b in item.buffers)
+    mem = 0
+    for b in item.buffers:
+        mem += b.size * b.dtype.itemsize
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += ops
     GlobalCounters.global_mem += mem
     GlobalCounters.time_sum_s += et
-    if DEBUG >= 2:
+    if debug >= 2:
         print(
             f"*** {item.device:6s} {GlobalCounters.kernel_count:4d} {name:32s} arg {len(item.buffers):2d}"
             f" mem {GlobalCounters.mem_used / 1e9:6.2f} GB"
@@ -90,9 +100,11 @@ def run_item(item: ScheduleItem) -> None:
 
 def check_memory(items: list[ScheduleItem]) -> None:
     """MemoryError before anything compiles or runs when the schedule's new buffers cannot fit the machine."""
-    new = {id(b): b for item in items for b in item.buffers if not b.is_allocated}.values()
-    total, limit = sum(b.nbytes for b in new), physical_memory()
-    if total > limit:
+    new = {id(b): b for item in items for b in item.buffers if b._mem is None}.values()
+    total = 0
+    for b in new:
+        total += b.size * b.dtype.itemsize
+    if total > (limit := physical_memory()):
         largest = max(new, key=lambda b: b.nbytes)
         raise MemoryError(
             f"realizing needs {total} bytes of new buffers (largest: {largest.size} x {largest.dtype} = "
@@ -100,35 +112,38 @@ def check_memory(items: list[ScheduleItem]) -> None:
         )
 
 
-def compile_schedule(items: list[ScheduleItem]) -> None:
+def compile_schedule(items: list[ScheduleItem]) -> list[Runner | None]:
+    """Each item's runner (None for a transfer or an empty output), compiled before anything runs."""
     check_memory(items)
-    for item in items:
-        if item.ast.op is Ops.SINK and item.buffers[0].size:
-            get_runner(item.device, item.ast)
+    return [get_runner(it.device, it.ast) if it.ast.op is Ops.SINK and it.buffers[0].size else None for it in items]
 
 
-def realize_uops(roots: list[UOp], devices: list[str], readers: OldVersionReaders | None = None) -> list[UOp]:
-    """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran."""
+def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | None = None) -> list[UOp]:
+    """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran.
+    With `holders_per_root` (the references the caller holds on each root: its `roots` list, its tensor), an assign
+    whose old value a live graph outside this realize still reads copies on write; without it assigns write in place."""
     with realize_lock:
+        readers = OldVersionReaders(roots, holders_per_root) if holders_per_root is not None else None
         checks = checks_below(roots)
         items, results, inner = cached_schedule(
             [c.extremes for c in checks] + roots, [c.device for c in checks] + devices, readers
         )
         # compile everything first: a compiler error then leaves every buffer untouched
-        compile_schedule(items)
+        runners = compile_schedule(items)
+        debug = DEBUG.value
         if checks:
             # the bound kernels come first in the schedule: run them (and what they need), then check before any other
             check_bufs = [buffer_of[base_buffer(r)] for r in results[: len(checks)]]  # type: ignore[index]
             split = 1 + max(i for i, item in enumerate(items) if item.buffers[0] in check_bufs)
-            for item in items[:split]:
-                run_item(item)
+            for item, runner in zip(items[:split], runners[:split]):
+                run_item(item, runner, debug)
             for check, buf in zip(checks, check_bufs):
                 check.raise_if_violated(buf.numpy())
                 if capturing:
                     capturing[-1].record_check(check, buf)
-            items, results = items[split:], results[len(checks) :]
-        for item in items:
-            run_item(item)
+            items, runners, results = items[split:], runners[split:], results[len(checks) :]
+        for item, runner in zip(items, runners):
+            run_item(item, runner, debug)
         for r, res in zip(roots, results):
             if r is not res:
                 # a graph holding an assign node means the value it wrote, for as long as that graph lives

@@ -12,7 +12,6 @@ import mmap
 import os
 import sys
 import threading
-import weakref
 from collections import OrderedDict, deque
 from typing import Any, Iterator
 import numpy as np
@@ -58,7 +57,8 @@ class HostBufferCache:
 
     def take(self, nbytes: int, limit: int) -> np.ndarray | None:
         """A cached block of exactly nbytes that nothing else references, or None."""
-        with self._held():
+        self._lock.acquire()  # not `with self._held()`: a generator per allocation costs more than the rest here
+        try:
             self._evict(limit)  # a bound lowered since the last free applies from now
             while (blocks := self._blocks.get(nbytes)) is not None:
                 mem = blocks.pop()
@@ -70,6 +70,8 @@ class HostBufferCache:
                 if _reference_counts(mem) == _UNSHARED_COUNTS:
                     return mem
             return None
+        finally:
+            self._file_returned_and_release()
 
     def give_back(self, mem: np.ndarray) -> None:
         self._returned.append(mem)
@@ -91,17 +93,18 @@ class HostBufferCache:
 
     def _file_returned_and_release(self) -> None:
         while True:
-            try:
-                limit = host_cache_limit()
-            except ValueError:
-                limit = 0  # a bad LRU_CACHE_MB is reported by the next allocation; a finalizer cannot raise it
-            while self._returned:
-                mem = self._returned.popleft()
-                if mem.nbytes <= limit:
-                    self._blocks.setdefault(mem.nbytes, []).append(mem)
-                    self._blocks.move_to_end(mem.nbytes)
-                    self.nbytes += mem.nbytes
-            self._evict(limit)
+            if self._returned:  # nothing queued: take() has applied the bound already
+                try:
+                    limit = host_cache_limit()
+                except ValueError:
+                    limit = 0  # a bad LRU_CACHE_MB is reported by the next allocation; a finalizer cannot raise it
+                while self._returned:
+                    mem = self._returned.popleft()
+                    if mem.nbytes <= limit:
+                        self._blocks.setdefault(mem.nbytes, []).append(mem)
+                        self._blocks.move_to_end(mem.nbytes)
+                        self.nbytes += mem.nbytes
+                self._evict(limit)
             self._lock.release()
             # a block queued after the last look by a finalizer that found the lock taken is filed by us, or by it
             if not self._returned or not self._lock.acquire(blocking=False):
@@ -223,6 +226,8 @@ class Buffer:
     """Device memory for `size` elements of `dtype`, allocated on first use and freed when unreferenced. It holds the
     allocator's opaque handle; only buffers of host devices expose it as numpy (`host_view`)."""
 
+    _owner: Allocator | None = None  # the allocator _mem came from, which gets it back when the buffer dies
+
     def __init__(self, device: str, size: int, dtype: DType, initial: np.ndarray | None = None):
         self.device, self.size, self.dtype = device, size, dtype
         self._mem: Any = None  # the allocator's handle (a numpy array on host devices)
@@ -248,18 +253,21 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._mem is None:
-            allocator = self.allocator
-            self._mem = allocator.alloc(self.nbytes)
-            GlobalCounters.mem_used += self.nbytes
-            GlobalCounters.mem_used_per_device[self.device] = (
-                GlobalCounters.mem_used_per_device.get(self.device, 0) + self.nbytes
-            )
-            # the memory goes back to its allocator when the buffer dies; at exit nothing is worth giving back
-            weakref.finalize(self, _free, allocator, self._mem, self.device, self.nbytes).atexit = False
+            allocator, nbytes, per_device = self.allocator, self.nbytes, GlobalCounters.mem_used_per_device
+            self._mem = allocator.alloc(nbytes)
+            GlobalCounters.mem_used += nbytes
+            per_device[self.device] = per_device.get(self.device, 0) + nbytes
+            self._owner = allocator
             if self._initial is not None:
                 self.copyin(self._initial)
                 self._initial = None
         return self
+
+    def __del__(self) -> None:
+        # the memory goes back to its allocator (a __del__ costs a fraction of a weakref.finalize per buffer); at exit
+        # nothing is worth giving back
+        if self._owner is not None and not sys.is_finalizing():
+            _free(self._owner, self._mem, self.device, self.nbytes)
 
     def use_external(self, mem: np.ndarray) -> None:
         """Back this buffer by host memory someone else owns (from_blob): neither copied nor freed here. A device whose
@@ -286,15 +294,17 @@ class Buffer:
     def address(self) -> int:
         """The host memory's address, remembered with the memory it belongs to: numpy's .ctypes.data builds an object
         per call, and every kernel launch asks for each argument's."""
-        cached = self._address
-        if cached is not None and cached[0] is self._mem:
+        cached, mem = self._address, self._mem
+        if cached is not None and cached[0] is mem:
             return cached[1]
-        view = self.host_view()  # host devices only; allocates
+        if mem is None or not self.is_host:
+            self.host_view()  # allocates; raises for memory that is not the host's
+            mem = self._mem
         try:  # a quarter of .ctypes.data's cost; read-only or empty memory cannot be exported this way
-            address = ctypes.addressof(ctypes.c_char.from_buffer(self._mem))
+            address = ctypes.addressof(ctypes.c_char.from_buffer(mem))
         except (TypeError, ValueError):
-            address = view.ctypes.data
-        self._address = (self._mem, address)
+            address = mem.ctypes.data
+        self._address = (mem, address)
         return address
 
     def copyin(self, data: np.ndarray) -> None:
@@ -417,6 +427,10 @@ class _DeviceRegistry:
         return base if idx in ("", "0") else f"{base}:{idx}"
 
     def __getitem__(self, name: str) -> Any:
+        if (
+            type(name) is str and (dev := self._opened.get(name)) is not None
+        ):  # canonical and open: every allocation asks
+            return dev
         name = self.canonicalize(name)
         if (dev := self._opened.get(name)) is not None:
             return dev

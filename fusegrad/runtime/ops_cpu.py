@@ -167,6 +167,8 @@ class CPUProgram:
         self.fn.argtypes = [ctypes.c_void_p] * nparams + [ctypes.c_longlong, ctypes.c_longlong]
         self.fn.restype = None
         self.outer_size, self.ops, self.nparams = outer_size, ops, nparams
+        # too little work to split for any thread count: the launch skips asking how many threads there are
+        self.one_chunk = outer_size < 2 or ops < self.MIN_OPS_PER_THREAD * 2
 
     def chunk_bounds(self, threads: int) -> list[int]:
         """Where the outer loop is cut among threads: one chunk unless each thread gets enough work."""
@@ -179,6 +181,9 @@ class CPUProgram:
         if len(buffers) != self.nparams:
             raise RuntimeError(f"kernel takes {self.nparams} buffers, got {len(buffers)}")
         addrs = [b.address() for b in buffers]
+        if self.one_chunk:
+            self.fn(*addrs, 0, self.outer_size)
+            return
         bounds = self.chunk_bounds(int(NUM_CPU_THREADS.value))
         n = len(bounds) - 1
         if n == 1:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 import heapq
 import math
-import sys
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple, Protocol
 import numpy as np
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG
@@ -30,29 +29,26 @@ RECOMPUTE_LIMIT = 1 << 22
 KERNEL_DEPTH_LIMIT = 1000
 
 
-@dataclass(frozen=True)
-class ScheduleItem:
-    """One launch: a kernel (ast is a SINK) or a transfer (ast is a COPY). buffers[0] is the output."""
+class ScheduleItem(NamedTuple):
+    """One launch: a kernel (ast is a SINK) or a transfer (ast is a COPY). buffers[0] is the output. A named tuple:
+    a re-bound schedule makes one per kernel per realize, at a fraction of a frozen dataclass's cost."""
 
     ast: UOp
     buffers: tuple[Buffer, ...]
     device: str
 
 
-# a computed tensor-level uop -> the buffer view holding its value, so realized work is not redone. A tensor's own
-# result is held weakly (it lives as long as the tensor holds it); an intermediate that read data is held as long as
-# the graph node that computed it is alive (loss.item() after opt.step() reuses the forward pass)
-realized: weakref.WeakKeyDictionary[UOp, UOp | weakref.ref[UOp]] = weakref.WeakKeyDictionary()
-
-
+# a computed tensor-level uop -> the buffer view holding its value (UOp.realized_ref), so realized work is not redone.
+# A tensor's own result is held weakly (it lives as long as the tensor holds it); an intermediate that read data is
+# held as long as the graph node that computed it is alive (loss.item() after opt.step() reuses the forward pass)
 def realized_value(u: UOp) -> UOp | None:
-    if (ref := realized.get(u)) is None:
+    if (ref := u.realized_ref) is None:
         return None
     return ref if isinstance(ref, UOp) else ref()
 
 
 def record_realized(u: UOp, value: UOp, strong: bool = False) -> None:
-    realized[u] = value if strong else weakref.ref(value)
+    u.realized_ref = value if strong else weakref.ref(value)
 
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
@@ -102,82 +98,11 @@ def substitute_realized(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
     return [memo[r] for r in roots], memo
 
 
-# references OldVersionReaders itself holds on the node it measures: the node list, the count dict's key, the loop
-# variable and getrefcount's argument
-_OWN_REFS = 4
+class VersionReaders(Protocol):
+    """Which assign targets (BUFFER versions) a live graph outside this realize still reads, when the schedule keeps
+    the values of `kept`: those assigns copy on write. The engine answers it (engine/copy_on_write.py)."""
 
-
-class OldVersionReaders:
-    """Which BUFFER versions that an assign in roots' graph overwrites a live graph outside this realize (a lazy
-    tensor, a grad, a view, the realized map) may still compute from: those assigns copy on write. Built before the
-    schedule (a node is held outside when it has more references than this graph, the roots list and the roots'
-    tensors, `refs_per_root` per root, account for); asked after planning, when it is known what the schedule computes
-    and keeps, since a reader of a value the schedule keeps no longer needs the old buffer."""
-
-    def __init__(self, roots: list[UOp], refs_per_root: int):
-        nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
-        target_bits = {b: 1 << i for i, b in enumerate(dict.fromkeys(_assign_targets(nodes)))}
-        root_set = set(roots)
-        self.held: set[UOp] = set()
-        if target_bits:
-            reads = _version_reads(nodes, target_bits, root_set, frozenset())
-            refs = _references_within(nodes, roots, refs_per_root, target_bits, root_set, reads)
-            self.held = {u for u in nodes if reads[u] and sys.getrefcount(u) > refs[u] + _OWN_REFS}
-        self.nodes, self.target_bits, self.root_set = nodes, target_bits, root_set
-
-    def shared(self, kept: set[UOp]) -> set[UOp]:
-        """The targets some outside holder still reads, when the schedule keeps the values of `kept`."""
-        if not self.held:
-            return set()
-        reads = _version_reads(self.nodes, self.target_bits, self.root_set, kept)
-        bits = 0
-        for u in self.held:
-            bits |= reads[u]
-        return {b for b, bit in self.target_bits.items() if bits & bit}
-
-
-def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp], kept: set[UOp]) -> dict[UOp, int]:
-    """Bit i of the result for u: u's value depends on target i's old value through nodes nobody has computed."""
-    reads: dict[UOp, int] = {}
-    for u in nodes:
-        if u.op is Ops.BUFFER:
-            bits = target_bits.get(u, 0)
-        elif u in kept:
-            bits = 0  # computed by this realize into a buffer of its own: its readers use that
-        elif u not in roots and (value := realized_value(u)) is not None:
-            bits = target_bits.get(base_buffer(value), 0)  # computed already: its readers read the stored value
-        elif u.op is Ops.ASSIGN:
-            bits = 0  # computed by this realize: whoever holds it reads the new value
-        else:
-            bits = 0
-            for s in u.src:
-                bits |= reads[s]
-        reads[u] = bits
-    return reads
-
-
-def _assign_targets(nodes: list[UOp]) -> list[UOp]:
-    return [b for u in nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None]
-
-
-def _references_within(
-    nodes: list[UOp], roots: list[UOp], refs_per_root: int, targets: dict, root_set: set, reads: dict
-) -> dict[UOp, int]:
-    """How many references to each node this realize's own graph, roots and bookkeeping hold (the `targets`, `reads`
-    and `root_set` containers); a function of its own, so no loop variable outlives it and counts as a holder."""
-    assert len(reads) == len(nodes)  # every node is a key of `reads`: counted by the initial 1 below
-    refs = dict.fromkeys(nodes, 1)
-    for u in nodes:
-        for s in u.src:
-            refs[s] += 1
-    for r in roots:
-        refs[r] += refs_per_root
-    for u in (*targets, *root_set):
-        refs[u] += 1
-    for u in nodes:  # a value the realized map holds for a node of this graph belongs to this graph
-        if isinstance(value := realized.get(u), UOp) and value in refs:
-            refs[value] += 1
-    return refs
+    def shared(self, kept: set[UOp]) -> set[UOp]: ...
 
 
 class _Planner:
@@ -567,7 +492,7 @@ class Plan:
 
 
 def create_schedule(
-    roots: list[UOp], devices: list, readers: OldVersionReaders | None = None
+    roots: list[UOp], devices: list, readers: VersionReaders | None = None
 ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """Schedule the kernels that compute `roots`; returns the items, each root's resulting buffer view, and the
     buffer views of intermediate values worth keeping (they read data, so recomputing them would cost a kernel).
@@ -576,7 +501,7 @@ def create_schedule(
     return plan.items, plan.results, plan.inner
 
 
-def plan_schedule(roots: list[UOp], devices: list, readers: OldVersionReaders | None = None) -> Plan:
+def plan_schedule(roots: list[UOp], devices: list, readers: VersionReaders | None = None) -> Plan:
     """create_schedule, keeping the planner's decisions."""
     substituted, memo = substitute_realized(roots)
     lowered = lower_multi(substituted, devices)

@@ -15,14 +15,13 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, SCHEDULE_CACHE
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule import (
-    OldVersionReaders,
     ScheduleItem,
+    VersionReaders,
     buffer_of,
     buffer_uop,
     const_buffer,
     is_liftable_const,
     plan_schedule,
-    realized,
 )
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _hashable
 
@@ -51,7 +50,7 @@ class GraphShape:
         self.visits = 0
         # the walk runs once per realize: names it reads per node are locals (an Ops member lookup is a Python call)
         buffer_op, const_op, contiguous_op, special = Ops.BUFFER, Ops.CONST, Ops.CONTIGUOUS, (Ops.MULTI, Ops.COPY)
-        realized_get, nodes, visits = realized.get, self.nodes, 0
+        nodes, visits = self.nodes, 0
         # entries: (node, state) with state 0 = to visit, 1 = sources done, 2 = stands for its realized value
         stack: list[tuple[UOp, int, UOp | None]] = [(r, 0, None) for r in reversed(roots)]
         while stack:
@@ -61,20 +60,21 @@ class GraphShape:
             if state == 2:
                 index[u] = index[value]  # type: ignore[index]
                 continue
-            op = u.op
+            op, src = u.op, u.src
             if state == 0:
                 visits += 1
-                if op is not buffer_op and u not in root_set and (ref := realized_get(u)) is not None:
+                if (ref := u.realized_ref) is not None and op is not buffer_op and u not in root_set:
                     if (value := ref if isinstance(ref, UOp) else ref()) is not None:
                         # computed already: this graph reads the stored value, as substitute_realized makes it
                         stack.append((u, 2, value))
                         stack.append((value, 0, None))
                         continue
-                stack.append((u, 1, None))
-                for s in reversed(u.src):
-                    if s not in index:
-                        stack.append((s, 0, None))
-                continue
+                if src:  # a leaf (a buffer, a constant) is numbered at once, without a second trip on the stack
+                    stack.append((u, 1, None))
+                    for s in reversed(src):
+                        if s not in index:
+                            stack.append((s, 0, None))
+                    continue
             arg = u.arg
             if op is buffer_op:
                 buf = buffer_of[u]
@@ -99,7 +99,7 @@ class GraphShape:
             elif op in special and (op is special[0] or arg.startswith("DISK")):
                 return  # multi-device and disk graphs are planned every time
             index[u] = len(rows)
-            rows.append((op, u.dtype, arg, tuple([index[s] for s in u.src])))
+            rows.append((op, u.dtype, arg, tuple([index[s] for s in src]) if src else ()))
             nodes.append(u)
         self.visits = visits
         if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):
@@ -120,17 +120,20 @@ class ScheduleTemplate:
 
     def bind(self, shape: GraphShape) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
         created = [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
-        consts = shape.consts
+        consts, inputs = shape.consts, shape.buffers
+        const_bufs: dict[tuple[int, str], Buffer] = {}  # a constant used by many kernels is looked up once
 
         def resolve(ref: BufferRef) -> Buffer:
             kind = ref[0]
             if kind == "in":
-                return shape.buffers[ref[1]]
+                return inputs[ref[1]]
             if kind == "new":
                 return created[ref[1]]
             if kind == "const":
-                dtype, value = consts[ref[1]]
-                return const_buffer(ref[2], dtype, value)
+                if (buf := const_bufs.get(key := (ref[1], ref[2]))) is None:
+                    dtype, value = consts[ref[1]]
+                    buf = const_bufs[key] = const_buffer(ref[2], dtype, value)
+                return buf
             return ref[1]
 
         items = [ScheduleItem(ast, tuple([resolve(r) for r in refs]), device) for ast, device, refs in self.kernels]
@@ -164,7 +167,7 @@ class ScheduleCacheStats:
     misses: int = 0
 
 
-def _copy_on_write_slots(shape: GraphShape, kept: tuple[int, ...], readers: OldVersionReaders | None) -> frozenset:
+def _copy_on_write_slots(shape: GraphShape, kept: tuple[int, ...], readers: VersionReaders | None) -> frozenset:
     if readers is None:
         return frozenset()
     return _slots(shape, readers.shared({shape.nodes[i] for i in kept}))
@@ -176,7 +179,7 @@ def _slots(shape: GraphShape, targets: set[UOp]) -> frozenset[int]:
 
 
 def cached_schedule(
-    roots: list[UOp], devices: list, readers: OldVersionReaders | None = None
+    roots: list[UOp], devices: list, readers: VersionReaders | None = None
 ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """create_schedule, reusing the plan of an earlier graph of the same structure."""
     shape = GraphShape(roots, devices) if SCHEDULE_CACHE else None

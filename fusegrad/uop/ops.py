@@ -125,7 +125,7 @@ class UOpMeta(type):
     cache: dict[tuple, weakref.ref[UOp]] = {}
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, tuple(map(id, src)), _hashable(arg))
+        key = (op, dtype, tuple(map(id, src)), None if arg is None else _hashable(arg))
         if (ref := UOpMeta.cache.get(key)) is not None and (ret := ref()) is not None:
             return ret
         ret = super().__call__(op, dtype, src, arg)
@@ -144,14 +144,27 @@ def _hashable(arg: Any) -> Any:
     if isinstance(arg, float):
         return ("f", math.copysign(1, arg), arg if arg == arg else "nan")
     if isinstance(arg, tuple):
-        if all(type(a) is int for a in arg):
-            return arg  # a shape: cannot equal the (type, value) pairs below
-        return tuple(_hashable(a) for a in arg)
+        for a in arg:
+            if type(a) is not int and type(a) is not str:
+                return tuple(_hashable(a) for a in arg)
+        return arg  # ints and strings (a shape, a BUFFER's arg): cannot equal the (type, value) pairs below
     return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
 
 
 class UOp(metaclass=UOpMeta):
-    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "_shape", "_size", "_vrange", "_readers", "holders")
+    __slots__ = (
+        "op",
+        "dtype",
+        "src",
+        "arg",
+        "__weakref__",
+        "_shape",
+        "_size",
+        "_vrange",
+        "_readers",
+        "holders",
+        "realized_ref",
+    )
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
@@ -161,6 +174,9 @@ class UOp(metaclass=UOpMeta):
         self._readers: list[weakref.ref[UOp]] | None = [] if tracked else None
         # weak references to the objects (tensors) that registered as holding this node; some may have moved on
         self.holders: list[weakref.ref] | None = None
+        # the buffer view holding this node's computed value (a UOp or a weak reference to one): the scheduler's record
+        # (schedule.record_realized), kept on the node so that it dies with it and every walk reads it without a lookup
+        self.realized_ref: UOp | weakref.ref[UOp] | None = None
 
     def add_reader(self, u: UOp) -> None:
         readers = self._readers
@@ -330,6 +346,18 @@ class UOp(metaclass=UOpMeta):
             return self._shape
         except AttributeError:
             pass
+        if self.op in _ALU_OPS:  # the common new node: sources of one known shape, asked once per tensor op
+            src = self.src
+            try:
+                first = src[0]._shape
+                for s in src[1:]:
+                    if s._shape != first:
+                        break  # mismatched: _infer_shape below says which
+                else:
+                    self._shape = first
+                    return first
+            except AttributeError:
+                pass  # a source without a shape yet: the walk below
         sources = _shape_sources(self)
         if all(hasattr(s, "_shape") for s in sources):  # a node built on known shapes: no walk
             self._shape = _infer_shape(self)
@@ -404,6 +432,9 @@ def _uncached_postorder(root: UOp, slot: str, sources: Callable[[UOp], tuple[UOp
         stack.append((u, True))
         stack.extend((s, False) for s in reversed(sources(u)))
     return out
+
+
+_ALU_OPS = frozenset(GroupOp.ALU)
 
 
 def _shape_sources(u: UOp) -> tuple[UOp, ...]:

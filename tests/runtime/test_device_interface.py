@@ -31,6 +31,23 @@ def test_front_end_imports_no_device_module_and_no_buffer_table(path):
     assert not [n for n in names if n.startswith("fusegrad.runtime.ops_")], names
     assert not [n for n in names if n.startswith("fusegrad.schedule") and n.endswith(".buffer_of")], names
     assert "fusegrad.runtime.buffers.buffer_of" not in names
+    # the copy-on-write decision is the engine's: the front end only says whether old versions are kept
+    assert not [n for n in names if n.startswith("fusegrad.schedule") and n.endswith("VersionReaders")], names
+
+
+def test_engine_reads_the_buffer_table_from_runtime_buffers():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for path in ("fusegrad/engine/realize.py", "fusegrad/engine/copy_on_write.py"):
+        names = imported_names(str(root / path))
+        assert not [
+            n for n in names if n.startswith("fusegrad.schedule") and n.endswith((".buffer_of", ".base_buffer"))
+        ]
+
+
+def test_scheduler_imports_nothing_from_the_engine():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for path in (root / "fusegrad/schedule").glob("*.py"):
+        assert not [n for n in imported_names(str(path)) if n.startswith("fusegrad.engine")], path
 
 
 def test_every_device_is_a_compiled_device_with_an_allocator():

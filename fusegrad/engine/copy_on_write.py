@@ -1,0 +1,88 @@
+"""Copy on write: which old versions of assigned buffers a live graph outside this realize still reads.
+
+An assign writes its target's storage in place unless some graph the caller still holds (a lazy tensor, a grad, a view)
+would compute from the old value afterwards; then the assign writes a fresh buffer. The engine asks this before a
+realize (the front end only says whether old versions are kept), the scheduler when it plans."""
+
+from __future__ import annotations
+import sys
+from fusegrad.runtime.buffers import base_buffer
+from fusegrad.schedule import realized_value
+from fusegrad.uop.ops import Ops, UOp
+
+# references OldVersionReaders itself holds on the node it measures: the node list, the count dict's key, the loop
+# variable and getrefcount's argument
+_OWN_REFS = 4
+
+
+class OldVersionReaders:
+    """Which BUFFER versions that an assign in roots' graph overwrites a live graph outside this realize (a lazy
+    tensor, a grad, a view, the realized map) may still compute from: those assigns copy on write. Built before the
+    schedule (a node is held outside when it has more references than this graph, the roots list and the roots'
+    tensors, `refs_per_root` per root, account for); asked after planning, when it is known what the schedule computes
+    and keeps, since a reader of a value the schedule keeps no longer needs the old buffer."""
+
+    def __init__(self, roots: list[UOp], refs_per_root: int):
+        nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
+        target_bits = {b: 1 << i for i, b in enumerate(dict.fromkeys(_assign_targets(nodes)))}
+        root_set = set(roots)
+        self.held: set[UOp] = set()
+        if target_bits:
+            reads = _version_reads(nodes, target_bits, root_set, frozenset())
+            refs = _references_within(nodes, roots, refs_per_root, target_bits, root_set, reads)
+            self.held = {u for u in nodes if reads[u] and sys.getrefcount(u) > refs[u] + _OWN_REFS}
+        self.nodes, self.target_bits, self.root_set = nodes, target_bits, root_set
+
+    def shared(self, kept: set[UOp]) -> set[UOp]:
+        """The targets some outside holder still reads, when the schedule keeps the values of `kept`."""
+        if not self.held:
+            return set()
+        reads = _version_reads(self.nodes, self.target_bits, self.root_set, kept)
+        bits = 0
+        for u in self.held:
+            bits |= reads[u]
+        return {b for b, bit in self.target_bits.items() if bits & bit}
+
+
+def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp], kept: set[UOp]) -> dict[UOp, int]:
+    """Bit i of the result for u: u's value depends on target i's old value through nodes nobody has computed."""
+    reads: dict[UOp, int] = {}
+    for u in nodes:
+        if u.op is Ops.BUFFER:
+            bits = target_bits.get(u, 0)
+        elif u in kept:
+            bits = 0  # computed by this realize into a buffer of its own: its readers use that
+        elif u not in roots and (value := realized_value(u)) is not None:
+            bits = target_bits.get(base_buffer(value), 0)  # computed already: its readers read the stored value
+        elif u.op is Ops.ASSIGN:
+            bits = 0  # computed by this realize: whoever holds it reads the new value
+        else:
+            bits = 0
+            for s in u.src:
+                bits |= reads[s]
+        reads[u] = bits
+    return reads
+
+
+def _assign_targets(nodes: list[UOp]) -> list[UOp]:
+    return [b for u in nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None]
+
+
+def _references_within(
+    nodes: list[UOp], roots: list[UOp], refs_per_root: int, targets: dict, root_set: set, reads: dict
+) -> dict[UOp, int]:
+    """How many references to each node this realize's own graph, roots and bookkeeping hold (the `targets`, `reads`
+    and `root_set` containers); a function of its own, so no loop variable outlives it and counts as a holder."""
+    assert len(reads) == len(nodes)  # every node is a key of `reads`: counted by the initial 1 below
+    refs = dict.fromkeys(nodes, 1)
+    for u in nodes:
+        for s in u.src:
+            refs[s] += 1
+    for r in roots:
+        refs[r] += refs_per_root
+    for u in (*targets, *root_set):
+        refs[u] += 1
+    for u in nodes:  # a value the realized map holds for a node of this graph belongs to this graph
+        if isinstance(value := u.realized_ref, UOp) and value in refs:
+            refs[value] += 1
+    return refs
