@@ -330,6 +330,36 @@ def test_jit_0_runs_the_body_and_jit_2_replays_without_graphs():
         assert g.captured.batches == 0 and len(calls) == 6
 
 
+def test_same_input_tensors_replay_new_values_and_still_check():
+    calls = []
+
+    def body(x, y):
+        calls.append(1)
+        return x * y + 1
+
+    f = TinyJit(body)
+    x, y = Tensor(data(3, 4)).realize(), Tensor(data(3, 4)).realize()
+    for _ in range(4):  # after the capture: the same nodes as the last call, one identity check each
+        np.testing.assert_allclose(f(x, y).numpy(), x.numpy() * y.numpy() + 1, rtol=1e-6)
+    x.assign(Tensor(data(3, 4))).realize()  # new values in x's buffer, a new node for the same tensor
+    np.testing.assert_allclose(f(x, y).numpy(), x.numpy() * y.numpy() + 1, rtol=1e-6)
+    np.testing.assert_allclose(f(x, y).numpy(), x.numpy() * y.numpy() + 1, rtol=1e-6)
+    with pytest.raises(JitError, match="argument 1 has shape"):
+        f(x, Tensor(data(4, 3)))
+    with pytest.raises(JitError, match="argument 1 is a different view"):
+        f(x, y.reshape(4, 3).T)
+    with pytest.raises(JitError, match="same buffer"):
+        f(x, x)
+    with pytest.raises(JitError, match=r"at capture, now \['argument 0'\]"):
+        f(x, 2)
+    with pytest.raises(JitError, match="inputs were"):
+        f(x, y=y)
+    with Context(JIT=0):
+        f(x, y)
+    assert len(calls) == 3  # warm-up, capture and the JIT=0 call ran the body
+    np.testing.assert_allclose(f(x, y).numpy(), x.numpy() * y.numpy() + 1, rtol=1e-6)
+
+
 # ------------------------------------------------------------------------------------------------ errors
 
 
@@ -459,6 +489,18 @@ def test_planned_step_equals_unplanned_under_reuse():
             np.testing.assert_array_equal(a, b)
     assert cap.planned_to < cap.planned_from / 10
     assert cap_off.planned_to == cap_off.planned_from
+
+
+def test_debug_2_times_each_replayed_kernel(capsys):
+    f = TinyJit(lambda x: (x.exp() + 1).sum())
+    for _ in range(3):
+        f(Tensor(data(16)))
+    capsys.readouterr()
+    with Context(DEBUG=2):
+        out = f(Tensor(np.zeros(16, np.float32)))
+    lines = capsys.readouterr().out.splitlines()
+    assert len([ln for ln in lines if ln.strip().startswith("JIT ") and " tm " in ln]) == len(f.captured.launches)
+    assert out.item() == 32.0
 
 
 def test_debug_lines(capsys):
