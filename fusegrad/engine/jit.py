@@ -17,7 +17,10 @@ from typing import Any, Callable
 from fusegrad.helpers import DEBUG, JIT, JITBEAM, NO_MEMORY_PLANNER, Context
 from fusegrad.engine.jit_capture import (
     Recorder,
+    drop_input_grads,
     keep_moved_state,
+    lazy_leftovers,
+    live_tensor_nodes,
     live_tensor_buffers,
     plan_memory,
     prune_launches,
@@ -166,12 +169,16 @@ class TinyJit:
         uops = tuple(t.uop for _, t in tensors)  # before the body, which may assign to an input
         realize_effects([])  # assigns made before the call are not the function's
         before = live_tensor_buffers()
+        nodes_before = live_tensor_nodes()
         recorder = Recorder()
         capturing.append(recorder)
         try:
             with Context(BEAM=int(JITBEAM.value)) if JITBEAM.value else nullcontext():
                 ret = self._run_body(args, kwargs)
                 realize_effects(returned_tensors(ret))
+                leftovers = drop_input_grads([t for _, t in tensors], lazy_leftovers(nodes_before))
+                kernels_before_leftovers = len(recorder.launches)
+                Tensor.realize_all(leftovers)  # a replay then leaves them holding its own values
         finally:
             capturing.pop()
         if not recorder.launches:
@@ -215,7 +222,8 @@ class TinyJit:
             print(
                 f"JIT {self._name()}: captured {len(launches)} kernels into {captured.batches} batches "
                 f"({len(captured.steps) - captured.batches} launched alone); memory planned from "
-                f"{captured.planned_from} to {captured.planned_to} bytes"
+                f"{captured.planned_from} to {captured.planned_to} bytes; {len(leftovers)} tensors left lazy by the "
+                f"function realized ({len(recorder.launches) - kernels_before_leftovers} kernels)"
             )
         return ret
 
