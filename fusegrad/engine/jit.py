@@ -81,6 +81,8 @@ class TinyJit:
             fxn = self.fxn if pickle.dumps(self.fxn) else None
         except Exception:
             fxn = None
+        if self._instance is not None:
+            fxn = None  # one instance's capture: loaded, it replays; its body needs the instance, which stays here
         return {"fxn": fxn, "prune": self.prune, "cnt": self.cnt, "captured": self.captured}
 
     def __setstate__(self, state: dict) -> None:

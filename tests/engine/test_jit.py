@@ -609,6 +609,25 @@ def test_pickled_capture_replays_in_a_fresh_process(tmp_path):
     assert done.returncode == 0 and "replayed" in done.stdout, done.stderr
 
 
+class Scaled:
+    def __init__(self, w):
+        self.w = Tensor(w).realize()
+
+    @TinyJit
+    def apply(self, x):
+        return (x * self.w + 1).contiguous()
+
+
+def test_pickled_method_capture_replays():
+    m = Scaled(data(3))
+    for _ in range(3):
+        m.apply(Tensor(data(3)))
+    loaded = pickle.loads(pickle.dumps(m.apply))
+    a = data(3)
+    np.testing.assert_allclose(loaded(Tensor(a)).numpy(), a * m.w.numpy() + 1, rtol=1e-6)
+    assert loaded.fxn is None  # the body needs its instance: the loaded capture only replays
+
+
 def test_pickled_lambda_capture_replays_without_its_function():
     w = Tensor(data(3))
     f = TinyJit(lambda x: (x * w).exp())
