@@ -24,6 +24,7 @@ from fusegrad.engine.jit_capture import (
     live_tensor_buffers,
     plan_memory,
     prune_launches,
+    realize_earlier_readers,
     realize_effects,
     returned_tensors,
 )
@@ -183,6 +184,7 @@ class TinyJit:
                 Tensor.realize_all(leftovers)  # a replay then leaves them holding its own values
         finally:
             capturing.pop()
+        realize_earlier_readers(nodes_before, recorder.launches)  # they keep the values from before the call
         if not recorder.launches:
             raise JitError(f"didn't JIT anything! {self._name()} launched no kernel while it was captured")
         launches = [Launch(r, list(b), ast) for r, b, ast in recorder.launches]

@@ -77,6 +77,19 @@ def lazy_leftovers(before: dict[int, tuple[weakref.ref[Tensor], UOp]]) -> list[T
     return out
 
 
+def realize_earlier_readers(before: dict[int, tuple[weakref.ref[Tensor], UOp]], launches: list[Any]) -> None:
+    """Realize (outside the capture) the lazy tensors made before the call that read a buffer the step uses: a state
+    buffer they read kept its old value by a copy on write, which keep_moved_state is about to give the new one."""
+    touched = {b for _, bufs, _ in launches for b in bufs}
+    todo = []
+    for ref, u in before.values():
+        if (t := ref()) is None or t.uop is not u or tensor_buffers(u) is not None or is_constant(u):
+            continue
+        if any(x.op is Ops.BUFFER and buffer_of.get(x) in touched for x in u.toposort()):
+            todo.append(t)
+    Tensor.realize_all(todo)
+
+
 def drop_input_grads(inputs: list[Tensor], leftovers: list[Tensor]) -> list[Tensor]:
     """The leftovers less the lazy `.grad`s of inputs that did not ask for one (requires_grad not True), which become
     None: a replay brings new inputs and fills no `.grad` on them, and computing an input's gradient in every replay

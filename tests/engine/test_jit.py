@@ -392,6 +392,27 @@ def test_tensors_left_lazy_hold_each_calls_values():
     assert len(f.captured.launches) >= 3
 
 
+def test_lazy_tensor_made_before_the_capture_keeps_its_value():
+    results = []
+    for jit in (False, True):
+        w = Tensor(np.ones(4, np.float32)).contiguous().realize()
+
+        def body(x):
+            w.assign(w + x).realize()
+            return (w * 1).contiguous()
+
+        f = TinyJit(body) if jit else body
+        f(Tensor(np.ones(4, np.float32)))
+        before = w * 10  # lazy, made before the capturing call: the value of w then
+        for _ in range(3):
+            f(Tensor(np.ones(4, np.float32)))
+        results.append((before.numpy(), w.numpy()))
+    (eager_before, eager_w), (jit_before, jit_w) = results
+    np.testing.assert_array_equal(jit_before, np.full(4, 20, np.float32))
+    np.testing.assert_array_equal(jit_before, eager_before)
+    np.testing.assert_array_equal(jit_w, eager_w)
+
+
 def test_input_that_requires_grad_gets_each_calls_gradient():
     w = Tensor(data(3, 2))
 
