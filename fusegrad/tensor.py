@@ -596,3 +596,14 @@ def _scalar(x: Any) -> Scalar:
 
 
 bind_tensor_class(Tensor)
+
+
+def tensor_of_uop(u: UOp, device: str | tuple[str, ...]) -> Tensor:
+    """A Tensor holding node u on an already canonical device, as Tensor(u, device=device) builds it without parsing
+    the device: TinyJit returns one per replay (its per-call cost is the jitted call's cost)."""
+    t = Tensor.__new__(Tensor)
+    t.device, t.grad, t.requires_grad, t.is_param = device, None, None, True
+    t._ref = weakref.ref(t)
+    t._uop = u
+    u.add_holder(t._ref)
+    return t

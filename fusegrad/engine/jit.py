@@ -10,15 +10,21 @@ from __future__ import annotations
 import functools
 import pickle
 import time
+import weakref
+from dataclasses import dataclass
 from contextlib import nullcontext
 from typing import Any, Callable
 from fusegrad.helpers import DEBUG, JIT, JITBEAM, NO_MEMORY_PLANNER, Context
 from fusegrad.engine.jit_capture import (
     Recorder,
+    drop_input_grads,
     keep_moved_state,
+    lazy_leftovers,
+    live_tensor_nodes,
     live_tensor_buffers,
     plan_memory,
     prune_launches,
+    realize_earlier_readers,
     realize_effects,
     returned_tensors,
 )
@@ -36,8 +42,19 @@ from fusegrad.engine.jit_program import CapturedJit, Launch, freeze, is_frozen_t
 from fusegrad.engine.realize import capturing, realize_lock
 from fusegrad.schedule import buffer_of
 from fusegrad.schedule.variables import var_params
-from fusegrad.tensor import Tensor
+from fusegrad.tensor import Tensor, tensor_of_uop
 from fusegrad.uop.ops import UOp
+
+
+@dataclass
+class KnownCall:
+    """The last call whose inputs passed the checks, when its arguments were all tensors passed by position: a call
+    with the very same nodes (UOps never change) has the same layouts, buffers and Variable values."""
+
+    uops: tuple[UOp, ...]
+    inputs: list[Any]  # the input buffers, in the capture's order
+    bases: list[UOp]
+    var_vals: dict[UOp, int]
 
 
 class TinyJit:
@@ -45,14 +62,19 @@ class TinyJit:
 
     def __init__(self, fxn: Callable | None = None, *, prune: bool = False):
         self.fxn, self.prune = fxn, prune
+        self._instance: weakref.ref | None = None  # a method's TinyJit for one instance: that instance
+        self._instances: dict[int, tuple[weakref.ref, TinyJit]] = {}  # id(instance) -> (weak ref, its TinyJit)
         if fxn is not None:
             functools.update_wrapper(self, fxn)
         self.reset()
 
     def reset(self) -> None:
-        """Forget the capture: the next call warms up again."""
+        """Forget the capture (a method's: every instance's): the next call warms up again."""
         self.cnt = 0
         self.captured: CapturedJit | None = None
+        self._known: KnownCall | None = None
+        for _, jit in list(self._instances.values()):
+            jit.reset()
 
     def __getstate__(self) -> dict:
         # the function goes along when pickle can name it (a module-level def); a loaded capture replays without it
@@ -60,18 +82,57 @@ class TinyJit:
             fxn = self.fxn if pickle.dumps(self.fxn) else None
         except Exception:
             fxn = None
+        if self._instance is not None:
+            fxn = None  # one instance's capture: loaded, it replays; its body needs the instance, which stays here
         return {"fxn": fxn, "prune": self.prune, "cnt": self.cnt, "captured": self.captured}
 
     def __setstate__(self, state: dict) -> None:
         self.fxn, self.prune, self.cnt, self.captured = state["fxn"], state["prune"], state["cnt"], state["captured"]
+        self._instance, self._instances, self._known = None, {}, None
         if self.fxn is not None:
             functools.update_wrapper(self, self.fxn)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        # a method: the instance is a non-tensor argument, so another instance is a mismatch, not a silent replay
-        return self if obj is None else functools.partial(self.__call__, obj)
+        """A method: each instance gets its own TinyJit (held while the instance lives), capturing its own kernels."""
+        if obj is None or self._instance is not None:
+            return self
+        key = id(obj)
+        if (entry := self._instances.get(key)) is not None and entry[0]() is obj:
+            return entry[1]
+        instances = self._instances
+
+        def forget(ref: weakref.ref) -> None:
+            if instances.get(key, (None,))[0] is ref:
+                del instances[key]
+
+        try:
+            ref = weakref.ref(obj, forget)
+        except TypeError:  # no weak references (__slots__): the instance is a non-tensor argument of one capture
+            return functools.partial(self.__call__, obj)
+        jit = TinyJit(self.fxn, prune=self.prune)
+        jit._instance = ref
+        instances[key] = (ref, jit)
+        return jit
+
+    def _run_body(self, args: tuple, kwargs: dict) -> Any:
+        if self._instance is None:
+            return self.fxn(*args, **kwargs)
+        if (obj := self._instance()) is None:
+            raise ReferenceError(f"TinyJit {self._name()}: the instance it was bound to no longer exists")
+        return self.fxn(obj, *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        known = self._known
+        if known is not None and not kwargs and len(args) == len(known.uops) and JIT.value and not capturing:
+            # the per-call path: one identity check per argument, then the replay
+            for a, u in zip(args, known.uops):
+                if type(a) is not Tensor or a._uop is not u:
+                    break
+            else:
+                with realize_lock:
+                    ret = self._run_captured(known.inputs, known.bases, known.var_vals)
+                self.cnt += 1
+                return ret
         if self.fxn is None and self.captured is None:
             if len(args) == 1 and not kwargs and callable(args[0]):
                 self.fxn = args[0]
@@ -82,7 +143,7 @@ class TinyJit:
             raise RuntimeError(f"TinyJit {self._name()} called while another TinyJit captures; nested JITs cannot be")
         if not JIT and self.fxn is not None:
             self.cnt += 1
-            return self.fxn(*args, **kwargs)
+            return self._run_body(args, kwargs)
         var_vals: dict[UOp, int] = {}
         tensors, others = split_args(args, kwargs, var_vals)
         with realize_lock:
@@ -93,8 +154,10 @@ class TinyJit:
             else:
                 prepare_inputs(tensors)
                 realize_effects([])  # assigns made before the call are not the function's
-                ret = self.fxn(*args, **kwargs)
+                ret = self._run_body(args, kwargs)
                 realize_effects(returned_tensors(ret))
+            if not others and not kwargs and len(tensors) == len(args) and self.captured is not None:
+                self._known = KnownCall(*self._last_checked)
         self.cnt += 1
         return ret
 
@@ -106,16 +169,22 @@ class TinyJit:
         self, tensors: list[tuple[str, Tensor]], others: list, var_vals: dict[UOp, int], args: tuple, kwargs: dict
     ) -> Any:
         layouts, bases = prepare_inputs(tensors, var_vals)
+        uops = tuple(t.uop for _, t in tensors)  # before the body, which may assign to an input
         realize_effects([])  # assigns made before the call are not the function's
         before = live_tensor_buffers()
+        nodes_before = live_tensor_nodes()
         recorder = Recorder()
         capturing.append(recorder)
         try:
             with Context(BEAM=int(JITBEAM.value)) if JITBEAM.value else nullcontext():
-                ret = self.fxn(*args, **kwargs)
+                ret = self._run_body(args, kwargs)
                 realize_effects(returned_tensors(ret))
+                leftovers = drop_input_grads([t for _, t in tensors], lazy_leftovers(nodes_before))
+                kernels_before_leftovers = len(recorder.launches)
+                Tensor.realize_all(leftovers)  # a replay then leaves them holding its own values
         finally:
             capturing.pop()
+        realize_earlier_readers(nodes_before, recorder.launches)  # they keep the values from before the call
         if not recorder.launches:
             raise JitError(f"didn't JIT anything! {self._name()} launched no kernel while it was captured")
         launches = [Launch(r, list(b), ast) for r, b, ast in recorder.launches]
@@ -152,11 +221,13 @@ class TinyJit:
         )
         captured.build_steps(use_graphs=int(JIT.value) != 2)
         self.captured = captured
+        self._last_checked = (uops, input_bufs, [u for b in bases for u in b], var_vals)
         if DEBUG >= 1:
             print(
                 f"JIT {self._name()}: captured {len(launches)} kernels into {captured.batches} batches "
                 f"({len(captured.steps) - captured.batches} launched alone); memory planned from "
-                f"{captured.planned_from} to {captured.planned_to} bytes"
+                f"{captured.planned_from} to {captured.planned_to} bytes; {len(leftovers)} tensors left lazy by the "
+                f"function realized ({len(recorder.launches) - kernels_before_leftovers} kernels)"
             )
         return ret
 
@@ -189,19 +260,31 @@ class TinyJit:
         inputs = [buffer_of[u] for u in bases]
         if len(set(inputs)) != len(inputs):
             prepare_inputs(tensors)  # names the two arguments
-        st = time.perf_counter() if DEBUG >= 2 else 0.0
-        cap(inputs, var_vals)
-        if DEBUG >= 2:
+        self._last_checked = (tuple(t.uop for _, t in tensors), inputs, bases, var_vals)
+        return self._run_captured(inputs, bases, var_vals)
+
+    def _run_captured(self, inputs: list, bases: list[UOp], var_vals: dict[UOp, int]) -> Any:
+        """Replay the capture on checked inputs and return this call's tensors."""
+        cap = self.captured
+        assert cap is not None
+        if DEBUG.value >= 2:
+            st = time.perf_counter()
+            cap(inputs, var_vals, timed=True)
             print(
                 f"JIT {self._name()}: replay {self.cnt - 1}: {len(cap.launches)} kernels in {len(cap.steps)} "
                 f"calls, {(time.perf_counter() - st) * 1e6:.1f} us"
             )
+        else:
+            cap(inputs, var_vals)
+        rets = cap.returns
         if not cap.returns_vary:
-            return thaw(cap.returns, is_frozen_tensor, lambda f: Tensor(f[0], device=f[1]))
+            if is_frozen_tensor(rets):
+                return tensor_of_uop(rets[0], rets[1])
+            return thaw(rets, is_frozen_tensor, lambda f: tensor_of_uop(f[0], f[1]))
         # a returned view of an input, or a return of symbolic shape: rebuilt on this call's inputs and values
         rebase = {old: new for old, new in zip(cap.input_base_uops, bases) if old is not new}
         new_vals = {v: x for v, x in var_vals.items() if cap.var_vals.get(v, x) != x}
-        return thaw(cap.returns, is_frozen_tensor, lambda f: Tensor(rebase_view(f[0], rebase, new_vals), device=f[1]))
+        return thaw(rets, is_frozen_tensor, lambda f: Tensor(rebase_view(f[0], rebase, new_vals), device=f[1]))
 
 
 __all__ = ["TinyJit", "JitError", "CapturedJit"]

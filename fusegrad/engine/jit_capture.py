@@ -7,7 +7,7 @@ import weakref
 from typing import Any
 import numpy as np
 import fusegrad.tensor as tensor_module
-from fusegrad.engine.jit_inputs import JitError, rebase_view, tensor_buffers
+from fusegrad.engine.jit_inputs import JitError, is_constant, rebase_view, tensor_buffers
 from fusegrad.engine.jit_program import CapturedJit, IndexCheckRunner, Launch, run_launch
 from fusegrad.engine.memory_planner import plan_buffers
 from fusegrad.runtime.device import Buffer, Device, HostAllocator
@@ -58,6 +58,48 @@ def live_tensor_buffers() -> dict[int, tuple[weakref.ref[Tensor], list[Buffer]]]
         if (bufs := tensor_buffers(t.uop)) is not None:
             out[id(t)] = (weakref.ref(t), bufs)
     return out
+
+
+def live_tensor_nodes() -> dict[int, tuple[weakref.ref[Tensor], UOp]]:
+    """id(tensor) -> (weak reference to the tensor, its node) for every live tensor."""
+    return {id(t): (weakref.ref(t), t.uop) for t in live_tensors()}
+
+
+def lazy_leftovers(before: dict[int, tuple[weakref.ref[Tensor], UOp]]) -> list[Tensor]:
+    """Live tensors the call left unrealized (new ones, or ones it gave a new graph, e.g. a `.grad`) whose graph reads
+    a buffer: replays would leave them computing from the capture's buffers, so the capture realizes them."""
+    out = []
+    for t in live_tensors():
+        if (prev := before.get(id(t))) is not None and prev[0]() is t and prev[1] is t.uop:
+            continue
+        if tensor_buffers(t.uop) is None and not is_constant(t.uop):
+            out.append(t)
+    return out
+
+
+def realize_earlier_readers(before: dict[int, tuple[weakref.ref[Tensor], UOp]], launches: list[Any]) -> None:
+    """Realize (outside the capture) the lazy tensors made before the call that read a buffer the step uses: a state
+    buffer they read kept its old value by a copy on write, which keep_moved_state is about to give the new one."""
+    touched = {b for _, bufs, _ in launches for b in bufs}
+    todo = []
+    for ref, u in before.values():
+        if (t := ref()) is None or t.uop is not u or tensor_buffers(u) is not None or is_constant(u):
+            continue
+        if any(x.op is Ops.BUFFER and buffer_of.get(x) in touched for x in u.toposort()):
+            todo.append(t)
+    Tensor.realize_all(todo)
+
+
+def drop_input_grads(inputs: list[Tensor], leftovers: list[Tensor]) -> list[Tensor]:
+    """The leftovers less the lazy `.grad`s of inputs that did not ask for one (requires_grad not True), which become
+    None: a replay brings new inputs and fills no `.grad` on them, and computing an input's gradient in every replay
+    would cost as much as a matmul of the backward pass."""
+    dropped = set()
+    for t in inputs:
+        if t.grad is not None and t.requires_grad is not True and any(t.grad is x for x in leftovers):
+            dropped.add(id(t.grad))
+            t.grad = None
+    return [t for t in leftovers if id(t) not in dropped]
 
 
 def returned_tensors(ret: Any, where: str = "return value") -> list[Tensor]:
@@ -192,4 +234,14 @@ def plan_memory(cap: CapturedJit, keep: set[Buffer], enabled: bool) -> None:
         la.buffers = [replacement.get(b, b) for b in la.buffers]
 
 
-__all__ = ["Recorder", "keep_moved_state", "prune_launches", "plan_memory", "realize_effects", "returned_tensors"]
+__all__ = [
+    "Recorder",
+    "drop_input_grads",
+    "lazy_leftovers",
+    "live_tensor_nodes",
+    "keep_moved_state",
+    "prune_launches",
+    "plan_memory",
+    "realize_effects",
+    "returned_tensors",
+]

@@ -2,6 +2,7 @@
 by one, with the input buffers and bound Variable values of each call swapped in."""
 
 from __future__ import annotations
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 import numpy as np
@@ -66,7 +67,9 @@ class CapturedJit:
     rng_buffers: list[Buffer] = field(default_factory=list)  # random stream bases read by the captured kernels
     rng_calls: int = 0  # random draws per step: each replay advances the bases (and Tensor's counter) by this
     internal: set[Buffer] = field(default_factory=set)
-    _last: list[Buffer | None] = field(default_factory=list)
+    _last: list[Buffer | None] = field(default_factory=list)  # the buffers the launches read as inputs now
+    _given: list[Buffer | None] = field(default_factory=list)  # the input buffers of the last call
+    _copied: bool = False  # some input of the last call was a buffer the step writes, read from a fresh copy
 
     def build_steps(self, use_graphs: bool) -> None:
         from fusegrad.runtime.cpu_graph import CPUGraph, GraphEntry
@@ -93,6 +96,7 @@ class CapturedJit:
             self.steps.append(PythonStep(la, [(p, index[b]) for p, b in enumerate(la.buffers) if b in index]))
         flush()
         self._last = list(self.input_buffers)
+        self._given = list(self.input_buffers)
         leaves: list[UOp] = []
         thaw(self.returns, is_frozen_tensor, lambda f: leaves.append(f[0]))
         inputs = set(self.input_base_uops)
@@ -119,9 +123,10 @@ class CapturedJit:
     def batches(self) -> int:
         return sum(isinstance(s, GraphStep) for s in self.steps)
 
-    def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
+    def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int] | None = None, timed: bool = False) -> None:
         """Run every launch with `inputs` in place of the capture's input buffers and the bound Variables' values
-        `var_vals` (API.md §6.2) in place of the capture's (each is a one-element buffer a kernel reads)."""
+        `var_vals` (API.md §6.2) in place of the capture's (each is a one-element buffer a kernel reads); `timed`
+        prints each launch's time (DEBUG=2)."""
         if var_vals and var_vals != self._last_vals:
             for la, pos, var, graph, cell in self.var_slots:
                 if var in var_vals:
@@ -133,25 +138,61 @@ class CapturedJit:
             Tensor._rng_calls += self.rng_calls
             for b in self.rng_buffers:
                 b.copyin(b.numpy() + np.uint32(self.rng_calls))
-        if inputs != self._last:  # Buffers compare by identity
-            for i, (b, last) in enumerate(zip(inputs, self._last)):
-                if b is not last and b in self.internal:
-                    inputs[i] = fresh_copy(b)  # a buffer this step writes, e.g. an earlier return: read a copy
+        if inputs != self._given:  # Buffers compare by identity
+            self._bind_inputs(inputs)
+        elif self._copied:
+            self._bind_inputs(inputs)  # the step writes an input's buffer: read a fresh copy of it again
+        if timed:
+            self._run_timed()
+        else:
             for step in self.steps:
-                if isinstance(step, GraphStep):
-                    for cells, i in step.input_slots:
-                        if inputs[i] is not self._last[i]:
-                            step.graph.set_address(cells, inputs[i].address())
-            self._last = inputs
-        for step in self.steps:
-            if isinstance(step, GraphStep):
-                step.graph()
-            else:
-                bufs = list(step.launch.buffers)
-                for p, i in step.input_slots:
-                    bufs[p] = inputs[i]
-                run_launch(step.launch.runner, bufs)
+                if type(step) is GraphStep:
+                    step.graph()
+                else:
+                    self._run_python_step(step)
         GlobalCounters.kernel_count += len(self.launches)
+
+    def _bind_inputs(self, given: list[Buffer]) -> None:
+        """Point the launches at this call's input buffers, rewriting only the graph table cells that change."""
+        inputs = list(given)
+        self._copied = False
+        for i, b in enumerate(given):
+            if b in self.internal:
+                inputs[i] = fresh_copy(b)  # a buffer this step writes, e.g. an earlier return: read a copy
+                self._copied = True
+        for step in self.steps:
+            if type(step) is GraphStep:
+                for cells, i in step.input_slots:
+                    if inputs[i] is not self._last[i]:
+                        step.graph.set_address(cells, inputs[i].address())
+        self._given, self._last = list(given), inputs
+
+    def _run_python_step(self, step: PythonStep) -> None:
+        bufs = list(step.launch.buffers)
+        for p, i in step.input_slots:
+            bufs[p] = self._last[i]
+        run_launch(step.launch.runner, bufs)
+
+    def _run_timed(self) -> None:
+        """Each launch on its own, timed (a batch's launches one by one, as its table holds them)."""
+        for step in self.steps:
+            launches = step.launches if type(step) is GraphStep else [step.launch]
+            slots = step.input_slots if type(step) is PythonStep else []
+            for la in launches:
+                bufs = list(la.buffers)
+                if type(step) is GraphStep:
+                    for cells, i in step.input_slots:
+                        bufs = [self._last[i] if b is self.input_buffers[i] else b for b in bufs]
+                for p, i in slots:
+                    bufs[p] = self._last[i]
+                st = time.perf_counter()
+                run_launch(la.runner, bufs)
+                et = time.perf_counter() - st
+                name = la.runner.info.name if la.runner is not None and hasattr(la.runner, "info") else "copy"
+                ops = la.runner.info.ops_estimate if la.runner is not None and hasattr(la.runner, "info") else 0
+                print(
+                    f"  JIT {name:32s} arg {len(bufs):2d} tm {et * 1e6:9.2f}us {ops / max(et, 1e-9) / 1e9:8.2f} GFLOPS"
+                )
 
 
 def restore_captured(state: dict, use_graphs: bool) -> CapturedJit:

@@ -77,7 +77,10 @@ class Optimizer:
         return x if x.device == w.device else x.to(w.device)
 
     def step(self) -> None:
-        Tensor.realize(*self.schedule_step())
+        # the gradients are realized with the update, which reads them: `.grad` then holds its value after the step
+        # (not a graph of the old weights, which would make each weight's assign copy on write), and a gradient that
+        # is a matmul runs as one rather than fused into an elementwise update
+        Tensor.realize(*self.schedule_step(), *[t.grad for t in self.params if t.grad is not None])
 
     def schedule_step(self) -> list[Tensor]:
         """The tensors whose realization performs one step (for a custom realize or a JIT)."""

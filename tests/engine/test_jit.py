@@ -69,7 +69,9 @@ def train_fusegrad(model_name, make_opt, weights, batches, jit):
     losses = [run(Tensor(x), Tensor(y)).item() for x, y in batches]
     if jit:
         assert run.captured is not None and run.cnt == len(batches)
-    return [p.numpy() for p in get_parameters(model)], losses
+    params = get_parameters(model)
+    train_fusegrad.grads = [p.grad.numpy() for p in params]  # the last step's, read after it
+    return [p.numpy() for p in params], losses
 
 
 def train_torch(model_name, make_opt, weights, batches):
@@ -94,6 +96,7 @@ def train_torch(model_name, make_opt, weights, batches):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    train_torch.grads = [p.grad.numpy() for layer in layers for p in (layer.weight, layer.bias)]
     return [p.detach().numpy() for layer in layers for p in (layer.weight, layer.bias)], losses
 
 
@@ -105,8 +108,12 @@ def test_jitted_training_matches_eager_and_torch(model_name, opt_name):
     batches = [(data(*xshape), rng.integers(0, 4, xshape[0]).astype(np.int32)) for _ in range(STEPS)]
     ours, theirs = OPTIMIZERS[opt_name]
     jit_params, jit_losses = train_fusegrad(model_name, ours, weights, batches, jit=True)
+    jit_grads = train_fusegrad.grads
     eager_params, eager_losses = train_fusegrad(model_name, ours, weights, batches, jit=False)
     torch_params, torch_losses = train_torch(model_name, theirs, weights, batches)
+    for a, b, c in zip(jit_grads, train_fusegrad.grads, train_torch.grads):  # `.grad` holds the last step's gradient
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)
     for a, b, c in zip(jit_params, eager_params, torch_params):
         np.testing.assert_array_equal(a, b)  # the same kernels on the same data: bit for bit
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)
@@ -196,8 +203,53 @@ def test_method_and_keyword_inputs():
     for _ in range(4):
         a, s = data(2, 3), data(1)
         np.testing.assert_allclose(m(Tensor(a), scale={"s": Tensor(s)}).numpy(), a @ m.w.numpy() * s, rtol=1e-5)
-    with pytest.raises(JitError, match="args mismatch"):
-        Model.__call__(Model(), Tensor(a), scale={"s": Tensor(s)})  # another instance is another non-tensor argument
+    other = Model()  # another instance captures its own kernels (API.md §6.1: methods work)
+    for _ in range(4):
+        a, s = data(2, 3), data(1)
+        np.testing.assert_allclose(other(Tensor(a), scale={"s": Tensor(s)}).numpy(), a @ other.w.numpy() * s, rtol=1e-5)
+        np.testing.assert_allclose(m(Tensor(a), scale={"s": Tensor(s)}).numpy(), a @ m.w.numpy() * s, rtol=1e-5)
+    assert m.__call__.captured is not other.__call__.captured and other.__call__.cnt == 4
+
+
+class Trainer:
+    """A training step as a jitted method: each instance replays its own capture on its own weights."""
+
+    def __init__(self, weights, make_opt):
+        self.model = MLP(weights)
+        self.opt = make_opt(get_parameters(self.model))
+
+    @TinyJit
+    def step(self, x, y):
+        with Context(TRAINING=1):
+            self.opt.zero_grad()
+            loss = self.model(x).sparse_categorical_crossentropy(y)
+            loss.backward()
+            self.opt.step()
+        return loss
+
+
+def test_jitted_method_on_two_instances_matches_eager():
+    import gc
+
+    make_opt = OPTIMIZERS["SGD"][0]
+    weights = [MODELS["mlp"][1]() for _ in range(2)]
+    batches = [(data(8, 12), rng.integers(0, 4, 8).astype(np.int32)) for _ in range(STEPS)]
+    trainers = [Trainer(w, make_opt) for w in weights]
+    losses = [[], []]
+    for x, y in batches:
+        for i, t in enumerate(trainers):  # interleaved: each replay must use its own instance's buffers
+            losses[i].append(t.step(Tensor(x), Tensor(y)).item())
+    for i, t in enumerate(trainers):
+        eager_params, eager_losses = train_fusegrad("mlp", make_opt, weights[i], batches, jit=False)
+        np.testing.assert_array_equal(losses[i], eager_losses)
+        for a, b in zip(get_parameters(t.model), eager_params):
+            np.testing.assert_array_equal(a.numpy(), b)
+        assert t.step.captured is not None and t.step.cnt == STEPS
+    assert trainers[0].step.captured is not trainers[1].step.captured
+    assert len(Trainer.step._instances) == 2
+    del trainers, t
+    gc.collect()
+    assert not Trainer.step._instances  # a dead instance's capture goes with it
 
 
 def test_setitem_inside_the_function():
@@ -283,6 +335,103 @@ def test_jit_0_runs_the_body_and_jit_2_replays_without_graphs():
             a = np.abs(data(5))
             np.testing.assert_allclose(g(Tensor(a)).numpy(), np.sqrt(a * 2), rtol=1e-6)
         assert g.captured.batches == 0 and len(calls) == 6
+
+
+def test_same_input_tensors_replay_new_values_and_still_check():
+    calls = []
+
+    def body(x, y):
+        calls.append(1)
+        return x * y + 1
+
+    f = TinyJit(body)
+    x, y = Tensor(data(3, 4)).realize(), Tensor(data(3, 4)).realize()
+    for _ in range(4):  # after the capture: the same nodes as the last call, one identity check each
+        np.testing.assert_allclose(f(x, y).numpy(), x.numpy() * y.numpy() + 1, rtol=1e-6)
+    x.assign(Tensor(data(3, 4))).realize()  # new values in x's buffer, a new node for the same tensor
+    np.testing.assert_allclose(f(x, y).numpy(), x.numpy() * y.numpy() + 1, rtol=1e-6)
+    np.testing.assert_allclose(f(x, y).numpy(), x.numpy() * y.numpy() + 1, rtol=1e-6)
+    with pytest.raises(JitError, match="argument 1 has shape"):
+        f(x, Tensor(data(4, 3)))
+    with pytest.raises(JitError, match="argument 1 is a different view"):
+        f(x, y.reshape(4, 3).T)
+    with pytest.raises(JitError, match="same buffer"):
+        f(x, x)
+    with pytest.raises(JitError, match=r"at capture, now \['argument 0'\]"):
+        f(x, 2)
+    with pytest.raises(JitError, match="inputs were"):
+        f(x, y=y)
+    with Context(JIT=0):
+        f(x, y)
+    assert len(calls) == 3  # warm-up, capture and the JIT=0 call ran the body
+    np.testing.assert_allclose(f(x, y).numpy(), x.numpy() * y.numpy() + 1, rtol=1e-6)
+
+
+def test_tensors_left_lazy_hold_each_calls_values():
+    w = Tensor(data(4, 3)).requires_grad_()
+    left = {}
+
+    @TinyJit
+    def f(x):
+        w.grad = None
+        loss = (x @ w).relu().sum()
+        loss.backward()  # w.grad stays lazy: nothing in the function realizes it
+        left["exp"] = (x * 2).exp()  # a lazy tensor the function leaves behind
+        return loss
+
+    for i in range(5):
+        a = data(5, 4)
+        x = Tensor(a)
+        loss = f(x)
+        mask = (a @ w.numpy() > 0).astype(np.float32)
+        np.testing.assert_allclose(loss.numpy(), np.maximum(a @ w.numpy(), 0).sum(), rtol=1e-5)
+        np.testing.assert_allclose(w.grad.numpy(), a.T @ mask, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(left["exp"].numpy(), np.exp(a * 2), rtol=1e-5)
+        if i >= 1:
+            assert x.grad is None  # an input that asked for no gradient gets none from a jitted call
+    assert len(f.captured.launches) >= 3
+
+
+def test_lazy_tensor_made_before_the_capture_keeps_its_value():
+    results = []
+    for jit in (False, True):
+        w = Tensor(np.ones(4, np.float32)).contiguous().realize()
+
+        def body(x):
+            w.assign(w + x).realize()
+            return (w * 1).contiguous()
+
+        f = TinyJit(body) if jit else body
+        f(Tensor(np.ones(4, np.float32)))
+        before = w * 10  # lazy, made before the capturing call: the value of w then
+        for _ in range(3):
+            f(Tensor(np.ones(4, np.float32)))
+        results.append((before.numpy(), w.numpy()))
+    (eager_before, eager_w), (jit_before, jit_w) = results
+    np.testing.assert_array_equal(jit_before, np.full(4, 20, np.float32))
+    np.testing.assert_array_equal(jit_before, eager_before)
+    np.testing.assert_array_equal(jit_w, eager_w)
+
+
+def test_input_that_requires_grad_gets_each_calls_gradient():
+    w = Tensor(data(3, 2))
+
+    @TinyJit
+    def f(x):
+        x.grad = None
+        loss = (x @ w).square().sum()
+        loss.backward()
+        return loss
+
+    x = Tensor(data(4, 3)).requires_grad_()
+    tw = torch.tensor(w.numpy())
+    for _ in range(4):
+        a = data(4, 3)
+        x.assign(Tensor(a)).realize()
+        tx = torch.tensor(a, requires_grad=True)
+        (tx @ tw).square().sum().backward()
+        f(x)
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -416,6 +565,18 @@ def test_planned_step_equals_unplanned_under_reuse():
     assert cap_off.planned_to == cap_off.planned_from
 
 
+def test_debug_2_times_each_replayed_kernel(capsys):
+    f = TinyJit(lambda x: (x.exp() + 1).sum())
+    for _ in range(3):
+        f(Tensor(data(16)))
+    capsys.readouterr()
+    with Context(DEBUG=2):
+        out = f(Tensor(np.zeros(16, np.float32)))
+    lines = capsys.readouterr().out.splitlines()
+    assert len([ln for ln in lines if ln.strip().startswith("JIT ") and " tm " in ln]) == len(f.captured.launches)
+    assert out.item() == 32.0
+
+
 def test_debug_lines(capsys):
     with Context(DEBUG=2):
         captured(x=(5,))
@@ -467,6 +628,25 @@ def test_pickled_capture_replays_in_a_fresh_process(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "replayed" in done.stdout, done.stderr
+
+
+class Scaled:
+    def __init__(self, w):
+        self.w = Tensor(w).realize()
+
+    @TinyJit
+    def apply(self, x):
+        return (x * self.w + 1).contiguous()
+
+
+def test_pickled_method_capture_replays():
+    m = Scaled(data(3))
+    for _ in range(3):
+        m.apply(Tensor(data(3)))
+    loaded = pickle.loads(pickle.dumps(m.apply))
+    a = data(3)
+    np.testing.assert_allclose(loaded(Tensor(a)).numpy(), a * m.w.numpy() + 1, rtol=1e-6)
+    assert loaded.fxn is None  # the body needs its instance: the loaded capture only replays
 
 
 def test_pickled_lambda_capture_replays_without_its_function():
@@ -539,6 +719,7 @@ def test_state_whose_assign_copied_on_write(read_old_after):
             old = w * 1  # lazy: still reads the old value when the assign runs
             held.append(old)
             w.assign(w + x).realize()
+            held.clear()  # (a lazy tensor left alive would be realized in the capture, reading the old value)
             return (old * 2 + w).contiguous() if read_old_after else (w * 2).contiguous()
 
         f = TinyJit(body) if jit else body
