@@ -145,3 +145,65 @@ def test_gradient_of_a_tensor_inside_the_conv_uses_the_plain_rules():
     tp = torch.tensor(np.pad(xn, ((0, 0), (0, 0), (1, 1), (1, 1))), requires_grad=True)
     F.conv2d(tp, torch.tensor(wn)).sum().backward()
     np.testing.assert_allclose(gp.numpy(), tp.grad.numpy(), atol=1e-5)
+
+
+def small_convnet(xn, w1n, w2n, b2n):
+    """conv -> relu -> conv + bias -> relu -> max pool 2, the digits convnet's shape of graph."""
+    x, w1, w2, b2 = (Tensor(v, requires_grad=True) for v in (xn, w1n, w2n, b2n))
+    h = x.conv2d(w1, padding=1).relu().conv2d(w2, b2, padding=1).relu().max_pool2d(2)
+    return (x, w1, w2, b2), h
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 6, 6), (1, 1, 5, 7), (2, 3, 4, 4)])
+def test_small_convnet_forward_and_backward_equal_torch(shape, layout):
+    rng = np.random.default_rng(4)
+    cin = shape[1]
+    xn = rng.standard_normal(shape, dtype=np.float32)
+    w1n = rng.standard_normal((5, cin, 3, 3), dtype=np.float32)
+    w2n = rng.standard_normal((7, 5, 3, 3), dtype=np.float32)
+    b2n = rng.standard_normal(7, dtype=np.float32)
+    ours, h = small_convnet(xn, w1n, w2n, b2n)
+    gn = rng.standard_normal(h.shape, dtype=np.float32)
+    h.backward(Tensor(gn))
+    theirs = [torch.tensor(v, requires_grad=True) for v in (xn, w1n, w2n, b2n)]
+    tx, tw1, tw2, tb2 = theirs
+    th = F.max_pool2d(F.relu(F.conv2d(F.relu(F.conv2d(tx, tw1, padding=1)), tw2, tb2, padding=1)), 2)
+    th.backward(torch.tensor(gn))
+    np.testing.assert_allclose(h.numpy(), th.detach().numpy(), atol=1e-4, rtol=1e-4)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), atol=2e-4, rtol=1e-4)
+
+
+def test_conv_of_a_stored_computed_input_reads_it_in_place():
+    """A conv whose padded input is a stored value computed from data (a ReLU's output, padded and stored) reads its
+    windows from that buffer: the broadcast of the windows is not costed as recomputing the ReLU, so no 3x3 = 9 times
+    larger copy of the windows (an im2col buffer) is made, in the forward or the input gradient."""
+    rng = np.random.default_rng(5)
+    xn = rng.standard_normal((4, 3, 16, 16), dtype=np.float32)
+    w1n, w2n = rng.standard_normal((8, 3, 3, 3), dtype=np.float32), rng.standard_normal((8, 8, 3, 3), dtype=np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
+        ours, h = small_convnet(xn, w1n, w2n, np.zeros(8, np.float32))
+        h.sum().backward()
+        tensors = [h] + [t.grad for t in ours]
+        items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
+    window_copy = 4 * 8 * 16 * 16 * 9
+    sizes = [item.buffers[0].size for item in items]
+    assert window_copy not in sizes, sizes
+
+
+def test_computed_output_gradient_is_stored_once():
+    """The output gradient of the second conv (a ReLU's and a max pool's backward) is computed in one kernel that the
+    input-gradient and weight-gradient kernels read, not again in each (through the pool's window index arithmetic)."""
+    rng = np.random.default_rng(6)
+    xn = rng.standard_normal((2, 2, 8, 8), dtype=np.float32)
+    w1n, w2n = rng.standard_normal((4, 2, 3, 3), dtype=np.float32), rng.standard_normal((6, 4, 3, 3), dtype=np.float32)
+    ours, h = small_convnet(xn, w1n, w2n, np.zeros(6, np.float32))
+    h.sum().backward()
+    tensors = [t.grad for t in ours]
+    items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
+    # the pool's backward divides by the number of tied maxima in each window: one kernel does
+    dividing = [
+        item for item in items if item.ast.op is Ops.SINK and any(u.op is Ops.FDIV for u in item.ast.toposort())
+    ]
+    assert len(dividing) == 1, [lower_to_linear(item.ast).name for item in dividing]

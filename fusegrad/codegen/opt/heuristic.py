@@ -98,7 +98,7 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
         return []
     col, inner = axes[-1], max(reduces, key=lambda r: r.arg[0])
     col_r = axis_range[col]
-    loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
+    loads = _reduce_loads(nodes, reduces)
     contiguous = [i for i in loads if coefficient(i, col_r) == 1]
     cols = value.shape[col]
     if not contiguous or (cols < _width(value) and _reduce_is_contiguous(loads, inner)):
@@ -169,6 +169,13 @@ def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
         None,
     )
     return Opt(OptOps.REDUCE_BLOCK, red.arg[1][0], block) if block is not None else None
+
+
+def _reduce_loads(nodes: list[UOp], reduces: list[UOp]) -> list[UOp]:
+    """The indices of the loads the reduce walks: an epilogue's loads (a ReLU's backward mask on a conv's input
+    gradient, a bias) are made once per output and say nothing about the tile."""
+    loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
+    return [i for i in loads if any(r in i.toposort() for r in reduces)] or loads
 
 
 def _width(value: UOp) -> int:
