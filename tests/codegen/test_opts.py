@@ -312,3 +312,22 @@ def test_epilogue_reading_a_full_matrix_keeps_the_register_tile_and_equals_noopt
     realize._runners.clear()
     np.testing.assert_allclose(run(lambda a, b, m: (a @ b) * m, arrays), plain, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(plain, (arrays[0].astype(np.float64) @ arrays[1]) * arrays[2], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,k,stride", [((2, 3, 8, 8), 2, 2), ((1, 2, 7, 9), 3, 2), ((3, 1, 5, 5), 2, 1)])
+def test_pool_window_is_fully_unrolled_and_equals_noopt_and_torch(shape, k, stride):
+    """A pool's short window (every reduced axis short, few elements together) loses all its loops."""
+    import torch
+
+    xn = np.random.default_rng(9).standard_normal(shape, dtype=np.float32)
+    ast = ast_of(Tensor(xn).realize().max_pool2d(k, stride))
+    unrolled = {(o.axis, o.amount) for o in lower_to_linear(ast).opts if o.op is OptOps.UNROLL}
+    assert len(unrolled) == 2 and all(amount == k for _, amount in unrolled)
+    realize._runners.clear()
+    got = Tensor(xn).max_pool2d(k, stride).numpy()
+    with Context(NOOPT=1):
+        realize._runners.clear()
+        np.testing.assert_array_equal(got, Tensor(xn).max_pool2d(k, stride).numpy())
+    ref = torch.nn.functional.max_pool2d(torch.tensor(xn), k, stride).numpy()
+    np.testing.assert_array_equal(got, ref)
+    realize._runners.clear()
