@@ -150,8 +150,11 @@ def _computed_once(grad: Tensor) -> Tensor:
     """A convolution's output gradient stored once when it is computed (e.g. a ReLU's and a pool's backward): the input
     and weight gradients read it in several kernels, and recomputing it in each, through the pool's window index
     arithmetic, costs more than the pass that stores it."""
-    computes = any(u.op in GroupOp.ALU or u.op is Ops.REDUCE_AXIS for u in grad.uop.toposort(gate=_not_stored))
-    return grad.contiguous() if computes else grad
+    nodes = grad.uop.toposort(gate=_not_stored)
+    computes = any(u.op in GroupOp.ALU or u.op is Ops.REDUCE_AXIS for u in nodes)
+    # a gradient made of constants alone (a sum's) is cheaper recomputed than read
+    reads_data = any(not _not_stored(u) for u in nodes)
+    return grad.contiguous() if computes and reads_data else grad
 
 
 def _not_stored(u: UOp) -> bool:
