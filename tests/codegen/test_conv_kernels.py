@@ -207,3 +207,24 @@ def test_computed_output_gradient_is_stored_once():
         item for item in items if item.ast.op is Ops.SINK and any(u.op is Ops.FDIV for u in item.ast.toposort())
     ]
     assert len(dividing) == 1, [lower_to_linear(item.ast).name for item in dividing]
+
+
+def test_biased_conv_gradients_and_second_order_equal_torch():
+    """The bias added inside the conv (its gradient summed from the stored output gradient): first and second order
+    gradients of input, weight and bias equal torch's; a bias of another dtype takes the plain add."""
+    rng = np.random.default_rng(7)
+    xn, wn = rng.standard_normal((2, 3, 5, 6), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    bn = rng.standard_normal(4, dtype=np.float32)
+    x, w, b = (Tensor(v, requires_grad=True) for v in (xn, wn, bn))
+    (gx,) = (x.conv2d(w, b, padding=1).relu() ** 2).sum().gradient(x)
+    (gx * gx).sum().backward()
+    tx, tw, tb = (torch.tensor(v, requires_grad=True) for v in (xn, wn, bn))
+    (tgx,) = torch.autograd.grad((F.relu(F.conv2d(tx, tw, tb, padding=1)) ** 2).sum(), tx, create_graph=True)
+    (tgx * tgx).sum().backward()
+    np.testing.assert_allclose(gx.numpy(), tgx.detach().numpy(), atol=1e-4, rtol=1e-4)
+    for ours, theirs in ((w, tw), (b, tb)):
+        np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), atol=1e-2, rtol=1e-4)
+    x64 = Tensor(xn.astype(np.float64), requires_grad=True)
+    b16 = Tensor(bn.astype(np.float16), requires_grad=True)
+    x64.conv2d(Tensor(wn.astype(np.float64)), b16, padding=1).sum().backward()
+    np.testing.assert_allclose(b16.grad.numpy(), np.full(4, 2 * 5 * 6, np.float16))
