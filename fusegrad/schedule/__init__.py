@@ -232,16 +232,22 @@ class _Planner:
         return cost
 
     def _count_data_ops(self, u: UOp) -> int:
-        nodes = u.toposort(gate=lambda x: x is u or x not in self.points and x.op is not Ops.REDUCE_AXIS)
+        nodes = u.toposort(gate=lambda x: x is u or not self._stored(x) and x.op is not Ops.REDUCE_AXIS)
         reads_data: dict[UOp, bool] = {}
         for n in nodes:
             reads_data[n] = (
                 n.op is Ops.BUFFER
                 or n.op is Ops.REDUCE_AXIS
-                or (n in self.points and n is not u)
+                or (n is not u and self._stored(n))
                 or any(reads_data.get(s, False) for s in n.src)
             )
         return sum(1 for n in nodes if n.op in GroupOp.ALU and reads_data[n])
+
+    def _stored(self, u: UOp) -> bool:
+        """A node whose kernel reads it from a buffer: a realize point, or one that will be (a contiguous, copy or
+        assign not yet reached by the marking walk, or a depth cut), so no recompute cost lies past it."""
+        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
+        return u in self.points or u in self.depth_cuts or always_realized
 
     def _reads_other_assigned(self, value: UOp, target: Buffer) -> bool:
         """Does `value` read a buffer that another assign of this schedule overwrites?"""

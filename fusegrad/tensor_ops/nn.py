@@ -15,6 +15,7 @@ from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, 
 from fusegrad.helpers import TRAINING, ceildiv, flatten, prod
 from fusegrad.tensor_ops.indexing import check_index_bounds
 from fusegrad.tensor_ops.shapes import is_index
+from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -167,6 +168,21 @@ def _stride_phases(
     return phases
 
 
+def _computed_once(grad: Tensor) -> Tensor:
+    """A convolution's output gradient stored once when it is computed (e.g. a ReLU's and a pool's backward): the input
+    and weight gradients read it in several kernels, and recomputing it in each, through the pool's window index
+    arithmetic, costs more than the pass that stores it."""
+    nodes = grad.uop.toposort(gate=_not_stored)
+    computes = any(u.op in GroupOp.ALU or u.op is Ops.REDUCE_AXIS for u in nodes)
+    # a gradient made of constants alone (a sum's) is cheaper recomputed than read
+    reads_data = any(not _not_stored(u) for u in nodes)
+    return grad.contiguous() if computes and reads_data else grad
+
+
+def _not_stored(u: UOp) -> bool:
+    return u.op not in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)
+
+
 def _flipped_kernel(weight: Tensor, groups: int) -> Tensor:
     """(A, B, *kernel) -> (groups*B, A/groups, *kernel): in/out channels swapped per group, taps reversed; the kernel
     of the transposed convolution."""
@@ -243,6 +259,9 @@ class NNMixin:
                 f"{tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation_t))}"
             )
         out_dt = least_upper_dtype(self.dtype, weight.dtype)
+        if dtype is None and bias is not None and self.dtype == weight.dtype == bias.dtype:
+            # the bias added inside: its gradient is summed from the output gradient the conv's backward stores
+            return self._conv_core(weight, groups, stride_t, dilation_t, pads, None, bias)
         if dtype is None:
             out = self._conv_core(weight, groups, stride_t, dilation_t, pads, None).cast(out_dt)
         else:
@@ -259,10 +278,12 @@ class NNMixin:
         dilation: tuple[int, ...],
         pads: tuple[tuple[int, int], ...],
         acc_dtype: Any,
+        bias: Tensor | None = None,
     ) -> Tensor:
-        """(N, C_in, *spatial) -> (N, C_out, *out): the padded input's windowed view times the weight, one reduce.
-        Its gradient is registered as two convolutions of the same windowed form (input: the transposed convolution
-        of the output gradient; weight: the input's windows times it), whose kernels index without division."""
+        """(N, C_in, *spatial) -> (N, C_out, *out): the padded input's windowed view times the weight, one reduce,
+        plus the bias when given. Its gradient is registered as two convolutions of the same windowed form (input: the
+        transposed convolution of the output gradient; weight: the input's windows times it), whose kernels index
+        without division, and the bias's sum of the output gradient."""
         n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
         padded = self._conv_padded(pads)
         win = padded._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)
@@ -276,15 +297,22 @@ class NNMixin:
         w = w.reshape(w.shape + (1,) * n)
         axes = tuple(range(3, 4 + n))
         out = (win * w).sum(axes, dtype=acc_dtype).reshape((bs, cout) + outs)
+        if bias is not None:
+            out = out + bias.reshape((1, cout) + (1,) * n)
         x_uop, w_uop, padded_uop, device = self.uop, weight.uop, padded.uop, self.device
+        bias_dtype = None if bias is None else bias.dtype
 
-        def backward(g: Any) -> tuple[Any, Any]:
+        def backward(g: Any) -> tuple[Any, ...]:
             x_in, w_in, grad = Tensor(x_uop, device=device), Tensor(w_uop, device=device), Tensor(g, device=device)
+            grad = _computed_once(grad)
             dx = grad._conv_input_grad(w_in, groups, stride, dilation, pads, x_in.shape[2:])
             dw = Tensor(padded_uop, device=device)._conv_weight_grad(grad, groups, stride, dilation, kernel)
-            return dx.cast(x_in.dtype).uop, dw.cast(w_in.dtype).uop
+            if bias_dtype is None:
+                return dx.cast(x_in.dtype).uop, dw.cast(w_in.dtype).uop
+            db = grad.sum((0,) + tuple(range(2, 2 + n)))
+            return dx.cast(x_in.dtype).uop, dw.cast(w_in.dtype).uop, db.cast(bias_dtype).uop
 
-        register_gradient(out.uop, (x_uop, w_uop), backward)
+        register_gradient(out.uop, (x_uop, w_uop) if bias is None else (x_uop, w_uop, bias.uop), backward)
         return out
 
     def _conv_padded(self, pads: tuple[tuple[int, int], ...]) -> Tensor:
@@ -322,7 +350,9 @@ class NNMixin:
         if g.numel() >= CONV_PAD_REALIZE_SIZE:
             # stored: the padded gradient needs no bounds checks, the swapped kernel is read in its own order
             g, w = (g.contiguous() if g.uop is not self.uop else g), w.contiguous()
-        return g._conv_core(w, groups, (1,) * n, dilation, ((0, 0),) * n, None)
+        # stored as it is: an elementwise epilogue fused into its register tiles (a ReLU's backward mask, one per
+        # output) keeps the C compiler from vectorizing the tiles; applied in a pass of its own it costs far less
+        return g._conv_core(w, groups, (1,) * n, dilation, ((0, 0),) * n, None).contiguous()
 
     def _conv_input_grad_by_phase(
         self,

@@ -304,8 +304,61 @@ def fold_divmod_by_range(d: UOp, x: UOp, c: UOp) -> UOp | None:
     return build_sum(moved, m, x) if d.op is Ops.IDIV else build_sum(rest, const - cv * m, x)
 
 
+def fold_divmod_by_factor(d: UOp, x: UOp, c: UOp) -> UOp | None:
+    """x // c and x % c for x >= 0 when, for a factor g of c, the terms whose coefficients g does not divide (with the
+    constant) stay in [0, g): x // c = (x's multiples of g, over g) // (c / g), and x % c = that % (c / g) * g plus
+    the rest. A pool's window split of a flattened row index: (w + 8*h) // 16 is h // 2 for w < 8."""
+    cv = c.arg
+    if cv <= 1 or x.vmin < 0:
+        return None
+    terms, const = split_terms(x)
+    if len(terms) < 2 or any(t.vmin < 0 for _, t in terms):
+        return None
+    for g in range(cv, 1, -1):
+        if cv % g:
+            continue
+        big = [(k // g, t) for k, t in terms if k % g == 0]
+        small = [(k, t) for k, t in terms if k % g]
+        if not big or not small or any(k < 0 for k, _ in small):
+            continue
+        rest = build_sum(small, const % g, x)
+        if rest.vmin < 0 or rest.vmax >= g:
+            continue
+        top = build_sum(big, const // g, x)
+        if d.op is Ops.IDIV:
+            return top if g == cv else top // (cv // g)
+        return rest if g == cv else (top % (cv // g)) * g + rest
+    return None
+
+
+def recombine_divmod(a: UOp) -> UOp | None:
+    """k * (x % c) + k*c * (x // c) -> k * x for x >= 0: a split index put back together (a window's position
+    within and across windows)."""
+    terms, const = split_terms(a)
+    found = {(t.src[0], t.src[1].arg): k for k, t in terms if t.op is Ops.MOD and t.src[1].op is Ops.CONST}
+    if not found:
+        return None
+    for (x, cv), k in found.items():
+        if x.vmin < 0 or cv <= 0:
+            continue
+        for i, (kq, tq) in enumerate(terms):
+            if tq.op is Ops.IDIV and tq.src[0] is x and tq.src[1].op is Ops.CONST and tq.src[1].arg == cv:
+                if kq == k * cv:
+                    rest = [(kk, tt) for j, (kk, tt) in enumerate(terms) if j != i]
+                    rest = [
+                        (kk, x) if tt.op is Ops.MOD and tt.src[0] is x and tt.src[1].arg == cv else (kk, tt)
+                        for kk, tt in rest
+                    ]
+                    return build_sum(rest, const, a)
+    return None
+
+
 pm_divmod_by_range = PatternMatcher(
-    [(UPat((Ops.IDIV, Ops.MOD), name="d", src=(_ix, _c1)), lambda d, x, c1: fold_divmod_by_range(d, x, c1))]
+    [
+        (UPat((Ops.IDIV, Ops.MOD), name="d", src=(_ix, _c1)), lambda d, x, c1: fold_divmod_by_range(d, x, c1)),
+        (UPat((Ops.IDIV, Ops.MOD), name="d", src=(_ix, _c1)), lambda d, x, c1: fold_divmod_by_factor(d, x, c1)),
+        (UPat(Ops.ADD, dtype=_INT, name="a"), recombine_divmod),
+    ]
 )
 pm_symbolic = pm_symbolic + pm_divmod_by_range
 

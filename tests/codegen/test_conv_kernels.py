@@ -200,3 +200,86 @@ def test_strided_conv_transpose_with_no_output_raises():
     x, w = Tensor.empty(1, 2, 1, 1), Tensor.empty(2, 2, 1, 1)
     with pytest.raises(RuntimeError, match=r"output size \(-1, -1\)"):
         x.conv_transpose2d(w, stride=2, padding=1)
+
+
+def small_convnet(xn, w1n, w2n, b2n):
+    """conv -> relu -> conv + bias -> relu -> max pool 2, the digits convnet's shape of graph."""
+    x, w1, w2, b2 = (Tensor(v, requires_grad=True) for v in (xn, w1n, w2n, b2n))
+    h = x.conv2d(w1, padding=1).relu().conv2d(w2, b2, padding=1).relu().max_pool2d(2)
+    return (x, w1, w2, b2), h
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 6, 6), (1, 1, 5, 7), (2, 3, 4, 4)])
+def test_small_convnet_forward_and_backward_equal_torch(shape, layout):
+    rng = np.random.default_rng(4)
+    cin = shape[1]
+    xn = rng.standard_normal(shape, dtype=np.float32)
+    w1n = rng.standard_normal((5, cin, 3, 3), dtype=np.float32)
+    w2n = rng.standard_normal((7, 5, 3, 3), dtype=np.float32)
+    b2n = rng.standard_normal(7, dtype=np.float32)
+    ours, h = small_convnet(xn, w1n, w2n, b2n)
+    gn = rng.standard_normal(h.shape, dtype=np.float32)
+    h.backward(Tensor(gn))
+    theirs = [torch.tensor(v, requires_grad=True) for v in (xn, w1n, w2n, b2n)]
+    tx, tw1, tw2, tb2 = theirs
+    th = F.max_pool2d(F.relu(F.conv2d(F.relu(F.conv2d(tx, tw1, padding=1)), tw2, tb2, padding=1)), 2)
+    th.backward(torch.tensor(gn))
+    np.testing.assert_allclose(h.numpy(), th.detach().numpy(), atol=1e-4, rtol=1e-4)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), atol=2e-4, rtol=1e-4)
+
+
+def test_conv_of_a_stored_computed_input_reads_it_in_place():
+    """A conv whose padded input is a stored value computed from data (a ReLU's output, padded and stored) reads its
+    windows from that buffer: the broadcast of the windows is not costed as recomputing the ReLU, so no 3x3 = 9 times
+    larger copy of the windows (an im2col buffer) is made, in the forward or the input gradient."""
+    rng = np.random.default_rng(5)
+    xn = rng.standard_normal((4, 3, 16, 16), dtype=np.float32)
+    w1n, w2n = rng.standard_normal((8, 3, 3, 3), dtype=np.float32), rng.standard_normal((8, 8, 3, 3), dtype=np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
+        ours, h = small_convnet(xn, w1n, w2n, np.zeros(8, np.float32))
+        h.sum().backward()
+        tensors = [h] + [t.grad for t in ours]
+        items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
+    window_copy = 4 * 8 * 16 * 16 * 9
+    sizes = [item.buffers[0].size for item in items]
+    assert window_copy not in sizes, sizes
+
+
+def test_computed_output_gradient_is_stored_once():
+    """The output gradient of the second conv (a ReLU's and a max pool's backward) is computed in one kernel that the
+    input-gradient and weight-gradient kernels read, not again in each (through the pool's window index arithmetic)."""
+    rng = np.random.default_rng(6)
+    xn = rng.standard_normal((2, 2, 8, 8), dtype=np.float32)
+    w1n, w2n = rng.standard_normal((4, 2, 3, 3), dtype=np.float32), rng.standard_normal((6, 4, 3, 3), dtype=np.float32)
+    ours, h = small_convnet(xn, w1n, w2n, np.zeros(6, np.float32))
+    h.sum().backward()
+    tensors = [t.grad for t in ours]
+    items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
+    # the pool's backward divides by the number of tied maxima in each window: one kernel does
+    dividing = [
+        item for item in items if item.ast.op is Ops.SINK and any(u.op is Ops.FDIV for u in item.ast.toposort())
+    ]
+    assert len(dividing) == 1, [lower_to_linear(item.ast).name for item in dividing]
+
+
+def test_biased_conv_gradients_and_second_order_equal_torch():
+    """The bias added inside the conv (its gradient summed from the stored output gradient): first and second order
+    gradients of input, weight and bias equal torch's; a bias of another dtype takes the plain add."""
+    rng = np.random.default_rng(7)
+    xn, wn = rng.standard_normal((2, 3, 5, 6), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    bn = rng.standard_normal(4, dtype=np.float32)
+    x, w, b = (Tensor(v, requires_grad=True) for v in (xn, wn, bn))
+    (gx,) = (x.conv2d(w, b, padding=1).relu() ** 2).sum().gradient(x)
+    (gx * gx).sum().backward()
+    tx, tw, tb = (torch.tensor(v, requires_grad=True) for v in (xn, wn, bn))
+    (tgx,) = torch.autograd.grad((F.relu(F.conv2d(tx, tw, tb, padding=1)) ** 2).sum(), tx, create_graph=True)
+    (tgx * tgx).sum().backward()
+    np.testing.assert_allclose(gx.numpy(), tgx.detach().numpy(), atol=1e-4, rtol=1e-4)
+    for ours, theirs in ((w, tw), (b, tb)):
+        np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), atol=1e-2, rtol=1e-4)
+    x64 = Tensor(xn.astype(np.float64), requires_grad=True)
+    b16 = Tensor(bn.astype(np.float16), requires_grad=True)
+    x64.conv2d(Tensor(wn.astype(np.float64)), b16, padding=1).sum().backward()
+    np.testing.assert_allclose(b16.grad.numpy(), np.full(4, 2 * 5 * 6, np.float16))

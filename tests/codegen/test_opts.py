@@ -295,3 +295,39 @@ def test_thread_split_with_reduce_blocks_equals_noopt(thread_axis, chunks):
     arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((12, 64), (64, 16), (16,))]
     opts = [opt("UPCAST", 0, 3), opt("UPCAST", 1, 2), opt("REDUCE_BLOCK", 2, 16), opt("THREAD", thread_axis, chunks)]
     check_opts_values(lambda a, b, c: (a @ b + c).relu(), arrays, opts, atol=1e-4)
+
+
+def test_epilogue_reading_a_full_matrix_keeps_the_register_tile_and_equals_noopt():
+    """An epilogue's load made once per output (a ReLU backward's mask over a conv's input gradient, here a full
+    matrix times the product) does not count as an input the reduce walks: the matmul keeps its register tile."""
+    rng = np.random.default_rng(8)
+    arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((32, 48), (48, 64), (32, 64))]
+    a, b, m = (Tensor(x).realize() for x in arrays)
+    plain_opts = lower_to_linear(matmul_ast(32, 48, 64)).opts
+    epilogue_opts = lower_to_linear(ast_of((a @ b) * m)).opts
+    assert any(o.op is OptOps.UPCAST and o.axis == 0 for o in plain_opts) and epilogue_opts == plain_opts
+    with Context(NOOPT=1):
+        realize._runners.clear()
+        plain = run(lambda a, b, m: (a @ b) * m, arrays)
+    realize._runners.clear()
+    np.testing.assert_allclose(run(lambda a, b, m: (a @ b) * m, arrays), plain, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(plain, (arrays[0].astype(np.float64) @ arrays[1]) * arrays[2], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,k,stride", [((2, 3, 8, 8), 2, 2), ((1, 2, 7, 9), 3, 2), ((3, 1, 5, 5), 2, 1)])
+def test_pool_window_is_fully_unrolled_and_equals_noopt_and_torch(shape, k, stride):
+    """A pool's short window (every reduced axis short, few elements together) loses all its loops."""
+    import torch
+
+    xn = np.random.default_rng(9).standard_normal(shape, dtype=np.float32)
+    ast = ast_of(Tensor(xn).realize().max_pool2d(k, stride))
+    unrolled = {(o.axis, o.amount) for o in lower_to_linear(ast).opts if o.op is OptOps.UNROLL}
+    assert len(unrolled) == 2 and all(amount == k for _, amount in unrolled)
+    realize._runners.clear()
+    got = Tensor(xn).max_pool2d(k, stride).numpy()
+    with Context(NOOPT=1):
+        realize._runners.clear()
+        np.testing.assert_array_equal(got, Tensor(xn).max_pool2d(k, stride).numpy())
+    ref = torch.nn.functional.max_pool2d(torch.tensor(xn), k, stride).numpy()
+    np.testing.assert_array_equal(got, ref)
+    realize._runners.clear()

@@ -45,3 +45,39 @@ def test_flipped_and_transposed_index_folds_without_division():
     for va, vb, vc in itertools.product(range(3), range(3), range(2)):
         env = {a: va, b: vb, c: vc}
         assert [sym_eval(p, env) for p in parts] == [2 - va, 2 - vb, vc]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 9), min_size=2, max_size=3),
+    coefs=st.lists(st.integers(1, 40), min_size=3, max_size=3),
+    const=st.integers(0, 40),
+    divisor=st.integers(2, 32),
+    outer=st.integers(1, 4),
+)
+def test_divmod_by_a_factor_and_recombined_splits_evaluate_like_the_original(sizes, coefs, const, divisor, outer):
+    loops = [loop(i, s) for i, s in enumerate(sizes)]
+    x = UOp.const(dtypes.int32, const)
+    for k, r in zip(coefs, loops):
+        x = x + r * k
+    c = UOp.const(dtypes.int32, divisor)
+    # a split index put back together, scaled: outer*(x % c) + outer*c*(x // c) is outer*x
+    joined = (x % c) * outer + (x // c) * (outer * divisor) + loops[0]
+    for expr in (x // c, x % c, (x // c) % 3, joined):
+        simple = simplify(expr)
+        for values in itertools.product(*(range(s) for s in sizes)):
+            env = dict(zip(loops, values))
+            assert sym_eval(simple, env) == sym_eval(expr, env), (expr, simple, env)
+
+
+def test_pool_window_index_folds_to_the_flat_index():
+    """A 2x2 pool's backward reads the pooled rows through (h, w) -> (h // 2, h % 2, w // 2, w % 2) of the flattened
+    index w + 8*h: put back together, it is the flat index again, with no division left."""
+    h, w = loop(0, 8), loop(1, 8)
+    x = w + h * 8
+    split = (x % 2) + ((x // 2) % 4) * 2 + ((x // 8) % 2) * 8 + ((x // 16) % 4) * 16
+    simple = simplify(split)
+    assert not [u for u in simple.toposort() if u.op in (Ops.IDIV, Ops.MOD)], simple
+    assert simplify((w + h * 8) // 16) is simplify(h // 2)
+    for vh, vw in itertools.product(range(8), range(8)):
+        assert sym_eval(simple, {h: vh, w: vw}) == vw + 8 * vh

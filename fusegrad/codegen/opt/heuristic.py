@@ -28,6 +28,9 @@ REDUCE_BLOCK_SIZE = 64
 MAX_REDUCE_BLOCKS = 32
 # a reduce this short or shorter loses its loop (when nothing is upcast: unrolled lanes would break the vectors)
 MAX_FULL_UNROLL = 4
+# a reduce over several such short axes (a pool's window) loses all its loops when they hold this many elements or
+# fewer together
+MAX_WINDOW_UNROLL = 16
 # an outermost loop with this many iterations per thread keeps the threads' shares within a few percent
 BALANCED_TRIPS = 8
 # worth per output of a column tile two vectors wide (half the row broadcasts of one), one vector wide, and narrower
@@ -39,7 +42,9 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     """The register tiles and blocks of `tile_opts`, a full UNROLL of a short innermost reduce in a kernel without
     upcasts, and a THREAD split of the largest loop when the outermost one would leave threads idle."""
     opts = tile_opts(value, plain, reads_output)
-    if not opts and (unroll := _unroll_short_reduce(value)) is not None:
+    if not opts and (window := _unroll_short_window(value)):
+        opts.extend(window)
+    elif not opts and (unroll := _unroll_short_reduce(value)) is not None:
         opts.append(unroll)
     if (thread := _thread_split(value.shape, opts)) is not None:
         opts.append(thread)
@@ -57,6 +62,25 @@ def _unroll_short_reduce(value: UOp) -> Opt | None:
         return None
     inner = max((a for a in axes if shape[a] > 1), default=None)
     return Opt(OptOps.UNROLL, inner, shape[inner]) if inner is not None and shape[inner] <= MAX_FULL_UNROLL else None
+
+
+def _unroll_short_window(value: UOp) -> list[Opt]:
+    """Every reduced axis of the kernel's one reduce, when all are at most MAX_FULL_UNROLL long and together at most
+    MAX_WINDOW_UNROLL (a pool's 2x2 or 3x3 window): with no reduce loop left the output loop is straight-line code
+    the C compiler vectorizes (measured: a 2x2 max pool of 128x32x8x8 runs 10x faster than with only its inner
+    axis unrolled)."""
+    reduces = [u for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL) if u.op is Ops.REDUCE_AXIS]
+    if len(reduces) != 1:
+        return []
+    shape, axes = reduces[0].src[0].shape, reduces[0].arg[1]
+    if any(not isinstance(shape[a], int) for a in axes):  # a symbolic reduce is never cut
+        return []
+    window = [a for a in sorted(axes, reverse=True) if shape[a] > 1]
+    if len(window) < 2 or any(shape[a] > MAX_FULL_UNROLL for a in window):
+        return []
+    return (
+        [Opt(OptOps.UNROLL, a, shape[a]) for a in window] if prod(shape[a] for a in window) <= MAX_WINDOW_UNROLL else []
+    )
 
 
 def _thread_split(shape: tuple[int, ...], opts: list[Opt]) -> Opt | None:
@@ -98,7 +122,7 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
         return []
     col, inner = axes[-1], max(reduces, key=lambda r: r.arg[0])
     col_r = axis_range[col]
-    loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
+    loads = _reduce_loads(nodes, reduces)
     contiguous = [i for i in loads if coefficient(i, col_r) == 1]
     cols = value.shape[col]
     if not contiguous or (cols < _width(value) and _reduce_is_contiguous(loads, inner)):
@@ -169,6 +193,13 @@ def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
         None,
     )
     return Opt(OptOps.REDUCE_BLOCK, red.arg[1][0], block) if block is not None else None
+
+
+def _reduce_loads(nodes: list[UOp], reduces: list[UOp]) -> list[UOp]:
+    """The indices of the loads the reduce walks: an epilogue's loads (a ReLU's backward mask on a conv's input
+    gradient, a bias) are made once per output and say nothing about the tile."""
+    loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
+    return [i for i in loads if any(r in i.toposort() for r in reduces)] or loads
 
 
 def _width(value: UOp) -> int:
