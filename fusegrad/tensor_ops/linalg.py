@@ -328,7 +328,9 @@ def _panel_matmul(x: Tensor, w: Tensor, panel: int, dtype: DTypeLike | None) -> 
     register tile walks one panel's rows one after another instead of rows of w n elements apart, which alias in L1
     and defeat the prefetcher. The output (..., n/panel, panel) is the (..., n) result in the same memory order."""
     k, n = w.shape
-    packed = w.reshape(k, n // panel, panel).permute(1, 0, 2).contiguous()
+    # the weight's gradient is made in the panel layout too (then copied back): fused into one kernel, its loads and
+    # stores would cross the two layouts with no tile that fits both
+    packed = w.reshape(k, n // panel, panel).permute(1, 0, 2).contiguous().contiguous_backward()
     products = x.reshape(x.shape[:-1] + (1, 1, k)) * packed.permute(0, 2, 1)
     out = products.sum(-1, dtype=to_dtype(dtype)) if dtype is not None else products.sum(-1).cast(products.dtype)
     return out.reshape(x.shape[:-1] + (n,))
