@@ -243,3 +243,11 @@ def test_cache_key_names_the_code_generator(monkeypatch):
     before = beam.cache_path(ast, "CPU")
     monkeypatch.setattr(beam, "_codegen_identity", lambda: "an older lowerer")
     assert beam.cache_path(ast, "CPU") != before
+
+
+def test_cache_key_names_the_thread_count():
+    ast = matmul_ast(16, 32, 24)
+    with Context(NUM_CPU_THREADS=1):
+        one = beam.cache_path(ast, "CPU")
+    with Context(NUM_CPU_THREADS=2):
+        assert beam.cache_path(ast, "CPU") != one

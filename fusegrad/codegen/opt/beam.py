@@ -91,7 +91,8 @@ def cache_path(ast: UOp, device: str) -> str:
     nodes = ast.toposort()
     index = {n: i for i, n in enumerate(nodes)}
     table = repr(tuple((n.op, n.dtype, tuple(index[s] for s in n.src), n.arg) for n in nodes))
-    identity = f"{table}|{device}|{_device_identity(device)}|{_codegen_identity()}"
+    # the threads a kernel is split over change which opts win (and the heuristic's list, the bar)
+    identity = f"{table}|{device}|{_device_identity(device)}|{_codegen_identity()}|threads={NUM_CPU_THREADS.value}"
     key = hashlib.sha256(identity.encode()).hexdigest()
     return os.path.join(cache_dir(), "beam", f"{key}.json")
 
