@@ -328,6 +328,15 @@ def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks():
         opts = lower_to_linear(ast_of(x @ w)).opts
     # output axes (rows, panels, columns of a panel): 8 rows x one panel in registers, 64 row tiles per block
     assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 64))
+    # under an epilogue the panels merge into the output's columns: the same tile, on the merged axis
+    with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
+        b = Tensor.rand(8 * p).realize()
+        for epilogue in (lambda t: t.relu(), lambda t: (t + b).relu(), lambda t: t * 2):
+            assert lower_to_linear(ast_of(epilogue(x @ w))).opts == (
+                opt("UPCAST", 0, 8),
+                opt("UPCAST", 1, p),
+                opt("TILE", 0, 64),
+            )
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
         opts = lower_to_linear(ast_of(Tensor.rand(48, 512).realize() @ w)).opts
     assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 3))  # 6 row tiles: 3 per thread
@@ -350,7 +359,7 @@ def test_packed_matmul_heuristics_equal_noopt_and_python_device(m, k, panels):
     n = panels * panel_columns()
     an, bn = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
     with panels_for_any_size():
-        for fn in (lambda a, b: a @ b, lambda a, b: (a @ b).relu()):
+        for fn in (lambda a, b: a @ b, lambda a, b: (a @ b).relu(), lambda a, b: (a @ b)[:, 1:] * 2):
             realize._runners.clear()
             got = run(fn, [an, bn])
             with Context(NOOPT=1):

@@ -43,7 +43,7 @@ TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
 def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     """The register tiles and blocks of `tile_opts`, a full UNROLL of a short innermost reduce in a kernel without
     upcasts, and a THREAD split of the largest loop when the outermost one would leave threads idle."""
-    opts = tile_opts(value, plain, reads_output)
+    opts = _panel_tile(value, plain, reads_output) or tile_opts(value, plain, reads_output)
     if not opts and (unroll := _unroll_short_reduce(value)) is not None:
         opts.append(unroll)
     if (thread := _thread_split(value.shape, opts)) is not None:
@@ -120,8 +120,6 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     # a symbolic reduce counts at its largest for the tile blocks, and is not blocked (its size is not known)
     reduce_size = prod(r.src[0].vmax for r in reduces)
     symbolic_reduce = any(r.src[0].op is not Ops.CONST for r in reduces)
-    if (panel := _panel_tile(value, row, col, contiguous, inner, reads_output)) is not None:
-        return panel
     if not symbolic_reduce and (block := _reduce_block(value, reduce_size)) is not None:
         # partial sums added in memory read the output: only tiles that divide it
         opts = _register_tile(value, row, col, block.amount, exact=True)
@@ -162,34 +160,65 @@ def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool
     return opts
 
 
-def _panel_tile(
-    value: UOp, row: int, col: int, contiguous: list[UOp], inner: UOp, reads_output: bool
-) -> list[Opt] | None:
-    """The register tile of a matmul whose column input is packed in panels (tensor_ops/linalg.py): the column axis
-    is one tile wide and that input walks the reduce one tile row after another. Its panel streams without aliasing,
-    so the reduce is not blocked (the accumulators stay in registers over all of it); the row tiles of each thread's
-    share form one block (up to PANEL_ROW_BLOCK tiles) that reuses a panel while it is in L2."""
-    cols = value.shape[col]
-    width = _width(value)
-    if cols not in (width, 2 * width) or not any(coefficient(i, inner) == cols for i in contiguous):
-        return None
+def _panel_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt] | None:
+    """The register tile of a matmul whose column input is packed in panels (tensor_ops/linalg.py): that input walks
+    the reduce one panel row (one or two vectors) after another, whether the output keeps the panels as an axis or
+    merges them into its columns (under an epilogue). The panel streams without aliasing, so the reduce is not blocked
+    (the accumulators stay in registers over all of it); the row tiles of each thread's share form one block (up to
+    PANEL_ROW_BLOCK tiles) that reuses a panel while it is in L2."""
     if any(not isinstance(d, int) for d in value.shape) or value.dtype not in (dtypes.float32, dtypes.float64):
         return None
-    if inner.src[0].op is not Ops.CONST or inner.src[0].arg * cols * value.dtype.itemsize > PANEL_MAX_BYTES:
-        return None  # a panel past L2 is walked in reduce blocks (below)
-    vectors = cols // width
+    nodes = plain.toposort()
+    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+    reduces = [r for r in ranges.values() if r.arg[1] == "reduce"]
+    # the lowerer numbers the loops of the output axes first, in order, skipping axes of size 1
+    kept = [a for a, d in enumerate(value.shape) if d != 1]
+    axis_range = {a: ranges.get(i) for i, a in enumerate(kept)}
+    if not reduces or not kept or any(r is None or r.arg[1] != "global" for r in axis_range.values()):
+        return None
+    inner, col = max(reduces, key=lambda r: r.arg[0]), kept[-1]
+    col_r, cols, width = axis_range[col], value.shape[col], _width(value)
+    loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
+    panel = next(
+        (
+            (i, p)
+            for p in (2 * width, width)
+            for i in loads
+            if cols % p == 0 and coefficient(i, inner) == p and col_r in i.toposort()
+        ),
+        None,
+    )
+    if panel is None or inner.src[0].op is not Ops.CONST:
+        return None
+    panel_load, cols_per_panel = panel
+    if inner.src[0].arg * cols_per_panel * value.dtype.itemsize > PANEL_MAX_BYTES:
+        return None  # a panel past L2 is walked in reduce blocks (tile_opts)
+    rows_ok = [
+        a
+        for a in reversed(kept[:-1])
+        if coefficient(panel_load, axis_range[a]) == 0
+        and any(
+            coefficient(i, axis_range[a]) not in (0, None)
+            and coefficient(i, inner) not in (0, None)
+            and coefficient(i, col_r) == 0
+            for i in loads
+        )
+    ]
+    row = next((a for a in rows_ok if value.shape[a] >= MIN_TILE_ROWS), rows_ok[0] if rows_ok else None)
+    if row is None:
+        return None
+    vectors = max(cols_per_panel // width, 1)
     max_rows = max(min(MAX_TILE_ROWS, (vector_registers() - SPARE_REGISTERS) // vectors), 1)
     rows = value.shape[row]
     row_amount = _best_tile(rows, dict.fromkeys(range(max_rows, max(max_rows // 2, 2) - 1, -1), 1.0), reads_output)
     if row_amount is None:
         return None
-    opts = [Opt(OptOps.UPCAST, row, row_amount), Opt(OptOps.UPCAST, col, cols)]
+    opts = [Opt(OptOps.UPCAST, row, row_amount), Opt(OptOps.UPCAST, col, cols_per_panel)]
     row_tiles = -(-rows // row_amount)
     per_block = min(PANEL_ROW_BLOCK, max(row_tiles // max(int(NUM_CPU_THREADS.value), 1), 1))
     while per_block >= 2 and row_tiles % per_block:
         per_block -= 1  # an overlapping last block would recompute up to a block of row tiles
-    panels = prod(d for a, d in enumerate(value.shape) if a not in (row, col))
-    if panels > 1 and per_block >= 2:
+    if prod(d for a, d in enumerate(value.shape) if a != row) > cols_per_panel and per_block >= 2:
         opts.append(Opt(OptOps.TILE, row, per_block))
     return opts
 
