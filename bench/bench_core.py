@@ -5,6 +5,7 @@ threads (>1 means faster); the fresh-output cases compare with and without a pre
 
 from __future__ import annotations
 import statistics
+import sys
 import time
 import numpy as np
 import torch
@@ -22,7 +23,57 @@ def median_time(fn, repeats: int = 7) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def print_rows(rows: list, gflops: list[str]) -> None:
+    print(f"{'case':34s} {'fusegrad':>12s} {'numpy':>12s} {'torch':>12s} {'vs numpy':>9s} {'vs torch':>9s}")
+    for name, fg, npt, tt in rows:
+        print(f"{name:34s} {fg * 1e3:10.2f}ms {npt * 1e3:10.2f}ms {tt * 1e3:10.2f}ms {npt / fg:8.2f}x {tt / fg:8.2f}x")
+    print(f"matmul GFLOPS: {'; '.join(gflops)}")
+
+
+def matmul_rows(rng, rows: list) -> list[str]:
+    """matmul 512/1024/2048 with the heuristics' opts and with BEAM=2, against numpy and torch; GFLOPS lines."""
+    gflops = []
+    for m in (512, 1024, 2048):
+        xn, yn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
+        x, y = Tensor(xn).realize(), Tensor(yn).realize()
+        xt, yt = torch.from_numpy(xn), torch.from_numpy(yn)
+        out_mm = Tensor.empty(m, m).realize()
+
+        def fg_beam(x=x, y=y, out_mm=out_mm):
+            with Context(BEAM=2):
+                out_mm.assign(x @ y).realize()
+
+        # in turns, so load that comes and goes hits every contender alike; the BEAM warm-up searches (or finds the
+        # search's winner in the disk cache), the runs use the winner
+        times = interleaved_median_times(
+            {
+                "fg": lambda: out_mm.assign(x @ y).realize(),
+                "beam": fg_beam,
+                "np": lambda: xn @ yn,
+                "torch": lambda: xt @ yt,
+            },
+            repeats=5,
+        )
+        t_fg, t_np, t_torch = times["fg"], times["np"], times["torch"]
+        rows.append((f"matmul {m}x{m} f32", t_fg, t_np, t_torch))
+        rows.append((f"matmul {m}x{m} f32 BEAM=2", times["beam"], t_np, t_torch))
+        if m == 1024:
+            bn_ = rng.standard_normal(m, dtype=np.float32)
+            bias = Tensor(bn_).realize()
+            t_np_epi = median_time(lambda: np.maximum(xn @ yn + bn_, 0), repeats=3)
+            t_epi = median_time(lambda: out_mm.assign((x @ y + bias).relu()).realize(), repeats=3)
+            bt_ = torch.from_numpy(bn_)
+            t_torch_epi = median_time(lambda: torch.relu(xt @ yt + bt_), repeats=3)
+            rows.append((f"(x @ w + b).relu() {m}x{m} f32", t_epi, t_np_epi, t_torch_epi))
+        gflops.append(
+            f"{m}: fusegrad {2 * m**3 / t_fg / 1e9:.1f}, BEAM=2 {2 * m**3 / times['beam'] / 1e9:.1f},"
+            f" numpy {2 * m**3 / t_np / 1e9:.1f}"
+        )
+
+    return gflops
+
+
+def main(matmul_only: bool = False) -> None:
     n = 16 * 1024 * 1024
     rng = np.random.default_rng(0)
     an, bn, cn = (rng.standard_normal(n, dtype=np.float32) for _ in range(3))
@@ -30,6 +81,9 @@ def main() -> None:
     torch.set_num_threads(int(NUM_CPU_THREADS.value))  # torch on as many threads as fusegrad
     at, bt, ct = (torch.from_numpy(x) for x in (an, bn, cn))
     rows = []  # (case, fusegrad, numpy, torch) seconds
+    if matmul_only:
+        print_rows(rows, matmul_rows(rng, rows))
+        return
 
     # results are assigned into an output buffer: a repeated identical expression would otherwise be served from
     # the realized-value cache without running anything
@@ -44,35 +98,8 @@ def main() -> None:
     t_fg = median_time(lambda: out_sum.assign(a.sum()).realize())
     rows.append(("a.sum(), 16M f32", t_fg, t_np, median_time(lambda: at.sum())))
 
-    gflops = []
-    for m in (512, 1024, 2048):
-        xn, yn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
-        x, y = Tensor(xn).realize(), Tensor(yn).realize()
-        xt, yt = torch.from_numpy(xn), torch.from_numpy(yn)
-        t_np = median_time(lambda: xn @ yn, repeats=3)
-        t_torch = median_time(lambda: xt @ yt, repeats=3)
-        out_mm = Tensor.empty(m, m).realize()
-        t_fg = median_time(lambda: out_mm.assign(x @ y).realize(), repeats=3)
-        rows.append((f"matmul {m}x{m} f32", t_fg, t_np, t_torch))
-        if m == 1024:
-            # the warm-up searches (or finds the search's winner in the disk cache); the runs use the winner
-            with Context(BEAM=2):
-                t_beam = median_time(lambda: out_mm.assign(x @ y).realize(), repeats=3)
-            rows.append((f"matmul {m}x{m} f32 BEAM=2", t_beam, t_np, t_torch))
-            bn_ = rng.standard_normal(m, dtype=np.float32)
-            bias = Tensor(bn_).realize()
-            t_np_epi = median_time(lambda: np.maximum(xn @ yn + bn_, 0), repeats=3)
-            t_epi = median_time(lambda: out_mm.assign((x @ y + bias).relu()).realize(), repeats=3)
-            bt_ = torch.from_numpy(bn_)
-            t_torch_epi = median_time(lambda: torch.relu(xt @ yt + bt_), repeats=3)
-            rows.append((f"(x @ w + b).relu() {m}x{m} f32", t_epi, t_np_epi, t_torch_epi))
-        gflops.append(f"{m}: fusegrad {2 * m**3 / t_fg / 1e9:.1f}, numpy {2 * m**3 / t_np / 1e9:.1f}")
-
-    print(f"{'case':34s} {'fusegrad':>12s} {'numpy':>12s} {'torch':>12s} {'vs numpy':>9s} {'vs torch':>9s}")
-    for name, fg, npt, tt in rows:
-        print(f"{name:34s} {fg * 1e3:10.2f}ms {npt * 1e3:10.2f}ms {tt * 1e3:10.2f}ms {npt / fg:8.2f}x {tt / fg:8.2f}x")
-    print(f"matmul GFLOPS: {'; '.join(gflops)}")
-
+    gflops = matmul_rows(rng, rows)
+    print_rows(rows, gflops)
     fresh_output_rows(rng, an, bn, cn, a, b, c)
     conv_row(rng)
     llvm_rows(rng)
@@ -305,5 +332,8 @@ def cl_rows() -> None:
 
 
 if __name__ == "__main__":
-    main()
-    cl_rows()
+    if "--matmul" in sys.argv[1:]:  # only the matmul rows (numpy and torch in turns with fusegrad)
+        main(matmul_only=True)
+    else:
+        main()
+        cl_rows()

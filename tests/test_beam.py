@@ -175,3 +175,79 @@ def test_debug_prints_one_line_per_searched_kernel(capsys):
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("BEAM ")]
     assert len(lines) == 1 and "r_16_24_32" in lines[0] and f"{result.tried} candidates run" in lines[0]
     assert str(list(result.opts)) in lines[0]
+
+
+class FakeClock:
+    """Kernel run times chosen by the test: each run of a candidate advances the clock by cost(opts, nth run)."""
+
+    def __init__(self, monkeypatch, cost):
+        self.now, self.runs = 0.0, {}
+        real_compile = beam.compile_candidate
+
+        def compile_candidate(ast, device, opts):
+            program = real_compile(ast, device, opts)
+
+            def timed_program(buffers):
+                program(buffers)
+                self.runs[opts] = self.runs.get(opts, 0) + 1
+                self.now += cost(opts, self.runs[opts])
+
+            return timed_program
+
+        monkeypatch.setattr(beam, "compile_candidate", compile_candidate)
+        monkeypatch.setattr(beam, "run_timer", lambda: self.now)
+        monkeypatch.setattr(beam, "SEARCH_BUDGET_S", 60.0)
+
+
+def test_noise_never_crowns_a_list_slower_than_the_heuristic(monkeypatch):
+    ast = matmul_ast(16, 32, 24)
+    heuristic = beam.lower_to_linear(ast).opts
+    lucky = Opt(OptOps.UPCAST, 1, 2)
+
+    def cost(opts, nth):
+        if opts == heuristic:
+            return 1.0
+        if lucky in opts and nth <= 1 + beam.TIMING_RUNS:
+            return 0.1  # the runs of the search itself: a burst of noise makes it look ten times faster
+        return 2.0 if opts else 50.0
+
+    monkeypatch.setattr(beam, "actions", lambda ast: [lucky, Opt(OptOps.UPCAST, 0, 2)])
+    FakeClock(monkeypatch, cost)
+    result = beam.beam_search(ast, "CPU", 2)
+    assert result.opts == heuristic
+    assert result.time_after_s == result.time_before_s == 1.0
+
+
+def test_a_list_timed_faster_than_the_heuristic_wins(monkeypatch):
+    ast = matmul_ast(16, 32, 24)
+    heuristic = beam.lower_to_linear(ast).opts
+    faster = Opt(OptOps.UNROLL, 2, 4)
+    monkeypatch.setattr(beam, "actions", lambda ast: [Opt(OptOps.UPCAST, 0, 2), faster])
+    # each opt list costs a fixed time; the one with the unroll is the fastest, never by noise
+    FakeClock(monkeypatch, lambda opts, nth: 0.5 if faster in opts else 1.0 if opts == heuristic else 3.0)
+    result = beam.beam_search(ast, "CPU", 2)
+    assert faster in result.opts and result.time_after_s == 0.5 and result.time_before_s == 1.0
+
+
+def test_heuristic_is_kept_when_nothing_beats_it(monkeypatch):
+    ast = matmul_ast(16, 32, 24)
+    heuristic = beam.lower_to_linear(ast).opts
+    monkeypatch.setattr(beam, "actions", beam.actions)
+    # every other list ties within noise (1 % faster): not worth replacing the heuristic's opts
+    FakeClock(monkeypatch, lambda opts, nth: 1.0 if opts == heuristic else 0.99 if opts else 9.0)
+    assert beam.beam_search(ast, "CPU", 2).opts == heuristic
+
+
+def test_cache_key_names_the_code_generator(monkeypatch):
+    ast = matmul_ast(16, 32, 24)
+    before = beam.cache_path(ast, "CPU")
+    monkeypatch.setattr(beam, "_codegen_identity", lambda: "an older lowerer")
+    assert beam.cache_path(ast, "CPU") != before
+
+
+def test_cache_key_names_the_thread_count():
+    ast = matmul_ast(16, 32, 24)
+    with Context(NUM_CPU_THREADS=1):
+        one = beam.cache_path(ast, "CPU")
+    with Context(NUM_CPU_THREADS=2):
+        assert beam.cache_path(ast, "CPU") != one

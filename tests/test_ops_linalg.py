@@ -327,3 +327,64 @@ def test_python_device_subset():
     tq, tr = torch.linalg.qr(torch.tensor(rand(3, 2)), mode="complete")
     check(q, tq, atol=1e-5)
     check(r, tr, atol=1e-5)
+
+
+# a panel is two vectors of the compiler's width: 32 float32 columns with AVX-512, 16 with AVX2
+def _panel_columns() -> int:
+    from fusegrad.codegen.opt.target import vector_bytes
+
+    return 2 * vector_bytes() // 4
+
+
+@pytest.fixture
+def small_panels(monkeypatch):
+    """Every matmul of at least one row and 2 panels of columns packs its weight, however small."""
+    import fusegrad.tensor_ops.linalg as linalg
+
+    monkeypatch.setattr(linalg, "PANEL_MIN_ROWS", 1)
+    monkeypatch.setattr(linalg, "PANEL_MIN_MACS", 1)
+    return _panel_columns()
+
+
+@pytest.mark.parametrize("rows,k,panels", [(1, 1, 2), (97, 67, 2), (13, 1, 3), (8, 257, 3), (31, 5, 4)])
+def test_panel_matmul_values_and_gradients(small_panels, rows, k, panels):
+    n = panels * small_panels
+    x, w = rand(rows, k), rand(k, n, seed=1)
+    out = Tensor(x) @ Tensor(w)
+    kernels = [item for item in out.schedule_linear() if item.ast.op is Ops.SINK]
+    assert len(kernels) == 2  # w copied into panels, then the matmul
+    compare(lambda a, b: a @ b, lambda a, b: a @ b, x, w, atol=1e-4)
+    # x @ W.T (a transposed view) and a batched x pack too
+    compare(lambda a, b: a @ b.T, lambda a, b: a @ b.T, x, rand(n, k, seed=2), atol=1e-4)
+    compare(lambda a, b: (a @ b).relu(), lambda a, b: (a @ b).relu(), rand(2, rows, k), w, atol=1e-4)
+
+
+def test_panel_matmul_dtypes_and_accumulation(small_panels):
+    n = 2 * small_panels
+    x, w = rand(9, 40, dtype=np.float64), rand(40, n, dtype=np.float64, seed=1)
+    compare(lambda a, b: a @ b, lambda a, b: a @ b, x, w, atol=1e-10)
+    xh, wh = rand(9, 40, dtype=np.float16), rand(40, n, dtype=np.float16, seed=1)
+    out = Tensor(xh).matmul(Tensor(wh), dtype=dtypes.float32)
+    assert out.dtype == dtypes.float32
+    np.testing.assert_allclose(out.numpy(), xh.astype(np.float32) @ wh.astype(np.float32), rtol=1e-3, atol=1e-3)
+
+
+def test_panel_matmul_needs_whole_panels_and_a_big_product(small_panels):
+    from fusegrad.tensor_ops.linalg import _panel_width
+
+    n = 2 * small_panels
+    assert _panel_width(Tensor.rand(4, 8), Tensor.rand(8, n)) == small_panels
+    assert _panel_width(Tensor.rand(4, 8), Tensor.rand(8, n + 1)) is None  # no partial panels
+    assert _panel_width(Tensor.rand(4, 8), Tensor.rand(8, small_panels)) is None  # one panel: nothing to gain
+    assert _panel_width(Tensor.rand(8), Tensor.rand(8, n)) is None  # a vector times a matrix
+    assert _panel_width(Tensor.rand(2, 4, 8), Tensor.rand(2, 8, n)) is None  # batched weights
+    assert _panel_width(Tensor.rand(4, 8).cast(dtypes.int32), Tensor.rand(8, n).cast(dtypes.int32)) is None
+
+
+def test_large_matmul_packs_its_weight_and_small_does_not():
+    from fusegrad.tensor_ops.linalg import _panel_width
+
+    p = _panel_columns()
+    assert _panel_width(Tensor.empty(1024, 1024), Tensor.empty(1024, 1024)) == p
+    assert _panel_width(Tensor.empty(512, 512), Tensor.empty(512, 512)) is None
+    assert _panel_width(Tensor.empty(1024, 1024, device="PYTHON"), Tensor.empty(1024, 1024, device="PYTHON")) is None

@@ -18,6 +18,7 @@ from fusegrad.codegen.opt import Opt, OptError, OptOps
 from fusegrad.codegen.opt.beam import actions
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
+from fusegrad.uop.ops import Ops
 
 SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33])
 
@@ -331,3 +332,97 @@ def test_pool_window_is_fully_unrolled_and_equals_noopt_and_torch(shape, k, stri
     ref = torch.nn.functional.max_pool2d(torch.tensor(xn), k, stride).numpy()
     np.testing.assert_array_equal(got, ref)
     realize._runners.clear()
+
+
+# ---- a matmul whose weight is packed in panels (tensor_ops/linalg.py)
+
+
+@contextlib.contextmanager
+def panels_for_any_size():
+    import fusegrad.tensor_ops.linalg as linalg
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(linalg, "PANEL_MIN_ROWS", 1)
+        mp.setattr(linalg, "PANEL_MIN_MACS", 1)
+        yield
+
+
+def is_reduce(value) -> bool:
+    return any(u.op is Ops.REDUCE_AXIS for u in value.toposort())
+
+
+def panel_columns() -> int:
+    from fusegrad.codegen.opt.target import vector_bytes
+
+    return 2 * vector_bytes() // 4
+
+
+def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks():
+    from fusegrad.codegen.opt.target import vector_registers
+
+    if vector_registers() < 20:
+        pytest.skip("8 rows x 2 vectors need AVX-512's 32 registers (16 registers give 6-row tiles)")
+    p = panel_columns()
+    with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
+        x, w = Tensor.rand(1024, 512).realize(), Tensor.rand(512, 8 * p).realize()
+        opts = lower_to_linear(ast_of(x @ w)).opts
+    # output axes (rows, panels, columns of a panel): 8 rows x one panel in registers, 64 row tiles per block
+    assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 64))
+    # under an epilogue the panels merge into the output's columns: the same tile, on the merged axis
+    with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
+        b = Tensor.rand(8 * p).realize()
+        for epilogue in (lambda t: t.relu(), lambda t: (t + b).relu(), lambda t: t * 2):
+            assert lower_to_linear(ast_of(epilogue(x @ w))).opts == (
+                opt("UPCAST", 0, 8),
+                opt("UPCAST", 1, p),
+                opt("TILE", 0, 64),
+            )
+    with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
+        opts = lower_to_linear(ast_of(Tensor.rand(48, 512).realize() @ w)).opts
+    assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 3))  # 6 row tiles: 3 per thread
+
+
+def test_packed_matmul_past_l2_keeps_its_reduce_blocks():
+    from fusegrad.codegen.opt import heuristic
+
+    p = panel_columns()
+    k = heuristic.PANEL_MAX_BYTES // (4 * p) * 2
+    with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
+        opts = lower_to_linear(ast_of(Tensor.rand(64, k).realize() @ Tensor.rand(k, 2 * p).realize())).opts
+    assert any(o.op is OptOps.REDUCE_BLOCK for o in opts)
+
+
+@settings(max_examples=15, deadline=None)
+@given(m=SIZES, k=SIZES, panels=st.sampled_from([2, 3]))
+def test_packed_matmul_heuristics_equal_noopt_and_python_device(m, k, panels):
+    rng = np.random.default_rng(m * 7 + k * 11 + panels)
+    n = panels * panel_columns()
+    an, bn = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    with panels_for_any_size():
+        for fn in (lambda a, b: a @ b, lambda a, b: (a @ b).relu(), lambda a, b: (a @ b)[:, 1:] * 2):
+            realize._runners.clear()
+            got = run(fn, [an, bn])
+            with Context(NOOPT=1):
+                realize._runners.clear()
+                np.testing.assert_allclose(got, run(fn, [an, bn]), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(got, run(fn, [an, bn], "PYTHON"), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("row_up,tile", [(2, 2), (7, 3), (8, None), (5, 4)])
+def test_panel_tiles_equal_noopt(row_up, tile):
+    rng = np.random.default_rng(row_up)
+    p = panel_columns()
+    arrays = [rng.standard_normal((37, 19), dtype=np.float32), rng.standard_normal((19, 3 * p), dtype=np.float32)]
+    opts = [opt("UPCAST", 0, row_up), opt("UPCAST", 2, p)] + ([opt("TILE", 0, tile)] if tile else [])
+    with panels_for_any_size():
+        with Context(NOOPT=1):
+            realize._runners.clear()
+            plain = run(lambda a, b: a @ b, arrays)
+        realize._runners.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            # the matmul's kernel only (the copy into panels keeps its own); no PYTHON run: it packs no weight
+            mp.setattr(codegen, "hand_coded_opts", lambda value, plain, reads_output: opts if is_reduce(value) else [])
+            got = run(lambda a, b: a @ b, arrays)
+        realize._runners.clear()
+    np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, arrays[0].astype(np.float64) @ arrays[1], rtol=1e-4, atol=1e-4)

@@ -1,7 +1,10 @@
 """BEAM search: opts chosen by timing candidate opt lists on the device, each checked against the kernel without opts
-on the same random inputs, the winner cached on disk by kernel AST, device and compiler."""
+on the same random inputs, the winner cached on disk by kernel AST, device, compiler and the code generator's source.
+The heuristic's opts are a start candidate and the bar: the fastest few are timed again, in turns with the heuristic,
+and one of them replaces it only when it stays faster, so noise in one measurement never crowns a slower list."""
 
 from __future__ import annotations
+import functools
 import hashlib
 import json
 import os
@@ -25,7 +28,12 @@ from fusegrad.uop.ops import Ops, UOp
 # without opts, which is also the reference, and the heuristic's), which are always measured
 SEARCH_BUDGET_S = 15.0
 # runs per timed candidate; the median is its time
-TIMING_RUNS = 3
+TIMING_RUNS = 5
+# the fastest candidates timed again at the end, in turns with the heuristic's, for FINAL_RUNS rounds each
+FINAL_CANDIDATES = 3
+FINAL_RUNS = 7
+# a candidate replaces the heuristic's opts only when its final median is at least this share faster
+MIN_WIN = 0.02
 # a candidate whose first run is this many times slower than the best so far is not run again
 SLOW_FACTOR = 3.0
 # a level of the search must beat the best time by this share to continue
@@ -56,6 +64,10 @@ def deadline_clock() -> float:
     return time.monotonic()
 
 
+# the clock a kernel run is timed with (a test swaps in a fake one)
+run_timer = time.perf_counter
+
+
 def beam_search(ast: UOp, device: str, width: int) -> SearchResult:
     """The cached winner for this kernel on this device, else a search of beam `width` whose winner is cached."""
     path = cache_path(ast, device)
@@ -79,8 +91,24 @@ def cache_path(ast: UOp, device: str) -> str:
     nodes = ast.toposort()
     index = {n: i for i, n in enumerate(nodes)}
     table = repr(tuple((n.op, n.dtype, tuple(index[s] for s in n.src), n.arg) for n in nodes))
-    key = hashlib.sha256(f"{table}|{device}|{_device_identity(device)}".encode()).hexdigest()
+    # the threads a kernel is split over change which opts win (and the heuristic's list, the bar)
+    identity = f"{table}|{device}|{_device_identity(device)}|{_codegen_identity()}|threads={NUM_CPU_THREADS.value}"
+    key = hashlib.sha256(identity.encode()).hexdigest()
     return os.path.join(cache_dir(), "beam", f"{key}.json")
+
+
+@functools.cache
+def _codegen_identity() -> str:
+    """A hash of the source that turns opts into code (codegen, renderer): a winner timed for older code is stale."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    digest = hashlib.sha256()
+    for folder in ("codegen", "renderer"):
+        for dirpath, dirnames, filenames in sorted(os.walk(os.path.join(root, folder))):
+            dirnames.sort()
+            for name in sorted(f for f in filenames if f.endswith(".py")):
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    digest.update(name.encode() + b"\0" + f.read())
+    return digest.hexdigest()
 
 
 def _device_identity(device: str) -> str:
@@ -144,11 +172,11 @@ class _Bench:
     def run(self, program: Callable[[list[Buffer]], None]) -> float:
         # a kernel that reads its output (an assign) starts from the same values every run
         self.buffers[0].copyin(self.initial[0])
-        st = time.perf_counter()
+        st = run_timer()
         program(self.buffers)
         if hasattr(dev := Device[self.device], "synchronize"):
             dev.synchronize()
-        return time.perf_counter() - st
+        return run_timer() - st
 
     def output(self) -> np.ndarray:
         return self.buffers[0].numpy()
@@ -211,11 +239,13 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
     start_time = deadline_clock()
     bench = _Bench(ast, device)
     # the kernel without opts is the reference every candidate must match, and the first start candidate
-    reference_time = bench.run(compile_candidate(ast, device, ()))
+    reference_program = compile_candidate(ast, device, ())
+    reference_time = bench.run(reference_program)
     reference = bench.output()
     heuristic = lower_to_linear(ast).opts
     result = SearchResult(heuristic, from_cache=False)
     timed: dict[tuple[Opt, ...], float] = {}
+    programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]] = {(): reference_program}
     seen: set[frozenset[Opt]] = set()
 
     def measure(opts: tuple[Opt, ...]) -> None:
@@ -235,7 +265,7 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
             return
         best = min(timed.values(), default=float("inf"))
         runs = [first] if first > SLOW_FACTOR * best else [bench.run(program) for _ in range(TIMING_RUNS)]
-        timed[opts] = statistics.median(runs)
+        timed[opts], programs[opts] = statistics.median(runs), program
 
     timed[()], result.tried = reference_time, 1
     seen.add(frozenset())
@@ -260,8 +290,8 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
         beam = sorted(timed, key=timed.__getitem__)[:width]
         if timed[beam[0]] > best_before * (1 - MIN_IMPROVEMENT):
             break
-    result.opts = beam[0]
-    result.time_before_s, result.time_after_s = timed.get(heuristic, float("nan")), timed[beam[0]]
+    result.opts, final = _final_choice(bench, heuristic if heuristic in timed else (), timed, programs)
+    result.time_before_s, result.time_after_s = final.get(heuristic, float("nan")), final[result.opts]
     if DEBUG >= 2:
         print(
             f"BEAM {kernel_name(ast)}: {result.tried} candidates run, {len(result.failed)} skipped,"
@@ -269,6 +299,27 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
             f" -> {list(result.opts)} {result.time_after_s * 1e6:.1f}us"
         )
     return result
+
+
+def _final_choice(
+    bench: _Bench,
+    baseline: tuple[Opt, ...],
+    timed: dict[tuple[Opt, ...], float],
+    programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]],
+) -> tuple[tuple[Opt, ...], dict[tuple[Opt, ...], float]]:
+    """(the winner, final medians): the FINAL_CANDIDATES fastest lists timed again in turns with the baseline (the
+    heuristic's opts), FINAL_RUNS rounds; one replaces the baseline only when its median is MIN_WIN faster."""
+    best_time = min(timed.values())
+    ranked = sorted((o for o in timed if o != baseline and timed[o] <= SLOW_FACTOR * best_time), key=timed.__getitem__)
+    finalists = ranked[:FINAL_CANDIDATES]
+    contenders = [baseline, *finalists]
+    runs: dict[tuple[Opt, ...], list[float]] = {o: [] for o in contenders}
+    for _ in range(FINAL_RUNS):
+        for opts in contenders:
+            runs[opts].append(bench.run(programs[opts]))
+    final = {o: statistics.median(t) for o, t in runs.items()}
+    best = min(finalists, key=final.__getitem__, default=baseline)
+    return (best if final[best] < final[baseline] * (1 - MIN_WIN) else baseline), final
 
 
 __all__ = ["beam_search", "SearchResult", "SEARCH_BUDGET_S", "cache_path", "actions", "compile_candidate"]
