@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
-from fusegrad import GlobalCounters  # noqa: E402
+from fusegrad import Context, GlobalCounters  # noqa: E402
 from fusegrad.models.generate import Sampling, generate, prefill, sample  # noqa: E402
 from fusegrad.models.gpt2 import GPT2  # noqa: E402
 
@@ -59,6 +59,23 @@ def test_decode_replays_one_capture_for_every_position(tmp_path):
     assert len(first + rest) == 20
     assert GlobalCounters.compile_count == compiled
     assert decode_step.captured is captured and decode_step.cnt == 19
+
+
+def test_decode_cache_write_computes_the_new_row_once(tmp_path, monkeypatch):
+    """The cache write is a where over the whole cache; the key/value projection below its pad is its own kernel
+    (fused, it ran its reduce loop for every cache slot)."""
+    import fusegrad.engine.realize as realize
+    from fusegrad.uop.ops import Ops
+
+    _, model = reference(tmp_path, "small")
+    prefill(model, [3, 1, 4])
+    asts, get_runner = [], realize.get_runner
+    monkeypatch.setattr(realize, "get_runner", lambda device, ast: asts.append(ast) or get_runner(device, ast))
+    with Context(JIT=0):
+        model.forward(np.array([5]), 3).numpy()
+    assert model._caches is not None
+    writes = [a for a in asts if a.src[0].src[0].arg[1] == model._caches[0].k.numel()]
+    assert writes and not any(u.op is Ops.REDUCE_AXIS for a in writes for u in a.toposort())
 
 
 def test_sampled_generation_is_seeded_and_top_k_1_is_greedy(tmp_path):
