@@ -136,3 +136,25 @@ def test_equal_graphs_realize_into_separate_buffers():
     a.assign(a + 1).realize()
     assert v.tolist() == [0, 0, 0] and m.tolist() == [1, 1, 1]
     assert b.tolist() == [2, 2, 2] and c.tolist() == [2, 2, 2] and a.tolist() == [3, 3, 3]
+
+
+def test_reduce_read_under_a_growing_pad_is_computed_once(mats):
+    """A padded element reads nothing, but a reduce fused below the pad would still run its loop there (the loads are
+    gated, the loop is not): a matmul written into a window of a larger buffer (a KV-cache row) is its own kernel."""
+    a, b, _ = mats
+    from fusegrad.schedule import create_schedule
+    from fusegrad.runtime.device import Device
+    from fusegrad.uop.ops import Ops
+
+    x, y = Tensor(a).realize(), Tensor(b).realize()
+    padded = (x[:1] @ y.T).pad(((3, 60), (0, 0)))  # 1 row of 64 carries data
+    items, _, _ = create_schedule([padded.uop], [Device["CPU"]])
+    assert [any(u.op is Ops.REDUCE_AXIS for u in it.ast.toposort()) for it in items] == [True, False]
+    np.testing.assert_allclose(padded.numpy(), np.pad(a[:1] @ b.T, ((3, 60), (0, 0))), rtol=1e-5, atol=1e-5)
+
+
+def test_reduce_under_a_cat_is_computed_once_per_element(mats):
+    a, b, c = mats
+    out, n = run_counting(lambda a, b, c: (a @ b.T).cat(a @ c.T, dim=1), a, b, c)
+    np.testing.assert_allclose(out, np.concatenate([a @ b.T, a @ c.T], 1), rtol=1e-5, atol=1e-5)
+    assert n == 3

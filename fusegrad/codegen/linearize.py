@@ -17,25 +17,62 @@ def _reduce_to_acc(r: UOp, ctx: list[int]) -> UOp:
 pm_accumulators = PatternMatcher([(UPat(Ops.REDUCE, name="r"), _reduce_to_acc)])
 
 
-def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
-    kernel = graph_rewrite(kernel, pm_accumulators, ctx=[0])
-    nodes = kernel.toposort()
-    # the loops each node depends on (an accumulator result no longer depends on its own reduce loops)
-    deps: dict[UOp, frozenset[UOp]] = {}
+def _loop_deps(nodes: list[UOp], deps: dict[UOp, frozenset[UOp]]) -> dict[UOp, frozenset[UOp]]:
+    """The loops each node depends on (an accumulator result no longer depends on its own reduce loops)."""
     for u in nodes:
+        if u in deps:
+            continue
         if u.op is Ops.RANGE:
             deps[u] = frozenset((u,))
         elif u.op is Ops.ACC_UPDATE:
             deps[u] = deps[u.src[1]].difference(u.src[2:])
         else:
             deps[u] = frozenset().union(*(deps[s] for s in u.src))
+    return deps
+
+
+class LoopNests:
+    """Which accumulators share a loop nest: those over the same loops that vary with the same enclosing loops.
+    Unrolled copies of one reduce share its loops, but a copy whose body simplified away an enclosing loop's index
+    (a blocked sum's lane that never reads the block index) sums outside that loop: it gets fresh copies of the loops,
+    else the group's one loop nest would be opened outside the enclosing loop the others need."""
+
+    def __init__(self, kernel: UOp):
+        self.next_id = 1 + max((u.arg[0] for u in kernel.toposort() if u.op is Ops.RANGE), default=-1)
+        self.deps: dict[UOp, frozenset[UOp]] = {}
+        self.enclosing: dict[tuple[UOp, ...], frozenset[UOp]] = {}  # loops -> the enclosing loops of their first use
+        self.fresh: dict[tuple[tuple[UOp, ...], frozenset[UOp]], tuple[UOp, ...]] = {}
+
+    def separate(self, acc: UOp) -> UOp | None:
+        loops, outside = acc.src[2:], _loop_deps(acc.toposort(gate=lambda x: x not in self.deps), self.deps)[acc]
+        if self.enclosing.setdefault(loops, outside) == outside:
+            return None
+        if (loops, outside) not in self.fresh:
+            self.fresh[(loops, outside)] = tuple(self._copy(r) for r in loops)
+        new = dict(zip(loops, self.fresh[(loops, outside)]))
+        body = graph_rewrite(acc.src[1], PatternMatcher([(UPat(Ops.RANGE, name="x"), lambda x: new.get(x))]))
+        return acc.replace(src=(acc.src[0], body, *new.values()))
+
+    def _copy(self, r: UOp) -> UOp:
+        self.next_id += 1
+        return r.replace(arg=(self.next_id - 1, r.arg[1]))
+
+
+pm_loop_nests = PatternMatcher([(UPat(Ops.ACC_UPDATE, name="acc"), lambda ctx, acc: ctx.separate(acc))])
+
+
+def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
+    kernel = graph_rewrite(kernel, pm_accumulators, ctx=[0])
+    kernel = graph_rewrite(kernel, pm_loop_nests, ctx=LoopNests(kernel))
+    nodes = kernel.toposort()
+    deps = _loop_deps(nodes, {})
     params = sorted({u for u in nodes if u.op is Ops.DEFINE_GLOBAL} | set(params or ()), key=lambda u: u.arg[0])
     global_ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] == "global"), key=lambda u: u.arg[0])
     lin: list[UOp] = list(params)
     done: set[UOp] = set(lin)
     open_ranges: set[UOp] = set()
 
-    # accumulators over the same loops (unrolled copies of one reduce) share one loop nest
+    # accumulators over the same loops (unrolled copies of one reduce) share one loop nest (see LoopNests)
     groups: dict[tuple[UOp, ...], list[UOp]] = {}
     for u in nodes:
         if u.op is Ops.ACC_UPDATE:

@@ -1,9 +1,10 @@
-"""Pieces every decoder-only model shares: a preallocated KV cache written at a position given as data, the causal
-mask of a chunk of queries, token sampling, and the generation loop.
+"""Pieces every decoder-only model shares: a preallocated KV cache written at a position given as a bound Variable,
+the causal mask of a chunk of queries, token sampling, and the generation loop.
 
-The position is a Tensor, not a Python int, so every decode step builds the same graph with the same shapes and
-reuses the compiled kernels: prefill runs in fixed-size chunks (padding rows write past the prompt and are overwritten
-before they are attended), decode in chunks of one token, and attention spans the whole cache under a mask."""
+The position is a bound Variable, not a Python int, so every step of a chunk size runs the same kernels (under
+TinyJit, the same capture) whatever the position: prefill runs in fixed-size chunks (padding rows write past the
+prompt and are overwritten before they are attended), decode in chunks of one token, and attention spans the slots
+written so far."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typing import Protocol
 
 import numpy as np
 
-from fusegrad import Tensor, dtypes
+from fusegrad import Tensor, Variable, dtypes
 from fusegrad.helpers import DEBUG
+from fusegrad.uop.ops import UOp
 
 
 class KVCache:
@@ -26,20 +28,28 @@ class KVCache:
         self.k = Tensor.zeros(batch, kv_heads, max_context, head_dim, dtype=dtype).contiguous().realize()
         self.v = Tensor.zeros(batch, kv_heads, max_context, head_dim, dtype=dtype).contiguous().realize()
 
-    def write(self, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """The caches with k, v (batch, kv_heads, chunk, head_dim) stored at positions pos .. pos+chunk-1."""
+    def write(self, k: Tensor, v: Tensor, start: UOp) -> tuple[Tensor, Tensor]:
+        """Stores k, v (batch, kv_heads, chunk, head_dim) at slots start .. start+chunk-1 (start a bound Variable)
+        and returns the keys and values of slots 0 .. start+chunk-1."""
         chunk = k.shape[2]
-        slots = Tensor.arange(self.max_context).reshape(-1, 1)
-        hit = slots == (pos + Tensor.arange(chunk)).reshape(1, chunk)  # (max_context, chunk): slot j takes row j-pos
-        taken = hit.any(-1, keepdim=True)
         for cache, new in ((self.k, k), (self.v, v)):
-            cache.assign(taken.where(hit.cast(new.dtype) @ new, cache))
-        return self.k, self.v
+            cache.shrink((None, None, (start, start + chunk), None)).assign(new)
+        keys, values = (c.shrink((None, None, (0, start + chunk), None)) for c in (self.k, self.v))
+        return keys, values
 
 
-def causal_mask(pos: Tensor, chunk: int, max_context: int) -> Tensor:
-    """(chunk, max_context) bool: query t (at position pos+t) sees cache slots 0 .. pos+t."""
-    return Tensor.arange(max_context).reshape(1, -1) <= (pos + Tensor.arange(chunk)).reshape(-1, 1)
+def start_position(pos: int, chunk: int, max_context: int) -> UOp:
+    """pos as a bound Variable: one compiled kernel set (one TinyJit capture) serves every position of a chunk size."""
+    return Variable("start_pos", 0, max_context - chunk).bind(pos)
+
+
+def causal_mask(start: UOp, chunk: int, max_context: int) -> Tensor | None:
+    """(chunk, start+chunk) bool: query t (at position start+t) sees slots 0 .. start+t. None for a single query,
+    which sees every slot written so far."""
+    if chunk == 1:
+        return None
+    slots = Tensor.arange(max_context).shrink(((0, start + chunk),)).unsqueeze(0)
+    return slots <= (Tensor.arange(chunk) + start).reshape(-1, 1)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fusegrad import Tensor, TinyJit, dtypes, nn
-from fusegrad.models.generate import KVCache, causal_mask
+from fusegrad import Tensor, TinyJit, nn
+from fusegrad.models.generate import KVCache, causal_mask, start_position
 from fusegrad.models.weights import embedding_rows, load_into
 from fusegrad.nn.state import safe_load
+from fusegrad.uop.ops import UOp
 
 _ACTIVATIONS = {
     "gelu_new": lambda x: x.gelu(approximate="tanh"),
@@ -61,12 +62,12 @@ class Attention:
         self.heads, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
         self.c_attn, self.c_proj = Conv1D(cfg.n_embd, 3 * cfg.n_embd), Conv1D(cfg.n_embd, cfg.n_embd)
 
-    def __call__(self, x: Tensor, cache: KVCache, pos: Tensor, mask: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None) -> Tensor:
         t, d = x.shape
         q, k, v = (
             y.reshape(t, self.heads, self.head_dim).transpose(0, 1).unsqueeze(0) for y in self.c_attn(x).split(d, -1)
         )
-        keys, values = cache.write(k, v, pos)
+        keys, values = cache.write(k, v, start)
         out = q.scaled_dot_product_attention(keys, values, attn_mask=mask)
         return self.c_proj(out[0].transpose(0, 1).reshape(t, d))
 
@@ -88,8 +89,8 @@ class Block:
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def __call__(self, x: Tensor, cache: KVCache, pos: Tensor, mask: Tensor) -> Tensor:
-        h = x + self.attn(self.ln_1(x), cache, pos, mask)
+    def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None) -> Tensor:
+        h = x + self.attn(self.ln_1(x), cache, start, mask)
         return h + self.mlp(self.ln_2(h))
 
 
@@ -122,7 +123,7 @@ class GPT2:
 
     def reset(self) -> None:
         """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
-        current position are masked, and a new sequence writes every slot before it reads it."""
+        current position are never read, and a new sequence writes every slot before it reads it."""
 
     def forward(self, ids: np.ndarray, pos: int) -> Tensor:
         ids = np.asarray(ids, np.int32).reshape(-1)
@@ -141,13 +142,13 @@ class GPT2:
         words, places = self._host_tables
         x = embedding_rows(words, ids) + embedding_rows(places, np.arange(pos, pos + len(ids)))
         step = self._steps.setdefault(len(ids), TinyJit(self._step))
-        return step(x.realize(), Tensor([pos], dtype=dtypes.int32).realize())
+        return step(x.realize(), start_position(pos, len(ids), self.max_context))
 
-    def _step(self, x: Tensor, pos: Tensor) -> Tensor:
-        """Logits of a chunk's embeddings x at position pos (a 1-element tensor): the same kernels for every pos."""
+    def _step(self, x: Tensor, start: UOp) -> Tensor:
+        """Logits of a chunk's embeddings x at position start (a bound Variable): the same kernels for every start."""
         assert self._caches is not None
-        mask = causal_mask(pos, x.shape[0], self.max_context)
+        mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.h, self._caches):
-            x = block(x, cache, pos, mask)
+            x = block(x, cache, start, mask)
         assert self._lm_head is not None
         return (self.ln_f(x) @ self._lm_head).realize()

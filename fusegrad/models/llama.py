@@ -15,8 +15,9 @@ import numpy as np
 
 from fusegrad import Device, Tensor, TinyJit, dtypes
 from fusegrad.helpers import _Progress
-from fusegrad.models.generate import KVCache, causal_mask
+from fusegrad.models.generate import KVCache, causal_mask, start_position
 from fusegrad.nn.state import GGMLQuantized, gguf_load
+from fusegrad.uop.ops import UOp
 
 # rope "norm" rotates adjacent pairs (x[2i], x[2i+1]); "neox" rotates the halves (x[i], x[i + d/2])
 _ROPE_NEOX = {"llama": False, "qwen2": True, "qwen3": True, "qwen3moe": True, "qwen2moe": True}
@@ -141,7 +142,7 @@ class Attention:
         self.o = QuantLinear(w["attn_output.weight"], w.get("attn_output.bias"))
         self.q_norm, self.k_norm = w.get("attn_q_norm.weight"), w.get("attn_k_norm.weight")
 
-    def __call__(self, x: Tensor, cache: KVCache, pos: Tensor, mask: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
         cfg, t = self.cfg, x.shape[0]
         q = self.q(x).reshape(t, cfg.n_heads, cfg.head_dim)
         k = self.k(x).reshape(t, cfg.n_kv_heads, cfg.head_dim)
@@ -153,7 +154,7 @@ class Attention:
         q, k, v = (y.transpose(0, 1).unsqueeze(0) for y in (q, k, v))
         q = apply_rope(q, cos, sin, cfg.rope_dim, cfg.rope_neox)
         k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.rope_neox)
-        keys, values = cache.write(k, v, pos)
+        keys, values = cache.write(k, v, start)
         out = q.scaled_dot_product_attention(keys, values, attn_mask=mask, enable_gqa=True)
         return self.o(out[0].transpose(0, 1).reshape(t, cfg.n_heads * cfg.head_dim))
 
@@ -216,8 +217,8 @@ class Block:
         else:
             self.ffn = FeedForward(w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"])
 
-    def __call__(self, x: Tensor, cache: KVCache, pos: Tensor, mask: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        h = x + self.attn(rms_norm(x, self.attn_norm, self.cfg.norm_eps), cache, pos, mask, cos, sin)
+    def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
+        h = x + self.attn(rms_norm(x, self.attn_norm, self.cfg.norm_eps), cache, start, mask, cos, sin)
         return h + self.ffn(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
 
 
@@ -287,7 +288,7 @@ class Llama:
 
     def reset(self) -> None:
         """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
-        current position are masked, and a new sequence writes every slot before it reads it."""
+        current position are never read, and a new sequence writes every slot before it reads it."""
 
     def forward(self, ids: np.ndarray, pos: int) -> Tensor:
         cfg = self.cfg
@@ -301,15 +302,14 @@ class Llama:
         t = len(ids)
         cos, sin = Tensor(self._cos[pos : pos + t]), Tensor(self._sin[pos : pos + t])
         step = self._steps.setdefault(t, TinyJit(self._step))
-        return step(
-            self.embed(ids).realize(), Tensor([pos], dtype=dtypes.int32).realize(), cos.realize(), sin.realize()
-        )
+        start = start_position(pos, t, self.max_context)
+        return step(self.embed(ids).realize(), start, cos.realize(), sin.realize())
 
-    def _step(self, x: Tensor, pos: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Logits of a chunk's embeddings x at position pos (a 1-element tensor) with its rope angles: the same
-        kernels for every pos."""
+    def _step(self, x: Tensor, start: UOp, cos: Tensor, sin: Tensor) -> Tensor:
+        """Logits of a chunk's embeddings x at position start (a bound Variable) with its rope angles: the same
+        kernels for every start."""
         assert self._caches is not None
-        mask = causal_mask(pos, x.shape[0], self.max_context)
+        mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.blocks, self._caches):
-            x = block(x, cache, pos, mask, cos, sin)
+            x = block(x, cache, start, mask, cos, sin)
         return self.output(rms_norm(x, self.output_norm, self.cfg.norm_eps)).realize()

@@ -222,7 +222,10 @@ class _Planner:
                 # a broadcast would recompute this expression for every copy: compute it once into a buffer instead
                 yield self._mark_step(u.src[0], self.device_of[u.src[0]] or device)
                 continue
-            stack.extend((s, expanded or grows) for s in u.src)
+            # a padded element reads nothing, but a reduce below the pad would run its loop there too (only its loads
+            # are gated): a reduce read through a growing pad (a row written into a KV cache, a cat) is realized
+            pads = u.op is Ops.PAD and u.size > u.src[0].size
+            stack.extend((s, expanded or grows or pads) for s in u.src)
 
     def _recompute_cost(self, u: UOp) -> int:
         """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
+from fusegrad import Context, GlobalCounters  # noqa: E402
 from fusegrad.models.generate import Sampling, generate, prefill, sample  # noqa: E402
 from fusegrad.models.gpt2 import GPT2  # noqa: E402
 
@@ -43,6 +44,38 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, name):
     with torch.no_grad():
         greedy = ref.generate(torch.tensor(prompt[None]), max_new_tokens=20, do_sample=False, min_new_tokens=20)
     assert list(generate(model, prompt.tolist(), 20)) == greedy[0, 5:].tolist()
+
+
+def test_decode_replays_one_capture_for_every_position(tmp_path):
+    """The position is a bound Variable: after the decode step is captured, later positions compile nothing and
+    replay the same capture."""
+    _, model = reference(tmp_path, "small")
+    tokens = generate(model, [3, 1, 4, 1, 5], 20)
+    first = [next(tokens) for _ in range(4)]  # prefill, then decode steps run eagerly and captured
+    decode_step = model._steps[1]
+    captured, compiled = decode_step.captured, GlobalCounters.compile_count
+    assert captured is not None
+    rest = list(tokens)
+    assert len(first + rest) == 20
+    assert GlobalCounters.compile_count == compiled
+    assert decode_step.captured is captured and decode_step.cnt == 19
+
+
+def test_decode_cache_write_computes_the_new_row_once(tmp_path, monkeypatch):
+    """The cache write is a where over the whole cache; the key/value projection below its pad is its own kernel
+    (fused, it ran its reduce loop for every cache slot)."""
+    import fusegrad.engine.realize as realize
+    from fusegrad.uop.ops import Ops
+
+    _, model = reference(tmp_path, "small")
+    prefill(model, [3, 1, 4])
+    asts, get_runner = [], realize.get_runner
+    monkeypatch.setattr(realize, "get_runner", lambda device, ast: asts.append(ast) or get_runner(device, ast))
+    with Context(JIT=0):
+        model.forward(np.array([5]), 3).numpy()
+    assert model._caches is not None
+    writes = [a for a in asts if a.src[0].src[0].arg[1] == model._caches[0].k.numel()]
+    assert writes and not any(u.op is Ops.REDUCE_AXIS for a in writes for u in a.toposort())
 
 
 def test_sampled_generation_is_seeded_and_top_k_1_is_greedy(tmp_path):

@@ -62,6 +62,22 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, case):
     assert list(generate(model, prompt.tolist(), 20)) == greedy
 
 
+def test_decode_replays_one_capture_for_every_position(tmp_path):
+    """The position is a bound Variable: after the decode step is captured, later positions compile nothing and
+    replay the same capture."""
+    ref = make_model("qwen2")
+    write_gguf(ref, "qwen2", tmp_path / "m.gguf", "Q8_0")
+    model, _ = Llama.from_gguf(tmp_path / "m.gguf", progress=False)
+    tokens = generate(model, [3, 1, 4, 1, 5], 20)
+    first = [next(tokens) for _ in range(4)]  # prefill, then decode steps run eagerly and captured
+    decode_step = model._steps[1]
+    captured, compiled = decode_step.captured, GlobalCounters.compile_count
+    assert captured is not None
+    assert len(first + list(tokens)) == 20
+    assert GlobalCounters.compile_count == compiled
+    assert decode_step.captured is captured and decode_step.cnt == 19
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
 def test_quantized_matmul_is_one_kernel_over_the_blocks(qtype):
     """A decode-shaped matmul reads the quantized blocks directly: one kernel, no dequantized weight in memory."""
