@@ -2,10 +2,10 @@
 
 `GGMLQuantized` is a GGUF tensor as its blocks; `dequantize()` is the float32 tensor as a lazy graph over them.
 `QuantizedMatrix` is a 2-D one rearranged once into planes a kernel walks contiguously: the quantized values of each
-row in order (int8, or packed nibbles and bits) and, per group of 16 or 32 values, a scale (and an offset) that
-needs no arithmetic to read (float16 as stored, or float32 where a K-quant multiplies two scales). A matvec over it
-is one kernel: for each row and group, the group's values times x summed in an inner loop over contiguous bytes,
-then scaled once per group."""
+row in order (int8, or packed nibbles and bits) and, per 16 or 32 values, a scale (and an offset) that needs no
+arithmetic to read (float16 as stored, or float32 where a K-quant multiplies two scales). A matvec over it is one
+kernel whose inner loop runs over contiguous lanes of a group (up to MAX_PARTS parts unrolled in it, each with its
+scale held in a register), summed over the groups outside it."""
 
 from __future__ import annotations
 
@@ -274,6 +274,10 @@ QUANT_FORMATS: dict[int, QuantFormat] = {
 }
 
 
+# parts a matvec's inner loop unrolls, when consecutive groups fold into one
+MAX_PARTS = 4
+
+
 class QuantizedMatrix:
     """A (rows, cols) quantized weight as planes (see the module doc), made once from its GGML blocks.
     `matvec(x)` is x @ W.T for x (n, cols) in one kernel that reads the planes; `dequantize()` is W in float32."""
@@ -302,10 +306,6 @@ class QuantizedMatrix:
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.planes)
 
-    def _weights(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        rows, g = self.shape[0], self.groups
-        return self.format.values(self.planes, rows, g), *self.format.scales(self.planes, rows, g)
-
     def _weights(self) -> Tensor:
         """(rows, *groups, parts, lanes) float32 weights, in the order of format.x_order."""
         rows, g = self.shape[0], self.groups
@@ -325,17 +325,17 @@ class QuantizedMatrix:
         summed over the group's contiguous lanes in an inner loop, then over the groups."""
         if x.ndim != 2 or x.shape[1] != self.shape[1]:
             raise ValueError(f"{self.name}: x of shape {x.shape} cannot multiply a weight of shape {self.shape}")
-        fmt = self.format
-        x = x.cast(dtypes.float32)
-        xg = (
-            fmt.x_order(x, self.groups)
-            if fmt.x_order is not None
-            else x.reshape(x.shape[0], 1, self.groups, fmt.parts, fmt.lanes)
-        )
-        terms = self._weights().unsqueeze(0) * xg
+        fmt, w, x = self.format, self._weights(), x.cast(dtypes.float32)
+        if fmt.x_order is not None:
+            xg = fmt.x_order(x, self.groups)
+        else:  # consecutive groups fold into one with more parts: fewer horizontal sums of the inner loop's vectors
+            fold = next(f for f in (MAX_PARTS // fmt.parts, 2, 1) if f >= 1 and self.groups % f == 0)
+            w = w.reshape(self.shape[0], self.groups // fold, fold * fmt.parts, fmt.lanes)
+            xg = x.reshape(x.shape[0], 1, self.groups // fold, fold * fmt.parts, fmt.lanes)
+        terms = w.unsqueeze(0) * xg
         # the parts as separate terms, so the inner loop is over lanes only and each part's scale stays in a register
         lanes = terms[..., 0, :]
-        for p in range(1, fmt.parts):
+        for p in range(1, terms.shape[-2]):
             lanes = lanes + terms[..., p, :]
         return lanes.sum(-1).sum(tuple(range(2, lanes.ndim - 1)))
 
