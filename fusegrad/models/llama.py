@@ -106,7 +106,8 @@ class QuantLinear:
     def __call__(self, x: Tensor) -> Tensor:
         w = self.weight
         if isinstance(w, QuantizedMatrix):
-            y = w.matvec(x) if x.shape[0] <= MATVEC_MAX_ROWS else x @ w.dequantize().T.contiguous()
+            # a chunk's weight is realized (in, out) on its own: scheduled with the matmul it would be copied again
+            y = w.matvec(x) if x.shape[0] <= MATVEC_MAX_ROWS else x @ w.dequantize().T.contiguous().realize()
         else:
             y = x @ w
         return y if self.bias is None else y + self.bias.cast(dtypes.float32)
