@@ -4,7 +4,7 @@
 - BERT (all-MiniLM-L6-v2): sentences/s for batches of 32.
 - GPT-2 small-shaped random model (12 layers, 768 wide): prefill tokens/s (a 128-token prompt) and decode tokens/s.
 - ~100M-parameter random LLaMA in Q8_0 and Q4_K: prefill and decode tokens/s; transformers runs the same dequantized
-  weights in float32.
+  weights in float32; the four cases run interleaved, 5 rounds.
 - First-token latency of fusegrad-llm serve on the tiny test model (streaming, over the loopback).
 torch runs on as many threads as fusegrad's CPU backend. Each figure is a median; the ratio is fusegrad / reference
 (>1 means fusegrad is faster)."""
@@ -12,6 +12,7 @@ torch runs on as many threads as fusegrad's CPU backend. Each figure is a median
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -49,8 +50,9 @@ def bench_bert() -> None:
     row("BERT MiniLM-L6, batch of 32", "sent/s", 32 / t_ours, 32 / t_ref)
 
 
-def decode_rates(model, ref, vocab: int) -> tuple[float, float, float, float]:
-    """(prefill, decode) tokens/s of fusegrad and of the transformers model on the same random prompt."""
+def decode_rates(model, ref, vocab: int, interleave: bool = False) -> tuple[float, float, float, float]:
+    """(prefill, decode) tokens/s of fusegrad and of the transformers model on the same random prompt; interleave
+    runs the four cases in turn (interleaved_rates) instead of one after another."""
     prompt = np.random.default_rng(0).integers(0, vocab, PROMPT).tolist()
 
     def ours_prefill():
@@ -74,10 +76,26 @@ def decode_rates(model, ref, vocab: int) -> tuple[float, float, float, float]:
                 token = out.logits[:, -1:].argmax(-1)
                 out = ref(token, past_key_values=out.past_key_values, use_cache=True)
 
-    rates = []
-    for fn, n in ((ours_prefill, PROMPT), (ref_prefill, PROMPT), (ours_decode, DECODE), (ref_decode, DECODE)):
-        rates.append(n / median_time(fn, repeats=3))
+    cases = ((ours_prefill, PROMPT), (ref_prefill, PROMPT), (ours_decode, DECODE), (ref_decode, DECODE))
+    if interleave:
+        rates = interleaved_rates(cases, rounds=5)
+    else:
+        rates = [n / median_time(fn, repeats=3) for fn, n in cases]
     return rates[0], rates[2], rates[1], rates[3]
+
+
+def interleaved_rates(cases, rounds: int) -> list[float]:
+    """Items/s of each (fn, items) case, median over rounds that run every case once in turn (after a warm-up), so
+    a change in the machine's load touches all cases alike."""
+    times: list[list[float]] = [[] for _ in cases]
+    for fn, _ in cases:
+        fn()
+    for _ in range(rounds):
+        for i, (fn, _) in enumerate(cases):
+            st = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - st)
+    return [n / statistics.median(t) for (_, n), t in zip(cases, times)]
 
 
 def bench_gpt2() -> None:
@@ -116,7 +134,7 @@ def bench_llama() -> None:
         with tempfile.TemporaryDirectory() as d:
             write_gguf(ref, "llama", Path(d) / "m.gguf", qtype)
             model, _ = Llama.from_gguf(Path(d) / "m.gguf")
-            p, dcd, rp, rd = decode_rates(model, ref, shape["vocab_size"])
+            p, dcd, rp, rd = decode_rates(model, ref, shape["vocab_size"], interleave=True)
         params = sum(p.numel() for p in ref.parameters()) / 1e6
         row(f"LLaMA {params:.0f}M {qtype} prefill 128", "tok/s", p, rp)
         row(f"LLaMA {params:.0f}M {qtype} decode", "tok/s", dcd, rd)

@@ -1,8 +1,8 @@
 """LLaMA-family decoders from GGUF files (llama.cpp's format): llama, qwen2 (q/k/v biases), qwen3 (q/k RMSNorm) and
 their mixture-of-experts variants (llama with experts, qwen3moe). The architecture comes from the file's metadata.
 
-Quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stay as their blocks in memory; each matmul reads the blocks through
-a dequantizing graph that the scheduler fuses into the matmul kernel (see QuantLinear)."""
+Quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stay quantized in memory, rearranged into planes a kernel reads
+contiguously (nn/quantized.py); a decode step's matmul dequantizes inside its one kernel (see QuantLinear)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import numpy as np
 from fusegrad import Device, Tensor, TinyJit, dtypes
 from fusegrad.helpers import _Progress
 from fusegrad.models.generate import KVCache, causal_mask, start_position
-from fusegrad.nn.state import GGMLQuantized, gguf_load
+from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix
+from fusegrad.nn.state import gguf_load
 from fusegrad.uop.ops import UOp
 
 # rope "norm" rotates adjacent pairs (x[2i], x[2i+1]); "neox" rotates the halves (x[i], x[i + d/2])
@@ -86,20 +87,30 @@ class LlamaConfig:
 
 
 Weight = Tensor | GGMLQuantized
+# rows of x up to which a quantized matmul reads the quantized weight per row (each row dequantizes it again)
+MATVEC_MAX_ROWS = 2
 
 
 class QuantLinear:
-    """y = x @ W.T (+ b) with W (out, in) as quantized blocks, dequantized by a lazy graph that fuses into the
-    matmul; a float W is kept transposed, (in, out), which the C backend runs faster than x @ W.T."""
+    """y = x @ W.T (+ b). A quantized W (out, in) becomes a QuantizedMatrix: a few rows of x (a decode step) read
+    it in one kernel; a longer chunk (a prefill) dequantizes it into a float buffer first, once for all its rows,
+    and runs the float matmul. A float W is kept transposed, (in, out), which the C backend runs faster than x @ W.T."""
 
     def __init__(self, weight: Weight, bias: Tensor | None = None):
         self.bias = bias
-        self.weight = (
-            weight if isinstance(weight, GGMLQuantized) else weight.cast(dtypes.float32).T.contiguous().realize()
+        self.weight: Tensor | QuantizedMatrix = (
+            QuantizedMatrix.from_ggml(weight)
+            if isinstance(weight, GGMLQuantized)
+            else weight.cast(dtypes.float32).T.contiguous().realize()
         )
 
     def __call__(self, x: Tensor) -> Tensor:
-        y = x @ (self.weight.dequantize().T if isinstance(self.weight, GGMLQuantized) else self.weight)
+        w = self.weight
+        if isinstance(w, QuantizedMatrix):
+            # a chunk's weight is realized (in, out) on its own: scheduled with the matmul it would be copied again
+            y = w.matvec(x) if x.shape[0] <= MATVEC_MAX_ROWS else x @ w.dequantize().T.contiguous().realize()
+        else:
+            y = x @ w
         return y if self.bias is None else y + self.bias.cast(dtypes.float32)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import prod, round_up
+from fusegrad.nn.quantized import _DEQUANT, _GGML_PLAIN, GGML_TYPES, GGMLQuantized
 from fusegrad.nn.safe_pickle import MAX_RANK, PickleSource, RestrictedUnpickler
 from fusegrad.runtime.buffers import Buffer, DiskBuffer, buffer_uop, check_mapped, host_values, is_contiguous_view
 from fusegrad.runtime.buffers import view_buffer
@@ -852,107 +853,6 @@ def torch_load(fn: Any) -> Any:
 
 # ------------------------------------------------------------------ GGUF (llama.cpp)
 
-# ggml type -> (name, elements per block, bytes per block); plain types have 1-element blocks
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    9: ("Q8_1", 32, 36),
-    10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210),
-    15: ("Q8_K", 256, 292),
-    24: ("I8", 1, 1),
-    25: ("I16", 1, 2),
-    26: ("I32", 1, 4),
-    27: ("I64", 1, 8),
-    28: ("F64", 1, 8),
-    30: ("BF16", 1, 2),
-}
-_GGML_PLAIN: dict[int, DType] = {
-    0: dtypes.float32,
-    1: dtypes.float16,
-    24: dtypes.int8,
-    25: dtypes.int16,
-    26: dtypes.int32,
-    27: dtypes.int64,
-    28: dtypes.float64,
-    30: dtypes.bfloat16,
-}
-
-
-def _f16_at(blocks: Tensor, i: int) -> Tensor:
-    """The little-endian float16 at byte i of each block, as a (blocks, 1) float32 column."""
-    bits = blocks[:, i].cast(dtypes.uint16) | (blocks[:, i + 1].cast(dtypes.uint16) << 8)
-    return bits.bitcast(dtypes.float16).cast(dtypes.float32).reshape(-1, 1)
-
-
-def _split_bits(q: Tensor, width: int, count: int) -> Tensor:
-    """(..., k) bytes -> (..., count, k) int32 fields: bits [width*j, width*(j+1)) of each byte, for j < count."""
-    shifts = (Tensor.arange(count, device=q.device) * width).reshape(*(1,) * (q.ndim - 1), count, 1)
-    return (q.unsqueeze(-2).expand(*q.shape[:-1], count, q.shape[-1]).cast(dtypes.int32) >> shifts) & ((1 << width) - 1)
-
-
-def _cat_last(a: Tensor, b: Tensor) -> Tensor:
-    """a and b side by side on the last axis (pads and an add fuse into the consumer)."""
-    return a.pad(((0, 0),) * (a.ndim - 1) + ((0, b.shape[-1]),)) + b.pad(((0, 0),) * (b.ndim - 1) + ((a.shape[-1], 0),))
-
-
-def _dequant_q4_0(b: Tensor) -> Tensor:
-    return (_split_bits(b[:, 2:18], 4, 2) - 8).cast(dtypes.float32) * _f16_at(b, 0).unsqueeze(-1)
-
-
-def _dequant_q4_1(b: Tensor) -> Tensor:
-    return _split_bits(b[:, 4:20], 4, 2).cast(dtypes.float32) * _f16_at(b, 0).unsqueeze(-1) + _f16_at(b, 2).unsqueeze(
-        -1
-    )
-
-
-def _dequant_q8_0(b: Tensor) -> Tensor:
-    return b[:, 2:34].bitcast(dtypes.int8).cast(dtypes.float32) * _f16_at(b, 0)
-
-
-def _dequant_q4_k(b: Tensor) -> Tensor:
-    s = b[:, 4:16].cast(dtypes.int32)
-    # 8 six-bit scales and mins: sub-blocks 0-3 in the low bits of bytes 0-7,
-    # 4-7 split over bytes 8-11 and bytes' top bits
-    scales = _cat_last(s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)).cast(dtypes.float32)
-    mins = _cat_last(s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)).cast(dtypes.float32)
-    q = _split_bits(b[:, 16:144].reshape(-1, 4, 32), 4, 2).reshape(-1, 8, 32).cast(dtypes.float32)
-    d, dmin = _f16_at(b, 0) * scales, _f16_at(b, 2) * mins
-    return d.unsqueeze(-1) * q - dmin.unsqueeze(-1)
-
-
-def _dequant_q6_k(b: Tensor) -> Tensor:
-    # per half of 128 values: group k of 32 takes nibble k//2 of ql half k%2, plus 2 high bits k of qh
-    low = _split_bits(b[:, 0:128].reshape(-1, 2, 2, 32), 4, 2).permute(0, 1, 3, 2, 4).reshape(-1, 2, 4, 32)
-    high = _split_bits(b[:, 128:192].reshape(-1, 2, 32), 2, 4)
-    q = ((low | (high << 4)) - 32).cast(dtypes.float32)
-    scales = (
-        b[:, 192:208]
-        .bitcast(dtypes.int8)
-        .cast(dtypes.float32)
-        .reshape(-1, 2, 4, 2, 1)
-        .expand(-1, 2, 4, 2, 16)
-        .reshape(-1, 2, 4, 32)
-    )
-    return _f16_at(b, 208).reshape(-1, 1, 1, 1) * scales * q
-
-
-_DEQUANT: dict[int, Callable[[Tensor], Tensor]] = {
-    2: _dequant_q4_0,
-    3: _dequant_q4_1,
-    8: _dequant_q8_0,
-    12: _dequant_q4_k,
-    14: _dequant_q6_k,
-}
-
 
 def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
     """n values from the raw bytes `t` (uint8) of ggml type `ggml_type`: plain types bitcast, quantized blocks
@@ -1025,27 +925,6 @@ def _gguf_value(r: _Reader, vtype: int, key: str, depth: int = 0) -> Any:
             )
         return [_gguf_value(r, item_type, key, depth + 1) for _ in range(count)]
     raise ValueError(f"{r.blob.name}: metadata {key!r} has unknown value type {vtype} at offset {r.pos - 4}")
-
-
-class GGMLQuantized:
-    """A quantized GGUF tensor kept as its blocks: `blocks` is (n_blocks, bytes per block) uint8, lazily on DISK until
-    moved; dequantize() is the float32 tensor of `shape` as a lazy graph over the blocks (it fuses into its user)."""
-
-    def __init__(self, name: str, ggml_type: int, shape: tuple[int, ...], blocks: Tensor):
-        self.name, self.ggml_type, self.shape, self.blocks = name, ggml_type, shape, blocks
-
-    @property
-    def type_name(self) -> str:
-        return GGML_TYPES[self.ggml_type][0]
-
-    def to(self, device: str) -> GGMLQuantized:
-        return GGMLQuantized(self.name, self.ggml_type, self.shape, self.blocks.to(device).contiguous())
-
-    def dequantize(self) -> Tensor:
-        return ggml_data_to_tensor(self.blocks.reshape(-1), prod(self.shape), self.ggml_type).reshape(self.shape)
-
-    def __repr__(self) -> str:
-        return f"<GGMLQuantized {self.name} {self.type_name} {self.shape} on {self.blocks.device}>"
 
 
 def gguf_load(fn: Any, keep_quantized: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -12,7 +12,7 @@ from gguf_models import make_model, write_gguf  # noqa: E402
 from fusegrad import GlobalCounters, Tensor  # noqa: E402
 from fusegrad.models.generate import generate  # noqa: E402
 from fusegrad.models.llama import Llama, QuantLinear  # noqa: E402
-from fusegrad.nn.state import GGMLQuantized  # noqa: E402
+from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix  # noqa: E402
 
 WIDE = dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=256, head_dim=64)  # K-quant rows: 256 wide
 
@@ -47,8 +47,8 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, case):
     ref = make_model(kind, **cfg)
     write_gguf(ref, kind, tmp_path / "m.gguf", qtype)
     model, meta = Llama.from_gguf(tmp_path / "m.gguf", progress=False)
-    if qtype is not None:  # matmul weights stay as their blocks
-        assert isinstance(model.blocks[0].attn.q.weight, GGMLQuantized)
+    if qtype is not None:  # matmul weights stay quantized
+        assert isinstance(model.blocks[0].attn.q.weight, QuantizedMatrix)
         assert model.blocks[0].attn.q.weight.type_name == qtype
     ids = np.random.default_rng(1).integers(0, ref.config.vocab_size, 40)  # over one 32-token prefill chunk
     with torch.no_grad():
@@ -78,23 +78,55 @@ def test_decode_replays_one_capture_for_every_position(tmp_path):
     assert decode_step.captured is captured and decode_step.cnt == 19
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
-def test_quantized_matmul_is_one_kernel_over_the_blocks(qtype):
-    """A decode-shaped matmul reads the quantized blocks directly: one kernel, no dequantized weight in memory."""
+def _quantized_weight(qtype: str, rows: int, cols: int):
+    """(GGMLQuantized weight, the float weight gguf.quants dequantizes it to) of random values."""
     from gguf import GGMLQuantizationType
     from gguf.quants import GGML_QUANT_SIZES, dequantize
     from gguf_models import _stored
 
     qt = GGMLQuantizationType[qtype]
     rng = np.random.default_rng(0)
-    raw, meant = _stored(rng.standard_normal((64, 512)).astype(np.float32) * 0.1, qt, rng)
+    raw, meant = _stored(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qt, rng)
     np.testing.assert_array_equal(meant, dequantize(raw, qt))
-    weight = GGMLQuantized("w", int(qt), (64, 512), Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1])).realize())
-    x = rng.standard_normal((1, 512)).astype(np.float32)
+    return GGMLQuantized("w", int(qt), (rows, cols), Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1])).realize()), meant
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+def test_quantized_matmul_is_one_kernel_over_the_blocks(qtype):
+    """A decode-shaped matmul reads the quantized planes directly: one kernel, no dequantized weight in memory."""
+    weight, meant = _quantized_weight(qtype, 64, 512)
+    linear = QuantLinear(weight)  # the planes are made once, when the model loads
+    assert isinstance(linear.weight, QuantizedMatrix) and linear.weight.type_name == qtype
+    x = np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32)
     GlobalCounters.reset()
-    y = QuantLinear(weight)(Tensor(x)).numpy()
+    y = linear(Tensor(x)).numpy()
     assert GlobalCounters.kernel_count == 1
     np.testing.assert_allclose(y, x @ meant.T, atol=1e-4 * np.abs(x @ meant.T).max())
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_quantized_matrix_values_match_gguf_dequantize(qtype, n):
+    """matvec (decode rows) and the dequantize-then-matmul path (prefill chunks) equal gguf.quants' dequantization."""
+    weight, meant = _quantized_weight(qtype, 48, 768)
+    q = QuantizedMatrix.from_ggml(weight)
+    np.testing.assert_array_equal(q.dequantize().numpy(), meant)
+    x = np.random.default_rng(2).standard_normal((n, 768)).astype(np.float32)
+    want = x.astype(np.float64) @ meant.T.astype(np.float64)
+    np.testing.assert_allclose(q.matvec(Tensor(x)).numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(QuantLinear(weight)(Tensor(x)).numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_quantized_matrix_refuses_bad_shapes():
+    weight, _ = _quantized_weight("Q8_0", 4, 64)
+    q = QuantizedMatrix.from_ggml(weight)
+    with pytest.raises(ValueError, match=r"x of shape \(1, 32\) cannot multiply a weight of shape \(4, 64\)"):
+        q.matvec(Tensor.zeros(1, 32))
+    flat = GGMLQuantized("v", weight.ggml_type, (256,), weight.blocks)
+    with pytest.raises(ValueError, match="is 2-D"):
+        QuantizedMatrix.from_ggml(flat)
+    with pytest.raises(ValueError, match="not a supported quantized type"):
+        GGMLQuantized("f", 0, (4, 64), weight.blocks)
 
 
 def test_unsupported_architecture_and_bad_ids_raise(tmp_path):
