@@ -43,8 +43,10 @@ def test_partial_kernel_splits_evenly_over_threads():
         with Context(NUM_CPU_THREADS=threads):
             items = Tensor.empty(N_ODD).sum().schedule_linear()
         assert len(items) == 2
-        chunks = items[0].buffers[0].size
-        assert chunks % threads == 0 and 16 <= chunks <= 64, (threads, chunks)
+        # a full sum keeps lanes of partials per chunk; the chunks' outer loop is what the threads split
+        lanes = split_reduce.REDUCE_SPLIT_LANES
+        chunks, rem = divmod(items[0].buffers[0].size, lanes)
+        assert rem == 0 and chunks % threads == 0 and 16 <= chunks <= 64, (threads, chunks)
         assert items[1].buffers[0].size == 1
 
 
@@ -287,3 +289,35 @@ def test_long_dot_products():
     out, kernels = realize_counting(lambda m: m @ m.T, m)
     assert kernels == 2
     np.testing.assert_allclose(out, gram, rtol=1e-5, atol=1e-2)
+
+
+def test_full_sum_partials_keep_vector_lanes_in_accumulators():
+    """The partial kernel of a full sum writes chunks x lanes partials and upcasts all the lanes (independent vector
+    accumulators, one pass over the input); the fold adds them; values stay within the blocked-sum bound."""
+    from fusegrad.codegen import lower_to_linear
+    from fusegrad.codegen.opt import Opt, OptOps
+
+    lanes = split_reduce.REDUCE_SPLIT_LANES
+    for n in (N_POW2, N_ODD):
+        items = Tensor.empty(n).sum().schedule_linear()
+        assert len(items) == 2
+        partial_ast = items[0].ast
+        info = lower_to_linear(partial_ast)
+        assert Opt(OptOps.UPCAST, 2, lanes) in info.opts, info.opts
+    x = np.random.default_rng(7).uniform(-1, 2, N_ODD).astype(np.float32)
+    for fn, ref in ((lambda t: t.sum(), x.astype(np.float64).sum()), (lambda t: t.max(), x.max())):
+        out, kernels = realize_counting(fn, x)
+        assert kernels == 2
+        if ref is x.max():
+            assert out == ref
+        else:
+            assert_sum_accurate(out, ref, np.abs(x.astype(np.float64)).sum(), x.size)
+
+
+def test_lanes_only_for_a_full_reduce_over_the_last_dim():
+    # an axis sum into several outputs folds its chunks only: no lanes
+    items = Tensor.empty(N_POW2, 2).sum(axis=0).schedule_linear()
+    assert len(items) == 2 and items[0].buffers[0].size % split_reduce.REDUCE_SPLIT_LANES != 0
+    x = np.random.default_rng(8).standard_normal((N_POW2 // 4, 3)).astype(np.float32)
+    out, _ = realize_counting(lambda t: t.sum(axis=0), x)
+    np.testing.assert_allclose(out, x.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-2)
