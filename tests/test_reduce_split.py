@@ -318,6 +318,9 @@ def test_lanes_only_for_a_full_reduce_over_the_last_dim():
     # an axis sum into several outputs folds its chunks only: no lanes
     items = Tensor.empty(N_POW2, 2).sum(axis=0).schedule_linear()
     assert len(items) == 2 and items[0].buffers[0].size % split_reduce.REDUCE_SPLIT_LANES != 0
+    # integer sums keep one partial per chunk (no lane accumulators for them)
+    items = Tensor.empty(N_POW2, dtype=dtypes.int32).sum().schedule_linear()
+    assert len(items) == 2 and items[0].buffers[0].size < split_reduce.REDUCE_SPLIT_LANES
     x = np.random.default_rng(8).standard_normal((N_POW2 // 4, 3)).astype(np.float32)
     out, _ = realize_counting(lambda t: t.sum(axis=0), x)
     np.testing.assert_allclose(out, x.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-2)

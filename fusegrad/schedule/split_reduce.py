@@ -81,10 +81,12 @@ def split_reduce(reduce: UOp) -> UOp | None:
     if shape[split_axis] < chunks * REDUCE_SPLIT_MIN_PER_CHUNK:
         return None
     x = UOp(Ops.RESHAPE, src.dtype, (src,), shape) if shape != src.shape else src
-    # lanes only where one output takes every partial (the fold then reads chunks x lanes partials as one axis), and
-    # not for products: float32 products near 1 drift with the chain lengths, which lanes would change
+    # lanes only where one output takes every partial (the fold then reads chunks x lanes partials as one axis), only
+    # for the dtypes the heuristics keep in lane accumulators (others would walk the lanes in several passes), and not
+    # for products: float32 products near 1 drift with the chain lengths, which lanes would change
     full = reduce.size == 1 and split_axis == len(shape) - 1
-    lanes = REDUCE_SPLIT_LANES if full and op in (Ops.ADD, Ops.MAX) else 1
+    lane_dtype = reduce.dtype in (dtypes.float32, dtypes.float64)
+    lanes = REDUCE_SPLIT_LANES if full and lane_dtype and op in (Ops.ADD, Ops.MAX) else 1
     per_chunk = math.ceil(shape[split_axis] / (chunks * lanes)) * lanes
     if (extra := per_chunk * chunks - shape[split_axis]) > 0:
         x = _pad_with_identity(x, split_axis, extra, reduce_identity(op, reduce.dtype))
