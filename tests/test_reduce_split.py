@@ -11,6 +11,7 @@ import torch
 from fusegrad import Context, GlobalCounters, Tensor, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS
 from fusegrad.schedule import split_reduce
+from fusegrad.uop.ops import Ops
 from test_reduce_accuracy import C_ULPS_SERIAL, assert_sum_accurate
 
 N_POW2 = 1 << 20
@@ -44,7 +45,7 @@ def test_partial_kernel_splits_evenly_over_threads():
             items = Tensor.empty(N_ODD).sum().schedule_linear()
         assert len(items) == 2
         # a full sum keeps lanes of partials per chunk; the chunks' outer loop is what the threads split
-        lanes = split_reduce.REDUCE_SPLIT_LANES
+        lanes = split_reduce.lane_count(Ops.ADD, dtypes.float32, N_ODD * 4)
         chunks, rem = divmod(items[0].buffers[0].size, lanes)
         assert rem == 0 and chunks % threads == 0 and 16 <= chunks <= 64, (threads, chunks)
         assert items[1].buffers[0].size == 1
@@ -298,13 +299,17 @@ def test_full_sum_partials_keep_vector_lanes_in_accumulators():
     from fusegrad.codegen.opt import Opt, OptOps
 
     lanes = split_reduce.REDUCE_SPLIT_LANES
-    for n in (N_POW2, N_ODD):
+    n_odd_small = N_POW2 // 2 + 7  # padded to whole lanes of every chunk
+    for n in (N_POW2, n_odd_small):
+        assert n * 4 <= split_reduce.REDUCE_SPLIT_LANES_MAX_BYTES
         items = Tensor.empty(n).sum().schedule_linear()
-        assert len(items) == 2
-        partial_ast = items[0].ast
-        info = lower_to_linear(partial_ast)
+        assert len(items) == 2 and items[0].buffers[0].size % lanes == 0
+        info = lower_to_linear(items[0].ast)
         assert Opt(OptOps.UPCAST, 2, lanes) in info.opts, info.opts
-    x = np.random.default_rng(7).uniform(-1, 2, N_ODD).astype(np.float32)
+    # past the limit the read is memory-bound: one partial per chunk
+    big = split_reduce.REDUCE_SPLIT_LANES_MAX_BYTES // 4 + 1
+    assert Tensor.empty(big).sum().schedule_linear()[0].buffers[0].size < lanes
+    x = np.random.default_rng(7).uniform(-1, 2, n_odd_small).astype(np.float32)
     for fn, ref in ((lambda t: t.sum(), x.astype(np.float64).sum()), (lambda t: t.max(), x.max())):
         out, kernels = realize_counting(fn, x)
         assert kernels == 2
