@@ -93,10 +93,11 @@ def main(matmul_only: bool = False) -> None:
     t_torch = median_time(lambda: torch.relu(at * bt + ct))
     rows.append(("fused (a*b+c).relu(), 16M f32", t_fg, t_np, t_torch))
 
-    t_np = median_time(lambda: an.sum())
     out_sum = Tensor.empty(()).realize()
-    t_fg = median_time(lambda: out_sum.assign(a.sum()).realize())
-    rows.append(("a.sum(), 16M f32", t_fg, t_np, median_time(lambda: at.sum())))
+    # in turns: a sum runs in a few ms, so load that comes and goes would otherwise decide the ratio
+    sums = {"fg": lambda: out_sum.assign(a.sum()).realize(), "np": lambda: an.sum(), "torch": lambda: at.sum()}
+    t = interleaved_median_times(sums, repeats=21)
+    rows.append(("a.sum(), 16M f32", t["fg"], t["np"], t["torch"]))
 
     gflops = matmul_rows(rng, rows)
     print_rows(rows, gflops)

@@ -11,6 +11,7 @@ import torch
 from fusegrad import Context, GlobalCounters, Tensor, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS
 from fusegrad.schedule import split_reduce
+from fusegrad.uop.ops import Ops
 from test_reduce_accuracy import C_ULPS_SERIAL, assert_sum_accurate
 
 N_POW2 = 1 << 20
@@ -43,8 +44,10 @@ def test_partial_kernel_splits_evenly_over_threads():
         with Context(NUM_CPU_THREADS=threads):
             items = Tensor.empty(N_ODD).sum().schedule_linear()
         assert len(items) == 2
-        chunks = items[0].buffers[0].size
-        assert chunks % threads == 0 and 16 <= chunks <= 64, (threads, chunks)
+        # a full sum keeps lanes of partials per chunk; the chunks' outer loop is what the threads split
+        lanes = split_reduce.lane_count(Ops.ADD, dtypes.float32, N_ODD * 4)
+        chunks, rem = divmod(items[0].buffers[0].size, lanes)
+        assert rem == 0 and chunks % threads == 0 and 16 <= chunks <= 64, (threads, chunks)
         assert items[1].buffers[0].size == 1
 
 
@@ -287,3 +290,42 @@ def test_long_dot_products():
     out, kernels = realize_counting(lambda m: m @ m.T, m)
     assert kernels == 2
     np.testing.assert_allclose(out, gram, rtol=1e-5, atol=1e-2)
+
+
+def test_full_sum_partials_keep_vector_lanes_in_accumulators():
+    """The partial kernel of a full sum writes chunks x lanes partials and upcasts all the lanes (independent vector
+    accumulators, one pass over the input); the fold adds them; values stay within the blocked-sum bound."""
+    from fusegrad.codegen import lower_to_linear
+    from fusegrad.codegen.opt import Opt, OptOps
+
+    lanes = split_reduce.REDUCE_SPLIT_LANES
+    n_odd_small = N_POW2 // 2 + 7  # padded to whole lanes of every chunk
+    for n in (N_POW2, n_odd_small):
+        assert n * 4 <= split_reduce.REDUCE_SPLIT_LANES_MAX_BYTES
+        items = Tensor.empty(n).sum().schedule_linear()
+        assert len(items) == 2 and items[0].buffers[0].size % lanes == 0
+        info = lower_to_linear(items[0].ast)
+        assert Opt(OptOps.UPCAST, 2, lanes) in info.opts, info.opts
+    # past the limit the read is memory-bound: one partial per chunk
+    big = split_reduce.REDUCE_SPLIT_LANES_MAX_BYTES // 4 + 1
+    assert Tensor.empty(big).sum().schedule_linear()[0].buffers[0].size < lanes
+    x = np.random.default_rng(7).uniform(-1, 2, n_odd_small).astype(np.float32)
+    for fn, ref in ((lambda t: t.sum(), x.astype(np.float64).sum()), (lambda t: t.max(), x.max())):
+        out, kernels = realize_counting(fn, x)
+        assert kernels == 2
+        if ref is x.max():
+            assert out == ref
+        else:
+            assert_sum_accurate(out, ref, np.abs(x.astype(np.float64)).sum(), x.size)
+
+
+def test_lanes_only_for_a_full_reduce_over_the_last_dim():
+    # an axis sum into several outputs folds its chunks only: no lanes
+    items = Tensor.empty(N_POW2, 2).sum(axis=0).schedule_linear()
+    assert len(items) == 2 and items[0].buffers[0].size % split_reduce.REDUCE_SPLIT_LANES != 0
+    # integer sums keep one partial per chunk (no lane accumulators for them)
+    items = Tensor.empty(N_POW2, dtype=dtypes.int32).sum().schedule_linear()
+    assert len(items) == 2 and items[0].buffers[0].size < split_reduce.REDUCE_SPLIT_LANES
+    x = np.random.default_rng(8).standard_normal((N_POW2 // 4, 3)).astype(np.float32)
+    out, _ = realize_counting(lambda t: t.sum(axis=0), x)
+    np.testing.assert_allclose(out, x.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-2)

@@ -12,6 +12,8 @@ from fusegrad.uop.symbolic import signed_terms
 
 # accumulators along the output's last dim of a reduce kernel that is not matmul-like (e.g. a column sum)
 COLUMN_UPCASTS = (16, 8, 4)
+# the most vectors of lanes a lane-wise sum keeps in accumulators (independent add chains hide the add's latency)
+MAX_LANE_VECTORS = 4
 # a register tile's rows: one broadcast value each, reused by every vector of columns
 MAX_TILE_ROWS = 8
 MIN_TILE_ROWS = 4
@@ -46,7 +48,11 @@ TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
 def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     """The register tiles and blocks of `tile_opts`, a full UNROLL of a short innermost reduce in a kernel without
     upcasts, and a THREAD split of the largest loop when the outermost one would leave threads idle."""
-    opts = _panel_tile(value, plain, reads_output) or tile_opts(value, plain, reads_output)
+    opts = (
+        _panel_tile(value, plain, reads_output)
+        or _lane_accumulators(value, plain)
+        or tile_opts(value, plain, reads_output)
+    )
     if not opts and (window := _unroll_short_window(value)):
         opts.extend(window)
     elif not opts and (unroll := _unroll_short_reduce(value)) is not None:
@@ -54,6 +60,28 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     if (thread := _thread_split(value.shape, opts)) is not None:
         opts.append(thread)
     return opts
+
+
+def _lane_accumulators(value: UOp, plain: UOp) -> list[Opt]:
+    """UPCAST of the whole last output axis when it is 2..MAX_LANE_VECTORS vectors of lanes that every input the reduce
+    walks reads as contiguous rows (a split sum's partial kernel, a column sum of a narrow matrix): each iteration adds
+    whole rows into independent vector accumulators, where a partial upcast would walk the input once per group."""
+    if value.dtype not in (dtypes.float32, dtypes.float64) or any(not isinstance(d, int) for d in value.shape):
+        return []
+    nodes = plain.toposort()
+    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+    reduces = [r for r in ranges.values() if r.arg[1] == "reduce"]
+    # the lowerer numbers the loops of the output axes first, in order, skipping axes of size 1
+    kept = [a for a, d in enumerate(value.shape) if d != 1]
+    if not reduces or not kept or (col_r := ranges.get(len(kept) - 1)) is None or col_r.arg[1] != "global":
+        return []
+    col, cols, width = kept[-1], value.shape[kept[-1]], _width(value)
+    if cols % width or not width < cols <= MAX_LANE_VECTORS * width:
+        return []
+    inner = max(reduces, key=lambda r: r.arg[0])
+    loads = _reduce_loads(nodes, reduces)
+    rows = all(coefficient(i, col_r) == 1 and coefficient(i, inner) == cols for i in loads)
+    return [Opt(OptOps.UPCAST, col, cols)] if rows else []
 
 
 def _unroll_short_reduce(value: UOp) -> Opt | None:
