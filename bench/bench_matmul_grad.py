@@ -30,9 +30,11 @@ SHAPES = [
 
 def fusegrad_step(x_np: np.ndarray, w_np: np.ndarray, g_np: np.ndarray, transposed: bool):
     x, w, g = (Tensor(a).realize() for a in (x_np, w_np, g_np))
+    x.requires_grad = w.requires_grad = True  # as torch's: a matmul that is differentiated
 
     @TinyJit
     def step(x: Tensor, w: Tensor, g: Tensor):
+        x.grad = w.grad = None  # a fresh gradient each step (requires_grad=True would accumulate)
         out = x @ (w.T if transposed else w)
         out.backward(g)
         return out.realize(), x.grad.realize(), w.grad.realize()
