@@ -418,8 +418,10 @@ class CStyleRenderer:
         )
 
 
-def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str]) -> str | None:
-    """An innermost sum loop may be vectorized: the pragma allows reassociating only this accumulator."""
+def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str], packs: dict) -> str | None:
+    """An innermost sum loop may be vectorized: the pragma allows reassociating only its accumulators. Several
+    accumulators that form no vector (a register tile of outputs whose inputs are both contiguous along the reduce,
+    x @ W.T) are vectorized along the loop, each in its own vector."""
     start = lin.index(r)
     body = []
     for u in lin[start + 1 :]:
@@ -429,10 +431,14 @@ def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str]) -> str 
             return None
         body.append(u)
     updates = [u for u in body if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
-    # several accumulators are better vectorized across each other (SLP) than along the loop
-    if len(updates) != 1 or any(
-        u.arg is not Ops.ADD or u.dtype not in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
-        for u in updates
+    # several accumulators are better vectorized across each other (SLP) than along the loop, when they pack
+    if (
+        not updates
+        or (len(updates) > 1 and any(u in packs for u in updates))
+        or any(
+            u.arg is not Ops.ADD or u.dtype not in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
+            for u in updates
+        )
     ):
         return None
     accs = ", ".join(names[u.src[0]] for u in updates)
@@ -499,7 +505,7 @@ class CRenderer(CStyleRenderer):
         if u is ctx.outer:
             return f"for ({t} {name} = core_start; {name} < core_end; {name}++) {{"
         loop = super().render_range(ctx, u)
-        return f"{pragma}\n{loop}" if (pragma := _simd_reduction(u, ctx.lin, ctx.names)) else loop
+        return f"{pragma}\n{loop}" if (pragma := _simd_reduction(u, ctx.lin, ctx.names, ctx.packs)) else loop
 
     def vector_type(self, dt: DType, n: int) -> tuple[str, str]:
         name = f"fg_{dt.name}x{n}"

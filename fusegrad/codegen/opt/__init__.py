@@ -190,8 +190,11 @@ def check_reduce_block(opts: tuple[Opt, ...] | list[Opt], reduce: tuple[tuple[in
 
 
 def single_sum(value: UOp) -> UOp | None:
-    """The REDUCE_AXIS when value is exactly one float sum over one axis (up to reshapes of size-1 dims)."""
-    while value.op is Ops.RESHAPE and [d for d in value.shape if d != 1] == [d for d in value.src[0].shape if d != 1]:
+    """The REDUCE_AXIS when value is exactly one float sum over one axis (up to reshapes of size-1 dims, and
+    permutes: a weight gradient's sum is stored transposed, each output still one sum of its own)."""
+    while value.op is Ops.PERMUTE or (
+        value.op is Ops.RESHAPE and [d for d in value.shape if d != 1] == [d for d in value.src[0].shape if d != 1]
+    ):
         value = value.src[0]
     if value.op is Ops.REDUCE_AXIS and value.arg[0] is Ops.ADD and len(value.arg[1]) == 1:
         return value if dtypes.is_float(value.dtype) else None

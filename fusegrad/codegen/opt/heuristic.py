@@ -40,6 +40,10 @@ MAX_FULL_UNROLL = 4
 MAX_WINDOW_UNROLL = 16
 # an outermost loop with this many iterations per thread keeps the threads' shares within a few percent
 BALANCED_TRIPS = 8
+# the longest side of a tile of dot products (x @ W.T's outputs): 4 x 4 vector accumulators fill half of 32 registers
+MAX_DOT_TILE = 4
+# a dot product's reduce shorter than this many vectors is not worth vector accumulators and their final sums
+MIN_DOT_VECTORS = 2
 # worth per output of a column tile two vectors wide (half the row broadcasts of one), one vector wide, and narrower
 # ones, which run as scalars
 TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
@@ -52,6 +56,7 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
         _panel_tile(value, plain, reads_output)
         or _lane_accumulators(value, plain)
         or tile_opts(value, plain, reads_output)
+        or _dot_tile(value, plain, reads_output)
     )
     if not opts and (window := _unroll_short_window(value)):
         opts.extend(window)
@@ -273,6 +278,50 @@ def _panel_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt] | None:
     if prod(d for a, d in enumerate(value.shape) if a != row) > cols_per_panel and per_block >= 2:
         opts.append(Opt(OptOps.TILE, row, per_block))
     return opts
+
+
+def _dot_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
+    """A tile of rows x columns of outputs for a matmul whose two inputs are both contiguous along the reduce
+    (x @ W.T, the input gradient g @ W.T of x @ W, of the panel layout too): no output axis is contiguous in any
+    input, so no vector runs across outputs; each output of the tile keeps its own accumulator, which the C renderer
+    vectorizes along the reduce (each a vector of partial sums), and each loaded vector of one input is reused by
+    every row (column) of the other's. Convolutions (an input varying along several output axes) are left as they
+    are."""
+    if any(not isinstance(d, int) for d in value.shape) or value.dtype not in (dtypes.float32, dtypes.float64):
+        return []
+    nodes = plain.toposort()
+    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+    reduces = [r for r in ranges.values() if r.arg[1] == "reduce"]
+    # the lowerer numbers the loops of the output axes first, in order, skipping axes of size 1
+    kept = [a for a, d in enumerate(value.shape) if d != 1]
+    axis_range = {a: ranges.get(i) for i, a in enumerate(kept)}
+    if not reduces or len(kept) < 2 or any(r is None or r.arg[1] != "global" for r in axis_range.values()):
+        return []
+    inner = max(reduces, key=lambda r: r.arg[0])
+    if inner.src[0].op is not Ops.CONST or inner.src[0].arg < MIN_DOT_VECTORS * _width(value):
+        return []
+    loads = _reduce_loads(nodes, reduces)
+    if len(loads) != 2 or any(coefficient(i, inner) != 1 for i in loads):
+        return []
+    varying = []
+    for i in loads:
+        strides = {a: coefficient(i, r) for a, r in axis_range.items()}
+        if any(s is None for s in strides.values()) or any(coefficient(i, r) is None for r in reduces):
+            return []
+        varying.append([a for a, s in strides.items() if s != 0])
+    if any(len(v) != 1 for v in varying) or varying[0] == varying[1]:
+        return []
+    (row,), (col,) = sorted(varying)
+    # accumulators and the loaded vectors of both inputs in registers
+    registers = vector_registers() - SPARE_REGISTERS - 2 * MAX_DOT_TILE
+    tile = dict.fromkeys(range(MAX_DOT_TILE, 1, -1), 1.0)
+    row_amount = _best_tile(value.shape[row], tile, reads_output)
+    if row_amount is None:
+        return []
+    col_tile = {a: w for a, w in tile.items() if a * row_amount <= registers}
+    col_amount = _best_tile(value.shape[col], col_tile, reads_output)
+    opts = [Opt(OptOps.UPCAST, row, row_amount)]
+    return opts + [Opt(OptOps.UPCAST, col, col_amount)] if col_amount is not None else opts
 
 
 def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
