@@ -9,6 +9,7 @@ in order of first appearance. A `ScheduleTemplate` says where each kernel argume
 a planned schedule comes from in those terms: an input buffer, a constant, or a buffer the schedule creates."""
 
 from __future__ import annotations
+import operator
 from collections import OrderedDict
 from dataclasses import dataclass
 from fusegrad.dtype import DType, dtypes
@@ -119,25 +120,19 @@ class ScheduleTemplate:
     new_bytes: int
 
     def bind(self, shape: GraphShape) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
-        created = [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
-        consts, inputs = shape.consts, shape.buffers
-        const_bufs: dict[tuple[int, str], Buffer] = {}  # a constant used by many kernels is looked up once
-
-        def resolve(ref: BufferRef) -> Buffer:
-            kind = ref[0]
-            if kind == "in":
-                return inputs[ref[1]]
-            if kind == "new":
-                return created[ref[1]]
-            if kind == "const":
-                if (buf := const_bufs.get(key := (ref[1], ref[2]))) is None:
-                    dtype, value = consts[ref[1]]
-                    buf = const_bufs[key] = const_buffer(ref[2], dtype, value)
-                return buf
-            return ref[1]
-
-        items = [ScheduleItem(ast, tuple([resolve(r) for r in refs]), device) for ast, device, refs in self.kernels]
-        versions = [buffer_uop(resolve(ref)) for ref in self.new_versions]
+        n_inputs = len(shape.buffers)  # the same for every graph of this structure
+        if (gathers := self._gathers) is None or self._gathers_for != n_inputs:
+            gathers = self._plan_gathers(n_inputs)
+        pool = shape.buffers + [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
+        consts = shape.consts
+        for ref in self._extra_refs:  # constants (one buffer per constant and device), then fixed buffers
+            if ref[0] == "const":
+                dtype, value = consts[ref[1]]
+                pool.append(const_buffer(ref[2], dtype, value))
+            else:
+                pool.append(ref[1])
+        items = [ScheduleItem(ast, gather(pool), device) for ast, device, gather in gathers]
+        versions = [buffer_uop(pool[i]) for i in self._version_slots]
 
         def view(recipe: tuple) -> UOp:
             (kind, slot), chain = recipe
@@ -147,6 +142,35 @@ class ScheduleTemplate:
             return u
 
         return items, [view(r) for r in self.results], {shape.nodes[i]: view(r) for i, r in self.inner}
+
+    # bind's plan of arguments, made at the first bind (class attributes: not dataclass fields)
+    _gathers = None
+    _gathers_for = -1
+
+    def _plan_gathers(self, n_inputs: int) -> list:
+        """Each kernel's arguments as positions in bind's pool (inputs, created buffers, then `_extra_refs`), read
+        by one itemgetter call per kernel instead of a Python call per argument."""
+        n_new, extra, extra_index = len(self.new_buffers), [], {}
+
+        def position(ref: BufferRef) -> int:
+            if ref[0] == "in":
+                return ref[1]
+            if ref[0] == "new":
+                return n_inputs + ref[1]
+            if (j := extra_index.get(ref)) is None:
+                j = extra_index[ref] = len(extra)
+                extra.append(ref)
+            return n_inputs + n_new + j
+
+        gathers = []
+        for ast, device, refs in self.kernels:
+            positions = [position(r) for r in refs]
+            get = operator.itemgetter(*positions)
+            gathers.append((ast, device, get if len(positions) > 1 else (lambda pool, get=get: (get(pool),))))
+        self._version_slots = [position(r) for r in self.new_versions]
+        self._extra_refs = extra
+        self._gathers, self._gathers_for = gathers, n_inputs
+        return gathers
 
 
 class _Entry:
@@ -167,9 +191,12 @@ class ScheduleCacheStats:
     misses: int = 0
 
 
+_NO_SLOTS: frozenset[int] = frozenset()
+
+
 def _copy_on_write_slots(shape: GraphShape, kept: tuple[int, ...], readers: VersionReaders | None) -> frozenset:
     if readers is None:
-        return frozenset()
+        return _NO_SLOTS
     return _slots(shape, readers.shared({shape.nodes[i] for i in kept}))
 
 
