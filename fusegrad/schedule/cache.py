@@ -10,6 +10,7 @@ a planned schedule comes from in those terms: an input buffer, a constant, or a 
 
 from __future__ import annotations
 import operator
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from fusegrad.dtype import DType, dtypes
@@ -106,6 +107,45 @@ class GraphShape:
         if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):
             return
         self.key = (tuple(rows), tuple([index[r] for r in roots]), tuple(devices), int(NUM_CPU_THREADS.value))
+
+    @staticmethod
+    def of_leaf_op(root: UOp, key: tuple, versions: list[UOp], buffer_nodes: list[UOp]) -> GraphShape:
+        """The walk of a graph that is `root` on BUFFER nodes, from what an earlier walk of that form found."""
+        shape = GraphShape.__new__(GraphShape)
+        shape.key, shape.versions, shape.consts, shape.const_slot = key, versions, [], {}
+        shape.version_slot = {v: i for i, v in enumerate(versions)}
+        shape.buffers = [buffer_of[u] for u in buffer_nodes]
+        shape.nodes = [*versions, root]
+        shape.visits = 1
+        return shape
+
+
+# one op straight on BUFFER nodes (an eager `x + y`): (op, dtype, arg, source ids, devices, threads) -> (weak refs to
+# the sources, the walk's key, which sources are its versions and buffers); its root is new each time, its sources not
+_leaf_op_shapes: dict[tuple, tuple[tuple, tuple, tuple[int, ...], tuple[int, ...]]] = {}
+MAX_LEAF_OP_SHAPES = 256
+
+
+def graph_shape(roots: list[UOp], devices: list) -> GraphShape:
+    """GraphShape(roots, devices), without the walk when the only root is one op on BUFFER nodes that an earlier
+    graph had too: a BUFFER node's storage never changes, so such a graph has the earlier one's structure."""
+    if len(roots) != 1 or not (src := (root := roots[0]).src) or any(s.op is not Ops.BUFFER for s in src):
+        return GraphShape(roots, devices)
+    arg = root.arg
+    key = (root.op, root.dtype, None if arg is None else _hashable(arg), tuple(map(id, src)), tuple(devices))
+    key += (int(NUM_CPU_THREADS.value),)
+    if (hit := _leaf_op_shapes.get(key)) is not None and all(r() is s for r, s in zip(hit[0], src)):
+        return GraphShape.of_leaf_op(root, hit[1], [src[i] for i in hit[2]], [src[i] for i in hit[3]])
+    shape = GraphShape(roots, devices)
+    if shape.key is not None and not shape.consts:
+        if len(_leaf_op_shapes) >= MAX_LEAF_OP_SHAPES:
+            _leaf_op_shapes.clear()
+        # weak references and positions: the memo keeps no node and no buffer alive
+        where = {s: i for i, s in reversed(list(enumerate(src)))}
+        buffer_first = [where[next(v for v in shape.versions if buffer_of[v] is b)] for b in shape.buffers]
+        refs = tuple(weakref.ref(s) for s in src)
+        _leaf_op_shapes[key] = (refs, shape.key, tuple(where[v] for v in shape.versions), tuple(buffer_first))
+    return shape
 
 
 @dataclass
@@ -209,7 +249,7 @@ def cached_schedule(
     roots: list[UOp], devices: list, readers: VersionReaders | None = None
 ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """create_schedule, reusing the plan of an earlier graph of the same structure."""
-    shape = GraphShape(roots, devices) if SCHEDULE_CACHE else None
+    shape = graph_shape(roots, devices) if SCHEDULE_CACHE else None
     key = shape.key if shape is not None else None
     if key is None:
         plan = plan_schedule(roots, devices, readers)
