@@ -100,11 +100,18 @@ def run_item(item: ScheduleItem, runner: Runner | None = None, debug: int | None
 
 def check_memory(items: list[ScheduleItem]) -> None:
     """MemoryError before anything compiles or runs when the schedule's new buffers cannot fit the machine."""
+    upper = 0  # counting a buffer that several items share once per item: a bound, exact only when it is too much
+    for item in items:
+        for b in item.buffers:
+            if b._mem is None:
+                upper += b.size * b.dtype.itemsize
+    if upper <= (limit := physical_memory()):
+        return
     new = {id(b): b for item in items for b in item.buffers if b._mem is None}.values()
     total = 0
     for b in new:
         total += b.size * b.dtype.itemsize
-    if total > (limit := physical_memory()):
+    if total > limit:
         largest = max(new, key=lambda b: b.nbytes)
         raise MemoryError(
             f"realizing needs {total} bytes of new buffers (largest: {largest.size} x {largest.dtype} = "

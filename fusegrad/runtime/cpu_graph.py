@@ -2,8 +2,9 @@
 
 The batch is a table of entries (kernel function pointer, its buffer addresses, how its outer loop is split over
 threads); a small C runner, compiled once by the CPU device's compiler, walks the table. A kernel the CPU device would
-split over threads is split the same way here, over the runner's own worker threads (NUM_CPU_THREADS - 1 of them, as
-the Python pool has): the two pools never run at once, since launches and replays hold the realize lock."""
+split over threads is split the same way here, over the runner's own worker threads (NUM_CPU_THREADS - 1 of them).
+The eager launch of a split kernel (CPUProgram) goes through the same workers with `fg_run_one`; the runner lets one
+split run at a time."""
 
 from __future__ import annotations
 import ctypes
@@ -42,7 +43,17 @@ static void fg_call(void *f, int n, void **a, long long s, long long e) {{
 static struct {{ void *f; int n; void **a; long long *bounds; int chunks; int next; int busy; long gen; }} job;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t go = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
-static int nworkers = 0;
+/* one split at a time: a second caller (another Python thread) waits until the first has all its chunks done */
+static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER;
+static int nworkers = 0, atfork_set = 0;
+
+/* a forked child has none of the workers: it starts its own when it first splits */
+static void fg_after_fork_child(void) {{
+  pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t fresh_cond = PTHREAD_COND_INITIALIZER;
+  mu = fresh; run_mu = fresh; go = fresh_cond; done = fresh_cond;
+  nworkers = 0; job.busy = 0;
+}}
 
 static void fg_take_chunks(void) {{
   for (;;) {{
@@ -69,7 +80,9 @@ static void *fg_worker(void *arg) {{
 }}
 
 int fg_start_workers(int n) {{
+  if (n > {MAX_WORKERS}) n = {MAX_WORKERS};
   pthread_mutex_lock(&mu);
+  if (!atfork_set) {{ pthread_atfork(0, 0, fg_after_fork_child); atfork_set = 1; }}
   while (nworkers < n) {{
     pthread_t t;
     if (pthread_create(&t, 0, fg_worker, 0) != 0) break;
@@ -82,6 +95,7 @@ int fg_start_workers(int n) {{
 }}
 
 static void fg_split(void *f, int n, void **a, long long *bounds, int chunks) {{
+  pthread_mutex_lock(&run_mu);
   pthread_mutex_lock(&mu);
   /* a worker that woke late for the previous job may still be in it: the fields change only once it has left */
   while (job.busy > 0) pthread_cond_wait(&done, &mu);
@@ -93,6 +107,15 @@ static void fg_split(void *f, int n, void **a, long long *bounds, int chunks) {{
   pthread_mutex_lock(&mu);
   while (job.busy > 0) pthread_cond_wait(&done, &mu);
   pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&run_mu);
+}}
+
+/* one kernel split over `chunks` chunks (bounds[0..chunks]) by the caller and the workers, started here when fewer
+   than chunks - 1 of them run: an eager launch's one call */
+void fg_run_one(void *f, int n, void **a, long long *bounds, int chunks) {{
+  if (chunks > 1 && __atomic_load_n(&nworkers, __ATOMIC_ACQUIRE) < chunks - 1) fg_start_workers(chunks - 1);
+  if (chunks > 1 && nworkers > 0) fg_split(f, n, a, bounds, chunks);
+  else fg_call(f, n, a, bounds[0], bounds[chunks]);
 }}
 
 /* entry i: nargs[i] >= 0 launches fns[i] on args[arg_off[i]..] over its chunks (bounds[bound_off[i]..], chunks[i]
@@ -129,6 +152,8 @@ def graph_library() -> ctypes.CDLL | None:
     lib.fg_run_graph.restype = None
     lib.fg_start_workers.argtypes = [ctypes.c_int]
     lib.fg_start_workers.restype = ctypes.c_int
+    lib.fg_run_one.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.fg_run_one.restype = None
     return lib
 
 

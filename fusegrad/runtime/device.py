@@ -253,7 +253,8 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._mem is None:
-            allocator, nbytes, per_device = self.allocator, self.nbytes, GlobalCounters.mem_used_per_device
+            allocator, nbytes = Device[self.device].allocator, self.size * self.dtype.itemsize
+            per_device = GlobalCounters.mem_used_per_device
             self._mem = allocator.alloc(nbytes)
             GlobalCounters.mem_used += nbytes
             per_device[self.device] = per_device.get(self.device, 0) + nbytes
@@ -297,7 +298,8 @@ class Buffer:
         cached, mem = self._address, self._mem
         if cached is not None and cached[0] is mem:
             return cached[1]
-        if mem is None or not self.is_host:
+        # memory from a host allocator (the usual case: a fresh output) skips the device lookup of is_host
+        if mem is None or not getattr(self._owner or self.allocator, "host", True):
             self.host_view()  # allocates; raises for memory that is not the host's
             mem = self._mem
         try:  # a quarter of .ctypes.data's cost; read-only or empty memory cannot be exported this way

@@ -156,6 +156,19 @@ def thread_pool(workers: int | None = None) -> ThreadPoolExecutor:
         return _pool
 
 
+def split_launcher() -> ctypes._CFuncPtr | None:
+    """The C runner's `fg_run_one` (a kernel split over its persistent pthread workers in one call), or None where the
+    runner does not build: split kernels then go to the Python pool."""
+    from fusegrad.runtime import cpu_graph  # it imports this module
+
+    lib = cpu_graph.graph_library()
+    return None if lib is None else lib.fg_run_one
+
+
+# the C runner switches on the argument count up to this many buffers (cpu_graph.MAX_KERNEL_ARGS)
+MAX_C_SPLIT_ARGS = 128
+
+
 class CPUProgram:
     """A loaded kernel; ctypes releases the GIL during the call, so chunks of the outer loop run in parallel."""
 
@@ -167,8 +180,20 @@ class CPUProgram:
         self.fn.argtypes = [ctypes.c_void_p] * nparams + [ctypes.c_longlong, ctypes.c_longlong]
         self.fn.restype = None
         self.outer_size, self.ops, self.nparams = outer_size, ops, nparams
-        # too little work to split for any thread count: the launch skips asking how many threads there are
-        self.one_chunk = outer_size < 2 or ops < self.MIN_OPS_PER_THREAD * 2
+
+    # cached on first use (not set in __init__: LLVMProgram sets only fn, outer_size, ops and nparams)
+    @functools.cached_property
+    def one_chunk(self) -> bool:
+        """Too little work to split for any thread count: the launch skips asking how many threads there are."""
+        return self.outer_size < 2 or self.ops < self.MIN_OPS_PER_THREAD * 2
+
+    @functools.cached_property
+    def fn_address(self) -> int:
+        return ctypes.cast(self.fn, ctypes.c_void_p).value  # type: ignore[return-value]
+
+    @functools.cached_property
+    def _splits(self) -> dict[int, tuple[list[int], ctypes.Array]]:
+        return {}  # thread count -> (chunk bounds, the same as a C array for fg_run_one)
 
     def chunk_bounds(self, threads: int) -> list[int]:
         """Where the outer loop is cut among threads: one chunk unless each thread gets enough work."""
@@ -184,10 +209,17 @@ class CPUProgram:
         if self.one_chunk:
             self.fn(*addrs, 0, self.outer_size)
             return
-        bounds = self.chunk_bounds(int(NUM_CPU_THREADS.value))
+        threads = int(NUM_CPU_THREADS.value)
+        if (split := self._splits.get(threads)) is None:
+            bounds = self.chunk_bounds(threads)
+            split = self._splits[threads] = (bounds, (ctypes.c_longlong * len(bounds))(*bounds))
+        bounds, c_bounds = split
         n = len(bounds) - 1
         if n == 1:
             self.fn(*addrs, 0, self.outer_size)
+            return
+        if self.nparams <= MAX_C_SPLIT_ARGS and (run_one := split_launcher()) is not None:
+            run_one(self.fn_address, self.nparams, (ctypes.c_void_p * self.nparams)(*addrs), c_bounds, n)
             return
         pool = thread_pool(n - 1)
         futures = [pool.submit(self.fn, *addrs, bounds[i], bounds[i + 1]) for i in range(1, n)]

@@ -9,6 +9,8 @@ in order of first appearance. A `ScheduleTemplate` says where each kernel argume
 a planned schedule comes from in those terms: an input buffer, a constant, or a buffer the schedule creates."""
 
 from __future__ import annotations
+import operator
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from fusegrad.dtype import DType, dtypes
@@ -106,6 +108,45 @@ class GraphShape:
             return
         self.key = (tuple(rows), tuple([index[r] for r in roots]), tuple(devices), int(NUM_CPU_THREADS.value))
 
+    @staticmethod
+    def of_leaf_op(root: UOp, key: tuple, versions: list[UOp], buffer_nodes: list[UOp]) -> GraphShape:
+        """The walk of a graph that is `root` on BUFFER nodes, from what an earlier walk of that form found."""
+        shape = GraphShape.__new__(GraphShape)
+        shape.key, shape.versions, shape.consts, shape.const_slot = key, versions, [], {}
+        shape.version_slot = {v: i for i, v in enumerate(versions)}
+        shape.buffers = [buffer_of[u] for u in buffer_nodes]
+        shape.nodes = [*versions, root]
+        shape.visits = 1
+        return shape
+
+
+# one op straight on BUFFER nodes (an eager `x + y`): (op, dtype, arg, source ids, devices, threads) -> (weak refs to
+# the sources, the walk's key, which sources are its versions and buffers); its root is new each time, its sources not
+_leaf_op_shapes: dict[tuple, tuple[tuple, tuple, tuple[int, ...], tuple[int, ...]]] = {}
+MAX_LEAF_OP_SHAPES = 256
+
+
+def graph_shape(roots: list[UOp], devices: list) -> GraphShape:
+    """GraphShape(roots, devices), without the walk when the only root is one op on BUFFER nodes that an earlier
+    graph had too: a BUFFER node's storage never changes, so such a graph has the earlier one's structure."""
+    if len(roots) != 1 or not (src := (root := roots[0]).src) or any(s.op is not Ops.BUFFER for s in src):
+        return GraphShape(roots, devices)
+    arg = root.arg
+    key = (root.op, root.dtype, None if arg is None else _hashable(arg), tuple(map(id, src)), tuple(devices))
+    key += (int(NUM_CPU_THREADS.value),)
+    if (hit := _leaf_op_shapes.get(key)) is not None and all(r() is s for r, s in zip(hit[0], src)):
+        return GraphShape.of_leaf_op(root, hit[1], [src[i] for i in hit[2]], [src[i] for i in hit[3]])
+    shape = GraphShape(roots, devices)
+    if shape.key is not None and not shape.consts:
+        if len(_leaf_op_shapes) >= MAX_LEAF_OP_SHAPES:
+            _leaf_op_shapes.clear()
+        # weak references and positions: the memo keeps no node and no buffer alive
+        where = {s: i for i, s in reversed(list(enumerate(src)))}
+        buffer_first = [where[next(v for v in shape.versions if buffer_of[v] is b)] for b in shape.buffers]
+        refs = tuple(weakref.ref(s) for s in src)
+        _leaf_op_shapes[key] = (refs, shape.key, tuple(where[v] for v in shape.versions), tuple(buffer_first))
+    return shape
+
 
 @dataclass
 class ScheduleTemplate:
@@ -119,25 +160,19 @@ class ScheduleTemplate:
     new_bytes: int
 
     def bind(self, shape: GraphShape) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
-        created = [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
-        consts, inputs = shape.consts, shape.buffers
-        const_bufs: dict[tuple[int, str], Buffer] = {}  # a constant used by many kernels is looked up once
-
-        def resolve(ref: BufferRef) -> Buffer:
-            kind = ref[0]
-            if kind == "in":
-                return inputs[ref[1]]
-            if kind == "new":
-                return created[ref[1]]
-            if kind == "const":
-                if (buf := const_bufs.get(key := (ref[1], ref[2]))) is None:
-                    dtype, value = consts[ref[1]]
-                    buf = const_bufs[key] = const_buffer(ref[2], dtype, value)
-                return buf
-            return ref[1]
-
-        items = [ScheduleItem(ast, tuple([resolve(r) for r in refs]), device) for ast, device, refs in self.kernels]
-        versions = [buffer_uop(resolve(ref)) for ref in self.new_versions]
+        n_inputs = len(shape.buffers)  # the same for every graph of this structure
+        if (gathers := self._gathers) is None or self._gathers_for != n_inputs:
+            gathers = self._plan_gathers(n_inputs)
+        pool = shape.buffers + [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
+        consts = shape.consts
+        for ref in self._extra_refs:  # constants (one buffer per constant and device), then fixed buffers
+            if ref[0] == "const":
+                dtype, value = consts[ref[1]]
+                pool.append(const_buffer(ref[2], dtype, value))
+            else:
+                pool.append(ref[1])
+        items = [ScheduleItem(ast, gather(pool), device) for ast, device, gather in gathers]
+        versions = [buffer_uop(pool[i]) for i in self._version_slots]
 
         def view(recipe: tuple) -> UOp:
             (kind, slot), chain = recipe
@@ -147,6 +182,35 @@ class ScheduleTemplate:
             return u
 
         return items, [view(r) for r in self.results], {shape.nodes[i]: view(r) for i, r in self.inner}
+
+    # bind's plan of arguments, made at the first bind (class attributes: not dataclass fields)
+    _gathers = None
+    _gathers_for = -1
+
+    def _plan_gathers(self, n_inputs: int) -> list:
+        """Each kernel's arguments as positions in bind's pool (inputs, created buffers, then `_extra_refs`), read
+        by one itemgetter call per kernel instead of a Python call per argument."""
+        n_new, extra, extra_index = len(self.new_buffers), [], {}
+
+        def position(ref: BufferRef) -> int:
+            if ref[0] == "in":
+                return ref[1]
+            if ref[0] == "new":
+                return n_inputs + ref[1]
+            if (j := extra_index.get(ref)) is None:
+                j = extra_index[ref] = len(extra)
+                extra.append(ref)
+            return n_inputs + n_new + j
+
+        gathers = []
+        for ast, device, refs in self.kernels:
+            positions = [position(r) for r in refs]
+            get = operator.itemgetter(*positions)
+            gathers.append((ast, device, get if len(positions) > 1 else (lambda pool, get=get: (get(pool),))))
+        self._version_slots = [position(r) for r in self.new_versions]
+        self._extra_refs = extra
+        self._gathers, self._gathers_for = gathers, n_inputs
+        return gathers
 
 
 class _Entry:
@@ -167,9 +231,12 @@ class ScheduleCacheStats:
     misses: int = 0
 
 
+_NO_SLOTS: frozenset[int] = frozenset()
+
+
 def _copy_on_write_slots(shape: GraphShape, kept: tuple[int, ...], readers: VersionReaders | None) -> frozenset:
     if readers is None:
-        return frozenset()
+        return _NO_SLOTS
     return _slots(shape, readers.shared({shape.nodes[i] for i in kept}))
 
 
@@ -182,7 +249,7 @@ def cached_schedule(
     roots: list[UOp], devices: list, readers: VersionReaders | None = None
 ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
     """create_schedule, reusing the plan of an earlier graph of the same structure."""
-    shape = GraphShape(roots, devices) if SCHEDULE_CACHE else None
+    shape = graph_shape(roots, devices) if SCHEDULE_CACHE else None
     key = shape.key if shape is not None else None
     if key is None:
         plan = plan_schedule(roots, devices, readers)

@@ -147,11 +147,23 @@ def test_big_kernels_split_over_the_thread_pool(monkeypatch):
 
     monkeypatch.setattr(ops_llvm, "thread_pool", lambda workers=1: Counting(), raising=False)
     monkeypatch.setattr(ops_cpu, "thread_pool", lambda workers=1: Counting())
+    monkeypatch.setattr(ops_cpu, "split_launcher", lambda: None)  # as without the C runner: the Python pool
     x = np.random.default_rng(0).standard_normal((64, 8192)).astype(np.float32)
     with Context(NUM_CPU_THREADS=2):
         got = (Tensor(x, device="LLVM") * 2 + 1).numpy()
     np.testing.assert_array_equal(got, x * 2 + 1)
     assert submitted, "a 512k-element kernel runs its outer loop on two threads"
+
+
+def test_big_kernels_split_over_the_c_runner_workers(monkeypatch):
+    chunks = []
+    real = ops_cpu.split_launcher()
+    monkeypatch.setattr(ops_cpu, "split_launcher", lambda: lambda *args: (chunks.append(args[-1]), real(*args)))
+    x = np.random.default_rng(0).standard_normal((64, 8192)).astype(np.float32)
+    with Context(NUM_CPU_THREADS=3):
+        got = (Tensor(x, device="LLVM") * 2 + 1).numpy()
+    np.testing.assert_array_equal(got, x * 2 + 1)
+    assert chunks == [3]
 
 
 def test_debug_4_prints_ir_and_debug_7_assembly(capsys):

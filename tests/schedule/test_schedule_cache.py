@@ -183,3 +183,37 @@ def test_random_draws_reuse_one_kernel():
     assert all(((d >= 0) & (d < 1)).all() for d in draws)
     Tensor.manual_seed(3)
     np.testing.assert_array_equal(Tensor.rand(64).numpy(), first[0])
+
+
+def test_one_op_on_buffers_reuses_the_walk_of_an_earlier_graph():
+    from fusegrad.schedule.cache import graph_shape
+
+    x_np, y_np = f32(16), f32(16)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    for a, b in ((x, y), (x, x), (y, x), (x, y)):
+        for _ in range(2):  # the second graph of each form comes from the memo
+            root = (a * b).uop
+            fast, walked = graph_shape([root], ["CPU"]), GraphShape([root], ["CPU"])
+            for field in ("key", "nodes", "buffers", "versions", "version_slot", "consts", "const_slot"):
+                assert getattr(fast, field) == getattr(walked, field), field
+    np.testing.assert_allclose((x * y).numpy(), x_np * y_np)
+    np.testing.assert_allclose((y * x).numpy(), x_np * y_np)
+
+
+def test_leaf_op_memo_keeps_no_buffer_alive_and_follows_new_versions():
+    import gc
+    import weakref
+    from fusegrad.runtime.buffers import buffer_of
+
+    x_np = f32(16)
+    x = Tensor(x_np).realize()
+    np.testing.assert_allclose((x + x).numpy(), x_np * 2)
+    dead = weakref.ref(buffer_of[x.uop])
+    del x
+    gc.collect()
+    assert dead() is None
+    y = Tensor(x_np).realize()
+    np.testing.assert_allclose((y + y).numpy(), x_np * 2)
+    y.assign(Tensor(x_np * 3)).realize()  # y's node is a new version: the memo must not serve the old one
+    np.testing.assert_allclose((y + y).numpy(), x_np * 6)
+    np.testing.assert_allclose((y + y).numpy(), x_np * 6)
