@@ -308,22 +308,23 @@ class Llama:
             bar.close()
         return Llama(cfg, placed, max_context), kv
 
-    def _embedding_table(self) -> np.ndarray:
-        """The token embedding as host rows: float rows, or each token's quantized blocks as one row of bytes."""
+    def _embedding_table(self) -> Tensor:
+        """The token embedding as rows on the device: float rows, or each token's quantized blocks as one row of
+        bytes (the picked rows are dequantized after the gather)."""
         emb = self.token_embd
         if isinstance(emb, GGMLQuantized):
-            return emb.blocks.numpy().reshape(emb.shape[0], -1)
-        return emb.cast(dtypes.float32).numpy()
+            return emb.blocks.reshape(emb.shape[0], -1)
+        return emb
 
-    def embed(self, ids: np.ndarray) -> Tensor:
-        rows = Tensor(np.ascontiguousarray(self._embed_rows[ids]))
+    def embed(self, ids: Tensor) -> Tensor:
+        """Rows of the token ids (an int tensor), loaded through the ids on the device, as float32."""
+        rows = self._embed_rows[ids]  # indexing by an int tensor loads the rows through it
         emb = self.token_embd
         if isinstance(emb, GGMLQuantized):
             per_row = rows.shape[1] // emb.blocks.shape[1]
-            return GGMLQuantized(
-                emb.name, emb.ggml_type, (len(ids), emb.shape[1]), rows.reshape(len(ids) * per_row, -1)
-            ).dequantize()
-        return rows
+            n = ids.shape[0]
+            return GGMLQuantized(emb.name, emb.ggml_type, (n, emb.shape[1]), rows.reshape(n * per_row, -1)).dequantize()
+        return rows.cast(dtypes.float32)
 
     def reset(self) -> None:
         """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
@@ -342,12 +343,13 @@ class Llama:
         cos, sin = Tensor(self._cos[pos : pos + t]), Tensor(self._sin[pos : pos + t])
         step = self._steps.setdefault(t, TinyJit(self._step))
         start = start_position(pos, t, self.max_context)
-        return step(self.embed(ids).realize(), start, cos.realize(), sin.realize())
+        return step(Tensor(ids).realize(), start, cos.realize(), sin.realize())
 
-    def _step(self, x: Tensor, start: UOp, cos: Tensor, sin: Tensor) -> Tensor:
-        """Logits of a chunk's embeddings x at position start (a bound Variable) with its rope angles: the same
+    def _step(self, ids: Tensor, start: UOp, cos: Tensor, sin: Tensor) -> Tensor:
+        """Logits of a chunk's token ids at position start (a bound Variable) with its rope angles: the same
         kernels for every start."""
         assert self._caches is not None
+        x = self.embed(ids)
         mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.blocks, self._caches):
             x = block(x, cache, start, mask, cos, sin)
