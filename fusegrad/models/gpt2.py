@@ -145,7 +145,7 @@ class GPT2:
         """Logits of a chunk's token ids at positions `places` starting at start (a bound Variable): the same kernels
         for every start. The embedding rows are loaded through the ids inside the step's first kernel."""
         assert self._caches is not None
-        x = self.wte(ids) + self.wpe(places)
+        x = (self.wte(ids) + self.wpe(places)).contiguous()  # one small kernel, not a gather inside each reader
         mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.h, self._caches):
             x = block(x, cache, start, mask)

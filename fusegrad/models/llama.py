@@ -349,7 +349,7 @@ class Llama:
         """Logits of a chunk's token ids at position start (a bound Variable) with its rope angles: the same
         kernels for every start."""
         assert self._caches is not None
-        x = self.embed(ids)
+        x = self.embed(ids).contiguous()  # one small kernel: fused, every matmul reading x would gather it again
         mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.blocks, self._caches):
             x = block(x, cache, start, mask, cos, sin)
