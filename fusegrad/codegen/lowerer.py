@@ -81,6 +81,18 @@ class Lowerer:
             r = self.memo[key] = yield self._lower(u, idxs, valid)
         return r
 
+    def _lower_gather(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+        """table[index[i...], j...]: the row is a loaded value, clamped into the table so the address stays inside it
+        and gated so an out-of-range index reads 0 (CHECK_OOB checks the indices before the kernel runs)."""
+        table, index = u.src
+        n, k = table.shape[0], len(index.shape)
+        row = (yield self._lower_step(index, idxs[:k], valid)).cast(self.idx_dtype)
+        inside = (row >= 0) & (row < self.idx(n))
+        last = self.sz(n) - 1 if isinstance(n, UOp) else UOp.const(self.idx_dtype, n - 1)
+        clamped = -((-row.maximum(UOp.const(self.idx_dtype, 0))).maximum(-last))  # min(max(row, 0), n - 1)
+        picked = yield self._lower_step(table, (clamped,) + idxs[k:], valid & inside)
+        return inside.where(picked, UOp.const(u.dtype, 0))
+
     def _lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
         op, src = u.op, u.src
         if op is Ops.DEFINE_GLOBAL:
@@ -91,6 +103,8 @@ class Lowerer:
             return u  # a bound variable's value used as data (a mean over a symbolic axis divides by it)
         if op is Ops.ARANGE:
             return idxs[0].cast(u.dtype)
+        if op is Ops.GATHER:
+            return (yield from self._lower_gather(u, idxs, valid))
         if op is Ops.RESHAPE and src[0].op is Ops.RESHAPE:
             # one reshape: the middle shape's dims would be split off by division only to be merged again
             return (yield self._lower_step(src[0].replace(arg=u.arg), idxs, valid))

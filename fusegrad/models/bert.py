@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fusegrad import Tensor, dtypes, nn
-from fusegrad.models.weights import InOutLinear, embedding_rows, load_into, transposed_linears
+from fusegrad.models.weights import InOutLinear, load_into, transposed_linears
 from fusegrad.nn.state import safe_load
 
 
@@ -105,14 +105,11 @@ class BertEmbeddings:
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self._host_words: np.ndarray | None = None
 
     def __call__(self, ids: np.ndarray, token_types: np.ndarray) -> Tensor:
-        if self._host_words is None:  # the word table is gathered on the host (see embedding_rows)
-            self._host_words = self.word_embeddings.weight.numpy()
         t = ids.shape[1]
-        words = embedding_rows(self._host_words, ids)
-        types = embedding_rows(self.token_type_embeddings.weight.numpy(), token_types)
+        words = self.word_embeddings(Tensor(np.asarray(ids, np.int32)))  # rows loaded through the ids on the device
+        types = self.token_type_embeddings(Tensor(np.asarray(token_types, np.int32)))
         return self.LayerNorm(words + types + self.position_embeddings.weight[:t].unsqueeze(0))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from fusegrad import Tensor, TinyJit, nn
 from fusegrad.models.generate import KVCache, causal_mask, start_position
-from fusegrad.models.weights import embedding_rows, load_into
+from fusegrad.models.weights import load_into
 from fusegrad.nn.state import safe_load
 from fusegrad.uop.ops import UOp
 
@@ -105,7 +105,6 @@ class GPT2:
         self.h = [Block(cfg) for _ in range(cfg.n_layer)]
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self._caches: list[KVCache] | None = None
-        self._host_tables: tuple[np.ndarray, np.ndarray] | None = None
         self._steps: dict[int, TinyJit] = {}  # one captured step per chunk size (prefill chunks, decode tokens)
         self._lm_head: Tensor | None = None  # wte transposed, (n_embd, vocab): x @ W runs faster than x @ W.T
 
@@ -136,17 +135,17 @@ class GPT2:
         if self._caches is None:
             hd = self.cfg.n_embd // self.cfg.n_head
             self._caches = [KVCache(1, self.cfg.n_head, self.max_context, hd) for _ in self.h]
-        if self._host_tables is None:  # token and position rows are gathered on the host (see embedding_rows)
-            self._host_tables = (self.wte.weight.numpy(), self.wpe.weight.numpy())
+        if self._lm_head is None:
             self._lm_head = self.wte.weight.T.contiguous().realize()
-        words, places = self._host_tables
-        x = embedding_rows(words, ids) + embedding_rows(places, np.arange(pos, pos + len(ids)))
         step = self._steps.setdefault(len(ids), TinyJit(self._step))
-        return step(x.realize(), start_position(pos, len(ids), self.max_context))
+        places = np.arange(pos, pos + len(ids), dtype=np.int32)
+        return step(Tensor(ids).realize(), Tensor(places).realize(), start_position(pos, len(ids), self.max_context))
 
-    def _step(self, x: Tensor, start: UOp) -> Tensor:
-        """Logits of a chunk's embeddings x at position start (a bound Variable): the same kernels for every start."""
+    def _step(self, ids: Tensor, places: Tensor, start: UOp) -> Tensor:
+        """Logits of a chunk's token ids at positions `places` starting at start (a bound Variable): the same kernels
+        for every start. The embedding rows are loaded through the ids inside the step's first kernel."""
         assert self._caches is not None
+        x = (self.wte(ids) + self.wpe(places)).contiguous()  # one small kernel, not a gather inside each reader
         mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.h, self._caches):
             x = block(x, cache, start, mask)

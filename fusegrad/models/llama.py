@@ -41,6 +41,11 @@ class LlamaConfig:
     rope_neox: bool
     rope_scaling: str = "none"
     rope_factor: float = 1.0
+    rope_original_context: int = 0  # yarn: the context the model was trained at
+    yarn_beta_fast: float = 32.0  # yarn: rotations over the original context above which a frequency extrapolates
+    yarn_beta_slow: float = 1.0  # ... and below which it interpolates (divided by the factor)
+    yarn_ext_factor: float = 1.0  # yarn: weight of the extrapolated frequency in the blend (llama.cpp's ext_factor)
+    yarn_attn_factor: float = 1.0  # yarn: multiplies the attention magnitude scale 0.1 * ln(factor) + 1
     n_experts: int = 0
     n_experts_used: int = 0
     expert_ff_dim: int = 0
@@ -57,11 +62,16 @@ class LlamaConfig:
                 raise ValueError(f"GGUF metadata lacks {arch}.{key}, which a {arch} model needs")
             return kv.get(f"{arch}.{key}", default)
 
+        scaling = get("rope.scaling.type", "none")
+        if scaling not in ("none", "linear", "yarn"):
+            raise NotImplementedError(
+                f"rope scaling {scaling!r} is not supported; supported: none, linear, yarn, llama3"
+            )
+        if get("rope.scaling.yarn_log_multiplier", 0.0):  # DeepSeek's attention-scale variant, not in these archs
+            raise NotImplementedError(f"{arch}.rope.scaling.yarn_log_multiplier is not supported")
+        ext_factor = get("rope.scaling.yarn_ext_factor", -1.0)  # llama.cpp writes a negative value for "default"
         dim, heads = get("embedding_length"), get("attention.head_count")
         head_dim = get("attention.key_length", dim // heads)
-        scaling = get("rope.scaling.type", "none")
-        if scaling not in ("none", "linear"):
-            raise NotImplementedError(f"rope scaling {scaling!r} is not supported; supported: none, linear, llama3")
         n_experts = get("expert_count", 0)
         return LlamaConfig(
             arch=arch,
@@ -79,6 +89,11 @@ class LlamaConfig:
             rope_neox=_ROPE_NEOX[arch],
             rope_scaling=scaling,
             rope_factor=get("rope.scaling.factor", 1.0),
+            rope_original_context=get("rope.scaling.original_context_length", 0),
+            yarn_beta_fast=get("rope.scaling.yarn_beta_fast", 32.0),
+            yarn_beta_slow=get("rope.scaling.yarn_beta_slow", 1.0),
+            yarn_ext_factor=1.0 if ext_factor < 0 else ext_factor,
+            yarn_attn_factor=get("rope.scaling.yarn_attn_factor", 1.0),
             n_experts=n_experts,
             n_experts_used=get("expert_used_count", 0),
             expert_ff_dim=get("expert_feed_forward_length", get("feed_forward_length", 0)),
@@ -128,8 +143,32 @@ def rope_tables(cfg: LlamaConfig, freq_factors: np.ndarray | None) -> tuple[np.n
     positions = np.arange(cfg.context_length, dtype=np.float32)
     if cfg.rope_scaling == "linear":
         positions = positions / np.float32(cfg.rope_factor)
+    magnitude = np.float32(1.0)
+    if cfg.rope_scaling == "yarn":
+        inv_freq, magnitude = yarn_frequencies(cfg, inv_freq)
     angles = np.outer(positions, inv_freq).astype(np.float32)
-    return np.cos(angles), np.sin(angles)
+    return (np.cos(angles) * magnitude).astype(np.float32), (np.sin(angles) * magnitude).astype(np.float32)
+
+
+def yarn_frequencies(cfg: LlamaConfig, inv_freq: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    """YaRN ("YaRN: Efficient Context Window Extension of Large Language Models"): frequencies that turn fewer than
+    beta_slow times over the original context are divided by the factor (interpolated), those that turn more than
+    beta_fast times are kept (extrapolated), with a linear ramp over the pair indices between; and cos/sin are scaled
+    by 0.1 * ln(factor) + 1, which sharpens the attention the longer context would flatten."""
+    factor, original = cfg.rope_factor, cfg.rope_original_context or cfg.context_length
+    if factor <= 0:
+        raise ValueError(f"yarn rope scaling needs a positive factor, got {factor}")
+
+    def pair_index(rotations: float) -> float:  # the pair whose frequency turns `rotations` times over `original`
+        return cfg.rope_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
+
+    low = max(math.floor(pair_index(cfg.yarn_beta_fast)), 0)
+    high = min(math.ceil(pair_index(cfg.yarn_beta_slow)), cfg.rope_dim - 1)
+    ramp = np.clip((np.arange(len(inv_freq), dtype=np.float32) - low) / max(high - low, 0.001), 0, 1)
+    keep = (1 - ramp) * np.float32(cfg.yarn_ext_factor)  # the extrapolated frequency's weight
+    blended = inv_freq / np.float32(factor) * (1 - keep) + inv_freq * keep
+    magnitude = cfg.yarn_attn_factor * (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    return blended.astype(np.float32), np.float32(magnitude)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, rope_dim: int, neox: bool) -> Tensor:
@@ -280,22 +319,23 @@ class Llama:
             bar.close()
         return Llama(cfg, placed, max_context), kv
 
-    def _embedding_table(self) -> np.ndarray:
-        """The token embedding as host rows: float rows, or each token's quantized blocks as one row of bytes."""
+    def _embedding_table(self) -> Tensor:
+        """The token embedding as rows on the device: float rows, or each token's quantized blocks as one row of
+        bytes (the picked rows are dequantized after the gather)."""
         emb = self.token_embd
         if isinstance(emb, GGMLQuantized):
-            return emb.blocks.numpy().reshape(emb.shape[0], -1)
-        return emb.cast(dtypes.float32).numpy()
+            return emb.blocks.reshape(emb.shape[0], -1)
+        return emb
 
-    def embed(self, ids: np.ndarray) -> Tensor:
-        rows = Tensor(np.ascontiguousarray(self._embed_rows[ids]))
+    def embed(self, ids: Tensor) -> Tensor:
+        """Rows of the token ids (an int tensor), loaded through the ids on the device, as float32."""
+        rows = self._embed_rows[ids]  # indexing by an int tensor loads the rows through it
         emb = self.token_embd
         if isinstance(emb, GGMLQuantized):
             per_row = rows.shape[1] // emb.blocks.shape[1]
-            return GGMLQuantized(
-                emb.name, emb.ggml_type, (len(ids), emb.shape[1]), rows.reshape(len(ids) * per_row, -1)
-            ).dequantize()
-        return rows
+            n = ids.shape[0]
+            return GGMLQuantized(emb.name, emb.ggml_type, (n, emb.shape[1]), rows.reshape(n * per_row, -1)).dequantize()
+        return rows.cast(dtypes.float32)
 
     def reset(self) -> None:
         """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
@@ -314,12 +354,13 @@ class Llama:
         cos, sin = Tensor(self._cos[pos : pos + t]), Tensor(self._sin[pos : pos + t])
         step = self._steps.setdefault(t, TinyJit(self._step))
         start = start_position(pos, t, self.max_context)
-        return step(self.embed(ids).realize(), start, cos.realize(), sin.realize())
+        return step(Tensor(ids).realize(), start, cos.realize(), sin.realize())
 
-    def _step(self, x: Tensor, start: UOp, cos: Tensor, sin: Tensor) -> Tensor:
-        """Logits of a chunk's embeddings x at position start (a bound Variable) with its rope angles: the same
+    def _step(self, ids: Tensor, start: UOp, cos: Tensor, sin: Tensor) -> Tensor:
+        """Logits of a chunk's token ids at position start (a bound Variable) with its rope angles: the same
         kernels for every start."""
         assert self._caches is not None
+        x = self.embed(ids).contiguous()  # one small kernel: fused, every matmul reading x would gather it again
         mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.blocks, self._caches):
             x = block(x, cache, start, mask, cos, sin)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 
 from fusegrad import Device, Tensor
 from fusegrad.helpers import _Progress
@@ -21,12 +20,6 @@ def load_into(model: Any, state: dict[str, Tensor], desc: str, strict: bool = Tr
         t.realize()
         bar.update(t.nbytes())
     bar.close()
-
-
-def embedding_rows(table: np.ndarray, ids: np.ndarray) -> Tensor:
-    """Rows `ids` of a host-side table as a Tensor: a gather is a memcpy on the host, whereas on the device it is a
-    one-hot reduce over the whole vocabulary."""
-    return Tensor(np.ascontiguousarray(table[ids]))
 
 
 class InOutLinear:

@@ -9,7 +9,7 @@ from typing import Sequence
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import TRAINING, prod
 from fusegrad.tensor import Tensor
-from fusegrad.tensor_ops.indexing import check_index_bounds
+from fusegrad.tensor_ops.indexing import check_index_bounds, gather_rows
 
 
 def _training() -> bool:
@@ -245,10 +245,10 @@ class Embedding:
     def __call__(self, idx: Tensor) -> Tensor:
         if not dtypes.is_int(idx.dtype):
             raise TypeError(f"Embedding needs integer indices, got {idx.dtype}")
-        # one-hot against an arange fuses into the matmul-like reduce, and its gradient accumulates repeated indices
-        hot = (idx.unsqueeze(-1) == Tensor.arange(self.vocab_size, device=idx.device)).cast(self.weight.dtype)
-        check_index_bounds("Embedding", "vocab_size", idx, 0, self.vocab_size, hot)
-        return hot @ self.weight
+        # rows loaded through the indices; the gradient adds into the rows picked, repeated ones accumulating
+        out = gather_rows(self.weight, idx)
+        check_index_bounds("Embedding", "vocab_size", idx, 0, self.vocab_size, out)
+        return out
 
 
 class LSTMCell:

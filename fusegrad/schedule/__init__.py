@@ -71,7 +71,7 @@ def reads_shifted(root: UOp, is_target: Callable[[UOp], bool], is_leaf: Callable
             continue
         if is_leaf(u):
             continue
-        shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op is Ops.REDUCE_AXIS
+        shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op in (Ops.REDUCE_AXIS, Ops.GATHER)
         stack.extend((s, moved or shifts) for s in u.src)
     return False
 
@@ -225,7 +225,9 @@ class _Planner:
             # a padded element reads nothing, but a reduce below the pad would run its loop there too (only its loads
             # are gated): a reduce read through a growing pad (a row written into a KV cache, a cat) is realized
             pads = u.op is Ops.PAD and u.size > u.src[0].size
-            stack.extend((s, expanded or grows or pads) for s in u.src)
+            # a gather reads its table at loaded rows: a reduce there would run once per gathered element
+            gathers = u.op is Ops.GATHER
+            stack.extend((s, expanded or grows or pads or gathers) for s in u.src)
 
     def _recompute_cost(self, u: UOp) -> int:
         """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is

@@ -1,8 +1,11 @@
 """Indexing, gather and scatter (API.md G17).
 
-Nothing here loads through a computed address: picking element j of an axis is a one-hot comparison of the index
-against an ARANGE followed by a masked reduce over that axis, which the scheduler fuses into one kernel and whose
-gradient (a masked sum, so duplicate indices accumulate) comes from the primitive rules."""
+Advanced indexing (`t[idx]`, nn.Embedding) loads rows through the index: a GATHER node, which the lowerer turns into
+a load whose address holds the loaded index, so its cost is the size of the result, not result x table rows. Its
+gradient is a scatter-add: the one-hot masked sum over the picked positions. Everything else picks element j of an
+axis by a one-hot comparison of the index against an ARANGE followed by a masked reduce over that axis, which the
+scheduler fuses into one kernel and whose gradient (a masked sum, so duplicate indices accumulate) comes from the
+primitive rules."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 
 from fusegrad.dtype import dtypes
 from fusegrad.engine.checks import IndexCheck, register_check
+from fusegrad.gradient import register_gradient
 from fusegrad.helpers import CHECK_OOB, prod
 from fusegrad.runtime.buffers import base_buffer, host_values, is_contiguous_view
 from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
@@ -94,6 +98,34 @@ def _flat_index(
     for index, size, dim in zip(indices, sizes, dims):
         check_index_bounds(op, f"dim {dim}", index, -size, size, flat)
     return flat
+
+
+def gather_rows(table: Tensor, index: Tensor) -> Tensor:
+    """out[i..., j...] = table[index[i...], j...] for an integer index (out of range rows read 0), loaded through the
+    index; its gradient adds each output row's gradient into the row it came from (repeated rows accumulate).
+    A multi-device or symbolically shaped table takes the one-hot path instead."""
+    from fusegrad.tensor import Tensor
+
+    if not dtypes.is_int(index.dtype):
+        raise TypeError(f"gather_rows needs integer indices, got {index.dtype}")
+    shapes_known = all(isinstance(d, int) for d in table.shape + index.shape)
+    if isinstance(table.device, tuple) or isinstance(index.device, tuple) or not shapes_known or table.ndim == 0:
+        hit = index.unsqueeze(-1) == Tensor.arange(table.shape[0], device=index.device)
+        x = table.reshape((1,) * index.ndim + table.shape)
+        return _masked_sum(hit.reshape(hit.shape + (1,) * (table.ndim - 1)), x, index.ndim)
+    out = table._new(UOp(Ops.GATHER, table.dtype, (table.uop, index.uop)))
+    n, rest, device = table.shape[0], table.shape[1:], table.device
+    table_uop, index_uop = table.uop, index.uop
+
+    def backward(g: UOp) -> tuple[UOp]:
+        grad, idx = Tensor(g, device=device), Tensor(index_uop, device=device).reshape(-1)
+        hit = (idx.reshape(-1, 1) == Tensor.arange(n, device=device)).reshape((idx.shape[0], n) + (1,) * len(rest))
+        picked = hit.where(grad.reshape((idx.shape[0], 1) + rest), _const(grad, 0))
+        return (picked.sum(0, dtype=grad.dtype).cast(table_uop.dtype).uop,)
+
+    if dtypes.is_float(table.dtype):
+        register_gradient(out.uop, (table_uop,), backward)
+    return out
 
 
 def _one_hot_axis(index: Tensor, d: int, size: int, op: str) -> Tensor:
@@ -281,9 +313,7 @@ class IndexingMixin:
         rest = [d for d in range(self.ndim) if d not in dims]
         n_pick, n_rest = prod(sizes), tuple(self.shape[d] for d in rest)
         flat = _flat_index(indices, sizes, shape, "getitem", source_dims)
-        x = self.permute(list(dims) + rest).reshape((1,) * len(shape) + (n_pick,) + n_rest)
-        hit = flat.reshape(shape + (1,)) == Tensor.arange(n_pick, device=self.device)
-        out = _masked_sum(hit.reshape(shape + (n_pick,) + (1,) * len(rest)), x, len(shape))
+        out = gather_rows(self.permute(list(dims) + rest).reshape((n_pick,) + n_rest), flat)
         out = out.permute(_adv_order(self.ndim, dims, len(shape)))
         for index, size, dim in zip(indices, sizes, source_dims):
             check_index_bounds("getitem", f"dim {dim}", index, -size, size, out)

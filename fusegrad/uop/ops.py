@@ -29,6 +29,7 @@ class Ops(Enum):
     CAST = auto()
     BITCAST = auto()  # noqa: E702
     MULTI = auto()  # a value split along arg[0] (or replicated if None) over the devices arg[1], one src per device
+    GATHER = auto()  # src (table, index): out[i..., j...] = table[index[i...], j...]; 0 where the index is out of range
     # kernel level
     SINK = auto()
     DEFINE_GLOBAL = auto()
@@ -445,7 +446,7 @@ def _shape_sources(u: UOp) -> tuple[UOp, ...]:
         return ()
     if u.op is Ops.STORE:
         return u.src[1:2]
-    return u.src if u.op in GroupOp.ALU else u.src[:1]
+    return u.src if u.op in GroupOp.ALU or u.op is Ops.GATHER else u.src[:1]
 
 
 def _infer_shape(u: UOp) -> tuple[int, ...]:
@@ -485,6 +486,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
         return u.src[1].shape
     if u.op is Ops.MULTI:
         return tuple(d * len(u.src) if i == u.arg[0] else d for i, d in enumerate(s))
+    if u.op is Ops.GATHER:
+        return u.src[1].shape + s[1:]
     if u.op is Ops.SINK:
         return ()
     if u.op is Ops.BITCAST and u.src[0].dtype.itemsize != u.dtype.itemsize:

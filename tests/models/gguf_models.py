@@ -117,6 +117,14 @@ def write_gguf(
     if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))
+    if rope.get("rope_type") == "yarn":  # as llama.cpp's converter writes it; the betas only when not the defaults
+        writer.add_rope_scaling_type(__import__("gguf").RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
+        writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+        if "beta_fast" in rope:
+            writer.add_rope_scaling_yarn_beta_fast(float(rope["beta_fast"]))
+        if "beta_slow" in rope:
+            writer.add_rope_scaling_yarn_beta_slow(float(rope["beta_slow"]))
     writer.add_vocab_size(cfg.vocab_size)
     experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
     if experts:

@@ -32,6 +32,25 @@ CASES = {
             )
         ),
     ),
+    "llama-yarn-rope": (  # positions run past the 16 the model was trained at, to 4x that
+        "llama",
+        None,
+        dict(
+            max_position_embeddings=64,
+            rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16),
+        ),
+    ),
+    "qwen2-yarn-rope-betas-q8_0": (  # betas and base that put the ramp mid-way through the 8 frequencies
+        "qwen2",
+        "Q8_0",
+        dict(
+            max_position_embeddings=64,
+            rope_theta=100.0,
+            rope_scaling=dict(
+                rope_type="yarn", factor=4.0, original_max_position_embeddings=16, beta_fast=1.0, beta_slow=0.1
+            ),
+        ),
+    ),
     "qwen2-bias-q4_0": ("qwen2", "Q4_0", {}),
     "qwen3-qknorm-q8_0": ("qwen3", "Q8_0", {}),
     "qwen3moe-f32": ("qwen3moe", None, {}),
@@ -141,3 +160,35 @@ def test_unsupported_architecture_and_bad_ids_raise(tmp_path):
 
     with pytest.raises(ValueError, match="not supported"):
         LlamaConfig.from_gguf({"general.architecture": "mamba"}, 10)
+
+
+@pytest.mark.parametrize(
+    "rope", [dict(factor=4.0), dict(factor=8.0, beta_fast=1.0, beta_slow=0.1), dict(factor=2.0, beta_fast=0.5)]
+)
+def test_yarn_rope_tables_equal_transformers(rope):
+    """cos and sin of every position (YaRN's blended frequencies times its magnitude scale) against transformers'
+    rotary embedding of the same config, read back from the GGUF keys llama.cpp writes."""
+    from fusegrad.models.llama import LlamaConfig, rope_tables
+
+    scaling = dict(rope_type="yarn", original_max_position_embeddings=16, **rope)
+    ref = make_model("llama", num_hidden_layers=1, rope_theta=100.0, max_position_embeddings=64, rope_scaling=scaling)
+    kv = {"general.architecture": "llama", "llama.rope.freq_base": 100.0, "llama.rope.scaling.type": "yarn"}
+    kv.update({f"llama.{k}": v for k, v in dict(block_count=1, context_length=64, embedding_length=64).items()})
+    kv.update({"llama.attention.head_count": 4, "llama.attention.layer_norm_rms_epsilon": 1e-5})
+    kv.update({"llama.feed_forward_length": 96, "llama.rope.scaling.original_context_length": 16})
+    kv.update({f"llama.rope.scaling.{k if k == 'factor' else 'yarn_' + k}": v for k, v in rope.items()})
+    cos, sin = rope_tables(LlamaConfig.from_gguf(kv, 128), None)
+    with torch.no_grad():
+        want_cos, want_sin = ref.model.rotary_emb(torch.zeros(1, 64, 64), torch.arange(64)[None])
+    np.testing.assert_allclose(cos, want_cos[0, :, :8].numpy(), atol=2e-6)  # transformers repeats the 8 halves
+    np.testing.assert_allclose(sin, want_sin[0, :, :8].numpy(), atol=2e-6)
+
+
+def test_yarn_variants_outside_these_models_raise():
+    from fusegrad.models.llama import LlamaConfig
+
+    kv = {"general.architecture": "llama", "llama.rope.scaling.type": "yarn"}
+    with pytest.raises(NotImplementedError, match="yarn_log_multiplier"):
+        LlamaConfig.from_gguf({**kv, "llama.rope.scaling.yarn_log_multiplier": 0.1}, 10)
+    with pytest.raises(NotImplementedError, match="'longrope' is not supported"):
+        LlamaConfig.from_gguf({**kv, "llama.rope.scaling.type": "longrope"}, 10)
