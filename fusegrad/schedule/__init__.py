@@ -486,8 +486,9 @@ def kernel_param(params: dict[object, tuple[Buffer, UOp]], buf: Buffer, key: obj
 
 
 # the views an assign may write through: each element of the view is one element of the buffer, so a kernel whose
-# loops cover the view stores every element it writes once, at the view's index into the buffer
-STORE_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP})
+# loops cover the view stores every element it writes once, at the view's index into the buffer. A pad only completes
+# a strided slice's last group (setitem's views): the lowerer proves no stored element is a padded one
+STORE_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.PAD})
 
 
 def is_store_view(u: UOp) -> bool:

@@ -191,24 +191,14 @@ def _store_view(u: UOp) -> UOp | None:
     return u
 
 
-def _region_view(t: Tensor, windows: tuple[tuple[Any, Any, int], ...]) -> Tensor | None:
-    """The elements of t that the windows select, shaped (count, ...), through views a store follows; None when a
-    strided window's groups would run past its dim (reading it needs a pad, which a store cannot follow)."""
+def _region_view(t: Tensor, windows: tuple[tuple[Any, Any, int], ...]) -> Tensor:
+    """The elements of t that the windows select, shaped (count, ...): shrinks, and for a stride the groups of `step`
+    elements of _slice_dim (its pad only completes the last group, whose padded elements are never selected)."""
     for d, (start, count, step) in enumerate(windows):
-        size = t.shape[d]
-        if step < 0:
-            t, start, step = t.flip(d), size - 1 - start, -step
         if step == 1:
             t = t.shrink(tuple((start, start + count) if i == d else None for i in range(t.ndim)))
-            continue
-        # groups of `step` elements whose k-th is written; k > 0 moves the groups back so the last ends inside the dim
-        k = max(0, start + count * step - size)
-        if k > start:
-            return None
-        t = t.shrink(tuple((start - k, start - k + count * step) if i == d else None for i in range(t.ndim)))
-        t = t.reshape(t.shape[:d] + (count, step) + t.shape[d + 1 :])
-        t = t.shrink(tuple((k, k + 1) if i == d + 1 else None for i in range(t.ndim)))
-        t = t.reshape(t.shape[: d + 1] + t.shape[d + 2 :])
+        else:
+            t = t._slice_dim(d, start, count, step)
     return t
 
 
@@ -423,8 +413,6 @@ class IndexingMixin:
         if (stored := _store_view(self.uop)) is None:
             return False
         region = _region_view(self._new(stored), plan.windows)
-        if region is None:
-            return False
         write = self._new(UOp(Ops.ASSIGN, self.dtype, (region.uop, v.reshape(counts).uop)))
         Tensor._realize([write], keep_old_versions=False)
         return True
