@@ -71,6 +71,14 @@ class Lowerer:
             stride = self.smul(stride, d)
         return tuple(reversed(out))
 
+    def store_index(self, view: UOp, idxs: tuple[UOp, ...]) -> UOp:
+        """The element of the buffer under `view` (reshapes, permutes, shrinks, flips of a DEFINE_GLOBAL) at idxs."""
+        # a pad in the view (a strided slice's last group) must fold away: a store has no gate
+        load = graph_rewrite(self.lower(view, idxs, TRUE), pm_symbolic + pm_loads)
+        if load.op is not Ops.LOAD or len(load.src) != 2:
+            raise NotImplementedError(f"a store through {view.op} of shape {view.shape} may land in padding")
+        return load.src[1]
+
     def lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
         return run_steps(self._lower_step(u, idxs, valid))
 
@@ -269,6 +277,13 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     walks an axis's tiles in blocks, the loop within a block innermost among the output loops, and REDUCE_BLOCK makes
     the blocks of a plain sum's reduce an output loop right after the first (the one threads split)."""
     out, value = ast.src[0].src[0], output_value(ast)
+    # an assign into part of a buffer stores through its view of the buffer: the loops cover the view, not the buffer
+    region = None if out.op is Ops.DEFINE_GLOBAL else out
+    if region is not None:
+        if region.shape != value.shape:  # output_value went below reshapes: the same elements in the same order
+            region = UOp(Ops.RESHAPE, region.dtype, (region,), value.shape)
+        while out.op is not Ops.DEFINE_GLOBAL:
+            out = out.src[0]
     # a symbolic shape counts at its largest (UOp.size)
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [u.size for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
@@ -318,8 +333,11 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     stores = []
     for lanes in itertools.product(*(range(up.get(a, 1)) for a in range(len(shape)))):
         idxs = tuple(s + lane if lane else s for s, lane in zip(starts, lanes))
-        # a symbolic shape is stored in a buffer of its largest shape (schedule's view of it reads it that way)
-        index = lowerer.flat_index(idxs, tuple(smax(d) for d in shape))
+        if region is not None:
+            index = lowerer.store_index(region, idxs)
+        else:
+            # a symbolic shape is stored in a buffer of its largest shape (schedule's view of it reads it that way)
+            index = lowerer.flat_index(idxs, tuple(smax(d) for d in shape))
         if lead is not None:
             index = index + lead
         partial = lowerer.lower(value, idxs, TRUE)

@@ -195,9 +195,13 @@ class _Planner:
             return
         if point.op is Ops.ASSIGN:
             target = base_buffer(point.src[0])
-            if target is None or not is_contiguous_view(point.src[0]):
-                raise RuntimeError("assign target must be a whole realized buffer")
-            if self._reads_shifted(value, buffer_of[target]) or self._reads_other_assigned(value, buffer_of[target]):
+            if target is None or not is_store_view(point.src[0]):
+                raise RuntimeError(
+                    f"assign target must be a realized buffer or a reshape/permute/shrink/flip view of one, got "
+                    f"{point.src[0].op}"
+                )
+            buf = buffer_of[target]
+            if self._reads_shifted(value, buf, point.src[0]) or self._reads_other_assigned(value, buf):
                 yield self._mark_step(value, device)
         stack: list[tuple[UOp, bool]] = [(value, False)]
         seen: set[tuple[UOp, bool]] = set()
@@ -261,13 +265,19 @@ class _Planner:
                 return True
         return False
 
-    def _reads_shifted(self, value: UOp, buf: Buffer) -> bool:
-        """Does `value` read `buf` anywhere other than at the element it writes (an in-place hazard)?"""
-        return reads_shifted(
-            value,
-            lambda u: u.op is Ops.BUFFER and buffer_of[u] is buf,
-            lambda u: u.op is Ops.BUFFER or u in self.points and u is not value,
-        )
+    def _reads_shifted(self, value: UOp, buf: Buffer, target: UOp) -> bool:
+        """Does `value` read `buf` anywhere other than at the element it writes into `target` (an in-place hazard)?"""
+
+        def is_leaf(u: UOp) -> bool:
+            return u.op is Ops.BUFFER or u in self.points and u is not value
+
+        if is_contiguous_view(target):
+            return reads_shifted(value, lambda u: u.op is Ops.BUFFER and buffer_of[u] is buf, is_leaf)
+        # a region of buf: only a read through the very view it writes, moved by nothing, is of the element written
+        if reads_shifted(value, lambda u: u is target, is_leaf):
+            return True
+        nodes = value.toposort(gate=lambda u: u is not target and not is_leaf(u))
+        return any(u.op is Ops.BUFFER and buffer_of[u] is buf for u in nodes)
 
     def _kernel_inputs(self, point: UOp) -> tuple[set[UOp], set[Buffer]]:
         """The points and the buffers a point's kernel reads (the walk stops at other points)."""
@@ -333,11 +343,16 @@ class _Planner:
             if (view := disk_view(kernel_value(point), buffer_of)) is not None:
                 self.result[point] = _view(buffer_uop(view), point.shape)
                 return
+        region = None  # an assign into part of a buffer: the view of it that the kernel's stores follow
         if point.op is Ops.ASSIGN:
             target = base_buffer(point.src[0])
             target_buf = buffer_of[target]  # type: ignore[index]
             # copy on write: the old version keeps its storage for the live graphs that still read it
             out = self._new_buffer(device, target_buf.size, target_buf.dtype) if target in self.copy_on_write else None
+            if not is_contiguous_view(point.src[0]):
+                region = point.src[0]
+                if out is not None:  # the new version holds the old values outside the region written
+                    self._emit_buffer_copy(out, target_buf, device)
             out, value = out or buffer_uop(target_buf), point.src[1]
         else:
             out, value = (
@@ -347,11 +362,39 @@ class _Planner:
         if value in self.result and value is not point:
             value = self.result[value]
         params: dict[object, tuple[Buffer, UOp]] = {}
-        out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size))
+        out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size if region is None else out.arg[2]))
         ast_value = self._to_ast(value, params, point, device)
-        ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(out_param, ast_value)), *self.vars.take_kernel_vars()))
+        store_at = out_param if region is None else self._kernel_view(region, out_param, params, device)
+        ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(store_at, ast_value)), *self.vars.take_kernel_vars()))
         self.items.append(ScheduleItem(ast, (buffer_of[out], *(buf for buf, _ in params.values())), device))
-        self.result[point] = _view(out, point.shape)
+        self.result[point] = _view(out, point.shape) if region is None else view_over(region, out)
+
+    def _emit_buffer_copy(self, out: UOp, src: Buffer, device: str) -> None:
+        """A kernel copying every element of src into out's buffer (of src's size and dtype)."""
+        ast = UOp(
+            Ops.SINK,
+            src=(
+                UOp(
+                    Ops.STORE,
+                    src=(
+                        UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, src.size)),
+                        UOp(Ops.DEFINE_GLOBAL, src.dtype, (), (1, src.size)),
+                    ),
+                ),
+            ),
+        )
+        self.items.append(ScheduleItem(ast, (buffer_of[out], src), device))
+
+    def _kernel_view(self, view: UOp, base: UOp, params: dict[object, tuple[Buffer, UOp]], device: str) -> UOp:
+        """view's chain of movement ops rebuilt over base (a DEFINE_GLOBAL), bound variables as kernel parameters."""
+        chain = []
+        while view.op in GroupOp.Movement:
+            chain.append(view)
+            view = view.src[0]
+        for v in reversed(chain):
+            arg = self.vars.kernel_arg(v, device, lambda buf: kernel_param(params, buf, buf)) if arg_uops(v) else v.arg
+            base = v.replace(src=(base,), arg=arg)
+        return base
 
     def _new_buffer(self, device: str, size: int, dtype: DType) -> UOp:
         out = new_buffer(device, size, dtype)
@@ -382,9 +425,7 @@ class _Planner:
             )
 
         def param(buf: Buffer, key: object) -> UOp:
-            if key not in params:
-                params[key] = (buf, UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size)))
-            return params[key][1]
+            return kernel_param(params, buf, key)
 
         def buffer_param(buf: Buffer) -> UOp:
             return param(buf, buf)
@@ -437,6 +478,36 @@ class _Planner:
                     ret = u if new_src == u.src else u.replace(src=new_src)
             memo[u] = ret
         return memo[value]
+
+
+def kernel_param(params: dict[object, tuple[Buffer, UOp]], buf: Buffer, key: object) -> UOp:
+    """The DEFINE_GLOBAL that reads buf for `key` in a kernel (numbered after the output, parameter 0)."""
+    if key not in params:
+        params[key] = (buf, UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size)))
+    return params[key][1]
+
+
+# the views an assign may write through: each element of the view is one element of the buffer, so a kernel whose
+# loops cover the view stores every element it writes once, at the view's index into the buffer. A pad only completes
+# a strided slice's last group (setitem's views): the lowerer proves no stored element is a padded one
+STORE_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.PAD})
+
+
+def is_store_view(u: UOp) -> bool:
+    while u.op in STORE_VIEW_OPS:
+        u = u.src[0]
+    return u.op is Ops.BUFFER
+
+
+def view_over(view: UOp, base: UOp) -> UOp:
+    """view's chain of movement ops rebuilt over another node."""
+    chain = []
+    while view.op in GroupOp.Movement:
+        chain.append(view)
+        view = view.src[0]
+    for v in reversed(chain):
+        base = v.replace(src=(base,))
+    return base
 
 
 def is_lifted_const_view(u: UOp, memo: dict[UOp, bool]) -> bool:

@@ -205,6 +205,35 @@ def _unview(x: UOp, views: list[UOp]) -> UOp:
     return x
 
 
+# the views a store follows to its element of storage: each element of the view is one element of storage
+_STORE_VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP)
+
+
+def _store_view(u: UOp) -> UOp | None:
+    """u without its detaches, when every other op down to its BUFFER is a view a store follows; else None."""
+    chain = []
+    while u.op is not Ops.BUFFER:
+        if u.op in _STORE_VIEW_OPS:
+            chain.append(u)
+        elif u.op is not Ops.DETACH:
+            return None
+        u = u.src[0]
+    for view in reversed(chain):
+        u = view.replace(src=(u,))
+    return u
+
+
+def _region_view(t: Tensor, windows: tuple[tuple[Any, Any, int], ...]) -> Tensor:
+    """The elements of t that the windows select, shaped (count, ...): shrinks, and for a stride the groups of `step`
+    elements of _slice_dim (its pad only completes the last group, whose padded elements are never selected)."""
+    for d, (start, count, step) in enumerate(windows):
+        if step == 1:
+            t = t.shrink(tuple((start, start + count) if i == d else None for i in range(t.ndim)))
+        else:
+            t = t._slice_dim(d, start, count, step)
+    return t
+
+
 def _symbolic_window(e: slice, size: Any) -> tuple[Any, Any, int]:
     """(start, count, 1) of a slice with a symbolic bound or size: step 1, bounds not clamped (shrink checks them)."""
     if e.step not in (None, 1):
@@ -381,6 +410,8 @@ class IndexingMixin:
             # every tensor that views this storage sees the write; one that lazily computes from it would not
             self._check_no_lazy_readers([v, *plan.adv_index])
             _reject_aliased_writes(views)
+            if not plan.adv_dims and not multi and not self.device.startswith("DISK") and self._store_region(plan, v):
+                return
         if plan.adv_dims:
             value, written = v._put(plan)
         else:
@@ -402,6 +433,19 @@ class IndexingMixin:
             Tensor(_unview(value.uop, views), device=self.device), target
         )
         Tensor._realize([target.assign(new_base)], keep_old_versions=False)
+
+    def _store_region(self, plan: _IndexPlan, v: Tensor) -> bool:
+        """Store v into the part of storage a basic index selects, by a kernel whose loops cover that part only (a KV
+        cache row costs one row, not a pass over the cache). False when no chain of views a store follows reaches it."""
+        counts = tuple(count for _, count, _ in plan.windows)
+        if any(isinstance(c, int) and c == 0 for c in counts):
+            return True  # an empty region: nothing to write
+        if (stored := _store_view(self.uop)) is None:
+            return False
+        region = _region_view(self._new(stored), plan.windows)
+        write = self._new(UOp(Ops.ASSIGN, self.dtype, (region.uop, v.reshape(counts).uop)))
+        Tensor._realize([write], keep_old_versions=False)
+        return True
 
     def __delitem__(self, indices: Any) -> None:
         raise TypeError("Tensor does not support item deletion (del t[idx])")

@@ -1,6 +1,8 @@
 """GPT-2 against transformers' GPT2LMHeadModel on random small configs saved with save_pretrained: logits, cached
 decoding and greedy generation; sampling rules against their definition."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -62,9 +64,10 @@ def test_decode_replays_one_capture_for_every_position(tmp_path):
 
 
 def test_decode_cache_write_computes_the_new_row_once(tmp_path, monkeypatch):
-    """The cache write is a where over the whole cache; the key/value projection below its pad is its own kernel
-    (fused, it ran its reduce loop for every cache slot)."""
+    """The cache write stores through its view of the cache: its output loops cover the new row only (it was a where
+    over the whole cache), so the key/value projection fused into it runs once per row element."""
     import fusegrad.engine.realize as realize
+    from fusegrad.codegen.lowerer import lower_kernel
     from fusegrad.uop.ops import Ops
 
     _, model = reference(tmp_path, "small")
@@ -74,8 +77,16 @@ def test_decode_cache_write_computes_the_new_row_once(tmp_path, monkeypatch):
     with Context(JIT=0):
         model.forward(np.array([5]), 3).numpy()
     assert model._caches is not None
-    writes = [a for a in asts if a.src[0].src[0].arg[1] == model._caches[0].k.numel()]
-    assert writes and not any(u.op is Ops.REDUCE_AXIS for a in writes for u in a.toposort())
+    cache = model._caches[0].k
+    writes = [a for a in asts if a.src[0].src[0].op is not Ops.DEFINE_GLOBAL]
+    assert len(writes) == 2 * len(model._caches)
+    for ast in writes:
+        target = ast.src[0].src[0]
+        while target.op is not Ops.DEFINE_GLOBAL:
+            target = target.src[0]
+        assert target.arg[1] == cache.numel()
+        loops = [u for u in lower_kernel(ast).toposort() if u.op is Ops.RANGE and u.arg[1] == "global"]
+        assert math.prod(r.src[0].arg for r in loops) == cache.numel() // model.max_context
 
 
 def test_sampled_generation_is_seeded_and_top_k_1_is_greedy(tmp_path):
