@@ -160,3 +160,23 @@ def test_python_backend_reads_int_parameter_constants():
     outs: list[list[int]] = []
     assert compiles_during(lambda: outs.extend((x * k + 3 * k).tolist() for k in (5, 7, 9))) == 1
     assert outs == [[k * v + 3 * k for v in range(-4, 4)] for k in (5, 7, 9)]
+
+
+def test_int_constants_reaching_a_shift_count_stay_literals():
+    """A constant that only reaches a shift count through other int ops (`x >> where(m, k, 0)`: a dequantizer's nibble
+    shift picked per part) is compiled in too, so the compiler can fold the shift; values equal numpy's."""
+    x_np = np.arange(0, 64, dtype=np.int32) * 37
+    m_np = np.arange(64) % 3 == 0
+    x, m = Tensor(x_np).realize(), Tensor(m_np).realize()
+    outs: list[np.ndarray] = []
+    n = compiles_during(lambda: outs.extend((x >> m.where(k, 0)).numpy() for k in (2, 3, 4)))
+    assert n == 3
+    for k, got in zip((2, 3, 4), outs):
+        np.testing.assert_array_equal(got, x_np >> np.where(m_np, np.int32(k), np.int32(0)))
+    # through movement ops: a per-part shift table `arange(2) * k` broadcast over the rows
+    pairs = x.reshape(32, 2)
+    tables: list[np.ndarray] = []
+    n = compiles_during(lambda: tables.extend((pairs >> (Tensor.arange(2) * k)).numpy() for k in (2, 3, 4)))
+    assert n == 3
+    for k, got in zip((2, 3, 4), tables):
+        np.testing.assert_array_equal(got, x_np.reshape(32, 2) >> (np.arange(2, dtype=np.int32) * k))

@@ -410,18 +410,26 @@ class _Planner:
         comparisons (INT_CONST_OPERAND_OPS): a shift count, a power, a divisor shape the compiled code."""
         memo: dict[UOp, UOp] = {}
         const_views = self.const_views
+        shaping: set[UOp] | None = None  # found on the first int constant: most kernels have none
 
         def lifted(user: UOp | None, s: UOp) -> bool:
             """Whether s, a source of user (None: the kernel's value itself), is read from a parameter."""
+            nonlocal shaping
             if not is_lifted_const_view(s, const_views):
                 return False
             if dtypes.is_float(s.dtype):
                 return True
+            if shaping is None:
+                shaping = feeds_code_shape(value)
             # an int constant combined only with constants (the squarings of `2 ** t`) stays foldable by the compiler
-            return user is not None and (
-                user.op is Ops.NEG  # `x - k` adds -k
-                or user.op in INT_CONST_OPERAND_OPS
-                and any(o is not s and not is_lifted_const_view(o, const_views) for o in user.src)
+            return (
+                user is not None
+                and user not in shaping
+                and (
+                    user.op is Ops.NEG  # `x - k` adds -k
+                    or user.op in INT_CONST_OPERAND_OPS
+                    and any(o is not s and not is_lifted_const_view(o, const_views) for o in user.src)
+                )
             )
 
         def param(buf: Buffer, key: object) -> UOp:
@@ -531,11 +539,24 @@ _LIFTED_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64, dtypes.int8, d
 # the ops an int constant is a parameter of (with data as another operand; and NEG); everything else (shifts, pow,
 # division, bit masks, casts) compiles it in
 INT_CONST_OPERAND_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE})
+# ops whose int operands shape the compiled code: a shift count, a divisor, a bit mask
+CODE_SHAPING_OPS = frozenset({Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.POW})
 MAX_CONST_BUFFERS = 4096
 # a kernel gives each use of a constant its own parameter up to this many parameters
 MAX_KERNEL_PARAMS = 64
 # (device, dtype, value) -> a one-element buffer holding it; kernels only read these, so one buffer serves every kernel
 _const_buffers: OrderedDict[tuple[str, DType, float], Buffer] = OrderedDict()
+
+
+def feeds_code_shape(value: UOp) -> set[UOp]:
+    """The nodes of a kernel's value whose result reaches an operand of a CODE_SHAPING_OP through elementwise and
+    movement ops (`x >> where(m, 4, 0)`, a dequantizer's nibble shifts `arange(2) * 4`): int constants they use stay
+    literals the compiler folds."""
+    marked: set[UOp] = set()
+    for u in reversed(value.toposort()):  # every consumer before its sources
+        if u.op in CODE_SHAPING_OPS or u in marked and (u.op in GroupOp.ALU or u.op in GroupOp.Movement):
+            marked.update(u.src)
+    return marked
 
 
 def is_liftable_const(u: UOp) -> bool:
