@@ -332,9 +332,34 @@ def cl_rows() -> None:
         print(f"{f'matmul {m}x{m} f32':34s} {ms}  GFLOPS {gflops}")
 
 
+def matmul_block_rows() -> None:
+    """matmul GFLOPS with each contender timed in a block of its own calls (3 rounds, a pause before each block): in
+    per-call turns the worker threads torch (OpenMP) and numpy (OpenBLAS) leave spinning after a call take the cores
+    from whoever runs next, which halved fusegrad's 1024^2 figure in `matmul_rows`."""
+    torch.set_num_threads(int(NUM_CPU_THREADS.value))
+    rng = np.random.default_rng(0)
+    for m in (512, 1024, 2048):
+        an, bn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
+        a, b, at, bt = Tensor(an).realize(), Tensor(bn).realize(), torch.from_numpy(an), torch.from_numpy(bn)
+        fns = {"fusegrad": lambda: (a @ b).realize(), "numpy": lambda: an @ bn, "torch": lambda: at @ bt}
+        times: dict = {name: [] for name in fns}
+        for _ in range(3):
+            for name, fn in fns.items():
+                time.sleep(0.5)  # the previous block's threads go idle
+                times[name].append(median_time(fn, repeats=15 if m < 2048 else 5))
+        rate = {name: 2 * m**3 / statistics.median(t) / 1e9 for name, t in times.items()}
+        print(
+            f"matmul {m}x{m} f32, blocks: fusegrad {rate['fusegrad']:.0f} GFLOPS, numpy {rate['numpy']:.0f}, torch"
+            f" {rate['torch']:.0f}: {rate['fusegrad'] / rate['numpy']:.2f}x numpy,"
+            f" {rate['fusegrad'] / rate['torch']:.2f}x torch"
+        )
+
+
 if __name__ == "__main__":
     if "--matmul" in sys.argv[1:]:  # only the matmul rows (numpy and torch in turns with fusegrad)
         main(matmul_only=True)
+    elif "--matmul-blocks" in sys.argv[1:]:  # matmul rows timed in blocks per contender
+        matmul_block_rows()
     else:
         main()
         cl_rows()

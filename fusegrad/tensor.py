@@ -391,12 +391,7 @@ class Tensor(
     def _new(self, uop: UOp) -> Tensor:
         """A tensor of a graph built from self, on self's (already canonical) device: __init__ without its parsing,
         since every op builds one."""
-        t = Tensor.__new__(Tensor)
-        t.device, t.grad, t.requires_grad, t.is_param = self.device, None, None, True
-        t._ref = weakref.ref(t)
-        t._uop = uop  # the uop setter's work, inline: every op builds one
-        uop.add_holder(t._ref)
-        return t
+        return tensor_of_uop(uop, self.device)
 
     # ------------------------------------------------------------------ creation
     # ------------------------------------------------------------------ random numbers
@@ -600,10 +595,10 @@ bind_tensor_class(Tensor)
 
 def tensor_of_uop(u: UOp, device: str | tuple[str, ...]) -> Tensor:
     """A Tensor holding node u on an already canonical device, as Tensor(u, device=device) builds it without parsing
-    the device: TinyJit returns one per replay (its per-call cost is the jitted call's cost)."""
+    the device: every op builds one (`Tensor._new`), and TinyJit one per output of each replay."""
     t = Tensor.__new__(Tensor)
     t.device, t.grad, t.requires_grad, t.is_param = device, None, None, True
     t._ref = weakref.ref(t)
-    t._uop = u
+    t._uop = u  # the uop setter's work, inline: every op builds one
     u.add_holder(t._ref)
     return t

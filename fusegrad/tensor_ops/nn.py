@@ -333,14 +333,14 @@ class NNMixin:
         spatial: tuple[int, ...],
     ) -> Tensor:
         """The gradient of a convolution of a (N, C_in, *spatial) input from the output gradient self (N, C_out,
-        *out): the output gradient zero-stuffed by stride and padded by the dilated kernel, convolved with the kernel
-        flipped and its channels swapped per group."""
+        *out): at stride 1 the output gradient padded by the dilated kernel, convolved with the kernel flipped and its
+        channels swapped per group; a strided conv goes phase by phase (`_conv_input_grad_by_phase`)."""
         n, kernel = weight.ndim - 2, weight.shape[2:]
         if any(s > 1 for s in stride):
             return self._conv_input_grad_by_phase(weight, groups, stride, dilation, pads, spatial)
         g = self
         reach = tuple(d * (k - 1) for k, d in zip(kernel, dilation))
-        # tap k-1-a of the flipped kernel at input position p reads the stuffed gradient at p + pad - a*d: shifted
+        # tap k-1-a of the flipped kernel at input position p reads the gradient at p + pad - a*d: shifted
         # right by reach - pad, and cut or filled to spatial + reach (negative amounts crop)
         g = g.pad(
             ((0, 0), (0, 0))
