@@ -8,14 +8,13 @@ when the machine is loaded. Prints median ms per step of interleaved runs and fu
 
 from __future__ import annotations
 import os
-import statistics
-import time
 
 os.environ.setdefault("NUM_CPU_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from fusegrad import Tensor, TinyJit  # noqa: E402
 from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
+from bench_train import steps_per_second  # noqa: E402  (this script's folder is on the path)
 
 # (name, M, K, N): x is (M, K), the output (M, N)
 SHAPES = [
@@ -56,24 +55,8 @@ def torch_step(x_np: np.ndarray, w_np: np.ndarray, g_np: np.ndarray, transposed:
 
 
 def median_ms(steppers: dict, runs: int = 7, seconds: float = 0.15) -> dict:
-    """Median ms per step of each stepper; the runs take turns, so load from elsewhere hits both alike."""
-    counts = {}
-    for name, step in steppers.items():
-        for _ in range(3):  # warm-up (and the TinyJit capture)
-            step()
-        st, n = time.perf_counter(), 0
-        while time.perf_counter() - st < seconds or n < 2:
-            step()
-            n += 1
-        counts[name] = n
-    times: dict[str, list[float]] = {name: [] for name in steppers}
-    for _ in range(runs):
-        for name, step in steppers.items():
-            st = time.perf_counter()
-            for _ in range(counts[name]):
-                step()
-            times[name].append((time.perf_counter() - st) / counts[name] * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median ms per step of each stepper, the runs taking turns (bench_train's timer)."""
+    return {name: 1e3 / rate for name, rate in steps_per_second(steppers, runs, seconds).items()}
 
 
 def check(x_np, w_np, g_np, transposed: bool) -> None:
