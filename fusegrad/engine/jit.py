@@ -40,7 +40,7 @@ from fusegrad.engine.jit_inputs import (
 )
 from fusegrad.engine.jit_program import CapturedJit, Launch, freeze, is_frozen_tensor, thaw
 from fusegrad.engine.realize import capturing, realize_lock
-from fusegrad.schedule import buffer_of
+from fusegrad.runtime.buffers import buffer_of
 from fusegrad.schedule.variables import var_params
 from fusegrad.tensor import Tensor, tensor_of_uop
 from fusegrad.uop.ops import UOp

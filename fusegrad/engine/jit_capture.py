@@ -11,7 +11,8 @@ from fusegrad.engine.jit_inputs import JitError, is_constant, rebase_view, tenso
 from fusegrad.engine.jit_program import CapturedJit, IndexCheckRunner, Launch, run_launch
 from fusegrad.engine.memory_planner import plan_buffers
 from fusegrad.runtime.device import Buffer, Device, HostAllocator
-from fusegrad.schedule import buffer_of, buffer_uop, reads_shifted
+from fusegrad.runtime.buffers import buffer_of, buffer_uop
+from fusegrad.schedule import reads_shifted
 from fusegrad.tensor import Tensor, _pending_assigns
 from fusegrad.uop.ops import Ops, UOp
 

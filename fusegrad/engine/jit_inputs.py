@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 from fusegrad.runtime.device import Buffer
-from fusegrad.schedule import buffer_of
+from fusegrad.runtime.buffers import buffer_of
 from fusegrad.tensor import Tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 

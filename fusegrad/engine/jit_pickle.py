@@ -9,7 +9,7 @@ from fusegrad.codegen import lower_to_linear
 from fusegrad.engine.jit_program import IndexCheckRunner
 from fusegrad.dtype import dtypes
 from fusegrad.runtime.device import Buffer, Device
-from fusegrad.schedule import buffer_of, buffer_uop
+from fusegrad.runtime.buffers import buffer_of, buffer_uop
 from fusegrad.uop.ops import Ops, UOp
 
 
