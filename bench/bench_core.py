@@ -335,13 +335,27 @@ def cl_rows() -> None:
 def matmul_block_rows() -> None:
     """matmul GFLOPS with each contender timed in a block of its own calls (3 rounds, a pause before each block): in
     per-call turns the worker threads torch (OpenMP) and numpy (OpenBLAS) leave spinning after a call take the cores
-    from whoever runs next, which halved fusegrad's 1024^2 figure in `matmul_rows`."""
+    from whoever runs next, which halved fusegrad's 1024^2 figure in `matmul_rows`. fusegrad runs with the heuristics'
+    opts and with BEAM=2, whose search (or its disk cache) runs once before the timing."""
     torch.set_num_threads(int(NUM_CPU_THREADS.value))
     rng = np.random.default_rng(0)
     for m in (512, 1024, 2048):
         an, bn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
         a, b, at, bt = Tensor(an).realize(), Tensor(bn).realize(), torch.from_numpy(an), torch.from_numpy(bn)
-        fns = {"fusegrad": lambda: (a @ b).realize(), "numpy": lambda: an @ bn, "torch": lambda: at @ bt}
+
+        def beam_matmul(a=a, b=b):
+            with Context(BEAM=2):
+                return (a @ b).realize()
+
+        searched = time.perf_counter()
+        beam_matmul()  # the search, or its winner from the disk cache
+        searched = time.perf_counter() - searched
+        fns = {
+            "fusegrad": lambda: (a @ b).realize(),
+            "BEAM=2": beam_matmul,
+            "numpy": lambda: an @ bn,
+            "torch": lambda: at @ bt,
+        }
         times: dict = {name: [] for name in fns}
         for _ in range(3):
             for name, fn in fns.items():
@@ -349,9 +363,10 @@ def matmul_block_rows() -> None:
                 times[name].append(median_time(fn, repeats=15 if m < 2048 else 5))
         rate = {name: 2 * m**3 / statistics.median(t) / 1e9 for name, t in times.items()}
         print(
-            f"matmul {m}x{m} f32, blocks: fusegrad {rate['fusegrad']:.0f} GFLOPS, numpy {rate['numpy']:.0f}, torch"
-            f" {rate['torch']:.0f}: {rate['fusegrad'] / rate['numpy']:.2f}x numpy,"
-            f" {rate['fusegrad'] / rate['torch']:.2f}x torch"
+            f"matmul {m}x{m} f32, blocks: fusegrad {rate['fusegrad']:.0f} GFLOPS, BEAM=2 {rate['BEAM=2']:.0f},"
+            f" numpy {rate['numpy']:.0f}, torch {rate['torch']:.0f}: {rate['fusegrad'] / rate['numpy']:.2f}x numpy"
+            f" (BEAM=2 {rate['BEAM=2'] / rate['numpy']:.2f}x), {rate['fusegrad'] / rate['torch']:.2f}x torch"
+            f" (BEAM=2 {rate['BEAM=2'] / rate['torch']:.2f}x); BEAM warm-up {searched:.1f}s"
         )
 
 
