@@ -36,6 +36,9 @@ FINAL_CANDIDATES = 3
 FINAL_RUNS = 7
 # a candidate replaces the heuristic's opts only when its final median is at least this share faster
 MIN_WIN = 0.02
+# and when it ran faster than the heuristic's in at least this many of the FINAL_RUNS rounds: the two run back to
+# back in each round, so load from other processes hits both alike; a list that only ties wins about half of them
+MIN_ROUND_WINS = 6
 # a candidate whose first run is this many times slower than the best so far is not run again
 SLOW_FACTOR = 3.0
 # a level of the search must beat the best time by this share to continue
@@ -357,7 +360,8 @@ def _final_choice(
     programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]],
 ) -> tuple[tuple[Opt, ...], dict[tuple[Opt, ...], float]]:
     """(the winner, final medians): the FINAL_CANDIDATES fastest lists timed again in turns with the baseline (the
-    heuristic's opts), FINAL_RUNS rounds; one replaces the baseline only when its median is MIN_WIN faster."""
+    heuristic's opts), FINAL_RUNS rounds; one replaces the baseline only when its median is MIN_WIN faster and it
+    was faster in MIN_ROUND_WINS of the rounds."""
     best_time = min(timed.values())
     ranked = sorted((o for o in timed if o != baseline and timed[o] <= SLOW_FACTOR * best_time), key=timed.__getitem__)
     finalists = ranked[:FINAL_CANDIDATES]
@@ -367,8 +371,9 @@ def _final_choice(
         for opts in contenders:
             runs[opts].append(bench.run(programs[opts]))
     final = {o: statistics.median(t) for o, t in runs.items()}
-    best = min(finalists, key=final.__getitem__, default=baseline)
-    return (best if final[best] < final[baseline] * (1 - MIN_WIN) else baseline), final
+    rounds_won = {o: sum(a < b for a, b in zip(runs[o], runs[baseline])) for o in finalists}
+    clear = [o for o in finalists if final[o] < final[baseline] * (1 - MIN_WIN) and rounds_won[o] >= MIN_ROUND_WINS]
+    return min(clear, key=final.__getitem__, default=baseline), final
 
 
 __all__ = [
