@@ -4,6 +4,7 @@ Prints the median of several runs for each case and fusegrad's speed as a ratio 
 threads (>1 means faster); the fresh-output cases compare with and without a preallocated `out=`."""
 
 from __future__ import annotations
+import os
 import statistics
 import sys
 import time
@@ -13,13 +14,13 @@ from fusegrad import Context, Tensor
 from fusegrad.helpers import NUM_CPU_THREADS, GlobalCounters
 
 
-def median_time(fn, repeats: int = 7) -> float:
+def median_time(fn, repeats: int = 7, clock=time.perf_counter) -> float:
     fn()  # warm-up: compiles and allocates
     times = []
     for _ in range(repeats):
-        st = time.perf_counter()
+        st = clock()
         fn()
-        times.append(time.perf_counter() - st)
+        times.append(clock() - st)
     return statistics.median(times)
 
 
@@ -335,30 +336,52 @@ def cl_rows() -> None:
 def matmul_block_rows() -> None:
     """matmul GFLOPS with each contender timed in a block of its own calls (3 rounds, a pause before each block): in
     per-call turns the worker threads torch (OpenMP) and numpy (OpenBLAS) leave spinning after a call take the cores
-    from whoever runs next, which halved fusegrad's 1024^2 figure in `matmul_rows`."""
+    from whoever runs next, which halved fusegrad's 1024^2 figure in `matmul_rows`. fusegrad runs with the heuristics'
+    opts and with BEAM=2, whose search (or its disk cache) runs once before the timing. With `--cpu-time` (for a
+    loaded machine; run with NUM_CPU_THREADS=1 OPENBLAS_NUM_THREADS=1) every contender runs on the calling thread
+    and is timed by that thread's CPU time, which other processes' load does not count."""
+    clock = time.perf_counter
+    if "--cpu-time" in sys.argv[1:]:
+        if int(NUM_CPU_THREADS.value) != 1 or os.environ.get("OPENBLAS_NUM_THREADS") != "1":
+            raise SystemExit("--cpu-time times one thread: run with NUM_CPU_THREADS=1 OPENBLAS_NUM_THREADS=1")
+        clock = time.thread_time
     torch.set_num_threads(int(NUM_CPU_THREADS.value))
     rng = np.random.default_rng(0)
     for m in (512, 1024, 2048):
         an, bn = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
         a, b, at, bt = Tensor(an).realize(), Tensor(bn).realize(), torch.from_numpy(an), torch.from_numpy(bn)
-        fns = {"fusegrad": lambda: (a @ b).realize(), "numpy": lambda: an @ bn, "torch": lambda: at @ bt}
+
+        def beam_matmul(a=a, b=b):
+            with Context(BEAM=2):
+                return (a @ b).realize()
+
+        searched = time.perf_counter()
+        beam_matmul()  # the search, or its winner from the disk cache
+        searched = time.perf_counter() - searched
+        fns = {
+            "fusegrad": lambda: (a @ b).realize(),
+            "BEAM=2": beam_matmul,
+            "numpy": lambda: an @ bn,
+            "torch": lambda: at @ bt,
+        }
         times: dict = {name: [] for name in fns}
         for _ in range(3):
             for name, fn in fns.items():
                 time.sleep(0.5)  # the previous block's threads go idle
-                times[name].append(median_time(fn, repeats=15 if m < 2048 else 5))
+                times[name].append(median_time(fn, repeats=15 if m < 2048 else 5, clock=clock))
         rate = {name: 2 * m**3 / statistics.median(t) / 1e9 for name, t in times.items()}
         print(
-            f"matmul {m}x{m} f32, blocks: fusegrad {rate['fusegrad']:.0f} GFLOPS, numpy {rate['numpy']:.0f}, torch"
-            f" {rate['torch']:.0f}: {rate['fusegrad'] / rate['numpy']:.2f}x numpy,"
-            f" {rate['fusegrad'] / rate['torch']:.2f}x torch"
+            f"matmul {m}x{m} f32, blocks: fusegrad {rate['fusegrad']:.0f} GFLOPS, BEAM=2 {rate['BEAM=2']:.0f},"
+            f" numpy {rate['numpy']:.0f}, torch {rate['torch']:.0f}: {rate['fusegrad'] / rate['numpy']:.2f}x numpy"
+            f" (BEAM=2 {rate['BEAM=2'] / rate['numpy']:.2f}x), {rate['fusegrad'] / rate['torch']:.2f}x torch"
+            f" (BEAM=2 {rate['BEAM=2'] / rate['torch']:.2f}x); BEAM warm-up {searched:.1f}s"
         )
 
 
 if __name__ == "__main__":
     if "--matmul" in sys.argv[1:]:  # only the matmul rows (numpy and torch in turns with fusegrad)
         main(matmul_only=True)
-    elif "--matmul-blocks" in sys.argv[1:]:  # matmul rows timed in blocks per contender
+    elif "--matmul-blocks" in sys.argv[1:]:  # matmul rows timed in blocks per contender (and --cpu-time)
         matmul_block_rows()
     else:
         main()

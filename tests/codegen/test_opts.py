@@ -366,8 +366,9 @@ def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks():
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
         x, w = Tensor.rand(1024, 512).realize(), Tensor.rand(512, 8 * p).realize()
         opts = lower_to_linear(ast_of(x @ w)).opts
-    # output axes (rows, panels, columns of a panel): 8 rows x one panel in registers, 64 row tiles per block
-    assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 64))
+    # output axes (rows, panels, columns of a panel): 8 rows x one panel in registers, 64 row tiles per block, each
+    # tile over 2 panels in a row
+    assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 64), opt("TILE", 1, 2))
     # under an epilogue the panels merge into the output's columns: the same tile, on the merged axis
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
         b = Tensor.rand(8 * p).realize()
@@ -376,10 +377,16 @@ def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks():
                 opt("UPCAST", 0, 8),
                 opt("UPCAST", 1, p),
                 opt("TILE", 0, 64),
+                opt("TILE", 1, 2),
             )
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
         opts = lower_to_linear(ast_of(Tensor.rand(48, 512).realize() @ w)).opts
-    assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 3))  # 6 row tiles: 3 per thread
+    # 6 row tiles: 3 per thread
+    assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 3), opt("TILE", 1, 2))
+    # an odd number of panels is not walked in pairs (the last pair would overlap)
+    with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
+        opts = lower_to_linear(ast_of(x @ Tensor.rand(512, 7 * p).realize())).opts
+    assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 64))
 
 
 def test_packed_matmul_past_l2_keeps_its_reduce_blocks():

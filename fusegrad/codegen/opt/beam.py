@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -20,7 +21,8 @@ from fusegrad.helpers import DEBUG, IGNORE_BEAM_CACHE, NUM_CPU_THREADS, cache_di
 from fusegrad.codegen import kernel_name, lower_to_linear
 from fusegrad.codegen.lowerer import output_value
 from fusegrad.codegen.opt import Opt, OptError, OptOps, blockable_sum
-from fusegrad.codegen.opt.target import vector_bytes
+from fusegrad.codegen.opt.heuristic import SPARE_REGISTERS
+from fusegrad.codegen.opt.target import vector_bytes, vector_registers
 from fusegrad.runtime.device import Buffer, Device
 from fusegrad.uop.ops import Ops, UOp
 
@@ -34,12 +36,20 @@ FINAL_CANDIDATES = 3
 FINAL_RUNS = 7
 # a candidate replaces the heuristic's opts only when its final median is at least this share faster
 MIN_WIN = 0.02
+# and when it ran faster than the heuristic's in at least this many of the FINAL_RUNS rounds: the two run back to
+# back in each round, so load from other processes hits both alike; a list that only ties wins about half of them
+MIN_ROUND_WINS = 6
 # a candidate whose first run is this many times slower than the best so far is not run again
 SLOW_FACTOR = 3.0
 # a level of the search must beat the best time by this share to continue
 MIN_IMPROVEMENT = 0.01
-UPCAST_AMOUNTS = (2, 4, 8, 16, 32)
-TILE_AMOUNTS = (2, 4, 8, 16)
+# 3, 6 and 12 rows of a register tile fill the vector registers differently from the powers of two
+UPCAST_AMOUNTS = (2, 3, 4, 6, 8, 12, 16, 32)
+# up to 128: a packed matmul's row tiles reuse one panel of the column input in blocks of 32-128 tiles
+TILE_AMOUNTS = (2, 4, 8, 16, 32, 64, 128)
+# another amount for an opt a candidate has is tried before any new opt when it is at most this factor away; farther
+# ones come after the new opts (the budget runs out on the least likely first)
+NEAR_FACTOR = 3.0
 REDUCE_BLOCK_AMOUNTS = (16, 32, 64, 128, 256)
 UNROLL_AMOUNTS = (2, 3, 4, 8)
 # a reduce this short is also tried without its loop
@@ -235,6 +245,43 @@ def actions(ast: UOp) -> list[Opt]:
     return out
 
 
+# new opts in the order a short search tries them: a thread split and cache blocks change how memory is walked and
+# compile fast; a new upcast grows the kernel, unrolls and paddings of the reduce rarely pay on a register tile
+NEW_OPT_ORDER = (OptOps.THREAD, OptOps.TILE, OptOps.REDUCE_BLOCK, OptOps.UPCAST, OptOps.UNROLL, OptOps.PADTO)
+
+
+def nearest_first(base: tuple[Opt, ...], moves: list[Opt], width: int) -> list[Opt]:
+    """moves in the order a search with little time should try them on base: other amounts of base's own opts at
+    most NEAR_FACTOR away (nearest first: a tile of 6 or 12 rows before one of 2), then new opts (NEW_OPT_ORDER),
+    then the far amounts and those that would cut an upcast of whole vectors (width lanes) into partial ones; ties
+    keep the order of `actions`."""
+    current = {(o.op, o.axis): o.amount for o in base}
+
+    def rank(indexed: tuple[int, Opt]) -> tuple[int, float, int]:
+        i, move = indexed
+        if (have := current.get((move.op, move.axis))) is None:
+            return (1, float(NEW_OPT_ORDER.index(move.op)) if move.op in NEW_OPT_ORDER else 9.0, i)
+        if move.amount <= 0 or have <= 0:
+            return (2, math.inf, i)
+        distance = abs(math.log(move.amount / have))
+        partial = move.op is OptOps.UPCAST and have % width == 0 and move.amount % width != 0
+        return (0 if distance <= math.log(NEAR_FACTOR) and not partial else 2, distance, i)
+
+    return [m for _, m in sorted(enumerate(moves), key=rank)]
+
+
+def fits_registers(ast: UOp, opts: tuple[Opt, ...]) -> bool:
+    """False when a reduce kernel's upcast outputs need more vector registers than the register tile may use even
+    packed in full vectors (the heuristic's SPARE_REGISTERS left for loaded vectors): its accumulators would spill
+    in the inner loop, so it is not worth compiling. Kernels without a reduce keep no accumulators."""
+    value = output_value(ast)
+    if not any(u.op is Ops.REDUCE_AXIS for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL)):
+        return True
+    lanes = math.prod(o.amount for o in opts if o.op is OptOps.UPCAST and isinstance(o.amount, int))
+    width = max(vector_bytes() // max(value.dtype.itemsize, 1), 1)
+    return -(-lanes // width) <= vector_registers() - SPARE_REGISTERS
+
+
 def _search(ast: UOp, device: str, width: int) -> SearchResult:
     start_time = deadline_clock()
     bench = _Bench(ast, device)
@@ -274,10 +321,11 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
     deadline = deadline_clock() + SEARCH_BUDGET_S
     beam = sorted(timed, key=timed.__getitem__)[:width]
     moves = actions(ast)
+    lanes = max(vector_bytes() // max(output_value(ast).dtype.itemsize, 1), 1)
     while deadline_clock() < deadline:
         best_before = timed[beam[0]]
         for base in beam:
-            for move in moves:
+            for move in nearest_first(base, moves, lanes):
                 # another amount for an opt the candidate has, else one more opt
                 cand = tuple(move if (o.op, o.axis) == (move.op, move.axis) else o for o in base)
                 if move not in cand:
@@ -286,6 +334,10 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
                     continue
                 if deadline_clock() >= deadline:
                     break
+                if not fits_registers(ast, cand):
+                    seen.add(frozenset(cand))
+                    result.failed.append((cand, "its accumulators exceed the vector registers"))
+                    continue
                 measure(cand)
         beam = sorted(timed, key=timed.__getitem__)[:width]
         if timed[beam[0]] > best_before * (1 - MIN_IMPROVEMENT):
@@ -308,7 +360,8 @@ def _final_choice(
     programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]],
 ) -> tuple[tuple[Opt, ...], dict[tuple[Opt, ...], float]]:
     """(the winner, final medians): the FINAL_CANDIDATES fastest lists timed again in turns with the baseline (the
-    heuristic's opts), FINAL_RUNS rounds; one replaces the baseline only when its median is MIN_WIN faster."""
+    heuristic's opts), FINAL_RUNS rounds; one replaces the baseline only when its median is MIN_WIN faster and it
+    was faster in MIN_ROUND_WINS of the rounds."""
     best_time = min(timed.values())
     ranked = sorted((o for o in timed if o != baseline and timed[o] <= SLOW_FACTOR * best_time), key=timed.__getitem__)
     finalists = ranked[:FINAL_CANDIDATES]
@@ -318,8 +371,18 @@ def _final_choice(
         for opts in contenders:
             runs[opts].append(bench.run(programs[opts]))
     final = {o: statistics.median(t) for o, t in runs.items()}
-    best = min(finalists, key=final.__getitem__, default=baseline)
-    return (best if final[best] < final[baseline] * (1 - MIN_WIN) else baseline), final
+    rounds_won = {o: sum(a < b for a, b in zip(runs[o], runs[baseline])) for o in finalists}
+    clear = [o for o in finalists if final[o] < final[baseline] * (1 - MIN_WIN) and rounds_won[o] >= MIN_ROUND_WINS]
+    return min(clear, key=final.__getitem__, default=baseline), final
 
 
-__all__ = ["beam_search", "SearchResult", "SEARCH_BUDGET_S", "cache_path", "actions", "compile_candidate"]
+__all__ = [
+    "beam_search",
+    "SearchResult",
+    "SEARCH_BUDGET_S",
+    "cache_path",
+    "actions",
+    "compile_candidate",
+    "nearest_first",
+    "fits_registers",
+]

@@ -31,6 +31,8 @@ MAX_REDUCE_BLOCKS = 32
 # row tiles of a packed matmul that reuse one panel of the column input (measured on 1024^2 and 2048^2: 32-64 tiles
 # of 8 rows beat 8-16 by 5-30 %)
 PANEL_ROW_BLOCK = 64
+# panels a row tile of a packed matmul walks in a row (TILE of the panels' loop)
+PANEL_PAIR = 2
 # the longest panel walked whole (half the L2 of this machine's cores)
 PANEL_MAX_BYTES = 1 << 20
 # a reduce this short or shorter loses its loop (when nothing is upcast: unrolled lanes would break the vectors)
@@ -277,6 +279,12 @@ def _panel_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt] | None:
         per_block -= 1  # an overlapping last block would recompute up to a block of row tiles
     if prod(d for a, d in enumerate(value.shape) if a != row) > cols_per_panel and per_block >= 2:
         opts.append(Opt(OptOps.TILE, row, per_block))
+    # each row tile walks PANEL_PAIR panels one after the other while its rows of the row input are in L1 (measured
+    # in CPU time: 1024^2 3-6 % faster, 2048^2 the same; 4 or 8 panels are slower)
+    trips = {a: -(-value.shape[a] // (cols_per_panel if a == col else 1)) for a in kept}
+    walks = [a for a in kept if a != row and coefficient(panel_load, axis_range[a]) != 0 and trips[a] >= PANEL_PAIR]
+    if walks and trips[walks[-1]] % PANEL_PAIR == 0:
+        opts.append(Opt(OptOps.TILE, walks[-1], PANEL_PAIR))
     return opts
 
 
