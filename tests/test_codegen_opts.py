@@ -326,6 +326,21 @@ def test_lanes_that_fill_half_a_vector_pack_as_a_half_width_vector(vector_bytes_
         assert all(len(p.lanes) in widths for p in packs)
 
 
+@pytest.mark.parametrize("rows", [8, 16])
+def test_tile_rows_read_consecutively_stay_broadcast_scalars(rows):
+    """relu(A.T) @ B with A's columns (the tile's rows) consecutive in memory: the rows' loads form a vector, but the
+    products broadcast each row's value, so its ReLU must stay a scalar (a vector there was multiplied whole into
+    every row of the tile)."""
+    width = vector_bytes() // 4
+    rng = np.random.default_rng(1)
+    an, bn = rng.standard_normal((12, rows), dtype=np.float32), rng.standard_normal((12, width), dtype=np.float32)
+    with forced_opts([upcast(0, 8), upcast(1, width // 2 if width >= 8 else width)]):
+        realize._runners.clear()
+        got = (Tensor(an).T.relu() @ Tensor(bn)).numpy()
+        realize._runners.clear()
+    np.testing.assert_allclose(got, np.maximum(an.T, 0) @ bn, rtol=1e-5, atol=1e-5)
+
+
 def test_half_width_register_tile_is_vector_c_and_equals_numpy():
     """A register tile half a vector wide (8 columns of floats under AVX-512) is emitted as vectors of that width: its
     scalar accumulators would otherwise be vectorized by the C compiler along the reduce, as gathers."""

@@ -179,6 +179,12 @@ def _computed_once(grad: Tensor) -> Tensor:
     return grad.contiguous() if computes and reads_data else grad
 
 
+def _tiles_without_padding(args: tuple[tuple[int, ...], ...]) -> bool:
+    """A pool's windows tile its input: side by side (stride = kernel, no dilation) and inside it (no padding)."""
+    kernel, stride, dilation, pads, _, extra = args
+    return kernel == stride and all(d == 1 for d in dilation) and all(p == (0, 0) for p in pads) and not any(extra)
+
+
 def _not_stored(u: UOp) -> bool:
     return u.op not in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)
 
@@ -571,6 +577,8 @@ class NNMixin:
         win = self._pooled_windows(args, lowest)
         axes = tuple(range(self.ndim, self.ndim + n))
         values = win.max(axes)
+        if dtypes.is_float(self.dtype) and _tiles_without_padding(args):
+            self._register_tiled_max_pool_gradient(values, args)
         if not return_indices:
             return values
         # the first tap (in input order) holding the window's max, as a flat offset into the input's spatial plane
@@ -581,6 +589,46 @@ class NNMixin:
         if dtypes.is_float(self.dtype):
             hit = hit | win.ne(win)  # NaN wins, like torch
         return values, hit.where(flat, plane).min(axes)
+
+    def _register_tiled_max_pool_gradient(self, values: Tensor, args: tuple[tuple[int, ...], ...]) -> None:
+        """The gradient of a max pool whose windows tile the input (stride = kernel, no dilation or padding) goes to one
+        tap per window, the one torch picks (the first maximum; the last NaN): its tap number is stored once per window,
+        and each input position compares its own tap number with it. The plain rule for a max divides the gradient
+        among tied taps (per-element division, a tie count per window) and, through the windows' movement ops, indexes
+        the input by division."""
+        kernel, _, _, _, outs, _ = args
+        n, x_uop, device = len(kernel), self.uop, self.device
+        lead, taps = self.shape[:-n], prod(kernel)
+
+        def backward(g: Any) -> tuple[Any, ...]:
+            x, grad = Tensor(x_uop, device=device), Tensor(g, device=device)
+            win = x._pooled_windows(args, -math.inf)
+            # the forward's maximum (the same node, so the same stored buffer), not a running maximum: a select per
+            # tap that the C compiler makes a branch, which random data mispredicts
+            most = win.max(tuple(range(x.ndim, x.ndim + n)))
+            tap = [t.squeeze(-1) for t in win.reshape(lead + outs + (taps,)).split(1, -1)]
+            # integer arithmetic, no select: the first tap equal to the maximum (from the last tap back), else (a NaN
+            # window) the last NaN
+            chosen = Tensor.zeros(lead + outs, dtype=dtypes.int32, device=device)
+            for t in reversed(range(taps)):
+                chosen = chosen + (tap[t] == most).cast(dtypes.int32) * (t - chosen)
+            for t in range(taps):
+                chosen = chosen + tap[t].ne(tap[t]).cast(dtypes.int32) * (t - chosen)
+            # stored: each of the window's taps reads it; recomputed per tap it would repeat the scan taps times
+            chosen = chosen.contiguous().reshape(lead + outs + (1,) * n)
+            number = Tensor.arange(taps, dtype=dtypes.int32, device=device).reshape(kernel)
+            # times a 0/1 mask, not a select (a branch the data decides, like above), as the plain rule for a max does
+            per_tap = grad.reshape(lead + outs + (1,) * n) * (chosen == number).cast(grad.dtype)
+            # (..., *out, *kernel) -> (..., out1, k1, out2, k2, ...), stored in that order: its loops index the
+            # windows' values without division, and the input positions are a plain reshape of it
+            p = len(lead)
+            per_tap = per_tap.permute(tuple(range(p)) + _cat((p + i, p + n + i) for i in range(n))).contiguous()
+            dx = per_tap.reshape(lead + tuple(o * k for o, k in zip(outs, kernel)))
+            # the rows and columns left over past the last window get none
+            dx = dx.pad(((0, 0),) * p + tuple((0, i - o * k) for i, o, k in zip(x.shape[p:], outs, kernel)))
+            return (dx.uop,)
+
+        register_gradient(values.uop, (x_uop,), backward)
 
     def max_unpool2d(
         self,

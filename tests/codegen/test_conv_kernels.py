@@ -14,6 +14,7 @@ from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
 import fusegrad.tensor_ops.nn as nn_ops
+from fusegrad.helpers import prod
 
 CASES = [  # input shape, weight shape, conv2d kwargs
     ((2, 4, 9, 9), (8, 4, 3, 3), {"padding": 1}),
@@ -249,7 +250,8 @@ def test_conv_of_a_stored_computed_input_reads_it_in_place():
 
 def test_computed_output_gradient_is_stored_once():
     """The output gradient of the second conv (a ReLU's and a max pool's backward) is computed in one kernel that the
-    input-gradient and weight-gradient kernels read, not again in each (through the pool's window index arithmetic)."""
+    input-gradient and weight-gradient kernels read, not again in each (through the pool's window index arithmetic);
+    the pool's backward neither divides the gradient among tied taps nor indexes by division."""
     rng = np.random.default_rng(6)
     xn = rng.standard_normal((2, 2, 8, 8), dtype=np.float32)
     w1n, w2n = rng.standard_normal((4, 2, 3, 3), dtype=np.float32), rng.standard_normal((6, 4, 3, 3), dtype=np.float32)
@@ -257,11 +259,19 @@ def test_computed_output_gradient_is_stored_once():
     h.sum().backward()
     tensors = [t.grad for t in ours]
     items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
-    # the pool's backward divides by the number of tied maxima in each window: one kernel does
-    dividing = [
-        item for item in items if item.ast.op is Ops.SINK and any(u.op is Ops.FDIV for u in item.ast.toposort())
-    ]
-    assert len(dividing) == 1, [lower_to_linear(item.ast).name for item in dividing]
+    kernels = [lower_to_linear(item.ast) for item in items if item.ast.op is Ops.SINK]
+    dividing = [k.name for k in kernels if any(u.op in (Ops.FDIV, Ops.IDIV, Ops.MOD) for u in k.lin)]
+    assert dividing == []
+    # the gradient's reduces (input, weight, bias) read it from buffers the elementwise kernels stored: all one buffer
+    size = prod((2, 6, 8, 8))
+    stored = {
+        item.buffers[0]
+        for item in items
+        if item.buffers[0].size == size and not any(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort())
+    }
+    reduces = [item for item in items if any(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort())]
+    read = [{b for b in item.buffers[1:] if b in stored} for item in reduces]
+    assert len(set().union(*read)) == 1 and sum(1 for r in read if r) >= 3, read
 
 
 def test_biased_conv_gradients_and_second_order_equal_torch():

@@ -67,10 +67,15 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
         full = width(dt)
         return (full, full // 2) if vector_bytes >= 2 * MIN_VECTOR_BYTES and full >= 4 else (full,)
 
+    # scalars a pack's lanes share (a register tile's row value): they stay scalars, or that pack would read a vector
+    shared: set[UOp] = set()
+
     def add(lanes: list[UOp], base: UOp | None = None, offset: int = 0, mask_of: DType | None = None) -> None:
         pack = Pack(tuple(lanes), base, offset, mask_of)
         for i, u in enumerate(lanes):
             lane_of[u] = (pack, i)
+            if u.op is not Ops.STORE:
+                shared.update(s for s in u.src if s not in lane_of)
 
     # loads of consecutive elements
     runs: dict[tuple, dict[int, UOp]] = {}
@@ -86,7 +91,7 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
     while True:
         groups: dict[tuple, dict[int, UOp]] = {}
         for u in lin:
-            if u in lane_of:
+            if u in lane_of or u in shared:
                 continue
             mask_of = _mask_dtype(u, lane_of)
             if width(u.dtype) <= 1 and mask_of is None:
