@@ -230,6 +230,17 @@ def test_small_convnet_forward_and_backward_equal_torch(shape, layout):
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), atol=2e-4, rtol=1e-4)
 
 
+def test_padded_input_of_a_small_conv_is_stored_so_its_tile_loads_are_ungated():
+    """A one-channel 8x8 input padded by 1 (the digits convnet's first conv): stored padded, the conv kernel's loads
+    need no bounds checks (a check per lane keeps a register tile's loads from being vectors)."""
+    x, w = Tensor.empty(64, 1, 8, 8), Tensor.empty(16, 1, 3, 3)
+    items, _, _ = create_schedule([x.conv2d(w, padding=1).uop], [Device["CPU"]])
+    conv = [lower_to_linear(item.ast) for item in items if any(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort())]
+    assert len(conv) == 1 and len(items) == 2
+    loads = [u for u in conv[0].lin if u.op is Ops.LOAD]
+    assert loads and all(len(u.src) == 2 for u in loads)
+
+
 def test_conv_of_a_stored_computed_input_reads_it_in_place():
     """A conv whose padded input is a stored value computed from data (a ReLU's output, padded and stored) reads its
     windows from that buffer: the broadcast of the windows is not costed as recomputing the ReLU, so no 3x3 = 9 times
