@@ -25,6 +25,8 @@ Scalar = int | float | bool
 # through the padding, each lane of a register tile has its own bounds check, so no load of the tile is a vector (the
 # digits convnet's first conv, 128x1x10x10 padded: 340 us gated, 30 us + a 10 us copy stored)
 CONV_PAD_REALIZE_SIZE = 2**12
+# a conv's weight gradient from an output gradient this large is computed with the output channels last (a matmul)
+CONV_WEIGHT_GRAD_MATMUL_SIZE = 2**16
 # a large conv's weight gradient is summed per sample first while the partials (batch x weight) stay this small
 CONV_PER_SAMPLE_LIMIT = 2**24
 IntOrInts = int | Sequence[int]
@@ -414,7 +416,7 @@ class NNMixin:
         n, bs, cin_g, outs = len(kernel), self.shape[0], self.shape[1] // groups, grad.shape[2:]
         cout_g = grad.shape[1] // groups
         win = self._windows(kernel, stride, dilation).reshape((bs, groups, 1, cin_g) + outs + kernel)
-        if grad.numel() < CONV_PAD_REALIZE_SIZE:
+        if grad.numel() < CONV_WEIGHT_GRAD_MATMUL_SIZE:
             g = grad.reshape((bs, groups, cout_g, 1) + outs + (1,) * n)
             dw = (win * g).sum((0,) + tuple(range(4, 4 + n)))
             return dw.reshape((groups * cout_g, cin_g) + kernel)

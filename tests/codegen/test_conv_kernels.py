@@ -121,6 +121,7 @@ def layout(request, monkeypatch):
     gradient summed per sample first, or, past its size limit, over the whole batch at once)."""
     if request.param != "fused":
         monkeypatch.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
+        monkeypatch.setattr(nn_ops, "CONV_WEIGHT_GRAD_MATMUL_SIZE", 0)
     if request.param == "stored, whole batch":
         monkeypatch.setattr(nn_ops, "CONV_PER_SAMPLE_LIMIT", 0)
     return request.param
@@ -250,6 +251,7 @@ def test_conv_of_a_stored_computed_input_reads_it_in_place():
     w1n, w2n = rng.standard_normal((8, 3, 3, 3), dtype=np.float32), rng.standard_normal((8, 8, 3, 3), dtype=np.float32)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
+        mp.setattr(nn_ops, "CONV_WEIGHT_GRAD_MATMUL_SIZE", 0)
         ours, h = small_convnet(xn, w1n, w2n, np.zeros(8, np.float32))
         h.sum().backward()
         tensors = [h] + [t.grad for t in ours]
