@@ -330,8 +330,11 @@ class NNMixin:
         checks (a check per lane would keep them from being vector loads)."""
         if all(p == (0, 0) for p in pads):
             return self
-        padded = self.pad(((0, 0), (0, 0)) + pads)
-        return padded.contiguous() if padded.numel() >= CONV_PAD_REALIZE_SIZE else padded
+        if prod(self.shape[:2]) * prod(i + a + b for i, (a, b) in zip(self.shape[2:], pads)) < CONV_PAD_REALIZE_SIZE:
+            return self.pad(((0, 0), (0, 0)) + pads)
+        # a computed input (a ReLU of the previous conv) is stored as it is first: its pass vectorizes, where the
+        # padding pass, a bounds check per element, computing it too costs twice as much
+        return _computed_once(self).pad(((0, 0), (0, 0)) + pads).contiguous()
 
     def _conv_input_grad(
         self,

@@ -12,7 +12,8 @@ from fusegrad.codegen import lower_to_linear
 from fusegrad.renderer.cstyle import CStyleRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
-from fusegrad.uop.ops import Ops
+from fusegrad.uop.ops import GroupOp, Ops
+from fusegrad.dtype import dtypes
 import fusegrad.tensor_ops.nn as nn_ops
 from fusegrad.helpers import prod
 
@@ -240,6 +241,18 @@ def test_padded_input_of_a_small_conv_is_stored_so_its_tile_loads_are_ungated():
     assert len(conv) == 1 and len(items) == 2
     loads = [u for u in conv[0].lin if u.op is Ops.LOAD]
     assert loads and all(len(u.src) == 2 for u in loads)
+
+
+def test_computed_conv_input_is_stored_before_the_padding_copy():
+    """A ReLU of the first conv feeding the second: the ReLU is stored in a pass of its own (which vectorizes) and the
+    stored padded copy only moves values (its bounds check per element made computing the ReLU there twice as slow)."""
+    x, w1, w2 = Tensor.empty(64, 2, 8, 8), Tensor.empty(4, 2, 3, 3), Tensor.empty(6, 4, 3, 3)
+    h = x.conv2d(w1, padding=1).relu().conv2d(w2, padding=1)
+    items, _, _ = create_schedule([h.uop], [Device["CPU"]])
+    padded = [item for item in items if item.buffers[0].size == 64 * 4 * 10 * 10]
+    assert len(padded) == 1
+    float_alu = [u for u in padded[0].ast.toposort() if u.op in GroupOp.ALU and u.dtype == dtypes.float32]
+    assert float_alu == []
 
 
 def test_conv_of_a_stored_computed_input_reads_it_in_place():
