@@ -277,10 +277,10 @@ def test_reduce_block_changes_no_zero_sign_or_nan():
 # ---- vector packs
 
 
-def straight_or_reversed_copy(reverse: bool):
-    """data0[16*i + j] = 2 * data0[16*i + j] over one vector of lanes; reversed, lane j stores the element lane
-    width-1-j loads, so a load after a store may read what the store wrote."""
-    width = vector_bytes() // 4
+def straight_or_reversed_copy(reverse: bool, width: int | None = None):
+    """data0[16*i + j] = 2 * data0[16*i + j] over one vector of lanes (or `width` lanes); reversed, lane j stores the
+    element lane width-1-j loads, so a load after a store may read what the store wrote."""
+    width = vector_bytes() // 4 if width is None else width
     buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), (0, 4 * width))
     r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 4),), (0, "global"))
     base = r * width
@@ -305,3 +305,56 @@ def test_in_place_kernel_packs_when_each_element_is_read_before_written():
 
 def test_packs_that_would_reorder_a_read_and_a_write_of_one_element_are_refused():
     assert find_packs(straight_or_reversed_copy(reverse=True), vector_bytes()) == {}
+
+
+@pytest.mark.parametrize(
+    "vector_bytes_, lanes, widths",
+    [
+        (64, 8, [8]),  # an 8-column tile of floats under AVX-512: half a register
+        (64, 24, [16, 8]),  # a full vector first, then a half one from what is left
+        (32, 4, [4]),
+        (16, 2, []),  # half of a 16-byte register is too narrow to pack
+        (64, 4, []),  # a quarter of a register is not packed
+    ],
+)
+def test_lanes_that_fill_half_a_vector_pack_as_a_half_width_vector(vector_bytes_, lanes, widths):
+    packed = find_packs(straight_or_reversed_copy(reverse=False, width=lanes), vector_bytes_)
+    packs = {pack for pack, _ in packed.values()}
+    assert sorted((len(p.lanes) for p in packs if p.lanes[0].op is Ops.LOAD), reverse=True) == widths
+    if widths:
+        assert {u.op for u in packed} == {Ops.LOAD, Ops.MUL, Ops.STORE}
+        assert all(len(p.lanes) in widths for p in packs)
+
+
+@pytest.mark.parametrize("rows", [8, 16])
+def test_tile_rows_read_consecutively_stay_broadcast_scalars(rows):
+    """relu(A.T) @ B with A's columns (the tile's rows) consecutive in memory: the rows' loads form a vector, but the
+    products broadcast each row's value, so its ReLU must stay a scalar (a vector there was multiplied whole into
+    every row of the tile)."""
+    width = vector_bytes() // 4
+    rng = np.random.default_rng(1)
+    an, bn = rng.standard_normal((12, rows), dtype=np.float32), rng.standard_normal((12, width), dtype=np.float32)
+    with forced_opts([upcast(0, 8), upcast(1, width // 2 if width >= 8 else width)]):
+        realize._runners.clear()
+        got = (Tensor(an).T.relu() @ Tensor(bn)).numpy()
+        realize._runners.clear()
+    np.testing.assert_allclose(got, np.maximum(an.T, 0) @ bn, rtol=1e-5, atol=1e-5)
+
+
+def test_half_width_register_tile_is_vector_c_and_equals_numpy():
+    """A register tile half a vector wide (8 columns of floats under AVX-512) is emitted as vectors of that width: its
+    scalar accumulators would otherwise be vectorized by the C compiler along the reduce, as gathers."""
+    half = vector_bytes() // 4 // 2
+    if half < 4:
+        pytest.skip(f"{vector_bytes()}-byte vectors have no half-width float vector of 16+ bytes")
+    an, bn = np.random.default_rng(0).random((2, 16, 24), dtype=np.float32)
+    a, b = Tensor(an).realize(), Tensor(bn.T.copy()).realize()
+    out = a @ b
+    items, _, _ = create_schedule([out.uop], [Device["CPU"]])
+    with forced_opts([upcast(0, 8), upcast(1, half)]):
+        src = CRenderer().render("k", lower_to_linear(items[-1].ast).lin)
+        realize._runners.clear()
+        got = (Tensor(an) @ Tensor(bn.T.copy())).numpy()
+        realize._runners.clear()
+    assert f"fg_floatx{half} vec" in src and "omp simd" not in src
+    np.testing.assert_allclose(got, an @ bn.T, rtol=1e-5)

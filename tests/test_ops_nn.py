@@ -216,6 +216,44 @@ def test_max_pool_with_indices(xs, kw):
     np.testing.assert_array_equal(indices.numpy(), ref_indices.numpy())
 
 
+TILED_POOL_CASES = [  # input shape, kernel: windows side by side inside the input (the tap-picking gradient)
+    ((2, 3, 8, 8), 2),
+    ((2, 3, 7, 9), 2),  # a row and a column past the last window
+    ((1, 2, 9, 7), 3),
+    ((2, 2, 6, 7), (2, 3)),
+    ((2, 3, 9), (3,)),
+    ((1, 2, 4, 6, 5), (2, 3, 2)),
+    ((1, 1, 2, 7), (1, 2)),
+]
+
+
+@pytest.mark.parametrize("xs,kernel", TILED_POOL_CASES)
+def test_tiled_max_pool_gradient_goes_to_the_tap_torch_picks(xs, kernel):
+    """Ties (plateaus of equal values, ReLU zeros), NaN windows (one NaN, several), infinities: the gradient of each
+    window goes where torch's goes (the first maximum, the last NaN), under a ReLU before the pool too."""
+    th = {3: F.max_pool1d, 4: F.max_pool2d, 5: F.max_pool3d}[len(xs)]
+    xn = np.round(rand(*xs), 0)  # many exact ties
+    flat = xn.reshape(-1)
+    flat[[1, 4, 5, 11]] = [np.nan, np.inf, np.nan, -np.inf]
+    for relu in (False, True):
+        x, tx = Tensor(xn, requires_grad=True), torch.tensor(xn, requires_grad=True)
+        out = (x.relu() if relu else x).max_pool2d(kernel)
+        tout = th(F.relu(tx) if relu else tx, kernel)
+        gn = rand(*tout.shape, seed=3)
+        (out * Tensor(gn)).sum().backward()
+        (tout * torch.tensor(gn)).sum().backward()
+        np.testing.assert_array_equal(out.numpy(), tout.detach().numpy())
+        np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())
+
+
+def test_tiled_max_pool_gradient_float64_and_second_pool():
+    compare(lambda x: x.max_pool2d(2).max_pool2d(2), lambda x: F.max_pool2d(F.max_pool2d(x, 2), 2), rand(2, 3, 9, 8))
+    compare(lambda x: x.max_pool2d((1, 3)), lambda x: F.max_pool2d(x, (1, 3)), rand(1, 2, 3, 7).astype(np.float64))
+    # windows that overlap or reach into padding keep the plain rule
+    compare(lambda x: x.max_pool2d(2, stride=1), lambda x: F.max_pool2d(x, 2, stride=1), rand(1, 2, 5, 5))
+    compare(lambda x: x.max_pool2d(2, padding=1), lambda x: F.max_pool2d(x, 2, padding=1), rand(1, 2, 5, 5))
+
+
 def test_max_pool_dilation_views_dtypes():
     kw = {"kernel_size": (2, 3), "stride": (1, 2), "dilation": (2, 1), "padding": (1, 1)}
     compare(lambda x: x.max_pool2d(**kw), lambda x: F.max_pool2d(x, **kw), rand(1, 2, 7, 8), views=PERMUTED)

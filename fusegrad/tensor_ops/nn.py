@@ -21,8 +21,12 @@ if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
 Scalar = int | float | bool
-# a convolution's padded input with at least this many elements is stored padded before the conv reads it
-CONV_PAD_REALIZE_SIZE = 2**16
+# a convolution's padded input with at least this many elements is stored padded before the conv reads it: read
+# through the padding, each lane of a register tile has its own bounds check, so no load of the tile is a vector (the
+# digits convnet's first conv, 128x1x10x10 padded: 340 us gated, 30 us + a 10 us copy stored)
+CONV_PAD_REALIZE_SIZE = 2**12
+# a conv's weight gradient from an output gradient this large is computed with the output channels last (a matmul)
+CONV_WEIGHT_GRAD_MATMUL_SIZE = 2**16
 # a large conv's weight gradient is summed per sample first while the partials (batch x weight) stay this small
 CONV_PER_SAMPLE_LIMIT = 2**24
 IntOrInts = int | Sequence[int]
@@ -179,6 +183,12 @@ def _computed_once(grad: Tensor) -> Tensor:
     return grad.contiguous() if computes and reads_data else grad
 
 
+def _tiles_without_padding(args: tuple[tuple[int, ...], ...]) -> bool:
+    """A pool's windows tile its input: side by side (stride = kernel, no dilation) and inside it (no padding)."""
+    kernel, stride, dilation, pads, _, extra = args
+    return kernel == stride and all(d == 1 for d in dilation) and all(p == (0, 0) for p in pads) and not any(extra)
+
+
 def _not_stored(u: UOp) -> bool:
     return u.op not in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)
 
@@ -320,8 +330,11 @@ class NNMixin:
         checks (a check per lane would keep them from being vector loads)."""
         if all(p == (0, 0) for p in pads):
             return self
-        padded = self.pad(((0, 0), (0, 0)) + pads)
-        return padded.contiguous() if padded.numel() >= CONV_PAD_REALIZE_SIZE else padded
+        if prod(self.shape[:2]) * prod(i + a + b for i, (a, b) in zip(self.shape[2:], pads)) < CONV_PAD_REALIZE_SIZE:
+            return self.pad(((0, 0), (0, 0)) + pads)
+        # a computed input (a ReLU of the previous conv) is stored as it is first: its pass vectorizes, where the
+        # padding pass, a bounds check per element, computing it too costs twice as much
+        return _computed_once(self).pad(((0, 0), (0, 0)) + pads).contiguous()
 
     def _conv_input_grad(
         self,
@@ -406,7 +419,7 @@ class NNMixin:
         n, bs, cin_g, outs = len(kernel), self.shape[0], self.shape[1] // groups, grad.shape[2:]
         cout_g = grad.shape[1] // groups
         win = self._windows(kernel, stride, dilation).reshape((bs, groups, 1, cin_g) + outs + kernel)
-        if grad.numel() < CONV_PAD_REALIZE_SIZE:
+        if grad.numel() < CONV_WEIGHT_GRAD_MATMUL_SIZE:
             g = grad.reshape((bs, groups, cout_g, 1) + outs + (1,) * n)
             dw = (win * g).sum((0,) + tuple(range(4, 4 + n)))
             return dw.reshape((groups * cout_g, cin_g) + kernel)
@@ -571,6 +584,8 @@ class NNMixin:
         win = self._pooled_windows(args, lowest)
         axes = tuple(range(self.ndim, self.ndim + n))
         values = win.max(axes)
+        if dtypes.is_float(self.dtype) and _tiles_without_padding(args):
+            self._register_tiled_max_pool_gradient(values, args)
         if not return_indices:
             return values
         # the first tap (in input order) holding the window's max, as a flat offset into the input's spatial plane
@@ -581,6 +596,46 @@ class NNMixin:
         if dtypes.is_float(self.dtype):
             hit = hit | win.ne(win)  # NaN wins, like torch
         return values, hit.where(flat, plane).min(axes)
+
+    def _register_tiled_max_pool_gradient(self, values: Tensor, args: tuple[tuple[int, ...], ...]) -> None:
+        """The gradient of a max pool whose windows tile the input (stride = kernel, no dilation or padding) goes to one
+        tap per window, the one torch picks (the first maximum; the last NaN): its tap number is stored once per window,
+        and each input position compares its own tap number with it. The plain rule for a max divides the gradient
+        among tied taps (per-element division, a tie count per window) and, through the windows' movement ops, indexes
+        the input by division."""
+        kernel, _, _, _, outs, _ = args
+        n, x_uop, device = len(kernel), self.uop, self.device
+        lead, taps = self.shape[:-n], prod(kernel)
+
+        def backward(g: Any) -> tuple[Any, ...]:
+            x, grad = Tensor(x_uop, device=device), Tensor(g, device=device)
+            win = x._pooled_windows(args, -math.inf)
+            # the forward's maximum (the same node, so the same stored buffer), not a running maximum: a select per
+            # tap that the C compiler makes a branch, which random data mispredicts
+            most = win.max(tuple(range(x.ndim, x.ndim + n)))
+            tap = [t.squeeze(-1) for t in win.reshape(lead + outs + (taps,)).split(1, -1)]
+            # integer arithmetic, no select: the first tap equal to the maximum (from the last tap back), else (a NaN
+            # window) the last NaN
+            chosen = Tensor.zeros(lead + outs, dtype=dtypes.int32, device=device)
+            for t in reversed(range(taps)):
+                chosen = chosen + (tap[t] == most).cast(dtypes.int32) * (t - chosen)
+            for t in range(taps):
+                chosen = chosen + tap[t].ne(tap[t]).cast(dtypes.int32) * (t - chosen)
+            # stored: each of the window's taps reads it; recomputed per tap it would repeat the scan taps times
+            chosen = chosen.contiguous().reshape(lead + outs + (1,) * n)
+            number = Tensor.arange(taps, dtype=dtypes.int32, device=device).reshape(kernel)
+            # times a 0/1 mask, not a select (a branch the data decides, like above), as the plain rule for a max does
+            per_tap = grad.reshape(lead + outs + (1,) * n) * (chosen == number).cast(grad.dtype)
+            # (..., *out, *kernel) -> (..., out1, k1, out2, k2, ...), stored in that order: its loops index the
+            # windows' values without division, and the input positions are a plain reshape of it
+            p = len(lead)
+            per_tap = per_tap.permute(tuple(range(p)) + _cat((p + i, p + n + i) for i in range(n))).contiguous()
+            dx = per_tap.reshape(lead + tuple(o * k for o, k in zip(outs, kernel)))
+            # the rows and columns left over past the last window get none
+            dx = dx.pad(((0, 0),) * p + tuple((0, i - o * k) for i, o, k in zip(x.shape[p:], outs, kernel)))
+            return (dx.uop,)
+
+        register_gradient(values.uop, (x_uop,), backward)
 
     def max_unpool2d(
         self,

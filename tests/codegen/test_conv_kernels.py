@@ -12,8 +12,10 @@ from fusegrad.codegen import lower_to_linear
 from fusegrad.renderer.cstyle import CStyleRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
-from fusegrad.uop.ops import Ops
+from fusegrad.uop.ops import GroupOp, Ops
+from fusegrad.dtype import dtypes
 import fusegrad.tensor_ops.nn as nn_ops
+from fusegrad.helpers import prod
 
 CASES = [  # input shape, weight shape, conv2d kwargs
     ((2, 4, 9, 9), (8, 4, 3, 3), {"padding": 1}),
@@ -120,6 +122,7 @@ def layout(request, monkeypatch):
     gradient summed per sample first, or, past its size limit, over the whole batch at once)."""
     if request.param != "fused":
         monkeypatch.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
+        monkeypatch.setattr(nn_ops, "CONV_WEIGHT_GRAD_MATMUL_SIZE", 0)
     if request.param == "stored, whole batch":
         monkeypatch.setattr(nn_ops, "CONV_PER_SAMPLE_LIMIT", 0)
     return request.param
@@ -229,6 +232,29 @@ def test_small_convnet_forward_and_backward_equal_torch(shape, layout):
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), atol=2e-4, rtol=1e-4)
 
 
+def test_padded_input_of_a_small_conv_is_stored_so_its_tile_loads_are_ungated():
+    """A one-channel 8x8 input padded by 1 (the digits convnet's first conv): stored padded, the conv kernel's loads
+    need no bounds checks (a check per lane keeps a register tile's loads from being vectors)."""
+    x, w = Tensor.empty(64, 1, 8, 8), Tensor.empty(16, 1, 3, 3)
+    items, _, _ = create_schedule([x.conv2d(w, padding=1).uop], [Device["CPU"]])
+    conv = [lower_to_linear(item.ast) for item in items if any(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort())]
+    assert len(conv) == 1 and len(items) == 2
+    loads = [u for u in conv[0].lin if u.op is Ops.LOAD]
+    assert loads and all(len(u.src) == 2 for u in loads)
+
+
+def test_computed_conv_input_is_stored_before_the_padding_copy():
+    """A ReLU of the first conv feeding the second: the ReLU is stored in a pass of its own (which vectorizes) and the
+    stored padded copy only moves values (its bounds check per element made computing the ReLU there twice as slow)."""
+    x, w1, w2 = Tensor.empty(64, 2, 8, 8), Tensor.empty(4, 2, 3, 3), Tensor.empty(6, 4, 3, 3)
+    h = x.conv2d(w1, padding=1).relu().conv2d(w2, padding=1)
+    items, _, _ = create_schedule([h.uop], [Device["CPU"]])
+    padded = [item for item in items if item.buffers[0].size == 64 * 4 * 10 * 10]
+    assert len(padded) == 1
+    float_alu = [u for u in padded[0].ast.toposort() if u.op in GroupOp.ALU and u.dtype == dtypes.float32]
+    assert float_alu == []
+
+
 def test_conv_of_a_stored_computed_input_reads_it_in_place():
     """A conv whose padded input is a stored value computed from data (a ReLU's output, padded and stored) reads its
     windows from that buffer: the broadcast of the windows is not costed as recomputing the ReLU, so no 3x3 = 9 times
@@ -238,6 +264,7 @@ def test_conv_of_a_stored_computed_input_reads_it_in_place():
     w1n, w2n = rng.standard_normal((8, 3, 3, 3), dtype=np.float32), rng.standard_normal((8, 8, 3, 3), dtype=np.float32)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
+        mp.setattr(nn_ops, "CONV_WEIGHT_GRAD_MATMUL_SIZE", 0)
         ours, h = small_convnet(xn, w1n, w2n, np.zeros(8, np.float32))
         h.sum().backward()
         tensors = [h] + [t.grad for t in ours]
@@ -249,7 +276,8 @@ def test_conv_of_a_stored_computed_input_reads_it_in_place():
 
 def test_computed_output_gradient_is_stored_once():
     """The output gradient of the second conv (a ReLU's and a max pool's backward) is computed in one kernel that the
-    input-gradient and weight-gradient kernels read, not again in each (through the pool's window index arithmetic)."""
+    input-gradient and weight-gradient kernels read, not again in each (through the pool's window index arithmetic);
+    the pool's backward neither divides the gradient among tied taps nor indexes by division."""
     rng = np.random.default_rng(6)
     xn = rng.standard_normal((2, 2, 8, 8), dtype=np.float32)
     w1n, w2n = rng.standard_normal((4, 2, 3, 3), dtype=np.float32), rng.standard_normal((6, 4, 3, 3), dtype=np.float32)
@@ -257,11 +285,19 @@ def test_computed_output_gradient_is_stored_once():
     h.sum().backward()
     tensors = [t.grad for t in ours]
     items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
-    # the pool's backward divides by the number of tied maxima in each window: one kernel does
-    dividing = [
-        item for item in items if item.ast.op is Ops.SINK and any(u.op is Ops.FDIV for u in item.ast.toposort())
-    ]
-    assert len(dividing) == 1, [lower_to_linear(item.ast).name for item in dividing]
+    kernels = [lower_to_linear(item.ast) for item in items if item.ast.op is Ops.SINK]
+    dividing = [k.name for k in kernels if any(u.op in (Ops.FDIV, Ops.IDIV, Ops.MOD) for u in k.lin)]
+    assert dividing == []
+    # the gradient's reduces (input, weight, bias) read it from buffers the elementwise kernels stored: all one buffer
+    size = prod((2, 6, 8, 8))
+    stored = {
+        item.buffers[0]
+        for item in items
+        if item.buffers[0].size == size and not any(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort())
+    }
+    reduces = [item for item in items if any(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort())]
+    read = [{b for b in item.buffers[1:] if b in stored} for item in reduces]
+    assert len(set().union(*read)) == 1 and sum(1 for r in read if r) >= 3, read
 
 
 def test_biased_conv_gradients_and_second_order_equal_torch():

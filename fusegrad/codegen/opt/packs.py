@@ -18,6 +18,9 @@ VECTOR_ALU = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.FDIV)
 # AND/OR; a WHERE on a mask pack is a bitwise select
 MASK_COMPARE = (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE)
 MASK_LOGIC = (Ops.AND, Ops.OR)
+# the narrowest vector worth packing: half of a wider register when a tile's columns fill no more (GCC lowers a
+# 32-byte vector type to one AVX register even where the widest are 64 bytes)
+MIN_VECTOR_BYTES = 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,10 +62,20 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
     def width(dt: DType) -> int:
         return vector_bytes // dt.itemsize if dt in VECTOR_DTYPES else 0
 
+    def widths(dt: DType) -> tuple[int, ...]:
+        # a full vector, else half of one (an 8-column tile of floats under AVX-512), when that is still 16+ bytes
+        full = width(dt)
+        return (full, full // 2) if vector_bytes >= 2 * MIN_VECTOR_BYTES and full >= 4 else (full,)
+
+    # scalars a pack's lanes share (a register tile's row value): they stay scalars, or that pack would read a vector
+    shared: set[UOp] = set()
+
     def add(lanes: list[UOp], base: UOp | None = None, offset: int = 0, mask_of: DType | None = None) -> None:
         pack = Pack(tuple(lanes), base, offset, mask_of)
         for i, u in enumerate(lanes):
             lane_of[u] = (pack, i)
+            if u.op is not Ops.STORE:
+                shared.update(s for s in u.src if s not in lane_of)
 
     # loads of consecutive elements
     runs: dict[tuple, dict[int, UOp]] = {}
@@ -71,14 +84,14 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
             base, off = split_index(u.src[1])
             runs.setdefault((u.src[0], base, u.src[2:], scope[u]), {})[off] = u
     for (_, base, _, _), by_offset in runs.items():
-        for lanes, off in _consecutive_runs(by_offset, width(next(iter(by_offset.values())).dtype)):
+        for lanes, off in _consecutive_runs(by_offset, widths(next(iter(by_offset.values())).dtype)):
             add(lanes, base, off)
 
     # ALU ops and accumulators, until no new pack forms (a lane's users may stand before the pack's last lane)
     while True:
         groups: dict[tuple, dict[int, UOp]] = {}
         for u in lin:
-            if u in lane_of:
+            if u in lane_of or u in shared:
                 continue
             mask_of = _mask_dtype(u, lane_of)
             if width(u.dtype) <= 1 and mask_of is None:
@@ -97,14 +110,14 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
                 operands = (u.src[1],)
             else:
                 continue
-            key, lane = _signature(operands, lane_of)
+            key, lane, lanes_n = _signature(operands, lane_of)
             if lane is None:
                 continue
             extra = u.src[2:] if u.op is Ops.ACC_UPDATE else u.arg
-            groups.setdefault((u.op, u.dtype, extra, key, scope[u], mask_of), {}).setdefault(lane, u)
+            groups.setdefault((u.op, u.dtype, extra, key, scope[u], lanes_n, mask_of), {}).setdefault(lane, u)
         new = 0
-        for (*_, mask_of), g in groups.items():
-            lanes = [g.get(i) for i in range(width(mask_of or next(iter(g.values())).dtype))]
+        for (*_, lanes_n, mask_of), g in groups.items():
+            lanes = [g.get(i) for i in range(lanes_n)]
             if None in lanes:
                 continue
             if mask_of is not None:
@@ -173,26 +186,29 @@ def _mask_dtype(u: UOp, lane_of: dict[UOp, tuple[Pack, int]]) -> DType | None:
     return None
 
 
-def _consecutive_runs(by_offset: dict[int, UOp], width: int) -> list[tuple[list[UOp], int]]:
+def _consecutive_runs(by_offset: dict[int, UOp], widths: tuple[int, ...]) -> list[tuple[list[UOp], int]]:
+    """Runs of consecutive offsets, the widest first: full vectors, then narrower ones from what is left."""
     runs, offsets = [], sorted(by_offset)
     taken: set[int] = set()
-    for o in offsets:
-        if o not in taken and all(o + i in by_offset and o + i not in taken for i in range(width)):
-            runs.append(([by_offset[o + i] for i in range(width)], o))
-            taken.update(range(o, o + width))
+    for width in widths:
+        for o in offsets:
+            if o not in taken and all(o + i in by_offset and o + i not in taken for i in range(width)):
+                runs.append(([by_offset[o + i] for i in range(width)], o))
+                taken.update(range(o, o + width))
     return runs
 
 
-def _signature(operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]]) -> tuple[tuple, int | None]:
-    """(what the lanes must share, this instruction's lane): packs lane by lane, and equal scalars."""
-    key, lane = [], None
+def _signature(operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]]) -> tuple[tuple, int | None, int]:
+    """(what the lanes must share, this instruction's lane, the lanes of its packs): packs of one width lane by lane,
+    and equal scalars."""
+    key, lane, lanes_n = [], None, 0
     for s in operands:
         if s in lane_of:
             pack, i = lane_of[s]
-            if lane is not None and i != lane:
-                return (), None
-            lane = i
+            if lane is not None and (i != lane or len(pack.lanes) != lanes_n):
+                return (), None, 0
+            lane, lanes_n = i, len(pack.lanes)
             key.append(pack)
         else:
             key.append(s)
-    return tuple(key), lane
+    return tuple(key), lane, lanes_n
