@@ -94,9 +94,10 @@ def main(matmul_only: bool = False) -> None:
     rows.append(("fused (a*b+c).relu(), 16M f32", t_fg, t_np, t_torch))
 
     out_sum = Tensor.empty(()).realize()
-    # in turns: a sum runs in a few ms, so load that comes and goes would otherwise decide the ratio
+    # in blocks per contender, several rounds: in per-call turns torch's threads, still spinning after its call, took a
+    # core from fusegrad's next call
     sums = {"fg": lambda: out_sum.assign(a.sum()).realize(), "np": lambda: an.sum(), "torch": lambda: at.sum()}
-    t = interleaved_median_times(sums, repeats=21)
+    t = block_median_times(sums, rounds=5, repeats=31)
     rows.append(("a.sum(), 16M f32", t["fg"], t["np"], t["torch"]))
 
     gflops = matmul_rows(rng, rows)
