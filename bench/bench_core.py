@@ -95,9 +95,10 @@ def main(matmul_only: bool = False) -> None:
     rows.append(("fused (a*b+c).relu(), 16M f32", t_fg, t_np, t_torch))
 
     out_sum = Tensor.empty(()).realize()
-    # in turns: a sum runs in a few ms, so load that comes and goes would otherwise decide the ratio
+    # in blocks per contender, several rounds: in per-call turns torch's threads, still spinning after its call, took a
+    # core from fusegrad's next call
     sums = {"fg": lambda: out_sum.assign(a.sum()).realize(), "np": lambda: an.sum(), "torch": lambda: at.sum()}
-    t = interleaved_median_times(sums, repeats=21)
+    t = block_median_times(sums, rounds=5, repeats=31)
     rows.append(("a.sum(), 16M f32", t["fg"], t["np"], t["torch"]))
 
     gflops = matmul_rows(rng, rows)
@@ -333,6 +334,18 @@ def cl_rows() -> None:
         print(f"{f'matmul {m}x{m} f32':34s} {ms}  GFLOPS {gflops}")
 
 
+def block_median_times(fns: dict, rounds: int = 3, repeats: int = 15, clock=time.perf_counter) -> dict:
+    """Median time of each function timed in blocks of its own calls (`rounds` blocks each, a pause before each
+    block): in per-call turns the worker threads torch (OpenMP) and numpy (OpenBLAS) leave spinning after a call take
+    the cores from whoever runs next."""
+    times: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            time.sleep(0.5)  # the previous block's threads go idle
+            times[name].append(median_time(fn, repeats=repeats, clock=clock))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def matmul_block_rows() -> None:
     """matmul GFLOPS with each contender timed in a block of its own calls (3 rounds, a pause before each block): in
     per-call turns the worker threads torch (OpenMP) and numpy (OpenBLAS) leave spinning after a call take the cores
@@ -364,12 +377,8 @@ def matmul_block_rows() -> None:
             "numpy": lambda: an @ bn,
             "torch": lambda: at @ bt,
         }
-        times: dict = {name: [] for name in fns}
-        for _ in range(3):
-            for name, fn in fns.items():
-                time.sleep(0.5)  # the previous block's threads go idle
-                times[name].append(median_time(fn, repeats=15 if m < 2048 else 5, clock=clock))
-        rate = {name: 2 * m**3 / statistics.median(t) / 1e9 for name, t in times.items()}
+        times = block_median_times(fns, repeats=15 if m < 2048 else 5, clock=clock)
+        rate = {name: 2 * m**3 / t / 1e9 for name, t in times.items()}
         print(
             f"matmul {m}x{m} f32, blocks: fusegrad {rate['fusegrad']:.0f} GFLOPS, BEAM=2 {rate['BEAM=2']:.0f},"
             f" numpy {rate['numpy']:.0f}, torch {rate['torch']:.0f}: {rate['fusegrad'] / rate['numpy']:.2f}x numpy"
@@ -378,11 +387,31 @@ def matmul_block_rows() -> None:
         )
 
 
+def sum_block_rows(rounds: int = 5) -> None:
+    """a.sum() of 16M float32 with each contender timed in blocks of its own calls, and fusegrad's value checked
+    against a float64 sum."""
+    torch.set_num_threads(int(NUM_CPU_THREADS.value))
+    n = 16 * 1024 * 1024
+    an = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    a, at = Tensor(an).realize(), torch.from_numpy(an)
+    out_sum = Tensor.empty(()).realize()  # assigned: an identical expression would be served from the realized cache
+    fns = {"fusegrad": lambda: out_sum.assign(a.sum()).realize(), "numpy": lambda: an.sum(), "torch": lambda: at.sum()}
+    t = block_median_times(fns, rounds=rounds, repeats=31)
+    exact = float(an.astype(np.float64).sum())
+    print(
+        f"a.sum() 16M f32, blocks: fusegrad {t['fusegrad'] * 1e3:.2f}ms ({4 * n / t['fusegrad'] / 1e9:.1f} GB/s),"
+        f" numpy {t['numpy'] * 1e3:.2f}ms, torch {t['torch'] * 1e3:.2f}ms: {t['numpy'] / t['fusegrad']:.2f}x numpy,"
+        f" {t['torch'] / t['fusegrad']:.2f}x torch; |fusegrad - float64 sum| {abs(out_sum.item() - exact):.3g}"
+    )
+
+
 if __name__ == "__main__":
     if "--matmul" in sys.argv[1:]:  # only the matmul rows (numpy and torch in turns with fusegrad)
         main(matmul_only=True)
     elif "--matmul-blocks" in sys.argv[1:]:  # matmul rows timed in blocks per contender (and --cpu-time)
         matmul_block_rows()
+    elif "--sum-blocks" in sys.argv[1:]:  # the sum row timed in blocks per contender
+        sum_block_rows()
     else:
         main()
         cl_rows()

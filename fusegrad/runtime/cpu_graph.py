@@ -39,8 +39,10 @@ static void fg_call(void *f, int n, void **a, long long s, long long e) {{
   }}
 }}
 
-/* the kernel being split: workers and the caller take its chunks from `next` until none is left */
-static struct {{ void *f; int n; void **a; long long *bounds; int chunks; int next; int busy; long gen; }} job;
+/* the kernel being split: the caller and workers 0..helpers-1 take its chunks from `next` until none is left */
+static struct {{
+  void *f; int n; void **a; long long *bounds; int chunks; int next; int busy; int helpers; long gen;
+}} job;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t go = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
 /* one split at a time: a second caller (another Python thread) waits until the first has all its chunks done */
@@ -64,12 +66,12 @@ static void fg_take_chunks(void) {{
 }}
 
 static void *fg_worker(void *arg) {{
-  (void)arg;
-  long seen = 0;
+  long id = (long)arg, seen = 0;
   pthread_mutex_lock(&mu);
   for (;;) {{
     while (job.gen == seen) pthread_cond_wait(&go, &mu);
     seen = job.gen;
+    if (id >= job.helpers) continue;  /* more workers than this launch's thread count: this one sits it out */
     job.busy++;
     pthread_mutex_unlock(&mu);
     fg_take_chunks();
@@ -85,7 +87,7 @@ int fg_start_workers(int n) {{
   if (!atfork_set) {{ pthread_atfork(0, 0, fg_after_fork_child); atfork_set = 1; }}
   while (nworkers < n) {{
     pthread_t t;
-    if (pthread_create(&t, 0, fg_worker, 0) != 0) break;
+    if (pthread_create(&t, 0, fg_worker, (void *)(long)nworkers) != 0) break;
     pthread_detach(t);
     nworkers++;
   }}
@@ -94,12 +96,12 @@ int fg_start_workers(int n) {{
   return started;
 }}
 
-static void fg_split(void *f, int n, void **a, long long *bounds, int chunks) {{
+static void fg_split(void *f, int n, void **a, long long *bounds, int chunks, int helpers) {{
   pthread_mutex_lock(&run_mu);
   pthread_mutex_lock(&mu);
   /* a worker that woke late for the previous job may still be in it: the fields change only once it has left */
   while (job.busy > 0) pthread_cond_wait(&done, &mu);
-  job.f = f; job.n = n; job.a = a; job.bounds = bounds; job.chunks = chunks; job.next = 0;
+  job.f = f; job.n = n; job.a = a; job.bounds = bounds; job.chunks = chunks; job.next = 0; job.helpers = helpers;
   job.gen++;
   pthread_cond_broadcast(&go);
   pthread_mutex_unlock(&mu);
@@ -110,23 +112,31 @@ static void fg_split(void *f, int n, void **a, long long *bounds, int chunks) {{
   pthread_mutex_unlock(&run_mu);
 }}
 
-/* one kernel split over `chunks` chunks (bounds[0..chunks]) by the caller and the workers, started here when fewer
-   than chunks - 1 of them run: an eager launch's one call */
-void fg_run_one(void *f, int n, void **a, long long *bounds, int chunks) {{
-  if (chunks > 1 && __atomic_load_n(&nworkers, __ATOMIC_ACQUIRE) < chunks - 1) fg_start_workers(chunks - 1);
-  if (chunks > 1 && nworkers > 0) fg_split(f, n, a, bounds, chunks);
+static int fg_helpers(int chunks, int threads) {{
+  int helpers = (chunks < threads ? chunks : threads) - 1;
+  return helpers < nworkers ? helpers : nworkers;
+}}
+
+/* one kernel split over `chunks` chunks (bounds[0..chunks]) by the caller and threads - 1 workers, started here when
+   fewer run: an eager launch's one call */
+void fg_run_one(void *f, int n, void **a, long long *bounds, int chunks, int threads) {{
+  int want = (chunks < threads ? chunks : threads) - 1;
+  if (want > 0 && __atomic_load_n(&nworkers, __ATOMIC_ACQUIRE) < want) fg_start_workers(want);
+  if (want > 0 && nworkers > 0) fg_split(f, n, a, bounds, chunks, fg_helpers(chunks, threads));
   else fg_call(f, n, a, bounds[0], bounds[chunks]);
 }}
 
 /* entry i: nargs[i] >= 0 launches fns[i] on args[arg_off[i]..] over its chunks (bounds[bound_off[i]..], chunks[i]
-   of them); nargs[i] == -1 copies bounds[bound_off[i]] bytes from args[arg_off[i] + 1] to args[arg_off[i]] */
+   of them, on up to `threads` threads); nargs[i] == -1 copies bounds[bound_off[i]] bytes from args[arg_off[i] + 1]
+   to args[arg_off[i]] */
 void fg_run_graph(int count, void **fns, int *nargs, void **args, int *arg_off, long long *bounds, int *bound_off,
-                  int *chunks) {{
+                  int *chunks, int threads) {{
   for (int i = 0; i < count; i++) {{
     void **a = args + arg_off[i];
     long long *b = bounds + bound_off[i];
     if (nargs[i] < 0) memcpy(a[0], a[1], (size_t)b[0]);
-    else if (chunks[i] > 1 && nworkers > 0) fg_split(fns[i], nargs[i], a, b, chunks[i]);
+    else if (chunks[i] > 1 && threads > 1 && nworkers > 0)
+      fg_split(fns[i], nargs[i], a, b, chunks[i], fg_helpers(chunks[i], threads));
     else fg_call(fns[i], nargs[i], a, b[0], b[chunks[i]]);
   }}
 }}
@@ -148,11 +158,11 @@ def graph_library() -> ctypes.CDLL | None:
         if DEBUG >= 1:
             print(f"TinyJit replays without batching: the CPU graph runner did not build ({e})")
         return None
-    lib.fg_run_graph.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7
+    lib.fg_run_graph.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int]
     lib.fg_run_graph.restype = None
     lib.fg_start_workers.argtypes = [ctypes.c_int]
     lib.fg_start_workers.restype = ctypes.c_int
-    lib.fg_run_one.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.fg_run_one.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 2
     lib.fg_run_one.restype = None
     return lib
 
@@ -177,7 +187,7 @@ class CPUGraph:
         lib = graph_library()
         assert lib is not None, "a CPUGraph needs the compiled runner (see batchable)"
         self.lib = lib
-        threads = int(NUM_CPU_THREADS.value)
+        threads = self.threads = int(NUM_CPU_THREADS.value)
         with _start_lock:
             self.lib.fg_start_workers(min(max(threads - 1, 0), MAX_WORKERS))
         self.entries = entries
@@ -221,4 +231,4 @@ class CPUGraph:
             self.args[i] = address
 
     def __call__(self) -> None:
-        self.lib.fg_run_graph(self.count, *self._call_args)
+        self.lib.fg_run_graph(self.count, *self._call_args, self.threads)

@@ -173,6 +173,8 @@ class CPUProgram:
     """A loaded kernel; ctypes releases the GIL during the call, so chunks of the outer loop run in parallel."""
 
     MIN_OPS_PER_THREAD = 1 << 17
+    # chunks per thread of a split launch, when they divide the outer loop evenly (see chunk_bounds)
+    PIECES_PER_THREAD = 4
 
     def __init__(self, name: str, lib: ctypes.CDLL, nparams: int, outer_size: int, ops: int):
         self.lib = lib
@@ -196,10 +198,18 @@ class CPUProgram:
         return {}  # thread count -> (chunk bounds, the same as a C array for fg_run_one)
 
     def chunk_bounds(self, threads: int) -> list[int]:
-        """Where the outer loop is cut among threads: one chunk unless each thread gets enough work."""
+        """Where the outer loop is cut: one chunk unless each thread gets enough work; else one chunk per thread, or
+        PIECES_PER_THREAD equal ones each where the loop divides into them and each keeps MIN_OPS_PER_THREAD. The C
+        runner hands chunks out one at a time, so a thread that starts late (a worker waking, or one whose core another
+        process holds) takes fewer of them instead of finishing last."""
         if threads <= 1 or self.outer_size < 2 or self.ops < self.MIN_OPS_PER_THREAD * 2:
             return [0, self.outer_size]
         n = min(threads, self.outer_size, max(self.ops // self.MIN_OPS_PER_THREAD, 1))
+        if self.outer_size % n == 0:
+            for k in range(self.PIECES_PER_THREAD, 1, -1):
+                if self.outer_size % (n * k) == 0 and self.ops // (n * k) >= self.MIN_OPS_PER_THREAD:
+                    n *= k
+                    break
         return [self.outer_size * i // n for i in range(n + 1)]
 
     def __call__(self, buffers: list[Buffer]) -> None:
@@ -219,11 +229,18 @@ class CPUProgram:
             self.fn(*addrs, 0, self.outer_size)
             return
         if self.nparams <= MAX_C_SPLIT_ARGS and (run_one := split_launcher()) is not None:
-            run_one(self.fn_address, self.nparams, (ctypes.c_void_p * self.nparams)(*addrs), c_bounds, n)
+            run_one(self.fn_address, self.nparams, (ctypes.c_void_p * self.nparams)(*addrs), c_bounds, n, threads)
             return
-        pool = thread_pool(n - 1)
-        futures = [pool.submit(self.fn, *addrs, bounds[i], bounds[i + 1]) for i in range(1, n)]
-        self.fn(*addrs, bounds[0], bounds[1])
+        # the pool's workers and this thread take chunks from one iterator (next() on it holds the GIL), as in C
+        chunks = iter(range(n))
+
+        def take_chunks() -> None:
+            for i in chunks:
+                self.fn(*addrs, bounds[i], bounds[i + 1])
+
+        helpers = min(threads, n) - 1
+        futures = [thread_pool(helpers).submit(take_chunks) for _ in range(helpers)]
+        take_chunks()
         for f in futures:
             f.result()
 

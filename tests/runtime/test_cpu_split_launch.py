@@ -15,9 +15,9 @@ def recording_launcher(calls: list):
     real = ops_cpu.split_launcher()
     assert real is not None, "the C runner builds where the CPU device compiles"
 
-    def launch(fn, nargs, args, bounds, chunks):
+    def launch(fn, nargs, args, bounds, chunks, threads):
         calls.append((nargs, [bounds[i] for i in range(chunks + 1)]))
-        return real(fn, nargs, args, bounds, chunks)
+        return real(fn, nargs, args, bounds, chunks, threads)
 
     return lambda: launch
 
@@ -34,11 +34,14 @@ def test_split_kernel_values_match_numpy(monkeypatch, threads):
     if threads == 1:
         assert calls == []  # one chunk: a direct call, no workers
     else:
-        # NUM_CPU_THREADS chunks cover the 64 rows exactly once, in order
+        # one chunk per thread, or several equal ones each (64 rows divide by 2 and 8, not by 3), cover the 64 rows
+        # exactly once, in order
         assert len(calls) == 1
         nargs, bounds = calls[0]
-        assert nargs >= 3 and len(bounds) == threads + 1
+        chunks = len(bounds) - 1
+        assert nargs >= 3 and (chunks == threads if SHAPE[0] % threads else chunks in (threads * 2, threads * 4))
         assert bounds[0] == 0 and bounds[-1] == SHAPE[0] and bounds == sorted(bounds)
+        assert chunks == threads or len({b - a for a, b in zip(bounds, bounds[1:])}) == 1
 
 
 def test_split_reduce_kernel_values_match_numpy(monkeypatch):
@@ -91,3 +94,62 @@ def test_forked_child_splits_correctly():
             os._exit(0 if ok else 1)
         _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+# a kernel that records which thread ran each chunk; a chunk run by any thread but the launching one sleeps 20 ms
+RECORDING_KERNEL = """
+#define _GNU_SOURCE
+#include <unistd.h>
+#include <sys/syscall.h>
+long long launcher_tid = 0;
+long long current_tid(void) { return (long long)syscall(SYS_gettid); }
+void record(long long *tids, long long start, long long end) {
+  for (long long i = start; i < end; i++) tids[i] = current_tid();
+  if (current_tid() != launcher_tid) usleep(20000);
+}
+"""
+
+
+def run_recording_kernel(chunks: int, threads: int) -> list[int]:
+    """Thread id per chunk of `chunks` one-element chunks launched through fg_run_one on `threads` threads, with the
+    launching thread's own id first."""
+    import ctypes
+    from fusegrad.runtime.device import Device
+
+    lib = Device["CPU"].compiler.load(RECORDING_KERNEL, "record")
+    lib.current_tid.restype = ctypes.c_longlong
+    me = lib.current_tid()
+    ctypes.c_longlong.in_dll(lib, "launcher_tid").value = me
+    tids = (ctypes.c_longlong * chunks)()
+    bounds = (ctypes.c_longlong * (chunks + 1))(*range(chunks + 1))
+    fn = ctypes.cast(lib.record, ctypes.c_void_p).value
+    ops_cpu.split_launcher()(fn, 1, (ctypes.c_void_p * 1)(ctypes.addressof(tids)), bounds, chunks, threads)
+    return [me, *tids]
+
+
+def test_chunks_go_to_whichever_thread_is_free():
+    me, *tids = run_recording_kernel(chunks=8, threads=2)
+    # a worker's chunk takes 20 ms, the launching thread's none: it takes the chunks the worker cannot
+    assert tids.count(me) >= 6 and len(set(tids)) <= 2
+
+
+def test_a_launch_uses_at_most_its_thread_count():
+    run_recording_kernel(chunks=4, threads=4)  # three workers exist from here on
+    me, *tids = run_recording_kernel(chunks=8, threads=2)
+    assert len(set(tids)) <= 2 and me in tids
+
+
+def test_chunk_bounds_split_evenly_into_pieces_per_thread():
+    big = ops_cpu.CPUProgram.MIN_OPS_PER_THREAD * 64
+
+    def bounds(outer: int, ops: int, threads: int) -> list[int]:
+        program = ops_cpu.CPUProgram.__new__(ops_cpu.CPUProgram)
+        program.outer_size, program.ops = outer, ops
+        return program.chunk_bounds(threads)
+
+    assert bounds(16, big, 2) == [0, 2, 4, 6, 8, 10, 12, 14, 16]  # 4 pieces per thread
+    assert bounds(12, big, 2) == [0, 2, 4, 6, 8, 10, 12]  # 12 rows: not 4 pieces per thread, 3
+    assert bounds(4, big, 2) == [0, 1, 2, 3, 4]
+    assert bounds(7, big, 2) == [0, 3, 7]  # uneven halves stay one chunk per thread
+    assert bounds(16, ops_cpu.CPUProgram.MIN_OPS_PER_THREAD * 4, 2) == [0, 4, 8, 12, 16]  # each piece keeps its minimum
+    assert bounds(16, big, 1) == [0, 16]
