@@ -79,7 +79,7 @@ class GraphShape:
                     continue
             arg = u.arg
             if op is buffer_op:
-                buf = buffer_of[u]
+                buf = u.buffer
                 if buf.device.startswith("DISK"):
                     return  # a DISK slice is a view of a file, made by the planner: not re-bindable
                 if (b := buffer_slot.get(buf)) is None:
@@ -114,7 +114,7 @@ class GraphShape:
         shape = GraphShape.__new__(GraphShape)
         shape.key, shape.versions, shape.consts, shape.const_slot = key, versions, [], {}
         shape.version_slot = {v: i for i, v in enumerate(versions)}
-        shape.buffers = [buffer_of[u] for u in buffer_nodes]
+        shape.buffers = [u.buffer for u in buffer_nodes]
         shape.nodes = [*versions, root]
         shape.visits = 1
         return shape

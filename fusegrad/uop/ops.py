@@ -165,6 +165,7 @@ class UOp(metaclass=UOpMeta):
         "_readers",
         "holders",
         "realized_ref",
+        "buffer",
     )
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
@@ -178,6 +179,8 @@ class UOp(metaclass=UOpMeta):
         # the buffer view holding this node's computed value (a UOp or a weak reference to one): the scheduler's record
         # (schedule.record_realized), kept on the node so that it dies with it and every walk reads it without a lookup
         self.realized_ref: UOp | weakref.ref[UOp] | None = None
+        # a BUFFER node's storage (runtime.buffers.buffer_of reads and sets it): on the node, so it dies with it
+        self.buffer: Any = None
 
     def add_reader(self, u: UOp) -> None:
         readers = self._readers
