@@ -125,6 +125,47 @@ def compile_schedule(items: list[ScheduleItem]) -> list[Runner | None]:
     return [get_runner(it.device, it.ast) if it.ast.op is Ops.SINK and it.buffers[0].size else None for it in items]
 
 
+def prepared_runners(items: list[ScheduleItem], memo: dict | None) -> list[Runner | None]:
+    """compile_schedule(items), kept in the schedule template's memo (`memo`, from cached_schedule) per NOOPT and BEAM:
+    a re-bound schedule has the same kernels, sizes and so the same memory bound as the one it was planned for."""
+    if memo is None:
+        return compile_schedule(items)
+    noopt = int(NOOPT.value)
+    key = (noopt, 0 if noopt else int(BEAM.value))
+    if (runners := memo.get(key)) is None:
+        runners = memo[key] = compile_schedule(items)
+    return runners
+
+
+def run_items(items: list[ScheduleItem], runners: list[Runner | None], debug: int) -> None:
+    """run_item for each item; kernels launch inline (the per-launch work of an eager op) unless DEBUG shows them or a
+    TinyJit records them."""
+    if debug >= 2 or capturing:
+        for item, runner in zip(items, runners):
+            run_item(item, runner, debug)
+        return
+    clock, ops, mem, n = time.perf_counter, 0, 0, 0
+    st = clock()
+    for item, runner in zip(items, runners):
+        if runner is None:  # a transfer or an empty output
+            run_item(item, runner, debug)
+            continue
+        buffers = item.buffers
+        for b in buffers:
+            if b._mem is None:
+                b.ensure_allocated()
+            mem += b.size * b.dtype.itemsize
+        runner.program(buffers)
+        ops += runner.info.ops_estimate
+        n += 1
+    if n:
+        GlobalCounters.kernel_count += n
+        GlobalCounters.global_ops += ops
+        GlobalCounters.global_mem += mem
+        # the kernels' time with the loop's own: the Python between launches is a fraction of a launch
+        GlobalCounters.time_sum_s += clock() - st
+
+
 def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | None = None) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran.
     With `holders_per_root` (the references the caller holds on each root: its `roots` list, its tensor), an assign
@@ -132,25 +173,27 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
     with realize_lock:
         readers = OldVersionReaders(roots, holders_per_root) if holders_per_root is not None else None
         checks = checks_below(roots)
-        items, results, inner = cached_schedule(
-            [c.extremes for c in checks] + roots, [c.device for c in checks] + devices, readers
-        )
+        if checks:
+            roots_and_checks = [c.extremes for c in checks] + roots
+            items, results, inner, memo = cached_schedule(
+                roots_and_checks, [c.device for c in checks] + devices, readers
+            )
+        else:
+            items, results, inner, memo = cached_schedule(roots, devices, readers)
         # compile everything first: a compiler error then leaves every buffer untouched
-        runners = compile_schedule(items)
+        runners = prepared_runners(items, memo)
         debug = DEBUG.value
         if checks:
             # the bound kernels come first in the schedule: run them (and what they need), then check before any other
             check_bufs = [buffer_of[base_buffer(r)] for r in results[: len(checks)]]  # type: ignore[index]
             split = 1 + max(i for i, item in enumerate(items) if item.buffers[0] in check_bufs)
-            for item, runner in zip(items[:split], runners[:split]):
-                run_item(item, runner, debug)
+            run_items(items[:split], runners[:split], debug)
             for check, buf in zip(checks, check_bufs):
                 check.raise_if_violated(buf.numpy())
                 if capturing:
                     capturing[-1].record_check(check, buf)
             items, runners, results = items[split:], runners[split:], results[len(checks) :]
-        for item, runner in zip(items, runners):
-            run_item(item, runner, debug)
+        run_items(items, runners, debug)
         for r, res in zip(roots, results):
             if r is not res:
                 # a graph holding an assign node means the value it wrote, for as long as that graph lives

@@ -12,7 +12,8 @@ from __future__ import annotations
 import operator
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, SCHEDULE_CACHE
 from fusegrad.runtime.device import Buffer
@@ -158,30 +159,30 @@ class ScheduleTemplate:
     results: list[tuple]  # each root's value as a view recipe (see _recipe)
     inner: list[tuple[int, tuple]]  # (node position, view recipe) of kept intermediate values
     new_bytes: int
+    # whatever the runner of the schedule keeps for it (the engine: its loaded programs); opaque to the scheduler
+    launch_memo: dict[Any, Any] = field(default_factory=dict)
 
     def bind(self, shape: GraphShape) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
         n_inputs = len(shape.buffers)  # the same for every graph of this structure
         if (gathers := self._gathers) is None or self._gathers_for != n_inputs:
             gathers = self._plan_gathers(n_inputs)
         pool = shape.buffers + [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
-        consts = shape.consts
-        for ref in self._extra_refs:  # constants (one buffer per constant and device), then fixed buffers
-            if ref[0] == "const":
-                dtype, value = consts[ref[1]]
-                pool.append(const_buffer(ref[2], dtype, value))
-            else:
-                pool.append(ref[1])
+        if extra_refs := self._extra_refs:  # constants (one buffer per constant and device), then fixed buffers
+            consts = shape.consts
+            for ref in extra_refs:
+                if ref[0] == "const":
+                    dtype, value = consts[ref[1]]
+                    pool.append(const_buffer(ref[2], dtype, value))
+                else:
+                    pool.append(ref[1])
         items = [ScheduleItem(ast, gather(pool), device) for ast, device, gather in gathers]
         versions = [buffer_uop(pool[i]) for i in self._version_slots]
-
-        def view(recipe: tuple) -> UOp:
-            (kind, slot), chain = recipe
-            u = shape.versions[slot] if kind == "version" else versions[slot]
-            for op, dtype, arg in chain:
-                u = UOp(op, dtype, (u,), arg)
-            return u
-
-        return items, [view(r) for r in self.results], {shape.nodes[i]: view(r) for i, r in self.inner}
+        old = shape.versions
+        results = [_view(recipe, old, versions) for recipe in self.results]
+        if not self.inner:
+            return items, results, {}
+        nodes = shape.nodes
+        return items, results, {nodes[i]: _view(recipe, old, versions) for i, recipe in self.inner}
 
     # bind's plan of arguments, made at the first bind (class attributes: not dataclass fields)
     _gathers = None
@@ -211,6 +212,15 @@ class ScheduleTemplate:
         self._extra_refs = extra
         self._gathers, self._gathers_for = gathers, n_inputs
         return gathers
+
+
+def _view(recipe: tuple, old_versions: list[UOp], new_versions: list[UOp]) -> UOp:
+    """A template's view recipe over one bind's BUFFER nodes."""
+    (kind, slot), chain = recipe
+    u = old_versions[slot] if kind == "version" else new_versions[slot]
+    for op, dtype, arg in chain:
+        u = UOp(op, dtype, (u,), arg)
+    return u
 
 
 class _Entry:
@@ -247,20 +257,22 @@ def _slots(shape: GraphShape, targets: set[UOp]) -> frozenset[int]:
 
 def cached_schedule(
     roots: list[UOp], devices: list, readers: VersionReaders | None = None
-) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
-    """create_schedule, reusing the plan of an earlier graph of the same structure."""
+) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict | None]:
+    """create_schedule, reusing the plan of an earlier graph of the same structure. The last value is the reused or
+    new template's `launch_memo` (None when the schedule is not one a template re-binds): whoever runs the items
+    keeps there what holds for every schedule of this structure (the loaded programs)."""
     shape = graph_shape(roots, devices) if SCHEDULE_CACHE else None
     key = shape.key if shape is not None else None
     if key is None:
         plan = plan_schedule(roots, devices, readers)
-        return plan.items, plan.results, plan.inner
+        return plan.items, plan.results, plan.inner, None
     assert shape is not None
     if (entry := _cache.get(key)) is not None:
         _cache.move_to_end(key)
-        cow = _copy_on_write_slots(shape, entry.kept, readers)
+        cow = _NO_SLOTS if readers is None else _copy_on_write_slots(shape, entry.kept, readers)
         if (template := entry.templates.get(cow)) is not None:
             ScheduleCacheStats.hits += 1
-            return template.bind(shape)
+            return (*template.bind(shape), template.launch_memo)
     ScheduleCacheStats.misses += 1
     plan = plan_schedule(roots, devices, readers)
     position = {u: i for i, u in enumerate(shape.nodes)}
@@ -273,7 +285,8 @@ def cached_schedule(
             while len(_cache) > MAX_CACHED_SCHEDULES:
                 _cache.popitem(last=False)
         entry.templates[cow] = template
-    return plan.items, plan.results, plan.inner
+        return plan.items, plan.results, plan.inner, template.launch_memo
+    return plan.items, plan.results, plan.inner, None
 
 
 def _compiles_in_a_slot_constant(shape: GraphShape, items) -> bool:
