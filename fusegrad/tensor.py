@@ -204,7 +204,7 @@ class Tensor(
 
     # ------------------------------------------------------------------ realization and data
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
-        Tensor.realize_all([self, *lst])
+        Tensor._realize((self, *lst) if lst else (self,), keep_old_versions=True)
         return self
 
     @staticmethod
@@ -220,9 +220,21 @@ class Tensor(
 
     @staticmethod
     def _realize_locked(tensors: Sequence[Tensor], keep_old_versions: bool) -> None:
-        todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
-        if not todo:
-            return
+        if len(tensors) == 1:  # the common call (t.realize()): no de-duplication
+            u = (t := tensors[0])._uop
+            if base_buffer(u) is not None or u.op is Ops.MULTI and is_realized_multi(u):
+                return
+            todo = [t]
+        else:
+            todo = list(
+                {
+                    id(t): t
+                    for t in tensors
+                    if base_buffer(t.uop) is None and not (t.uop.op is Ops.MULTI and is_realized_multi(t.uop))
+                }.values()
+            )
+            if not todo:
+                return
         if _pending_assigns:
             # an assign reached through another tensor's graph runs now: its own tensor takes the result (or it runs
             # again)
