@@ -47,7 +47,7 @@ from fusegrad.tensor_ops.pydata import py_data_to_numpy, py_scalar_const
 from fusegrad.tensor_ops.reduce import ReduceMixin
 from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
 from fusegrad.tensor_ops.sorting import SortingMixin
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import Ops, UOp, elementwise_uop
 from fusegrad.uop.sint import shape_str, smax, sprod
 
 Scalar = int | float | bool
@@ -458,11 +458,17 @@ class Tensor(
         return self._new(UOp(op, dtype or self._uop.dtype, src))
 
     def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
-        if type(x) is float and dtypes.is_float(self.dtype):
-            # the hot path of elementwise code (a float tensor and a Python float): one tensor for the result only
-            uop = self._uop
-            const = _broadcast_const(uop.dtype, x, uop.shape)
-            return self._new(UOp(op, dtype or uop.dtype, (const, uop) if reverse else (uop, const)))
+        # the hot paths of elementwise code, one tensor for the result only: a float tensor and a Python float, and two
+        # tensors of one dtype, shape and device (what _operand makes of them, without its promotion and broadcasting)
+        uop = self._uop
+        if type(x) is float:
+            if dtypes.is_float(dt := uop.dtype):
+                const = _broadcast_const(dt, x, shape := uop.shape)
+                return self._new(elementwise_uop(op, dtype or dt, (const, uop) if reverse else (uop, const), shape))
+        elif type(x) is Tensor:
+            xu = x._uop
+            if xu.dtype is uop.dtype and (shape := uop.shape) == xu.shape and x.device == self.device:
+                return self._new(elementwise_uop(op, dtype or uop.dtype, (xu, uop) if reverse else (uop, xu), shape))
         a, b = self._operand(x, reverse)
         return a._alu(op, b, dtype=dtype)
 
