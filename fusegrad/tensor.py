@@ -235,20 +235,21 @@ class Tensor(
             )
             if not todo:
                 return
-        if _pending_assigns:
+        if pending := bool(_pending_assigns):
             # an assign reached through another tensor's graph runs now: its own tensor takes the result (or it runs
             # again)
             for key, t in list(_pending_assigns.items()):
                 if t.uop.op is not Ops.ASSIGN:
                     del _pending_assigns[key]
             todo += _pending_assigns_reached(todo)
+            pending = bool(_pending_assigns)
         if len(todo) > 1:
             _separate_equal_roots(todo)
         roots = [t.uop for t in todo]
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
         # with no pending assign the graph holds no assign node worth the walk (one whose tensor is gone aside)
-        holders = 2 if keep_old_versions and _pending_assigns else None
+        holders = 2 if keep_old_versions and pending else None
         try:
             results = realize_uops(roots, [t.device for t in todo], holders)
         except Exception:

@@ -125,26 +125,40 @@ def compile_schedule(items: list[ScheduleItem]) -> list[Runner | None]:
     return [get_runner(it.device, it.ast) if it.ast.op is Ops.SINK and it.buffers[0].size else None for it in items]
 
 
-def prepared_runners(items: list[ScheduleItem], memo: dict | None) -> list[Runner | None]:
-    """compile_schedule(items), kept in the schedule template's memo (`memo`, from cached_schedule) per NOOPT and BEAM:
-    a re-bound schedule has the same kernels, sizes and so the same memory bound as the one it was planned for."""
+class Prepared:
+    """A schedule's runners (compile_schedule) with what every run of it adds to GlobalCounters: the same for every
+    schedule a template binds (same kernels, same buffer sizes), so a template's memo keeps one per NOOPT and BEAM."""
+
+    __slots__ = ("runners", "kernels", "ops", "mem")
+
+    def __init__(self, items: list[ScheduleItem]):
+        self.runners = compile_schedule(items)
+        launched = [(it, r) for it, r in zip(items, self.runners) if r is not None]
+        self.kernels = len(launched)
+        self.ops = sum(r.info.ops_estimate for _, r in launched)
+        self.mem = sum(b.nbytes for it, _ in launched for b in it.buffers)
+
+
+def prepared(items: list[ScheduleItem], memo: dict | None) -> Prepared:
+    """Prepared(items), kept in the schedule template's memo (`memo`, from cached_schedule): a re-bound schedule has
+    the same kernels and sizes, so the same memory bound, as the one it was planned for."""
     if memo is None:
-        return compile_schedule(items)
+        return Prepared(items)
     noopt = int(NOOPT.value)
     key = (noopt, 0 if noopt else int(BEAM.value))
-    if (runners := memo.get(key)) is None:
-        runners = memo[key] = compile_schedule(items)
-    return runners
+    if (prep := memo.get(key)) is None:
+        prep = memo[key] = Prepared(items)
+    return prep
 
 
-def run_items(items: list[ScheduleItem], runners: list[Runner | None], debug: int) -> None:
+def run_items(items: list[ScheduleItem], runners: list[Runner | None], debug: int, prep: Prepared | None) -> None:
     """run_item for each item; kernels launch inline (the per-launch work of an eager op) unless DEBUG shows them or a
-    TinyJit records them."""
-    if debug >= 2 or capturing:
+    TinyJit records them. `prep` (for all of items and runners) has their counters summed already."""
+    if debug >= 2 or capturing or prep is None:
         for item, runner in zip(items, runners):
             run_item(item, runner, debug)
         return
-    clock, ops, mem, n = time.perf_counter, 0, 0, 0
+    clock = time.perf_counter
     st = clock()
     for item, runner in zip(items, runners):
         if runner is None:  # a transfer or an empty output
@@ -154,16 +168,12 @@ def run_items(items: list[ScheduleItem], runners: list[Runner | None], debug: in
         for b in buffers:
             if b._mem is None:
                 b.ensure_allocated()
-            mem += b.size * b.dtype.itemsize
         runner.program(buffers)
-        ops += runner.info.ops_estimate
-        n += 1
-    if n:
-        GlobalCounters.kernel_count += n
-        GlobalCounters.global_ops += ops
-        GlobalCounters.global_mem += mem
-        # the kernels' time with the loop's own: the Python between launches is a fraction of a launch
-        GlobalCounters.time_sum_s += clock() - st
+    GlobalCounters.kernel_count += prep.kernels
+    GlobalCounters.global_ops += prep.ops
+    GlobalCounters.global_mem += prep.mem
+    # the kernels' time with the loop's own: the Python between launches is a fraction of a launch
+    GlobalCounters.time_sum_s += clock() - st
 
 
 def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | None = None) -> list[UOp]:
@@ -181,19 +191,21 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
         else:
             items, results, inner, memo = cached_schedule(roots, devices, readers)
         # compile everything first: a compiler error then leaves every buffer untouched
-        runners = prepared_runners(items, memo)
+        prep = prepared(items, memo)
+        runners = prep.runners
         debug = DEBUG.value
         if checks:
             # the bound kernels come first in the schedule: run them (and what they need), then check before any other
             check_bufs = [buffer_of[base_buffer(r)] for r in results[: len(checks)]]  # type: ignore[index]
             split = 1 + max(i for i, item in enumerate(items) if item.buffers[0] in check_bufs)
-            run_items(items[:split], runners[:split], debug)
+            run_items(items[:split], runners[:split], debug, None)
+            prep = None  # its counters are for the whole schedule
             for check, buf in zip(checks, check_bufs):
                 check.raise_if_violated(buf.numpy())
                 if capturing:
                     capturing[-1].record_check(check, buf)
             items, runners, results = items[split:], runners[split:], results[len(checks) :]
-        run_items(items, runners, debug)
+        run_items(items, runners, debug, prep)
         for r, res in zip(roots, results):
             if r is not res:
                 # a graph holding an assign node means the value it wrote, for as long as that graph lives

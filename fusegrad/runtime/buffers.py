@@ -12,7 +12,6 @@ __all__ = ["Buffer", "DiskBuffer", "buffer_of", "buffer_uop", "base_buffer", "is
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 
-
 class BufferTable:
     """BUFFER uop -> its storage; several uops (versions, after an assign) may share one Buffer. The Buffer is kept on
     the node (its `buffer` slot): a weak-keyed table would build a weak reference per lookup and per entry, and every

@@ -237,13 +237,10 @@ class Buffer:
 
     def __init__(self, device: str, size: int, dtype: DType, initial: np.ndarray | None = None):
         self.device, self.size, self.dtype = device, size, dtype
+        self.nbytes = size * dtype.itemsize  # asked at every allocation, free and launch
         self._mem: Any = None  # the allocator's handle (a numpy array on host devices)
         self._initial = initial  # host data copied in on first allocation
         self._address: tuple[Any, int] | None = None  # (the memory, its address): address() of the current memory
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
 
     @property
     def is_allocated(self) -> bool:
@@ -260,7 +257,7 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._mem is None:
-            allocator, nbytes = Device[self.device].allocator, self.size * self.dtype.itemsize
+            allocator, nbytes = Device[self.device].allocator, self.nbytes
             per_device = GlobalCounters.mem_used_per_device
             # a reused host block comes with the address a buffer over it found (every eager op allocates one)
             if type(allocator) is HostAllocator and (
@@ -283,7 +280,7 @@ class Buffer:
         # the memory goes back to its allocator (a __del__ costs a fraction of a weakref.finalize per buffer); at exit
         # nothing is worth giving back
         if (owner := self._owner) is not None and not sys.is_finalizing():
-            nbytes = self.size * self.dtype.itemsize
+            nbytes = self.nbytes
             GlobalCounters.mem_used -= nbytes
             per_device = GlobalCounters.mem_used_per_device
             per_device[self.device] = per_device.get(self.device, 0) - nbytes

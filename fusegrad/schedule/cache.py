@@ -36,7 +36,7 @@ BufferRef = tuple
 class GraphShape:
     """One walk of a graph: its structural key and, in slot order, the buffers, versions and constants it reads."""
 
-    __slots__ = ("key", "nodes", "buffers", "versions", "version_slot", "consts", "const_slot", "visits")
+    __slots__ = ("key", "nodes", "buffers", "versions", "_version_slot", "consts", "const_slot", "visits", "leaf")
 
     def __init__(self, roots: list[UOp], devices: list):
         root_set = set(roots)
@@ -45,12 +45,13 @@ class GraphShape:
         self.nodes: list[UOp] = []
         buffer_slot: dict[Buffer, int] = {}
         self.buffers: list[Buffer] = []
-        self.version_slot: dict[UOp, int] = {}
+        self._version_slot: dict[UOp, int] | None = {}
         self.versions: list[UOp] = []
         self.const_slot: dict[tuple[DType, float], int] = {}
         self.consts: list[tuple[DType, float]] = []
         self.key: tuple | None = None
         self.visits = 0
+        self.leaf: list | None = None  # the leaf-op memo's entry for this graph (graph_shape sets it)
         # the walk runs once per realize: names it reads per node are locals (an Ops member lookup is a Python call)
         buffer_op, const_op, contiguous_op, special = Ops.BUFFER, Ops.CONST, Ops.CONTIGUOUS, (Ops.MULTI, Ops.COPY)
         nodes, visits = self.nodes, 0
@@ -86,9 +87,9 @@ class GraphShape:
                 if (b := buffer_slot.get(buf)) is None:
                     b = buffer_slot[buf] = len(self.buffers)
                     self.buffers.append(buf)
-                self.version_slot[u] = len(self.versions)
+                self._version_slot[u] = v = len(self.versions)  # type: ignore[index]
                 self.versions.append(u)
-                arg = (b, self.version_slot[u], arg[1], arg[2])
+                arg = (b, v, arg[1], arg[2])
             elif op is const_op:
                 if is_liftable_const(u):
                     if (c := self.const_slot.get(ck := (u.dtype, arg))) is None:
@@ -109,34 +110,71 @@ class GraphShape:
             return
         self.key = (tuple(rows), tuple([index[r] for r in roots]), tuple(devices), int(NUM_CPU_THREADS.value))
 
+    @property
+    def version_slot(self) -> dict[UOp, int]:
+        """BUFFER node -> its slot among the versions (made when first asked: a re-bound leaf op rarely asks)."""
+        if (slots := self._version_slot) is None:
+            slots = self._version_slot = {v: i for i, v in enumerate(self.versions)}
+        return slots
+
     @staticmethod
     def of_leaf_op(root: UOp, key: tuple, versions: list[UOp], buffer_nodes: list[UOp]) -> GraphShape:
         """The walk of a graph that is `root` on BUFFER nodes, from what an earlier walk of that form found."""
         shape = GraphShape.__new__(GraphShape)
-        shape.key, shape.versions, shape.consts, shape.const_slot = key, versions, [], {}
-        shape.version_slot = {v: i for i, v in enumerate(versions)}
+        shape.key, shape.versions, shape.consts, shape.const_slot, shape._version_slot = key, versions, [], {}, None
         shape.buffers = [u.buffer for u in buffer_nodes]
         shape.nodes = [*versions, root]
-        shape.visits = 1
+        shape.visits, shape.leaf = 1, None
         return shape
 
 
-# one op straight on BUFFER nodes (an eager `x + y`): (op, dtype, arg, source ids, devices, threads) -> (weak refs to
-# the sources, the walk's key, which sources are its versions and buffers); its root is new each time, its sources not
-_leaf_op_shapes: dict[tuple, tuple[tuple, tuple, tuple[int, ...], tuple[int, ...]]] = {}
+# one op straight on BUFFER nodes (an eager `x + y`): (op, dtype, arg, source ids, devices, threads) -> [weak refs to
+# the sources, the walk's key, which sources are its versions and buffers, the template that schedules it when no
+# copy on write is asked (None until one is known)]; its root is new each time, its sources not
+_leaf_op_shapes: dict[tuple, list] = {}
 MAX_LEAF_OP_SHAPES = 256
 
 
-def graph_shape(roots: list[UOp], devices: list) -> GraphShape:
-    """GraphShape(roots, devices), without the walk when the only root is one op on BUFFER nodes that an earlier
-    graph had too: a BUFFER node's storage never changes, so such a graph has the earlier one's structure."""
-    if len(roots) != 1 or not (src := (root := roots[0]).src) or any(s.op is not Ops.BUFFER for s in src):
-        return GraphShape(roots, devices)
+def _leaf_key(roots: list[UOp], devices: list) -> tuple | None:
+    """The leaf-op memo's key when the only root is one op straight on BUFFER nodes, else None."""
+    if len(roots) != 1 or not (src := (root := roots[0]).src):
+        return None
+    buffer_op = Ops.BUFFER
+    for s in src:
+        if s.op is not buffer_op:
+            return None
     arg = root.arg
-    key = (root.op, root.dtype, None if arg is None else _hashable(arg), tuple(map(id, src)), tuple(devices))
-    key += (int(NUM_CPU_THREADS.value),)
-    if (hit := _leaf_op_shapes.get(key)) is not None and all(r() is s for r, s in zip(hit[0], src)):
-        return GraphShape.of_leaf_op(root, hit[1], [src[i] for i in hit[2]], [src[i] for i in hit[3]])
+    return (
+        root.op,
+        root.dtype,
+        None if arg is None else _hashable(arg),
+        tuple(map(id, src)),
+        tuple(devices),
+        NUM_CPU_THREADS.value,
+    )
+
+
+def _leaf_hit(key: tuple, src: tuple[UOp, ...]) -> list | None:
+    """The memo's entry for key when its sources are still these nodes (an id may have been reused since)."""
+    if (hit := _leaf_op_shapes.get(key)) is None:
+        return None
+    for r, s in zip(hit[0], src):
+        if r() is not s:
+            return None
+    return hit
+
+
+def graph_shape(roots: list[UOp], devices: list, leaf_key: tuple | None = None) -> GraphShape:
+    """GraphShape(roots, devices), without the walk when the only root is one op on BUFFER nodes that an earlier
+    graph had too: a BUFFER node's storage never changes, so such a graph has the earlier one's structure.
+    `leaf_key` is _leaf_key(roots, devices) when the caller has it already."""
+    if (key := leaf_key or _leaf_key(roots, devices)) is None:
+        return GraphShape(roots, devices)
+    src = (root := roots[0]).src
+    if (hit := _leaf_hit(key, src)) is not None:
+        shape = GraphShape.of_leaf_op(root, hit[1], [src[i] for i in hit[2]], [src[i] for i in hit[3]])
+        shape.leaf = hit
+        return shape
     shape = GraphShape(roots, devices)
     if shape.key is not None and not shape.consts:
         if len(_leaf_op_shapes) >= MAX_LEAF_OP_SHAPES:
@@ -145,7 +183,8 @@ def graph_shape(roots: list[UOp], devices: list) -> GraphShape:
         where = {s: i for i, s in reversed(list(enumerate(src)))}
         buffer_first = [where[next(v for v in shape.versions if buffer_of[v] is b)] for b in shape.buffers]
         refs = tuple(weakref.ref(s) for s in src)
-        _leaf_op_shapes[key] = (refs, shape.key, tuple(where[v] for v in shape.versions), tuple(buffer_first))
+        entry = [refs, shape.key, tuple(where[v] for v in shape.versions), tuple(buffer_first), None]
+        shape.leaf = _leaf_op_shapes[key] = entry
     return shape
 
 
@@ -163,25 +202,34 @@ class ScheduleTemplate:
     launch_memo: dict[Any, Any] = field(default_factory=dict)
 
     def bind(self, shape: GraphShape) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
-        n_inputs = len(shape.buffers)  # the same for every graph of this structure
+        return self.bind_parts(shape.buffers, shape.versions, shape.consts, shape.nodes)
+
+    def bind_parts(
+        self, buffers: list[Buffer], old: list[UOp], consts: list, nodes: list[UOp] | None
+    ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+        """bind, from a GraphShape's parts: its buffers, versions, constants and nodes (None when `inner` is empty)."""
+        n_inputs = len(buffers)  # the same for every graph of this structure
         if (gathers := self._gathers) is None or self._gathers_for != n_inputs:
             gathers = self._plan_gathers(n_inputs)
-        pool = shape.buffers + [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
+        new = self.new_buffers
+        pool = buffers + [Buffer(*new[0])] if len(new) == 1 else buffers + [Buffer(*b) for b in new]
         if extra_refs := self._extra_refs:  # constants (one buffer per constant and device), then fixed buffers
-            consts = shape.consts
             for ref in extra_refs:
                 if ref[0] == "const":
                     dtype, value = consts[ref[1]]
                     pool.append(const_buffer(ref[2], dtype, value))
                 else:
                     pool.append(ref[1])
-        items = [ScheduleItem(ast, gather(pool), device) for ast, device, gather in gathers]
+        if len(gathers) == 1:
+            ast, device, gather = gathers[0]
+            items = [ScheduleItem(ast, gather(pool), device)]
+        else:
+            items = [ScheduleItem(ast, gather(pool), device) for ast, device, gather in gathers]
         versions = [buffer_uop(pool[i]) for i in self._version_slots]
-        old = shape.versions
         results = [_view(recipe, old, versions) for recipe in self.results]
         if not self.inner:
             return items, results, {}
-        nodes = shape.nodes
+        assert nodes is not None
         return items, results, {nodes[i]: _view(recipe, old, versions) for i, recipe in self.inner}
 
     # bind's plan of arguments, made at the first bind (class attributes: not dataclass fields)
@@ -261,8 +309,18 @@ def cached_schedule(
     """create_schedule, reusing the plan of an earlier graph of the same structure. The last value is the reused or
     new template's `launch_memo` (None when the schedule is not one a template re-binds): whoever runs the items
     keeps there what holds for every schedule of this structure (the loaded programs)."""
-    shape = graph_shape(roots, devices) if SCHEDULE_CACHE else None
-    key = shape.key if shape is not None else None
+    if not SCHEDULE_CACHE.value:
+        plan = plan_schedule(roots, devices, readers)
+        return plan.items, plan.results, plan.inner, None
+    if (leaf_key := _leaf_key(roots, devices)) is not None and readers is None:
+        # an eager op on realized tensors seen before: its sources and template straight from the memo, no GraphShape
+        src = roots[0].src
+        if (hit := _leaf_hit(leaf_key, src)) is not None and (template := hit[4]) is not None:
+            ScheduleCacheStats.hits += 1
+            buffers = [src[i].buffer for i in hit[3]]
+            return (*template.bind_parts(buffers, [src[i] for i in hit[2]], [], None), template.launch_memo)
+    shape = graph_shape(roots, devices, leaf_key)
+    key = shape.key
     if key is None:
         plan = plan_schedule(roots, devices, readers)
         return plan.items, plan.results, plan.inner, None
@@ -272,6 +330,7 @@ def cached_schedule(
         cow = _NO_SLOTS if readers is None else _copy_on_write_slots(shape, entry.kept, readers)
         if (template := entry.templates.get(cow)) is not None:
             ScheduleCacheStats.hits += 1
+            _remember_leaf_template(shape, template, readers)
             return (*template.bind(shape), template.launch_memo)
     ScheduleCacheStats.misses += 1
     plan = plan_schedule(roots, devices, readers)
@@ -285,8 +344,16 @@ def cached_schedule(
             while len(_cache) > MAX_CACHED_SCHEDULES:
                 _cache.popitem(last=False)
         entry.templates[cow] = template
+        if not cow:
+            _remember_leaf_template(shape, template, readers)
         return plan.items, plan.results, plan.inner, template.launch_memo
     return plan.items, plan.results, plan.inner, None
+
+
+def _remember_leaf_template(shape: GraphShape, template: ScheduleTemplate, readers: VersionReaders | None) -> None:
+    """A leaf op's template asked without copy on write serves the next such call straight from the leaf-op memo."""
+    if (leaf := shape.leaf) is not None and readers is None and not template.inner:
+        leaf[4] = template
 
 
 def _compiles_in_a_slot_constant(shape: GraphShape, items) -> bool:
@@ -364,3 +431,4 @@ def _copy_stand_in(copy: UOp) -> UOp:
 
 def clear_schedule_cache() -> None:
     _cache.clear()
+    _leaf_op_shapes.clear()

@@ -129,7 +129,8 @@ class UOpMeta(type):
     sweep_at = MIN_SWEEP = 1 << 14  # entries, live or dead, at which the next creation drops the dead ones
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, tuple(map(id, src)), None if arg is None else _hashable(arg))
+        # a BUFFER's arg (id, device, size) is ints and a string, as _hashable leaves them: every realize makes one
+        key = (op, dtype, tuple(map(id, src)), arg if arg is None or op is _BUFFER else _hashable(arg))
         cache = UOpMeta.cache
         if (ref := cache.get(key)) is not None and (ret := ref()) is not None:
             return ret
@@ -164,6 +165,9 @@ def _hashable(arg: Any) -> Any:
                 return tuple(_hashable(a) for a in arg)
         return arg  # ints and strings (a shape, a BUFFER's arg): cannot equal the (type, value) pairs below
     return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
+
+
+_BUFFER = Ops.BUFFER
 
 
 def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple) -> UOp:
