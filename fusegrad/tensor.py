@@ -465,11 +465,13 @@ class Tensor(
         if type(x) is float:
             if dtypes.is_float(dt := uop.dtype):
                 const = _broadcast_const(dt, x, shape := uop.shape)
-                return self._new(elementwise_uop(op, dtype or dt, (const, uop) if reverse else (uop, const), shape))
+                out = elementwise_uop(op, dtype or dt, (const, uop) if reverse else (uop, const), shape)
+                return tensor_of_uop(out, self.device)
         elif type(x) is Tensor:
             xu = x._uop
             if xu.dtype is uop.dtype and (shape := uop.shape) == xu.shape and x.device == self.device:
-                return self._new(elementwise_uop(op, dtype or uop.dtype, (xu, uop) if reverse else (uop, xu), shape))
+                out = elementwise_uop(op, dtype or uop.dtype, (xu, uop) if reverse else (uop, xu), shape)
+                return tensor_of_uop(out, self.device)
         a, b = self._operand(x, reverse)
         return a._alu(op, b, dtype=dtype)
 
@@ -619,5 +621,8 @@ def tensor_of_uop(u: UOp, device: str | tuple[str, ...]) -> Tensor:
     t.device, t.grad, t.requires_grad, t.is_param = device, None, None, True
     t._ref = weakref.ref(t)
     t._uop = u  # the uop setter's work, inline: every op builds one
-    u.add_holder(t._ref)
+    if u.holders is None:  # a new node (add_holder's first case)
+        u.holders = [t._ref]
+    else:
+        u.add_holder(t._ref)
     return t

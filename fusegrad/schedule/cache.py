@@ -75,7 +75,15 @@ class GraphShape:
                         continue
                 if src:  # a leaf (a buffer, a constant) is numbered at once, without a second trip on the stack
                     stack.append((u, 1, None))
-                    for s in reversed(src):
+                    # the last source is walked first: in a chain `x * 2 + 1 ...` that is the shared constant, numbered
+                    # once and then skipped, rather than pushed by every op and found numbered on the way back
+                    if len(src) == 2:  # most nodes: no loop
+                        if (s := src[0]) not in index:
+                            stack.append((s, 0, None))
+                        if (s := src[1]) not in index:
+                            stack.append((s, 0, None))
+                        continue
+                    for s in src:
                         if s not in index:
                             stack.append((s, 0, None))
                     continue
@@ -103,7 +111,15 @@ class GraphShape:
             elif op in special and (op is special[0] or arg.startswith("DISK")):
                 return  # multi-device and disk graphs are planned every time
             index[u] = len(rows)
-            rows.append((op, u.dtype, arg, tuple([index[s] for s in src]) if src else ()))
+            # sources by count: a comprehension is a call of its own, and most nodes have one or two
+            n = len(src)
+            if n == 2:
+                src_ids: tuple = (index[src[0]], index[src[1]])
+            elif n == 1:
+                src_ids = (index[src[0]],)
+            else:
+                src_ids = tuple([index[s] for s in src]) if n else ()
+            rows.append((op, u.dtype, arg, src_ids))
             nodes.append(u)
         self.visits = visits
         if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):

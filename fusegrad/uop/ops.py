@@ -134,7 +134,11 @@ class UOpMeta(type):
         cache = UOpMeta.cache
         if (ref := cache.get(key)) is not None and (ret := ref()) is not None:
             return ret
-        ret = super().__call__(op, dtype, src, arg)
+        # UOp.__init__'s work without its frame (and type.__call__'s): every op of every graph is made here
+        ret = object.__new__(cls)
+        ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
+        ret._readers = [] if op is _BUFFER or op in _VIEW_OPS and src and src[0]._readers is not None else None
+        ret.holders = ret.realized_ref = ret.buffer = None
         # a dead entry under this key (its sources' ids reused) is replaced
         cache[key] = weakref.ref(ret)
         if len(cache) > UOpMeta.sweep_at:
@@ -195,6 +199,7 @@ class UOp(metaclass=UOpMeta):
     )
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+        # what a node holds; UOpMeta.__call__ makes every node and sets these itself, the same way
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
         # weak references to the live nodes built on a BUFFER or on a view of one, so a write into storage finds who
         # still reads it without scanning every graph
