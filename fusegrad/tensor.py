@@ -245,13 +245,13 @@ class Tensor(
             pending = bool(_pending_assigns)
         if len(todo) > 1:
             _separate_equal_roots(todo)
-        roots = [t.uop for t in todo]
+        roots = [t._uop for t in todo]
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
         # with no pending assign the graph holds no assign node worth the walk (one whose tensor is gone aside)
         holders = 2 if keep_old_versions and pending else None
         try:
-            results = realize_uops(roots, [t.device for t in todo], holders)
+            results = realize_uops(roots, [todo[0].device] if len(todo) == 1 else [t.device for t in todo], holders)
         except Exception:
             # failed index checks, compiles and memory checks raise before any kernel ran: targets keep their values
             for t in todo:

@@ -144,8 +144,12 @@ class UOpMeta(type):
         if len(cache) > UOpMeta.sweep_at:
             UOpMeta.sweep()
         for s in src:
-            if s._readers is not None:
-                s.add_reader(ret)
+            if (readers := s._readers) is not None:
+                n = len(readers)
+                if n < 16 or n & (n - 1):  # add_reader without its pruning, which it does at powers of two only
+                    readers.append(weakref.ref(ret))
+                else:
+                    s.add_reader(ret)
         return ret
 
     @staticmethod
