@@ -1,6 +1,7 @@
 """Runs a schedule: compiles each kernel once (cached by its AST), launches it, and keeps the counters."""
 
 from __future__ import annotations
+import atexit
 import threading
 import time
 from collections import OrderedDict
@@ -12,7 +13,7 @@ from fusegrad.runtime.device import Device, copy_buffer, physical_memory
 from fusegrad.engine.copy_on_write import OldVersionReaders
 from fusegrad.runtime.buffers import base_buffer, buffer_of
 from fusegrad.schedule import ScheduleItem, record_realized
-from fusegrad.schedule.cache import cached_schedule
+from fusegrad.schedule.cache import cached_schedule, clear_schedule_cache
 from fusegrad.uop.ops import Ops, UOp
 
 
@@ -30,6 +31,8 @@ class Runner:
 # constants into a parameter buffer), so the bound is only reached by that many genuinely different kernels
 _runners: OrderedDict[tuple[str, UOp, int, int], Runner] = OrderedDict()
 MAX_LOADED_PROGRAMS = 1024
+# templates keep loaded programs (their launch memos): dropped at exit while the device modules can still unload them
+atexit.register(clear_schedule_cache)
 # scheduling and running mutate shared state (buffer maps, realized values, counters): one realize at a time
 realize_lock = threading.RLock()
 # TinyJit's recorder while it captures a step (engine/jit.py): it sees every launch and refuses reads of data
