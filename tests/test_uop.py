@@ -206,12 +206,15 @@ def test_hash_consing_sweeps_dead_entries_and_rebuilds_dead_nodes():
     from fusegrad.uop.ops import UOpMeta
 
     base = UOp(Ops.CONST, dtypes.int32, (), 123457)
-    made = [UOp(Ops.ADD, dtypes.int32, (base, UOp(Ops.CONST, dtypes.int32, (), i))) for i in range(1000)]
+    made = [UOp(Ops.ADD, dtypes.int32, (base, UOp(Ops.CONST, dtypes.int32, (), 10**9 + i))) for i in range(1000)]
     before = len(UOpMeta.cache)
     del made
     gc.collect()
     UOpMeta.sweep()
-    assert len(UOpMeta.cache) <= before - 2000  # the adds and their constants
+    # every dead node's entry is gone (the adds and their constants among them), every live one stays
+    assert all(r() is not None for r in UOpMeta.cache.values())
+    assert len(UOpMeta.cache) <= before - 2000
+    assert UOp(Ops.CONST, dtypes.int32, (), 123457) is base
     assert UOpMeta.sweep_at >= 2 * len(UOpMeta.cache)
     # a node made again after its entry was swept (or while a dead entry holds its key) is one live object again
     again = UOp(Ops.ADD, dtypes.int32, (base, UOp(Ops.CONST, dtypes.int32, (), 5)))

@@ -241,8 +241,14 @@ class ScheduleTemplate:
             items = [ScheduleItem(ast, gather(pool), device)]
         else:
             items = [ScheduleItem(ast, gather(pool), device) for ast, device, gather in gathers]
-        versions = [buffer_uop(pool[i]) for i in self._version_slots]
-        results = [_view(recipe, old, versions) for recipe in self.results]
+        # one new version and one result (an eager op): no comprehension frames
+        slots = self._version_slots
+        versions = [buffer_uop(pool[slots[0]])] if len(slots) == 1 else [buffer_uop(pool[i]) for i in slots]
+        recipes = self.results
+        if len(recipes) == 1:
+            results = [_view(recipes[0], old, versions)]
+        else:
+            results = [_view(recipe, old, versions) for recipe in recipes]
         if not self.inner:
             return items, results, {}
         assert nodes is not None
@@ -333,8 +339,14 @@ def cached_schedule(
         src = roots[0].src
         if (hit := _leaf_hit(leaf_key, src)) is not None and (template := hit[4]) is not None:
             ScheduleCacheStats.hits += 1
-            buffers = [src[i].buffer for i in hit[3]]
-            return (*template.bind_parts(buffers, [src[i] for i in hit[2]], [], None), template.launch_memo)
+            versions, buffer_nodes = hit[2], hit[3]
+            if len(src) == 2 and len(versions) == 2 and len(buffer_nodes) == 2:  # `x + y`: no comprehensions
+                a, b = src[versions[0]], src[versions[1]]
+                old = [a, b]
+                buffers = [a.buffer, b.buffer] if buffer_nodes == versions else [src[i].buffer for i in buffer_nodes]
+            else:
+                old, buffers = [src[i] for i in versions], [src[i].buffer for i in buffer_nodes]
+            return (*template.bind_parts(buffers, old, [], None), template.launch_memo)
     shape = graph_shape(roots, devices, leaf_key)
     key = shape.key
     if key is None:
