@@ -257,3 +257,25 @@ def test_leaf_template_fast_path_serves_only_its_own_structure():
     np.testing.assert_allclose((x + y).realize().numpy(), y_np * 2)
     with Context(SCHEDULE_CACHE=0):
         np.testing.assert_allclose((x + y).realize().numpy(), y_np * 2)
+
+
+def test_template_keeps_programs_per_noopt_and_counts_every_launch():
+    """A template's launch memo holds the engine's programs per NOOPT (and BEAM): switching NOOPT gets the other
+    program, and every re-bound run adds its kernels, operations and bytes to GlobalCounters."""
+    from fusegrad.schedule.cache import _leaf_op_shapes
+
+    x_np, y_np = f32(33), f32(33)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    for _ in range(2):
+        np.testing.assert_allclose((x * y).realize().numpy(), x_np * y_np)
+    with Context(NOOPT=1):
+        np.testing.assert_allclose((x * y).realize().numpy(), x_np * y_np)
+    memos = [
+        e[4].launch_memo for e in _leaf_op_shapes.values() if e[4] is not None and e[4].kernels[0][2][0][0] == "new"
+    ]
+    assert any((1, 0) in m and (0, 0) in m for m in memos)
+    kernels, mem = GlobalCounters.kernel_count, GlobalCounters.global_mem
+    for _ in range(3):
+        (x * y).realize()
+    assert GlobalCounters.kernel_count == kernels + 3
+    assert GlobalCounters.global_mem == mem + 3 * 3 * 33 * 4  # output and two inputs, float32
