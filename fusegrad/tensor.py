@@ -47,7 +47,7 @@ from fusegrad.tensor_ops.pydata import py_data_to_numpy, py_scalar_const
 from fusegrad.tensor_ops.reduce import ReduceMixin
 from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
 from fusegrad.tensor_ops.sorting import SortingMixin
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import Ops, UOp, elementwise_uop
 from fusegrad.uop.sint import shape_str, smax, sprod
 
 Scalar = int | float | bool
@@ -204,7 +204,7 @@ class Tensor(
 
     # ------------------------------------------------------------------ realization and data
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
-        Tensor.realize_all([self, *lst])
+        Tensor._realize((self, *lst) if lst else (self,), keep_old_versions=True)
         return self
 
     @staticmethod
@@ -220,25 +220,38 @@ class Tensor(
 
     @staticmethod
     def _realize_locked(tensors: Sequence[Tensor], keep_old_versions: bool) -> None:
-        todo = list({id(t): t for t in tensors if base_buffer(t.uop) is None and not is_realized_multi(t.uop)}.values())
-        if not todo:
-            return
-        if _pending_assigns:
+        if len(tensors) == 1:  # the common call (t.realize()): no de-duplication
+            u = (t := tensors[0])._uop
+            if base_buffer(u) is not None or u.op is Ops.MULTI and is_realized_multi(u):
+                return
+            todo = [t]
+        else:
+            todo = list(
+                {
+                    id(t): t
+                    for t in tensors
+                    if base_buffer(t.uop) is None and not (t.uop.op is Ops.MULTI and is_realized_multi(t.uop))
+                }.values()
+            )
+            if not todo:
+                return
+        if pending := bool(_pending_assigns):
             # an assign reached through another tensor's graph runs now: its own tensor takes the result (or it runs
             # again)
             for key, t in list(_pending_assigns.items()):
                 if t.uop.op is not Ops.ASSIGN:
                     del _pending_assigns[key]
             todo += _pending_assigns_reached(todo)
+            pending = bool(_pending_assigns)
         if len(todo) > 1:
             _separate_equal_roots(todo)
-        roots = [t.uop for t in todo]
+        roots = [t._uop for t in todo]
         # each root is held by this list and by its tensor; any other holder of a node that reads an assign's old
         # version is a live graph outside this realize, so that assign copies on write
         # with no pending assign the graph holds no assign node worth the walk (one whose tensor is gone aside)
-        holders = 2 if keep_old_versions and _pending_assigns else None
+        holders = 2 if keep_old_versions and pending else None
         try:
-            results = realize_uops(roots, [t.device for t in todo], holders)
+            results = realize_uops(roots, [todo[0].device] if len(todo) == 1 else [t.device for t in todo], holders)
         except Exception:
             # failed index checks, compiles and memory checks raise before any kernel ran: targets keep their values
             for t in todo:
@@ -446,11 +459,19 @@ class Tensor(
         return self._new(UOp(op, dtype or self._uop.dtype, src))
 
     def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
-        if type(x) is float and dtypes.is_float(self.dtype):
-            # the hot path of elementwise code (a float tensor and a Python float): one tensor for the result only
-            uop = self._uop
-            const = _broadcast_const(uop.dtype, x, uop.shape)
-            return self._new(UOp(op, dtype or uop.dtype, (const, uop) if reverse else (uop, const)))
+        # the hot paths of elementwise code, one tensor for the result only: a float tensor and a Python float, and two
+        # tensors of one dtype, shape and device (what _operand makes of them, without its promotion and broadcasting)
+        uop = self._uop
+        if type(x) is float:
+            if dtypes.is_float(dt := uop.dtype):
+                const = _broadcast_const(dt, x, shape := uop.shape)
+                out = elementwise_uop(op, dtype or dt, (const, uop) if reverse else (uop, const), shape)
+                return tensor_of_uop(out, self.device)
+        elif type(x) is Tensor:
+            xu = x._uop
+            if xu.dtype is uop.dtype and (shape := uop.shape) == xu.shape and x.device == self.device:
+                out = elementwise_uop(op, dtype or uop.dtype, (xu, uop) if reverse else (uop, xu), shape)
+                return tensor_of_uop(out, self.device)
         a, b = self._operand(x, reverse)
         return a._alu(op, b, dtype=dtype)
 
@@ -600,5 +621,8 @@ def tensor_of_uop(u: UOp, device: str | tuple[str, ...]) -> Tensor:
     t.device, t.grad, t.requires_grad, t.is_param = device, None, None, True
     t._ref = weakref.ref(t)
     t._uop = u  # the uop setter's work, inline: every op builds one
-    u.add_holder(t._ref)
+    if u.holders is None:  # a new node (add_holder's first case)
+        u.holders = [t._ref]
+    else:
+        u.add_holder(t._ref)
     return t

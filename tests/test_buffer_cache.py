@@ -39,6 +39,23 @@ def test_freed_buffer_is_reused_for_same_size():
     np.testing.assert_array_equal(y.numpy(), np.arange(4096, dtype=np.float32) * 3)
 
 
+def test_reused_block_keeps_its_address_and_a_new_buffer_over_it_reads_its_own_values():
+    from fusegrad.runtime.device import Buffer
+
+    first = Buffer("CPU", 64, dtypes.float32).ensure_allocated()
+    first.copyin(np.full(64, 7, np.float32))
+    address = first.address()
+    del first
+    second = Buffer("CPU", 64, dtypes.float32).ensure_allocated()
+    # the remembered address is the memory's own, and the buffer's writes reach the memory numpy sees
+    assert second._address is not None and second._address[0] is second._mem
+    assert second.address() == address == second._mem.ctypes.data
+    second.copyin(np.arange(64, dtype=np.float32))
+    np.testing.assert_array_equal(second.numpy(), np.arange(64, dtype=np.float32))
+    other = Buffer("CPU", 32, dtypes.float32).ensure_allocated()  # another size: a block of its own
+    assert other.address() == other._mem.ctypes.data != address
+
+
 def test_huge_buffers_are_reused_and_huge_page_aligned():
     a = Tensor(np.arange(HUGE_PAGE // 4 + 3, dtype=np.float32)).realize()
     x = (a + 1).realize()
@@ -153,14 +170,14 @@ def test_values_correct_when_blocks_are_reused(monkeypatch):
     rng = np.random.default_rng(1)
     xn, yn = rng.standard_normal((6, 37), dtype=np.float32), rng.standard_normal((6, 37), dtype=np.float32)
     taken = []
-    real_take = cache.take
+    real_take = cache.take_addressed  # what take() and a buffer's allocation both ask
 
     def counting_take(nbytes, limit):
-        mem = real_take(nbytes, limit)
-        taken.append(mem is not None)
-        return mem
+        block = real_take(nbytes, limit)
+        taken.append(block is not None)
+        return block
 
-    monkeypatch.setattr(cache, "take", counting_take)
+    monkeypatch.setattr(cache, "take_addressed", counting_take)
     for _ in range(3):
         for _, fg_op, np_op in OPS:
             got = fg_op(Tensor(xn), Tensor(yn)).numpy()

@@ -199,3 +199,43 @@ def test_deep_chain_shape_value_range_repr_and_pickle():
     assert max(len(ln) for ln in lines) < 200
     assert pickle.loads(pickle.dumps(chain)) is chain
     assert pickle.loads(pickle.dumps(y)) is y
+
+
+def test_hash_consing_sweeps_dead_entries_and_rebuilds_dead_nodes():
+    import gc
+    from fusegrad.uop.ops import UOpMeta
+
+    base = UOp(Ops.CONST, dtypes.int32, (), 123457)
+    made = [UOp(Ops.ADD, dtypes.int32, (base, UOp(Ops.CONST, dtypes.int32, (), 10**9 + i))) for i in range(1000)]
+    before = len(UOpMeta.cache)
+    del made
+    gc.collect()
+    UOpMeta.sweep()
+    # every dead node's entry is gone (the adds and their constants among them), every live one stays
+    assert all(r() is not None for r in UOpMeta.cache.values())
+    assert len(UOpMeta.cache) <= before - 2000
+    assert UOp(Ops.CONST, dtypes.int32, (), 123457) is base
+    assert UOpMeta.sweep_at >= 2 * len(UOpMeta.cache)
+    # a node made again after its entry was swept (or while a dead entry holds its key) is one live object again
+    again = UOp(Ops.ADD, dtypes.int32, (base, UOp(Ops.CONST, dtypes.int32, (), 5)))
+    assert UOp(Ops.ADD, dtypes.int32, (base, UOp(Ops.CONST, dtypes.int32, (), 5))) is again
+    dead_key_node = UOp(Ops.CONST, dtypes.int32, (), 999331)
+    del dead_key_node
+    gc.collect()
+    revived = UOp(Ops.CONST, dtypes.int32, (), 999331)
+    assert revived.arg == 999331 and UOp(Ops.CONST, dtypes.int32, (), 999331) is revived
+
+
+def test_elementwise_ops_of_equal_tensors_match_numpy_and_keep_shapes():
+    import numpy as np
+    from fusegrad import Tensor
+
+    a, b = np.arange(12, dtype=np.float32).reshape(3, 4), np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    x, y = Tensor(a), Tensor(b)
+    np.testing.assert_allclose((x + y).numpy(), a + b)
+    np.testing.assert_allclose((x * y - y).numpy(), a * b - b, rtol=1e-6)
+    np.testing.assert_allclose((2.5 - x).numpy(), 2.5 - a)
+    np.testing.assert_array_equal((x < y).numpy(), a < b)
+    assert (x * y).shape == (3, 4) and (x * y).uop.shape == (3, 4)
+    # other dtypes and shapes still promote and broadcast
+    np.testing.assert_allclose((x + Tensor(np.arange(4, dtype=np.int32))).numpy(), a + np.arange(4))

@@ -1,6 +1,7 @@
 """Runs a schedule: compiles each kernel once (cached by its AST), launches it, and keeps the counters."""
 
 from __future__ import annotations
+import atexit
 import threading
 import time
 from collections import OrderedDict
@@ -12,7 +13,7 @@ from fusegrad.runtime.device import Device, copy_buffer, physical_memory
 from fusegrad.engine.copy_on_write import OldVersionReaders
 from fusegrad.runtime.buffers import base_buffer, buffer_of
 from fusegrad.schedule import ScheduleItem, record_realized
-from fusegrad.schedule.cache import cached_schedule
+from fusegrad.schedule.cache import cached_schedule, clear_schedule_cache
 from fusegrad.uop.ops import Ops, UOp
 
 
@@ -30,6 +31,8 @@ class Runner:
 # constants into a parameter buffer), so the bound is only reached by that many genuinely different kernels
 _runners: OrderedDict[tuple[str, UOp, int, int], Runner] = OrderedDict()
 MAX_LOADED_PROGRAMS = 1024
+# templates keep loaded programs (their launch memos): dropped at exit while the device modules can still unload them
+atexit.register(clear_schedule_cache)
 # scheduling and running mutate shared state (buffer maps, realized values, counters): one realize at a time
 realize_lock = threading.RLock()
 # TinyJit's recorder while it captures a step (engine/jit.py): it sees every launch and refuses reads of data
@@ -125,6 +128,57 @@ def compile_schedule(items: list[ScheduleItem]) -> list[Runner | None]:
     return [get_runner(it.device, it.ast) if it.ast.op is Ops.SINK and it.buffers[0].size else None for it in items]
 
 
+class Prepared:
+    """A schedule's runners (compile_schedule) with what every run of it adds to GlobalCounters: the same for every
+    schedule a template binds (same kernels, same buffer sizes), so a template's memo keeps one per NOOPT and BEAM."""
+
+    __slots__ = ("runners", "kernels", "ops", "mem")
+
+    def __init__(self, items: list[ScheduleItem]):
+        self.runners = compile_schedule(items)
+        launched = [(it, r) for it, r in zip(items, self.runners) if r is not None]
+        self.kernels = len(launched)
+        self.ops = sum(r.info.ops_estimate for _, r in launched)
+        self.mem = sum(b.nbytes for it, _ in launched for b in it.buffers)
+
+
+def prepared(items: list[ScheduleItem], memo: dict | None) -> Prepared:
+    """Prepared(items), kept in the schedule template's memo (`memo`, from cached_schedule): a re-bound schedule has
+    the same kernels and sizes, so the same memory bound, as the one it was planned for."""
+    if memo is None:
+        return Prepared(items)
+    noopt = int(NOOPT.value)
+    key = (noopt, 0 if noopt else int(BEAM.value))
+    if (prep := memo.get(key)) is None:
+        prep = memo[key] = Prepared(items)
+    return prep
+
+
+def run_items(items: list[ScheduleItem], runners: list[Runner | None], debug: int, prep: Prepared | None) -> None:
+    """run_item for each item; kernels launch inline (the per-launch work of an eager op) unless DEBUG shows them or a
+    TinyJit records them. `prep` (for all of items and runners) has their counters summed already."""
+    if debug >= 2 or capturing or prep is None:
+        for item, runner in zip(items, runners):
+            run_item(item, runner, debug)
+        return
+    clock = time.perf_counter
+    st = clock()
+    for item, runner in zip(items, runners):
+        if runner is None:  # a transfer or an empty output
+            run_item(item, runner, debug)
+            continue
+        buffers = item.buffers
+        for b in buffers:
+            if b._mem is None:
+                b.ensure_allocated()
+        runner.program(buffers)
+    GlobalCounters.kernel_count += prep.kernels
+    GlobalCounters.global_ops += prep.ops
+    GlobalCounters.global_mem += prep.mem
+    # the kernels' time with the loop's own: the Python between launches is a fraction of a launch
+    GlobalCounters.time_sum_s += clock() - st
+
+
 def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | None = None) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran.
     With `holders_per_root` (the references the caller holds on each root: its `roots` list, its tensor), an assign
@@ -132,25 +186,29 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
     with realize_lock:
         readers = OldVersionReaders(roots, holders_per_root) if holders_per_root is not None else None
         checks = checks_below(roots)
-        items, results, inner = cached_schedule(
-            [c.extremes for c in checks] + roots, [c.device for c in checks] + devices, readers
-        )
+        if checks:
+            roots_and_checks = [c.extremes for c in checks] + roots
+            items, results, inner, memo = cached_schedule(
+                roots_and_checks, [c.device for c in checks] + devices, readers
+            )
+        else:
+            items, results, inner, memo = cached_schedule(roots, devices, readers)
         # compile everything first: a compiler error then leaves every buffer untouched
-        runners = compile_schedule(items)
+        prep = prepared(items, memo)
+        runners = prep.runners
         debug = DEBUG.value
         if checks:
             # the bound kernels come first in the schedule: run them (and what they need), then check before any other
             check_bufs = [buffer_of[base_buffer(r)] for r in results[: len(checks)]]  # type: ignore[index]
             split = 1 + max(i for i, item in enumerate(items) if item.buffers[0] in check_bufs)
-            for item, runner in zip(items[:split], runners[:split]):
-                run_item(item, runner, debug)
+            run_items(items[:split], runners[:split], debug, None)
+            prep = None  # its counters are for the whole schedule
             for check, buf in zip(checks, check_bufs):
                 check.raise_if_violated(buf.numpy())
                 if capturing:
                     capturing[-1].record_check(check, buf)
             items, runners, results = items[split:], runners[split:], results[len(checks) :]
-        for item, runner in zip(items, runners):
-            run_item(item, runner, debug)
+        run_items(items, runners, debug, prep)
         for r, res in zip(roots, results):
             if r is not res:
                 # a graph holding an assign node means the value it wrote, for as long as that graph lives

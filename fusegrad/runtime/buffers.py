@@ -4,7 +4,6 @@ buffers over files. The front end and nn reach device memory only through here, 
 from __future__ import annotations
 import itertools
 import mmap
-import weakref
 import numpy as np
 from fusegrad.dtype import DType
 from fusegrad.runtime.device import Buffer, Device
@@ -12,8 +11,33 @@ from fusegrad.runtime.device import Buffer, Device
 __all__ = ["Buffer", "DiskBuffer", "buffer_of", "buffer_uop", "base_buffer", "is_contiguous_view", "view_buffer"]
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
-# BUFFER uop -> its storage; several uops (versions, after an assign) may share one Buffer
-buffer_of: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+
+class BufferTable:
+    """BUFFER uop -> its storage; several uops (versions, after an assign) may share one Buffer. The Buffer is kept on
+    the node (its `buffer` slot): a weak-keyed table would build a weak reference per lookup and per entry, and every
+    realize makes and drops a few."""
+
+    __slots__ = ()
+
+    def __getitem__(self, u: UOp) -> Buffer:
+        if (buf := u.buffer) is None:
+            raise KeyError(u)
+        return buf
+
+    def get(self, u: UOp, default: Buffer | None = None) -> Buffer | None:
+        buf = u.buffer
+        return default if buf is None else buf
+
+    def __setitem__(self, u: UOp, buf: Buffer) -> None:
+        if u.op is not Ops.BUFFER:
+            raise ValueError(f"only a BUFFER node has storage, not {u.op}")
+        u.buffer = buf
+
+    def __contains__(self, u: object) -> bool:
+        return getattr(u, "buffer", None) is not None
+
+
+buffer_of = BufferTable()
 
 _unique = itertools.count()
 
@@ -21,7 +45,7 @@ _unique = itertools.count()
 def buffer_uop(buf: Buffer) -> UOp:
     """A fresh BUFFER node (a new version) for an existing Buffer."""
     u = UOp(Ops.BUFFER, buf.dtype, (), (next(_unique), buf.device, buf.size))
-    buffer_of[u] = buf
+    u.buffer = buf
     return u
 
 
@@ -41,7 +65,7 @@ def is_contiguous_view(u: UOp) -> bool:
 
 def view_buffer(u: UOp) -> Buffer | None:
     """The Buffer that u reads in order (u is reshapes of one BUFFER), else None."""
-    return buffer_of.get(base) if is_contiguous_view(u) and (base := base_buffer(u)) is not None else None
+    return base.buffer if is_contiguous_view(u) and (base := base_buffer(u)) is not None else None
 
 
 def read_values(u: UOp) -> np.ndarray:

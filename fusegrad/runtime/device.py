@@ -42,11 +42,13 @@ def host_cache_limit() -> int:
 class HostBufferCache:
     """Freed host blocks by exact size, least recently freed size first; the next allocation of a size gets the block
     freed last (its pages are already mapped, often still in cache). Finalizers give blocks back from any thread (gc),
-    possibly while this thread holds the lock: they queue the block, and the lock's holder files the queue."""
+    possibly while this thread holds the lock: they queue the block, and the lock's holder files the queue. A block
+    keeps the address its last buffer found (0: not known), so the next buffer over it does not look it up again."""
 
     def __init__(self):
-        self._blocks: OrderedDict[int, list[np.ndarray]] = OrderedDict()
-        self._returned: deque[np.ndarray] = deque()  # append and popleft are atomic: safe from any finalizer
+        self._blocks: OrderedDict[int, list[tuple[np.ndarray, int]]] = OrderedDict()
+        # append and popleft are atomic: safe from any finalizer
+        self._returned: deque[tuple[np.ndarray, int]] = deque()
         self._lock = threading.Lock()  # not reentrant on purpose: a finalizer inside a held section must not enter
         self.nbytes = 0
 
@@ -57,24 +59,29 @@ class HostBufferCache:
 
     def take(self, nbytes: int, limit: int) -> np.ndarray | None:
         """A cached block of exactly nbytes that nothing else references, or None."""
+        return None if (block := self.take_addressed(nbytes, limit)) is None else block[0]
+
+    def take_addressed(self, nbytes: int, limit: int) -> tuple[np.ndarray, int] | None:
+        """take(), with the block's address when a buffer over it asked for it (else 0)."""
         self._lock.acquire()  # not `with self._held()`: a generator per allocation costs more than the rest here
         try:
-            self._evict(limit)  # a bound lowered since the last free applies from now
+            if self.nbytes > limit:
+                self._evict(limit)  # a bound lowered since the last free applies from now
             while (blocks := self._blocks.get(nbytes)) is not None:
-                mem = blocks.pop()
+                mem, address = blocks.pop()  # unpacked at once: the reference count check sees no tuple holding mem
                 self.nbytes -= nbytes
                 if not blocks:
                     del self._blocks[nbytes]
                 # a numpy view of a freed buffer that outlived it (a host_view someone kept) still reads this memory:
                 # such a block is dropped instead of reused, and goes back to the system when the view dies
                 if _reference_counts(mem) == _UNSHARED_COUNTS:
-                    return mem
+                    return mem, address
             return None
         finally:
             self._file_returned_and_release()
 
-    def give_back(self, mem: np.ndarray) -> None:
-        self._returned.append(mem)
+    def give_back(self, mem: np.ndarray, address: int = 0) -> None:
+        self._returned.append((mem, address))
         if self._lock.acquire(blocking=False):
             self._file_returned_and_release()
 
@@ -99,11 +106,11 @@ class HostBufferCache:
                 except ValueError:
                     limit = 0  # a bad LRU_CACHE_MB is reported by the next allocation; a finalizer cannot raise it
                 while self._returned:
-                    mem = self._returned.popleft()
-                    if mem.nbytes <= limit:
-                        self._blocks.setdefault(mem.nbytes, []).append(mem)
-                        self._blocks.move_to_end(mem.nbytes)
-                        self.nbytes += mem.nbytes
+                    block = self._returned.popleft()
+                    if (nbytes := block[0].nbytes) <= limit:
+                        self._blocks.setdefault(nbytes, []).append(block)
+                        self._blocks.move_to_end(nbytes)
+                        self.nbytes += nbytes
                 self._evict(limit)
             self._lock.release()
             # a block queued after the last look by a finalizer that found the lock taken is filed by us, or by it
@@ -230,13 +237,10 @@ class Buffer:
 
     def __init__(self, device: str, size: int, dtype: DType, initial: np.ndarray | None = None):
         self.device, self.size, self.dtype = device, size, dtype
+        self.nbytes = size * dtype.itemsize  # asked at every allocation, free and launch
         self._mem: Any = None  # the allocator's handle (a numpy array on host devices)
         self._initial = initial  # host data copied in on first allocation
         self._address: tuple[Any, int] | None = None  # (the memory, its address): address() of the current memory
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
 
     @property
     def is_allocated(self) -> bool:
@@ -253,9 +257,17 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._mem is None:
-            allocator, nbytes = Device[self.device].allocator, self.size * self.dtype.itemsize
+            allocator, nbytes = Device[self.device].allocator, self.nbytes
             per_device = GlobalCounters.mem_used_per_device
-            self._mem = allocator.alloc(nbytes)
+            # a reused host block comes with the address a buffer over it found (every eager op allocates one)
+            if type(allocator) is HostAllocator and (
+                block := HostAllocator.cache.take_addressed(max(nbytes, 1), host_cache_limit())
+            ):
+                self._mem = block[0]
+                if block[1]:
+                    self._address = block
+            else:
+                self._mem = allocator.alloc(nbytes)
             GlobalCounters.mem_used += nbytes
             per_device[self.device] = per_device.get(self.device, 0) + nbytes
             self._owner = allocator
@@ -267,8 +279,18 @@ class Buffer:
     def __del__(self) -> None:
         # the memory goes back to its allocator (a __del__ costs a fraction of a weakref.finalize per buffer); at exit
         # nothing is worth giving back
-        if self._owner is not None and not sys.is_finalizing():
-            _free(self._owner, self._mem, self.device, self.nbytes)
+        if (owner := self._owner) is not None and not sys.is_finalizing():
+            nbytes = self.nbytes
+            GlobalCounters.mem_used -= nbytes
+            per_device = GlobalCounters.mem_used_per_device
+            per_device[self.device] = per_device.get(self.device, 0) - nbytes
+            if type(owner) is HostAllocator:  # the block keeps its address for the next buffer over it
+                cached = self._address
+                HostAllocator.cache.give_back(
+                    self._mem, cached[1] if cached is not None and cached[0] is self._mem else 0
+                )
+            else:
+                owner.free(self._mem)
 
     def use_external(self, mem: np.ndarray) -> None:
         """Back this buffer by host memory someone else owns (from_blob): neither copied nor freed here. A device whose
@@ -349,12 +371,6 @@ def copy_buffer(dst: Buffer, src: Buffer) -> None:
         src_alloc.copyout(dst.host_view().view(np.uint8), src.handle)
     else:
         dst.copyin(src.numpy())
-
-
-def _free(allocator: Any, mem: Any, device: str, nbytes: int) -> None:
-    GlobalCounters.mem_used -= nbytes
-    GlobalCounters.mem_used_per_device[device] = GlobalCounters.mem_used_per_device.get(device, 0) - nbytes
-    allocator.free(mem)
 
 
 class Compiler:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import operator
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, SCHEDULE_CACHE
 from fusegrad.runtime.device import Buffer
@@ -35,7 +36,7 @@ BufferRef = tuple
 class GraphShape:
     """One walk of a graph: its structural key and, in slot order, the buffers, versions and constants it reads."""
 
-    __slots__ = ("key", "nodes", "buffers", "versions", "version_slot", "consts", "const_slot", "visits")
+    __slots__ = ("key", "nodes", "buffers", "versions", "_version_slot", "consts", "const_slot", "visits", "leaf")
 
     def __init__(self, roots: list[UOp], devices: list):
         root_set = set(roots)
@@ -44,12 +45,13 @@ class GraphShape:
         self.nodes: list[UOp] = []
         buffer_slot: dict[Buffer, int] = {}
         self.buffers: list[Buffer] = []
-        self.version_slot: dict[UOp, int] = {}
+        self._version_slot: dict[UOp, int] | None = {}
         self.versions: list[UOp] = []
         self.const_slot: dict[tuple[DType, float], int] = {}
         self.consts: list[tuple[DType, float]] = []
         self.key: tuple | None = None
         self.visits = 0
+        self.leaf: list | None = None  # the leaf-op memo's entry for this graph (graph_shape sets it)
         # the walk runs once per realize: names it reads per node are locals (an Ops member lookup is a Python call)
         buffer_op, const_op, contiguous_op, special = Ops.BUFFER, Ops.CONST, Ops.CONTIGUOUS, (Ops.MULTI, Ops.COPY)
         nodes, visits = self.nodes, 0
@@ -73,21 +75,29 @@ class GraphShape:
                         continue
                 if src:  # a leaf (a buffer, a constant) is numbered at once, without a second trip on the stack
                     stack.append((u, 1, None))
-                    for s in reversed(src):
+                    # the last source is walked first: in a chain `x * 2 + 1 ...` that is the shared constant, numbered
+                    # once and then skipped, rather than pushed by every op and found numbered on the way back
+                    if len(src) == 2:  # most nodes: no loop
+                        if (s := src[0]) not in index:
+                            stack.append((s, 0, None))
+                        if (s := src[1]) not in index:
+                            stack.append((s, 0, None))
+                        continue
+                    for s in src:
                         if s not in index:
                             stack.append((s, 0, None))
                     continue
             arg = u.arg
             if op is buffer_op:
-                buf = buffer_of[u]
+                buf = u.buffer
                 if buf.device.startswith("DISK"):
                     return  # a DISK slice is a view of a file, made by the planner: not re-bindable
                 if (b := buffer_slot.get(buf)) is None:
                     b = buffer_slot[buf] = len(self.buffers)
                     self.buffers.append(buf)
-                self.version_slot[u] = len(self.versions)
+                self._version_slot[u] = v = len(self.versions)  # type: ignore[index]
                 self.versions.append(u)
-                arg = (b, self.version_slot[u], arg[1], arg[2])
+                arg = (b, v, arg[1], arg[2])
             elif op is const_op:
                 if is_liftable_const(u):
                     if (c := self.const_slot.get(ck := (u.dtype, arg))) is None:
@@ -101,41 +111,86 @@ class GraphShape:
             elif op in special and (op is special[0] or arg.startswith("DISK")):
                 return  # multi-device and disk graphs are planned every time
             index[u] = len(rows)
-            rows.append((op, u.dtype, arg, tuple([index[s] for s in src]) if src else ()))
+            # sources by count: a comprehension is a call of its own, and most nodes have one or two
+            n = len(src)
+            if n == 2:
+                src_ids: tuple = (index[src[0]], index[src[1]])
+            elif n == 1:
+                src_ids = (index[src[0]],)
+            else:
+                src_ids = tuple([index[s] for s in src]) if n else ()
+            rows.append((op, u.dtype, arg, src_ids))
             nodes.append(u)
         self.visits = visits
         if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):
             return
         self.key = (tuple(rows), tuple([index[r] for r in roots]), tuple(devices), int(NUM_CPU_THREADS.value))
 
+    @property
+    def version_slot(self) -> dict[UOp, int]:
+        """BUFFER node -> its slot among the versions (made when first asked: a re-bound leaf op rarely asks)."""
+        if (slots := self._version_slot) is None:
+            slots = self._version_slot = {v: i for i, v in enumerate(self.versions)}
+        return slots
+
     @staticmethod
     def of_leaf_op(root: UOp, key: tuple, versions: list[UOp], buffer_nodes: list[UOp]) -> GraphShape:
         """The walk of a graph that is `root` on BUFFER nodes, from what an earlier walk of that form found."""
         shape = GraphShape.__new__(GraphShape)
-        shape.key, shape.versions, shape.consts, shape.const_slot = key, versions, [], {}
-        shape.version_slot = {v: i for i, v in enumerate(versions)}
-        shape.buffers = [buffer_of[u] for u in buffer_nodes]
+        shape.key, shape.versions, shape.consts, shape.const_slot, shape._version_slot = key, versions, [], {}, None
+        shape.buffers = [u.buffer for u in buffer_nodes]
         shape.nodes = [*versions, root]
-        shape.visits = 1
+        shape.visits, shape.leaf = 1, None
         return shape
 
 
-# one op straight on BUFFER nodes (an eager `x + y`): (op, dtype, arg, source ids, devices, threads) -> (weak refs to
-# the sources, the walk's key, which sources are its versions and buffers); its root is new each time, its sources not
-_leaf_op_shapes: dict[tuple, tuple[tuple, tuple, tuple[int, ...], tuple[int, ...]]] = {}
+# one op straight on BUFFER nodes (an eager `x + y`): (op, dtype, arg, source ids, devices, threads) -> [weak refs to
+# the sources, the walk's key, which sources are its versions and buffers, the template that schedules it when no
+# copy on write is asked (None until one is known)]; its root is new each time, its sources not
+_leaf_op_shapes: dict[tuple, list] = {}
 MAX_LEAF_OP_SHAPES = 256
 
 
-def graph_shape(roots: list[UOp], devices: list) -> GraphShape:
-    """GraphShape(roots, devices), without the walk when the only root is one op on BUFFER nodes that an earlier
-    graph had too: a BUFFER node's storage never changes, so such a graph has the earlier one's structure."""
-    if len(roots) != 1 or not (src := (root := roots[0]).src) or any(s.op is not Ops.BUFFER for s in src):
-        return GraphShape(roots, devices)
+def _leaf_key(roots: list[UOp], devices: list) -> tuple | None:
+    """The leaf-op memo's key when the only root is one op straight on BUFFER nodes, else None."""
+    if len(roots) != 1 or not (src := (root := roots[0]).src):
+        return None
+    buffer_op = Ops.BUFFER
+    for s in src:
+        if s.op is not buffer_op:
+            return None
     arg = root.arg
-    key = (root.op, root.dtype, None if arg is None else _hashable(arg), tuple(map(id, src)), tuple(devices))
-    key += (int(NUM_CPU_THREADS.value),)
-    if (hit := _leaf_op_shapes.get(key)) is not None and all(r() is s for r, s in zip(hit[0], src)):
-        return GraphShape.of_leaf_op(root, hit[1], [src[i] for i in hit[2]], [src[i] for i in hit[3]])
+    return (
+        root.op,
+        root.dtype,
+        None if arg is None else _hashable(arg),
+        tuple(map(id, src)),
+        tuple(devices),
+        NUM_CPU_THREADS.value,
+    )
+
+
+def _leaf_hit(key: tuple, src: tuple[UOp, ...]) -> list | None:
+    """The memo's entry for key when its sources are still these nodes (an id may have been reused since)."""
+    if (hit := _leaf_op_shapes.get(key)) is None:
+        return None
+    for r, s in zip(hit[0], src):
+        if r() is not s:
+            return None
+    return hit
+
+
+def graph_shape(roots: list[UOp], devices: list, leaf_key: tuple | None = None) -> GraphShape:
+    """GraphShape(roots, devices), without the walk when the only root is one op on BUFFER nodes that an earlier
+    graph had too: a BUFFER node's storage never changes, so such a graph has the earlier one's structure.
+    `leaf_key` is _leaf_key(roots, devices) when the caller has it already."""
+    if (key := leaf_key or _leaf_key(roots, devices)) is None:
+        return GraphShape(roots, devices)
+    src = (root := roots[0]).src
+    if (hit := _leaf_hit(key, src)) is not None:
+        shape = GraphShape.of_leaf_op(root, hit[1], [src[i] for i in hit[2]], [src[i] for i in hit[3]])
+        shape.leaf = hit
+        return shape
     shape = GraphShape(roots, devices)
     if shape.key is not None and not shape.consts:
         if len(_leaf_op_shapes) >= MAX_LEAF_OP_SHAPES:
@@ -144,7 +199,8 @@ def graph_shape(roots: list[UOp], devices: list) -> GraphShape:
         where = {s: i for i, s in reversed(list(enumerate(src)))}
         buffer_first = [where[next(v for v in shape.versions if buffer_of[v] is b)] for b in shape.buffers]
         refs = tuple(weakref.ref(s) for s in src)
-        _leaf_op_shapes[key] = (refs, shape.key, tuple(where[v] for v in shape.versions), tuple(buffer_first))
+        entry = [refs, shape.key, tuple(where[v] for v in shape.versions), tuple(buffer_first), None]
+        shape.leaf = _leaf_op_shapes[key] = entry
     return shape
 
 
@@ -158,30 +214,45 @@ class ScheduleTemplate:
     results: list[tuple]  # each root's value as a view recipe (see _recipe)
     inner: list[tuple[int, tuple]]  # (node position, view recipe) of kept intermediate values
     new_bytes: int
+    # whatever the runner of the schedule keeps for it (the engine: its loaded programs); opaque to the scheduler
+    launch_memo: dict[Any, Any] = field(default_factory=dict)
 
     def bind(self, shape: GraphShape) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
-        n_inputs = len(shape.buffers)  # the same for every graph of this structure
+        return self.bind_parts(shape.buffers, shape.versions, shape.consts, shape.nodes)
+
+    def bind_parts(
+        self, buffers: list[Buffer], old: list[UOp], consts: list, nodes: list[UOp] | None
+    ) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+        """bind, from a GraphShape's parts: its buffers, versions, constants and nodes (None when `inner` is empty)."""
+        n_inputs = len(buffers)  # the same for every graph of this structure
         if (gathers := self._gathers) is None or self._gathers_for != n_inputs:
             gathers = self._plan_gathers(n_inputs)
-        pool = shape.buffers + [Buffer(device, size, dtype) for device, size, dtype in self.new_buffers]
-        consts = shape.consts
-        for ref in self._extra_refs:  # constants (one buffer per constant and device), then fixed buffers
-            if ref[0] == "const":
-                dtype, value = consts[ref[1]]
-                pool.append(const_buffer(ref[2], dtype, value))
-            else:
-                pool.append(ref[1])
-        items = [ScheduleItem(ast, gather(pool), device) for ast, device, gather in gathers]
-        versions = [buffer_uop(pool[i]) for i in self._version_slots]
-
-        def view(recipe: tuple) -> UOp:
-            (kind, slot), chain = recipe
-            u = shape.versions[slot] if kind == "version" else versions[slot]
-            for op, dtype, arg in chain:
-                u = UOp(op, dtype, (u,), arg)
-            return u
-
-        return items, [view(r) for r in self.results], {shape.nodes[i]: view(r) for i, r in self.inner}
+        new = self.new_buffers
+        pool = buffers + [Buffer(*new[0])] if len(new) == 1 else buffers + [Buffer(*b) for b in new]
+        if extra_refs := self._extra_refs:  # constants (one buffer per constant and device), then fixed buffers
+            for ref in extra_refs:
+                if ref[0] == "const":
+                    dtype, value = consts[ref[1]]
+                    pool.append(const_buffer(ref[2], dtype, value))
+                else:
+                    pool.append(ref[1])
+        if len(gathers) == 1:
+            ast, device, gather = gathers[0]
+            items = [ScheduleItem(ast, gather(pool), device)]
+        else:
+            items = [ScheduleItem(ast, gather(pool), device) for ast, device, gather in gathers]
+        # one new version and one result (an eager op): no comprehension frames
+        slots = self._version_slots
+        versions = [buffer_uop(pool[slots[0]])] if len(slots) == 1 else [buffer_uop(pool[i]) for i in slots]
+        recipes = self.results
+        if len(recipes) == 1:
+            results = [_view(recipes[0], old, versions)]
+        else:
+            results = [_view(recipe, old, versions) for recipe in recipes]
+        if not self.inner:
+            return items, results, {}
+        assert nodes is not None
+        return items, results, {nodes[i]: _view(recipe, old, versions) for i, recipe in self.inner}
 
     # bind's plan of arguments, made at the first bind (class attributes: not dataclass fields)
     _gathers = None
@@ -211,6 +282,15 @@ class ScheduleTemplate:
         self._extra_refs = extra
         self._gathers, self._gathers_for = gathers, n_inputs
         return gathers
+
+
+def _view(recipe: tuple, old_versions: list[UOp], new_versions: list[UOp]) -> UOp:
+    """A template's view recipe over one bind's BUFFER nodes."""
+    (kind, slot), chain = recipe
+    u = old_versions[slot] if kind == "version" else new_versions[slot]
+    for op, dtype, arg in chain:
+        u = UOp(op, dtype, (u,), arg)
+    return u
 
 
 class _Entry:
@@ -247,20 +327,39 @@ def _slots(shape: GraphShape, targets: set[UOp]) -> frozenset[int]:
 
 def cached_schedule(
     roots: list[UOp], devices: list, readers: VersionReaders | None = None
-) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
-    """create_schedule, reusing the plan of an earlier graph of the same structure."""
-    shape = graph_shape(roots, devices) if SCHEDULE_CACHE else None
-    key = shape.key if shape is not None else None
+) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict | None]:
+    """create_schedule, reusing the plan of an earlier graph of the same structure. The last value is the reused or
+    new template's `launch_memo` (None when the schedule is not one a template re-binds): whoever runs the items
+    keeps there what holds for every schedule of this structure (the loaded programs)."""
+    if not SCHEDULE_CACHE.value:
+        plan = plan_schedule(roots, devices, readers)
+        return plan.items, plan.results, plan.inner, None
+    if (leaf_key := _leaf_key(roots, devices)) is not None and readers is None:
+        # an eager op on realized tensors seen before: its sources and template straight from the memo, no GraphShape
+        src = roots[0].src
+        if (hit := _leaf_hit(leaf_key, src)) is not None and (template := hit[4]) is not None:
+            ScheduleCacheStats.hits += 1
+            versions, buffer_nodes = hit[2], hit[3]
+            if len(src) == 2 and len(versions) == 2 and len(buffer_nodes) == 2:  # `x + y`: no comprehensions
+                a, b = src[versions[0]], src[versions[1]]
+                old = [a, b]
+                buffers = [a.buffer, b.buffer] if buffer_nodes == versions else [src[i].buffer for i in buffer_nodes]
+            else:
+                old, buffers = [src[i] for i in versions], [src[i].buffer for i in buffer_nodes]
+            return (*template.bind_parts(buffers, old, [], None), template.launch_memo)
+    shape = graph_shape(roots, devices, leaf_key)
+    key = shape.key
     if key is None:
         plan = plan_schedule(roots, devices, readers)
-        return plan.items, plan.results, plan.inner
+        return plan.items, plan.results, plan.inner, None
     assert shape is not None
     if (entry := _cache.get(key)) is not None:
         _cache.move_to_end(key)
-        cow = _copy_on_write_slots(shape, entry.kept, readers)
+        cow = _NO_SLOTS if readers is None else _copy_on_write_slots(shape, entry.kept, readers)
         if (template := entry.templates.get(cow)) is not None:
             ScheduleCacheStats.hits += 1
-            return template.bind(shape)
+            _remember_leaf_template(shape, template, readers)
+            return (*template.bind(shape), template.launch_memo)
     ScheduleCacheStats.misses += 1
     plan = plan_schedule(roots, devices, readers)
     position = {u: i for i, u in enumerate(shape.nodes)}
@@ -273,7 +372,16 @@ def cached_schedule(
             while len(_cache) > MAX_CACHED_SCHEDULES:
                 _cache.popitem(last=False)
         entry.templates[cow] = template
-    return plan.items, plan.results, plan.inner
+        if not cow:
+            _remember_leaf_template(shape, template, readers)
+        return plan.items, plan.results, plan.inner, template.launch_memo
+    return plan.items, plan.results, plan.inner, None
+
+
+def _remember_leaf_template(shape: GraphShape, template: ScheduleTemplate, readers: VersionReaders | None) -> None:
+    """A leaf op's template asked without copy on write serves the next such call straight from the leaf-op memo."""
+    if (leaf := shape.leaf) is not None and readers is None and not template.inner:
+        leaf[4] = template
 
 
 def _compiles_in_a_slot_constant(shape: GraphShape, items) -> bool:
@@ -351,3 +459,4 @@ def _copy_stand_in(copy: UOp) -> UOp:
 
 def clear_schedule_cache() -> None:
     _cache.clear()
+    _leaf_op_shapes.clear()

@@ -121,23 +121,46 @@ def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
 class UOpMeta(type):
     """Hash-consing: UOp(op, dtype, src, arg) with equal parts returns the same live object."""
 
-    # key -> weak reference to the live node; a plain dict of plain weakrefs (a WeakValueDictionary's get and set are
-    # Python calls, and every op of every graph goes through here); a node's death removes its entry
+    # key -> weak reference to the node; a plain dict of plain weakrefs (a WeakValueDictionary's get and set are
+    # Python calls, and every op of every graph goes through here). A dead node's entry stays until it is replaced or
+    # swept: a callback per node would cost a closure at each creation and a call at each death, and an eager step
+    # makes and drops thousands
     cache: dict[tuple, weakref.ref[UOp]] = {}
+    sweep_at = MIN_SWEEP = 1 << 14  # entries, live or dead, at which the next creation drops the dead ones
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        key = (op, dtype, tuple(map(id, src)), None if arg is None else _hashable(arg))
-        if (ref := UOpMeta.cache.get(key)) is not None and (ret := ref()) is not None:
-            return ret
-        ret = super().__call__(op, dtype, src, arg)
+        # a BUFFER's arg (id, device, size) is ints and a string, as _hashable leaves them: every realize makes one
+        key = (op, dtype, tuple(map(id, src)), arg if arg is None or op is _BUFFER else _hashable(arg))
         cache = UOpMeta.cache
-        # removes the entry when the node dies, unless a node made again since has its own (no globals: it may run
-        # while the interpreter shuts down)
-        cache[key] = weakref.ref(ret, lambda dead, key=key: cache.pop(key) if cache.get(key) is dead else None)
+        if (ref := cache.get(key)) is not None and (ret := ref()) is not None:
+            return ret
+        # UOp.__init__'s work without its frame (and type.__call__'s): every op of every graph is made here
+        ret = object.__new__(cls)
+        ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
+        ret._readers = [] if op is _BUFFER or op in _VIEW_OPS and src and src[0]._readers is not None else None
+        ret.holders = ret.realized_ref = ret.buffer = None
+        # a dead entry under this key (its sources' ids reused) is replaced
+        cache[key] = weakref.ref(ret)
+        if len(cache) > UOpMeta.sweep_at:
+            UOpMeta.sweep()
         for s in src:
-            if s._readers is not None:
-                s.add_reader(ret)
+            if (readers := s._readers) is not None:
+                n = len(readers)
+                if n < 16 or n & (n - 1):  # add_reader without its pruning, which it does at powers of two only
+                    readers.append(weakref.ref(ret))
+                else:
+                    s.add_reader(ret)
         return ret
+
+    @staticmethod
+    def sweep() -> None:
+        """Drop the entries of dead nodes; the next sweep comes when the table has doubled again."""
+        cache = UOpMeta.cache
+        for key in [k for k, r in cache.items() if r() is None]:
+            # another thread may have made a live node under this key since: only a still dead entry goes
+            if (r := cache.get(key)) is not None and r() is None:
+                cache.pop(key, None)
+        UOpMeta.sweep_at = max(2 * len(cache), UOpMeta.MIN_SWEEP)
 
 
 def _hashable(arg: Any) -> Any:
@@ -150,6 +173,17 @@ def _hashable(arg: Any) -> Any:
                 return tuple(_hashable(a) for a in arg)
         return arg  # ints and strings (a shape, a BUFFER's arg): cannot equal the (type, value) pairs below
     return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
+
+
+_BUFFER = Ops.BUFFER
+
+
+def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple) -> UOp:
+    """UOp(op, dtype, src) for a tensor-level elementwise op over sources of `shape`, with its shape recorded at once:
+    the next op asks for it, and finding it missing costs an exception."""
+    u = UOp(op, dtype, src)
+    u._shape = shape
+    return u
 
 
 class UOp(metaclass=UOpMeta):
@@ -165,9 +199,11 @@ class UOp(metaclass=UOpMeta):
         "_readers",
         "holders",
         "realized_ref",
+        "buffer",
     )
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+        # what a node holds; UOpMeta.__call__ makes every node and sets these itself, the same way
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
         # weak references to the live nodes built on a BUFFER or on a view of one, so a write into storage finds who
         # still reads it without scanning every graph
@@ -178,6 +214,8 @@ class UOp(metaclass=UOpMeta):
         # the buffer view holding this node's computed value (a UOp or a weak reference to one): the scheduler's record
         # (schedule.record_realized), kept on the node so that it dies with it and every walk reads it without a lookup
         self.realized_ref: UOp | weakref.ref[UOp] | None = None
+        # a BUFFER node's storage (runtime.buffers.buffer_of reads and sets it): on the node, so it dies with it
+        self.buffer: Any = None
 
     def add_reader(self, u: UOp) -> None:
         readers = self._readers

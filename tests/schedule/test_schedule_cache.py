@@ -217,3 +217,65 @@ def test_leaf_op_memo_keeps_no_buffer_alive_and_follows_new_versions():
     y.assign(Tensor(x_np * 3)).realize()  # y's node is a new version: the memo must not serve the old one
     np.testing.assert_allclose((y + y).numpy(), x_np * 6)
     np.testing.assert_allclose((y + y).numpy(), x_np * 6)
+
+
+def test_leaf_template_fast_path_serves_only_its_own_structure():
+    """An eager op on realized tensors re-binds its template straight from the leaf-op memo: other inputs, shapes,
+    dtypes, devices, ops and argument orders get their own schedules and the right values."""
+    from fusegrad.schedule.cache import _leaf_op_shapes
+
+    x_np, y_np = f32(16), f32(16)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    for _ in range(3):
+        np.testing.assert_allclose((x + y).realize().numpy(), x_np + y_np)
+    assert any(entry[4] is not None for entry in _leaf_op_shapes.values())  # the template is remembered
+    hits = ScheduleCacheStats.hits
+    np.testing.assert_allclose((x + y).realize().numpy(), x_np + y_np)
+    assert ScheduleCacheStats.hits > hits
+    z_np = f32(16)
+    z = Tensor(z_np).realize()  # new input buffer
+    np.testing.assert_allclose((x + z).realize().numpy(), x_np + z_np)
+    np.testing.assert_allclose((z - x).realize().numpy(), z_np - x_np)  # other op
+    np.testing.assert_allclose((y + x).realize().numpy(), y_np + x_np)  # other order
+    np.testing.assert_allclose((x + x).realize().numpy(), x_np * 2)  # one buffer twice
+    a_np, b_np = f32(4, 8), f32(4, 8)
+    np.testing.assert_allclose(
+        (Tensor(a_np).realize() + Tensor(b_np).realize()).realize().numpy(), a_np + b_np
+    )  # shape
+    i_np = np.arange(16, dtype=np.int32)
+    xi, yi = Tensor(i_np).realize(), Tensor(i_np * 3).realize()
+    for _ in range(2):
+        np.testing.assert_array_equal((xi + yi).realize().numpy(), i_np * 4)  # dtype
+    xp, yp = Tensor(x_np, device="PYTHON").realize(), Tensor(y_np, device="PYTHON").realize()
+    for _ in range(2):
+        out = (xp + yp).realize()
+        np.testing.assert_allclose(out.numpy(), x_np + y_np)  # device
+        assert out.device == "PYTHON"
+    with Context(NUM_CPU_THREADS=1):
+        np.testing.assert_allclose((x + y).realize().numpy(), x_np + y_np)
+    x.assign(Tensor(y_np)).realize()  # a new version of x's storage: a new source node
+    np.testing.assert_allclose((x + y).realize().numpy(), y_np * 2)
+    with Context(SCHEDULE_CACHE=0):
+        np.testing.assert_allclose((x + y).realize().numpy(), y_np * 2)
+
+
+def test_template_keeps_programs_per_noopt_and_counts_every_launch():
+    """A template's launch memo holds the engine's programs per NOOPT (and BEAM): switching NOOPT gets the other
+    program, and every re-bound run adds its kernels, operations and bytes to GlobalCounters."""
+    from fusegrad.schedule.cache import _leaf_op_shapes
+
+    x_np, y_np = f32(33), f32(33)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    for _ in range(2):
+        np.testing.assert_allclose((x * y).realize().numpy(), x_np * y_np)
+    with Context(NOOPT=1):
+        np.testing.assert_allclose((x * y).realize().numpy(), x_np * y_np)
+    memos = [
+        e[4].launch_memo for e in _leaf_op_shapes.values() if e[4] is not None and e[4].kernels[0][2][0][0] == "new"
+    ]
+    assert any((1, 0) in m and (0, 0) in m for m in memos)
+    kernels, mem = GlobalCounters.kernel_count, GlobalCounters.global_mem
+    for _ in range(3):
+        (x * y).realize()
+    assert GlobalCounters.kernel_count == kernels + 3
+    assert GlobalCounters.global_mem == mem + 3 * 3 * 33 * 4  # output and two inputs, float32
