@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fusegrad import Tensor, TinyJit, dtypes, nn
-from fusegrad.models.weights import InOutLinear, load_into, transposed_linears
+from fusegrad.models.weights import PanelLinear, load_into, to_panels, transposed_linears
 from fusegrad.nn.state import safe_load
 
 
@@ -46,9 +46,9 @@ _ACTIVATIONS = {
 class BertSelfAttention:
     def __init__(self, cfg: BertConfig):
         self.heads, self.head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-        self.query = InOutLinear(cfg.hidden_size, cfg.hidden_size)
-        self.key = InOutLinear(cfg.hidden_size, cfg.hidden_size)
-        self.value = InOutLinear(cfg.hidden_size, cfg.hidden_size)
+        self.query = PanelLinear(cfg.hidden_size, cfg.hidden_size)
+        self.key = PanelLinear(cfg.hidden_size, cfg.hidden_size)
+        self.value = PanelLinear(cfg.hidden_size, cfg.hidden_size)
 
     def __call__(self, x: Tensor, key_mask: Tensor) -> Tensor:
         """x is (batch * tokens, hidden); key_mask (batch, 1, 1, tokens)."""
@@ -73,7 +73,7 @@ class _DenseNorm:
     """LayerNorm(dense(x) + residual): BERT's output block after attention and after the feed-forward layer."""
 
     def __init__(self, d_in: int, d_out: int, eps: float):
-        self.dense = InOutLinear(d_in, d_out)
+        self.dense = PanelLinear(d_in, d_out)
         self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
 
     def __call__(self, x: Tensor, residual: Tensor) -> Tensor:
@@ -85,7 +85,7 @@ class _Intermediate:
     def __init__(self, cfg: BertConfig):
         if cfg.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported; supported: {sorted(_ACTIVATIONS)}")
-        self.dense, self.act = InOutLinear(cfg.hidden_size, cfg.intermediate_size), _ACTIVATIONS[cfg.hidden_act]
+        self.dense, self.act = PanelLinear(cfg.hidden_size, cfg.intermediate_size), _ACTIVATIONS[cfg.hidden_act]
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.act(self.dense(x))
@@ -164,10 +164,11 @@ def mean_pool(states: Tensor, attention_mask: Tensor) -> Tensor:
 
 def bert_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """A BertModel's tensors from a file's: the "bert." prefix of task models dropped, position_ids (a constant
-    arange torch keeps as a buffer) and task heads left out, linear weights turned to (in, out)."""
+    arange torch keeps as a buffer) and task heads left out, linear weights turned to (in, out) panels (PanelLinear)."""
     named = {k.removeprefix("bert."): v for k, v in state.items()}
     keep = [k for k in named if k.startswith(("embeddings.", "encoder.")) and not k.endswith("position_ids")]
-    return transposed_linears({k: named[k] for k in keep}, lambda k: k.startswith("encoder."))
+    weights = transposed_linears({k: named[k] for k in keep}, lambda k: k.startswith("encoder."))
+    return {k: to_panels(v) if v.ndim == 2 and k.startswith("encoder.") else v for k, v in weights.items()}
 
 
 class SentenceEncoder:
