@@ -8,7 +8,7 @@ from typing import Any
 
 
 from fusegrad import Device, Tensor
-from fusegrad.helpers import _Progress
+from fusegrad.helpers import _Progress, prod
 from fusegrad.nn.state import load_state_dict
 
 
@@ -58,9 +58,13 @@ def to_panels(w: Tensor, panel: int | None = None) -> Tensor:
 def panel_matmul(x: Tensor, panels: Tensor, n: int) -> Tensor:
     """x @ W for W stored as panels (to_panels), the first n columns."""
     count, k, panel = panels.shape
-    out = (x.reshape(*x.shape[:-1], 1, 1, k) * panels.permute(0, 2, 1)).sum(-1).reshape(*x.shape[:-1], count * panel)
+    out = (x.reshape(*x.shape[:-1], 1, 1, k) * panels.permute(0, 2, 1)).sum(-1)
+    # one row (a decode step): the sums realized as (panels, panel columns), whose columns a vector of accumulators
+    # walks down each panel; merged into n columns by an epilogue, each output would read its panel column alone
     # padded panels: the sum is realized whole first (a kernel storing only n columns loses the panel tile)
-    return out if count * panel == n else out.contiguous()[..., :n]
+    if prod(x.shape[:-1]) == 1 or count * panel != n:
+        out = out.contiguous()
+    return out.reshape(*x.shape[:-1], count * panel)[..., :n]
 
 
 def transposed_linears(state: dict[str, Tensor], is_linear: Callable[[str], bool]) -> dict[str, Tensor]:
