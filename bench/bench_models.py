@@ -1,8 +1,9 @@
 """Model benchmarks against transformers / sentence-transformers on torch CPU, measured in one process:
 `python bench/bench_models.py [bert] [gpt2] [llama] [serve]` (all four without arguments).
 
-- BERT (all-MiniLM-L6-v2): sentences/s for batches of 32.
-- GPT-2 small-shaped random model (12 layers, 768 wide): prefill tokens/s (a 128-token prompt) and decode tokens/s.
+- BERT (all-MiniLM-L6-v2): sentences/s for batches of 32; the two encoders run in turns, 7 rounds.
+- GPT-2 small-shaped random model (12 layers, 768 wide): prefill tokens/s (a 128-token prompt) and decode tokens/s;
+  the four cases run interleaved, 5 rounds.
 - ~100M-parameter random LLaMA in Q8_0 and Q4_K: prefill and decode tokens/s; transformers runs the same dequantized
   weights in float32; the four cases run interleaved, 5 rounds.
 - First-token latency of fusegrad-llm serve on the tiny test model (streaming, over the loopback).
@@ -45,9 +46,9 @@ def bench_bert() -> None:
     sentences = [" ".join(rng.choice(words, rng.integers(5, 14))) for _ in range(32)]
     ours = SentenceEncoder(get_model_path())
     ref = SentenceTransformer(str(get_model_path()), device="cpu")
-    t_ours = median_time(lambda: ours.encode(sentences), repeats=5)
-    t_ref = median_time(lambda: ref.encode(sentences, batch_size=32), repeats=5)
-    row("BERT MiniLM-L6, batch of 32", "sent/s", 32 / t_ours, 32 / t_ref)
+    cases = ((lambda: ours.encode(sentences), 32), (lambda: ref.encode(sentences, batch_size=32), 32))
+    ours_rate, ref_rate = interleaved_rates(cases, rounds=7)
+    row("BERT MiniLM-L6, batch of 32", "sent/s", ours_rate, ref_rate)
 
 
 def decode_rates(model, ref, vocab: int, interleave: bool = False) -> tuple[float, float, float, float]:
@@ -109,7 +110,7 @@ def bench_gpt2() -> None:
     with tempfile.TemporaryDirectory() as d:
         ref.save_pretrained(d)
         model = GPT2.from_pretrained(d, max_context=256)
-        p, dcd, rp, rd = decode_rates(model, ref, cfg.vocab_size)
+        p, dcd, rp, rd = decode_rates(model, ref, cfg.vocab_size, interleave=True)
     row("GPT-2 small shape (12x768) prefill 128", "tok/s", p, rp)
     row("GPT-2 small shape (12x768) decode", "tok/s", dcd, rd)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fusegrad import Tensor, dtypes, nn
-from fusegrad.models.weights import InOutLinear, load_into, transposed_linears
+from fusegrad import Tensor, TinyJit, dtypes, nn
+from fusegrad.models.weights import PanelLinear, load_into, to_panels, transposed_linears
 from fusegrad.nn.state import safe_load
 
 
@@ -46,9 +46,9 @@ _ACTIVATIONS = {
 class BertSelfAttention:
     def __init__(self, cfg: BertConfig):
         self.heads, self.head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-        self.query = InOutLinear(cfg.hidden_size, cfg.hidden_size)
-        self.key = InOutLinear(cfg.hidden_size, cfg.hidden_size)
-        self.value = InOutLinear(cfg.hidden_size, cfg.hidden_size)
+        self.query = PanelLinear(cfg.hidden_size, cfg.hidden_size)
+        self.key = PanelLinear(cfg.hidden_size, cfg.hidden_size)
+        self.value = PanelLinear(cfg.hidden_size, cfg.hidden_size)
 
     def __call__(self, x: Tensor, key_mask: Tensor) -> Tensor:
         """x is (batch * tokens, hidden); key_mask (batch, 1, 1, tokens)."""
@@ -58,7 +58,9 @@ class BertSelfAttention:
             f(x).contiguous().reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
             for f in (self.query, self.key, self.value)
         )
-        return q.scaled_dot_product_attention(k, v, attn_mask=key_mask).transpose(1, 2).reshape(b * t, d)
+        out = q.scaled_dot_product_attention(k, v, attn_mask=key_mask)
+        # realized in token-row order: the output projection's register tiles need rows it reads contiguously
+        return out.transpose(1, 2).contiguous().reshape(b * t, d)
 
 
 class BertAttention:
@@ -71,18 +73,19 @@ class _DenseNorm:
     """LayerNorm(dense(x) + residual): BERT's output block after attention and after the feed-forward layer."""
 
     def __init__(self, d_in: int, d_out: int, eps: float):
-        self.dense = InOutLinear(d_in, d_out)
+        self.dense = PanelLinear(d_in, d_out)
         self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
 
     def __call__(self, x: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dense(x) + residual)
+        # realized: both the next matmul and the next residual add read it (left lazy, each reader recomputed it)
+        return self.LayerNorm(self.dense(x) + residual).contiguous()
 
 
 class _Intermediate:
     def __init__(self, cfg: BertConfig):
         if cfg.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported; supported: {sorted(_ACTIVATIONS)}")
-        self.dense, self.act = InOutLinear(cfg.hidden_size, cfg.intermediate_size), _ACTIVATIONS[cfg.hidden_act]
+        self.dense, self.act = PanelLinear(cfg.hidden_size, cfg.intermediate_size), _ACTIVATIONS[cfg.hidden_act]
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.act(self.dense(x))
@@ -106,11 +109,11 @@ class BertEmbeddings:
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def __call__(self, ids: np.ndarray, token_types: np.ndarray) -> Tensor:
+    def __call__(self, ids: Tensor, token_types: Tensor) -> Tensor:
+        """ids and token_types (batch, tokens) int32: the rows are loaded through the ids on the device."""
         t = ids.shape[1]
-        words = self.word_embeddings(Tensor(np.asarray(ids, np.int32)))  # rows loaded through the ids on the device
-        types = self.token_type_embeddings(Tensor(np.asarray(token_types, np.int32)))
-        return self.LayerNorm(words + types + self.position_embeddings.weight[:t].unsqueeze(0))
+        words, types = self.word_embeddings(ids), self.token_type_embeddings(token_types)
+        return self.LayerNorm(words + types + self.position_embeddings.weight[:t].unsqueeze(0)).contiguous()
 
 
 class BertModel:
@@ -121,6 +124,13 @@ class BertModel:
 
     def __call__(self, ids: np.ndarray, attention_mask: np.ndarray, token_types: np.ndarray | None = None) -> Tensor:
         """Last hidden states (batch, tokens, hidden) of int arrays ids and attention_mask (1 = token, 0 = padding)."""
+        self.check(ids, attention_mask)
+        token_types = np.zeros_like(ids) if token_types is None else token_types
+        as_tensor = lambda a: Tensor(np.asarray(a, np.int32))  # noqa: E731
+        return self.forward(as_tensor(ids), as_tensor(token_types), as_tensor(attention_mask))
+
+    def check(self, ids: np.ndarray, attention_mask: np.ndarray) -> None:
+        """Raises ValueError for arrays the model cannot take (shapes, length, ids outside the vocabulary)."""
         if ids.ndim != 2 or ids.shape != attention_mask.shape:
             raise ValueError(f"ids {ids.shape} and attention_mask {attention_mask.shape} must be equal 2-D shapes")
         if ids.shape[1] > self.cfg.max_position_embeddings:
@@ -129,13 +139,16 @@ class BertModel:
             raise ValueError(
                 f"token ids span [{ids.min()}, {ids.max()}], outside the vocabulary of {self.cfg.vocab_size}"
             )
-        token_types = np.zeros_like(ids) if token_types is None else token_types
+
+    def forward(self, ids: Tensor, token_types: Tensor, attention_mask: Tensor) -> Tensor:
+        """__call__ on int32 tensors, unchecked (a TinyJit captures it once per shape)."""
+        b, t = ids.shape
         # token rows stay 2-D (batch * tokens, hidden) through the layers: the codegen tiles 2-D matmuls
-        x = self.embeddings(ids, token_types).reshape(ids.size, -1)
-        key_mask = Tensor(attention_mask.astype(bool)).reshape(ids.shape[0], 1, 1, ids.shape[1])
+        x = self.embeddings(ids, token_types).reshape(b * t, -1)
+        key_mask = (attention_mask != 0).reshape(b, 1, 1, t)
         for layer in self.encoder.layer:
             x = layer(x, key_mask)
-        return x.reshape(*ids.shape, -1)
+        return x.reshape(b, t, -1)
 
 
 class _Encoder:
@@ -143,25 +156,26 @@ class _Encoder:
         self.layer = [BertLayer(cfg) for _ in range(cfg.num_hidden_layers)]
 
 
-def mean_pool(states: Tensor, attention_mask: np.ndarray) -> Tensor:
-    """Mean of each sequence's token states over its mask (sentence-transformers' mean pooling)."""
-    mask = Tensor(attention_mask.astype(np.float32)).unsqueeze(-1)
+def mean_pool(states: Tensor, attention_mask: Tensor) -> Tensor:
+    """Mean of each sequence's token states over its (batch, tokens) mask (sentence-transformers' mean pooling)."""
+    mask = attention_mask.cast(states.dtype).unsqueeze(-1)
     return (states * mask).sum(1) / mask.sum(1).maximum(1e-9)
 
 
 def bert_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """A BertModel's tensors from a file's: the "bert." prefix of task models dropped, position_ids (a constant
-    arange torch keeps as a buffer) and task heads left out, linear weights turned to (in, out)."""
+    arange torch keeps as a buffer) and task heads left out, linear weights turned to (in, out) panels (PanelLinear)."""
     named = {k.removeprefix("bert."): v for k, v in state.items()}
     keep = [k for k in named if k.startswith(("embeddings.", "encoder.")) and not k.endswith("position_ids")]
-    return transposed_linears({k: named[k] for k in keep}, lambda k: k.startswith("encoder."))
+    weights = transposed_linears({k: named[k] for k in keep}, lambda k: k.startswith("encoder."))
+    return {k: to_panels(v) if v.ndim == 2 and k.startswith("encoder.") else v for k, v in weights.items()}
 
 
 class SentenceEncoder:
     """A sentence-transformers model directory (config.json, model.safetensors, tokenizer.json) as an encoder of
     sentences into unit-length vectors."""
 
-    def __init__(self, model_dir: str | Path, pad_multiple: int = 16):
+    def __init__(self, model_dir: str | Path, pad_multiple: int = 8):
         from tokenizers import Tokenizer  # the `models` extra
 
         model_dir = Path(model_dir)
@@ -173,8 +187,9 @@ class SentenceEncoder:
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(int(self.max_len))
-        # lengths round up to a multiple, so batches of similar sentences reuse the same compiled kernels
+        # lengths round up to a multiple, so batches of similar sentences replay the same capture
         self.pad_multiple = pad_multiple
+        self._steps: dict[tuple[int, int], TinyJit] = {}  # one captured forward per (batch, padded length)
 
     def tokenize(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         enc = self.tokenizer.encode_batch(sentences)
@@ -194,6 +209,11 @@ class SentenceEncoder:
         out = []
         for i in range(0, len(sentences), batch_size):
             ids, mask = self.tokenize(sentences[i : i + batch_size])
-            pooled = mean_pool(self.model(ids, mask), mask)
-            out.append(pooled.normalize(dim=-1).cast(dtypes.float32).numpy())
+            self.model.check(ids, mask)
+            step = self._steps.setdefault(ids.shape, TinyJit(self._embed))
+            out.append(step(Tensor(ids), Tensor(np.zeros_like(ids)), Tensor(mask)).numpy())
         return np.concatenate(out)
+
+    def _embed(self, ids: Tensor, token_types: Tensor, mask: Tensor) -> Tensor:
+        pooled = mean_pool(self.model.forward(ids, token_types, mask), mask)
+        return pooled.normalize(dim=-1).cast(dtypes.float32).realize()

@@ -10,7 +10,7 @@ import numpy as np
 
 from fusegrad import Tensor, TinyJit, nn
 from fusegrad.models.generate import KVCache, causal_mask, start_position
-from fusegrad.models.weights import load_into
+from fusegrad.models.weights import PanelLinear, load_into, panel_matmul, to_panels
 from fusegrad.nn.state import safe_load
 from fusegrad.uop.ops import UOp
 
@@ -47,14 +47,12 @@ class GPT2Config:
         return cfg
 
 
-class Conv1D:
-    """GPT-2's linear layer: the weight is stored (in, out)."""
+# the Conv1D weights of a file's state, (in, out) each
+LINEARS = ("c_attn.weight", "c_proj.weight", "c_fc.weight")
 
-    def __init__(self, d_in: int, d_out: int):
-        self.weight, self.bias = Tensor.zeros(d_in, d_out).contiguous(), Tensor.zeros(d_out).contiguous()
 
-    def __call__(self, x: Tensor) -> Tensor:
-        return x.linear(self.weight, self.bias)
+class Conv1D(PanelLinear):
+    """GPT-2's linear layer: the file stores the weight (in, out); it is kept in panels (to_panels)."""
 
 
 class Attention:
@@ -64,12 +62,16 @@ class Attention:
 
     def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None) -> Tensor:
         t, d = x.shape
+        # q, k and v realized row-major by one kernel, then viewed as heads (realized here, not left to the cache's
+        # writes: each write is its own schedule, which would compute them again)
         q, k, v = (
-            y.reshape(t, self.heads, self.head_dim).transpose(0, 1).unsqueeze(0) for y in self.c_attn(x).split(d, -1)
+            y.reshape(t, self.heads, self.head_dim).transpose(0, 1).unsqueeze(0)
+            for y in self.c_attn(x).realize().split(d, -1)
         )
         keys, values = cache.write(k, v, start)
         out = q.scaled_dot_product_attention(keys, values, attn_mask=mask)
-        return self.c_proj(out[0].transpose(0, 1).reshape(t, d))
+        # realized in token-row order: the projection's register tiles need rows it reads contiguously
+        return self.c_proj(out[0].transpose(0, 1).contiguous().reshape(t, d))
 
 
 class MLP:
@@ -90,8 +92,9 @@ class Block:
         self.mlp = MLP(cfg)
 
     def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None) -> Tensor:
-        h = x + self.attn(self.ln_1(x), cache, start, mask)
-        return h + self.mlp(self.ln_2(h))
+        # the residual stream realized: left lazy, each later schedule (the cache writes) computed it again
+        h = (x + self.attn(self.ln_1(x), cache, start, mask)).realize()
+        return (h + self.mlp(self.ln_2(h))).realize()
 
 
 class GPT2:
@@ -106,7 +109,7 @@ class GPT2:
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self._caches: list[KVCache] | None = None
         self._steps: dict[int, TinyJit] = {}  # one captured step per chunk size (prefill chunks, decode tokens)
-        self._lm_head: Tensor | None = None  # wte transposed, (n_embd, vocab): x @ W runs faster than x @ W.T
+        self._lm_head: Tensor | None = None  # wte transposed into panels (to_panels): x @ W runs faster than x @ W.T
 
     @staticmethod
     def from_pretrained(model_dir: str | Path, max_context: int | None = None) -> GPT2:
@@ -115,7 +118,9 @@ class GPT2:
         state = {k.removeprefix("transformer."): v for k, v in safe_load(model_dir / "model.safetensors").items()}
         # lm_head is tied to wte; the attention bias buffers of old checkpoints are the causal mask
         state = {
-            k: v for k, v in state.items() if k != "lm_head.weight" and not k.endswith((".attn.bias", "masked_bias"))
+            k: to_panels(v) if k.endswith(LINEARS) else v
+            for k, v in state.items()
+            if k != "lm_head.weight" and not k.endswith((".attn.bias", "masked_bias"))
         }
         load_into(model, state, f"loading {model_dir.name}")
         return model
@@ -136,7 +141,7 @@ class GPT2:
             hd = self.cfg.n_embd // self.cfg.n_head
             self._caches = [KVCache(1, self.cfg.n_head, self.max_context, hd) for _ in self.h]
         if self._lm_head is None:
-            self._lm_head = self.wte.weight.T.contiguous().realize()
+            self._lm_head = to_panels(self.wte.weight.T).contiguous().realize()
         step = self._steps.setdefault(len(ids), TinyJit(self._step))
         places = np.arange(pos, pos + len(ids), dtype=np.int32)
         return step(Tensor(ids).realize(), Tensor(places).realize(), start_position(pos, len(ids), self.max_context))
@@ -150,4 +155,4 @@ class GPT2:
         for block, cache in zip(self.h, self._caches):
             x = block(x, cache, start, mask)
         assert self._lm_head is not None
-        return (self.ln_f(x) @ self._lm_head).realize()
+        return panel_matmul(self.ln_f(x), self._lm_head, self.cfg.vocab_size).realize()

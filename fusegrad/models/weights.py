@@ -8,7 +8,7 @@ from typing import Any
 
 
 from fusegrad import Device, Tensor
-from fusegrad.helpers import _Progress
+from fusegrad.helpers import _Progress, prod
 from fusegrad.nn.state import load_state_dict
 
 
@@ -22,17 +22,49 @@ def load_into(model: Any, state: dict[str, Tensor], desc: str, strict: bool = Tr
     bar.close()
 
 
-class InOutLinear:
-    """y = x @ weight + bias with the weight stored (in, out). A file's torch-layout (out, in) weight is transposed
-    once when loaded (see transposed_linears): the C backend runs x @ W on a row-major (in, out) W several times
-    faster than x @ W.T."""
+class PanelLinear:
+    """y = x @ W + b with W (in, out) stored in panels of `panel` columns, each contiguous over in
+    ([out/panel][in][panel], zero columns padding the last): a register tile then walks one panel's rows one after
+    another, where rows of a plain (in, out) weight lie out * 4 bytes apart (for a few hundred rows of x each load
+    misses, and strides of 4 KiB alias in L1). Packed once when the model loads (see to_panels), not on every call
+    as tensor_ops/linalg.py does for large matmuls."""
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True):
-        self.weight = Tensor.zeros(d_in, d_out).contiguous()
+        self.d_out, self.panel = d_out, panel_width()
+        self.weight = Tensor.zeros(-(-d_out // self.panel), d_in, self.panel).contiguous()
         self.bias = Tensor.zeros(d_out).contiguous() if bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
-        return x.linear(self.weight, self.bias)
+        out = panel_matmul(x, self.weight, self.d_out)
+        return out if self.bias is None else out + self.bias
+
+
+def panel_width() -> int:
+    """Columns per panel: two of the compiler's vectors of float32 (the register tile's width)."""
+    from fusegrad.codegen.opt.target import vector_bytes
+
+    return max(2 * vector_bytes() // 4, 1)
+
+
+def to_panels(w: Tensor, panel: int | None = None) -> Tensor:
+    """An (in, out) weight as (ceil(out / panel), in, panel) panels (a lazy view: realized when loaded)."""
+    panel = panel or panel_width()
+    k, n = w.shape
+    if pad := -n % panel:
+        w = w.pad(((0, 0), (0, pad)))
+    return w.reshape(k, (n + pad) // panel, panel).permute(1, 0, 2)
+
+
+def panel_matmul(x: Tensor, panels: Tensor, n: int) -> Tensor:
+    """x @ W for W stored as panels (to_panels), the first n columns."""
+    count, k, panel = panels.shape
+    out = (x.reshape(*x.shape[:-1], 1, 1, k) * panels.permute(0, 2, 1)).sum(-1)
+    # one row (a decode step): the sums realized as (panels, panel columns), whose columns a vector of accumulators
+    # walks down each panel; merged into n columns by an epilogue, each output would read its panel column alone
+    # padded panels: the sum is realized whole first (a kernel storing only n columns loses the panel tile)
+    if prod(x.shape[:-1]) == 1 or count * panel != n:
+        out = out.contiguous()
+    return out.reshape(*x.shape[:-1], count * panel)[..., :n]
 
 
 def transposed_linears(state: dict[str, Tensor], is_linear: Callable[[str], bool]) -> dict[str, Tensor]:

@@ -248,6 +248,8 @@ class CStyleRenderer:
     nan, infinity = "NAN", "INFINITY"
     int64_suffix, uint64_suffix = "LL", "ULL"
     vectorize = False  # pack upcast lanes into vector types (needs vector_type and render_vector)
+    # (unary op, dtype) pairs render_vector also takes (beyond packs.VECTOR_ALU): math with a vector form
+    vector_math: frozenset[tuple[Ops, DType]] = frozenset()
     vector_bytes: int | None = None  # bytes of one vector; None: the host CPU's vector registers
     # integer data arithmetic that wraps: computed in the unsigned type and converted back
     wrapping_types: dict[DType, str] = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long long"}
@@ -369,7 +371,7 @@ class CStyleRenderer:
             if u.dtype in self.unsupported:
                 raise RenderError(f"{type(self).__name__} cannot render {u.dtype} (kernel {name}, {u.op})")
         width = vector_bytes() if self.vector_bytes is None else self.vector_bytes
-        packs = find_packs(lin, width) if vectorize and self.vectorize else {}
+        packs = find_packs(lin, width, self.vector_math) if vectorize and self.vectorize else {}
         ctx = KernelText(self, lin, packs, uses=Counter(s for u in lin for s in u.src))
         ctx.outer = next((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"), None)
         # integer math on loaded data wraps like torch; index math over loops cannot overflow, so it stays plain signed
@@ -471,11 +473,48 @@ def _gcc_vector_load(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) ->
     return f"{t} {vname};\n__builtin_memcpy(&{vname}, {ctx.address(u, pack)}, sizeof({vname}));"
 
 
+# exp of float lanes (C's expf has no vector form): n = round(x / ln 2), r = x - n ln 2 in two parts (Cody-Waite),
+# e^r by Cephes' expf polynomial (under 2 ulp), 2^n as two factors so subnormal results and the overflow to inf come
+# out of the multiplies; x is clamped first (n stays a normal exponent) and a NaN lane keeps its NaN
+GCC_VECTOR_EXP = """static inline __attribute__((always_inline)) {t} fg_exp_{t}({t} x) {{
+  {t} top = ({t}){{}} + 89.0f, bottom = ({t}){{}} - 104.0f, magic = ({t}){{}} + 12582912.0f;
+  {it} hi = x > top, lo = x < bottom;
+  x = ({t})((({it})x & ~hi) | (({it})top & hi));
+  x = ({t})((({it})x & ~lo) | (({it})bottom & lo));
+  {t} n = (x * 1.44269504088896341f + magic) - magic;
+  n = ({t})(({it})n & (n == n));
+  {t} r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  {t} p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  {it} k = __builtin_convertvector(n, {it}), h = k >> 1;
+  return p * ({t})((h + 127) << 23) * ({t})((k - h + 127) << 23);
+}}"""
+
+
+def _gcc_vector_exp(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    it, definition = ctx.renderer.vector_type(dtypes.int32, len(pack.lanes))
+    if definition:
+        ctx.vec_types.setdefault(it, definition)
+    ctx.vec_types.setdefault(f"fg_exp_{t}", GCC_VECTOR_EXP.format(t=t, it=it))
+    return f"{t} {vname} = fg_exp_{t}({ctx.vref(u.src[0])});"
+
+
+def _gcc_vector_reciprocal(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    return f"{t} {vname} = ({ctx.renderer.render_const(1.0, pack.dtype)}/{ctx.vref(u.src[0])});"
+
+
 # one vector instruction per pack, in GCC's vector extension: (ctx, first lane, pack, vector name, vector type) -> text
 GCC_VECTOR_RULES: dict[Ops, Callable[[KernelText, UOp, Pack, str, str], str]] = {
     Ops.LOAD: _gcc_vector_load,
     Ops.DEFINE_ACC: lambda ctx, u, pack, v, t: f"{t} {v} = ({t}){{}} + {ctx.ref(u.src[0])};",
     Ops.NEG: lambda ctx, u, pack, v, t: f"{t} {v} = -{ctx.vref(u.src[0])};",
+    Ops.RECIPROCAL: _gcc_vector_reciprocal,
+    Ops.EXP: _gcc_vector_exp,
     Ops.WHERE: _gcc_vector_where,
     **{op: _gcc_vector_compare for op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE)},
     # lane-wise infix; AND/OR pack only as masks (all-ones lanes), where bitwise is logical
@@ -499,6 +538,9 @@ class CRenderer(CStyleRenderer):
     }
     vectorize = True
     vector_rules = GCC_VECTOR_RULES
+    vector_math = frozenset(
+        {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
+    )
 
     def render_range(self, ctx: KernelText, u: UOp) -> str:
         name, t = ctx.names[u], self.ctype(u.dtype)

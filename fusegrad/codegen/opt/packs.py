@@ -44,9 +44,12 @@ def split_index(index: UOp) -> tuple[UOp, int]:
     return index, 0
 
 
-def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack, int]]:
+def find_packs(
+    lin: tuple[UOp, ...], vector_bytes: int, vector_math: frozenset[tuple[Ops, DType]] = frozenset()
+) -> dict[UOp, tuple[Pack, int]]:
     """{scalar instruction: (its pack, its lane)} for every instruction that is part of a vector. Gated loads pack
-    when one gate guards every lane."""
+    when one gate guards every lane. vector_math: the (unary op, dtype) pairs the renderer also has a vector rule for
+    (a reciprocal, an exp as a vector function)."""
     # lanes of one pack stand in the same C block: inside the same open loops
     scope: dict[UOp, tuple[UOp, ...]] = {}
     open_loops: list[UOp] = []
@@ -98,7 +101,7 @@ def find_packs(lin: tuple[UOp, ...], vector_bytes: int) -> dict[UOp, tuple[Pack,
                 continue
             if mask_of is not None:
                 operands = u.src
-            elif u.op in VECTOR_ALU and all(s.dtype is u.dtype for s in u.src):
+            elif (u.op in VECTOR_ALU or (u.op, u.dtype) in vector_math) and all(s.dtype is u.dtype for s in u.src):
                 operands = u.src
             elif u.op is Ops.WHERE and all(s.dtype is u.dtype for s in u.src[1:]):
                 # one scalar condition selects whole vectors; a mask pack selects lane by lane (when it compared
