@@ -474,8 +474,9 @@ def _gcc_vector_load(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) ->
 
 
 # exp of float lanes (C's expf has no vector form): n = round(x / ln 2), r = x - n ln 2 in two parts (Cody-Waite),
-# e^r by Cephes' expf polynomial (under 2 ulp), 2^n as two factors so subnormal results and the overflow to inf come
-# out of the multiplies; x is clamped first (n stays a normal exponent) and a NaN lane keeps its NaN
+# e^r by its Taylor series to r^7 (|r| <= ln2/2: truncation ~1e-8, under float's ulp), 2^n as two factors so
+# subnormal results and the overflow to inf come out of the multiplies; x is clamped first (n stays a normal
+# exponent) and a NaN lane keeps its NaN
 GCC_VECTOR_EXP = """static inline __attribute__((always_inline)) {t} fg_exp_{t}({t} x) {{
   {t} top = ({t}){{}} + 89.0f, bottom = ({t}){{}} - 104.0f, magic = ({t}){{}} + 12582912.0f;
   {it} hi = x > top, lo = x < bottom;
@@ -483,13 +484,13 @@ GCC_VECTOR_EXP = """static inline __attribute__((always_inline)) {t} fg_exp_{t}(
   x = ({t})((({it})x & ~lo) | (({it})bottom & lo));
   {t} n = (x * 1.44269504088896341f + magic) - magic;
   n = ({t})(({it})n & (n == n));
-  {t} r = x - n * 0.693359375f;
+  {t} r = x - n * 0.693359375f;  // ln 2 = 355/512 (exact in float) - 2.12194440e-4
   r = r + n * 2.12194440e-4f;
-  {t} p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  {t} p = r * (1.0f / 5040) + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
   p = p * (r * r) + r + 1.0f;
   {it} k = __builtin_convertvector(n, {it}), h = k >> 1;
   return p * ({t})((h + 127) << 23) * ({t})((k - h + 127) << 23);
