@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from fusegrad import Tensor, TinyJit, nn
-from fusegrad.models.generate import KVCache, causal_mask, start_position
+from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
 from fusegrad.models.weights import load_into
 from fusegrad.nn.state import safe_load
 from fusegrad.uop.ops import UOp
@@ -68,7 +68,7 @@ class Attention:
             y.reshape(t, self.heads, self.head_dim).transpose(0, 1).unsqueeze(0) for y in self.c_attn(x).split(d, -1)
         )
         keys, values = cache.write(k, v, start)
-        out = q.scaled_dot_product_attention(keys, values, attn_mask=mask)
+        out = attention(q, keys, values, mask)
         return self.c_proj(out[0].transpose(0, 1).reshape(t, d))
 
 
