@@ -1,5 +1,5 @@
 """Model benchmarks against transformers / sentence-transformers on torch CPU, measured in one process:
-`python bench/bench_models.py [bert] [gpt2] [llama] [serve]` (all four without arguments).
+`python bench/bench_models.py [bert] [gpt2] [llama] [serve] [llama-steps]` (the first four without arguments).
 
 - BERT (all-MiniLM-L6-v2): sentences/s for batches of 32; the two encoders run in turns, 7 rounds.
 - GPT-2 small-shaped random model (12 layers, 768 wide): prefill tokens/s (a 128-token prompt) and decode tokens/s;
@@ -141,6 +141,40 @@ def bench_llama() -> None:
         row(f"LLaMA {params:.0f}M {qtype} decode", "tok/s", dcd, rd)
 
 
+def bench_llama_steps() -> None:
+    """One decode step at a time (positions 20-29 after a 20-token prompt, five rounds, fusegrad then transformers
+    with its KV cache in each round): median ms per step. Steadier than whole generations on a loaded machine, where
+    a multi-threaded torch decode can collapse; run it with NUM_CPU_THREADS=1 there."""
+    import torch as th
+    from gguf_models import make_model, write_gguf
+
+    from fusegrad.models.llama import Llama
+
+    shape = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12)
+    shape.update(num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=256)
+    for qtype in ("Q8_0", "Q4_K"):
+        ref = make_model("llama", std=0.02, **shape)
+        with tempfile.TemporaryDirectory() as d:
+            write_gguf(ref, "llama", Path(d) / "m.gguf", qtype)
+            model, _ = Llama.from_gguf(Path(d) / "m.gguf", progress=False)
+        list(generate(model, [1, 2, 3, 4], 8, Sampling()))
+        ours: list[float] = []
+        theirs: list[float] = []
+        for _ in range(5):
+            for pos in range(20, 30):
+                st = time.perf_counter()
+                model.forward(np.array([5], np.int32), pos)[0].numpy()
+                ours.append(time.perf_counter() - st)
+            with th.no_grad():
+                out = ref(th.tensor([[5] * 20]), use_cache=True)
+                for _ in range(10):
+                    st = time.perf_counter()
+                    out = ref(th.tensor([[5]]), past_key_values=out.past_key_values, use_cache=True)
+                    theirs.append(time.perf_counter() - st)
+        a, b = statistics.median(ours), statistics.median(theirs)
+        print(f"{'LLaMA 125M ' + qtype + ' decode step':44s} {a * 1e3:10.1f} {b * 1e3:10.1f} {'ms':9s} {b / a:6.2f}x")
+
+
 def bench_serve() -> None:
     import threading
 
@@ -174,7 +208,8 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}, machine load average {os.getloadavg()[0]:.1f}")
     print(f"{'case':44s} {'fusegrad':>10s} {'reference':>10s} {'unit':9s} {'ratio':>7s}")
     cases = {"bert": bench_bert, "gpt2": bench_gpt2, "llama": bench_llama, "serve": bench_serve}
-    for name in sys.argv[1:] or list(cases):
+    cases["llama-steps"] = bench_llama_steps  # not in the default run: a steadier decode figure on a loaded machine
+    for name in sys.argv[1:] or [c for c in cases if c != "llama-steps"]:
         if name not in cases:
             sys.exit(f"unknown case {name!r}; cases: {', '.join(cases)}")
         cases[name]()

@@ -8,6 +8,7 @@ written so far."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +37,26 @@ class KVCache:
             cache.shrink((None, None, (start, start + chunk), None)).assign(new)
         keys, values = (c.shrink((None, None, (0, start + chunk), None)) for c in (self.k, self.v))
         return keys, values
+
+
+def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """softmax(q keys^T / sqrt(head_dim)) values for q (batch, heads, chunk, head_dim) and keys, values (batch,
+    kv_heads, slots, head_dim), heads a multiple of kv_heads (query head h reads kv head h // (heads / kv_heads)),
+    mask (chunk, slots) bool or None. The query heads of a kv head become rows of one matmul, so the cache is read
+    as it is (repeating its heads would index it with divisions by the symbolic slot count)."""
+    b, heads, t, hd = q.shape
+    kv_heads, slots = keys.shape[1], keys.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"query heads ({heads}) must be a multiple of the key/value heads ({kv_heads})")
+    rep = heads // kv_heads
+    # realized once: fused into the scores, the query's rope would be recomputed for every slot
+    grouped = q.reshape(b, kv_heads, rep * t, hd).contiguous()
+    scores = grouped @ keys.transpose(-1, -2) * (1 / math.sqrt(hd))
+    if mask is not None:
+        scores = mask.where(scores.reshape(b, kv_heads, rep, t, slots), -math.inf).reshape(b, kv_heads, rep * t, slots)
+    # realized once: fused into the product with the values, each exp would be recomputed for every head dim
+    probs = scores.softmax(-1).contiguous()
+    return (probs @ values).reshape(b, heads, t, hd)
 
 
 def start_position(pos: int, chunk: int, max_context: int) -> UOp:

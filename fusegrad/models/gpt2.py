@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from fusegrad import Tensor, TinyJit, nn
-from fusegrad.models.generate import KVCache, causal_mask, start_position
+from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
 from fusegrad.models.weights import PanelLinear, load_into, panel_matmul, to_panels
 from fusegrad.nn.state import safe_load
 from fusegrad.uop.ops import UOp
@@ -69,7 +69,7 @@ class Attention:
             for y in self.c_attn(x).realize().split(d, -1)
         )
         keys, values = cache.write(k, v, start)
-        out = q.scaled_dot_product_attention(keys, values, attn_mask=mask)
+        out = attention(q, keys, values, mask)
         # realized in token-row order: the projection's register tiles need rows it reads contiguously
         return self.c_proj(out[0].transpose(0, 1).contiguous().reshape(t, d))
 

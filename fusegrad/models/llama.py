@@ -15,7 +15,7 @@ import numpy as np
 
 from fusegrad import Device, Tensor, TinyJit, dtypes
 from fusegrad.helpers import _Progress
-from fusegrad.models.generate import KVCache, causal_mask, start_position
+from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix
 from fusegrad.nn.state import gguf_load
 from fusegrad.uop.ops import UOp
@@ -205,7 +205,7 @@ class Attention:
         q = apply_rope(q, cos, sin, cfg.rope_dim, cfg.rope_neox)
         k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.rope_neox)
         keys, values = cache.write(k, v, start)
-        out = q.scaled_dot_product_attention(keys, values, attn_mask=mask, enable_gqa=True)
+        out = attention(q, keys, values, mask)
         return self.o(out[0].transpose(0, 1).reshape(t, cfg.n_heads * cfg.head_dim))
 
 

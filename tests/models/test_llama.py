@@ -136,6 +136,17 @@ def test_quantized_matrix_values_match_gguf_dequantize(qtype, n):
     np.testing.assert_allclose(QuantLinear(weight)(Tensor(x)).numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("qtype,cols", [("Q8_0", 1600), ("Q8_0", 2048), ("Q4_0", 1600), ("Q4_K", 2048)])
+def test_quantized_matvec_folds_groups_of_any_count(qtype, cols):
+    """Groups fold into the inner loop by the largest divisor of their count that fits MAX_PARTS (50 groups of 32: 25,
+    64: 32): the sum equals the dequantized weight's whatever the fold."""
+    weight, meant = _quantized_weight(qtype, 24, cols)
+    x = np.random.default_rng(3).standard_normal((1, cols)).astype(np.float32)
+    want = x.astype(np.float64) @ meant.T.astype(np.float64)
+    got = QuantizedMatrix.from_ggml(weight).matvec(Tensor(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 def test_quantized_matrix_refuses_bad_shapes():
     weight, _ = _quantized_weight("Q8_0", 4, 64)
     q = QuantizedMatrix.from_ggml(weight)

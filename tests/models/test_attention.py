@@ -1,0 +1,62 @@
+"""The decoders' attention over a KV cache (models/generate.attention) against a float64 numpy reference: grouped
+query heads, a causal chunk, and a slot count given by a bound Variable under TinyJit."""
+
+import math
+
+import numpy as np
+import pytest
+
+from fusegrad import Tensor, TinyJit
+from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
+
+
+def reference(q, k, v, start):
+    """q (1, heads, t, d) at positions start..start+t-1 over k, v (1, kv_heads, start+t, d), causal."""
+    heads, t, d = q.shape[1:]
+    rep = heads // k.shape[1]
+    out = np.zeros(q.shape)
+    for h in range(heads):
+        s = q[0, h].astype(np.float64) @ k[0, h // rep].T.astype(np.float64) / math.sqrt(d)
+        s = np.where(np.arange(s.shape[1])[None] <= start + np.arange(t)[:, None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        out[0, h] = (p / p.sum(-1, keepdims=True)) @ v[0, h // rep]
+    return out
+
+
+@pytest.mark.parametrize("heads,kv_heads,chunk", [(6, 2, 1), (6, 2, 3), (4, 4, 2), (3, 1, 1)])
+def test_attention_matches_reference(heads, kv_heads, chunk):
+    rng = np.random.default_rng(0)
+    start, d = 5, 8
+    q = rng.standard_normal((1, heads, chunk, d)).astype(np.float32)
+    k = rng.standard_normal((1, kv_heads, start + chunk, d)).astype(np.float32)
+    v = rng.standard_normal((1, kv_heads, start + chunk, d)).astype(np.float32)
+    mask = None if chunk == 1 else Tensor(np.arange(start + chunk)[None] <= start + np.arange(chunk)[:, None])
+    got = attention(Tensor(q), Tensor(k), Tensor(v), mask).numpy()
+    np.testing.assert_allclose(got, reference(q, k, v, start), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_over_a_cache_at_a_bound_position_replays_one_capture():
+    rng = np.random.default_rng(1)
+    heads, kv_heads, d, ctx, chunk = 4, 2, 8, 16, 2
+    cache = KVCache(1, kv_heads, ctx, d)
+
+    def step(q, k, v, start):
+        keys, values = cache.write(k, v, start)
+        return attention(q, keys, values, causal_mask(start, chunk, ctx)).realize()
+
+    jitted = TinyJit(step)
+    ks, vs = np.zeros((1, kv_heads, 0, d), np.float32), np.zeros((1, kv_heads, 0, d), np.float32)
+    for pos in range(0, 10, chunk):
+        q = rng.standard_normal((1, heads, chunk, d)).astype(np.float32)
+        k = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)
+        v = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)
+        ks, vs = np.concatenate([ks, k], 2), np.concatenate([vs, v], 2)
+        got = jitted(Tensor(q), Tensor(k), Tensor(v), start_position(pos, chunk, ctx)).numpy()
+        np.testing.assert_allclose(got, reference(q, ks, vs, pos), rtol=1e-5, atol=1e-5)
+    assert jitted.cnt == 5 and jitted.captured is not None
+
+
+def test_attention_rejects_heads_that_do_not_group():
+    x = Tensor.zeros(1, 3, 1, 4)
+    with pytest.raises(ValueError, match=r"query heads \(3\).*key/value heads \(2\)"):
+        attention(x, Tensor.zeros(1, 2, 2, 4), Tensor.zeros(1, 2, 2, 4), None)
