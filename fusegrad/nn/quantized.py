@@ -38,7 +38,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     28: ("F64", 1, 8),
     30: ("BF16", 1, 2),
 }
-_GGML_PLAIN: dict[int, DType] = {
+GGML_PLAIN_TYPES: dict[int, DType] = {
     0: dtypes.float32,
     1: dtypes.float16,
     24: dtypes.int8,
@@ -108,7 +108,7 @@ def _dequant_q6_k(b: Tensor) -> Tensor:
     return _f16_at(b, 208).reshape(-1, 1, 1, 1) * scales * q
 
 
-_DEQUANT: dict[int, Callable[[Tensor], Tensor]] = {
+DEQUANTIZERS: dict[int, Callable[[Tensor], Tensor]] = {
     2: _dequant_q4_0,
     3: _dequant_q4_1,
     8: _dequant_q8_0,
@@ -122,7 +122,7 @@ class GGMLQuantized:
     moved; dequantize() is the float32 tensor of `shape` as a lazy graph over the blocks (it fuses into its user)."""
 
     def __init__(self, name: str, ggml_type: int, shape: tuple[int, ...], blocks: Tensor):
-        if ggml_type not in _DEQUANT:
+        if ggml_type not in DEQUANTIZERS:
             raise ValueError(f"{name}: ggml type {ggml_type} is not a supported quantized type; supported: {_names()}")
         self.name, self.ggml_type, self.shape, self.blocks = name, ggml_type, shape, blocks
 
@@ -134,14 +134,14 @@ class GGMLQuantized:
         return GGMLQuantized(self.name, self.ggml_type, self.shape, self.blocks.to(device).contiguous())
 
     def dequantize(self) -> Tensor:
-        return _DEQUANT[self.ggml_type](_on_compute_device(self.blocks)).reshape(self.shape)
+        return DEQUANTIZERS[self.ggml_type](_on_compute_device(self.blocks)).reshape(self.shape)
 
     def __repr__(self) -> str:
         return f"<GGMLQuantized {self.name} {self.type_name} {self.shape} on {self.blocks.device}>"
 
 
 def _names() -> list[str]:
-    return sorted(GGML_TYPES[k][0] for k in _DEQUANT)
+    return sorted(GGML_TYPES[k][0] for k in DEQUANTIZERS)
 
 
 def _on_compute_device(blocks: Tensor) -> Tensor:

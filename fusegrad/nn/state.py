@@ -24,7 +24,7 @@ import numpy as np
 
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import prod, round_up
-from fusegrad.nn.quantized import _DEQUANT, _GGML_PLAIN, GGML_TYPES, GGMLQuantized
+from fusegrad.nn.quantized import DEQUANTIZERS, GGML_PLAIN_TYPES, GGML_TYPES, GGMLQuantized
 from fusegrad.nn.safe_pickle import MAX_RANK, PickleSource, RestrictedUnpickler
 from fusegrad.runtime.buffers import Buffer, DiskBuffer, buffer_uop, check_mapped, host_values, is_contiguous_view
 from fusegrad.runtime.buffers import view_buffer
@@ -865,16 +865,16 @@ def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
     nbytes = n // block * block_bytes
     if t.dtype is not dtypes.uint8 or t.numel() < nbytes:
         raise ValueError(f"{n} {name} values need {nbytes} uint8 bytes, got {t}")
-    if ggml_type in _GGML_PLAIN:
-        return _blob_of(t.reshape(-1)).tensor(0, _GGML_PLAIN[ggml_type], (n,), name)
-    if ggml_type not in _DEQUANT:
+    if ggml_type in GGML_PLAIN_TYPES:
+        return _blob_of(t.reshape(-1)).tensor(0, GGML_PLAIN_TYPES[ggml_type], (n,), name)
+    if ggml_type not in DEQUANTIZERS:
         raise NotImplementedError(
             f"ggml type {name} ({ggml_type}) is not supported; supported: "
-            f"{sorted(GGML_TYPES[k][0] for k in (*_GGML_PLAIN, *_DEQUANT))}"
+            f"{sorted(GGML_TYPES[k][0] for k in (*GGML_PLAIN_TYPES, *DEQUANTIZERS))}"
         )
     if t.device.startswith("DISK:"):
         t = t.to(Device.DEFAULT)
-    return _DEQUANT[ggml_type](t.reshape(-1)[:nbytes].reshape(n // block, block_bytes)).reshape(n)
+    return DEQUANTIZERS[ggml_type](t.reshape(-1)[:nbytes].reshape(n // block, block_bytes)).reshape(n)
 
 
 class _Reader:
@@ -989,10 +989,10 @@ def gguf_load(fn: Any, keep_quantized: bool = False) -> tuple[dict[str, Any], di
     for name, shape, ggml_type, offset in infos:
         tname, block, block_bytes = GGML_TYPES[ggml_type]
         n = prod(shape)
-        if ggml_type in _GGML_PLAIN:
-            state[name] = blob.tensor(data_start + offset, _GGML_PLAIN[ggml_type], shape, f"tensor {name!r}")
+        if ggml_type in GGML_PLAIN_TYPES:
+            state[name] = blob.tensor(data_start + offset, GGML_PLAIN_TYPES[ggml_type], shape, f"tensor {name!r}")
         else:
-            if ggml_type not in _DEQUANT:
+            if ggml_type not in DEQUANTIZERS:
                 raise NotImplementedError(f"{blob.name}: tensor {name!r} has ggml type {tname}, which is not supported")
             raw = blob.tensor(data_start + offset, dtypes.uint8, (n // block * block_bytes,), f"tensor {name!r}")
             if keep_quantized:
