@@ -11,7 +11,7 @@ import sys
 import textwrap
 import numpy as np
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 DEPTH = 100_000
 
 

@@ -12,7 +12,7 @@ from fusegrad import Context, GlobalCounters, Tensor, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS
 from fusegrad.schedule import split_reduce
 from fusegrad.uop.ops import Ops
-from test_reduce_accuracy import C_ULPS_SERIAL, assert_sum_accurate
+from reference import C_ULPS_SERIAL, assert_sum_accurate
 
 N_POW2 = 1 << 20
 N_ODD = (1 << 20) + 7  # no chunk count divides it: the chunked axis is padded with the reduce's identity

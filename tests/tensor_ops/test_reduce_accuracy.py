@@ -14,27 +14,7 @@ import pytest
 import torch
 
 from fusegrad import Tensor, dtypes
-from reference import FG2NP
-
-# worst measured below with 8-lane AVX2: 0.32 (1000 x 0.1); 4-lane SIMD adds twice as many values per lane, hence 2.
-# Before blocking the 16M case was off by 10**5 ulps
-C_ULPS = 2.0
-# 256 serial adds of 0.1 lose ~32 ulps (ratio 4 at n=257); a few 1e4 among 1e-3 values up to ~14 (at n ~ 300)
-C_ULPS_SERIAL = 16.0
-
-
-def ulp(x: float, np_dtype=np.float32) -> float:
-    return float(np.spacing(np_dtype(abs(x)))) if math.isfinite(x) else math.inf
-
-
-def assert_sum_accurate(
-    got: float, exact: float, abs_sum: float, n: int, out_dtype=np.float32, c_ulps: float = C_ULPS
-) -> None:
-    """|got - exact| <= c_ulps * ulp32(sum |x|) * log2(n), plus half an ulp of the result's own dtype."""
-    rounding = 0.5 * ulp(exact, out_dtype) if out_dtype is not np.float32 else 0.0
-    bound = c_ulps * ulp(abs_sum) * max(math.log2(n), 1.0) + rounding
-    err = abs(float(got) - exact)
-    assert err <= bound, f"n={n}: got {float(got)!r}, exact {exact!r}, error {err:.3g} > bound {bound:.3g}"
+from reference import C_ULPS, C_ULPS_SERIAL, FG2NP, assert_sum_accurate, ulp
 
 
 def distribution(name: str, n: int, seed: int = 0) -> np.ndarray:

@@ -24,7 +24,7 @@ from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
 from fusegrad.nn.state import gguf_load, safe_load, safe_load_metadata, safe_save, torch_load
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run_isolated(code: str, *args: str, timeout: int = 120) -> str:
@@ -223,8 +223,8 @@ def test_torch_load_refuses_tuples_nested_deep_enough_to_crash_hashing(tmp_path)
     out = run_isolated(
         """
         import pathlib, sys
-        sys.path.insert(0, "tests")
-        from test_nn_state_fuzz import write_pt
+        sys.path.insert(0, "tests/nn")
+        from test_state_fuzz import write_pt
         from fusegrad.nn.state import torch_load
         d = pathlib.Path(sys.argv[1])
         deep = b"N" + b"\\x85" * 5000

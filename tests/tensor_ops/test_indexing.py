@@ -34,7 +34,7 @@ def check(t: Tensor, ref, dtype=None, atol=1e-6, rtol=1e-3):
 
 @pytest.fixture
 def unchecked():
-    """The default fast path (API.md §9), also when the suite runs under CHECK_OOB=1 (tests/test_check_oob.py)."""
+    """The default fast path (API.md §9), also when the suite runs under CHECK_OOB=1 (tests/engine/test_checks.py)."""
     with Context(CHECK_OOB=0):
         yield
 
