@@ -390,4 +390,5 @@ def test_panel_matmul_candidates_equal_noopt(data, m, k, panels):
     except OptError:
         return
     bench.run(program)
-    np.testing.assert_allclose(bench.output(), plain, rtol=1e-5, atol=1e-5)
+    # another summation order: float rounding grows with K (sqrt(K) ulps of terms ~sqrt(K) typical, K/64 bound)
+    np.testing.assert_allclose(bench.output(), plain, rtol=1e-5, atol=1e-5 * max(1.0, k / 64))
