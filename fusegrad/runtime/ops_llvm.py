@@ -152,7 +152,8 @@ class LLVMProgram(CPUProgram):
         self.outer_size, self.ops, self.nparams = outer_size, ops, nparams
 
     def __del__(self) -> None:
-        if (engine := getattr(self, "engine", None)) is not None:
+        # at interpreter exit the module's globals may already be None: the process frees the engines then
+        if (engine := getattr(self, "engine", None)) is not None and _retired_engines is not None:
             _retired_engines.append(engine)
 
 
