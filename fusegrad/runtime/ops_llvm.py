@@ -22,6 +22,10 @@ except ImportError as e:  # the registry reports this when DEV=LLVM is opened
     raise ImportError("the LLVM device needs llvmlite: pip install llvmlite (or pip install 'fusegrad[llvm]')") from e
 
 OPT_LEVEL = 3
+# MCJIT maps a kernel's code, constant pool and unwind tables separately; in a process holding gigabytes they can land
+# more than 2 GiB apart, where a 32-bit PC-relative relocation fails LLVM's `isInt<32>` assert and aborts the process.
+# The large code model with static relocations reaches every constant and libm function by a 64-bit address.
+RELOC, CODE_MODEL = "static", "large"
 
 
 @functools.cache
@@ -41,8 +45,8 @@ def new_target_machine() -> llvm.TargetMachine:
         cpu=llvm.get_host_cpu_name(),
         features=llvm.get_host_cpu_features().flatten(),
         opt=OPT_LEVEL,
-        reloc="pic",
-        codemodel="default",
+        reloc=RELOC,
+        codemodel=CODE_MODEL,
         jit=True,
     )
 
@@ -57,7 +61,7 @@ def host_vector_bytes() -> int:
 def identity() -> str:
     tm = host_target()
     return f"llvmlite {llvmlite.__version__}|llvm {llvm.llvm_version_info}|{tm.triple}|{llvm.get_host_cpu_name()}|" + (
-        f"{llvm.get_host_cpu_features().flatten()}|O{OPT_LEVEL}"
+        f"{llvm.get_host_cpu_features().flatten()}|O{OPT_LEVEL}|{RELOC}|{CODE_MODEL}"
     )
 
 

@@ -178,6 +178,17 @@ def test_debug_4_prints_ir_and_debug_7_assembly(capsys):
     assert "define void @E_40(" in out and "E_40:" in out and "ret" in out.split("E_40:")[1]
 
 
+def test_kernels_reach_constants_and_libm_by_64_bit_addresses(capsys):
+    # MCJIT maps a kernel's code and its constant pool separately: in a big process they can land more than 2 GiB
+    # apart, where a 32-bit %rip offset fails LLVM's relocation assert and aborts the process
+    x = Tensor(np.linspace(-3, 3, 37).astype(np.float32), device="LLVM")
+    with Context(DEBUG=7):
+        got = (x * 1.2345 + 0.5).exp().numpy()
+    asm = capsys.readouterr().out.split("E_37:")[1]
+    assert "movabsq" in asm and "(%rip)" not in asm
+    np.testing.assert_allclose(got, np.exp(np.linspace(-3, 3, 37).astype(np.float32) * 1.2345 + 0.5), rtol=1e-6)
+
+
 def test_default_device_falls_back_to_llvm_without_a_c_compiler(monkeypatch, capsys):
     def no_compiler(requested):
         raise RuntimeError("no C compiler found for the CPU device (tried cc, clang, gcc on PATH)")
