@@ -49,7 +49,38 @@ def find_packs(
 ) -> dict[UOp, tuple[Pack, int]]:
     """{scalar instruction: (its pack, its lane)} for every instruction that is part of a vector. Gated loads pack
     when one gate guards every lane. vector_math: the (unary op, dtype) pairs the renderer also has a vector rule for
-    (a reciprocal, an exp as a vector function)."""
+    (a reciprocal, an exp as a vector function).
+
+    A register tile whose rows are read consecutively (`A.T @ B`, a weight gradient) loads its row values as a run
+    too: its products pack along the columns with each row's value as the scalar all lanes share, and that run goes
+    back to scalar loads (which the renderer broadcasts), unless another pack reads it lane by lane."""
+    no_share: set[tuple[UOp, ...]] = set()
+    while True:
+        lane_of, shared_runs = _pack(lin, vector_bytes, vector_math, no_share)
+        if not (conflicts := {p.lanes for p in shared_runs & _read_lane_by_lane(lane_of)}):
+            break
+        no_share |= conflicts
+    for pack in shared_runs:
+        for u in pack.lanes:
+            del lane_of[u]
+    written = {u.src[0] for u in lin if u.op is Ops.STORE}
+    return lane_of if _keeps_memory_order(lin, lane_of, written) else {}
+
+
+def _read_lane_by_lane(lane_of: dict[UOp, tuple[Pack, int]]) -> set[Pack]:
+    """The packs some pack reads as a vector operand (its lanes differ), not as one shared scalar."""
+    read = set()
+    for pack in {p for p, _ in lane_of.values()}:
+        for k, s in enumerate(pack.lanes[0].src):
+            if s in lane_of and (len(pack.lanes) == 1 or pack.lanes[1].src[k] is not s):
+                read.add(lane_of[s][0])
+    return read
+
+
+def _pack(
+    lin: tuple[UOp, ...], vector_bytes: int, vector_math: frozenset[tuple[Ops, DType]], no_share: set[tuple[UOp, ...]]
+) -> tuple[dict[UOp, tuple[Pack, int]], set[Pack]]:
+    """(the packs, the runs of loads whose lanes some pack shares as a scalar); runs in no_share are never shared."""
     # lanes of one pack stand in the same C block: inside the same open loops
     scope: dict[UOp, tuple[UOp, ...]] = {}
     open_loops: list[UOp] = []
@@ -59,8 +90,8 @@ def find_packs(
         scope[u] = tuple(open_loops)
         if u.op is Ops.RANGE:
             open_loops.append(u)
-    written = {u.src[0] for u in lin if u.op is Ops.STORE}
     lane_of: dict[UOp, tuple[Pack, int]] = {}
+    shared_runs: set[Pack] = set()
 
     def width(dt: DType) -> int:
         return vector_bytes // dt.itemsize if dt in VECTOR_DTYPES else 0
@@ -90,9 +121,14 @@ def find_packs(
         for lanes, off in _consecutive_runs(by_offset, widths(next(iter(by_offset.values())).dtype)):
             add(lanes, base, off)
 
+    def shareable(s: UOp) -> bool:
+        # a lane of a run of loads can be one scalar all lanes share: it goes back to a scalar load then
+        return (pack := lane_of[s][0]).lanes[0].op is Ops.LOAD and pack.lanes not in no_share
+
     # ALU ops and accumulators, until no new pack forms (a lane's users may stand before the pack's last lane)
     while True:
         groups: dict[tuple, dict[int, UOp]] = {}
+        shares: dict[tuple, UOp] = {}  # a group whose lanes share a lane of a run of loads: that lane
         for u in lin:
             if u in lane_of or u in shared:
                 continue
@@ -113,13 +149,16 @@ def find_packs(
                 operands = (u.src[1],)
             else:
                 continue
-            key, lane, lanes_n = _signature(operands, lane_of)
+            key, lane, lanes_n, shared_lane = _signature(operands, lane_of, shareable)
             if lane is None:
                 continue
             extra = u.src[2:] if u.op is Ops.ACC_UPDATE else u.arg
-            groups.setdefault((u.op, u.dtype, extra, key, scope[u], lanes_n, mask_of), {}).setdefault(lane, u)
+            groups.setdefault(group := (u.op, u.dtype, extra, key, scope[u], lanes_n, mask_of), {}).setdefault(lane, u)
+            if shared_lane is not None:
+                shares[group] = shared_lane
         new = 0
-        for (*_, lanes_n, mask_of), g in groups.items():
+        for group, g in groups.items():
+            lanes_n, mask_of = group[-2:]
             lanes = [g.get(i) for i in range(lanes_n)]
             if None in lanes:
                 continue
@@ -133,6 +172,8 @@ def find_packs(
                     continue
                 add(accs)
             add(lanes)  # type: ignore[arg-type]
+            if (shared_lane := shares.get(group)) is not None:
+                shared_runs.add(lane_of[shared_lane][0])
             new += 1
         if not new:
             break
@@ -147,7 +188,7 @@ def find_packs(
     for (_, base, pack, off, _), by_lane in stores.items():
         if len(by_lane) == len(pack.lanes):
             add([by_lane[i] for i in range(len(pack.lanes))], base, off)
-    return lane_of if _keeps_memory_order(lin, lane_of, written) else {}
+    return lane_of, shared_runs
 
 
 def _keeps_memory_order(lin: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]], written: set[UOp]) -> bool:
@@ -201,12 +242,26 @@ def _consecutive_runs(by_offset: dict[int, UOp], widths: tuple[int, ...]) -> lis
     return runs
 
 
-def _signature(operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]]) -> tuple[tuple, int | None, int]:
-    """(what the lanes must share, this instruction's lane, the lanes of its packs): packs of one width lane by lane,
-    and equal scalars."""
+def _signature(
+    operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]], shareable=lambda s: False
+) -> tuple[tuple, int | None, int, UOp | None]:
+    """(what the lanes must share, this instruction's lane, the lanes of its packs, the packed lane they share as a
+    scalar or None): packs of one width lane by lane, and equal scalars. Two packed operands in different lanes (a
+    tile's row value times its columns) pack along the wider one when the other is shareable: a lane of it is then
+    the scalar all lanes share."""
+    found = (*_lane_by_lane(operands, lane_of, None), None)
+    if found[1] is not None or len(operands) != 2 or not all(s in lane_of for s in operands):
+        return found
+    options = [(*_lane_by_lane(operands, lane_of, s), s) for s in operands if shareable(s)]
+    return max(options, key=lambda o: o[2] if o[1] is not None else -1, default=found)
+
+
+def _lane_by_lane(
+    operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]], shared: UOp | None
+) -> tuple[tuple, int | None, int]:
     key, lane, lanes_n = [], None, 0
     for s in operands:
-        if s in lane_of:
+        if s in lane_of and s is not shared:
             pack, i = lane_of[s]
             if lane is not None and (i != lane or len(pack.lanes) != lanes_n):
                 return (), None, 0

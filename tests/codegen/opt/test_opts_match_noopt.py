@@ -341,6 +341,24 @@ def test_tile_rows_read_consecutively_stay_broadcast_scalars(rows):
     np.testing.assert_allclose(got, np.maximum(an.T, 0) @ bn, rtol=1e-5, atol=1e-5)
 
 
+def test_tile_rows_read_consecutively_pack_products_along_the_columns():
+    """A.T @ B (a weight gradient: A's columns, the tile's rows, are consecutive in memory): the rows' run of loads
+    goes back to scalar loads shared by the column vectors, so the products are vectors. They were scalar products of
+    lanes of both runs (`vec0[r]*vec1[c]`: 256 scalar accumulators, 20 GFLOPS in an MLP's weight gradient)."""
+    width = vector_bytes() // 4
+    rng = np.random.default_rng(2)
+    an, bn = rng.standard_normal((12, 8), dtype=np.float32), rng.standard_normal((12, 2 * width), dtype=np.float32)
+    a, b = Tensor(an).realize(), Tensor(bn).realize()
+    items, _, _ = create_schedule([(a.T @ b).uop], [Device["CPU"]])
+    with forced_opts([upcast(0, 8), upcast(1, 2 * width)]):
+        src = CRenderer().render("k", lower_to_linear(items[-1].ast).lin)
+        realize._runners.clear()
+        got = (Tensor(an).T @ Tensor(bn)).numpy()
+        realize._runners.clear()
+    assert re.search(r"vec\d+\[\d+\]\*", src) is None and f"fg_floatx{width} vec" in src
+    np.testing.assert_allclose(got, an.T @ bn, rtol=1e-5, atol=1e-5)
+
+
 def test_half_width_register_tile_is_vector_c_and_equals_numpy():
     """A register tile half a vector wide (8 columns of floats under AVX-512) is emitted as vectors of that width: its
     scalar accumulators would otherwise be vectorized by the C compiler along the reduce, as gathers."""
