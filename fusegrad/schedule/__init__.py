@@ -126,10 +126,12 @@ class _Planner:
         for u in self.nodes:
             for s in dict.fromkeys(u.src):
                 self.parents.setdefault(s, []).append(u)
-        # buffers overwritten by an assign in this schedule: reading one from another assign needs a temporary
-        self.assigned = {
-            buffer_of[b] for u in self.nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None
-        }
+        # buffers overwritten by an assign in this schedule, and the values written into each
+        self.assigned: dict[Buffer, list[UOp]] = {}
+        for u in self.nodes:
+            if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None:
+                self.assigned.setdefault(buffer_of[b], []).append(kernel_value(u))
+        self.assigned_reads_memo: dict[UOp, set[Buffer]] = {}
         self.device_of: dict[UOp, str | None] = {}
         for u in self.nodes:
             self.device_of[u] = self._device(u)
@@ -259,11 +261,29 @@ class _Planner:
         return u in self.points or u in self.depth_cuts or always_realized
 
     def _reads_other_assigned(self, value: UOp, target: Buffer) -> bool:
-        """Does `value` read a buffer that another assign of this schedule overwrites?"""
-        for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN):
-            if u.op is Ops.BUFFER and (buf := buffer_of[u]) is not target and buf in self.assigned:
-                return True
+        """Does `value` read a buffer whose assign in this schedule reads `target`, directly or through further
+        assigns? Then each assign needs the other's old value and no order of kernels gives both: this one is
+        computed into a temporary. Reads without such a cycle are ordered by `plan` (readers before the assign)."""
+        pending = [b for b in self._assigned_reads(value) if b is not target]
+        seen = set(pending)
+        while pending:
+            for v in self.assigned[pending.pop()]:
+                reads = self._assigned_reads(v)
+                if target in reads:
+                    return True
+                pending.extend(b for b in reads if b not in seen)
+                seen.update(reads)
         return False
+
+    def _assigned_reads(self, value: UOp) -> set[Buffer]:
+        """The buffers assigned in this schedule that `value` reads (not looking inside other assigns)."""
+        if (reads := self.assigned_reads_memo.get(value)) is None:
+            reads = self.assigned_reads_memo[value] = {
+                buf
+                for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN)
+                if u.op is Ops.BUFFER and (buf := buffer_of[u]) in self.assigned
+            }
+        return reads
 
     def _reads_shifted(self, value: UOp, buf: Buffer, target: UOp) -> bool:
         """Does `value` read `buf` anywhere other than at the element it writes into `target` (an in-place hazard)?"""

@@ -127,6 +127,31 @@ def test_assigns_run_after_every_kernel_that_reads_the_old_value():
     np.testing.assert_array_equal(w.numpy(), np.full(4, 3.0))
 
 
+def test_assign_reading_another_assigned_buffer_writes_in_place_unless_they_read_each_other():
+    # Adam's update reads the moments' old buffers while their own assigns overwrite them: ordered, not copied
+    w = Tensor(np.ones(4, np.float32)).realize()
+    m = Tensor(np.full(4, 2.0, np.float32)).realize()
+    old_m = m * 1
+    m.assign(m * 3)
+    upd = w.assign(w + old_m)
+    GlobalCounters.reset()
+    Tensor.realize(m, upd)
+    assert GlobalCounters.kernel_count == 2  # no temporary and copy for w
+    np.testing.assert_array_equal(w.numpy(), np.full(4, 3.0))
+    np.testing.assert_array_equal(m.numpy(), np.full(4, 6.0))
+    # a swap: each assign needs the other's old value, so one goes through a temporary
+    a, b = Tensor(np.arange(4, dtype=np.float32)).realize(), Tensor(np.arange(4, 8, dtype=np.float32)).realize()
+    old_a, old_b = a * 1, b * 1
+    Tensor.realize(a.assign(old_b + 0), b.assign(old_a + 0))
+    np.testing.assert_array_equal(a.numpy(), np.arange(4, 8))
+    np.testing.assert_array_equal(b.numpy(), np.arange(4))
+    # and a rotation of three
+    x, y, z = (Tensor(np.full(2, v, np.float32)).realize() for v in (1, 2, 3))
+    ox, oy, oz = x * 1, y * 1, z * 1
+    Tensor.realize(x.assign(oy + 0), y.assign(oz + 0), z.assign(ox + 0))
+    assert [t.numpy()[0] for t in (x, y, z)] == [2, 3, 1]
+
+
 def test_equal_graphs_realize_into_separate_buffers():
     m, v = Tensor.zeros(3).contiguous().realize(), Tensor.zeros(3).contiguous().realize()
     a, b = Tensor.ones(3) * 2, Tensor.ones(3) * 2
