@@ -132,6 +132,7 @@ class _Planner:
             if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None:
                 self.assigned.setdefault(buffer_of[b], []).append(kernel_value(u))
         self.assigned_reads_memo: dict[UOp, set[Buffer]] = {}
+        self.root_set = set(roots)
         self.device_of: dict[UOp, str | None] = {}
         for u in self.nodes:
             self.device_of[u] = self._device(u)
@@ -276,11 +277,14 @@ class _Planner:
         return False
 
     def _assigned_reads(self, value: UOp) -> set[Buffer]:
-        """The buffers assigned in this schedule that `value` reads (not looking inside other assigns)."""
+        """The buffers assigned in this schedule that `value`'s kernels read, not looking inside other assigns or
+        other roots (a gradient realized with the update): a root is a kernel of its own, which `plan` runs before
+        the assigns of the buffers it reads."""
         if (reads := self.assigned_reads_memo.get(value)) is None:
+            roots = self.root_set
             reads = self.assigned_reads_memo[value] = {
                 buf
-                for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN)
+                for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN and (x is value or x not in roots))
                 if u.op is Ops.BUFFER and (buf := buffer_of[u]) in self.assigned
             }
         return reads

@@ -152,6 +152,22 @@ def test_assign_reading_another_assigned_buffer_writes_in_place_unless_they_read
     assert [t.numpy()[0] for t in (x, y, z)] == [2, 3, 1]
 
 
+def test_assigns_reading_each_other_only_through_a_realized_root_need_no_temporary():
+    # an optimizer step: the moment's update reads the gradient (a root of the same realize), which reads the old
+    # weight; the weight's update reads the old moment. The gradient's kernel runs first, so no cycle is left
+    w = Tensor(np.full(4, 3.0, np.float32)).realize()
+    m = Tensor(np.full(4, 2.0, np.float32)).realize()
+    old_m, g = m * 1, w * 2
+    m.assign(m * 0.5 + g)
+    upd = w.assign(w - old_m)
+    GlobalCounters.reset()
+    Tensor.realize(m, upd, g)
+    assert GlobalCounters.kernel_count == 3
+    np.testing.assert_array_equal(g.numpy(), np.full(4, 6.0))
+    np.testing.assert_array_equal(m.numpy(), np.full(4, 7.0))
+    np.testing.assert_array_equal(w.numpy(), np.full(4, 1.0))
+
+
 def test_equal_graphs_realize_into_separate_buffers():
     m, v = Tensor.zeros(3).contiguous().realize(), Tensor.zeros(3).contiguous().realize()
     a, b = Tensor.ones(3) * 2, Tensor.ones(3) * 2
