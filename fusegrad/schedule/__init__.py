@@ -293,7 +293,8 @@ class _Planner:
         """Does `value` read `buf` anywhere other than at the element it writes into `target` (an in-place hazard)?"""
 
         def is_leaf(u: UOp) -> bool:
-            return u.op is Ops.BUFFER or u in self.points and u is not value
+            # a point or another root (a gradient realized with the step) is a kernel that runs before this assign
+            return u.op is Ops.BUFFER or (u in self.points or u in self.root_set) and u is not value
 
         if is_contiguous_view(target):
             return reads_shifted(value, lambda u: u.op is Ops.BUFFER and buffer_of[u] is buf, is_leaf)

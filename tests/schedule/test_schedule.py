@@ -168,6 +168,20 @@ def test_assigns_reading_each_other_only_through_a_realized_root_need_no_tempora
     np.testing.assert_array_equal(w.numpy(), np.full(4, 1.0))
 
 
+def test_assign_reading_a_root_that_reads_the_target_shifted_writes_in_place():
+    # a weight's update reads its gradient, which reads the weight at other elements (a matmul): the gradient is a
+    # root of the same realize, computed first, so the update reads its buffer and may overwrite the weight in place
+    wn = np.arange(4, dtype=np.float32)
+    w = Tensor(wn).realize()
+    g = w.flip(0) * 2
+    upd = w.assign(w - g)
+    GlobalCounters.reset()
+    Tensor.realize(upd, g)
+    assert GlobalCounters.kernel_count == 2
+    np.testing.assert_array_equal(w.numpy(), wn - 2 * wn[::-1])
+    np.testing.assert_array_equal(g.numpy(), 2 * wn[::-1])
+
+
 def test_equal_graphs_realize_into_separate_buffers():
     m, v = Tensor.zeros(3).contiguous().realize(), Tensor.zeros(3).contiguous().realize()
     a, b = Tensor.ones(3) * 2, Tensor.ones(3) * 2
