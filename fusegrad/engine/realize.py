@@ -132,7 +132,7 @@ class Prepared:
     """A schedule's runners (compile_schedule) with what every run of it adds to GlobalCounters: the same for every
     schedule a template binds (same kernels, same buffer sizes), so a template's memo keeps one per NOOPT and BEAM."""
 
-    __slots__ = ("runners", "kernels", "ops", "mem")
+    __slots__ = ("runners", "kernels", "ops", "mem", "graph")
 
     def __init__(self, items: list[ScheduleItem]):
         self.runners = compile_schedule(items)
@@ -140,6 +140,25 @@ class Prepared:
         self.kernels = len(launched)
         self.ops = sum(r.info.ops_estimate for _, r in launched)
         self.mem = sum(b.nbytes for it, _ in launched for b in it.buffers)
+        self.graph: Any = None  # the kernels as one batch (built at the first run; False: they cannot be batched)
+
+    def batch(self, items: list[ScheduleItem]) -> Any:
+        """The schedule's kernels as one CPU graph launched by one C call, when there are several and the CPU device's
+        runner takes every one (TinyJit's batches, for an eager step): else False."""
+        if self.graph is None:
+            from fusegrad.runtime.cpu_graph import CPUGraph, GraphEntry, batchable
+
+            runners = self.runners
+            if len(items) < 2 or not all(
+                r is not None and batchable(r.program, len(it.buffers)) for it, r in zip(items, runners)
+            ):
+                self.graph = False
+            else:
+                _allocate(items)
+                graph = CPUGraph([GraphEntry(r.program, tuple(it.buffers)) for it, r in zip(items, runners)])  # type: ignore[union-attr]
+                graph.forget_buffers()  # every run binds its own: the first run's buffers are not kept alive
+                self.graph = graph
+        return self.graph
 
 
 def prepared(items: list[ScheduleItem], memo: dict | None) -> Prepared:
@@ -163,6 +182,27 @@ def run_items(items: list[ScheduleItem], runners: list[Runner | None], debug: in
         return
     clock = time.perf_counter
     st = clock()
+    if graph := prep.batch(items):
+        _allocate(items)
+        graph.bind_all([b.address() for item in items for b in item.buffers])
+        graph()
+    else:
+        _launch_each(items, runners, debug)
+    GlobalCounters.kernel_count += prep.kernels
+    GlobalCounters.global_ops += prep.ops
+    GlobalCounters.global_mem += prep.mem
+    # the kernels' time with the loop's own: the Python between launches is a fraction of a launch
+    GlobalCounters.time_sum_s += clock() - st
+
+
+def _allocate(items: list[ScheduleItem]) -> None:
+    for item in items:
+        for b in item.buffers:
+            if b._mem is None:
+                b.ensure_allocated()
+
+
+def _launch_each(items: list[ScheduleItem], runners: list[Runner | None], debug: int) -> None:
     for item, runner in zip(items, runners):
         if runner is None:  # a transfer or an empty output
             run_item(item, runner, debug)
@@ -172,11 +212,6 @@ def run_items(items: list[ScheduleItem], runners: list[Runner | None], debug: in
             if b._mem is None:
                 b.ensure_allocated()
         runner.program(buffers)
-    GlobalCounters.kernel_count += prep.kernels
-    GlobalCounters.global_ops += prep.ops
-    GlobalCounters.global_mem += prep.mem
-    # the kernels' time with the loop's own: the Python between launches is a fraction of a launch
-    GlobalCounters.time_sum_s += clock() - st
 
 
 def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | None = None) -> list[UOp]:

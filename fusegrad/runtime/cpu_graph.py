@@ -226,6 +226,14 @@ class CPUGraph:
             for a in (self.fns, self.nargs, self.args, self.arg_off, self.bounds, self.bound_off, self.chunks)
         )
 
+    def forget_buffers(self) -> None:
+        """Drop the buffers the batch was built with (a graph every run rebinds whole, with `bind_all`)."""
+        self.entries, self.slots = [], {}
+
+    def bind_all(self, addresses: list[int]) -> None:
+        """Every entry's buffer addresses anew, in entry order."""
+        self.args[: len(addresses)] = addresses
+
     def set_address(self, slots: list[int], address: int) -> None:
         for i in slots:
             self.args[i] = address
