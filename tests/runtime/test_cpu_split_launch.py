@@ -2,6 +2,7 @@
 pool where the runner does not build."""
 
 import os
+import threading
 import numpy as np
 import pytest
 from fusegrad import Context, Tensor
@@ -153,3 +154,26 @@ def test_chunk_bounds_split_evenly_into_pieces_per_thread():
     assert bounds(7, big, 2) == [0, 3, 7]  # uneven halves stay one chunk per thread
     assert bounds(16, ops_cpu.CPUProgram.MIN_OPS_PER_THREAD * 4, 2) == [0, 4, 8, 12, 16]  # each piece keeps its minimum
     assert bounds(16, big, 1) == [0, 16]
+
+
+def test_split_launches_from_two_python_threads_back_to_back():
+    """Workers that spin for the next kernel and callers that spin for their helpers: many split launches in a row
+    from two threads at once (eager ops, each kernel waiting its turn at the runner) still compute every element."""
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(2)]
+    errors: list = []
+
+    def work(a: np.ndarray) -> None:
+        try:
+            x = Tensor(a).realize()
+            for i in range(30):
+                np.testing.assert_allclose((x * i + 1).numpy(), a * i + 1, rtol=1e-6, atol=1e-6)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(a,)) for a in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
