@@ -389,6 +389,23 @@ def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks():
     assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 64))
 
 
+def test_matvec_over_panels_accumulates_both_vectors_of_a_panel_in_one_pass():
+    """A decode step's x @ W over a PanelLinear weight: two vector accumulators walk each panel once, where one vector
+    per pass read every other cache line of the panel twice."""
+    from fusegrad.models.weights import PanelLinear, to_panels
+
+    p = panel_columns()
+    rng = np.random.default_rng(3)
+    xn, wn = rng.standard_normal((1, 96), dtype=np.float32), rng.standard_normal((96, 5 * p), dtype=np.float32)
+    lin = PanelLinear(96, 5 * p, bias=False)
+    lin.weight = to_panels(Tensor(wn)).contiguous().realize()
+    x = Tensor(xn).realize()
+    items, _, _ = create_schedule([lin(x).uop], [Device["CPU"]])
+    matvec = next(it.ast for it in items if is_reduce(it.ast))
+    assert lower_to_linear(matvec).opts[:1] == (opt("UPCAST", 2, p),)
+    np.testing.assert_allclose(lin(x).numpy(), xn @ wn, rtol=1e-5, atol=1e-5)
+
+
 def test_packed_matmul_past_l2_keeps_its_reduce_blocks():
     from fusegrad.codegen.opt import heuristic
 
