@@ -132,7 +132,9 @@ class _Planner:
             if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None:
                 self.assigned.setdefault(buffer_of[b], []).append(kernel_value(u))
         self.assigned_reads_memo: dict[UOp, set[Buffer]] = {}
-        self.root_set = set(roots)
+        # roots computed by a kernel of their own (not views of a buffer), which `plan` runs before any assign of a
+        # buffer they read
+        self.root_set = {r for r in roots if base_buffer(r) is None}
         self.device_of: dict[UOp, str | None] = {}
         for u in self.nodes:
             self.device_of[u] = self._device(u)
