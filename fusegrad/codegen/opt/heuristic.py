@@ -165,7 +165,8 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     loads = _reduce_loads(nodes, reduces)
     contiguous = [i for i in loads if coefficient(i, col_r) == 1]
     cols = value.shape[col]
-    if not contiguous or (cols < _width(value) and _reduce_is_contiguous(loads, inner)):
+    width = _width(value)
+    if not contiguous or (cols < width and _reduce_is_contiguous(loads, inner)):
         # a reduce contiguous in every input it walks (a conv's weight gradient) vectorizes best as it is: one
         # accumulator the compiler keeps in a vector; outputs too few to fill a vector would only take that away
         return []
@@ -173,12 +174,12 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     # the innermost row axis long enough for a register tile (a conv's weight gradient: the input channels, not the
     # 3 kernel taps)
     row = next((a for a in rows_ok if value.shape[a] >= MIN_TILE_ROWS), rows_ok[0] if rows_ok else None)
-    if row is None or value.dtype not in (dtypes.float32, dtypes.float64):
-        width = _width(value)
-        if value.dtype in (dtypes.float32, dtypes.float64) and cols % width == 0 and width < cols <= 2 * width:
-            # two vectors of columns (a matvec over a weight's panels): both accumulate in one pass down the panel;
-            # one vector per pass read every other cache line of it twice (measured: GPT-2's lm_head 18 % faster)
-            return [Opt(OptOps.UPCAST, col, cols)]
+    floats = value.dtype in (dtypes.float32, dtypes.float64)
+    if row is None and floats and cols % width == 0 and width < cols <= 2 * width:
+        # two vectors of columns (a matvec over a weight's panels): both accumulate in one pass down the panel;
+        # one vector per pass read every other cache line of it twice (measured: GPT-2's lm_head 18 % faster)
+        return [Opt(OptOps.UPCAST, col, cols)]
+    if row is None or not floats:
         amount = next((up for up in COLUMN_UPCASTS if cols % up == 0 and cols > up), None)
         return [Opt(OptOps.UPCAST, col, amount)] if amount else []
     # a symbolic reduce counts at its largest for the tile blocks, and is not blocked (its size is not known)

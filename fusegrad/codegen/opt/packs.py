@@ -8,6 +8,7 @@ emitted where its first lane stands: every lane's sources stand before that lane
 
 from __future__ import annotations
 from dataclasses import dataclass
+from typing import Callable
 from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import Ops, UOp
 
@@ -243,7 +244,7 @@ def _consecutive_runs(by_offset: dict[int, UOp], widths: tuple[int, ...]) -> lis
 
 
 def _signature(
-    operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]], shareable=lambda s: False
+    operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]], shareable: Callable[[UOp], bool]
 ) -> tuple[tuple, int | None, int, UOp | None]:
     """(what the lanes must share, this instruction's lane, the lanes of its packs, the packed lane they share as a
     scalar or None): packs of one width lane by lane, and equal scalars. Two packed operands in different lanes (a
