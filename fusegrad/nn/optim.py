@@ -162,7 +162,8 @@ class SGD(Optimizer):
         return g if self.classic else g * lr
 
     def _update_slot(self, i: int, w: Tensor, g: Tensor) -> Tensor:
-        return w - self._direction(i, g + w * self.weight_decay)
+        # like torch, no decay term at all when it is 0 (two ops per parameter, and inf * 0 would make NaN)
+        return w - self._direction(i, g + w * self.weight_decay if self.weight_decay else g)
 
 
 class LARS(SGD):
@@ -248,19 +249,45 @@ class LAMB(Optimizer):
         self.b1_t = Tensor([1.0], dtype=dtypes.float64, device=self.device).contiguous().realize()
         self.b2_t = Tensor([1.0], dtype=dtypes.float64, device=self.device).contiguous().realize()
         self.m, self.v = self._states(), self._states()
+        self._scalars: dict = {}
+
+    def _updates(self) -> list[Tensor]:
+        self._scalars = {}  # this step's bias corrections, per device: made once, not once per parameter
+        updates = super()._updates()
+        # held past the step they would read b**t's old value after its assign, which then copies on write
+        self._scalars = {}
+        return updates
+
+    def _step_scalars(self, w: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """This step's 0-d scalars on w's device, in the state dtype: (1 - b1**t, 1 - b2**t, 1 - lr * weight_decay)
+        for LAMB, (lr / (1 - b1**t), sqrt(1 - b2**t), 1 - lr * weight_decay) for Adam, the decay None without one."""
+        if (scalars := self._scalars.get(w.device)) is None:
+            c1 = 1.0 - self._local(self.b1_t, w) * self.b1  # float64: b**t for the step being made
+            c2 = 1.0 - self._local(self.b2_t, w) * self.b2
+            lr = self._local(self.lr, w)
+            if self.adam:  # torch's form: the step size and the square root of the second correction, once a step
+                c1, c2 = lr.cast(dtypes.float64) / c1.reshape(()), c2.sqrt()
+            decay = 1.0 - lr * self.weight_decay if self.adam and self.weight_decay else None
+            scalars = self._scalars[w.device] = (
+                c1.reshape(()).cast(self.state_dtype),
+                c2.reshape(()).cast(self.state_dtype),
+                None if decay is None else decay.cast(self.state_dtype),
+            )
+        return scalars
 
     def _update_slot(self, i: int, w: Tensor, g: Tensor) -> Tensor:
-        b1_t, b2_t = self._local(self.b1_t, w) * self.b1, self._local(self.b2_t, w) * self.b2
         new_m = self.m[i] * self.b1 + g * (1.0 - self.b1)
         new_v = self.v[i] * self.b2 + (g * g) * (1.0 - self.b2)
         self._apply(self.m[i], new_m)
         self._apply(self.v[i], new_v)
-        m_hat = new_m / (1.0 - b1_t.reshape(())).cast(self.state_dtype)
-        v_hat = new_v / (1.0 - b2_t.reshape(())).cast(self.state_dtype)
-        up = m_hat / (v_hat.sqrt() + self.eps) + w * self.weight_decay
-        if not self.adam:
-            r1, r2 = (w * w).sum().sqrt(), (up * up).sum().sqrt()
-            up = up * ((r1 > 0) & (r2 > 0)).where(r1 / r2, 1.0)
+        c1, c2, decay = self._step_scalars(w)
+        if self.adam:
+            # w (1 - lr wd) - step_size m / (sqrt(v) / sqrt(1 - b2**t) + eps), as torch's Adam and AdamW compute it
+            step = new_m / (new_v.sqrt() / c2 + self.eps) * c1
+            return (w if decay is None else w * decay) - step
+        up = (new_m / c1) / ((new_v / c2).sqrt() + self.eps) + w * self.weight_decay
+        r1, r2 = (w * w).sum().sqrt(), (up * up).sum().sqrt()
+        up = up * ((r1 > 0) & (r2 > 0)).where(r1 / r2, 1.0)
         return w - up * self._local(self.lr, w)
 
     def _extra_updates(self) -> list[Tensor]:

@@ -604,7 +604,10 @@ def test_batched_kernels_split_over_threads():
         f = TinyJit(lambda x: ((x @ w).relu() @ w).contiguous())
         for _ in range(4):
             a = data(128, 256)
-            np.testing.assert_allclose(f(Tensor(a)).numpy(), np.maximum(a @ w.numpy(), 0) @ w.numpy(), rtol=1e-4)
+            w64 = w.numpy().astype(np.float64)
+            ref = np.maximum(a @ w64, 0) @ w64
+            # float32 sums of 256 products of outputs up to ~200: an entry near 0 carries the big ones' rounding
+            np.testing.assert_allclose(f(Tensor(a)).numpy(), ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
     graphs = [s.graph for s in f.captured.steps if hasattr(s, "graph")]
     assert graphs and max(c for g in graphs for c in g.chunks) > 1  # replayed on the runner's worker threads
 

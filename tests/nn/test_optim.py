@@ -280,3 +280,22 @@ def test_placed_parameters_match_single_device(name, placement):
     else:  # state lives next to its parameter, sharded like it
         assert [s.device for s in state] == [p.device for p in opt.params] * (len(state) // 2)
         assert [multi_axis(s.uop) for s in state] == [multi_axis(p.uop) for p in opt.params] * (len(state) // 2)
+
+
+def test_adam_makes_its_bias_corrections_once_per_step_not_per_parameter():
+    from fusegrad.uop.ops import Ops, UOp
+
+    params = [Tensor(np.ones((3, 4), np.float32)) for _ in range(3)]
+    opt = Adam(params, lr=0.01)
+    for p in params:
+        p.grad = Tensor(np.full((3, 4), 0.5, np.float32))
+    with Context(TRAINING=1):
+        updates = opt.schedule_step()
+    nodes = UOp(Ops.SINK, src=tuple(t.uop for t in updates)).toposort()
+    sqrts = [u for u in nodes if u.op is Ops.SQRT]
+    # one sqrt(v) per parameter and one sqrt(1 - b2**t) for the step
+    assert len(sqrts) == len(params) + 1
+    assert sum(u.shape == (3, 4) for u in sqrts) == len(params)
+    Tensor.realize(*updates)
+    # first step: m = 0.1 g, v = 0.001 g^2, step = lr * m / (1 - b1) / (sqrt(v / (1 - b2)) + eps) = lr (sign of g)
+    np.testing.assert_allclose(params[0].numpy(), 1.0 - 0.01, rtol=1e-6)

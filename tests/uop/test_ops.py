@@ -226,6 +226,21 @@ def test_hash_consing_sweeps_dead_entries_and_rebuilds_dead_nodes():
     assert revived.arg == 999331 and UOp(Ops.CONST, dtypes.int32, (), 999331) is revived
 
 
+def test_a_dead_nodes_entry_leaves_the_hash_consing_table_when_it_dies():
+    # dead entries left for a sweep outlived the young GC generations and brought on full collections
+    from fusegrad.uop.ops import UOpMeta, _drop_dead_entry
+
+    node = UOp(Ops.CONST, dtypes.int32, (), 99173)
+    ref = next(r for r in UOpMeta.cache.values() if r() is node)
+    del node  # no gc.collect: the reference count alone frees it
+    assert ref.key not in UOpMeta.cache
+    # a callback that runs late, after a live node took the key again, leaves the live node's entry alone
+    again = UOp(Ops.CONST, dtypes.int32, (), 99173)
+    _drop_dead_entry(ref)
+    assert UOpMeta.cache[ref.key]() is again
+    assert UOp(Ops.CONST, dtypes.int32, (), 99173) is again
+
+
 def test_elementwise_ops_of_equal_tensors_match_numpy_and_keep_shapes():
     import numpy as np
     from fusegrad import Tensor
