@@ -469,9 +469,20 @@ class Tensor(
                 return tensor_of_uop(out, self.device)
         elif type(x) is Tensor:
             xu = x._uop
-            if xu.dtype is uop.dtype and (shape := uop.shape) == xu.shape and x.device == self.device:
-                out = elementwise_uop(op, dtype or uop.dtype, (xu, uop) if reverse else (uop, xu), shape)
-                return tensor_of_uop(out, self.device)
+            if xu.dtype is uop.dtype and x.device == self.device:
+                if (shape := uop.shape) == (x_shape := xu.shape):
+                    out = elementwise_uop(op, dtype or uop.dtype, (xu, uop) if reverse else (uop, xu), shape)
+                    return tensor_of_uop(out, self.device)
+                # a 0-d operand (a learning rate, a step's scalar) broadcast as _operand would, without its checks
+                if not x_shape:
+                    xu = _broadcast_uop(xu, shape)
+                elif not shape:
+                    uop, shape = _broadcast_uop(uop, x_shape), x_shape
+                else:
+                    xu = None
+                if xu is not None:
+                    out = elementwise_uop(op, dtype or xu.dtype, (xu, uop) if reverse else (uop, xu), shape)
+                    return tensor_of_uop(out, self.device)
         a, b = self._operand(x, reverse)
         return a._alu(op, b, dtype=dtype)
 
@@ -570,6 +581,11 @@ _contiguous_ids = itertools.count()
 # (dtype, shape, value, sign) -> the constant broadcast to shape; a loop applying the same scalars asks for a few
 _broadcast_consts: OrderedDict[tuple, UOp] = OrderedDict()
 MAX_BROADCAST_CONSTS = 1024
+
+
+def _broadcast_uop(u: UOp, shape: tuple) -> UOp:
+    """A 0-d node broadcast to shape (a reshape to all ones, then an expand)."""
+    return UOp(Ops.EXPAND, u.dtype, (UOp(Ops.RESHAPE, u.dtype, (u,), (1,) * len(shape)),), shape) if shape else u
 
 
 def _broadcast_const(dtype: DType, value: float, shape: tuple[int, ...]) -> UOp:

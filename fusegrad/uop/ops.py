@@ -270,16 +270,19 @@ class UOp(metaclass=UOpMeta):
         """Nodes in dependency order (sources first); `gate(u)` False stops the walk below u."""
         out: dict[UOp, None] = {}
         stack: list[tuple[UOp, bool]] = [(self, False)]
+        pop, push = stack.pop, stack.append  # bound once: this walk runs over every realize's whole graph
         while stack:
-            u, visited = stack.pop()
+            u, visited = pop()
             if u in out:
                 continue
             if visited:
                 out[u] = None
-            else:
-                stack.append((u, True))
-                if gate is None or gate(u):
-                    stack.extend((s, False) for s in reversed(u.src) if s not in out)
+                continue
+            push((u, True))
+            if gate is None or gate(u):
+                for s in u.src[::-1]:  # sources pushed last to first, so the first is finished first
+                    if s not in out:
+                        push((s, False))
         return list(out)
 
     # ---- constructors

@@ -1549,6 +1549,19 @@ def test_broadcast_0d_tensor_operands(dev):
     check(Tensor(5, device=dev) + v, np.array([6.0, 7.0], np.float32))
 
 
+def test_0d_tensor_operands_on_either_side_match_torch_forward_and_backward(dev):
+    sv, vv = np.float32(1.5), rnd(2, 3, lo=0.5, hi=2, seed=3)
+    for fn in (lambda s, v: s - v, lambda s, v: v - s, lambda s, v: s / v, lambda s, v: v / s, lambda s, v: v * s):
+        s, v = Tensor(sv, device=dev, requires_grad=True), Tensor(vv, device=dev, requires_grad=True)
+        ts, tv = torch.tensor(sv, requires_grad=True), torch.tensor(vv, requires_grad=True)
+        out, ref = fn(s, v), fn(ts, tv)
+        check(out, ref, atol=1e-6, rtol=1e-6)
+        (out * out).sum().backward()
+        (ref * ref).sum().backward()
+        check(s.grad, ts.grad, atol=1e-5, rtol=1e-5)
+        check(v.grad, tv.grad, atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # bad input: exception type and a message naming the offending values
 
