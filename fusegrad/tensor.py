@@ -462,7 +462,7 @@ class Tensor(
         # the hot paths of elementwise code, one tensor for the result only: a float tensor and a Python float, and two
         # tensors of one dtype, shape and device (what _operand makes of them, without its promotion and broadcasting)
         uop = self._uop
-        if type(x) is float:
+        if type(x) is float or type(x) is int:  # an int against a float tensor is a constant of its dtype too
             if dtypes.is_float(dt := uop.dtype):
                 const = _broadcast_const(dt, x, shape := uop.shape)
                 out = elementwise_uop(op, dtype or dt, (const, uop) if reverse else (uop, const), shape)
@@ -485,6 +485,25 @@ class Tensor(
                     return tensor_of_uop(out, self.device)
         a, b = self._operand(x, reverse)
         return a._alu(op, b, dtype=dtype)
+
+    def _where_scalar(self, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor | None:
+        """self.where(x, y) when self is a bool condition and one of x, y a Python number, the other a float tensor of
+        the condition's shape and device (relu, clamp): the number as a broadcast constant of the tensor's dtype, as
+        _operand would make it, without its checks. None otherwise."""
+        if type(y) is Tensor and (type(x) is float or type(x) is int):
+            t, number, tensor_first = y, x, False
+        elif type(x) is Tensor and (type(y) is float or type(y) is int):
+            t, number, tensor_first = x, y, True
+        else:
+            return None
+        tu, cond = t._uop, self._uop
+        if cond.dtype is not dtypes.bool or not dtypes.is_float(dt := tu.dtype) or t.device != self.device:
+            return None
+        if (shape := tu.shape) != cond.shape:
+            return None
+        const = _broadcast_const(dt, number, shape)
+        src = (cond, tu, const) if tensor_first else (cond, const, tu)
+        return tensor_of_uop(elementwise_uop(Ops.WHERE, dt, src, shape), self.device)
 
     # ------------------------------------------------------------------ elementwise math
     # ------------------------------------------------------------------ reductions

@@ -634,6 +634,8 @@ class ElementwiseMixin:
 
     # ------------------------------------------------------------------ ternary, selection, clamping (G11)
     def where(self: Tensor, x: Tensor | Scalar, y: Tensor | Scalar) -> Tensor:
+        if (out := self._where_scalar(x, y)) is not None:  # the hot case (relu, clamp): no promotion, no broadcast
+            return out
         cond = self.cast(dtypes.bool)
         if isinstance(x, Tensor):
             x, y = x._operand(y)

@@ -1562,6 +1562,32 @@ def test_0d_tensor_operands_on_either_side_match_torch_forward_and_backward(dev)
         check(v.grad, tv.grad, atol=1e-5, rtol=1e-5)
 
 
+def test_python_numbers_against_float_tensors_in_arithmetic_and_where_match_torch(dev):
+    v = np.array([-2.0, -0.0, 0.0, 0.5, 3.0, np.nan, np.inf, -np.inf], np.float32)
+    cases = (
+        lambda x: x * 2,
+        lambda x: 2 - x,
+        lambda x: x / 3,
+        lambda x: x > 0,
+        lambda x: x <= 0,
+        lambda x: x.relu(),
+        lambda x: x.clamp(-1, 1),
+    )
+    for fn in cases:
+        check(fn(T(v, dev)), fn(torch.tensor(v)))
+    t, tt = T(v, dev), torch.tensor(v)
+    check((t > 0.5).where(t, 7), torch.where(tt > 0.5, tt, 7))
+    check((t > 0.5).where(-1.5, t), torch.where(tt > 0.5, -1.5, tt))
+    for dtype in (np.float16, np.float64):  # the number takes the tensor's dtype
+        check(T(v.astype(dtype), dev) * 3 - 1, torch.tensor(v.astype(dtype)) * 3 - 1)
+    x, tx = Tensor(v[:5], device=dev, requires_grad=True), torch.tensor(v[:5], requires_grad=True)
+    for out, ref in (((x > 0.5).where(x * x, 2), torch.where(tx > 0.5, tx * tx, 2)), (x.relu() * 3, tx.relu() * 3)):
+        x.grad, tx.grad = None, None
+        out.sum().backward()
+        ref.sum().backward()
+        check(x.grad, tx.grad)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # bad input: exception type and a message naming the offending values
 
