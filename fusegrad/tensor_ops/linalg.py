@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from fusegrad.helpers import prod
-from fusegrad.uop.ops import Ops
+from fusegrad.tensor_ops.reduce import _acc_dtype
+from fusegrad.uop.ops import Ops, UOp, elementwise_uop
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -52,6 +53,23 @@ def _diagonal(t: Tensor, a: int, b: int) -> Tensor:
     return x.permute(back)
 
 
+def _plain_matmul(x: Tensor, w: Tensor) -> Tensor | None:
+    """x @ w of two matrices of one float dtype that sums in itself, as the general path below builds it (the same
+    nodes: the broadcast product, its sum over k), without the Tensor ops' checks: every nn.Linear makes one a step.
+    None for anything else."""
+    dt = x.dtype
+    if x.ndim != 2 or w.ndim != 2 or w.dtype is not dt or not dtypes.is_float(dt) or _acc_dtype(dt) is not dt:
+        return None
+    (m, k), n = x.shape, w.shape[1]
+    if not (type(m) is int and type(k) is int and type(n) is int) or x.device != w.device:
+        return None
+    full = (m, n, k)
+    rows = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (x.uop,), (m, 1, k)),), full)
+    cols = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (UOp(Ops.PERMUTE, dt, (w.uop,), (1, 0)),), (1, n, k)),), full)
+    summed = UOp(Ops.REDUCE_AXIS, dt, (elementwise_uop(Ops.MUL, dt, (rows, cols), full),), (Ops.ADD, (2,)))
+    return x._new(UOp(Ops.RESHAPE, dt, (summed,), (m, n)))
+
+
 class LinalgMixin:
     def dot(self, w: Tensor, dtype: DTypeLike | None = None) -> Tensor:
         if self.ndim == 0 or w.ndim == 0:
@@ -78,6 +96,8 @@ class LinalgMixin:
             # x @ W.T (every nn.Linear) reads W across rows, where no register tile applies: a copy of W.T costs one
             # pass over W and turns the matmul into the row-contiguous kind the tiles serve
             w = w.contiguous()
+        if dtype is None and (out := _plain_matmul(x, w)) is not None:
+            return out
         if w.ndim == 1:
             products = x * w
         elif x.ndim == 1:

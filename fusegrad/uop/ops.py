@@ -151,6 +151,8 @@ class UOpMeta(type):
         ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
         ret._readers = [] if op is _BUFFER or op in _VIEW_OPS and src and src[0]._readers is not None else None
         ret.holders = ret.realized_ref = ret.buffer = None
+        if op is _RESHAPE or op is _EXPAND:  # the shape is the arg: known now, where asking later costs an exception
+            ret._shape = tuple(arg)
         # a dead entry under this key (its sources' ids reused, its callback not yet run) is replaced
         ref = cache[key] = _CacheRef(ret, _drop_dead_entry)
         ref.key = key
@@ -187,7 +189,7 @@ def _hashable(arg: Any) -> Any:
     return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
 
 
-_BUFFER = Ops.BUFFER
+_BUFFER, _RESHAPE, _EXPAND = Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND
 
 
 def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple) -> UOp:

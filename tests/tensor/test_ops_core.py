@@ -1256,6 +1256,16 @@ def test_matmul_shapes(dev, sa, sb):
     check(T(b, dev).matmul(T(a, dev), reverse=True), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_matrix_product_is_the_general_broadcast_sum_graph(dev):
+    # the 2-D fast path must build exactly the nodes of the general one: the same kernels, opts and values follow
+    x, w = T(rnd(5, 4, seed=4), dev), T(rnd(4, 3, seed=5), dev)
+    general = (x.reshape(5, 1, 4) * w.transpose(-1, -2).unsqueeze(-3)).sum(-1)
+    assert (x @ w).uop is general.uop
+    wt = T(rnd(3, 4, seed=6), dev).T
+    assert (x @ wt).uop is (x.reshape(5, 1, 4) * wt.transpose(-1, -2).unsqueeze(-3)).sum(-1).uop
+    check(x @ w, torch.tensor(x.numpy()) @ torch.tensor(w.numpy()), atol=1e-6, rtol=1e-5)
+
+
 def test_matmul_int(dev):
     a = np.arange(-6, 6, dtype=np.int32).reshape(3, 4)
     b = np.arange(8, dtype=np.int32).reshape(4, 2) - 3
