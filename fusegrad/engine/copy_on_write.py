@@ -32,12 +32,18 @@ class OldVersionReaders:
             refs = _references_within(nodes, roots, refs_per_root, target_bits, root_set, reads)
             self.held = {u for u in nodes if reads[u] and sys.getrefcount(u) > refs[u] + _OWN_REFS}
         self.nodes, self.target_bits, self.root_set = nodes, target_bits, root_set
+        self._below_held: list[UOp] | None = None
 
     def shared(self, kept: set[UOp]) -> set[UOp]:
         """The targets some outside holder still reads, when the schedule keeps the values of `kept`."""
         if not self.held:
             return set()
-        reads = _version_reads(self.nodes, self.target_bits, self.root_set, kept)
+        # only the held nodes' bits are asked: the walk covers the nodes below them (a lazy `.grad` of the batch
+        # reading a weight is a few nodes of a step's hundreds), in the graph's order
+        if self._below_held is None:
+            below = _below(self.held)
+            self._below_held = [u for u in self.nodes if u in below]
+        reads = _version_reads(self._below_held, self.target_bits, self.root_set, kept)
         bits = 0
         for u in self.held:
             bits |= reads[u]
@@ -62,6 +68,17 @@ def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp
                 bits |= reads[s]
         reads[u] = bits
     return reads
+
+
+def _below(tops: set[UOp]) -> set[UOp]:
+    """tops and every node they are computed from."""
+    seen, stack = set(tops), list(tops)
+    while stack:
+        for s in stack.pop().src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return seen
 
 
 def _assign_targets(nodes: list[UOp]) -> list[UOp]:

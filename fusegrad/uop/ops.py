@@ -125,11 +125,6 @@ class _CacheRef(weakref.ref):
     __slots__ = ("key",)
 
 
-def _drop_dead_entry(ref: _CacheRef) -> None:
-    # only while the entry is still this dead reference (atomic): another thread may have put a live node there
-    _remove_dead_weakref(UOpMeta.cache, ref.key)
-
-
 class UOpMeta(type):
     """Hash-consing: UOp(op, dtype, src, arg) with equal parts returns the same live object."""
 
@@ -175,6 +170,12 @@ class UOpMeta(type):
         for key in [k for k, r in cache.items() if r() is None]:
             _remove_dead_weakref(cache, key)  # only if still dead: another thread may have made a live node since
         UOpMeta.sweep_at = max(2 * len(cache), UOpMeta.MIN_SWEEP)
+
+
+def _drop_dead_entry(ref: _CacheRef, cache: dict = UOpMeta.cache, remove: Callable = _remove_dead_weakref) -> None:
+    # only while the entry is still this dead reference (atomic): another thread may have put a live node there. The
+    # table and the remover are bound here: a node dying at interpreter exit may outlive this module's globals
+    remove(cache, ref.key)
 
 
 def _hashable(arg: Any) -> Any:
