@@ -12,7 +12,7 @@ import numpy as np
 
 from fusegrad.gradient import register_gradient
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
-from fusegrad.helpers import TRAINING, ceildiv, flatten, prod
+from fusegrad.helpers import CHECK_OOB, TRAINING, ceildiv, flatten, prod
 from fusegrad.tensor_ops.indexing import check_index_bounds
 from fusegrad.tensor_ops.shapes import is_index
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -882,10 +882,12 @@ class NNMixin:
             )
         classes, logp = self.shape[-1], self.log_softmax(-1)
         picked = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)).where(logp, 0).sum(-1)
-        # under CHECK_OOB a label outside the classes (other than the ignored one) is an IndexError at realize
-        labels = (Y == ignore_index).where(0, Y)
-        check_index_bounds(_check_as, "classes", labels, 0, classes, picked)
-        loss = -(1 - label_smoothing) * picked - label_smoothing / classes * logp.sum(-1)
+        if CHECK_OOB:  # a label outside the classes (other than the ignored one) is an IndexError at realize
+            check_index_bounds(_check_as, "classes", (Y == ignore_index).where(0, Y), 0, classes, picked)
+        # without smoothing no term of the whole row: 0 * sum(logp) is NaN when a class's logit is -inf (masked)
+        loss = -picked
+        if label_smoothing:
+            loss = -(1 - label_smoothing) * picked - label_smoothing / classes * logp.sum(-1)
         if ignore_index == -1:
             return _reduce_loss(loss, reduction)
         keep = Y != ignore_index

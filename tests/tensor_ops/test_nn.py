@@ -663,6 +663,26 @@ def test_sparse_categorical_crossentropy(reduction, ignore_index, label_smoothin
     )
 
 
+def test_cross_entropy_of_masked_classes_matches_torch():
+    # a -inf logit (a masked class) that is not the label: torch's loss is finite, and so is its gradient
+    logits = rand(4, 5)
+    logits[0, 3] = logits[2, 1] = -np.inf
+    labels = np.array([0, 4, 2, 1], np.int64)
+    labels[2] = 3
+    compare(
+        lambda x: x.sparse_categorical_crossentropy(Tensor(labels.astype(np.int32))),
+        lambda x: F.cross_entropy(x, torch.tensor(labels)),
+        logits,
+        atol=1e-5,
+    )
+    compare(
+        lambda x: x.cross_entropy(Tensor(labels.astype(np.int32))),
+        lambda x: F.cross_entropy(x, torch.tensor(labels)),
+        logits,
+        atol=1e-5,
+    )
+
+
 def test_sparse_categorical_crossentropy_classes_last():
     labels = rand(2, 3, dtype=np.int64, hi=4)
     compare(
