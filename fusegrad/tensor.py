@@ -562,8 +562,8 @@ class Tensor(
             {
                 id(t): t
                 for u in nodes
-                if u.holders and u.op is not Ops.CONST and dtypes.is_float(u.dtype)
-                for ref in u.holders
+                if u.holders is not None and u.op is not Ops.CONST and dtypes.is_float(u.dtype)
+                for ref in u.holder_refs()
                 if (t := ref()) is not None and t._uop is u and t.requires_grad is not False
             }.values()
         )
@@ -657,7 +657,7 @@ def tensor_of_uop(u: UOp, device: str | tuple[str, ...]) -> Tensor:
     t._ref = weakref.ref(t)
     t._uop = u  # the uop setter's work, inline: every op builds one
     if u.holders is None:  # a new node (add_holder's first case)
-        u.holders = [t._ref]
+        u.holders = t._ref
     else:
         u.add_holder(t._ref)
     return t

@@ -41,7 +41,9 @@ class GraphShape:
     def __init__(self, roots: list[UOp], devices: list):
         root_set = set(roots)
         index: dict[UOp, int] = {}
-        rows: list[tuple] = []
+        # the structure, flat: per node its op, dtype, arg, source count and sources' numbers. One tuple for the whole
+        # graph (not one per node): a realize's rows were hundreds of short-lived tuples the GC counted and promoted
+        rows: list = []
         self.nodes: list[UOp] = []
         buffer_slot: dict[Buffer, int] = {}
         self.buffers: list[Buffer] = []
@@ -110,16 +112,15 @@ class GraphShape:
                 arg = "distinct"  # a per-call id that only keeps equal graphs apart
             elif op in special and (op is special[0] or arg.startswith("DISK")):
                 return  # multi-device and disk graphs are planned every time
-            index[u] = len(rows)
+            index[u] = len(nodes)
             # sources by count: a comprehension is a call of its own, and most nodes have one or two
             n = len(src)
             if n == 2:
-                src_ids: tuple = (index[src[0]], index[src[1]])
+                rows += (op, u.dtype, arg, 2, index[src[0]], index[src[1]])
             elif n == 1:
-                src_ids = (index[src[0]],)
+                rows += (op, u.dtype, arg, 1, index[src[0]])
             else:
-                src_ids = tuple([index[s] for s in src]) if n else ()
-            rows.append((op, u.dtype, arg, src_ids))
+                rows += (op, u.dtype, arg, n, *[index[s] for s in src])
             nodes.append(u)
         self.visits = visits
         if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):

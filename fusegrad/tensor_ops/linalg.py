@@ -355,7 +355,7 @@ def _may_be_differentiated(x: Tensor, w: Tensor) -> bool:
     base = w.uop
     while base.op in (Ops.PERMUTE, Ops.RESHAPE, Ops.EXPAND, Ops.SHRINK, Ops.CAST) and base.src:
         base = base.src[0]
-    return any((t := ref()) is not None and t.requires_grad for ref in (base.holders or ()))
+    return any((t := ref()) is not None and t.requires_grad for ref in base.holder_refs())
 
 
 def _panel_matmul(x: Tensor, w: Tensor, panel: int, dtype: DTypeLike | None) -> Tensor:

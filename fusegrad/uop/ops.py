@@ -136,8 +136,10 @@ class UOpMeta(type):
     sweep_at = MIN_SWEEP = 1 << 14  # entries, live or dead, at which the next creation drops the dead ones
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-        # a BUFFER's arg (id, device, size) is ints and a string, as _hashable leaves them: every realize makes one
-        key = (op, dtype, tuple(map(id, src)), arg if arg is None or op is _BUFFER else _hashable(arg))
+        # a BUFFER's arg (id, device, size) is ints and a string, as _hashable leaves them: every realize makes one.
+        # Ops members and dtypes are singletons compared by identity: their ids make a key of plain values, which the
+        # GC stops tracking at its first pass, so a graph's live keys never reach its old generation
+        key = (id(op), id(dtype), tuple(map(id, src)), arg if arg is None or op is _BUFFER else _hashable(arg))
         cache = UOpMeta.cache
         if (ref := cache.get(key)) is not None and (ret := ref()) is not None:
             return ret
@@ -224,8 +226,9 @@ class UOp(metaclass=UOpMeta):
         # still reads it without scanning every graph
         tracked = op is Ops.BUFFER or op in _VIEW_OPS and bool(src) and src[0]._readers is not None
         self._readers: list[weakref.ref[UOp]] | None = [] if tracked else None
-        # weak references to the objects (tensors) that registered as holding this node; some may have moved on
-        self.holders: list[weakref.ref] | None = None
+        # weak references to the objects (tensors) that registered as holding this node, some may have moved on: one
+        # reference, or a list of them once a second registers (holder_refs reads either)
+        self.holders: weakref.ref | list[weakref.ref] | None = None
         # the buffer view holding this node's computed value (a UOp or a weak reference to one): the scheduler's record
         # (schedule.record_realized), kept on the node so that it dies with it and every walk reads it without a lookup
         self.realized_ref: UOp | weakref.ref[UOp] | None = None
@@ -239,14 +242,21 @@ class UOp(metaclass=UOpMeta):
             readers[:] = [r for r in readers if r() is not None]
         readers.append(weakref.ref(u))
 
+    def holder_refs(self) -> tuple | list:
+        """The weak references of the tensors that registered as holding this node (some may have moved on)."""
+        holders = self.holders
+        return () if holders is None else holders if type(holders) is list else (holders,)
+
     def live_readers(self) -> list[UOp]:
         """The live nodes built directly on this one (tracked for BUFFER nodes and views of them only)."""
         return [u for r in self._readers or () if (u := r()) is not None]
 
     def add_holder(self, ref: weakref.ref) -> None:
         if (holders := self.holders) is None:
-            self.holders = [ref]
+            self.holders = ref  # the usual case, one tensor per node: the reference alone, no list
             return
+        if type(holders) is not list:
+            self.holders = holders = [holders]
         if len(holders) >= 16 and not len(holders) & (len(holders) - 1):
             holders[:] = [h for h in holders if (t := h()) is not None and getattr(t, "uop", None) is self]
         holders.append(ref)

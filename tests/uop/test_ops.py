@@ -254,3 +254,23 @@ def test_elementwise_ops_of_equal_tensors_match_numpy_and_keep_shapes():
     assert (x * y).shape == (3, 4) and (x * y).uop.shape == (3, 4)
     # other dtypes and shapes still promote and broadcast
     np.testing.assert_allclose((x + Tensor(np.arange(4, dtype=np.int32))).numpy(), a + np.arange(4))
+
+
+def test_a_nodes_holders_are_one_reference_until_a_second_tensor_holds_it():
+    import numpy as np
+    import torch
+    from fusegrad import Tensor
+
+    x = Tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
+    y = x * 3.0
+    assert [r() for r in y.uop.holder_refs()] == [y] and not isinstance(y.uop.holders, list)
+    z = Tensor(y.uop)  # a second tensor on the same node: both are found from the graph
+    assert {id(r()) for r in z.uop.holder_refs()} == {id(y), id(z)}
+    (y * z).sum().backward()
+    tx = torch.tensor([1.0, 2.0], requires_grad=True)
+    ty = tx * 3.0
+    ty.retain_grad()
+    (ty * ty).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy())
+    np.testing.assert_allclose(y.grad.numpy(), (2 * ty).detach().numpy())  # each holder gets d/dnode
+    np.testing.assert_allclose(z.grad.numpy(), (2 * ty).detach().numpy())
