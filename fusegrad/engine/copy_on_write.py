@@ -53,14 +53,16 @@ class OldVersionReaders:
 def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp], kept: set[UOp]) -> dict[UOp, int]:
     """Bit i of the result for u: u's value depends on target i's old value through nodes nobody has computed."""
     reads: dict[UOp, int] = {}
+    # names the loop reads per node are locals: it runs over a realize's whole graph, twice for an optimizer step
+    buffer_op, assign_op, bits_of = Ops.BUFFER, Ops.ASSIGN, target_bits.get
     for u in nodes:
-        if u.op is Ops.BUFFER:
-            bits = target_bits.get(u, 0)
+        if (op := u.op) is buffer_op:
+            bits = bits_of(u, 0)
         elif u in kept:
             bits = 0  # computed by this realize into a buffer of its own: its readers use that
-        elif u not in roots and (value := realized_value(u)) is not None:
-            bits = target_bits.get(base_buffer(value), 0)  # computed already: its readers read the stored value
-        elif u.op is Ops.ASSIGN:
+        elif u.realized_ref is not None and u not in roots and (value := realized_value(u)) is not None:
+            bits = bits_of(base_buffer(value), 0)  # computed already: its readers read the stored value
+        elif op is assign_op:
             bits = 0  # computed by this realize: whoever holds it reads the new value
         else:
             bits = 0
@@ -82,7 +84,8 @@ def _below(tops: set[UOp]) -> set[UOp]:
 
 
 def _assign_targets(nodes: list[UOp]) -> list[UOp]:
-    return [b for u in nodes if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None]
+    assign = Ops.ASSIGN  # an Ops member lookup per node otherwise
+    return [b for u in nodes if u.op is assign and (b := base_buffer(u.src[0])) is not None]
 
 
 def _references_within(
