@@ -431,8 +431,7 @@ class Tensor(
             const = x.cast(out_dt) if isinstance(x, UOp) else UOp.const(out_dt, x)
             a = self if self.uop.dtype is out_dt else self.cast(out_dt)
             # a scalar becomes a broadcast constant directly: this is the hot path of elementwise code
-            if a.shape:
-                const = UOp(Ops.EXPAND, out_dt, (UOp(Ops.RESHAPE, out_dt, (const,), (1,) * a.ndim),), a.shape)
+            const = _broadcast_uop(const, a.shape)
             b = a._new(const)
             return (b, a) if reverse else (a, b)
         # most operands have the result dtype already: no cast's dtype parsing
@@ -612,9 +611,7 @@ def _broadcast_const(dtype: DType, value: float, shape: tuple[int, ...]) -> UOp:
     key = (dtype, shape, value) if value else (dtype, shape, value, math.copysign(1.0, value))
     if (const := _broadcast_consts.get(key)) is not None:
         return const
-    const = UOp.const(dtype, value)
-    if shape:
-        const = UOp(Ops.EXPAND, dtype, (UOp(Ops.RESHAPE, dtype, (const,), (1,) * len(shape)),), shape)
+    const = _broadcast_uop(UOp.const(dtype, value), shape)
     _broadcast_consts[key] = const
     if len(_broadcast_consts) > MAX_BROADCAST_CONSTS:
         _broadcast_consts.popitem(last=False)

@@ -39,10 +39,9 @@ class OldVersionReaders:
         if not self.held:
             return set()
         # only the held nodes' bits are asked: the walk covers the nodes below them (a lazy `.grad` of the batch
-        # reading a weight is a few nodes of a step's hundreds), in the graph's order
+        # reading a weight is a few nodes of a step's hundreds)
         if self._below_held is None:
-            below = _below(self.held)
-            self._below_held = [u for u in self.nodes if u in below]
+            self._below_held = UOp(Ops.SINK, src=tuple(self.held)).toposort()
         reads = _version_reads(self._below_held, self.target_bits, self.root_set, kept)
         bits = 0
         for u in self.held:
@@ -70,17 +69,6 @@ def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp
                 bits |= reads[s]
         reads[u] = bits
     return reads
-
-
-def _below(tops: set[UOp]) -> set[UOp]:
-    """tops and every node they are computed from."""
-    seen, stack = set(tops), list(tops)
-    while stack:
-        for s in stack.pop().src:
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return seen
 
 
 def _assign_targets(nodes: list[UOp]) -> list[UOp]:
