@@ -238,8 +238,8 @@ class Tensor(
         if pending := bool(_pending_assigns):
             # an assign reached through another tensor's graph runs now: its own tensor takes the result (or it runs
             # again)
-            for key, t in list(_pending_assigns.items()):
-                if t.uop.op is not Ops.ASSIGN:
+            for key, ref in list(_pending_assigns.items()):
+                if (t := ref()) is None or t.uop.op is not Ops.ASSIGN:
                     del _pending_assigns[key]
             todo += _pending_assigns_reached(todo)
             pending = bool(_pending_assigns)
@@ -392,7 +392,7 @@ class Tensor(
                 return self
             self.replace(self.contiguous().realize())
         self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
-        _pending_assigns[id(self)] = self
+        _pending_assigns[id(self)] = self._ref
         return self
 
     def replace(self, x: Tensor) -> Tensor:
@@ -525,8 +525,16 @@ class Tensor(
 
     def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
         axes = self._axes(axis)
-        out = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes))) if axes else self
-        return out if keepdim else out.reshape(tuple(d for i, d in enumerate(self.shape) if i not in axes))
+        if not axes:
+            return self
+        shape = self.shape
+        reduced = UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes))
+        # the shapes are known here: recorded at once, the reshape's checks skipped (it only drops dims of size 1)
+        reduced._shape = tuple(1 if i in axes else d for i, d in enumerate(shape))
+        if keepdim:
+            return self._new(reduced)
+        dropped = tuple(d for i, d in enumerate(shape) if i not in axes)
+        return self._new(UOp(Ops.RESHAPE, self.dtype, (reduced,), dropped))
 
     # ------------------------------------------------------------------ movement
     # ------------------------------------------------------------------ indexing
@@ -591,8 +599,18 @@ class Tensor(
         return Tensor.train(not mode)
 
 
-# tensors that were assigned to (by id: Tensor.__eq__ is elementwise); realize_all picks up those still pending
-_pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+# tensors that were assigned to, by id (Tensor.__eq__ is elementwise), as their weak references; realize_all picks up
+# those still pending. A plain dict: a WeakValueDictionary's iteration and set are Python calls on every realize after
+# an assign; an entry whose tensor died is dropped by the next realize's scan (its reference never resolves to a
+# later tensor under the same id)
+_pending_assigns: dict[int, weakref.ref[Tensor]] = {}
+
+
+def pending_assign_tensors() -> list[Tensor]:
+    """The live tensors with an assign not yet realized."""
+    return [t for ref in list(_pending_assigns.values()) if (t := ref()) is not None and t.uop.op is Ops.ASSIGN]
+
+
 _contiguous_ids = itertools.count()
 
 
@@ -621,7 +639,7 @@ def _broadcast_const(dtype: DType, value: float, shape: tuple[int, ...]) -> UOp:
 def _pending_assigns_reached(todo: list[Tensor]) -> list[Tensor]:
     """Pending assigns (not in todo) whose node todo's graphs contain."""
     todo_ids = {id(t) for t in todo}
-    pending = [t for key, t in _pending_assigns.items() if key not in todo_ids]
+    pending = [t for key, ref in _pending_assigns.items() if key not in todo_ids and (t := ref()) is not None]
     if not pending:
         return []
     nodes = set(UOp(Ops.SINK, src=tuple(t.uop for t in todo)).toposort())

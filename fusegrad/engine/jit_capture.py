@@ -13,7 +13,7 @@ from fusegrad.engine.memory_planner import plan_buffers
 from fusegrad.runtime.device import Buffer, Device, HostAllocator
 from fusegrad.runtime.buffers import buffer_of, buffer_uop
 from fusegrad.schedule import reads_shifted
-from fusegrad.tensor import Tensor, _pending_assigns
+from fusegrad.tensor import Tensor, pending_assign_tensors
 from fusegrad.uop.ops import Ops, UOp
 
 
@@ -117,7 +117,7 @@ def returned_tensors(ret: Any, where: str = "return value") -> list[Tensor]:
 
 def realize_effects(returned: list[Tensor]) -> None:
     """Realize the returned tensors with every assign still pending: a step's effects happen within the step."""
-    Tensor.realize_all(returned + [t for t in list(_pending_assigns.values()) if t.uop.op is Ops.ASSIGN])
+    Tensor.realize_all(returned + pending_assign_tensors())
 
 
 Snapshot = dict[int, tuple[weakref.ref[Tensor], list[Buffer]]]

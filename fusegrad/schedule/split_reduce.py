@@ -21,11 +21,9 @@ REDUCE_SPLIT_MIN_CHUNKS, REDUCE_SPLIT_MAX_CHUNKS = 16, 64
 REDUCE_SPLIT_MIN_PER_CHUNK = 16
 # a full reduce over a contiguous last dim keeps this many lanes of partials per chunk (4 AVX-512 vectors): the
 # partial kernel then adds whole vectors into independent accumulators with no horizontal add per block, and the
-# fold adds the lanes (measured in L2: 2x the rate of one accumulator per block)
+# fold adds the lanes (measured: 2x the rate of one accumulator per block in L2, and 8-13 % faster at 16M float32
+# from memory)
 REDUCE_SPLIT_LANES = 64
-# ... while the input fits the cores' L2: beyond it the read is bound by memory, where the lanes' 512-bit loads measured
-# 10-20 % slower than one accumulator per block (16M float32 on 2 threads), and equal at 4 MiB
-REDUCE_SPLIT_LANES_MAX_BYTES = 4 << 20
 
 
 def chunk_count(axis_size: int, threads: int) -> int:
@@ -36,14 +34,12 @@ def chunk_count(axis_size: int, threads: int) -> int:
     return next((c for c in candidates if axis_size % c == 0), first)
 
 
-def lane_count(op: Ops, dtype: DType, input_bytes: int) -> int:
+def lane_count(op: Ops, dtype: DType) -> int:
     """Lanes of partials per chunk of a full reduce over a contiguous last dim: REDUCE_SPLIT_LANES for float32/float64
-    sums and maxes up to REDUCE_SPLIT_LANES_MAX_BYTES of input, else 1. Other dtypes would walk the lanes in several
-    passes (the heuristics keep only these in lane accumulators); float32 products near 1 drift with the chain
-    lengths, which lanes would change."""
+    sums and maxes, else 1. Other dtypes would walk the lanes in several passes (the heuristics keep only these in lane
+    accumulators); float32 products near 1 drift with the chain lengths, which lanes would change."""
     lane_dtype = dtype in (dtypes.float32, dtypes.float64)
-    small = input_bytes <= REDUCE_SPLIT_LANES_MAX_BYTES
-    return REDUCE_SPLIT_LANES if lane_dtype and small and op in (Ops.ADD, Ops.MAX) else 1
+    return REDUCE_SPLIT_LANES if lane_dtype and op in (Ops.ADD, Ops.MAX) else 1
 
 
 def _merge_reduce_runs(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -95,7 +91,7 @@ def split_reduce(reduce: UOp) -> UOp | None:
         return None
     x = UOp(Ops.RESHAPE, src.dtype, (src,), shape) if shape != src.shape else src
     full = reduce.size == 1 and split_axis == len(shape) - 1
-    lanes = lane_count(op, reduce.dtype, src.size * src.dtype.itemsize) if full else 1
+    lanes = lane_count(op, reduce.dtype) if full else 1
     per_chunk = math.ceil(shape[split_axis] / (chunks * lanes)) * lanes
     if (extra := per_chunk * chunks - shape[split_axis]) > 0:
         x = _pad_with_identity(x, split_axis, extra, reduce_identity(op, reduce.dtype))

@@ -256,3 +256,24 @@ def test_adam_training_loop_keeps_memory_constant():
             levels[step] = (_live_buffers(), GlobalCounters.mem_used)
     assert levels[10] == levels[300]
     assert losses[-1] < losses[0]
+
+
+def test_a_pending_assign_of_a_dead_tensor_is_forgotten_and_never_mistaken_for_a_live_one():
+    from fusegrad import tensor as tensor_module
+
+    b = _realized([1.0, 2.0])
+    gone = _realized([5.0])
+    gone.assign(gone + 1)  # pending, never realized: its tensor dies with it
+    key = id(gone)
+    del gone
+    gc.collect()
+    live = [_realized([float(i)]) for i in range(64)]  # some may take the dead tensor's id
+    b.assign(b * 3).realize()
+    assert b.tolist() == [3.0, 6.0]
+    assert key not in tensor_module._pending_assigns  # dropped by the realize's scan
+    assert all(t.tolist() == [float(i)] for i, t in enumerate(live))
+    # a pending assign reached through another tensor's graph still lands in its own tensor
+    c = _realized([10.0])
+    c.assign(c + 1)
+    d = c * 2
+    assert d.item() == 22.0 and c.item() == 11.0

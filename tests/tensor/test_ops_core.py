@@ -852,6 +852,22 @@ def test_reduce_axes(dev, op, axis, keepdim):
     check(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("axis", AXES, ids=str)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_reduce_records_the_shapes_inference_gives(dev, axis, keepdim):
+    # _reduce records its nodes' shapes when it builds them (no reshape checks): they must be what inference says
+    from fusegrad.uop.ops import Ops, _infer_shape
+
+    out = T(rnd(2, 3, 4, seed=6), dev).sum(axis=axis, keepdim=keepdim)
+    tx = torch.tensor(rnd(2, 3, 4, seed=6))
+    ref = tx if axis == () else tx.sum(dim=axis, keepdim=keepdim) if axis is not None else None  # () reduces nothing
+    nodes = [u for u in out.uop.toposort() if u.op in (Ops.REDUCE_AXIS, Ops.RESHAPE)]
+    assert axis == () or any(u.op is Ops.REDUCE_AXIS for u in nodes)
+    for u in nodes:
+        assert u.shape == _infer_shape(u), (u.op, u.arg)
+    assert out.shape == (ref.shape if ref is not None else ((1, 1, 1) if keepdim else ()))
+
+
 @pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
 def test_reduce_int_values(dev, op):
     x = np.array([[-5, 3, 7], [2, -9, 0]], np.int32)
