@@ -505,6 +505,16 @@ def _gcc_vector_exp(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> 
     return f"{t} {vname} = fg_exp_{t}({ctx.vref(u.src[0])});"
 
 
+def _gcc_vector_max(ctx: KernelText, pack: Pack, dst: str, srcs: tuple[UOp, ...], t: str) -> str:
+    # the scalar _max lane by lane (NaN wins, a tie keeps y): C has no lane-wise ?:, so a bitwise select on the mask
+    x, y = (ctx.vref(s) if s in ctx.packs else f"(({t}){{}} + {ctx.ref(s)})" for s in srcs)
+    it, definition = ctx.renderer.vector_type(MASK_INT[pack.dtype], len(pack.lanes))
+    if definition:
+        ctx.vec_types.setdefault(it, definition)
+    m = ctx.fresh("vmask")
+    return f"{it} {m} = ({x}>{y}) | ({x}!={x});\n{dst} = ({t})((({it}){x} & {m}) | (({it}){y} & ~{m}));"
+
+
 def _gcc_vector_reciprocal(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
     return f"{t} {vname} = ({ctx.renderer.render_const(1.0, pack.dtype)}/{ctx.vref(u.src[0])});"
 
@@ -517,6 +527,7 @@ GCC_VECTOR_RULES: dict[Ops, Callable[[KernelText, UOp, Pack, str, str], str]] = 
     Ops.RECIPROCAL: _gcc_vector_reciprocal,
     Ops.EXP: _gcc_vector_exp,
     Ops.WHERE: _gcc_vector_where,
+    Ops.MAX: lambda ctx, u, pack, v, t: _gcc_vector_max(ctx, pack, f"{t} {v}", u.src, t),
     **{op: _gcc_vector_compare for op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE)},
     # lane-wise infix; AND/OR pack only as masks (all-ones lanes), where bitwise is logical
     **{
@@ -541,6 +552,7 @@ class CRenderer(CStyleRenderer):
     vector_rules = GCC_VECTOR_RULES
     vector_math = frozenset(
         {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
+        | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}
     )
 
     def render_range(self, ctx: KernelText, u: UOp) -> str:
@@ -551,7 +563,7 @@ class CRenderer(CStyleRenderer):
         return f"{pragma}\n{loop}" if (pragma := _simd_reduction(u, ctx.lin, ctx.names, ctx.packs)) else loop
 
     def vector_type(self, dt: DType, n: int) -> tuple[str, str]:
-        name = f"fg_{dt.name}x{n}"
+        name = f"fg_{dt.name.replace(' ', '_')}x{n}"  # one identifier: int64 is "long long"
         return name, f"typedef {self.ctype(dt)} {name} __attribute__((vector_size({n * dt.itemsize})));"
 
     def render_vector(self, ctx: KernelText, u: UOp, pack: Pack) -> None:
@@ -560,7 +572,12 @@ class CRenderer(CStyleRenderer):
             ctx.line(f"__builtin_memcpy({ctx.address(u, pack)}, &{value}, sizeof({value}));")
         elif u.op is Ops.ACC_UPDATE:
             acc = ctx.vec_names[pack] = ctx.vec_names[ctx.packs[u.src[0]][0]]
-            ctx.line(f"{acc} = {acc} + {ctx.vref(u.src[1])};")
+            if u.arg is Ops.MAX:
+                ctx.line(_gcc_vector_max(ctx, pack, acc, u.src[:2], ctx.vtype(pack)))
+            elif u.arg is Ops.ADD:
+                ctx.line(f"{acc} = {acc} + {ctx.vref(u.src[1])};")
+            else:
+                raise RenderError(f"{type(self).__name__} has no vector accumulator update for {u.arg}")
         elif (rule := self.vector_rules.get(u.op)) is not None:
             vname = ctx.vec_names[pack] = ctx.fresh("vec")
             ctx.line(rule(ctx, u, pack, vname, ctx.vtype(pack)))
@@ -641,6 +658,8 @@ class OpenCLRenderer(CStyleRenderer):
             ctx.line(f"vstore{n}({value}, 0, {ctx.address(u, pack)});")
             return
         if u.op is Ops.ACC_UPDATE:
+            if u.arg is not Ops.ADD:  # only sums pack here (MAX is not in this dialect's vector_math)
+                raise RenderError(f"{type(self).__name__} has no vector accumulator update for {u.arg}")
             acc = ctx.vec_names[pack] = ctx.vec_names[ctx.packs[u.src[0]][0]]
             ctx.line(f"{acc} = {acc} + {ctx.vref(u.src[1])};")
             return

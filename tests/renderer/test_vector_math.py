@@ -1,11 +1,15 @@
-"""exp and reciprocal of upcast float lanes run as vectors in the C renderer (its expf has no vector form: a
-polynomial in vector arithmetic) and equal numpy's, special values included."""
+"""exp, reciprocal and max of upcast float lanes run as vectors in the C renderer (its expf has no vector form: a
+polynomial in vector arithmetic; max is a bitwise select that lets NaN win like the scalar form) and equal numpy's,
+special values included."""
 
 import numpy as np
+import pytest
+import torch
 
-from fusegrad import Tensor
+import fusegrad.engine.realize as realize
+from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
-from fusegrad.renderer.cstyle import CRenderer
+from fusegrad.renderer.cstyle import CRenderer, OpenCLRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
@@ -54,3 +58,113 @@ def test_reciprocal_of_vector_lanes_equals_numpy():
     assert "(1.0f/vec" in c_source(out), "the reciprocal runs on vectors"
     with np.errstate(divide="ignore"):
         np.testing.assert_array_equal(out.numpy(), np.float32(1) / (values + np.float32(0)))  # the sum makes -0 +0
+
+
+def linear_kernels(t: Tensor) -> list:
+    items, _, _ = create_schedule([t.uop], [Device["CPU"]])
+    return [lower_to_linear(i.ast).lin for i in items if i.ast.op is Ops.SINK]
+
+
+def test_max_partials_accumulate_in_vectors():
+    src = c_source_of_first(Tensor.empty(1 << 20).max())
+    assert "fg_floatx" in src and "vmask" in src, "the max partials accumulate in vectors"
+    assert "float acc" not in src, "no scalar accumulators"
+    assert "fg_doublex" in c_source_of_first(Tensor.empty(1 << 18, dtype="float64").max())
+    # an elementwise max inside an upcast kernel packs too
+    assert c_source_of_first(Tensor.empty(1 << 20).maximum(Tensor.empty(1 << 20)).sum()).count("vmask") >= 2
+
+
+def test_max_stays_scalar_where_the_dialect_has_no_vector_max():
+    # OpenCL C's fmax does not propagate NaN: its max accumulators stay scalar (the loads still pack), a sum's not
+    cl = OpenCLRenderer().render("k", linear_kernels(Tensor.empty(1 << 20).max())[0])
+    assert "float acc0 = (-INFINITY);" in cl and "acc0 = ((acc0>vec0.s0||acc0!=acc0)?acc0:vec0.s0);" in cl
+    assert "float acc0" not in OpenCLRenderer().render("k", linear_kernels(Tensor.empty(1 << 20).sum())[0])
+
+
+def c_source_of_first(t: Tensor) -> str:
+    return CRenderer().render("k", linear_kernels(t)[0])
+
+
+def with_specials(n: int, kind: str) -> np.ndarray:
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    if kind == "nan_first":
+        x[0] = np.nan
+    elif kind == "nan_last":
+        x[-1] = np.nan
+    elif kind == "nan_middle":
+        x[n // 2 + 3] = np.nan
+    elif kind == "nan_lane_end":
+        x[63] = np.nan
+    elif kind == "all_nan":
+        x[:] = np.nan
+    elif kind == "infs":
+        x[[5, n // 3]], x[n - 2] = -np.inf, np.inf
+    elif kind == "neg_inf_only":
+        x[:] = -np.inf
+    elif kind == "nan_and_inf":
+        x[1], x[n - 5] = np.inf, np.nan
+    elif kind == "zeros":
+        x[:] = np.where(np.arange(n) % 3 == 0, np.float32(0.0), np.float32(-0.0))
+    elif kind == "negative":
+        x = -np.abs(x) - 1
+        x[n // 2] = -0.0
+    return x
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    """float32 bits, every NaN as one NaN (payloads are not compared)."""
+    return np.where(np.isnan(x), np.float32(np.nan), x).view(np.uint32)
+
+
+KINDS = ["plain", "nan_first", "nan_last", "nan_middle", "nan_lane_end", "all_nan", "infs", "neg_inf_only"]
+KINDS += ["nan_and_inf", "zeros", "negative"]
+
+
+@pytest.mark.parametrize("n", [1 << 20, (1 << 20) + 7, 1 << 16, 100000])
+@pytest.mark.parametrize("kind", KINDS)
+def test_vector_max_and_min_equal_torch_and_noopt(n, kind):
+    x = with_specials(n, kind)
+    got = [Tensor(x).max().numpy(), Tensor(x).min().numpy()]
+    want = [torch.from_numpy(x).max().numpy(), torch.from_numpy(x).min().numpy()]
+    for g, w in zip(got, want):
+        assert g.dtype == np.float32 and (np.isnan(g) if np.isnan(w) else g == w), (g, w)
+    realize._runners.clear()  # compile again without opts, not reuse the optimized kernels
+    with Context(NOOPT=1):
+        plain = [Tensor(x).max().numpy(), Tensor(x).min().numpy()]
+    realize._runners.clear()
+    # the same partials in the same order: bit-equal, the sign of a zero included
+    np.testing.assert_array_equal(bits(np.array(got)), bits(np.array(plain)))
+
+
+def test_vector_max_of_float64_equals_numpy():
+    x = np.random.default_rng(1).standard_normal(1 << 18)
+    assert Tensor(x).max().numpy() == x.max() and Tensor(x).min().numpy() == x.min()
+    x[1000] = np.nan
+    assert np.isnan(Tensor(x).max().numpy()) and np.isnan(Tensor(x).min().numpy())
+
+
+def test_vector_maximum_lanes_keep_the_scalar_semantics():
+    # rows of -inf around the values: the column max is the values, -0.0 and NaN included, then an elementwise
+    # maximum (packed lane by lane) against other values
+    values = whole_vectors([*SPECIAL, 0.0, -0.0, np.nan, 2.0, *np.linspace(-3, 3, 300)])
+    other = whole_vectors([*SPECIAL[::-1], -0.0, 0.0, 1.0, np.nan, *np.linspace(3, -3, 300)])
+    rows = np.full((8, values.size), -np.inf, np.float32)
+    rows[3] = values
+    out = Tensor(rows).max(0).maximum(Tensor(other))
+    assert c_source(out).count("vmask") >= 2, "the column max and the maximum run on vectors"
+    got = out.numpy()
+    # the scalar form ((x>y||x!=x)?x:y): NaN wins, a tie (+0.0 vs -0.0) gives the second operand like np.maximum
+    np.testing.assert_array_equal(bits(got), bits(np.maximum(values, other)))
+    assert np.array_equal(np.isnan(got), np.isnan(values) | np.isnan(other))
+    realize._runners.clear()
+    with Context(NOOPT=1):
+        np.testing.assert_array_equal(bits(Tensor(rows).max(0).maximum(Tensor(other)).numpy()), bits(got))
+    realize._runners.clear()
+    relu = column_sums(values).relu().numpy()
+    np.testing.assert_array_equal(relu, torch.relu(torch.from_numpy(values + np.float32(0))).numpy())
+
+
+def test_integer_max_stays_correct():
+    x = np.random.default_rng(2).integers(-(2**31), 2**31 - 1, 1 << 20, dtype=np.int32)
+    x[77] = 2**31 - 1
+    assert Tensor(x).max().numpy() == x.max() and Tensor(x).min().numpy() == x.min()

@@ -13,7 +13,8 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import Ops, UOp
 
 VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
-# element-wise in GCC's vector extension with IEEE semantics per lane; MAX (a select in C) stays scalar
+# element-wise in GCC's vector extension with IEEE semantics per lane; MAX (a select in C) packs only where the
+# renderer lists it in vector_math (it needs a NaN-propagating vector select)
 VECTOR_ALU = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.FDIV)
 # comparisons of float lanes give a mask pack (integer lanes of the floats' width, all ones where true), combined by
 # AND/OR; a WHERE on a mask pack is a bitwise select
@@ -49,8 +50,8 @@ def find_packs(
     lin: tuple[UOp, ...], vector_bytes: int, vector_math: frozenset[tuple[Ops, DType]] = frozenset()
 ) -> dict[UOp, tuple[Pack, int]]:
     """{scalar instruction: (its pack, its lane)} for every instruction that is part of a vector. Gated loads pack
-    when one gate guards every lane. vector_math: the (unary op, dtype) pairs the renderer also has a vector rule for
-    (a reciprocal, an exp as a vector function).
+    when one gate guards every lane. vector_math: the (op, dtype) pairs the renderer also has a vector rule for
+    (a reciprocal, an exp as a vector function, a MAX as a select); a listed MAX also packs accumulator updates.
 
     A register tile whose rows are read consecutively (`A.T @ B`, a weight gradient) loads its row values as a run
     too: its products pack along the columns with each row's value as the scalar all lanes share, and that run goes
@@ -146,14 +147,15 @@ def _pack(
                 if u.src[0] in lane_of and lane_of[u.src[0]][0].mask_of is not u.dtype:
                     continue
                 operands = u.src
-            elif u.op is Ops.ACC_UPDATE and u.arg is Ops.ADD:
+            elif u.op is Ops.ACC_UPDATE and (u.arg is Ops.ADD or (u.arg, u.dtype) in vector_math):
                 operands = (u.src[1],)
             else:
                 continue
             key, lane, lanes_n, shared_lane = _signature(operands, lane_of, shareable)
             if lane is None:
                 continue
-            extra = u.src[2:] if u.op is Ops.ACC_UPDATE else u.arg
+            # an update's op joins the key: a sum's and a max's accumulators never share a pack
+            extra = (u.arg, u.src[2:]) if u.op is Ops.ACC_UPDATE else u.arg
             groups.setdefault(group := (u.op, u.dtype, extra, key, scope[u], lanes_n, mask_of), {}).setdefault(lane, u)
             if shared_lane is not None:
                 shares[group] = shared_lane
