@@ -92,6 +92,29 @@ def split_reduce(reduce: UOp) -> UOp | None:
     x = UOp(Ops.RESHAPE, src.dtype, (src,), shape) if shape != src.shape else src
     full = reduce.size == 1 and split_axis == len(shape) - 1
     lanes = lane_count(op, reduce.dtype) if full else 1
+    if lanes > 1 and (tail := shape[split_axis] % (chunks * lanes)):
+        # padding would gate every lane of the loads, and gated lanes stay scalar: the whole rows go through the lanes,
+        # the last (under chunks x lanes) elements are a small reduce of their own, combined after the fold
+        whole = shape[split_axis] - tail
+        main = _shrink_last(x, 0, whole)
+        folded = _split_into(main, (*shape[:-1], whole), merged_axes, split_axis, reduce, chunks, lanes)
+        rest = UOp(Ops.REDUCE_AXIS, reduce.dtype, (_shrink_last(x, whole, shape[-1]),), (op, merged_axes))
+        rest = UOp(Ops.RESHAPE, reduce.dtype, (rest,), reduce.shape)
+        return folded.alu(op, rest)
+    return _split_into(x, shape, merged_axes, split_axis, reduce, chunks, lanes)
+
+
+def _shrink_last(x: UOp, start: int, end: int) -> UOp:
+    return UOp(Ops.SHRINK, x.dtype, (x,), (*((0, d) for d in x.shape[:-1]), (start, end)))
+
+
+def _split_into(
+    x: UOp, shape: tuple[int, ...], merged_axes: tuple[int, ...], split_axis: int, reduce: UOp, chunks: int, lanes: int
+) -> UOp:
+    """The split of reduce over x (its source with the reduced dims merged: `shape`, `merged_axes`) along
+    `split_axis`: chunks x lanes partials (padded with the identity where chunks x lanes does not divide the axis),
+    then their fold."""
+    op, axes = reduce.arg
     per_chunk = math.ceil(shape[split_axis] / (chunks * lanes)) * lanes
     if (extra := per_chunk * chunks - shape[split_axis]) > 0:
         x = _pad_with_identity(x, split_axis, extra, reduce_identity(op, reduce.dtype))

@@ -326,3 +326,33 @@ def test_lanes_only_for_a_full_reduce_over_the_last_dim():
     x = np.random.default_rng(8).standard_normal((N_POW2 // 4, 3)).astype(np.float32)
     out, _ = realize_counting(lambda t: t.sum(axis=0), x)
     np.testing.assert_allclose(out, x.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-2)
+
+
+@pytest.mark.parametrize("n", [N_ODD, 1_000_000, (1 << 16) + 1023])
+def test_a_full_sum_of_any_length_reads_whole_vectors_and_adds_its_tail_after_the_fold(n):
+    """A length no chunks x lanes divides: the lanes take the longest whole part (no padding, so no gate per lane,
+    which kept every lane scalar: 1M + 7 ran 10x slower than torch), the last elements are a small reduce of their
+    own in the fold's kernel. Values as numpy's, NaN and infinities in the tail included."""
+    from fusegrad.codegen import lower_to_linear
+    from fusegrad.codegen.opt import Opt, OptOps
+
+    lanes = split_reduce.REDUCE_SPLIT_LANES
+    items = Tensor.empty(n).sum().schedule_linear()
+    assert len(items) == 2 and items[0].buffers[0].size % lanes == 0
+    partial = items[0].ast.toposort()
+    assert not any(u.op is Ops.PAD for u in partial)
+    assert Opt(OptOps.UPCAST, 2, lanes) in lower_to_linear(items[0].ast).opts
+    x = np.random.default_rng(9).standard_normal(n).astype(np.float32)
+    x64 = x.astype(np.float64)
+    out, kernels = realize_counting(lambda t: t.sum(), x)
+    assert kernels == 2
+    assert_sum_accurate(out, x64.sum(), np.abs(x64).sum(), n)
+    for fn, ref in ((lambda t: t.max(), x.max()), (lambda t: t.min(), x.min())):
+        out, kernels = realize_counting(fn, x)
+        assert kernels == 2 and out == ref
+    for special in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[-1] = special  # in the tail
+        check_sum, check_max = Tensor(y).sum().item(), Tensor(y).max().item()
+        ty = torch.from_numpy(y)
+        np.testing.assert_equal([check_sum, check_max], [ty.sum().item(), ty.max().item()])
