@@ -389,20 +389,30 @@ def matmul_block_rows() -> None:
 
 def sum_block_rows(rounds: int = 5) -> None:
     """a.sum() of 16M float32 with each contender timed in blocks of its own calls, and fusegrad's value checked
-    against a float64 sum."""
+    against a float64 sum; then a.max() of the same, and the sum of a length no chunk count divides (16M + 7)."""
     torch.set_num_threads(int(NUM_CPU_THREADS.value))
     n = 16 * 1024 * 1024
-    an = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
-    a, at = Tensor(an).realize(), torch.from_numpy(an)
-    out_sum = Tensor.empty(()).realize()  # assigned: an identical expression would be served from the realized cache
-    fns = {"fusegrad": lambda: out_sum.assign(a.sum()).realize(), "numpy": lambda: an.sum(), "torch": lambda: at.sum()}
-    t = block_median_times(fns, rounds=rounds, repeats=31)
-    exact = float(an.astype(np.float64).sum())
-    print(
-        f"a.sum() 16M f32, blocks: fusegrad {t['fusegrad'] * 1e3:.2f}ms ({4 * n / t['fusegrad'] / 1e9:.1f} GB/s),"
-        f" numpy {t['numpy'] * 1e3:.2f}ms, torch {t['torch'] * 1e3:.2f}ms: {t['numpy'] / t['fusegrad']:.2f}x numpy,"
-        f" {t['torch'] / t['fusegrad']:.2f}x torch; |fusegrad - float64 sum| {abs(out_sum.item() - exact):.3g}"
-    )
+    an = np.random.default_rng(0).standard_normal(n + 7, dtype=np.float32)
+    out = Tensor.empty(()).realize()  # assigned: an identical expression would be served from the realized cache
+    for name, length, fg_op, torch_op in (
+        ("a.sum() 16M", n, Tensor.sum, torch.Tensor.sum),
+        ("a.max() 16M", n, Tensor.max, torch.Tensor.max),
+        ("a.sum() 16M+7", n + 7, Tensor.sum, torch.Tensor.sum),
+    ):
+        x = an[:length]
+        a, at = Tensor(x).realize(), torch.from_numpy(x)
+        fns = {
+            "fusegrad": lambda a=a, op=fg_op: out.assign(op(a)).realize(),
+            "numpy": lambda x=x, op=fg_op: x.sum() if op is Tensor.sum else x.max(),
+            "torch": lambda at=at, op=torch_op: op(at),
+        }
+        t = block_median_times(fns, rounds=rounds, repeats=31)
+        exact = float(x.astype(np.float64).sum()) if fg_op is Tensor.sum else float(x.max())
+        print(
+            f"{name} f32, blocks: fusegrad {t['fusegrad'] * 1e3:.2f}ms ({4 * length / t['fusegrad'] / 1e9:.1f} GB/s),"
+            f" numpy {t['numpy'] * 1e3:.2f}ms, torch {t['torch'] * 1e3:.2f}ms: {t['numpy'] / t['fusegrad']:.2f}x"
+            f" numpy, {t['torch'] / t['fusegrad']:.2f}x torch; |fusegrad - float64| {abs(out.item() - exact):.3g}"
+        )
 
 
 if __name__ == "__main__":

@@ -35,12 +35,13 @@ def test_split_kernel_values_match_numpy(monkeypatch, threads):
     if threads == 1:
         assert calls == []  # one chunk: a direct call, no workers
     else:
-        # one chunk per thread, or several equal ones each (64 rows divide by 2 and 8, not by 3), cover the 64 rows
+        # one chunk per thread, or several equal ones each (64 rows divide by 2 and 32, not by 3), cover the 64 rows
         # exactly once, in order
         assert len(calls) == 1
         nargs, bounds = calls[0]
         chunks = len(bounds) - 1
-        assert nargs >= 3 and (chunks == threads if SHAPE[0] % threads else chunks in (threads * 2, threads * 4))
+        pieces = range(2, ops_cpu.CPUProgram.PIECES_PER_THREAD + 1)
+        assert nargs >= 3 and (chunks == threads if SHAPE[0] % threads else chunks in {threads * k for k in pieces})
         assert bounds[0] == 0 and bounds[-1] == SHAPE[0] and bounds == sorted(bounds)
         assert chunks == threads or len({b - a for a, b in zip(bounds, bounds[1:])}) == 1
 
@@ -148,8 +149,10 @@ def test_chunk_bounds_split_evenly_into_pieces_per_thread():
         program.outer_size, program.ops = outer, ops
         return program.chunk_bounds(threads)
 
-    assert bounds(16, big, 2) == [0, 2, 4, 6, 8, 10, 12, 14, 16]  # 4 pieces per thread
-    assert bounds(12, big, 2) == [0, 2, 4, 6, 8, 10, 12]  # 12 rows: not 4 pieces per thread, 3
+    assert ops_cpu.CPUProgram.PIECES_PER_THREAD == 16
+    assert bounds(64, big, 2) == list(range(0, 65, 2))  # 16 pieces per thread
+    assert bounds(16, big, 2) == list(range(17))  # 16 rows: 8 pieces per thread, the most that divide them
+    assert bounds(12, big, 2) == list(range(13))  # 12 rows: 6 pieces per thread
     assert bounds(4, big, 2) == [0, 1, 2, 3, 4]
     assert bounds(7, big, 2) == [0, 3, 7]  # uneven halves stay one chunk per thread
     assert bounds(16, ops_cpu.CPUProgram.MIN_OPS_PER_THREAD * 4, 2) == [0, 4, 8, 12, 16]  # each piece keeps its minimum

@@ -252,9 +252,9 @@ def test_python_device_matches(monkeypatch):
 
 
 def test_chunk_count_prefers_a_divisor():
-    assert split_reduce.chunk_count(1 << 24, 2) == 16
-    assert split_reduce.chunk_count(3 * 7 * 1000, 3) == 21
-    assert split_reduce.chunk_count(N_ODD, 2) == 16  # nothing divides it: padded
+    assert split_reduce.chunk_count(1 << 24, 2) == 32
+    assert split_reduce.chunk_count(3 * 7 * 1000, 3) == 42  # 33, 36 and 39 do not divide it
+    assert split_reduce.chunk_count(N_ODD, 2) == 32  # nothing divides it: padded
     assert split_reduce.chunk_count(1 << 20, 128) == 128
     assert all(split_reduce.chunk_count(n, 5) % 5 == 0 for n in (1000, 1001, 2**20))
     assert math.gcd(split_reduce.chunk_count(2**20, 8), 8) == 8
@@ -319,7 +319,8 @@ def test_full_sum_partials_keep_vector_lanes_in_accumulators():
 def test_lanes_only_for_a_full_reduce_over_the_last_dim():
     # an axis sum into several outputs folds its chunks only: no lanes
     items = Tensor.empty(N_POW2, 2).sum(axis=0).schedule_linear()
-    assert len(items) == 2 and items[0].buffers[0].size % split_reduce.REDUCE_SPLIT_LANES != 0
+    chunks = split_reduce.chunk_count(N_POW2, int(NUM_CPU_THREADS.value))
+    assert len(items) == 2 and items[0].buffers[0].size == chunks * 2
     # integer sums keep one partial per chunk (no lane accumulators for them)
     items = Tensor.empty(N_POW2, dtype=dtypes.int32).sum().schedule_linear()
     assert len(items) == 2 and items[0].buffers[0].size < split_reduce.REDUCE_SPLIT_LANES
