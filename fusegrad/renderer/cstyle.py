@@ -39,6 +39,26 @@ static inline float fg_fp8_to_f32(unsigned char b, int mbits, int bias, int has_
   if (has_inf && e == top) return sign * INFINITY;
   return sign * (e ? ldexpf((float)(m | (1 << mbits)), e - bias - mbits) : ldexpf((float)m, 1 - bias - mbits));
 }
+/* float exp as arithmetic (fg_exp_<vector type> below, lane by lane): libm's expf is a call that no loop vectorizes */
+static inline __attribute__((always_inline)) float fg_expf(float x) {
+  x = x > 89.0f ? 89.0f : x;
+  x = x < -104.0f ? -104.0f : x;
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  n = n == n ? n : 0.0f;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = r * (1.0f / 5040) + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * (r * r) + r + 1.0f;
+  int k = (int)n, h = k >> 1, a = (h + 127) << 23, b = (k - h + 127) << 23;
+  float fa, fb;
+  memcpy(&fa, &a, 4);
+  memcpy(&fb, &b, 4);
+  return p * fa * fb;
+}
 /* round to nearest even from the double; overflow saturates to max_bits or becomes inf (0x7C) */
 static inline unsigned char fg_f64_to_fp8(double x, int mbits, int bias, int has_inf, int fnuz, int nan_bits,
                                           int max_bits, double max_value) {
@@ -554,6 +574,10 @@ class CRenderer(CStyleRenderer):
         {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
         | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}
     )
+
+    def math_function(self, op: Ops, dt: DType) -> str:
+        # float exp inline (fg_expf): a loop over it vectorizes, and its values are the vector exp's
+        return "fg_expf" if op is Ops.EXP and dt is dtypes.float32 else super().math_function(op, dt)
 
     def render_range(self, ctx: KernelText, u: UOp) -> str:
         name, t = ctx.names[u], self.ctype(u.dtype)

@@ -1,6 +1,6 @@
 """exp, reciprocal and max of upcast float lanes run as vectors in the C renderer (its expf has no vector form: a
-polynomial in vector arithmetic; max is a bitwise select that lets NaN win like the scalar form) and equal numpy's,
-special values included."""
+polynomial in vector arithmetic, and the same polynomial as scalar code elsewhere; max is a bitwise select that lets
+NaN win like the scalar form) and equal numpy's, special values included."""
 
 import numpy as np
 import pytest
@@ -50,6 +50,33 @@ def test_exp_of_vector_lanes_equals_numpy():
     np.testing.assert_allclose(got[normal], want[normal], rtol=2.5e-7)  # within 2 ulp
     tiny = np.isfinite(want) & ~normal  # subnormal and zero results: within one subnormal step or two
     np.testing.assert_allclose(got[tiny], want[tiny], rtol=0, atol=3e-45)
+
+
+def test_scalar_exp_is_the_vector_exp_and_vectorizes_in_a_row_sum():
+    """Scalar C computes float exp with fg_expf (the vector polynomial, lane by lane), not libm's expf, whose call no
+    loop vectorizes (a softmax's row sum of exp ran at ~2 ns per element): same values as the vector lanes."""
+    rng = np.random.default_rng(1)
+    values = whole_vectors([*SPECIAL, *np.linspace(-110, 95, 2000), *rng.standard_normal(1000) * 10])
+    x = Tensor(values)
+    kernel = c_source(x.exp()).split("void k(")[1]
+    assert "fg_expf(" in kernel and "expf(" not in kernel.replace("fg_expf(", "")
+    assert "fg_expf(" in c_source(Tensor(values.reshape(-1, 64)).exp().sum(1)).split("void k(")[1]
+    with np.errstate(over="ignore"):
+        want = np.exp(values)
+    scalar = x.exp().numpy()
+    with Context(NOOPT=1):
+        unoptimized = Tensor(values).exp().numpy()
+    vector = column_sums(values).exp().numpy()
+    np.testing.assert_array_equal(scalar, vector)  # NaN positions too
+    np.testing.assert_array_equal(unoptimized, vector)
+    normal = np.isfinite(want) & (want >= np.finfo(np.float32).tiny)
+    np.testing.assert_allclose(scalar[normal], want[normal], rtol=2.5e-7)
+    np.testing.assert_array_equal(np.isinf(scalar), np.isinf(want))
+    # float64 keeps libm's exp
+    assert "fg_expf(" not in c_source(Tensor(values.astype(np.float64)).exp()).split("void k(")[1]
+    # a softmax over rows matches torch
+    rows = rng.standard_normal((64, 1000)).astype(np.float32) * 5
+    np.testing.assert_allclose(Tensor(rows).softmax(1).numpy(), torch.from_numpy(rows).softmax(1), rtol=1e-6, atol=1e-7)
 
 
 def test_reciprocal_of_vector_lanes_equals_numpy():
