@@ -180,6 +180,10 @@ class KernelText:
     outer: UOp | None = None  # the outermost global loop, which a dialect splits over threads or work items
     reads_data: dict[UOp, bool] = field(default_factory=dict)
     uses: Counter = field(default_factory=Counter)
+    # a float max reduced in a simd loop (CRenderer): accumulator name -> the flag that records a NaN, and per loop
+    # the lines after it that put the NaN back
+    simd_max: dict[str, str] = field(default_factory=dict)
+    after_loop: dict[UOp, list[str]] = field(default_factory=dict)
 
     def fresh(self, prefix: str) -> str:
         self.counters[prefix] += 1
@@ -440,19 +444,24 @@ class CStyleRenderer:
         )
 
 
-def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str], packs: dict) -> str | None:
-    """An innermost sum loop may be vectorized: the pragma allows reassociating only its accumulators. Several
-    accumulators that form no vector (a register tile of outputs whose inputs are both contiguous along the reduce,
-    x @ W.T) are vectorized along the loop, each in its own vector."""
-    start = lin.index(r)
+def _innermost_updates(r: UOp, lin: tuple[UOp, ...]) -> list[UOp] | None:
+    """The accumulator updates of loop r, or None when r holds another loop."""
     body = []
-    for u in lin[start + 1 :]:
+    for u in lin[lin.index(r) + 1 :]:
         if u.op is Ops.ENDRANGE and u.src[0] is r:
             break
         if u.op is Ops.RANGE:
             return None
         body.append(u)
-    updates = [u for u in body if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
+    return [u for u in body if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
+
+
+def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str], packs: dict) -> str | None:
+    """An innermost sum loop may be vectorized: the pragma allows reassociating only its accumulators. Several
+    accumulators that form no vector (a register tile of outputs whose inputs are both contiguous along the reduce,
+    x @ W.T) are vectorized along the loop, each in its own vector."""
+    if (updates := _innermost_updates(r, lin)) is None:
+        return None
     # several accumulators are better vectorized across each other (SLP) than along the loop, when they pack
     if (
         not updates
@@ -465,6 +474,37 @@ def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str], packs: 
         return None
     accs = ", ".join(names[u.src[0]] for u in updates)
     return f"#pragma omp simd reduction(+:{accs})"
+
+
+def _simd_max(ctx: KernelText, r: UOp) -> str | None:
+    """An innermost loop that only takes float maxes (a row max) is vectorized too: each accumulator keeps the largest
+    non-NaN value (`max` reassociates those exactly) and a flag of its own records a NaN, which after the loop becomes
+    the result, as the scalar form's NaN wins. Zeros of either sign compare equal: which one a vector keeps may differ
+    from the scalar order."""
+    updates = _innermost_updates(r, ctx.lin)
+    if not updates or any(
+        u.arg is not Ops.MAX or u.dtype not in (dtypes.float32, dtypes.float64) or u in ctx.packs for u in updates
+    ):
+        return None
+    accs = list(dict.fromkeys(ctx.names[u.src[0]] for u in updates))
+    dtype = {ctx.names[u.src[0]]: u.dtype for u in updates}
+    flags = [ctx.simd_max.setdefault(acc, ctx.fresh("nan")) for acc in accs]
+    nan = {acc: ctx.renderer.render_const(math.nan, dtype[acc]) for acc in accs}
+    ctx.after_loop[r] = [f"{acc} = {flag} ? {nan[acc]} : {acc};" for acc, flag in zip(accs, flags)]
+    declared = "\n".join(f"int {flag} = 0;" for flag in flags)
+    return f"{declared}\n#pragma omp simd reduction(max:{', '.join(accs)}) reduction(|:{', '.join(flags)})"
+
+
+def _simd_max_update(ctx: KernelText, x: UOp) -> str | None:
+    if (flag := ctx.simd_max.get(acc := ctx.names[x.src[0]])) is None:
+        return None  # the plain update
+    ctx.names[x] = acc
+    v = ctx.ref(x.src[1])
+    return f"{acc} = ({v}>={acc})?{v}:{acc};\n{flag} |= ({v}!={v});"
+
+
+def _end_simd_max(ctx: KernelText, x: UOp) -> str | None:
+    return None if (after := ctx.after_loop.pop(x.src[0], None)) is None else "\n".join(["}", *after])
 
 
 def _gcc_vector_where(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
@@ -564,6 +604,12 @@ class CRenderer(CStyleRenderer):
     the outermost global loop runs [core_start, core_end) so threads can split it."""
 
     prelude = C_PRELUDE
+    string_rewrite = (
+        PatternMatcher(
+            [(UPat(Ops.ACC_UPDATE, name="x"), _simd_max_update), (UPat(Ops.ENDRANGE, name="x"), _end_simd_max)]
+        )
+        + base_rewrite
+    )
     extra_params = ("long long core_start", "long long core_end")
     type_map = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"} | {
         dt: "unsigned char" for dt in dtypes.fp8s
@@ -584,7 +630,8 @@ class CRenderer(CStyleRenderer):
         if u is ctx.outer:
             return f"for ({t} {name} = core_start; {name} < core_end; {name}++) {{"
         loop = super().render_range(ctx, u)
-        return f"{pragma}\n{loop}" if (pragma := _simd_reduction(u, ctx.lin, ctx.names, ctx.packs)) else loop
+        pragma = _simd_reduction(u, ctx.lin, ctx.names, ctx.packs) or _simd_max(ctx, u)
+        return f"{pragma}\n{loop}" if pragma else loop
 
     def vector_type(self, dt: DType, n: int) -> tuple[str, str]:
         name = f"fg_{dt.name.replace(' ', '_')}x{n}"  # one identifier: int64 is "long long"

@@ -195,3 +195,24 @@ def test_integer_max_stays_correct():
     x = np.random.default_rng(2).integers(-(2**31), 2**31 - 1, 1 << 20, dtype=np.int32)
     x[77] = 2**31 - 1
     assert Tensor(x).max().numpy() == x.max() and Tensor(x).min().numpy() == x.min()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_row_max_runs_in_a_simd_loop_and_lets_nan_win(kind):
+    """A row max (the reduce innermost and contiguous, no upcast) runs in a simd loop: `max` over the non-NaN values,
+    a flag per accumulator for NaN. Rows of one kind of special values, reversed and rotated; values as torch's, zeros
+    by value."""
+    x = with_specials(1000, kind)
+    rows = np.stack([x, x[::-1].copy(), with_specials(1000, "plain"), np.roll(x, 333)])
+    source = c_source(Tensor(rows).max(1)).split("void k(")[1]
+    assert "#pragma omp simd reduction(max:" in source and "reduction(|:" in source
+    t = torch.from_numpy(rows)
+    for fn, ref in ((lambda x: x.max(1), t.amax(1)), (lambda x: x.min(1), t.amin(1))):
+        got = fn(Tensor(rows)).numpy()
+        np.testing.assert_array_equal(got, ref.numpy())  # NaN where torch has NaN; -0.0 == 0.0
+        with Context(NOOPT=1):
+            np.testing.assert_array_equal(fn(Tensor(rows)).numpy(), got)
+    # float64 too, and a row max under other ops (softmax) against torch
+    np.testing.assert_array_equal(Tensor(rows.astype(np.float64)).max(1).numpy(), t.double().amax(1).numpy())
+    if kind == "plain":
+        np.testing.assert_allclose(Tensor(rows).softmax(1).numpy(), t.softmax(1).numpy(), rtol=1e-6, atol=1e-7)
