@@ -59,6 +59,28 @@ static inline __attribute__((always_inline)) float fg_expf(float x) {
   memcpy(&fb, &b, 4);
   return p * fa * fb;
 }
+/* float log as arithmetic: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m-1)/(m+1), |s| < 0.172,
+   by its series to s^9 (the next term is under 1e-8 of the result); e ln 2 in two parts as in fg_expf */
+static inline __attribute__((always_inline)) float fg_logf(float x) {
+  int sub = x < 1.17549435e-38f;  /* subnormal (or not positive: fixed below) */
+  float xs = sub ? x * 8388608.0f : x;
+  unsigned int u;
+  memcpy(&u, &xs, 4);
+  int e = (int)((u >> 23) & 0xff) - 127 - (sub ? 23 : 0);
+  unsigned int mu = (u & 0x007fffffu) | 0x3f800000u;
+  float m;
+  memcpy(&m, &mu, 4);
+  int big = m > 1.41421356f;
+  m = big ? m * 0.5f : m;
+  float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  float p = s2 * (1.0f / 9) + 1.0f / 7;
+  p = p * s2 + 1.0f / 5;
+  p = p * s2 + 1.0f / 3;
+  float fe = (float)(e + big);
+  float r = fe * 0.693359375f + (fe * -2.12194440e-4f + (2.0f * s + (2.0f * s) * s2 * p));
+  r = x == INFINITY ? x : r;
+  return x > 0.0f ? r : x == 0.0f ? -INFINITY : NAN;
+}
 /* round to nearest even from the double; overflow saturates to max_bits or becomes inf (0x7C) */
 static inline unsigned char fg_f64_to_fp8(double x, int mbits, int bias, int has_inf, int fnuz, int nan_bits,
                                           int max_bits, double max_value) {
@@ -599,6 +621,10 @@ GCC_VECTOR_RULES: dict[Ops, Callable[[KernelText, UOp, Pack, str, str], str]] = 
 }
 
 
+# float32 math the C prelude computes inline, where libm's function is a call per element that no loop vectorizes
+C_INLINE_MATH = {Ops.EXP: "fg_expf", Ops.LOG: "fg_logf"}
+
+
 class CRenderer(CStyleRenderer):
     """C99 with GNU extensions for the CPU device: explicit vectors (GCC vector extensions) where the opts upcast, and
     the outermost global loop runs [core_start, core_end) so threads can split it."""
@@ -622,8 +648,10 @@ class CRenderer(CStyleRenderer):
     )
 
     def math_function(self, op: Ops, dt: DType) -> str:
-        # float exp inline (fg_expf): a loop over it vectorizes, and its values are the vector exp's
-        return "fg_expf" if op is Ops.EXP and dt is dtypes.float32 else super().math_function(op, dt)
+        # float exp and log inline (fg_expf, fg_logf): a loop over them vectorizes; exp's values are the vector exp's
+        if dt is dtypes.float32 and (inline := C_INLINE_MATH.get(op)) is not None:
+            return inline
+        return super().math_function(op, dt)
 
     def render_range(self, ctx: KernelText, u: UOp) -> str:
         name, t = ctx.names[u], self.ctype(u.dtype)

@@ -18,7 +18,9 @@ from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
 from fusegrad.runtime.kernel_cache import KernelCache
 
 COMPILER_CANDIDATES = ("cc", "clang", "gcc")
-# -fopenmp-simd: only the simd pragmas, no OpenMP runtime (signed data arithmetic wraps in the renderer itself)
+# -fopenmp-simd: only the simd pragmas, no OpenMP runtime (signed data arithmetic wraps in the renderer itself);
+# -fno-trapping-math: no kernel enables floating-point traps, so a select over a computed value (fg_logf's special
+# cases over its division) may compute both arms and vectorize; values, NaN and infinities are unchanged
 CFLAGS = (
     "-shared",
     "-fPIC",
@@ -27,6 +29,7 @@ CFLAGS = (
     "-march=native",
     "-fopenmp-simd",
     "-fno-math-errno",
+    "-fno-trapping-math",
     "-Werror=implicit-function-declaration",
     "-Wall",
     "-Wno-unused-variable",
