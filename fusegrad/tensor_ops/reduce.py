@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 Scalar = int | float | bool
 Axis = int | Sequence[int] | None
 
-# a scan over a longer axis runs in blocks of this size, so its work is O(n * SCAN_BLOCK) rather than O(n^2)
-SCAN_BLOCK = 256
+# a scan over a longer axis runs in blocks of this size, so its work is O(n * SCAN_BLOCK) rather than O(n^2) (measured
+# cumsum: 32 runs 2048x1024 2x, 1M 1.8x and 64x100000 11x faster than 256; 16 and 64 slower than 32)
+SCAN_BLOCK = 32
 
 
 def _acc_dtype(dt: DType) -> DType:
