@@ -178,8 +178,11 @@ class CPUProgram:
     MIN_OPS_PER_THREAD = 1 << 17
     # chunks per thread of a split launch, when they divide the outer loop evenly (see chunk_bounds): a worker that
     # wakes late leaves at most one short piece for the end (a 16M sum in 32 pieces of 2 MiB ran 17 % faster than in 8
-    # of 8 MiB; elementwise, matmul and column-sum kernels measured the same either way)
+    # of 8 MiB; elementwise, matmul and column-sum kernels measured the same either way) ...
     PIECES_PER_THREAD = 16
+    # ... but beyond COARSE_PIECES per thread each piece keeps this much work: a layernorm's 2048-row kernels ran 13 %
+    # slower in 32 pieces of 64K ops than in 8
+    COARSE_PIECES, MIN_OPS_PER_FINE_PIECE = 4, 1 << 19
 
     def __init__(self, name: str, lib: ctypes.CDLL, nparams: int, outer_size: int, ops: int):
         self.lib = lib
@@ -204,7 +207,8 @@ class CPUProgram:
 
     def chunk_bounds(self, threads: int) -> list[int]:
         """Where the outer loop is cut: one chunk unless each thread gets enough work; else one chunk per thread, or
-        PIECES_PER_THREAD equal ones each where the loop divides into them and each keeps MIN_OPS_PER_THREAD. The C
+        up to PIECES_PER_THREAD equal ones each where the loop divides into them and each keeps MIN_OPS_PER_THREAD
+        (MIN_OPS_PER_FINE_PIECE beyond COARSE_PIECES). The C
         runner hands chunks out one at a time, so a thread that starts late (a worker waking, or one whose core another
         process holds) takes fewer of them instead of finishing last."""
         if threads <= 1 or self.outer_size < 2 or self.ops < self.MIN_OPS_PER_THREAD * 2:
@@ -212,7 +216,8 @@ class CPUProgram:
         n = min(threads, self.outer_size, max(self.ops // self.MIN_OPS_PER_THREAD, 1))
         if self.outer_size % n == 0:
             for k in range(self.PIECES_PER_THREAD, 1, -1):
-                if self.outer_size % (n * k) == 0 and self.ops // (n * k) >= self.MIN_OPS_PER_THREAD:
+                least = self.MIN_OPS_PER_THREAD if k <= self.COARSE_PIECES else self.MIN_OPS_PER_FINE_PIECE
+                if self.outer_size % (n * k) == 0 and self.ops // (n * k) >= least:
                     n *= k
                     break
         return [self.outer_size * i // n for i in range(n + 1)]

@@ -149,10 +149,14 @@ def test_chunk_bounds_split_evenly_into_pieces_per_thread():
         program.outer_size, program.ops = outer, ops
         return program.chunk_bounds(threads)
 
+    huge = ops_cpu.CPUProgram.MIN_OPS_PER_FINE_PIECE * 32
     assert ops_cpu.CPUProgram.PIECES_PER_THREAD == 16
-    assert bounds(64, big, 2) == list(range(0, 65, 2))  # 16 pieces per thread
-    assert bounds(16, big, 2) == list(range(17))  # 16 rows: 8 pieces per thread, the most that divide them
-    assert bounds(12, big, 2) == list(range(13))  # 12 rows: 6 pieces per thread
+    assert bounds(64, huge, 2) == list(range(0, 65, 2))  # 16 pieces per thread
+    assert bounds(16, huge, 2) == list(range(17))  # 16 rows: 8 pieces per thread, the most that divide them
+    assert bounds(12, huge, 2) == list(range(13))  # 12 rows: 6 pieces per thread
+    # beyond 4 pieces per thread each keeps MIN_OPS_PER_FINE_PIECE
+    assert bounds(64, ops_cpu.CPUProgram.MIN_OPS_PER_THREAD * 16, 2) == list(range(0, 65, 8))
+    assert bounds(64, ops_cpu.CPUProgram.MIN_OPS_PER_FINE_PIECE * 16, 2) == list(range(0, 65, 4))
     assert bounds(4, big, 2) == [0, 1, 2, 3, 4]
     assert bounds(7, big, 2) == [0, 3, 7]  # uneven halves stay one chunk per thread
     assert bounds(16, ops_cpu.CPUProgram.MIN_OPS_PER_THREAD * 4, 2) == [0, 4, 8, 12, 16]  # each piece keeps its minimum
