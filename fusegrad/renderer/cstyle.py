@@ -62,24 +62,31 @@ static inline __attribute__((always_inline)) float fg_expf(float x) {
 /* float log as arithmetic: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m-1)/(m+1), |s| < 0.172,
    by its series to s^9 (the next term is under 1e-8 of the result); e ln 2 in two parts as in fg_expf */
 static inline __attribute__((always_inline)) float fg_logf(float x) {
-  int sub = x < 1.17549435e-38f;  /* subnormal (or not positive: fixed below) */
-  float xs = sub ? x * 8388608.0f : x;
+  int sub = x < 1.17549435e-38f;  /* subnormal (or not positive: replaced at the end) */
+  float xs = x * (1.0f + (float)sub * 8388607.0f);
   unsigned int u;
   memcpy(&u, &xs, 4);
-  int e = (int)((u >> 23) & 0xff) - 127 - (sub ? 23 : 0);
+  int e = (int)((u >> 23) & 0xff) - 127 - 23 * sub;
   unsigned int mu = (u & 0x007fffffu) | 0x3f800000u;
   float m;
   memcpy(&m, &mu, 4);
   int big = m > 1.41421356f;
-  m = big ? m * 0.5f : m;
+  m = m * (1.0f - 0.5f * (float)big);
   float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
   float p = s2 * (1.0f / 9) + 1.0f / 7;
   p = p * s2 + 1.0f / 5;
   p = p * s2 + 1.0f / 3;
   float fe = (float)(e + big);
   float r = fe * 0.693359375f + (fe * -2.12194440e-4f + (2.0f * s + (2.0f * s) * s2 * p));
-  r = x == INFINITY ? x : r;
-  return x > 0.0f ? r : x == 0.0f ? -INFINITY : NAN;
+  /* zero -> -inf, inf -> inf, negative or NaN -> NaN, chosen by bit masks: a ?: over the division would be a branch
+     the compiler may not speculate, and the loop would stay scalar */
+  unsigned int bits, normal = -(unsigned int)((x > 0.0f) & (x < INFINITY)), zero = -(unsigned int)(x == 0.0f);
+  unsigned int inf = -(unsigned int)(x == INFINITY);
+  unsigned int special = (0x7fc00000u & ~zero & ~inf) | (0xff800000u & zero) | (0x7f800000u & inf);
+  memcpy(&bits, &r, 4);
+  bits = (bits & normal) | (special & ~normal);
+  memcpy(&r, &bits, 4);
+  return r;
 }
 /* round to nearest even from the double; overflow saturates to max_bits or becomes inf (0x7C) */
 static inline unsigned char fg_f64_to_fp8(double x, int mbits, int bias, int has_inf, int fnuz, int nan_bits,
