@@ -639,7 +639,7 @@ def _broadcast_const(dtype: DType, value: float, shape: tuple[int, ...]) -> UOp:
 def _pending_assigns_reached(todo: list[Tensor]) -> list[Tensor]:
     """Pending assigns (not in todo) whose node todo's graphs contain."""
     todo_ids = {id(t) for t in todo}
-    pending = [t for key, ref in _pending_assigns.items() if key not in todo_ids and (t := ref()) is not None]
+    pending = [t for key, ref in list(_pending_assigns.items()) if key not in todo_ids and (t := ref()) is not None]
     if not pending:
         return []
     nodes = set(UOp(Ops.SINK, src=tuple(t.uop for t in todo)).toposort())
