@@ -236,6 +236,10 @@ class KernelText:
         # a pack operand is its vector; a scalar one is broadcast by the dialect's vector-scalar arithmetic
         return self.vec_names[self.packs[s][0]] if s in self.packs else self.ref(s)
 
+    def vref_as(self, s: UOp, t: str) -> str:
+        """vref, with a scalar broadcast explicitly to vector type t (where C wants both sides of that type)."""
+        return self.vref(s) if s in self.packs else f"(({t}){{}} + {self.ref(s)})"
+
     def address(self, u: UOp, pack: Pack) -> str:
         return f"{self.ref(u.src[0])} + ({self.ref(pack.base)}+{pack.offset})"  # type: ignore[arg-type]
 
@@ -515,13 +519,14 @@ def _simd_max(ctx: KernelText, r: UOp) -> str | None:
         u.arg is not Ops.MAX or u.dtype not in (dtypes.float32, dtypes.float64) or u in ctx.packs for u in updates
     ):
         return None
-    accs = list(dict.fromkeys(ctx.names[u.src[0]] for u in updates))
-    dtype = {ctx.names[u.src[0]]: u.dtype for u in updates}
-    flags = [ctx.simd_max.setdefault(acc, ctx.fresh("nan")) for acc in accs]
-    nan = {acc: ctx.renderer.render_const(math.nan, dtype[acc]) for acc in accs}
-    ctx.after_loop[r] = [f"{acc} = {flag} ? {nan[acc]} : {acc};" for acc, flag in zip(accs, flags)]
+    dtypes_of = {ctx.names[u.src[0]]: u.dtype for u in updates}  # each accumulator once, in order
+    flags = [ctx.simd_max.setdefault(acc, ctx.fresh("nan")) for acc in dtypes_of]
+    ctx.after_loop[r] = [
+        f"{acc} = {flag} ? {ctx.renderer.render_const(math.nan, dt)} : {acc};"
+        for (acc, dt), flag in zip(dtypes_of.items(), flags)
+    ]
     declared = "\n".join(f"int {flag} = 0;" for flag in flags)
-    return f"{declared}\n#pragma omp simd reduction(max:{', '.join(accs)}) reduction(|:{', '.join(flags)})"
+    return f"{declared}\n#pragma omp simd reduction(max:{', '.join(dtypes_of)}) reduction(|:{', '.join(flags)})"
 
 
 def _simd_max_update(ctx: KernelText, x: UOp) -> str | None:
@@ -538,7 +543,7 @@ def _end_simd_max(ctx: KernelText, x: UOp) -> str | None:
 
 def _gcc_vector_where(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
     # C's conditional needs both arms of the vector type: a scalar arm is broadcast explicitly
-    arms = [ctx.vref(s) if s in ctx.packs else f"(({t}){{}} + {ctx.ref(s)})" for s in u.src[1:]]
+    arms = [ctx.vref_as(s, t) for s in u.src[1:]]
     if u.src[0] in ctx.packs:  # a mask: bitwise select of the arms' bits (C has no lane-wise ?:)
         mask = ctx.packs[u.src[0]][0]
         m, it = ctx.vec_names[mask], ctx.vtype(mask)
@@ -551,7 +556,7 @@ def _gcc_vector_compare(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str)
     if pack.mask_of is None:
         raise RenderError(f"a vector {u.op} must produce a mask pack")
     ft = ctx.vtype(ctx.packs[next(s for s in u.src if s in ctx.packs)][0])
-    sides = [ctx.vref(s) if s in ctx.packs else f"(({ft}){{}} + {ctx.ref(s)})" for s in u.src]
+    sides = [ctx.vref_as(s, ft) for s in u.src]
     return f"{t} {vname} = ({sides[0]}{INFIX[u.op]}{sides[1]});"
 
 
@@ -596,7 +601,7 @@ def _gcc_vector_exp(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> 
 
 def _gcc_vector_max(ctx: KernelText, pack: Pack, dst: str, srcs: tuple[UOp, ...], t: str) -> str:
     # the scalar _max lane by lane (NaN wins, a tie keeps y): C has no lane-wise ?:, so a bitwise select on the mask
-    x, y = (ctx.vref(s) if s in ctx.packs else f"(({t}){{}} + {ctx.ref(s)})" for s in srcs)
+    x, y = (ctx.vref_as(s, t) for s in srcs)
     it, definition = ctx.renderer.vector_type(MASK_INT[pack.dtype], len(pack.lanes))
     if definition:
         ctx.vec_types.setdefault(it, definition)
