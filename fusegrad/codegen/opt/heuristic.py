@@ -57,6 +57,17 @@ TRANSPOSE_MIN_ELEMENTS = 1 << 18
 TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
 
 
+def _loops(nodes: list[UOp]) -> dict[int, UOp]:
+    """A kernel's loops by number: the lowerer numbers the loops of the output axes with one (_kept_axes) first, in
+    order, then the reduce's."""
+    return {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+
+
+def _kept_axes(value: UOp) -> list[int]:
+    """The output axes that get a loop (every one but those of size 1), in loop order."""
+    return [a for a, d in enumerate(value.shape) if d != 1]
+
+
 def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     """The register tiles and blocks of `tile_opts`, a full UNROLL of a short innermost reduce in a kernel without
     upcasts, and a THREAD split of the largest loop when the outermost one would leave threads idle."""
@@ -83,10 +94,9 @@ def _lane_accumulators(value: UOp, plain: UOp) -> list[Opt]:
     if value.dtype not in (dtypes.float32, dtypes.float64) or any(not isinstance(d, int) for d in value.shape):
         return []
     nodes = plain.toposort()
-    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+    ranges = _loops(nodes)
     reduces = [r for r in ranges.values() if r.arg[1] == "reduce"]
-    # the lowerer numbers the loops of the output axes first, in order, skipping axes of size 1
-    kept = [a for a, d in enumerate(value.shape) if d != 1]
+    kept = _kept_axes(value)
     if not reduces or not kept or (col_r := ranges.get(len(kept) - 1)) is None or col_r.arg[1] != "global":
         return []
     col, cols, width = kept[-1], value.shape[kept[-1]], _width(value)
@@ -104,8 +114,8 @@ def _transpose_tile(value: UOp, plain: UOp) -> list[Opt]:
     if any(not isinstance(d, int) for d in value.shape) or prod(value.shape) < TRANSPOSE_MIN_ELEMENTS:
         return []
     nodes = plain.toposort()
-    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
-    kept = [a for a, d in enumerate(value.shape) if d != 1]
+    ranges = _loops(nodes)
+    kept = _kept_axes(value)
     if len(kept) < 2 or any(r.arg[1] != "global" for r in ranges.values()) or len(ranges) != len(kept):
         return []
     loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
@@ -174,13 +184,12 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     a register tile of rows x vectors of columns when another input varies along a row axis (matmul-like), else
     16/8/4 accumulators along the last axis. Elementwise kernels get none: the C compiler vectorizes them itself."""
     nodes = plain.toposort()
-    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+    ranges = _loops(nodes)
     reduces = [r for r in ranges.values() if r.arg[1] == "reduce"]
     if not reduces:
         return []
-    # the lowerer numbers the loops of the output axes first, in order, skipping axes of size 1
     axis_range: dict[int, UOp] = {}
-    for axis in (a for a, d in enumerate(value.shape) if d != 1):
+    for axis in _kept_axes(value):
         if (r := ranges.get(len(axis_range))) is not None and r.arg[1] == "global":
             axis_range[axis] = r
         axis_range.setdefault(axis, None)  # type: ignore[arg-type]
@@ -264,10 +273,9 @@ def _panel_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt] | None:
     if any(not isinstance(d, int) for d in value.shape) or value.dtype not in (dtypes.float32, dtypes.float64):
         return None
     nodes = plain.toposort()
-    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+    ranges = _loops(nodes)
     reduces = [r for r in ranges.values() if r.arg[1] == "reduce"]
-    # the lowerer numbers the loops of the output axes first, in order, skipping axes of size 1
-    kept = [a for a, d in enumerate(value.shape) if d != 1]
+    kept = _kept_axes(value)
     axis_range = {a: ranges.get(i) for i, a in enumerate(kept)}
     if not reduces or not kept or any(r is None or r.arg[1] != "global" for r in axis_range.values()):
         return None
@@ -334,10 +342,9 @@ def _dot_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     if any(not isinstance(d, int) for d in value.shape) or value.dtype not in (dtypes.float32, dtypes.float64):
         return []
     nodes = plain.toposort()
-    ranges = {u.arg[0]: u for u in nodes if u.op is Ops.RANGE}
+    ranges = _loops(nodes)
     reduces = [r for r in ranges.values() if r.arg[1] == "reduce"]
-    # the lowerer numbers the loops of the output axes first, in order, skipping axes of size 1
-    kept = [a for a, d in enumerate(value.shape) if d != 1]
+    kept = _kept_axes(value)
     axis_range = {a: ranges.get(i) for i, a in enumerate(kept)}
     if not reduces or len(kept) < 2 or any(r is None or r.arg[1] != "global" for r in axis_range.values()):
         return []
