@@ -394,20 +394,16 @@ def sum_block_rows(rounds: int = 5) -> None:
     n = 16 * 1024 * 1024
     an = np.random.default_rng(0).standard_normal(n + 7, dtype=np.float32)
     out = Tensor.empty(()).realize()  # assigned: an identical expression would be served from the realized cache
-    for name, length, fg_op, torch_op in (
-        ("a.sum() 16M", n, Tensor.sum, torch.Tensor.sum),
-        ("a.max() 16M", n, Tensor.max, torch.Tensor.max),
-        ("a.sum() 16M+7", n + 7, Tensor.sum, torch.Tensor.sum),
-    ):
+    for name, length, op in (("a.sum() 16M", n, "sum"), ("a.max() 16M", n, "max"), ("a.sum() 16M+7", n + 7, "sum")):
         x = an[:length]
         a, at = Tensor(x).realize(), torch.from_numpy(x)
         fns = {
-            "fusegrad": lambda a=a, op=fg_op: out.assign(op(a)).realize(),
-            "numpy": lambda x=x, op=fg_op: x.sum() if op is Tensor.sum else x.max(),
-            "torch": lambda at=at, op=torch_op: op(at),
+            "fusegrad": lambda a=a, op=op: out.assign(getattr(a, op)()).realize(),
+            "numpy": getattr(x, op),
+            "torch": getattr(at, op),
         }
         t = block_median_times(fns, rounds=rounds, repeats=31)
-        exact = float(x.astype(np.float64).sum()) if fg_op is Tensor.sum else float(x.max())
+        exact = float(getattr(x.astype(np.float64), op)())
         print(
             f"{name} f32, blocks: fusegrad {t['fusegrad'] * 1e3:.2f}ms ({4 * length / t['fusegrad'] / 1e9:.1f} GB/s),"
             f" numpy {t['numpy'] * 1e3:.2f}ms, torch {t['torch'] * 1e3:.2f}ms: {t['numpy'] / t['fusegrad']:.2f}x"
