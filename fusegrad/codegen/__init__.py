@@ -9,7 +9,7 @@ from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import sym_str
 from fusegrad.uop.spec import check_graph, check_linear
 from fusegrad.codegen.lowerer import lower_kernel, output_value, reads_own_output
-from fusegrad.codegen.opt import Opt
+from fusegrad.codegen.opt import Opt, OptError
 from fusegrad.codegen.opt.heuristic import hand_coded_opts
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.decompose import decompose_for_device
@@ -70,6 +70,7 @@ class CodegenState:
     kernel: UOp | None = None
     lin: list[UOp] | None = None
     max_trips: dict | None = None  # range arg -> the most trips of a symbolic loop (its variables at their largest)
+    chosen: bool = False  # the opts are the heuristics' choice (not given by the caller)
 
 
 def _lower(s: CodegenState) -> None:
@@ -79,13 +80,28 @@ def _lower(s: CodegenState) -> None:
 def _choose_opts(s: CodegenState) -> None:
     if s.opts is None:
         s.opts = () if NOOPT else tuple(hand_coded_opts(output_value(s.ast), s.kernel, reads_own_output(s.kernel)))
+        s.chosen = True
     if DEBUG >= 3:
         print(f"{kernel_name(s.ast)} opts: {list(s.opts)}")
 
 
 def _lower_with_opts(s: CodegenState) -> None:
-    if s.opts:
+    if not s.opts:
+        return
+    try:
         s.kernel = lower_kernel(s.ast, s.opts)
+    except OptError as e:
+        if not s.chosen:
+            raise  # opts the caller gave (BEAM, a test) are theirs to fix
+        # the heuristics' choice must never fail a user's kernel: drop the refused opt, or fall back to none
+        if DEBUG >= 2:
+            print(f"{kernel_name(s.ast)}: the checker refused the chosen opts ({e}); trying without each")
+        for opts in [s.opts[:i] + s.opts[i + 1 :] for i in reversed(range(len(s.opts)))] + [()]:
+            try:
+                s.kernel, s.opts = lower_kernel(s.ast, opts) if opts else s.kernel, opts
+                break
+            except OptError:
+                continue
 
 
 def _decompose(s: CodegenState) -> None:

@@ -6,7 +6,7 @@ import threading
 import time
 from collections import OrderedDict
 from typing import Any
-from fusegrad.helpers import BEAM, DEBUG, NOOPT, GlobalCounters
+from fusegrad.helpers import BEAM, DEBUG, NOOPT, SPEC, GlobalCounters
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
@@ -56,6 +56,14 @@ def get_runner(device: str, ast: UOp) -> Runner:
     else:
         info = lower_to_linear(ast)
     r = _runners[key] = Runner(info, dev.build(info), device)
+    if SPEC >= 2 and info.opts:
+        from fusegrad.engine.opt_equivalence import check_opts_keep_meaning
+
+        try:
+            check_opts_keep_meaning(ast, device, info, r.program)
+        except BaseException:
+            del _runners[key]  # a kernel whose opts change its meaning is never launched
+            raise
     GlobalCounters.compile_count += 1
     while len(_runners) > MAX_LOADED_PROGRAMS:
         _runners.popitem(last=False)

@@ -786,7 +786,10 @@ class OpenCLRenderer(CStyleRenderer):
             ctx.line(f"{t} {v} = -{ctx.vref(u.src[0])};")
         elif u.op is Ops.WHERE:
             arms = [ctx.vref(s) if s in ctx.packs else f"({t})({ctx.ref(s)})" for s in u.src[1:]]
-            ctx.line(f"{t} {v} = ({ctx.ref(u.src[0])} ? {arms[0]} : {arms[1]});")
+            if u.src[0] in ctx.packs:  # a mask pack selects lane by lane (select takes lanes whose top bit is set)
+                ctx.line(f"{t} {v} = select({arms[1]}, {arms[0]}, {ctx.vec_names[ctx.packs[u.src[0]][0]]});")
+            else:
+                ctx.line(f"{t} {v} = ({ctx.ref(u.src[0])} ? {arms[0]} : {arms[1]});")
         elif u.op in INFIX:
             ctx.line(f"{t} {v} = ({ctx.vref(u.src[0])}{INFIX[u.op]}{ctx.vref(u.src[1])});")
         else:

@@ -166,7 +166,7 @@ def compile_candidate(ast: UOp, device: str, opts: tuple[Opt, ...]) -> Callable[
     return Device[device].build(lower_to_linear(ast, opts=opts))
 
 
-class _Bench:
+class KernelBench:
     """Random inputs of the kernel's sizes (its own buffers, never the user's), the output reset before each run."""
 
     def __init__(self, ast: UOp, device: str):
@@ -284,7 +284,7 @@ def fits_registers(ast: UOp, opts: tuple[Opt, ...]) -> bool:
 
 def _search(ast: UOp, device: str, width: int) -> SearchResult:
     start_time = deadline_clock()
-    bench = _Bench(ast, device)
+    bench = KernelBench(ast, device)
     # the kernel without opts is the reference every candidate must match, and the first start candidate
     reference_program = compile_candidate(ast, device, ())
     reference_time = bench.run(reference_program)
@@ -354,7 +354,7 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
 
 
 def _final_choice(
-    bench: _Bench,
+    bench: KernelBench,
     baseline: tuple[Opt, ...],
     timed: dict[tuple[Opt, ...], float],
     programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]],

@@ -380,6 +380,10 @@ def _reduce_block(value: UOp, reduce_size: int) -> Opt | None:
     MAX_REDUCE_BLOCKS."""
     if (red := blockable_sum(value)) is None or reduce_size <= INNER_BLOCK:
         return None
+    # only the blockable sum's own axis is cut: a kernel whose loops also walk another reduce (a matmul inside a
+    # split sum's chunk) has no block of that size
+    if red.src[0].shape[red.arg[1][0]] != reduce_size:
+        return None
     block = next(
         (
             b

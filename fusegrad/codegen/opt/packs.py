@@ -130,6 +130,7 @@ def _pack(
     # ALU ops and accumulators, until no new pack forms (a lane's users may stand before the pack's last lane)
     while True:
         groups: dict[tuple, dict[int, UOp]] = {}
+        ranks: dict[tuple, int] = {}
         shares: dict[tuple, UOp] = {}  # a group whose lanes share a lane of a run of loads: that lane
         for u in lin:
             if u in lane_of or u in shared:
@@ -151,19 +152,25 @@ def _pack(
                 operands = (u.src[1],)
             else:
                 continue
-            key, lane, lanes_n, shared_lane = _signature(operands, lane_of, shareable)
-            if lane is None:
-                continue
             # an update's op joins the key: a sum's and a max's accumulators never share a pack
             extra = (u.arg, u.src[2:]) if u.op is Ops.ACC_UPDATE else u.arg
-            groups.setdefault(group := (u.op, u.dtype, extra, key, scope[u], lanes_n, mask_of), {}).setdefault(lane, u)
-            if shared_lane is not None:
-                shares[group] = shared_lane
-        new = 0
-        for group, g in groups.items():
+            for rank, key, lane, lanes_n, shared_lane in _signatures(operands, lane_of, shareable):
+                group = (u.op, u.dtype, extra, key, scope[u], lanes_n, mask_of)
+                groups.setdefault(group, {}).setdefault(lane, u)
+                ranks.setdefault(group, rank)
+                if shared_lane is not None:
+                    shares[group] = shared_lane
+        new, packed_before = 0, set(lane_of)
+        # an instruction may fit several groups (a tile's diagonal product lane by lane, or in its row sharing the
+        # row value): complete groups are taken by rank, and each instruction joins one pack
+        for group in sorted(groups, key=lambda g: ranks[g]):
+            g = groups[group]
             lanes_n, mask_of = group[-2:]
             lanes = [g.get(i) for i in range(lanes_n)]
-            if None in lanes:
+            if None in lanes or any(u in lane_of or u in shared for u in lanes):
+                continue
+            # a scalar all lanes use that became a lane of a pack in this sweep would be read as its whole vector
+            if any(isinstance(k, UOp) and k in lane_of and k not in packed_before for k in group[3]):
                 continue
             if mask_of is not None:
                 add(lanes, mask_of=mask_of)  # type: ignore[arg-type]
@@ -172,6 +179,8 @@ def _pack(
             if lanes[0].op is Ops.ACC_UPDATE:
                 accs = [u.src[0] for u in lanes]
                 if len({a.src[0].arg for a in accs}) != 1 or len({scope[a] for a in accs}) != 1:
+                    continue
+                if any(a in lane_of for a in accs):
                     continue
                 add(accs)
             add(lanes)  # type: ignore[arg-type]
@@ -245,26 +254,35 @@ def _consecutive_runs(by_offset: dict[int, UOp], widths: tuple[int, ...]) -> lis
     return runs
 
 
-def _signature(
+def _signatures(
     operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]], shareable: Callable[[UOp], bool]
-) -> tuple[tuple, int | None, int, UOp | None]:
-    """(what the lanes must share, this instruction's lane, the lanes of its packs, the packed lane they share as a
-    scalar or None): packs of one width lane by lane, and equal scalars. Two packed operands in different lanes (a
-    tile's row value times its columns) pack along the wider one when the other is shareable: a lane of it is then
-    the scalar all lanes share."""
-    found = (*_lane_by_lane(operands, lane_of, None), None)
-    if found[1] is not None or len(operands) != 2 or not all(s in lane_of for s in operands):
+) -> list[tuple[int, tuple, int, int, UOp | None]]:
+    """The groups an instruction may pack in, each (rank, what the lanes must share, this instruction's lane, the
+    lanes of its packs, the packed lane they share as a scalar or None); a lower rank is taken first. Packs of one
+    width lane by lane, and equal scalars (rank 2). Two packed operands (a tile's row value times its columns) also
+    pack along one of them when the other is shareable: a lane of it is then the scalar all lanes share (rank 0 for
+    the wider, 1 for the other). Both kinds are offered: a tile's diagonal product fits lane by lane too, but its
+    row needs it."""
+    found = []
+    key, lane, lanes_n = _lane_by_lane(operands, lane_of)
+    if lane is not None:
+        found.append((2, key, lane, lanes_n, None))
+    if len(operands) != 2 or not all(s in lane_of for s in operands):
         return found
-    options = [(*_lane_by_lane(operands, lane_of, s), s) for s in operands if shareable(s)]
-    return max(options, key=lambda o: o[2] if o[1] is not None else -1, default=found)
+    options = []
+    for k, s in enumerate(operands):
+        if shareable(s):
+            pack, lane = lane_of[operands[1 - k]]
+            key = (s, pack) if k == 0 else (pack, s)
+            options.append((key, lane, len(pack.lanes), s))
+    options.sort(key=lambda o: -o[2])
+    return [(0 if n == 0 else 1, *o) for n, o in enumerate(options)] + found
 
 
-def _lane_by_lane(
-    operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]], shared: UOp | None
-) -> tuple[tuple, int | None, int]:
+def _lane_by_lane(operands: tuple[UOp, ...], lane_of: dict[UOp, tuple[Pack, int]]) -> tuple[tuple, int | None, int]:
     key, lane, lanes_n = [], None, 0
     for s in operands:
-        if s in lane_of and s is not shared:
+        if s in lane_of:
             pack, i = lane_of[s]
             if lane is not None and (i != lane or len(pack.lanes) != lanes_n):
                 return (), None, 0

@@ -376,7 +376,7 @@ def test_panel_matmul_candidates_equal_noopt(data, m, k, panels):
         ast = panel_matmul_ast(m, k, panels * 2 * vector_bytes() // 4)
     finally:
         linalg.PANEL_MIN_ROWS, linalg.PANEL_MIN_MACS = saved
-    bench = beam._Bench(ast, "CPU")
+    bench = beam.KernelBench(ast, "CPU")
     bench.run(beam.compile_candidate(ast, "CPU", ()))
     plain = bench.output()
     opts = beam.lower_to_linear(ast).opts

@@ -1,0 +1,123 @@
+"""Programs on which the default codegen opts once gave wrong values or C that did not compile, while NOOPT=1 was
+right: register tiles over short reduces with a fused producer, the weight gradient of a small batch, cat/stack and
+broadcast operands of a matmul. Each runs forward and backward under the default opts on every compiling backend
+(C, LLVM IR and OpenCL C share the vector packing) and is checked against torch."""
+
+import numpy as np
+import pytest
+import torch
+
+from fusegrad import Tensor
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(params=["CPU", "LLVM", "CL"])
+def dev(request):
+    return request.param
+
+
+def run_both(dev, shapes, fg_fn, torch_fn, atol=1e-4, rtol=1e-4):
+    """fg_fn(*Tensors) and torch_fn(*torch tensors) on device dev: outputs, and gradients of (out * g).sum(), equal
+    torch's."""
+    xs = [RNG.standard_normal(s).astype(np.float32) for s in shapes]
+    fts = [Tensor(x, device=dev, requires_grad=True) for x in xs]
+    tts = [torch.tensor(x, requires_grad=True) for x in xs]
+    fo, to = fg_fn(*fts), torch_fn(*tts)
+    g = RNG.standard_normal(tuple(to.shape)).astype(np.float32)
+    (fo * Tensor(g, device=dev)).sum().backward()
+    (to * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(fo.numpy(), to.detach().numpy(), atol=atol, rtol=rtol)
+    for i, (ft, tt) in enumerate(zip(fts, tts)):
+        np.testing.assert_allclose(ft.grad.numpy(), tt.grad.numpy(), atol=atol, rtol=rtol, err_msg=f"grad {i}")
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 256, 10), (2, 8, 8), (16, 64, 64)])
+def test_matmul_of_an_exp_has_torchs_weight_gradient(dev, m, k, n):
+    run_both(dev, [(m, k), (k, n)], lambda x, w: x.exp() @ w, lambda x, w: x.exp() @ w, atol=1e-3)
+
+
+@pytest.mark.parametrize("n", [8, 16])
+def test_short_reduce_tile_with_a_fused_row_operand(dev, n):
+    # the tile's row values are a run of loads while its columns are a fused add: each row must share its own value
+    run_both(dev, [(2, 8), (2, n)], lambda a, b: a.T @ (b + 1), lambda a, b: a.T @ (b + 1))
+
+
+def test_cat_then_matmul(dev):
+    run_both(
+        dev,
+        [(1, 1, 8), (1, 2, 8), (8, 8)],
+        lambda a, b, w: a.cat(b, dim=1) @ w,
+        lambda a, b, w: torch.cat([a, b], dim=1) @ w,
+    )
+
+
+def test_broadcast_batched_matmul_times_a_vector(dev):
+    run_both(dev, [(2, 8), (1, 8, 8), (8,)], lambda x, w, v: (x @ w) * v, lambda x, w, v: (x @ w) * v)
+
+
+def test_linear_of_a_broadcast_sum(dev):
+    run_both(
+        dev,
+        [(2, 8), (1, 1), (8, 8), (8,)],
+        lambda x, c, w, b: (x + c).linear(w, b),
+        lambda x, c, w, b: (x + c) @ w + b,
+    )
+
+
+def test_mean_then_matmul(dev):
+    run_both(dev, [(1, 2, 8), (8, 8)], lambda x, w: x.mean(axis=0) @ w, lambda x, w: x.mean(dim=0) @ w)
+
+
+def test_stack_then_matmul_transposed(dev):
+    run_both(
+        dev,
+        [(2, 16), (2, 16), (8, 16)],
+        lambda a, b, w: a.stack(b, dim=0) @ w.T,
+        lambda a, b, w: torch.stack([a, b], dim=0) @ w.T,
+    )
+
+
+def test_gram_matrix_sum_of_a_narrow_input(dev):
+    run_both(dev, [(256, 9)], lambda a: (a @ a.transpose(-1, -2)).sum(), lambda a: (a @ a.transpose(-1, -2)).sum(), atol=1e-2)
+
+
+@pytest.mark.parametrize("n", [256, 300])
+def test_relu_of_square_matmul_sum(dev, n):
+    run_both(dev, [(n, n), (n, n)], lambda a, b: (a @ b).relu().sum(), lambda a, b: (a @ b).relu().sum(), atol=1e-2)
+
+
+def test_a_refused_heuristic_choice_is_logged_and_skipped(dev, monkeypatch, capsys):
+    import fusegrad.codegen as codegen
+    from fusegrad import Context
+    from fusegrad.codegen.opt import Opt, OptOps
+
+    chosen = codegen.hand_coded_opts
+
+    def with_a_refused_block(value, plain, reads_output):
+        # a block longer than the reduce: the checker refuses it, the upcast before it stays
+        return [*chosen(value, plain, reads_output), Opt(OptOps.REDUCE_BLOCK, 1, 10**6)]
+
+    monkeypatch.setattr(codegen, "hand_coded_opts", with_a_refused_block)
+    a, b = RNG.standard_normal((67, 64)).astype(np.float32), RNG.standard_normal((64, 35)).astype(np.float32)
+    with Context(DEBUG=2):
+        out = (Tensor(a, device=dev) @ Tensor(b, device=dev)).numpy()
+    np.testing.assert_allclose(out, a @ b, atol=1e-4, rtol=1e-4)
+    assert "refused the chosen opts" in capsys.readouterr().out
+
+
+def test_spec_2_catches_opts_that_change_a_kernels_meaning(dev):
+    from fusegrad.codegen import lower_to_linear
+    from fusegrad.codegen.opt import Opt, OptOps
+    from fusegrad.engine.opt_equivalence import OptEquivalenceError, check_opts_keep_meaning
+    from fusegrad.runtime.device import Device
+    from fusegrad.schedule import create_schedule
+
+    x = Tensor(RNG.standard_normal((64, 64)).astype(np.float32), device=dev).realize()
+    (doubled,) = [it.ast for it in create_schedule([(x * 2).sum(1).uop], [Device[dev]])[0]]
+    (tripled,) = [it.ast for it in create_schedule([(x * 3).sum(1).uop], [Device[dev]])[0]]
+    info = lower_to_linear(doubled, opts=(Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 1, 4)))
+    check_opts_keep_meaning(doubled, dev, info, Device[dev].build(info))  # the same kernel agrees
+    wrong = Device[dev].build(lower_to_linear(tripled, opts=info.opts))
+    with pytest.raises(OptEquivalenceError, match="differs from the same kernel without opts"):
+        check_opts_keep_meaning(doubled, dev, info, wrong)
