@@ -114,8 +114,9 @@ def test_spec_2_catches_opts_that_change_a_kernels_meaning(dev):
     from fusegrad.schedule import create_schedule
 
     x = Tensor(RNG.standard_normal((64, 64)).astype(np.float32), device=dev).realize()
-    (doubled,) = [it.ast for it in create_schedule([(x * 2).sum(1).uop], [Device[dev]])[0]]
-    (tripled,) = [it.ast for it in create_schedule([(x * 3).sum(1).uop], [Device[dev]])[0]]
+    # float constants are kernel parameters: kernels of other constants share one AST, so the wrong one differs in op
+    (doubled,) = [it.ast for it in create_schedule([(x + x).sum(1).uop], [Device[dev]])[0]]
+    (tripled,) = [it.ast for it in create_schedule([(x * x).sum(1).uop], [Device[dev]])[0]]
     info = lower_to_linear(doubled, opts=(Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 1, 4)))
     check_opts_keep_meaning(doubled, dev, info, Device[dev].build(info))  # the same kernel agrees
     wrong = Device[dev].build(lower_to_linear(tripled, opts=info.opts))
