@@ -252,7 +252,9 @@ def test_reduce_block_equals_noopt(data, m, k, n):
     with forced_opts(opts):
         if m == amounts[0] and n == amounts[1]:  # one tile: no output loop for the blocks to run inside
             with pytest.raises(OptError, match="needs a loop of more than one tile"):
-                (Tensor(an) @ Tensor(bn)).realize()
+                lower_to_linear(matmul_ast(m, k, n), opts=tuple(opts))
+            # as the heuristics' choice, the refused opt is dropped: the values stay right
+            np.testing.assert_allclose((Tensor(an) @ Tensor(bn)).numpy(), plain, rtol=1e-5, atol=1e-5)
             return
         np.testing.assert_allclose((Tensor(an) @ Tensor(bn)).numpy(), plain, rtol=1e-5, atol=1e-5)
         realize._runners.clear()
