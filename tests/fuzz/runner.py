@@ -183,7 +183,7 @@ def as_test(failure: Failure) -> str:
         " else torch.tensor(x).long() for x in xs]",
         "    out, ref = fg_program(*fts), torch_program(*tts)",
         f"    tol = {HALF_TOLERANCE if p.uses_half() else TOLERANCE}",
-        "    scale = max(1.0, float(ref.abs().max()))",
+        "    scale = max(1.0, float(ref.detach().abs().max()))",
         "    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), atol=tol * scale, rtol=tol)",
     ]
     if failure.grad:

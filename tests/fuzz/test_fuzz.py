@@ -1,0 +1,53 @@
+"""The fuzzer in the suite: a few fixed-seed programs on every run, and in CI a few hundred with a seed that rotates
+by the day (printed, so a failure reruns with `python -m tests.fuzz --seed S`), every program under SPEC=2 so an opt
+that changes a kernel's meaning fails where it is born."""
+
+import datetime
+import os
+
+import numpy as np
+import pytest
+
+from fusegrad import Context
+from fuzz.__main__ import main
+from fuzz.programs import OPS, Program, Step, Input, draw_program
+from fuzz.runner import Failure, as_test, check, compare, shrink
+
+
+@pytest.mark.parametrize("mode", ["default", "noopt", "random"])
+def test_fixed_seed_programs_match_torch(mode):
+    for seed in range(6):
+        program = draw_program(seed)
+        assert (failure := check(program, "CPU", mode, grad=seed % 2 == 0)) is None, as_test(shrink(failure))
+
+
+def test_the_checker_catches_a_wrong_value_and_prints_a_standalone_test():
+    program = Program(7, Input((3, 5)), [Step("exp", ()), Step("sum", (1, False))])
+    assert program.shapes() == [(3, 5), (3,)]
+    ref = (np.ones(3), [])
+    assert compare(program, (np.ones(3) * 1.01, []), ref) is not None
+    assert compare(program, (np.ones(3), []), ref) is None
+    source = as_test(Failure(program, "CPU", "default", True, "output: differs"))
+    namespace: dict = {}
+    exec("import numpy as np, torch\nfrom fusegrad import Tensor, dtypes\n" + source, namespace)
+    namespace["test_fuzz_seed_7_cpu"]()  # the printed test runs (and passes: this program is right)
+
+
+def test_every_op_draws_a_step_that_fits_its_shape():
+    rng = np.random.default_rng(0)
+    for name, op in OPS.items():
+        for shape in [(4, 6, 5, 7), (9, 8), (33,)]:
+            step = op.draw(rng, shape)
+            if step is not None:
+                assert op.shape(shape, Step(name, step.params, step.inputs)) is not None, (name, shape, step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device, programs", [("CPU", 150), ("LLVM", 60), ("CL", 25)])
+def test_rotating_seed_programs_under_every_opt_mode(device, programs, capsys):
+    seed = int(os.environ.get("FUZZ_SEED", datetime.date.today().toordinal()))
+    with Context(SPEC=2):
+        status = main(["--programs", str(programs), "--seed", str(seed), "--devices", device])
+    out = capsys.readouterr().out
+    print(out)
+    assert status == 0, out
