@@ -79,7 +79,9 @@ def test_stack_then_matmul_transposed(dev):
 
 
 def test_gram_matrix_sum_of_a_narrow_input(dev):
-    run_both(dev, [(256, 9)], lambda a: (a @ a.transpose(-1, -2)).sum(), lambda a: (a @ a.transpose(-1, -2)).sum(), atol=1e-2)
+    run_both(
+        dev, [(256, 9)], lambda a: (a @ a.transpose(-1, -2)).sum(), lambda a: (a @ a.transpose(-1, -2)).sum(), atol=1e-2
+    )
 
 
 @pytest.mark.parametrize("n", [256, 300])

@@ -1,1 +1,1 @@
-"""The differential fuzzer of the compiler: random programs compared against torch in float64 (`python -m tests.fuzz`)."""
+"""The differential fuzzer of the compiler: random programs compared with torch in float64 (python -m tests.fuzz)."""

@@ -44,10 +44,14 @@ def main(argv=None) -> int:
                     print(as_test(failure) + "\n", flush=True)
         done += 1
         if done % 25 == 0:
-            print(f"fuzz: {done} programs, {runs} runs, {len(failures)} failures, {time.monotonic() - start:.0f} s",
-                  flush=True)
-    print(f"fuzz: seed {args.seed}: {done} programs, {runs} runs, {len(failures)} failures in "
-          f"{time.monotonic() - start:.0f} s")
+            print(
+                f"fuzz: {done} programs, {runs} runs, {len(failures)} failures, {time.monotonic() - start:.0f} s",
+                flush=True,
+            )
+    print(
+        f"fuzz: seed {args.seed}: {done} programs, {runs} runs, {len(failures)} failures in "
+        f"{time.monotonic() - start:.0f} s"
+    )
     return 1 if failures else 0
 
 

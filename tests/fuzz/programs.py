@@ -33,6 +33,7 @@ class Program:
     seed: int
     first: Input
     steps: list[Step] = field(default_factory=list)
+    float64: bool = False  # fusegrad computes in float64 (else float32); the reference always does
 
     def inputs(self) -> list[Input]:
         return [self.first] + [i for s in self.steps for i in s.inputs]
@@ -95,7 +96,9 @@ def same(f: str, t: str | None = None) -> dict[str, Callable[..., str]]:
     torch's spelling t differs."""
 
     def fill(tmpl):
-        return lambda x, args, *p: tmpl.format(x=x, **{f"a{i}": a for i, a in enumerate(args)}, **{f"p{i}": v for i, v in enumerate(p)})
+        return lambda x, args, *p: tmpl.format(
+            x=x, **{f"a{i}": a for i, a in enumerate(args)}, **{f"p{i}": v for i, v in enumerate(p)}
+        )
 
     return {"fg": fill(f), "torch": fill(t if t is not None else f)}
 
@@ -276,8 +279,16 @@ OPS: dict[str, OpDef] = {
     "div": _binary("({x} / ({a0}.abs() + 1))"),
     "maximum": _binary("{x}.maximum({a0})", "torch.maximum({x}, {a0})"),
     "where": _binary("({a0} > 0).where({x}, 0.5)", "torch.where({a0} > 0, {x}, 0.5)"),
-    "reshape": OpDef(_reshape_draw, lambda s, st: st.params[0] if _size(st.params[0]) == _size(s) else None, same("{x}.reshape({p0})")),
-    "permute": OpDef(_permute_draw, lambda s, st: tuple(s[a] for a in st.params[0]) if len(st.params[0]) == len(s) else None, same("{x}.permute({p0})")),
+    "reshape": OpDef(
+        _reshape_draw,
+        lambda s, st: st.params[0] if _size(st.params[0]) == _size(s) else None,
+        same("{x}.reshape({p0})"),
+    ),
+    "permute": OpDef(
+        _permute_draw,
+        lambda s, st: tuple(s[a] for a in st.params[0]) if len(st.params[0]) == len(s) else None,
+        same("{x}.permute({p0})"),
+    ),
     "pad": OpDef(
         _pad_draw,
         lambda s, st: tuple(d + a + b for d, (a, b) in zip(s, st.params[0])) if len(st.params[0]) == len(s) else None,
@@ -285,9 +296,11 @@ OPS: dict[str, OpDef] = {
     ),
     "shrink": OpDef(
         _shrink_draw,
-        lambda s, st: tuple(hi - lo for lo, hi in st.params[0])
-        if len(st.params[0]) == len(s) and all(hi <= d for (_, hi), d in zip(st.params[0], s))
-        else None,
+        lambda s, st: (
+            tuple(hi - lo for lo, hi in st.params[0])
+            if len(st.params[0]) == len(s) and all(hi <= d for (_, hi), d in zip(st.params[0], s))
+            else None
+        ),
         {"fg": _slices, "torch": _slices},
     ),
     "flip": OpDef(
@@ -305,20 +318,30 @@ OPS: dict[str, OpDef] = {
     ),
     "cat": OpDef(
         _cat_draw,
-        lambda s, st: s[: st.params[0]] + (s[st.params[0]] + st.inputs[0].shape[st.params[0]],) + s[st.params[0] + 1 :]
-        if len(st.inputs[0].shape) == len(s)
-        and all(a == b for j, (a, b) in enumerate(zip(s, st.inputs[0].shape)) if j != st.params[0])
-        else None,
+        lambda s, st: (
+            s[: st.params[0]] + (s[st.params[0]] + st.inputs[0].shape[st.params[0]],) + s[st.params[0] + 1 :]
+            if len(st.inputs[0].shape) == len(s)
+            and all(a == b for j, (a, b) in enumerate(zip(s, st.inputs[0].shape)) if j != st.params[0])
+            else None
+        ),
         same("{x}.cat({a0}, dim={p0})", "torch.cat([{x}, {a0}], dim={p0})"),
     ),
     "stack": OpDef(
-        lambda rng, s: Step("", (int(rng.integers(0, len(s) + 1)),), (Input(s),)) if _size(s) * 2 <= MAX_ELEMENTS else None,
+        lambda rng, s: (
+            Step("", (int(rng.integers(0, len(s) + 1)),), (Input(s),)) if _size(s) * 2 <= MAX_ELEMENTS else None
+        ),
         lambda s, st: s[: st.params[0]] + (2,) + s[st.params[0] :] if st.inputs[0].shape == s else None,
         same("{x}.stack({a0}, dim={p0})", "torch.stack([{x}, {a0}], dim={p0})"),
     ),
-    "sum": OpDef(_axis_draw, _reduce_shape, same("{x}.sum(axis={p0}, keepdim={p1})", "{x}.sum(dim={p0}, keepdim={p1})")),
-    "max": OpDef(_axis_draw, _reduce_shape, same("{x}.max(axis={p0}, keepdim={p1})", "{x}.amax(dim={p0}, keepdim={p1})")),
-    "mean": OpDef(_axis_draw, _reduce_shape, same("{x}.mean(axis={p0}, keepdim={p1})", "{x}.mean(dim={p0}, keepdim={p1})")),
+    "sum": OpDef(
+        _axis_draw, _reduce_shape, same("{x}.sum(axis={p0}, keepdim={p1})", "{x}.sum(dim={p0}, keepdim={p1})")
+    ),
+    "max": OpDef(
+        _axis_draw, _reduce_shape, same("{x}.max(axis={p0}, keepdim={p1})", "{x}.amax(dim={p0}, keepdim={p1})")
+    ),
+    "mean": OpDef(
+        _axis_draw, _reduce_shape, same("{x}.mean(axis={p0}, keepdim={p1})", "{x}.mean(dim={p0}, keepdim={p1})")
+    ),
     "softmax": OpDef(_same_axis_draw, _same_axis_shape, same("{x}.softmax({p0})")),
     "log_softmax": OpDef(_same_axis_draw, _same_axis_shape, same("{x}.log_softmax({p0})")),
     "cumsum": OpDef(_same_axis_draw, _same_axis_shape, same("{x}.cumsum({p0})")),
@@ -328,7 +351,10 @@ OPS: dict[str, OpDef] = {
     "conv2d": OpDef(
         _conv_draw,
         _conv_shape,
-        same("{x}.conv2d({a0}, stride={p0}, padding={p1})", "torch.nn.functional.conv2d({x}, {a0}, stride={p0}, padding={p1})"),
+        same(
+            "{x}.conv2d({a0}, stride={p0}, padding={p1})",
+            "torch.nn.functional.conv2d({x}, {a0}, stride={p0}, padding={p1})",
+        ),
     ),
     "gather": OpDef(_gather_draw, _gather_shape, same("{x}.gather({p0}, {a0})")),
 }
@@ -339,7 +365,7 @@ WEIGHTS = {"matmul": 4, "t_matmul": 3, "linear": 2, "conv2d": 2, "sum": 2, "mul"
 def draw_program(seed: int, max_steps: int = 5) -> Program:
     rng = np.random.default_rng(seed)
     rank = int(rng.choice([1, 2, 2, 3, 4]))
-    program = Program(seed, Input(draw_shape(rng, rank)))
+    program = Program(seed, Input(draw_shape(rng, rank)), float64=bool(rng.random() < 0.2))
     names = list(OPS)
     p = np.array([WEIGHTS.get(n, 1) for n in names], dtype=float)
     shape = program.first.shape

@@ -43,8 +43,10 @@ def _compile(program: Program, lib: str, namespace: dict):
 
 
 def run_reference(program: Program, arrays: list[np.ndarray], grad: bool):
-    xs = [torch.tensor(a, dtype=torch.float64, requires_grad=grad) if a.dtype.kind == "f" else torch.tensor(a).long()
-          for a in arrays]
+    xs = [
+        torch.tensor(a, dtype=torch.float64, requires_grad=grad) if a.dtype.kind == "f" else torch.tensor(a).long()
+        for a in arrays
+    ]
     out = _compile(program, "torch", {"torch": torch})(*xs)
     grads = []
     if grad:
@@ -56,12 +58,13 @@ def run_reference(program: Program, arrays: list[np.ndarray], grad: bool):
 def run_fusegrad(program: Program, arrays: list[np.ndarray], device: str, grad: bool):
     from fusegrad import Tensor, dtypes
 
+    arrays = [a.astype(np.float64) if program.float64 and a.dtype.kind == "f" else a for a in arrays]
     xs = [Tensor(a, device=device, requires_grad=grad if a.dtype.kind == "f" else None) for a in arrays]
     out = _compile(program, "fg", {"dtypes": dtypes})(*xs)
     grads = []
     if grad:
         (out * Tensor(output_gradient(program, out.shape), device=device)).sum().backward()
-        grads = [x.grad.numpy() if x.grad is not None else np.zeros(x.shape) for x in xs if x.dtype == dtypes.float32]
+        grads = [x.grad.numpy() if x.grad is not None else np.zeros(x.shape) for x in xs if dtypes.is_float(x.dtype)]
     return out.numpy(), grads
 
 
@@ -80,8 +83,9 @@ def opt_mode(mode: str, seed: int):
         from fusegrad.schedule.cache import clear_schedule_cache
 
         original, rng = realize.lower_to_linear, np.random.default_rng(seed)
-        realize.lower_to_linear = lambda ast, opts=None: original(ast, opts=random_opts(ast, rng, original)
-                                                                   if opts is None else opts)
+        realize.lower_to_linear = lambda ast, opts=None: original(
+            ast, opts=random_opts(ast, rng, original) if opts is None else opts
+        )
         realize._runners.clear()  # kernels built with the heuristics' opts are not reused, nor these later
         clear_schedule_cache()
         try:
@@ -117,7 +121,9 @@ def random_opts(ast, rng: np.random.Generator, lower) -> tuple:
 def compare(program: Program, got, want) -> str | None:
     tol = HALF_TOLERANCE if program.uses_half() else TOLERANCE
     (out, grads), (ref, ref_grads) = got, want
-    for name, a, b in [("output", out, ref)] + [(f"gradient of x{i}", g, r) for i, (g, r) in enumerate(zip(grads, ref_grads))]:
+    for name, a, b in [("output", out, ref)] + [
+        (f"gradient of x{i}", g, r) for i, (g, r) in enumerate(zip(grads, ref_grads))
+    ]:
         if a.shape != b.shape:
             return f"{name}: shape {a.shape} != torch's {b.shape}"
         scale = max(1.0, float(np.max(np.abs(b), initial=0.0)))
@@ -151,7 +157,7 @@ def shrink(failure: Failure) -> Failure:
         steps = best.program.steps
         candidates = [steps[:k] for k in range(1, len(steps))] + [steps[:i] + steps[i + 1 :] for i in range(len(steps))]
         for candidate in candidates:
-            program = Program(best.program.seed, best.program.first, list(candidate))
+            program = Program(best.program.seed, best.program.first, list(candidate), best.program.float64)
             if not candidate or program.shapes() is None:
                 continue
             if (f := check(program, best.device, best.mode, best.grad)) is not None:
@@ -172,13 +178,17 @@ def as_test(failure: Failure) -> str:
         f"    # {failure.message.splitlines()[0]}",
         f"    rng = np.random.default_rng({p.seed + 1})",
         "    xs = [",
-        *[f"        rng.standard_normal({s}).astype(np.float32)," if f else f"        rng.integers(0, {h}, {s}).astype(np.int32),"
-          for s, f, h in shapes],
+        *[
+            f"        rng.standard_normal({s}).astype(np.float32){'.astype(np.float64)' if p.float64 else ''},"
+            if f
+            else f"        rng.integers(0, {h}, {s}).astype(np.int32),"
+            for s, f, h in shapes
+        ],
         "    ]",
         *["    " + line.replace("def program", "def fg_program") for line in p.source("fg").splitlines()],
         *["    " + line.replace("def program", "def torch_program") for line in p.source("torch").splitlines()],
-        f"    fts = [Tensor(x, device={failure.device!r}, requires_grad={failure.grad} if x.dtype.kind == 'f' else None)"
-        " for x in xs]",
+        f"    fts = [Tensor(x, device={failure.device!r}, requires_grad={failure.grad} if x.dtype.kind == 'f'"
+        " else None) for x in xs]",
         f"    tts = [torch.tensor(x, dtype=torch.float64, requires_grad={failure.grad}) if x.dtype.kind == 'f'"
         " else torch.tensor(x).long() for x in xs]",
         "    out, ref = fg_program(*fts), torch_program(*tts)",
