@@ -357,6 +357,12 @@ OPS: dict[str, OpDef] = {
         ),
     ),
     "gather": OpDef(_gather_draw, _gather_shape, same("{x}.gather({p0}, {a0})")),
+    # one value on both sides of a product (a Gram matrix): both operands are lanes of the same packs
+    "gram": OpDef(
+        lambda rng, s: Step("", ()) if len(s) >= 2 and _size(s) * s[-2] <= MAX_MATMUL_WORK else None,
+        lambda s, st: s[:-1] + (s[-2],) if len(s) >= 2 else None,
+        same("({x} @ {x}.transpose(-1, -2))"),
+    ),
 }
 # how often each op is drawn: elementwise and matmul-like ops most, since the opts act on them
 WEIGHTS = {"matmul": 4, "t_matmul": 3, "linear": 2, "conv2d": 2, "sum": 2, "mul": 2, "add": 2, "exp": 2}
