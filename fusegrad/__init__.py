@@ -1,4 +1,4 @@
-"""fusegrad: lazy tensors fused into few kernels, compiled and run. Public names only (API.md §1)."""
+"""fusegrad: lazy tensors fused into few kernels, compiled and run. Public names only (docs/api.md)."""
 
 from fusegrad.tensor import Tensor
 from fusegrad.dtype import dtypes

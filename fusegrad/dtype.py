@@ -1,4 +1,4 @@
-"""DType, the dtypes namespace, the promotion lattice (API.md §3) and numpy interop."""
+"""DType, the dtypes namespace, the promotion lattice (docs/api.md) and numpy interop."""
 
 from __future__ import annotations
 import math
@@ -221,7 +221,7 @@ def to_dtype(x: Any) -> DType:
         raise TypeError(f"cannot interpret {x!r} as a dtype") from None
 
 
-# promotion lattice of API.md §3.2: each dtype lists what it may promote to
+# promotion lattice (docs/api.md, Promotion): each dtype lists what it may promote to
 _PROMO: dict[DType, tuple[DType, ...]] = {
     dtypes.bool: (dtypes.weakint,),
     dtypes.weakint: (dtypes.int8, dtypes.uint8),
@@ -261,7 +261,7 @@ def least_upper_float(dt: DType) -> DType:
 
 
 def sum_acc_dtype(dt: DType) -> DType:
-    """Accumulation dtype of sum (API.md G13)."""
+    """Accumulation dtype of sum."""
     if dt.kind == "uint":
         return dt if dt.itemsize >= 4 else dtypes.uint32
     if dt.kind in ("int", "bool"):
@@ -363,7 +363,7 @@ def np_f32_to_bf16(a: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(a), np.uint16(0x7FC0), out)
 
 
-# fp8 formats (API.md §3.1): mantissa bits, exponent bias, whether the all-ones exponent means inf/NaN (OCP) or
+# fp8 formats: mantissa bits, exponent bias, whether the all-ones exponent means inf/NaN (OCP) or
 # 0x80 is the one NaN (fnuz), and whether finite overflow saturates (formats without inf) or becomes inf (e5m2)
 @dataclass(frozen=True)
 class FP8Format:

@@ -1,4 +1,4 @@
-"""Small pure utilities and the one place environment flags are read (see README's env-var table)."""
+"""Small pure utilities and the one place environment flags are read (docs/env_vars.md)."""
 
 from __future__ import annotations
 import contextlib
@@ -175,7 +175,7 @@ JIT = ContextVar("JIT", 1)  # 0: TinyJit runs the function every call; 2: replay
 JITBEAM = ContextVar("JITBEAM", 0)  # BEAM width for kernels a TinyJit captures
 JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)  # most kernels one batched C call of a replay launches
 NO_MEMORY_PLANNER = ContextVar("NO_MEMORY_PLANNER", 0)  # 1: a captured step's intermediates keep their own memory
-# API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
+# tinygrad's names; accepted now, they take effect when their feature lands (docs/env_vars.md)
 IMAGE = ContextVar("IMAGE", 0)
 FLOAT16 = ContextVar("FLOAT16", 0)
 WINO = ContextVar("WINO", 0)

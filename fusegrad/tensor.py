@@ -410,7 +410,7 @@ class Tensor(
     # ------------------------------------------------------------------ random numbers
     # ------------------------------------------------------------------ broadcasting and dtype promotion
     def _operand(self, x: Tensor | Scalar, reverse: bool = False) -> tuple[Tensor, Tensor]:
-        """Both operands broadcast to one shape and promoted to one dtype; Python scalars are weak (API.md §3.3)."""
+        """Both operands broadcast to one shape and promoted to one dtype; Python scalars are weak."""
         if isinstance(x, Tensor):
             if x.device != self.device:
                 raise RuntimeError(f"operands on different devices: {self.device} and {x.device}")
@@ -418,7 +418,7 @@ class Tensor(
             out_dt = dt if x_dt is dt else least_upper_dtype(dt, x_dt)
             a, b = self, x
         else:
-            if isinstance(x, UOp):  # a symbolic int (API.md 6.2): a weak int whose value is a kernel parameter
+            if isinstance(x, UOp):  # a symbolic int (a bound Variable): a weak int whose value is a kernel parameter
                 x = check_sym("operand", x)
             elif not isinstance(x, (bool, int, float)) or isinstance(x, np.generic):
                 x = _scalar(x)

@@ -1,7 +1,7 @@
-"""fp8 dtypes (API.md §3.1): the conversion helpers against ml_dtypes, and fp8 tensors on the CPU and PYTHON devices.
+"""fp8 dtypes (docs/api.md): the conversion helpers against ml_dtypes, and fp8 tensors on the CPU and PYTHON devices.
 
-ml_dtypes is the independent reference for the bit patterns. Where API.md and ml_dtypes differ (ml_dtypes turns a
-finite overflow of a format without inf into NaN; API.md saturates it), the reference is ml_dtypes applied to the
+ml_dtypes is the independent reference for the bit patterns. Where fusegrad and ml_dtypes differ (ml_dtypes turns a
+finite overflow of a format without inf into NaN; fusegrad saturates it), the reference is ml_dtypes applied to the
 input clipped to the format's range.
 """
 
@@ -32,7 +32,7 @@ def ml_max(dt) -> float:
 
 
 def ref_bits(x: np.ndarray, dt) -> np.ndarray:
-    """ml_dtypes' rounding, with finite overflow saturated where the format has no inf (API.md §3.1)."""
+    """ml_dtypes' rounding, with finite overflow saturated where the format has no inf."""
     x = np.asarray(x, dtype=np.float64)
     if not HAS_INF[dt]:
         x = np.where(np.isfinite(x), np.clip(x, -ml_max(dt), ml_max(dt)), x)
@@ -128,7 +128,7 @@ def test_float_to_fp8_dense_float32(dt):
 
 @pytest.mark.parametrize("dt", FP8S)
 def test_float_to_fp8_saturation_and_specials(dt):
-    """API.md §3.1: e4m3 and the fnuz formats saturate finite overflow and give NaN for ±inf; e5m2 overflows to inf."""
+    """e4m3 and the fnuz formats saturate finite overflow and give NaN for ±inf; e5m2 overflows to inf."""
     top = ml_max(dt)
     for big in (top * 1.5, 1e30, 1e300):
         for sign in (1.0, -1.0):
@@ -330,7 +330,7 @@ def test_elementwise_in_float32_rounded_back(dt, dev):
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("dt", FP8S)
 def test_sum_and_matmul(dt, dev):
-    """sum accumulates in float32 and rounds once (API.md G13); matmul is a product (one fp8 op) then that sum.
+    """sum accumulates in float32 and rounds once; matmul is a product (one fp8 op) then that sum.
     Operands stay in [-4, 4] so every float32 partial sum is exact and the summation order cannot matter."""
     rng = np.random.default_rng(2)
     x = fp8_operands(dt, (6, 8), rng)
@@ -351,7 +351,7 @@ def test_sum_and_matmul(dt, dev):
 
 
 def test_promotion():
-    """API.md §3.2: fp8 -> {float16, bfloat16} -> float32; two different fp8 formats meet at float16."""
+    """Promotion: fp8 -> {float16, bfloat16} -> float32; two different fp8 formats meet at float16."""
     for a in FP8S:
         for b in FP8S:
             assert least_upper_dtype(a, b) is (a if a is b else dtypes.float16)

@@ -1,4 +1,4 @@
-"""Context variables: every API.md §8 name exists, bad names and values are refused, dtype objects are accepted, and an
+"""Context variables: every documented name exists, bad names and values are refused, dtype objects are accepted, and an
 override in one thread never leaks into another; realize can be called from several threads at once."""
 
 import os
@@ -12,7 +12,7 @@ from fusegrad import Context, Tensor, dtypes
 from fusegrad.helpers import DEBUG, TRAINING, ContextVar
 from fusegrad.nn.optim import SGD
 
-# API.md section 8 (the ≤v0.12 device-selection flags CPU=1, CUDA=1, ... are device names, not context variables)
+# tinygrad's names (the ≤v0.12 device-selection flags CPU=1, CUDA=1, ... are device names, not context variables)
 SECTION_8 = (
     "DEBUG DEV BEAM JITBEAM NOOPT JIT JIT_BATCH_SIZE TRAINING DEFAULT_FLOAT DEFAULT_INT SUM_DTYPE OPTIM_DTYPE "
     "FUSE_OPTIM CONST_LR IMAGE FLOAT16 WINO TC ALLOW_TF32 EMULATED_DTYPES CHECK_OOB TRANSCENDENTAL CACHELEVEL "

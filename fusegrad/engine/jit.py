@@ -1,4 +1,4 @@
-"""TinyJit (API.md §6.1): the first call runs a function, the second records the kernels it launches, later calls
+"""TinyJit (docs/api.md): the first call runs a function, the second records the kernels it launches, later calls
 replay them on the new inputs' buffers with no Python graph work.
 
 A replay is a `CapturedJit` (`jit_program.py`): the recorded launches with their buffers, intermediate buffers
@@ -58,7 +58,7 @@ class KnownCall:
 
 
 class TinyJit:
-    """`@TinyJit`, `@TinyJit(prune=True)` or `TinyJit(f)`: warm up, capture, then replay (API.md §6.1)."""
+    """`@TinyJit`, `@TinyJit(prune=True)` or `TinyJit(f)`: warm up, capture, then replay."""
 
     def __init__(self, fxn: Callable | None = None, *, prune: bool = False):
         self.fxn, self.prune = fxn, prune

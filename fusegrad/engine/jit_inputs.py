@@ -11,7 +11,7 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 
 class JitError(Exception):
-    """A TinyJit call that cannot be captured or replayed as the rules of API.md §6.1 require."""
+    """A TinyJit call that cannot be captured or replayed as TinyJit's rules require."""
 
 
 POSITIONAL_NAMES = [f"argument {i}" for i in range(16)]

@@ -125,7 +125,7 @@ class CapturedJit:
 
     def __call__(self, inputs: list[Buffer], var_vals: dict[UOp, int] | None = None, timed: bool = False) -> None:
         """Run every launch with `inputs` in place of the capture's input buffers and the bound Variables' values
-        `var_vals` (API.md §6.2) in place of the capture's (each is a one-element buffer a kernel reads); `timed`
+        `var_vals` (bound Variables) in place of the capture's (each is a one-element buffer a kernel reads); `timed`
         prints each launch's time (DEBUG=2)."""
         if var_vals and var_vals != self._last_vals:
             for la, pos, var, graph, cell in self.var_slots:

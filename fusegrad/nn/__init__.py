@@ -1,4 +1,4 @@
-"""Neural-network layers (API.md §7.1): plain classes whose Tensor attributes are the parameters.
+"""Neural-network layers (docs/api.md, Layers): plain classes whose Tensor attributes are the parameters.
 
 Initializations follow torch's defaults so a model trains like its torch twin; optim, state and datasets live in the
 submodules."""

@@ -1,4 +1,4 @@
-"""Datasets (API.md §7.4): MNIST / Fashion-MNIST and CIFAR-10 downloaded once into the cache and checked by sha256,
+"""Datasets (docs/api.md): MNIST / Fashion-MNIST and CIFAR-10 downloaded once into the cache and checked by sha256,
 and scikit-learn's bundled 8x8 digits, read offline. Images come back as uint8 (N, C, H, W), labels as uint8 (N,)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Optimizers (API.md §7.2): each step is a set of lazy assigns realized in one schedule.
+"""Optimizers (docs/api.md, Optimizers): each step is a set of lazy assigns realized in one schedule.
 
 Where an update runs: by default next to its parameter (same device, or the same devices and sharded axis), with its
 state placed like the parameter. An explicit `device=` (or `fused=True`) runs every update on that device and keeps the

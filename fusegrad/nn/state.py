@@ -1,4 +1,4 @@
-"""State I/O (API.md §7.3): state dicts, safetensors, PyTorch checkpoints, tar/zip archives and GGUF files.
+"""State I/O (docs/api.md, State files): state dicts, safetensors, PyTorch checkpoints, tar/zip archives and GGUF files.
 
 Files are read through a memory map (device "DISK:<path>"), so loading reads headers only: a tensor's bytes are read
 when it is first used. Every malformed file raises ValueError naming the file, the key and the values involved.

@@ -1,4 +1,4 @@
-"""Bound variables (API.md 6.2) in kernels: a kernel sees each variable as a DEFINE_VAR read from a one-element int32
+"""Bound variables in kernels: a kernel sees each variable as a DEFINE_VAR read from a one-element int32
 parameter buffer holding its value, so one compiled program serves every value (the AST does not contain it)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tensor methods by API.md group, as mixins of Tensor; each module gets the Tensor class bound after it is defined."""
+"""Tensor methods by group (docs/api.md) as mixins of Tensor; each module gets Tensor bound once it is defined."""
 
 from types import ModuleType
 

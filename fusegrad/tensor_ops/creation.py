@@ -1,4 +1,4 @@
-"""Creation, deterministic and random (API.md G5, G6)."""
+"""Creation, deterministic and random (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def _fan_shape(name: str, shape: tuple) -> tuple[int, ...]:
 class CreationMixin:
     @staticmethod
     def _reject_kwargs(name: str, kwargs: dict, allowed: tuple[str, ...] = ()) -> None:
-        """TypeError naming the first keyword `name` does not take; requires_grad is always accepted (API.md 2.0)."""
+        """TypeError naming the first keyword `name` does not take; requires_grad is always accepted."""
         for key in kwargs:
             if key not in allowed and key != "requires_grad":
                 raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")

@@ -1,4 +1,4 @@
-"""Elementwise math, activations, arithmetic, comparisons, bitwise, selection and casting (API.md G7-G12)."""
+"""Elementwise math, activations, arithmetic, comparisons, bitwise, selection and casting (docs/api.md)."""
 
 from __future__ import annotations
 

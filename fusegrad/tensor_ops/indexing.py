@@ -1,4 +1,4 @@
-"""Indexing, gather and scatter (API.md G17).
+"""Indexing, gather and scatter (docs/api.md).
 
 Advanced indexing (`t[idx]`, nn.Embedding) loads rows through the index: a GATHER node, which the lowerer turns into
 a load whose address holds the loaded index, so its cost is the size of the result, not result x table rows. Its
@@ -71,7 +71,7 @@ def _adv_order(view_ndim: int, dims: tuple[int, ...], n_batch: int) -> list[int]
 
 def check_index_bounds(op: str, bound: str, index: Tensor, low: int, size: int, *guarded: Tensor) -> None:
     """Under CHECK_OOB, make every realize that computes one of `guarded` first check low <= index < size in a
-    kernel (engine/checks.py); otherwise out-of-range values read as 0 / write nowhere (API.md §9)."""
+    kernel (engine/checks.py); otherwise out-of-range values read as 0 / write nowhere."""
     if not CHECK_OOB:
         return
     i = index.cast(dtypes.int64).reshape(-1)
@@ -253,13 +253,13 @@ class IndexingMixin:
         if isinstance(i, (int, np.integer)):
             return int(i)
         if isinstance(i, UOp):
-            return check_sym("index", i)  # a symbolic position (API.md 6.2): a shrink of one element
+            return check_sym("index", i)  # a symbolic position (a bound Variable): a shrink of one element
         if i is None or i is Ellipsis:
             return i
         if isinstance(i, slice):
             for v in (i.start, i.stop, i.step):
                 if isinstance(v, UOp) and v is not i.step:
-                    continue  # a symbolic bound (API.md 6.2), checked when the shrink is built
+                    continue  # a symbolic bound (a bound Variable), checked when the shrink is built
                 if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool)):
                     raise TypeError(f"slice bounds must be ints or None, got {type(v).__name__} in {i!r}")
             if i.step == 0:

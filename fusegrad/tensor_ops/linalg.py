@@ -1,4 +1,4 @@
-"""Linear algebra (API.md G18)."""
+"""Linear algebra (docs/api.md)."""
 
 from __future__ import annotations
 

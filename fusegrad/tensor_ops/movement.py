@@ -1,4 +1,4 @@
-"""Movement: shape, layout, combine, tile and window (API.md G15, G16).
+"""Movement: shape, layout, combine, tile and window (docs/api.md).
 
 Everything here is built from the view primitives (RESHAPE PERMUTE EXPAND PAD SHRINK FLIP) plus WHERE, so the
 gradients come from their rules and a chain of these ops stays one kernel."""

@@ -1,4 +1,4 @@
-"""NN functional ops and losses (API.md G19)."""
+"""NN functional ops and losses (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def _kernel_dims(kernel_size: IntOrInts) -> int:
 
 
 class _BatchSizeError(RuntimeError, ValueError):
-    """torch raises ValueError for a batch-size mismatch of a loss, API.md RuntimeError for any shape mismatch."""
+    """torch raises ValueError for a batch-size mismatch of a loss, this API RuntimeError for any shape mismatch."""
 
 
 def _check_batch(logits: Tensor, target: Tensor) -> None:

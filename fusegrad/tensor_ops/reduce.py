@@ -1,4 +1,4 @@
-"""Reductions and cumulative scans (API.md G13, G14)."""
+"""Reductions and cumulative scans (docs/api.md)."""
 
 from __future__ import annotations
 

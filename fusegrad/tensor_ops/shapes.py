@@ -26,7 +26,7 @@ def as_index(name: str, x: Any) -> int:
 
 
 def is_size(x: Any) -> bool:
-    """An int, or a symbolic integer over bound variables (API.md 6.2)."""
+    """An int, or a symbolic integer over bound variables."""
     return is_index(x) or isinstance(x, UOp)
 
 

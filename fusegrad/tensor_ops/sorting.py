@@ -1,4 +1,4 @@
-"""Sorting, selection and miscellaneous (API.md G20).
+"""Sorting, selection and miscellaneous (docs/api.md).
 
 Sorting compares order rows (an order-preserving integer key of each value plus its position), so the order is
 total and the sort stable. Long rows go through a bitonic network over the row padded to a power of two:

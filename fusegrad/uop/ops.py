@@ -384,7 +384,7 @@ class UOp(metaclass=UOpMeta):
     def cast(self, dtype: DType) -> UOp:
         return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
 
-    # ---- symbolic variables (API.md 6.2): see uop/sint.py
+    # ---- symbolic variables: see uop/sint.py
     def bind(self, val: int) -> UOp:
         """This DEFINE_VAR bound to `val` (in range and a multiple of multiple_of, else AssertionError)."""
         assert self.op is Ops.DEFINE_VAR, f"only a Variable can be bound, not {self.op}"

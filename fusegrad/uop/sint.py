@@ -1,4 +1,4 @@
-"""Symbolic sizes (API.md 6.2): a dim is an int or an integer UOp over variables; these helpers keep ints ints and
+"""Symbolic sizes: a dim is an int or an integer UOp over variables; these helpers keep ints ints and
 keep symbolic dims in one canonical (simplified) form, so equal sizes are the same node."""
 
 from __future__ import annotations

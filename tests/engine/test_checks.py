@@ -1,4 +1,4 @@
-"""Out-of-range tensor indices (API.md G17, §8 CHECK_OOB, §9): by default they read 0 / write nowhere; with CHECK_OOB=1
+"""Out-of-range tensor indices (docs/api.md, CHECK_OOB): by default they read 0 / write nowhere; with CHECK_OOB=1
 a kernel reduces each index tensor to its extremes, and the realize raises IndexError naming the op, the bad index and
 the bound before any other kernel runs. Values and errors are compared against torch."""
 
@@ -87,7 +87,7 @@ def fg_tensor(a):
 @pytest.mark.parametrize("case", CASES)
 def test_default_reads_zero_and_check_raises_like_torch(case):
     fn, torch_fn, fast_path = CASES[case]
-    check_values(fn(fg_tensor), fast_path)  # API.md §9: the default stays the unchecked fast path
+    check_values(fn(fg_tensor), fast_path)  # the default stays the unchecked fast path
     op = case.removesuffix("_negative").removesuffix("_two_indices")
     assert our_error(op, lambda: fn(fg_tensor)) == torch_error(torch_fn)
 

@@ -1,4 +1,4 @@
-"""TinyJit (API.md §6.1): jitted training matches eager fusegrad exactly and torch closely, replays read new data, every
+"""TinyJit (docs/api.md): jitted training matches eager fusegrad exactly and torch closely, replays read new data, every
 input mismatch raises JitError, and the memory planner never lets two live buffers share memory."""
 
 import pickle
@@ -209,7 +209,7 @@ def test_method_and_keyword_inputs():
         np.testing.assert_allclose(
             m(Tensor(a), scale={"s": Tensor(s)}).numpy(), a @ m.w.numpy() * s, rtol=1e-5, atol=FMA_ATOL
         )
-    other = Model()  # another instance captures its own kernels (API.md §6.1: methods work)
+    other = Model()  # another instance captures its own kernels (methods work, docs/api.md)
     for _ in range(4):
         a, s = data(2, 3), data(1)
         np.testing.assert_allclose(

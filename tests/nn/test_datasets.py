@@ -1,4 +1,4 @@
-"""nn.datasets (API.md §7.4) and helpers.fetch, offline: downloads come from file:// URLs of files the tests write, the
+"""nn.datasets (docs/api.md) and helpers.fetch, offline: downloads come from file:// URLs of files the tests write, the
 cache lives in a temporary directory, and the network case is a refused connection to the loopback address."""
 
 import gzip

@@ -1,4 +1,4 @@
-"""nn.state (API.md §7.3): state dicts, safetensors, torch checkpoints, tar/zip and GGUF, checked against the files and
+"""nn.state (docs/api.md): state dicts, safetensors, torch checkpoints, tar/zip and GGUF, checked against the files and
 values of the safetensors, torch and gguf packages; plus the DISK device that backs lazy loading."""
 
 import collections

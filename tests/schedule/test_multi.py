@@ -1,4 +1,4 @@
-"""Multi-device tensors (API.md G3 shard, shard_, shard_like; section 5): values, gradients, errors vs numpy/torch."""
+"""Multi-device tensors (shard, shard_, shard_like; docs/api.md, Devices): values, gradients, errors vs numpy/torch."""
 
 import numpy as np
 import pytest
@@ -50,7 +50,7 @@ def test_shard_three_devices_and_int_dtype():
     t = Tensor(x).shard(DEVS3, 0)
     assert [p.shape for _, p in shards(t)] == [(1, 8)] * 3
     close(t * 2 + 1, x * 2 + 1)
-    close(t.sum(0), x.sum(0).astype(np.int32))  # int32 sums stay int32 (API.md)
+    close(t.sum(0), x.sum(0).astype(np.int32))  # int32 sums stay int32
     close((t > 5), x > 5)
 
 

@@ -64,7 +64,7 @@ def dev(request):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# construction (API.md §2.0)
+# construction (docs/api.md, Construction)
 
 
 @pytest.mark.parametrize(
@@ -716,7 +716,7 @@ def test_cast_float_precision(dev):
     assert T(f, dev).cast(dtypes.float32) is not None and T(f, dev).cast("FLOAT32").dtype == dtypes.float32
 
 
-# weak Python scalars (API.md §3.3)
+# weak Python scalars (docs/api.md)
 
 
 def test_weak_scalar_promotion(dev):
@@ -1230,7 +1230,7 @@ def test_noncontiguous_chain(dev):
     check(t.reshape(4, 6), r.reshape(4, 6))
     check(t.pad((1, 0)).flip(0), torch.nn.functional.pad(r, (1, 0)).flip(0))
     check(t * T(x, dev)[0, :3, 1::2].flip(0), r * tx[0, :3, 1::2].flip(0))
-    check((t.T + 1).reshape(-1), (r.transpose(0, 1) + 1).reshape(-1))  # .T swaps dims 0 and 1 (API.md §9)
+    check((t.T + 1).reshape(-1), (r.transpose(0, 1) + 1).reshape(-1))  # .T swaps dims 0 and 1
 
 
 def test_movement_int_dtypes(dev):

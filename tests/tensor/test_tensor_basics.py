@@ -1,4 +1,4 @@
-"""API.md G1-G3 (properties, data access, placement, mutation) and G5-G6 (creation, random) against numpy/torch."""
+"""Properties, data access, placement, mutation, creation and random numbers against numpy/torch."""
 
 import ctypes
 import math

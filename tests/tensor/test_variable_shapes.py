@@ -1,4 +1,4 @@
-"""Tensors with symbolic sizes (API.md 6.2): ops on them against numpy/torch for several bound values, one compiled
+"""Tensors with symbolic sizes (bound Variables): ops on them against numpy/torch for several bound values, one compiled
 kernel per shape family, readback refused until shrunk to a concrete shape, and clear errors for bad uses."""
 
 import numpy as np

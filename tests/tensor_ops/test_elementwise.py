@@ -1,5 +1,5 @@
-"""API.md G7-G12 (elementwise math, activations, binary arithmetic, comparison/logical/bitwise, selection, casting) and
-the G4 operators that map to them, against torch: forward values, result dtypes and shapes, gradients (torch autograd),
+"""Elementwise math, activations, binary arithmetic, comparison/logical/bitwise, selection, casting and
+the operators that map to them, against torch: forward values, result dtypes and shapes, gradients (torch autograd),
 edge shapes and views, a PYTHON-device subset, bad inputs and kernel counts."""
 
 import math
@@ -354,7 +354,7 @@ def test_unary_bad_inputs():
     with pytest.raises(TypeError):
         t.sqrt(2)  # like torch.sqrt(x, 2): no such argument
     with pytest.raises(TypeError):
-        t.round(decimals=1)  # API.md round() rounds to integers only
+        t.round(decimals=1)  # round() rounds to integers only (docs/api.md)
     with pytest.raises(TypeError, match="str"):
         t.maximum("1")
 

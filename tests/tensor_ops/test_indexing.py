@@ -1,4 +1,4 @@
-"""Indexing, gather and scatter (API.md G17, and G4's __getitem__/__setitem__/__delitem__), checked against torch.
+"""Indexing, gather and scatter (docs/api.md: Indexing, and __getitem__/__setitem__/__delitem__), checked against torch.
 
 Forward values, result dtypes and shapes, and gradients (through .sum().gradient) are compared on CPU; a subset
 also runs on the PYTHON interpreter device with tiny tensors."""
@@ -34,7 +34,7 @@ def check(t: Tensor, ref, dtype=None, atol=1e-6, rtol=1e-3):
 
 @pytest.fixture
 def unchecked():
-    """The default fast path (API.md §9), also when the suite runs under CHECK_OOB=1 (tests/engine/test_checks.py)."""
+    """The default fast path (docs/api.md), also when the suite runs under CHECK_OOB=1 (tests/engine/test_checks.py)."""
     with Context(CHECK_OOB=0):
         yield
 

@@ -1,4 +1,4 @@
-"""Movement ops (API.md G15 shape & layout, G16 combine, tile & window) against torch: values, dtypes, shapes,
+"""Movement ops (docs/api.md: shape & layout, combine, tile & window) against torch: values, dtypes, shapes,
 gradients.
 
 Movement only moves data, so forward values must match exactly. Gradients go through `(out * w).sum().gradient(...)`

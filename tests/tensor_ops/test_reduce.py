@@ -1,4 +1,4 @@
-"""Reductions (API.md G13) and cumulative scans (G14), checked against torch and numpy.
+"""Reductions and cumulative scans (docs/api.md), checked against torch and numpy.
 
 Forward values, result dtypes and shapes, and gradients (through .sum().gradient) are compared on CPU; a subset also
 runs on the PYTHON interpreter device with tiny tensors. Kernel counts of the composite ops are asserted."""

@@ -1,4 +1,4 @@
-"""Sorting, selection and misc (API.md G20: sort, argsort, topk, keccak, hash; G6: multinomial), checked against torch,
+"""Sorting, selection and misc (sort, argsort, topk, keccak, hash, multinomial), checked against torch,
 Python's sort and hashlib.
 
 Both sorting paths are covered: short rows (<= RANK_SORT_MAX) are ranked, longer rows go through the bitonic network.

@@ -1,4 +1,4 @@
-"""Variable (API.md 6.2) at the UOp level: construction, bind/unbind, arithmetic and simplification with its range."""
+"""Variable at the UOp level: construction, bind/unbind, arithmetic and simplification with its range."""
 
 import itertools
 
