@@ -25,6 +25,11 @@ class RenderError(NotImplementedError):
 
 C_PRELUDE = """#include <math.h>
 #include <string.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#define FG_NO_IF_CONVERT __attribute__((optimize("no-tree-loop-if-convert")))
+#else
+#define FG_NO_IF_CONVERT
+#endif
 static inline float fg_bf16_to_f32(unsigned short b) { unsigned int u = (unsigned int)b << 16; \
 float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned short fg_f32_to_bf16(float f) {
@@ -335,6 +340,10 @@ class CStyleRenderer:
     def render_prelude(self, lin: tuple[UOp, ...]) -> str:
         return self.prelude
 
+    def function_attributes(self, lin: tuple[UOp, ...], packs: dict) -> str:
+        """What stands between the kernel prefix and `void`: nothing, unless a dialect needs a per-kernel attribute."""
+        return ""
+
     def render_float(self, s: str, dt: DType) -> str:
         """A float literal `s` (digits, or the dialect's NaN/infinity) as a constant of dt."""
         if dt is dtypes.float64 and s in (self.nan, self.infinity, f"(-{self.infinity})"):
@@ -471,7 +480,7 @@ class CStyleRenderer:
         return (
             self.render_prelude(lin)
             + typedefs
-            + f"{self.kernel_prefix}void {name}({params}) {{\n"
+            + f"{self.kernel_prefix}{self.function_attributes(lin, packs)}void {name}({params}) {{\n"
             + "\n".join(ctx.lines)
             + "\n}\n"
         )
@@ -658,6 +667,13 @@ class CRenderer(CStyleRenderer):
         {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
         | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}
     )
+
+    def function_attributes(self, lin: tuple[UOp, ...], packs: dict) -> str:
+        # GCC 12's loop vectorizer miscompiles two if-converted loads of one buffer in a loop that strides over them
+        # (an upcast over a padded axis: each lane's gate and offset), reading the wrong elements; such kernels keep
+        # their conditional loads as branches (tests/renderer/test_cstyle.py holds the smallest such kernel)
+        gated = Counter(u.src[0] for u in lin if u.op is Ops.LOAD and len(u.src) == 3 and u not in packs)
+        return "FG_NO_IF_CONVERT " if any(n >= 2 for n in gated.values()) else ""
 
     def math_function(self, op: Ops, dt: DType) -> str:
         # float exp and log inline (fg_expf, fg_logf): a loop over them vectorizes; exp's values are the vector exp's

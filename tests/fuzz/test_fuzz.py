@@ -14,6 +14,27 @@ from fuzz.programs import OPS, Program, Step, Input, draw_program
 from fuzz.runner import Failure, as_test, check, compare, shrink
 
 
+# programs the fuzzer once failed, replayed as it ran them: (program, device, mode, with backward)
+FOUND = [
+    # GCC 12 read the padded input one element off in the weight gradient under UPCAST 2 x 2 (tests/renderer)
+    (
+        Program(
+            1166,
+            Input((13,)),
+            [Step("pad", (((2, 1),),)), Step("linear", (), (Input((16, 2)), Input((2,)))), Step("max", (0, True))],
+        ),
+        "CPU",
+        "random",
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize("program, device, mode, grad", FOUND)
+def test_programs_the_fuzzer_found_stay_right(program, device, mode, grad):
+    assert (failure := check(program, device, mode, grad)) is None, as_test(failure)
+
+
 @pytest.mark.parametrize("mode", ["default", "noopt", "random"])
 def test_fixed_seed_programs_match_torch(mode):
     for seed in range(6):

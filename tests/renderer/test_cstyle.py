@@ -131,3 +131,19 @@ def test_opencl_bool_buffers_are_bytes():
     cl = OpenCLRenderer().render("k", info.lin)
     assert "__global uchar* data0" in cl and "bool alu" in cl
     assert "_Bool* data0" in CRenderer().render("k", info.lin)
+
+
+def test_two_gated_loads_of_one_buffer_in_a_strided_loop_read_the_right_elements():
+    # GCC 12's loop vectorizer read lane 1 of this kernel one element too far (an upcast over a padded axis: two
+    # if-converted loads of x at consecutive offsets, each with its own gate); such kernels skip if-conversion
+    from fusegrad.codegen.opt import Opt, OptOps
+
+    xs, ys = np.arange(1, 14, dtype=np.float32), np.array([2.0, 3.0], np.float32)
+    x, y = Tensor(xs).realize(), Tensor(ys).realize()
+    out = x.pad(((2, 1),)).reshape(16, 1) * y.reshape(1, 2)
+    (item,) = create_schedule([out.uop], [Device["CPU"]])[0]
+    info = lower_to_linear(item.ast, opts=(Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 2)))
+    Device["CPU"].build(info)(item.buffers)
+    want = np.pad(xs, (2, 1))[:, None] * ys[None, :]
+    np.testing.assert_array_equal(item.buffers[0].numpy().reshape(16, 2), want)
+    assert "FG_NO_IF_CONVERT void" in Device["CPU"].render(info)
