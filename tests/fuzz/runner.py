@@ -168,7 +168,8 @@ def shrink(failure: Failure) -> Failure:
 
 
 def as_test(failure: Failure) -> str:
-    """A standalone pytest function that reproduces the failure."""
+    """A standalone pytest function that reproduces the failure, and the entry of tests/fuzz/test_fuzz.py's FOUND that
+    replays it as the fuzzer ran it (the only replay of random opts, which the standalone test does not apply)."""
     p = failure.program
     arrays = make_inputs(p)
     shapes = [(a.shape, a.dtype.kind == "f", i.high) for a, i in zip(arrays, p.inputs())]
@@ -206,4 +207,5 @@ def as_test(failure: Failure) -> str:
             "            scale = max(1.0, float(tt.grad.abs().max()))",
             "            np.testing.assert_allclose(ft.grad.numpy(), tt.grad.numpy(), atol=tol * scale, rtol=tol)",
         ]
+    lines.append(f"# FOUND entry: ({p!r}, {failure.device!r}, {failure.mode!r}, {failure.grad})")
     return "\n".join(lines)
