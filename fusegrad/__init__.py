@@ -6,5 +6,12 @@ from fusegrad.runtime.device import Device
 from fusegrad.helpers import Context, GlobalCounters, getenv
 from fusegrad.engine.jit import TinyJit
 from fusegrad.uop.sint import Variable
+from fusegrad.helpers import PROFILE, VIZ
+from fusegrad.viz import profile
 
-__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "TinyJit", "Variable"]
+if PROFILE or VIZ:
+    from fusegrad.viz import start_from_env
+
+    start_from_env()
+
+__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "TinyJit", "Variable", "profile"]
