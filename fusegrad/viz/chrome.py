@@ -57,7 +57,8 @@ def trace_events(session: Session) -> list[dict[str, Any]]:
 
 
 def _x(name: str, cat: str, ts: float, end: float, pid: int, tid: int, args: dict) -> dict[str, Any]:
-    return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": round(max(end - ts, 0.0), 3), "pid": pid, "tid": tid, "args": args}
+    dur = round(max(end - ts, 0.0), 3)
+    return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
 
 
 def _meta(kind: str, pid: int, tid: int, value: Any) -> dict[str, Any]:

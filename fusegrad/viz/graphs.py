@@ -129,9 +129,7 @@ class Recording:
         truncated = len(ids) > MAX_GRAPH_NODES
         shown = ids[:MAX_GRAPH_NODES]
         shown_set = set(shown)
-        nodes = [
-            dict(zip(("op", "dtype", "src", "arg", "shape"), self.nodes[x]), id=x) for x in shown
-        ]
+        nodes = [dict(zip(("op", "dtype", "src", "arg", "shape"), self.nodes[x]), id=x) for x in shown]
         edges = [[s, x] for x in shown for s in self.nodes[x][2] if s in shown_set]
         step = None
         if k:

@@ -73,7 +73,8 @@ def _handler(recording: Recording) -> type[BaseHTTPRequestHandler]:
             with open(full, "rb") as f:
                 data = f.read()
             kind = mimetypes.guess_type(full)[0] or "application/octet-stream"
-            self._send(200, kind + ("; charset=utf-8" if kind.startswith(("text/", "application/javascript")) else ""), data)
+            text = kind.startswith(("text/", "application/javascript"))
+            self._send(200, kind + ("; charset=utf-8" if text else ""), data)
 
         def _send(self, code: int, kind: str, data: bytes) -> None:
             self.send_response(code)
