@@ -38,7 +38,11 @@ def trace_events(session: Session) -> list[dict[str, Any]]:
             _, name, device, t0, t1, ident, args, parent = ev
             pid, ts = pid_of(device), us(t0)
             cat = "copy" if name.startswith("copy ") else "kernel"
-            body.append(_x(name, cat, ts, us(t1), pid, 0, args))
+            secs = max(t1 - t0, 1e-9)
+            rates = {"GB/s": round(args.get("bytes", 0) / secs / 1e9, 3)}
+            if "ops" in args:
+                rates["GFLOPS"] = round(args["ops"] / secs / 1e9, 3)
+            body.append(_x(name, cat, ts, us(t1), pid, 0, {**args, **rates}))
             if parent:
                 flow += 1
                 common = {"name": "launch", "cat": "flow", "id": flow, "ts": ts}

@@ -25,6 +25,7 @@ class Session:
         self._ids = itertools.count(1)
         self._cache_hits = 0
         self._cache_misses = 0
+        self._step_meta: dict[int, tuple[Any, list[tuple[str, str, dict]]]] = {}  # id(replay step) -> its launches
         self.path: str | None = None  # where the trace was written, once it was
 
     # ------------------------------------------------------------------ host slices that launches link back to
@@ -65,10 +66,9 @@ class Session:
         """A schedule item run eagerly: a kernel (`runner`) or, with runner None, a copy buffers[1] -> buffers[0]."""
         if runner is None:
             dst, src = item.buffers
-            args = {"bytes": dst.nbytes, "GB/s": round(dst.nbytes / max(t1 - t0, 1e-9) / 1e9, 3)}
-            self.launch(f"copy {src.device} -> {dst.device}", dst.device, t0, t1, args)
+            self.launch(f"copy {src.device} -> {dst.device}", dst.device, t0, t1, {"bytes": dst.nbytes})
         else:
-            self.launch(runner.info.name, item.device, t0, t1, kernel_args(runner.info, item.buffers, t1 - t0))
+            self.launch(runner.info.name, item.device, t0, t1, kernel_args(runner.info, item.buffers))
 
     def scheduled(self, t0: float, t1: float, kernels: int) -> None:
         self.slice("schedule", "schedule", t0, t1, {"kernels": kernels})
@@ -107,43 +107,53 @@ class Session:
         self.events.append((MEMORY, device, time.perf_counter(), GlobalCounters.mem_used_per_device.get(device, 0)))
 
     def jit_replay(self, steps: list[Any], run_python_step: Any, name: str) -> None:
-        """A captured step's launches, each timed: a batch by the C runner's own clock, a lone launch around it."""
-        from fusegrad.engine.jit_program import GraphStep  # here: the engine imports this module lazily too
-
+        """A captured step's launches, each timed: a batch by the C runner's own clock (the batch's call itself is a
+        host slice), a lone launch around its call."""
         token = self.open(f"jit replay {name}", "jit")
-        clock = time.perf_counter
+        clock, events, parent, ident = time.perf_counter, self.events, token[3], token[5]
         for step in steps:
-            if type(step) is GraphStep:
+            if (meta := self._step_meta.get(id(step))) is None or meta[0] is not step:
+                meta = self._step_meta[id(step)] = (
+                    step,
+                    [_launch_meta(la, hasattr(step, "graph")) for la in _of(step)],
+                )
+            if hasattr(step, "graph"):
+                st = clock()
                 times = step.graph.timed()
-                for i, la in enumerate(step.launches):
-                    self._launch_of(la, times[2 * i] * 1e-9, times[2 * i + 1] * 1e-9, True)
+                events.append((SLICE, "batch", "jit", st, clock(), ident, {"launches": len(meta[1])}, 0))
+                for i, (lname, device, args) in enumerate(meta[1]):
+                    events.append(
+                        (LAUNCH, lname, device, times[2 * i] * 1e-9, times[2 * i + 1] * 1e-9, ident, args, parent)
+                    )
             else:
                 st = clock()
                 run_python_step(step)
-                self._launch_of(step.launch, st, clock(), False)
-        self.close(token, {"launches": sum(len(s.launches) if type(s) is GraphStep else 1 for s in steps)})
-
-    def _launch_of(self, la: Any, t0: float, t1: float, batched: bool) -> None:
-        runner = la.runner
-        info = getattr(runner, "info", None)
-        if runner is None:
-            nbytes = la.buffers[0].nbytes
-            args = {"bytes": nbytes, "GB/s": nbytes / max(t1 - t0, 1e-9) / 1e9, "batched": batched}
-            self.launch(f"copy {la.buffers[1].device} -> {la.buffers[0].device}", la.buffers[0].device, t0, t1, args)
-        elif info is None:
-            self.launch(type(runner).__name__, runner.device, t0, t1, {"batched": batched})
-        else:
-            self.launch(info.name, runner.device, t0, t1, kernel_args(info, la.buffers, t1 - t0, batched))
+                lname, device, args = meta[1][0]
+                events.append((LAUNCH, lname, device, st, clock(), ident, args, parent))
+        self.close(token)
 
 
-def kernel_args(info: Any, buffers: Any, seconds: float, batched: bool = False) -> dict:
-    nbytes = sum(b.nbytes for b in buffers)
-    secs = max(seconds, 1e-9)
+def _of(step: Any) -> list[Any]:
+    return step.launches if hasattr(step, "graph") else [step.launch]
+
+
+def _launch_meta(la: Any, batched: bool) -> tuple[str, str, dict]:
+    """A recorded launch's name, device and the args its slices share (rates are added from each slice's time)."""
+    runner = la.runner
+    info = getattr(runner, "info", None)
+    if runner is None:
+        dst, src = la.buffers[0], la.buffers[1]
+        return f"copy {src.device} -> {dst.device}", dst.device, {"bytes": dst.nbytes, "batched": batched}
+    if info is None:
+        return type(runner).__name__, runner.device, {"batched": batched}
+    return info.name, runner.device, kernel_args(info, la.buffers, batched)
+
+
+def kernel_args(info: Any, buffers: Any, batched: bool = False) -> dict:
+    """A kernel slice's args; chrome.py adds GFLOPS and GB/s from the slice's duration."""
     return {
         "ops": info.ops_estimate,
-        "bytes": nbytes,
-        "GFLOPS": round(info.ops_estimate / secs / 1e9, 3),
-        "GB/s": round(nbytes / secs / 1e9, 3),
+        "bytes": sum(b.nbytes for b in buffers),
         "outer_size": info.outer_size,
         "batched": batched,
     }
