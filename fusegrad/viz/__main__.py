@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 import argparse
+import sys
 from fusegrad.viz.server import load_recording, serve
 
 
@@ -10,7 +11,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("file", help="a recording (viz-*.json.gz under the cache dir's viz/)")
     parser.add_argument("--port", type=int, default=None, help="first port to try (default VIZ_PORT, 8000)")
     args = parser.parse_args(argv)
-    serve(load_recording(args.file), args.port)
+    try:
+        recording = load_recording(args.file)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"python -m fusegrad.viz: {e}")
+    serve(recording, args.port)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,9 @@ class Recording:
         return i
 
     def root_after(self, i: int, k: int) -> int:
-        """The rewrite's graph after its first k steps: the input with each of those replacements made, bottom up."""
+        """The rewrite's graph after its first k steps: the input with each of those replacements made, bottom up.
+        A node replaced at step j is replaced wherever it appears from step j on, also where the walk meets it again
+        later (a rebuilt node equal to one already replaced is that node): the view can run a step or two ahead."""
         rw = self.data["rewrites"][i]
         subst = {u: r for u, r, _ in rw["steps"][:k]}
         memo: dict[int, int] = {}

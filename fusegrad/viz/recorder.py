@@ -170,8 +170,9 @@ class Recorder:
 
 
 def _short(path: str) -> str:
-    path = os.path.abspath(path)
-    return os.path.relpath(path, os.path.dirname(PACKAGE_DIR)) if path.startswith(PACKAGE_DIR) else path
+    """A path relative to the directory holding the package (the repository, in a checkout)."""
+    path, top = os.path.abspath(path), os.path.dirname(PACKAGE_DIR)
+    return os.path.relpath(path, top) if path.startswith(top + os.sep) else path
 
 
 def _arg_text(arg: Any) -> str:
