@@ -251,7 +251,7 @@ function drawTimeline() {
   labels.append("text").attr("class", "track").attr("x", 4).attr("y", memY + 12).text("memory in use");
   const body = svg.append("g");
   const cat = d3.scaleOrdinal(d3.schemeTableau10);
-  const rects = body.selectAll("rect").data(slices).join("rect").attr("class", "slice")
+  const rects = body.selectAll("rect").data(slices).join("rect").attr("class", "slice").attr("data-cat", (s) => s.cat)
     .attr("y", (s) => s._track.y + s._depth * rowH).attr("height", rowH - 2)
     .attr("fill", (s) => cat(s.cat))
     .on("click", (e, s) => {
