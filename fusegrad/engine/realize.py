@@ -87,7 +87,8 @@ def run_item(item: ScheduleItem, runner: Runner | None = None, debug: int | None
             runner = get_runner(item.device, item.ast)
         runner.program(item.buffers)
         name, ops = runner.info.name, runner.info.ops_estimate
-    if debug >= 2 or (hook := Hooks.trace) is not None:
+    hook = Hooks.trace
+    if debug >= 2 or hook is not None:
         Device[item.device].synchronize()  # a GPU launch returns at once: the time shown is the kernel's
     et = time.perf_counter() - st
     if hook is not None:
