@@ -37,8 +37,10 @@ def profile(path: str | os.PathLike | None = None) -> Iterator[Session]:
     named by the yielded session's `path`. A process-wide PROFILE/VIZ session records nothing meanwhile."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"profile(path=...) takes a file path, got {type(path).__name__} {path!r}")
-    from fusegrad.viz.chrome import write_trace
+    from fusegrad.viz.chrome import check_trace_path, write_trace
 
+    if path is not None:
+        check_trace_path(os.fspath(path))  # before the block runs, not after
     session = Session()
     previous = install(session)
     try:
@@ -51,6 +53,10 @@ def profile(path: str | os.PathLike | None = None) -> Iterator[Session]:
 def start_from_env() -> None:
     """PROFILE=1 and VIZ=1: record from now on; at exit write the trace (PROFILE) and serve the page (VIZ=1; VIZ=2
     saves the recording without serving it)."""
+    if PROFILE.value and PROFILE_PATH.value:
+        from fusegrad.viz.chrome import check_trace_path
+
+        check_trace_path(PROFILE_PATH.value)
     recorder = None
     if VIZ.value:
         from fusegrad.viz.recorder import Recorder

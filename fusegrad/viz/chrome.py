@@ -70,11 +70,18 @@ def _meta(kind: str, pid: int, tid: int, value: Any) -> dict[str, Any]:
     return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {key: value}}
 
 
+def check_trace_path(path: str) -> None:
+    """A directory or a device (/dev/null) in the way is refused: the trace replaces only a regular file."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"cannot write a trace to {path!r}: it exists and is not a regular file")
+
+
 def write_trace(session: Session, path: str) -> str:
     """Write {"traceEvents": [...]} to path atomically (a partial file never takes its place); returns path."""
-    events = trace_events(session)
+    check_trace_path(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
+    events = trace_events(session)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".trace-")
     try:
         with os.fdopen(fd, "w") as f:

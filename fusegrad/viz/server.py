@@ -122,6 +122,8 @@ def serve(recording: Recording, port: int | None = None) -> None:
 
 def save_recording(data: dict[str, Any], trace: dict[str, Any], path: str) -> str:
     """The recording and its trace as one gzipped JSON file, written atomically."""
+    if os.path.exists(path) and not os.path.isfile(path):  # a directory or a device (/dev/null) is never replaced
+        raise ValueError(f"cannot write to {path!r}: it exists and is not a regular file")
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".viz-")

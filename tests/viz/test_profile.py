@@ -117,22 +117,28 @@ def test_copies_between_devices_carry_bytes(tmp_path):
     assert copies and copies[0]["args"]["bytes"] == 24
 
 
-def test_nothing_is_recorded_when_off():
+def test_nothing_is_recorded_when_off(tmp_path):
     session = Session()  # made, never installed: the hooks do not see it
     assert Hooks.trace is None and Hooks.rewrites is None
     (Tensor.rand(8, 8) @ Tensor.rand(8, 8)).realize()
     assert session.events == []
-    with fusegrad.profile(os.devnull) as inner:
+    with fusegrad.profile(tmp_path / "inner.json") as inner:
         Tensor.rand(4).realize()
     count = len(inner.events)
     Tensor.rand(4).realize()
     assert count and len(inner.events) == count and Hooks.trace is None
 
 
-def test_bad_path_raises():
+def test_bad_path_raises(tmp_path):
     with pytest.raises(TypeError, match="file path"):
         with fusegrad.profile(123):  # type: ignore[arg-type]
             pass
+    # a directory (or a device such as /dev/null) is refused, never replaced by the trace
+    ran = []
+    with pytest.raises(ValueError, match="not a regular file"):
+        with fusegrad.profile(tmp_path):
+            ran.append(1)
+    assert tmp_path.is_dir() and ran == [] and Hooks.trace is None
 
 
 def run_script(code: str, env: dict) -> subprocess.CompletedProcess:
@@ -149,3 +155,5 @@ def test_profile_env_writes_the_trace_at_exit(tmp_path):
     assert kernels_of(load(path))
     off = run_script(code, {"PROFILE": "0", "PROFILE_PATH": str(tmp_path / "off.json")})
     assert off.returncode == 0 and not (tmp_path / "off.json").exists() and "PROFILE" not in off.stderr
+    bad = run_script(code, {"PROFILE": "1", "PROFILE_PATH": str(tmp_path)})
+    assert bad.returncode != 0 and "is not a regular file" in bad.stderr and tmp_path.is_dir()
