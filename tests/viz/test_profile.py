@@ -157,3 +157,28 @@ def test_profile_env_writes_the_trace_at_exit(tmp_path):
     assert off.returncode == 0 and not (tmp_path / "off.json").exists() and "PROFILE" not in off.stderr
     bad = run_script(code, {"PROFILE": "1", "PROFILE_PATH": str(tmp_path)})
     assert bad.returncode != 0 and "is not a regular file" in bad.stderr and tmp_path.is_dir()
+
+
+class TinyLM:
+    """A CausalLM of one table: the logits of token t are row t, whose largest entry is t + 1."""
+
+    max_context = 64
+
+    def __init__(self):
+        table = np.zeros((8, 8), np.float32)
+        table[np.arange(8), (np.arange(8) + 1) % 8] = 1.0
+        self.table = Tensor(table).realize()
+
+    def forward(self, ids: np.ndarray, pos: int) -> Tensor:
+        return self.table[Tensor(ids)]
+
+
+def test_llm_prefill_and_each_decoded_token(tmp_path):
+    from fusegrad.models.generate import Sampling, generate
+
+    with fusegrad.profile(tmp_path / "llm.json") as session:
+        tokens = list(generate(TinyLM(), [1, 2, 3], 4, Sampling(temperature=0.0)))
+    assert tokens == [4, 5, 6, 7]
+    llm = [e for e in load(session.path) if e.get("cat") == "llm"]
+    assert [e["name"] for e in llm] == ["prefill", "decode", "decode", "decode"]
+    assert llm[0]["args"]["tokens"] == 3 and [e["args"]["position"] for e in llm[1:]] == [3, 4, 5]
