@@ -105,6 +105,7 @@ def test_kernel_source_beside_its_uops(browser, server_url, recorded):
 
 def test_timeline_shows_the_jitted_kernels(browser, server_url, recorded):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     open_page(browser, f"{server_url}/#timeline")
     kernels = browser.find_elements(By.CSS_SELECTOR, "#timeline rect.slice[data-cat=kernel]")
@@ -112,4 +113,7 @@ def test_timeline_shows_the_jitted_kernels(browser, server_url, recorded):
     browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", kernels[-1])
     info = browser.find_element(By.ID, "slice-info").text
     assert "[kernel]" in info and "compiled: " in info and "cache " in info
+    browser.find_element(By.ID, "open-kernel").click()  # from the slice to the kernel it launched
+    name = info.split(" [kernel]")[0]
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "kernel-title").text.startswith(name + " on "))
     assert errors(browser) == []

@@ -261,7 +261,16 @@ function drawTimeline() {
         const comp = slices.find((c) => c.cat === "compile" && c.args.kernel === s.name);
         text += comp ? `\ncompiled: ${comp.dur.toFixed(0)} us, cache ${comp.args.cache} (${comp.args.compiler})` : "\ncompiled before recording began";
       }
-      document.getElementById("slice-info").textContent = text;
+      const info = document.getElementById("slice-info");
+      info.textContent = text;
+      const kernel = s.cat === "kernel" && kernelByName(s.name);
+      if (kernel) {
+        const link = document.createElement("button");
+        link.id = "open-kernel";
+        link.textContent = `open ${s.name}'s source and stages`;
+        link.onclick = () => openKernel(kernel.id);
+        info.append("\n", link);
+      }
     });
   const memPath = body.append("path").attr("class", "memory");
   const memMax = d3.max(counters, (c) => c.args.bytes) || 1;
@@ -272,6 +281,11 @@ function drawTimeline() {
   }
   redraw();
   svg.call(d3.zoom().scaleExtent([1, 1e6]).on("zoom", (e) => { x = e.transform.rescaleX(x0); redraw(); }));
+}
+
+function kernelByName(name) {
+  for (const r of state.index.realizes) for (const k of r.kernels) if (k.name === name) return k;
+  return null;
 }
 
 // ---------------------------------------------------------------- start
