@@ -2,9 +2,9 @@
 
 The digits convnet's jitted Adam step (examples/train_digits.py, batch 128) and a small eager step (a few tensor ops
 realized one by one), each with nothing recording (PROFILE=0, VIZ=0), under PROFILE (fusegrad.profile()) and, for
-the eager step, under VIZ's recorder too. The cases take turns over several runs; prints median steps/s and the
-recording's slowdown. With nothing recording a hook is one attribute check: the last line prices the checks one eager
-step makes against that step's time."""
+the eager step, under VIZ's recorder too. The cases take turns call by call (CALLS=300 each); prints median steps/s
+and the recording's slowdown. With nothing recording a hook is one attribute check: the last line prices the checks
+one eager step makes against that step's time."""
 
 from __future__ import annotations
 import os
@@ -73,30 +73,31 @@ class Hook:
             self.session.events.clear()
 
 
-def median_seconds(cases: dict, runs: int, reps: int) -> dict:
+def median_seconds(cases: dict, calls: int) -> dict:
+    """Each case's median time per call; the cases take turns call by call, so load from elsewhere hits them alike."""
     for case in cases.values():
         for _ in range(3):  # warm-up and, for TinyJit, the capture
             case()
     times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(runs):
+    clock = time.perf_counter
+    for _ in range(calls):
         for name, case in cases.items():
-            st = time.perf_counter()
-            for _ in range(reps):
-                case()
-            times[name].append((time.perf_counter() - st) / reps)
+            st = clock()
+            case()
+            times[name].append(clock() - st)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
-    runs, reps = int(os.environ.get("RUNS", 9)), int(os.environ.get("REPS", 20))
+    calls = int(os.environ.get("CALLS", 300))
     jit = jitted_step()
-    res = median_seconds({"off": jit, "PROFILE": Hook(jit, False)}, runs, reps)
+    res = median_seconds({"off": jit, "PROFILE": Hook(jit, False)}, calls)
     print(
         f"jitted digits step: off {1 / res['off']:7.1f} steps/s, PROFILE {1 / res['PROFILE']:7.1f} steps/s "
         f"-> PROFILE slows it {res['PROFILE'] / res['off'] - 1:+.1%}"
     )
     eager = eager_step()
-    res = median_seconds({"off": eager, "PROFILE": Hook(eager, False), "VIZ": Hook(eager, True)}, runs, reps)
+    res = median_seconds({"off": eager, "PROFILE": Hook(eager, False), "VIZ": Hook(eager, True)}, calls)
     print(
         f"eager 3-realize step: off {1 / res['off']:7.1f} steps/s, PROFILE {res['PROFILE'] / res['off'] - 1:+.1%},"
         f" VIZ {res['VIZ'] / res['off'] - 1:+.1%}"
