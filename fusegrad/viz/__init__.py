@@ -53,6 +53,8 @@ def profile(path: str | os.PathLike | None = None) -> Iterator[Session]:
 def start_from_env() -> None:
     """PROFILE=1 and VIZ=1: record from now on; at exit write the trace (PROFILE) and serve the page (VIZ=1; VIZ=2
     saves the recording without serving it)."""
+    if PROFILE.value not in (0, 1) or VIZ.value not in (0, 1, 2):
+        raise ValueError(f"PROFILE={PROFILE.value!r} VIZ={VIZ.value!r}: PROFILE takes 0 or 1, VIZ 0, 1 or 2")
     if PROFILE.value and PROFILE_PATH.value:
         from fusegrad.viz.chrome import check_trace_path
 

@@ -157,6 +157,8 @@ def test_profile_env_writes_the_trace_at_exit(tmp_path):
     assert off.returncode == 0 and not (tmp_path / "off.json").exists() and "PROFILE" not in off.stderr
     bad = run_script(code, {"PROFILE": "1", "PROFILE_PATH": str(tmp_path)})
     assert bad.returncode != 0 and "is not a regular file" in bad.stderr and tmp_path.is_dir()
+    bad = run_script(code, {"PROFILE": "3"})
+    assert bad.returncode != 0 and "PROFILE takes 0 or 1" in bad.stderr
 
 
 class TinyLM:
