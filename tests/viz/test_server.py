@@ -129,3 +129,22 @@ def test_viz2_saves_and_main_names_a_bad_file(tmp_path):
         timeout=60,
     )
     assert proc.returncode != 0 and "no VIZ recording at" in proc.stderr
+
+
+@pytest.mark.slow
+def test_digits_demo_recording_stays_small(tmp_path):
+    """One epoch of examples/train_digits.py under VIZ=2 and PROFILE=1: the recording stays under 50 MB."""
+    import gzip
+
+    env = {**os.environ, "PYTHONPATH": REPO, "VIZ": "2", "PROFILE": "1", "EPOCHS": "1"}
+    env.update(PROFILE_PATH=str(tmp_path / "trace.json"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    script = os.path.join(REPO, "examples", "train_digits.py")
+    proc = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    saved = [ln.split(" saved to ")[1] for ln in proc.stderr.splitlines() if "recording saved to" in ln]
+    with gzip.open(saved[0], "rb") as f:
+        size = len(f.read())
+    recording = load_recording(saved[0])
+    assert len(recording.data["kernels"]) > 20 and recording.data["rewrites"]
+    assert size < 50e6, f"the digits recording is {size / 1e6:.1f} MB"
+    validate(json.loads((tmp_path / "trace.json").read_text()))
