@@ -3,8 +3,14 @@
 from fusegrad.tensor import Tensor
 from fusegrad.dtype import dtypes
 from fusegrad.runtime.device import Device
-from fusegrad.helpers import Context, GlobalCounters, getenv
+from fusegrad.helpers import PROFILE, VIZ, Context, GlobalCounters, getenv
 from fusegrad.engine.jit import TinyJit
 from fusegrad.uop.sint import Variable
+from fusegrad.viz import profile
 
-__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "TinyJit", "Variable"]
+if PROFILE or VIZ:  # recording from the start, written (and served) at exit
+    from fusegrad.viz import start_from_env
+
+    start_from_env()
+
+__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "TinyJit", "Variable", "profile"]

@@ -175,6 +175,11 @@ JIT = ContextVar("JIT", 1)  # 0: TinyJit runs the function every call; 2: replay
 JITBEAM = ContextVar("JITBEAM", 0)  # BEAM width for kernels a TinyJit captures
 JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)  # most kernels one batched C call of a replay launches
 NO_MEMORY_PLANNER = ContextVar("NO_MEMORY_PLANNER", 0)  # 1: a captured step's intermediates keep their own memory
+# fusegrad/viz (docs/viz.md)
+VIZ = ContextVar("VIZ", 0)  # 1: record rewrites and kernels, serve them as a web page at exit; 2: only save them
+PROFILE = ContextVar("PROFILE", 0)  # 1 writes a Chrome trace of launches, compiles, copies and memory at exit
+PROFILE_PATH = ContextVar("PROFILE_PATH", "")  # where PROFILE writes its trace ("": a file under the cache dir)
+VIZ_PORT = ContextVar("VIZ_PORT", 8000)  # the VIZ page's port on 127.0.0.1 (the next free one when taken)
 # tinygrad's names; accepted now, they take effect when their feature lands (docs/env_vars.md)
 IMAGE = ContextVar("IMAGE", 0)
 FLOAT16 = ContextVar("FLOAT16", 0)
@@ -184,8 +189,6 @@ ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
 EMULATED_DTYPES = ContextVar("EMULATED_DTYPES", "")
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
 CACHEDB = ContextVar("CACHEDB", "")
-VIZ = ContextVar("VIZ", 0)
-PROFILE = ContextVar("PROFILE", 0)
 VALIDATE_WITH_CPU = ContextVar("VALIDATE_WITH_CPU", 0)
 PARALLEL = ContextVar("PARALLEL", 0)
 MAX_BUFFER_SIZE = ContextVar("MAX_BUFFER_SIZE", 0)
@@ -194,6 +197,14 @@ TRACEMETA = ContextVar("TRACEMETA", 0)
 CUDA_PATH = ContextVar("CUDA_PATH", "")
 WEBGPU_BACKEND = ContextVar("WEBGPU_BACKEND", "")
 HCQ_VISIBLE_DEVICES = ContextVar("HCQ_VISIBLE_DEVICES", "")
+
+
+class Hooks:
+    """What fusegrad/viz installs while it records; None when off, so a call site costs one attribute check.
+    `trace` sees realizes, kernels, compiles, copies and allocations; `rewrites` sees every graph_rewrite (VIZ only)."""
+
+    trace: Any = None
+    rewrites: Any = None
 
 
 def cache_dir() -> str:

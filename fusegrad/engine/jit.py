@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass
 from contextlib import nullcontext
 from typing import Any, Callable
-from fusegrad.helpers import DEBUG, JIT, JITBEAM, NO_MEMORY_PLANNER, Context
+from fusegrad.helpers import DEBUG, JIT, JITBEAM, NO_MEMORY_PLANNER, Context, Hooks
 from fusegrad.engine.jit_capture import (
     Recorder,
     drop_input_grads,
@@ -174,6 +174,8 @@ class TinyJit:
         before = live_tensor_buffers()
         nodes_before = live_tensor_nodes()
         recorder = Recorder()
+        if (hook := Hooks.trace) is not None:
+            token = hook.open(f"jit capture {self._name()}", "jit")
         capturing.append(recorder)
         try:
             with Context(BEAM=int(JITBEAM.value)) if JITBEAM.value else nullcontext():
@@ -184,6 +186,8 @@ class TinyJit:
                 Tensor.realize_all(leftovers)  # a replay then leaves them holding its own values
         finally:
             capturing.pop()
+            if hook is not None:
+                hook.close(token, {"launches": len(recorder.launches)})
         realize_earlier_readers(nodes_before, recorder.launches)  # they keep the values from before the call
         if not recorder.launches:
             raise JitError(f"didn't JIT anything! {self._name()} launched no kernel while it was captured")
@@ -220,6 +224,7 @@ class TinyJit:
             captured, kept_outputs | {b for la in launches for b in la.buffers if id(b) in held}, not NO_MEMORY_PLANNER
         )
         captured.build_steps(use_graphs=int(JIT.value) != 2)
+        captured.name = self._name()
         self.captured = captured
         self._last_checked = (uops, input_bufs, [u for b in bases for u in b], var_vals)
         if DEBUG >= 1:

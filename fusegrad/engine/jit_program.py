@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 import numpy as np
-from fusegrad.helpers import JIT_BATCH_SIZE, GlobalCounters
+from fusegrad.helpers import JIT_BATCH_SIZE, GlobalCounters, Hooks
 from fusegrad.engine.jit_inputs import InputLayout
 from fusegrad.runtime.device import Buffer, Device, HostAllocator, copy_buffer
 from fusegrad.schedule.variables import var_buffer, var_params
@@ -70,6 +70,7 @@ class CapturedJit:
     _last: list[Buffer | None] = field(default_factory=list)  # the buffers the launches read as inputs now
     _given: list[Buffer | None] = field(default_factory=list)  # the input buffers of the last call
     _copied: bool = False  # some input of the last call was a buffer the step writes, read from a fresh copy
+    name: str = "step"  # the captured function's name (profiles show it)
 
     def build_steps(self, use_graphs: bool) -> None:
         from fusegrad.runtime.cpu_graph import CPUGraph, GraphEntry
@@ -144,6 +145,8 @@ class CapturedJit:
             self._bind_inputs(inputs)  # the step writes an input's buffer: read a fresh copy of it again
         if timed:
             self._run_timed()
+        elif (hook := Hooks.trace) is not None:
+            hook.jit_replay(self.steps, self._run_python_step, self.name)
         else:
             for step in self.steps:
                 if type(step) is GraphStep:

@@ -6,7 +6,7 @@ import threading
 import time
 from collections import OrderedDict
 from typing import Any
-from fusegrad.helpers import BEAM, DEBUG, NOOPT, SPEC, GlobalCounters
+from fusegrad.helpers import BEAM, DEBUG, NOOPT, SPEC, GlobalCounters, Hooks
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
@@ -49,13 +49,19 @@ def get_runner(device: str, ast: UOp) -> Runner:
     dev = Device[device]
     if DEBUG >= 3:
         print(ast)
+    if (hook := Hooks.trace) is not None:
+        t0 = hook.codegen_begin(device, ast)
     if key[3]:
         from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
 
         info = lower_to_linear(ast, opts=beam_search(ast, device, int(BEAM.value)).opts)
     else:
         info = lower_to_linear(ast)
+    if hook is not None:
+        t1 = time.perf_counter()
     r = _runners[key] = Runner(info, dev.build(info), device)
+    if hook is not None:
+        hook.compiled(r, dev, t0, t1)
     if SPEC >= 2 and info.opts:
         from fusegrad.engine.opt_equivalence import check_opts_keep_meaning
 
@@ -89,9 +95,12 @@ def run_item(item: ScheduleItem, runner: Runner | None = None, debug: int | None
             runner = get_runner(item.device, item.ast)
         runner.program(item.buffers)
         name, ops = runner.info.name, runner.info.ops_estimate
-    if debug >= 2:
+    hook = Hooks.trace
+    if debug >= 2 or hook is not None:
         Device[item.device].synchronize()  # a GPU launch returns at once: the time shown is the kernel's
     et = time.perf_counter() - st
+    if hook is not None:
+        hook.item_launched(item, runner, st, st + et)
     if capturing:
         capturing[-1].record(item, runner if item.ast.op is not Ops.COPY else None)
     mem = 0
@@ -184,7 +193,7 @@ def prepared(items: list[ScheduleItem], memo: dict | None) -> Prepared:
 def run_items(items: list[ScheduleItem], runners: list[Runner | None], debug: int, prep: Prepared | None) -> None:
     """run_item for each item; kernels launch inline (the per-launch work of an eager op) unless DEBUG shows them or a
     TinyJit records them. `prep` (for all of items and runners) has their counters summed already."""
-    if debug >= 2 or capturing or prep is None:
+    if debug >= 2 or capturing or prep is None or Hooks.trace is not None:  # the profiler times each launch
         for item, runner in zip(items, runners):
             run_item(item, runner, debug)
         return
@@ -227,6 +236,8 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
     With `holders_per_root` (the references the caller holds on each root: its `roots` list, its tensor), an assign
     whose old value a live graph outside this realize still reads copies on write; without it assigns write in place."""
     with realize_lock:
+        if (hook := Hooks.trace) is not None:
+            token, t_sched = hook.open("realize", "realize", {"roots": len(roots)}), time.perf_counter()
         readers = OldVersionReaders(roots, holders_per_root) if holders_per_root is not None else None
         checks = checks_below(roots)
         if checks:
@@ -236,6 +247,8 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
             )
         else:
             items, results, inner, memo = cached_schedule(roots, devices, readers)
+        if hook is not None:
+            hook.scheduled(t_sched, time.perf_counter(), len(items))
         # compile everything first: a compiler error then leaves every buffer untouched
         prep = prepared(items, memo)
         runners = prep.runners
@@ -258,6 +271,8 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
                 record_realized(r, res, strong=r.op is Ops.ASSIGN)
         for point, res in inner.items():
             record_realized(point, res, strong=True)
+        if hook is not None:
+            hook.close(token, {"items": len(items)})
     return results
 
 

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from fusegrad import Tensor, Variable, dtypes
-from fusegrad.helpers import DEBUG
+from fusegrad.helpers import DEBUG, Hooks
 from fusegrad.uop.ops import UOp
 
 
@@ -150,6 +150,8 @@ def generate(
     t0 = time.perf_counter()
     logits = prefill(model, prompt, start)
     t1 = time.perf_counter()
+    if (hook := Hooks.trace) is not None:  # a PROFILE trace shows the request's prefill and each decoded token
+        hook.slice("prefill", "llm", t0, t1, {"tokens": len(prompt), "start": start})
     if DEBUG.value >= 1:
         print(f"prefill: {len(prompt)} tokens in {t1 - t0:.3f} s, {len(prompt) / (t1 - t0):.1f} tokens/s")
     pos, produced = start + len(prompt), 0
@@ -160,7 +162,10 @@ def generate(
             yield token
             if token in stop or produced == max_new_tokens or pos >= model.max_context:
                 break
+            td = time.perf_counter()
             logits = model.forward(np.array([token], np.int32), pos)[0].numpy()
+            if hook is not None:
+                hook.slice("decode", "llm", td, time.perf_counter(), {"position": pos})
             pos += 1
     finally:
         if DEBUG.value >= 1 and produced > 1:

@@ -33,6 +33,7 @@ def _runner_source() -> str:
     )
     return f"""#include <pthread.h>
 #include <string.h>
+#include <time.h>
 {arities}
 static void fg_call(void *f, int n, void **a, long long s, long long e) {{
   switch (n) {{
@@ -147,16 +148,19 @@ void fg_run_one(void *f, int n, void **a, long long *bounds, int chunks, int thr
 
 /* entry i: nargs[i] >= 0 launches fns[i] on args[arg_off[i]..] over its chunks (bounds[bound_off[i]..], chunks[i]
    of them, on up to `threads` threads); nargs[i] == -1 copies bounds[bound_off[i]] bytes from args[arg_off[i] + 1]
-   to args[arg_off[i]] */
+   to args[arg_off[i]]; a non-null `times` gets each entry's start and end (CLOCK_MONOTONIC ns, the profiler's clock) */
 void fg_run_graph(int count, void **fns, int *nargs, void **args, int *arg_off, long long *bounds, int *bound_off,
-                  int *chunks, int threads) {{
+                  int *chunks, int threads, long long *times) {{
+  struct timespec ts;
   for (int i = 0; i < count; i++) {{
     void **a = args + arg_off[i];
     long long *b = bounds + bound_off[i];
+    if (times) {{ clock_gettime(CLOCK_MONOTONIC, &ts); times[2 * i] = ts.tv_sec * 1000000000LL + ts.tv_nsec; }}
     if (nargs[i] < 0) memcpy(a[0], a[1], (size_t)b[0]);
     else if (chunks[i] > 1 && threads > 1 && nworkers > 0)
       fg_split(fns[i], nargs[i], a, b, chunks[i], fg_helpers(chunks[i], threads));
     else fg_call(fns[i], nargs[i], a, b[0], b[chunks[i]]);
+    if (times) {{ clock_gettime(CLOCK_MONOTONIC, &ts); times[2 * i + 1] = ts.tv_sec * 1000000000LL + ts.tv_nsec; }}
   }}
 }}
 """
@@ -177,7 +181,7 @@ def graph_library() -> ctypes.CDLL | None:
         if DEBUG >= 1:
             print(f"TinyJit replays without batching: the CPU graph runner did not build ({e})")
         return None
-    lib.fg_run_graph.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int]
+    lib.fg_run_graph.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int, ctypes.c_void_p]
     lib.fg_run_graph.restype = None
     lib.fg_start_workers.argtypes = [ctypes.c_int]
     lib.fg_start_workers.restype = ctypes.c_int
@@ -240,6 +244,7 @@ class CPUGraph:
         self.slots: dict[Buffer, list[int]] = {}
         for i, b in enumerate(flat_args):
             self.slots.setdefault(b, []).append(i)
+        self._times: ctypes.Array | None = None  # timed()'s table of entry start and end times
         self._call_args = tuple(
             ctypes.addressof(a)
             for a in (self.fns, self.nargs, self.args, self.arg_off, self.bounds, self.bound_off, self.chunks)
@@ -258,4 +263,11 @@ class CPUGraph:
             self.args[i] = address
 
     def __call__(self) -> None:
-        self.lib.fg_run_graph(self.count, *self._call_args, self.threads)
+        self.lib.fg_run_graph(self.count, *self._call_args, self.threads, None)
+
+    def timed(self) -> list[int]:
+        """Run the batch as __call__ does; returns each entry's start and end, in perf_counter_ns's clock."""
+        if (times := self._times) is None:
+            times = self._times = (ctypes.c_longlong * (2 * self.count))()
+        self.lib.fg_run_graph(self.count, *self._call_args, self.threads, ctypes.addressof(times))
+        return times[:]

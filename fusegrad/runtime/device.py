@@ -16,7 +16,7 @@ from collections import OrderedDict, deque
 from typing import Any, Iterator
 import numpy as np
 from fusegrad.dtype import DType, to_numpy_dtype
-from fusegrad.helpers import CACHELEVEL, CC, CCACHE, DEBUG, DEV, LRU_CACHE_MB, GlobalCounters
+from fusegrad.helpers import CACHELEVEL, CC, CCACHE, DEBUG, DEV, LRU_CACHE_MB, GlobalCounters, Hooks
 from fusegrad.runtime.kernel_cache import KernelCache
 
 # transparent huge page size (x86-64, most arm64 kernels): blocks this large are aligned to it and ask for huge pages,
@@ -271,6 +271,8 @@ class Buffer:
             GlobalCounters.mem_used += nbytes
             per_device[self.device] = per_device.get(self.device, 0) + nbytes
             self._owner = allocator
+            if (hook := Hooks.trace) is not None:
+                hook.memory(self.device)
             if self._initial is not None:
                 self.copyin(self._initial)
                 self._initial = None
@@ -284,6 +286,8 @@ class Buffer:
             GlobalCounters.mem_used -= nbytes
             per_device = GlobalCounters.mem_used_per_device
             per_device[self.device] = per_device.get(self.device, 0) - nbytes
+            if (hook := Hooks.trace) is not None:
+                hook.memory(self.device)
             if type(owner) is HostAllocator:  # the block keeps its address for the next buffer over it
                 cached = self._address
                 HostAllocator.cache.give_back(

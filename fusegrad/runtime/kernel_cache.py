@@ -5,7 +5,7 @@ import hashlib
 import os
 import tempfile
 import warnings
-from fusegrad.helpers import cache_dir
+from fusegrad.helpers import Hooks, cache_dir
 
 
 def _sha256_file(path: str) -> str:
@@ -38,10 +38,14 @@ class KernelCache:
                 with open(os.path.join(d, f"{key}.sha256")) as f:
                     expected = f.read().strip()
                 if _sha256_file(path) == expected:
+                    if (hook := Hooks.trace) is not None:
+                        hook.cache_lookup(True)
                     return path
             except OSError:
                 pass  # no or unreadable checksum: the binary is not trusted
             self.evict(path)
+        if (hook := Hooks.trace) is not None:
+            hook.cache_lookup(False)
         return None
 
     def evict(self, path: str) -> None:

@@ -5,7 +5,7 @@ import inspect
 import itertools
 from typing import Any, Callable, Iterable
 from fusegrad.dtype import DType
-from fusegrad.helpers import DEBUG
+from fusegrad.helpers import DEBUG, Hooks
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 
@@ -153,6 +153,8 @@ def graph_rewrite(
     stack: list[list[Any]] = [[root, _ENTER, 0, None, False]]
     nested = 0  # rewrite results being visited inside one another
     depth_limit = max_depth  # raised to cover the input's own depth once it is exceeded (top-down walks nest)
+    # VIZ's recorder (fusegrad/viz) wraps the matcher to see each rule that fires; otherwise the matcher itself
+    rewrite = pm.rewrite if (recorder := Hooks.rewrites) is None else recorder.begin(root, pm)
 
     def visit_result(frame: list[Any], r: UOp) -> None:
         nonlocal nested, depth_limit
@@ -181,7 +183,7 @@ def graph_rewrite(
                 raise RewriteLoopError(f"graph_rewrite loops: rules rewrite {u.op} (arg={u.arg!r}) back into itself")
             active.add(u)
             frame[1] = _SOURCES
-            if not bottom_up and (r := pm.rewrite(u, ctx)) is not None:
+            if not bottom_up and (r := rewrite(u, ctx)) is not None:
                 visit_result(frame, r)
             continue
         if stage is _SOURCES:
@@ -194,7 +196,7 @@ def graph_rewrite(
                 continue
             new_src = tuple(done[s] for s in src)
             n = u if new_src == src else u.replace(src=new_src)
-            if (bottom_up or n is not u) and (r := pm.rewrite(n, ctx)) is not None:
+            if (bottom_up or n is not u) and (r := rewrite(n, ctx)) is not None:
                 visit_result(frame, r)
                 continue
         else:
@@ -203,6 +205,8 @@ def graph_rewrite(
         done[u] = n
         stack.pop()
         nested -= frame[4]
+    if recorder is not None:
+        recorder.end(rewrite, done[root])
     return done[root]
 
 
