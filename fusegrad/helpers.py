@@ -176,7 +176,7 @@ JITBEAM = ContextVar("JITBEAM", 0)  # BEAM width for kernels a TinyJit captures
 JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)  # most kernels one batched C call of a replay launches
 NO_MEMORY_PLANNER = ContextVar("NO_MEMORY_PLANNER", 0)  # 1: a captured step's intermediates keep their own memory
 DIST_TIMEOUT = ContextVar("FUSEGRAD_DIST_TIMEOUT", 300.0)  # seconds a collective waits for every rank before it fails
-DIST_CHECK = ContextVar("FUSEGRAD_DIST_CHECK", 1)  # ranks compare shapes/dtypes: 0 never, 1 per new call kind, 2 always
+DIST_CHECK = ContextVar("FUSEGRAD_DIST_CHECK", 1)  # 0: eager collectives skip comparing ranks' shapes and dtypes
 # API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
 IMAGE = ContextVar("IMAGE", 0)
 FLOAT16 = ContextVar("FLOAT16", 0)

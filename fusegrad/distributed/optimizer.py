@@ -8,6 +8,7 @@ from typing import Any
 from fusegrad.distributed.collectives import Collective, Finish, Start, broadcast, launch, output_like, realized_buffer
 from fusegrad.distributed.comm import World, world
 from fusegrad.distributed.metadata import check_parameters
+from fusegrad.helpers import Context
 from fusegrad.tensor import Tensor
 
 DEFAULT_BUCKET_MB = 4.0  # flat gradient buffers of a few MB: few large messages, and a step's transfers overlap
@@ -98,8 +99,10 @@ def broadcast_parameters(params: Any, root: int = 0) -> None:
     w = world()
     if w is None:
         return
-    check_parameters(w, tensors, "broadcast_parameters")
-    new = [broadcast(t, root, name=f"parameter {i}") for i, t in enumerate(tensors)]
+    names = [str(k) for k in params] if isinstance(params, dict) else [f"parameter {i}" for i in range(len(tensors))]
+    check_parameters(w, tensors, "broadcast_parameters", names)
+    with Context(FUSEGRAD_DIST_CHECK=0):  # checked above, all at once
+        new = [broadcast(t, root, name=name) for t, name in zip(tensors, names)]
     Tensor.realize(*[t.assign(v) for t, v in zip(tensors, new)])
 
 
