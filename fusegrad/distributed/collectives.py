@@ -117,9 +117,7 @@ def check_tensor(t: Any, name: str) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} expects a Tensor, got {type(t).__name__}")
     if isinstance(t.device, tuple):
-        raise ValueError(
-            f"{name} of a tensor sharded over {t.device}: move it to one device first (t.to(t.device[0]))"
-        )
+        raise ValueError(f"{name} of a tensor sharded over {t.device}: move it to one device first (t.to(t.device[0]))")
     if not all(isinstance(d, int) for d in t.shape):
         raise ValueError(f"{name} needs a concrete shape, got {t.shape}")
     return t

@@ -43,9 +43,7 @@ def compare(w: World, rows: np.ndarray, what: str, label: Callable[[int], str]) 
     counts = gather_rows(w, np.array([len(rows)], np.int64), what).reshape(-1)
     if (bad := np.flatnonzero(counts != counts[0])).size:
         r = int(bad[0])
-        raise DistributedError(
-            f"ranks disagree in {what}: rank 0 has {counts[0]} tensors, rank {r} has {counts[r]}"
-        )
+        raise DistributedError(f"ranks disagree in {what}: rank 0 has {counts[0]} tensors, rank {r} has {counts[r]}")
     table = gather_rows(w, rows, what)
     for r in range(1, w.size):
         if (diff := np.flatnonzero((table[r] != table[0]).any(axis=1))).size:
@@ -67,7 +65,9 @@ def check_parameters(w: World, tensors: list[Any], what: str, names: list[str] |
     """Every rank has the same number of tensors with the same shapes and dtypes, in the same order."""
     if int(DIST_CHECK.value) == 0:
         return
-    rows = np.array([encode(w.calls, "parameters", "", 0, t.dtype, t.shape) for t in tensors], np.int64).reshape(-1, ROW)
+    rows = np.array([encode(w.calls, "parameters", "", 0, t.dtype, t.shape) for t in tensors], np.int64).reshape(
+        -1, ROW
+    )
     compare(w, rows, what, lambda i: f" on {names[i]!r}" if names else f" on parameter {i}")
 
 

@@ -75,7 +75,7 @@ def collectives(out: str) -> None:
     big = [np.random.default_rng(k).standard_normal(LARGE, dtype=np.float32) for k in range(n)]
     got = dist.all_reduce(Tensor(big[r]), "sum").numpy()
     np.testing.assert_allclose(got, np.sum(big, axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
-    check(dist.all_gather(Tensor(big[r][:LARGE // 8])).numpy(), np.concatenate([b[: LARGE // 8] for b in big]), "big")
+    check(dist.all_gather(Tensor(big[r][: LARGE // 8])).numpy(), np.concatenate([b[: LARGE // 8] for b in big]), "big")
     check(dist.all_reduce(Tensor(3.0 + r)).numpy(), np.float32(sum(3.0 + k for k in range(n))), "scalar all_reduce")
     check(dist.all_gather(Tensor(float(r))).numpy(), np.arange(n, dtype=np.float32), "scalar all_gather")
     check(dist.all_reduce(Tensor.zeros(0, 3)).numpy(), np.zeros((0, 3), np.float32), "empty all_reduce")
