@@ -42,10 +42,20 @@ class Collective:
         self.w, self.kind, self.root, self.what, self.dtype = w, kind, root, what, dtype
         self.op = mpi_op(w, op, dtype) if kind in ("all_reduce", "reduce_scatter") else None
         self.pending: tuple[Any, list[Buffer], list[np.ndarray]] | None = None
+        self.cache: tuple[Any, Any, np.ndarray, np.ndarray] | None = None
+
+    def arrays(self, out: Buffer, src: Buffer) -> tuple[np.ndarray, np.ndarray]:
+        """The numpy views MPI reads and writes: made once per memory (a replay reuses them) when both are host."""
+        cached = self.cache
+        if cached is not None and cached[0] is out._mem and cached[1] is src._mem:
+            return cached[2], cached[3]
+        dst, inp = host_array(out.ensure_allocated()), host_array(src.ensure_allocated())
+        self.cache = (out._mem, src._mem, dst, inp) if out.is_host and src.is_host else None
+        return dst, inp
 
     def start(self, buffers: list[Buffer]) -> None:
-        out, src = buffers[0].ensure_allocated(), buffers[1].ensure_allocated()
-        dst, inp, comm = host_array(out), host_array(src), self.w.data
+        out, src = buffers[0], buffers[1]
+        (dst, inp), comm = self.arrays(out, src), self.w.data
         if self.kind == "all_reduce":
             req = comm.Iallreduce(inp, dst, self.op)
         elif self.kind == "broadcast":

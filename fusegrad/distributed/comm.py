@@ -30,10 +30,12 @@ class World:
         self.local_rank = _local_rank(world, mpi)
         self.calls = 0  # collectives issued so far: in the error text, so ranks that diverged can be told apart
         self.where = ""  # what this rank waits in now (the probe reports it)
+        self.waited_s = 0.0  # time spent waiting for collectives to complete (a step's communication share)
 
     def wait(self, requests: list[Any], what: str) -> None:
         """Complete `requests`, or raise DistributedError naming the ranks that never arrived within the timeout."""
-        test_all, deadline, spins = self.mpi.Request.Testall, time.monotonic() + float(DIST_TIMEOUT.value), 0
+        test_all, st, spins = self.mpi.Request.Testall, time.monotonic(), 0
+        deadline = st + float(DIST_TIMEOUT.value)
         self.where = what
         while not test_all(requests):
             spins += 1
@@ -42,6 +44,7 @@ class World:
                 if time.monotonic() > deadline:
                     raise self.stuck(what)
         self.where = ""
+        self.waited_s += time.monotonic() - st
 
     def stuck(self, what: str) -> DistributedError:
         """After a timeout: ask every rank where it is; the ones that answer are waiting too, the rest hang or died."""

@@ -99,3 +99,18 @@ def test_mismatched_parameter_count_names_the_rank(tmp_path):
     proc, _ = mpirun(3, "count", str(tmp_path / "x"), timeout=100, FUSEGRAD_DIST_TIMEOUT="30")
     assert proc.returncode != 0
     assert "ranks disagree in broadcast_parameters: rank 0 has 2 tensors, rank 1 has 3" in proc.stderr, proc.stderr
+
+
+def test_digits_example_on_2_ranks_reaches_the_accuracy_of_one():
+    example = os.path.join(ROOT, "examples", "train_digits_mpi.py")
+
+    def accuracy(cmd: list[str]) -> float:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=400, env={**os.environ, **ENV, "EPOCHS": "3"}
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return float(proc.stdout.rsplit("test accuracy:", 1)[1].split("%")[0])
+
+    one = accuracy([sys.executable, example])
+    two = accuracy([shutil.which("mpirun") or "mpirun", "--oversubscribe", "-n", "2", sys.executable, example])
+    assert one > 85.0 and abs(two - one) <= 1.0, (one, two)
