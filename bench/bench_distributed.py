@@ -142,8 +142,22 @@ def fmt_bytes(n: int) -> str:
     return f"{n >> 20} MB" if n >= 2**20 else f"{n >> 10} KB" if n >= 1024 else f"{n} B"
 
 
+def fit_ring(rows: dict[int, list[dict]], peer: str) -> tuple[float, float]:
+    """alpha (s) and B (bytes/s) of the ring model t = 2(p-1)*alpha + 2(p-1)/p * n/B, least squares over every size and
+    rank count, each row weighted by 1/t so small and large messages count alike."""
+    a, y = [], []
+    for p, table in rows.items():
+        for row in table:
+            t = row[peer]
+            a.append([2 * (p - 1) / t, 2 * (p - 1) / p * row["bytes"] / t])
+            y.append(1.0)
+    (alpha, inv_b), *_ = np.linalg.lstsq(np.array(a), np.array(y), rcond=None)
+    return float(alpha), 1.0 / float(inv_b)
+
+
 def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench_distributed-")
+    tables: dict[int, list[dict]] = {}
     for ranks in (2, 4):
         out = os.path.join(tmp, f"allreduce{ranks}.json")
         launch(ranks, "allreduce", out)
@@ -152,7 +166,8 @@ def main() -> None:
             f"{'size':>8s} {'mpi4py':>10s} {'jit':>10s} {'eager':>10s} {'gloo':>10s}  {'mpi GB/s':>8s} "
             f"{'jit GB/s':>8s}  {'jit/mpi':>7s} {'jit/gloo':>8s} {'eager/mpi':>9s}"
         )
-        for row in json.load(open(out)):
+        tables[ranks] = json.load(open(out))
+        for row in tables[ranks]:
             bus = 2 * (ranks - 1) / ranks * row["bytes"] / 1e9
             print(
                 f"{fmt_bytes(row['bytes']):>8s} {row['mpi4py'] * 1e6:8.1f}us {row['jit'] * 1e6:8.1f}us "
@@ -160,6 +175,10 @@ def main() -> None:
                 f"{bus / row['jit']:8.3f}  {row['mpi4py'] / row['jit']:6.2f}x {row['gloo'] / row['jit']:7.2f}x "
                 f"{row['mpi4py'] / row['eager']:8.2f}x"
             )
+    print("\nring model t = 2(p-1)*alpha + 2(p-1)/p * n/B fitted to both rank counts:")
+    for peer in ("mpi4py", "jit", "gloo"):
+        alpha, bw = fit_ring(tables, peer)
+        print(f"{peer:>8s}: alpha = {alpha * 1e6:8.2f} us, B = {bw / 1e9:6.2f} GB/s")
     one, two = os.path.join(tmp, "train1.json"), os.path.join(tmp, "train2.json")
     launch(1, "train", one)
     launch(2, "train", two)

@@ -6,6 +6,7 @@ from fusegrad.distributed.collectives import all_gather, all_reduce, broadcast, 
 from fusegrad.distributed.comm import DistributedError, barrier, init, local_rank, rank, size
 from fusegrad.distributed.optimizer import DistributedOptimizer, broadcast_parameters
 from fusegrad.distributed.sampler import DistributedSampler
+from fusegrad.distributed.zero import ZeroOptimizer
 
 __all__ = [
     "DistributedError",
@@ -23,4 +24,5 @@ __all__ = [
     "reduce_scatter",
     "save_checkpoint",
     "size",
+    "ZeroOptimizer",
 ]

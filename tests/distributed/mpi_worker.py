@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -114,8 +115,11 @@ def train(model_kind: str, opt_kind: str, batch: int, steps: int, jit: bool, see
     model = MLP() if model_kind == "mlp" else ConvNet()
     params = get_parameters(model)
     dist.broadcast_parameters(params)
-    base = SGD(params, lr=0.1, momentum=0.9) if opt_kind == "sgd" else Adam(params, lr=3e-3)
-    opt = dist.DistributedOptimizer(base, bucket_mb=0.004)  # 4 KB: several buckets even for these small models
+    if opt_kind == "adam_zero":  # optimizer state sharded over the ranks
+        opt: Any = dist.ZeroOptimizer(params, lambda shard: Adam(shard, lr=3e-3))
+    else:
+        base = SGD(params, lr=0.1, momentum=0.9) if opt_kind == "sgd" else Adam(params, lr=3e-3)
+        opt = dist.DistributedOptimizer(base, bucket_mb=0.004)  # 4 KB: several buckets even for these small models
     sampler = dist.DistributedSampler(int(Y.shape[0]), seed=seed)
 
     def step(idx: Tensor) -> Tensor:
@@ -135,7 +139,7 @@ def train(model_kind: str, opt_kind: str, batch: int, steps: int, jit: bool, see
     return [p.numpy() for p in params]
 
 
-CONFIGS = [("mlp", "sgd"), ("mlp", "adam"), ("conv", "sgd"), ("conv", "adam")]
+CONFIGS = [("mlp", "sgd"), ("mlp", "adam"), ("mlp", "adam_zero"), ("conv", "sgd"), ("conv", "adam")]
 
 
 def training(out: str, batch: int, steps: int) -> None:

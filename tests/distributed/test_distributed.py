@@ -153,3 +153,24 @@ def test_metadata_rows_describe_the_call():
     assert describe(row) == "broadcast(root=2) of int16 (3, 5) as collective #5"
     long = np.array(encode(0, "all_reduce", "sum", 0, dtypes.float32, (2,) * 10))
     assert describe(long).startswith("all_reduce(sum) of float32 (2, 2, 2, 2, 2, 2, 2, 8)")
+
+
+def test_zero_optimizer_of_one_rank_steps_like_its_optimizer():
+    from fusegrad.nn.optim import LAMB, Adam
+
+    def run(zero):
+        Tensor.manual_seed(0)
+        a, b = Tensor.randn(3, 5, requires_grad=True), Tensor.randn(7, requires_grad=True)
+        opt = dist.ZeroOptimizer([a, b], lambda shard: Adam(shard, lr=0.01)) if zero else Adam([a, b], lr=0.01)
+        with Context(TRAINING=1):
+            for _ in range(3):
+                opt.zero_grad()
+                ((a * a).sum() + (b * 3).sum()).backward()
+                opt.step()
+        return np.concatenate([a.numpy().reshape(-1), b.numpy()])
+
+    np.testing.assert_array_equal(run(True), run(False))
+    with pytest.raises(ValueError, match="LAMB scales each whole tensor"):
+        dist.ZeroOptimizer([Tensor.ones(2)], lambda shard: LAMB(shard))
+    with pytest.raises(ValueError, match="share one dtype and device"):
+        dist.ZeroOptimizer([Tensor.ones(2), Tensor.ones(2, dtype=dtypes.float16)], lambda shard: Adam(shard))

@@ -59,7 +59,7 @@ def test_data_parallel_training_equals_one_process(one_process, tmp_path, ranks)
     out = str(tmp_path / "dp.npz")
     proc, _ = mpirun(ranks, "train", out, BATCH=str(32 // ranks))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert all(f"rank {r}: trained 4 configs, jit == eager" in proc.stdout for r in range(ranks))
+    assert all(f"rank {r}: trained 5 configs, jit == eager" in proc.stdout for r in range(ranks))
     got = np.load(out)
     assert sorted(got.files) == sorted(one_process.files)
     for k in one_process.files:
