@@ -109,6 +109,8 @@ def init() -> None:
     needs no MPI at all. Calling it again does nothing."""
     if _world:
         return
+    if not float(DIST_TIMEOUT.value) > 0:
+        raise ValueError(f"FUSEGRAD_DIST_TIMEOUT must be a number of seconds > 0, got {DIST_TIMEOUT.value!r}")
     if not under_launcher():
         _world.append(None)
         return

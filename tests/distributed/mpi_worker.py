@@ -88,6 +88,15 @@ def collectives(out: str) -> None:
     dist.broadcast_parameters(get_state_dict(model))
     for p in params:
         check(dist.all_gather(p).numpy(), np.concatenate([p.numpy()] * n), "broadcast_parameters")
+    local = dist.all_gather(Tensor(dist.local_rank())).numpy()
+    assert sorted(local.tolist()) == list(range(n)), f"one machine: the local ranks are {local}"
+    # rank 0 writes, every rank resumes with its values
+    path = os.path.join(os.path.dirname(os.path.abspath(out)), "ckpt.safetensors")
+    dist.save_checkpoint(get_state_dict(model), path)
+    fresh = get_state_dict(MLP())
+    dist.load_checkpoint(fresh, path)
+    for k, v in get_state_dict(model).items():
+        check(fresh[k].numpy(), v.numpy(), f"checkpoint {k}")
     print(f"rank {r}: {checked} collectives match numpy", flush=True)
 
 

@@ -58,6 +58,12 @@ def test_init_without_mpi4py_names_the_extra(monkeypatch):
         dist.init()
 
 
+def test_bad_timeout_is_named(monkeypatch):
+    monkeypatch.setattr(comm, "_world", [])
+    with Context(FUSEGRAD_DIST_TIMEOUT=-1.0), pytest.raises(ValueError, match="FUSEGRAD_DIST_TIMEOUT must be"):
+        dist.init()
+
+
 def test_host_buffers_are_shared_with_mpi_not_copied():
     t = Tensor(np.arange(5, dtype=np.float32)).realize()
     buf = view_buffer(t.uop)
