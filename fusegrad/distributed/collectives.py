@@ -85,15 +85,17 @@ class Start:
     """The first half of a nonblocking collective as a recorded launch: the wait comes later in the step."""
 
     def __init__(self, coll: Collective):
-        self.coll, self.device = coll, "CPU"
+        self.coll = coll
 
     def __call__(self, buffers: list[Buffer]) -> None:
         self.coll.start(buffers)
 
 
 class Finish:
+    """The wait of a Start, as a recorded launch."""
+
     def __init__(self, coll: Collective):
-        self.coll, self.device = coll, "CPU"
+        self.coll = coll
 
     def __call__(self, buffers: list[Buffer]) -> None:
         self.coll.finish()
@@ -138,7 +140,7 @@ def _run(kind: str, t: Tensor, op: str, root: int, out_shape: tuple[int, ...], n
     assert w is not None
     what = f"{kind}({op if kind in ('all_reduce', 'reduce_scatter') else f'root={root}'}) of {name or 'a tensor'}"
     check_collective(w, kind, op, root, t, what)
-    src, src_buf = realized_buffer(t)
+    _, src_buf = realized_buffer(t)
     out, out_buf = output_like(out_shape, t)
     if t.numel():
         launch([(Collective(w, kind, op, root, what, t.dtype), [out_buf, src_buf])])

@@ -83,7 +83,7 @@ class DistributedOptimizer:
                 offset += p.numel()
 
     def _start(self, w: World, k: int, flat: Tensor) -> tuple[Collective, list, Tensor]:
-        src, src_buf = realized_buffer(flat)
+        _, src_buf = realized_buffer(flat)
         out, out_buf = output_like(flat.shape, flat)
         coll = Collective(w, "all_reduce", "sum", 0, f"all_reduce(sum) of gradient bucket {k}", flat.dtype)
         launch([(Start(coll), [out_buf, src_buf])])
