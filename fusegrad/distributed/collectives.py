@@ -125,10 +125,10 @@ def launch(calls: list[tuple[Any, list[Buffer]]]) -> None:
             capturing[-1].record_call(runner, tuple(bufs))
 
 
-def check_tensor(t: Any, name: str) -> Tensor:
+def check_tensor(t: Any, name: str, sharded_ok: bool = False) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} expects a Tensor, got {type(t).__name__}")
-    if isinstance(t.device, tuple):
+    if isinstance(t.device, tuple) and not sharded_ok:
         raise ValueError(f"{name} of a tensor sharded over {t.device}: move it to one device first (t.to(t.device[0]))")
     if not all(isinstance(d, int) for d in t.shape):
         raise ValueError(f"{name} needs a concrete shape, got {t.shape}")
@@ -158,11 +158,13 @@ def check_op(t: Tensor, op: str, fn: str) -> None:
 
 def all_reduce(t: Tensor, op: str = "sum", name: str | None = None) -> Tensor:
     """Every rank's t combined elementwise by op ("sum", "mean", "max", "min"), on every rank (a new tensor)."""
-    t = check_tensor(t, "all_reduce")
+    t = check_tensor(t, "all_reduce", sharded_ok=True)
     check_op(t, op, "all_reduce")
     w = world()
     if w is None:
         return t
+    if isinstance(t.device, tuple):  # over its local devices first (a gather), then across ranks, then back
+        return all_reduce(t.to(t.device[0]), op, name).shard_like(t)
     if t.dtype in NARROW_FLOATS:  # MPI has no 16- or 8-bit float types: reduce in float32
         return all_reduce(t.cast(dtypes.float32), op, name).cast(t.dtype)
     out = _run("all_reduce", t, "sum" if op == "mean" else op, 0, t.shape, name)
@@ -171,11 +173,13 @@ def all_reduce(t: Tensor, op: str = "sum", name: str | None = None) -> Tensor:
 
 def broadcast(t: Tensor, root: int = 0, name: str | None = None) -> Tensor:
     """Rank root's t, on every rank (a new tensor)."""
-    t = check_tensor(t, "broadcast")
+    t = check_tensor(t, "broadcast", sharded_ok=True)
     w = world()
     n = 1 if w is None else w.size
     if not isinstance(root, int) or not 0 <= root < n:
         raise ValueError(f"broadcast: root must be a rank in 0..{n - 1}, got {root!r}")
+    if w is not None and isinstance(t.device, tuple):
+        return broadcast(t.to(t.device[0]), root, name).shard_like(t)
     return t if w is None else _run("broadcast", t, "", root, t.shape, name)
 
 

@@ -14,13 +14,28 @@ from fusegrad.tensor import Tensor
 DEFAULT_BUCKET_MB = 4.0  # flat gradient buffers of a few MB: few large messages, and a step's transfers overlap
 
 
+def home_device(t: Tensor) -> str:
+    """Where a tensor meets the other ranks: its device, or the first of the devices it is sharded over."""
+    return t.device if isinstance(t.device, str) else t.device[0]
+
+
+def one_device(t: Tensor) -> Tensor:
+    """t on its home device: a sharded tensor gathered (a replicated one is already reduced over its devices)."""
+    return t if isinstance(t.device, str) else t.to(t.device[0])
+
+
+def placed_like(x: Tensor, t: Tensor) -> Tensor:
+    """x (on t's home device) back on t's devices, sharded like t."""
+    return x if isinstance(t.device, str) else x.shard_like(t)
+
+
 def buckets_of(params: list[Tensor], bucket_bytes: int) -> list[list[int]]:
     """Parameter indices in buckets of one dtype and device, last parameters first (the order backward ends in)."""
     out: list[list[int]] = []
     open_: dict[tuple, tuple[list[int], list[int]]] = {}  # (dtype, device) -> (indices, [bytes])
     for i in reversed(range(len(params))):
         p = params[i]
-        key = (p.dtype, p.device)
+        key = (p.dtype, home_device(p))
         if key not in open_ or open_[key][1][0] >= bucket_bytes:
             open_[key] = ([], [0])
             out.append(open_[key][0])
@@ -39,9 +54,6 @@ class DistributedOptimizer:
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
         self.optimizer, self.params = optimizer, optimizer.params
-        for i, p in enumerate(self.params):
-            if isinstance(p.device, tuple):
-                raise ValueError(f"parameter {i} (shape {p.shape}) is sharded over {p.device}: not supported yet")
         self.buckets = buckets_of(self.params, int(bucket_mb * 2**20))
         self.checked = False
 
@@ -71,7 +83,8 @@ class DistributedOptimizer:
             check_parameters(w, self.params, "DistributedOptimizer's parameters")
             self.checked = True
         # one schedule for every bucket: backward's shared intermediates are computed once
-        flats = [Tensor.cat(*[self.params[i].grad.flatten() for i in b]) for b in self.buckets]  # type: ignore[union-attr]
+        # a sharded parameter's gradient meets the others' on its first device: local devices first, then MPI, then back
+        flats = [Tensor.cat(*[one_device(self.params[i].grad).flatten() for i in b]) for b in self.buckets]  # type: ignore[arg-type]
         Tensor.realize(*flats)
         started = [self._start(w, k, flat) for k, flat in enumerate(flats)]
         launch([(Finish(coll), bufs) for coll, bufs, _ in started])
@@ -79,7 +92,7 @@ class DistributedOptimizer:
             mean, offset = out * (1.0 / w.size), 0
             for i in bucket:
                 p = self.params[i]
-                p.grad = mean[offset : offset + p.numel()].reshape(p.shape)
+                p.grad = placed_like(mean[offset : offset + p.numel()].reshape(p.shape), p)
                 offset += p.numel()
 
     def _start(self, w: World, k: int, flat: Tensor) -> tuple[Collective, list, Tensor]:
@@ -102,7 +115,7 @@ def broadcast_parameters(params: Any, root: int = 0) -> None:
     names = [str(k) for k in params] if isinstance(params, dict) else [f"parameter {i}" for i in range(len(tensors))]
     check_parameters(w, tensors, "broadcast_parameters", names)
     with Context(FUSEGRAD_DIST_CHECK=0):  # checked above, all at once
-        new = [broadcast(t, root, name=name) for t, name in zip(tensors, names)]
+        new = [placed_like(broadcast(one_device(t), root, name=name), t) for t, name in zip(tensors, names)]
     Tensor.realize(*[t.assign(v) for t, v in zip(tensors, new)])
 
 

@@ -117,12 +117,17 @@ class ConvNet:
 
 
 def train(model_kind: str, opt_kind: str, batch: int, steps: int, jit: bool, seed: int = 0) -> list[np.ndarray]:
-    """`steps` steps on the digits, each rank on its shard of every global batch; the final parameters."""
+    """`steps` steps on the digits, each rank on its shard of every global batch; the final parameters. A "_sharded"
+    optimizer kind also splits each rank's batch over two local devices, the parameters replicated on both."""
+    local = ("CPU:0", "CPU:1") if opt_kind.endswith("_sharded") else None
+    opt_kind = opt_kind.removesuffix("_sharded")
     X, Y, _, _ = digits()
     X = X.float() / 16.0
     Tensor.manual_seed(seed + dist.rank())  # different on every rank: broadcast_parameters makes them equal
     model = MLP() if model_kind == "mlp" else ConvNet()
     params = get_parameters(model)
+    for p in params if local else []:
+        p.shard_(local)
     dist.broadcast_parameters(params)
     if opt_kind == "adam_zero":  # optimizer state sharded over the ranks
         opt: Any = dist.ZeroOptimizer(params, lambda shard: Adam(shard, lr=3e-3))
@@ -134,7 +139,8 @@ def train(model_kind: str, opt_kind: str, batch: int, steps: int, jit: bool, see
     def step(idx: Tensor) -> Tensor:
         with Context(TRAINING=1):
             opt.zero_grad()
-            loss = model(X[idx]).sparse_categorical_crossentropy(Y[idx])
+            x, y = (X[idx].shard(local, axis=0), Y[idx].shard(local, axis=0)) if local else (X[idx], Y[idx])
+            loss = model(x).sparse_categorical_crossentropy(y)
             loss.backward()
             opt.step()
         return loss
@@ -148,7 +154,14 @@ def train(model_kind: str, opt_kind: str, batch: int, steps: int, jit: bool, see
     return [p.numpy() for p in params]
 
 
-CONFIGS = [("mlp", "sgd"), ("mlp", "adam"), ("mlp", "adam_zero"), ("conv", "sgd"), ("conv", "adam")]
+CONFIGS = [
+    ("mlp", "sgd"),
+    ("mlp", "adam"),
+    ("mlp", "adam_zero"),
+    ("mlp", "sgd_sharded"),
+    ("conv", "sgd"),
+    ("conv", "adam"),
+]
 
 
 def training(out: str, batch: int, steps: int) -> None:

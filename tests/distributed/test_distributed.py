@@ -42,7 +42,7 @@ def test_collectives_of_one_rank_are_the_input(op):
         (lambda: dist.broadcast(Tensor([1.0]), root=1), ValueError, r"root must be a rank in 0..0, got 1"),
         (lambda: dist.all_reduce(np.ones(3)), TypeError, "expects a Tensor, got ndarray"),
         (lambda: dist.reduce_scatter(Tensor(1.0)), ValueError, r"axis 0 of shape \(\) must split into 1"),
-        (lambda: dist.all_reduce(Tensor.ones(4).shard(("CPU:0", "CPU:1"))), ValueError, "sharded over"),
+        (lambda: dist.all_gather(Tensor.ones(4).shard(("CPU:0", "CPU:1"))), ValueError, "sharded over"),
     ],
 )
 def test_bad_input_is_named(call, err, match):
