@@ -180,6 +180,9 @@ VIZ = ContextVar("VIZ", 0)  # 1: record rewrites and kernels, serve them as a we
 PROFILE = ContextVar("PROFILE", 0)  # 1 writes a Chrome trace of launches, compiles, copies and memory at exit
 PROFILE_PATH = ContextVar("PROFILE_PATH", "")  # where PROFILE writes its trace ("": a file under the cache dir)
 VIZ_PORT = ContextVar("VIZ_PORT", 8000)  # the VIZ page's port on 127.0.0.1 (the next free one when taken)
+# fusegrad/distributed (docs/distributed.md)
+DIST_TIMEOUT = ContextVar("FUSEGRAD_DIST_TIMEOUT", 300.0)  # seconds a collective waits for every rank before it fails
+DIST_CHECK = ContextVar("FUSEGRAD_DIST_CHECK", 1)  # 0: eager collectives skip comparing ranks' shapes and dtypes
 # tinygrad's names; accepted now, they take effect when their feature lands (docs/env_vars.md)
 IMAGE = ContextVar("IMAGE", 0)
 FLOAT16 = ContextVar("FLOAT16", 0)

@@ -38,6 +38,10 @@ class Recorder:
         """An index check (CHECK_OOB=1) the realize made after its bound kernels: replays make it at the same place."""
         self.launches.append((IndexCheckRunner(check), (buf,), None))
 
+    def record_call(self, runner: Any, buffers: tuple[Buffer, ...]) -> None:
+        """A host call on buffers (a collective: buffers[0] its output) that replays run at the same place."""
+        self.launches.append((runner, tuple(buffers), None))
+
     def refuse_read(self, t: Tensor) -> None:
         raise JitError(
             f"reading data (.numpy(), .item(), .tolist(), .data()) of a tensor of shape {t.shape} inside a TinyJit "

@@ -1,0 +1,200 @@
+"""Allreduce bandwidth and latency of fusegrad.distributed against raw mpi4py and torch.distributed (gloo), and the
+training throughput of 2 ranks against 1, all on loopback.
+
+Run: python bench/bench_distributed.py   (it starts `mpirun --oversubscribe -n 2` and `-n 4` itself; env: MAX_MB,
+REPS, STEPS). Each size runs every peer in the same processes, medians of REPS calls."""
+
+from __future__ import annotations
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+ENV = {"PYTHONPATH": ROOT, "NUM_CPU_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def median_time(fn, reps: int, barrier) -> float:
+    times = []
+    for _ in range(reps):
+        barrier()
+        st = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - st)
+    return statistics.median(times)
+
+
+def allreduce_sizes(max_mb: int) -> list[int]:
+    sizes, n = [], 4
+    while n <= max_mb * 2**20:
+        sizes.append(n)
+        n *= 16 if n < 2**20 else 4
+    return sizes
+
+
+def worker_allreduce(out: str) -> None:
+    import torch
+    import torch.distributed as tdist
+    from mpi4py import MPI
+
+    from fusegrad import Tensor, TinyJit
+    import fusegrad.distributed as dist
+
+    dist.init()
+    comm, r, n = MPI.COMM_WORLD, dist.rank(), dist.size()
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}", rank=r, world_size=n)
+    jitted = TinyJit(lambda x: dist.all_reduce(x))
+    rows = []
+    for nbytes in allreduce_sizes(int(os.environ.get("MAX_MB", "256"))):
+        count = nbytes // 4
+        reps = max(3, min(int(os.environ.get("REPS", "50")), int(2e8 // nbytes)))
+        a, b = np.ones(count, np.float32), np.empty(count, np.float32)
+        t_mpi = median_time(lambda: comm.Allreduce(a, b), reps, comm.Barrier)
+        x = Tensor(a).realize()
+        t_eager = median_time(lambda: dist.all_reduce(x).realize(), reps, comm.Barrier)
+        for _ in range(3):
+            jitted(x)  # captured on the second call
+        t_jit = median_time(lambda: jitted(x), reps, comm.Barrier)
+        assert np.all(jitted(x).numpy() == n), "fusegrad's allreduce result is wrong"
+        tt = torch.ones(count)
+        t_gloo = median_time(lambda: tdist.all_reduce(tt), reps, comm.Barrier)
+        jitted.reset()
+        rows.append({"bytes": nbytes, "mpi4py": t_mpi, "eager": t_eager, "jit": t_jit, "gloo": t_gloo})
+    tdist.destroy_process_group()
+    if r == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+
+
+def worker_train(out: str) -> None:
+    from fusegrad import Context, Tensor, TinyJit, nn
+    from fusegrad.nn.datasets import digits
+    from fusegrad.nn.optim import Adam
+    from fusegrad.nn.state import get_parameters
+    import fusegrad.distributed as dist
+
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from train_digits import ConvNet
+
+    class MLP:
+        def __init__(self):
+            self.l1, self.l2, self.l3 = nn.Linear(64, 256), nn.Linear(256, 256), nn.Linear(256, 10)
+
+        def __call__(self, x: Tensor) -> Tensor:
+            return self.l3(self.l2(self.l1(x.flatten(1)).relu()).relu())
+
+    dist.init()
+    X, Y, _, _ = digits()
+    X = X.float() / 16.0
+    batch, steps, rows = 128, int(os.environ.get("STEPS", "30")), {}
+    for name, make in (("mlp", MLP), ("digits convnet", ConvNet)):
+        model = make()
+        params = get_parameters(model)
+        dist.broadcast_parameters(params)
+        opt = dist.DistributedOptimizer(Adam(params, lr=1e-3))
+        sampler = dist.DistributedSampler(int(Y.shape[0]))
+
+        @TinyJit
+        def step(idx: Tensor) -> Tensor:
+            with Context(TRAINING=1):
+                opt.zero_grad()
+                loss = model(X[idx]).sparse_categorical_crossentropy(Y[idx])
+                loss.backward()
+                opt.step()
+            return loss
+
+        idx = Tensor(sampler.indices()[:batch].astype(np.int32)).realize()
+        for _ in range(3):
+            step(idx).realize()
+        w = dist.comm.world()
+        waited = w.waited_s if w else 0.0
+        dist.barrier()
+        st = time.perf_counter()
+        for _ in range(steps):
+            step(idx).realize()
+        dist.barrier()
+        elapsed = time.perf_counter() - st
+        comm_s = (w.waited_s - waited) if w else 0.0
+        rows[name] = {"samples_per_s": dist.size() * batch * steps / elapsed, "comm_fraction": comm_s / elapsed}
+    if dist.rank() == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+
+
+def launch(ranks: int, what: str, out: str) -> None:
+    launcher = shutil.which("mpirun")
+    assert launcher, "mpirun not found: pip install 'fusegrad[mpi]'"
+    cmd = [launcher, "--oversubscribe", "-n", str(ranks), sys.executable, __file__, what, out]
+    env = {**os.environ, **ENV, "BENCH_PORT": str(29500 + ranks + os.getpid() % 1000)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def fmt_bytes(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 2**20 else f"{n >> 10} KB" if n >= 1024 else f"{n} B"
+
+
+def fit_ring(rows: dict[int, list[dict]], peer: str) -> tuple[float, float]:
+    """alpha (s) and B (bytes/s) of the ring model t = 2(p-1)*alpha + 2(p-1)/p * n/B, least squares over every size and
+    rank count, each row weighted by 1/t so small and large messages count alike."""
+    a, y = [], []
+    for p, table in rows.items():
+        for row in table:
+            t = row[peer]
+            a.append([2 * (p - 1) / t, 2 * (p - 1) / p * row["bytes"] / t])
+            y.append(1.0)
+    (alpha, inv_b), *_ = np.linalg.lstsq(np.array(a), np.array(y), rcond=None)
+    return float(alpha), 1.0 / float(inv_b)
+
+
+def main() -> None:
+    tmp = tempfile.mkdtemp(prefix="bench_distributed-")
+    tables: dict[int, list[dict]] = {}
+    for ranks in (2, 4):
+        out = os.path.join(tmp, f"allreduce{ranks}.json")
+        launch(ranks, "allreduce", out)
+        print(f"\nallreduce of float32 on {ranks} ranks (loopback), median latency and bus bandwidth 2(p-1)/p*n/t")
+        print(
+            f"{'size':>8s} {'mpi4py':>10s} {'jit':>10s} {'eager':>10s} {'gloo':>10s}  {'mpi GB/s':>8s} "
+            f"{'jit GB/s':>8s}  {'jit/mpi':>7s} {'jit/gloo':>8s} {'eager/mpi':>9s}"
+        )
+        tables[ranks] = json.load(open(out))
+        for row in tables[ranks]:
+            bus = 2 * (ranks - 1) / ranks * row["bytes"] / 1e9
+            print(
+                f"{fmt_bytes(row['bytes']):>8s} {row['mpi4py'] * 1e6:8.1f}us {row['jit'] * 1e6:8.1f}us "
+                f"{row['eager'] * 1e6:8.1f}us {row['gloo'] * 1e6:8.1f}us  {bus / row['mpi4py']:8.3f} "
+                f"{bus / row['jit']:8.3f}  {row['mpi4py'] / row['jit']:6.2f}x {row['gloo'] / row['jit']:7.2f}x "
+                f"{row['mpi4py'] / row['eager']:8.2f}x"
+            )
+    print("\nring model t = 2(p-1)*alpha + 2(p-1)/p * n/B fitted to both rank counts:")
+    for peer in ("mpi4py", "jit", "gloo"):
+        alpha, bw = fit_ring(tables, peer)
+        print(f"{peer:>8s}: alpha = {alpha * 1e6:8.2f} us, B = {bw / 1e9:6.2f} GB/s")
+    one, two = os.path.join(tmp, "train1.json"), os.path.join(tmp, "train2.json")
+    launch(1, "train", one)
+    launch(2, "train", two)
+    print("\ntraining throughput (Adam, batch 128 per rank, jitted steps, 1 thread per rank)")
+    r1, r2 = json.load(open(one)), json.load(open(two))
+    for name in r1:
+        print(
+            f"{name:>15s}: 1 rank {r1[name]['samples_per_s']:8.0f} samples/s, 2 ranks {r2[name]['samples_per_s']:8.0f}"
+            f" samples/s = {r2[name]['samples_per_s'] / r1[name]['samples_per_s']:.2f}x, "
+            f"{r2[name]['comm_fraction'] * 100:.0f}% of the 2-rank step waiting on communication"
+        )
+    shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3:
+        {"allreduce": worker_allreduce, "train": worker_train}[sys.argv[1]](sys.argv[2])
+    else:
+        main()

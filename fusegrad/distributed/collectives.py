@@ -1,0 +1,212 @@
+"""Collectives on tensors. Each one realizes its input, then runs as a host call on the input's and output's buffers:
+MPI reads and writes host memory in place through the buffer protocol (device memory goes through a host copy).
+Inside a TinyJit capture the call is recorded among the step's kernels, so a replay runs it at the same place."""
+
+from __future__ import annotations
+from typing import Any
+
+import numpy as np
+
+from fusegrad.dtype import NARROW_FLOATS, DType, dtypes
+from fusegrad.engine.realize import capturing
+from fusegrad.distributed.comm import World, world
+from fusegrad.distributed.metadata import check_collective
+from fusegrad.runtime.buffers import Buffer, view_buffer
+from fusegrad.tensor import Tensor
+
+OPS = ("sum", "mean", "max", "min")
+
+
+def host_array(buf: Buffer) -> np.ndarray:
+    """The buffer's memory as numpy without a copy on host devices; a host copy of device memory otherwise."""
+    return buf.host_view() if buf.is_host else buf.numpy()
+
+
+def store(buf: Buffer, arr: np.ndarray) -> None:
+    """Results MPI wrote into host_array(buf): already in place on host devices, copied back to device memory."""
+    if not buf.is_host:
+        buf.copyin(arr)
+
+
+def mpi_op(w: World, op: str, dtype: DType) -> Any:
+    if dtype is dtypes.bool:
+        return {"max": w.mpi.LOR, "min": w.mpi.LAND}[op]
+    return {"sum": w.mpi.SUM, "mean": w.mpi.SUM, "max": w.mpi.MAX, "min": w.mpi.MIN}[op]
+
+
+class Collective:
+    """One collective over buffers (output first, then input): started, then completed within the timeout. It is
+    the object a TinyJit capture records, so its replay calls it again on the same buffers."""
+
+    def __init__(self, w: World, kind: str, op: str, root: int, what: str, dtype: DType):
+        self.w, self.kind, self.root, self.what, self.dtype = w, kind, root, what, dtype
+        self.op = mpi_op(w, op, dtype) if kind in ("all_reduce", "reduce_scatter") else None
+        self.pending: tuple[Any, list[Buffer], list[np.ndarray]] | None = None
+        self.cache: tuple[Any, Any, np.ndarray, np.ndarray] | None = None
+
+    def arrays(self, out: Buffer, src: Buffer) -> tuple[np.ndarray, np.ndarray]:
+        """The numpy views MPI reads and writes: made once per memory (a replay reuses them) when both are host."""
+        cached = self.cache
+        if cached is not None and cached[0] is out._mem and cached[1] is src._mem:
+            return cached[2], cached[3]
+        dst, inp = host_array(out.ensure_allocated()), host_array(src.ensure_allocated())
+        self.cache = (out._mem, src._mem, dst, inp) if out.is_host and src.is_host else None
+        return dst, inp
+
+    def start(self, buffers: list[Buffer]) -> None:
+        out, src = buffers[0], buffers[1]
+        (dst, inp), comm = self.arrays(out, src), self.w.data
+        if self.kind == "all_reduce":
+            req = comm.Iallreduce(inp, dst, self.op)
+        elif self.kind == "broadcast":
+            if self.w.rank == self.root:
+                dst[:] = inp
+            req = comm.Ibcast(dst, root=self.root)
+        elif self.kind == "all_gather":
+            req = comm.Iallgather(inp, dst)
+        else:
+            req = comm.Ireduce_scatter_block(inp, dst, self.op)
+        self.w.calls += 1
+        self.pending = (req, [out, src], [dst, inp])  # the arrays stay alive while MPI reads and writes them
+
+    def finish(self) -> None:
+        assert self.pending is not None, f"{self.what}: finish() without start()"
+        req, bufs, arrays = self.pending
+        self.w.wait([req], f"{self.what} (collective #{self.w.calls})")
+        store(bufs[0], arrays[0])
+        self.pending = None
+
+    def __call__(self, buffers: list[Buffer]) -> None:
+        self.start(buffers)
+        self.finish()
+
+
+class Start:
+    """The first half of a nonblocking collective as a recorded launch: the wait comes later in the step."""
+
+    def __init__(self, coll: Collective):
+        self.coll = coll
+
+    def __call__(self, buffers: list[Buffer]) -> None:
+        self.coll.start(buffers)
+
+
+class Finish:
+    """The wait of a Start, as a recorded launch."""
+
+    def __init__(self, coll: Collective):
+        self.coll = coll
+
+    def __call__(self, buffers: list[Buffer]) -> None:
+        self.coll.finish()
+
+
+def realized_buffer(t: Tensor) -> tuple[Tensor, Buffer]:
+    """t as a tensor over one whole buffer read in order (a copy kernel only when it is a lazy graph or a view)."""
+    if (buf := view_buffer(t.uop)) is None or buf.size != t.numel():
+        t = t.contiguous().realize()
+        buf = view_buffer(t.uop)
+    assert buf is not None
+    return t, buf
+
+
+def output_like(shape: tuple[int, ...], t: Tensor) -> tuple[Tensor, Buffer]:
+    out = Tensor.empty(*shape, dtype=t.dtype, device=t.device)
+    buf = view_buffer(out.uop)
+    assert buf is not None
+    return out, buf.ensure_allocated()
+
+
+def launch(calls: list[tuple[Any, list[Buffer]]]) -> None:
+    """Run host calls in order now, and record them when a TinyJit captures this step."""
+    for runner, bufs in calls:
+        runner(bufs)
+        if capturing:
+            capturing[-1].record_call(runner, tuple(bufs))
+
+
+def check_tensor(t: Any, name: str, sharded_ok: bool = False) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} expects a Tensor, got {type(t).__name__}")
+    if isinstance(t.device, tuple) and not sharded_ok:
+        raise ValueError(f"{name} of a tensor sharded over {t.device}: move it to one device first (t.to(t.device[0]))")
+    if not all(isinstance(d, int) for d in t.shape):
+        raise ValueError(f"{name} needs a concrete shape, got {t.shape}")
+    return t
+
+
+def _run(kind: str, t: Tensor, op: str, root: int, out_shape: tuple[int, ...], name: str | None) -> Tensor:
+    w = world()
+    assert w is not None
+    what = f"{kind}({op if kind in ('all_reduce', 'reduce_scatter') else f'root={root}'}) of {name or 'a tensor'}"
+    check_collective(w, kind, op, root, t, what)
+    _, src_buf = realized_buffer(t)
+    out, out_buf = output_like(out_shape, t)
+    if t.numel():
+        launch([(Collective(w, kind, op, root, what, t.dtype), [out_buf, src_buf])])
+    return out
+
+
+def check_op(t: Tensor, op: str, fn: str) -> None:
+    if op not in OPS:
+        raise ValueError(f"{fn}: op must be one of {OPS}, got {op!r}")
+    if t.dtype is dtypes.bool and op in ("sum", "mean"):
+        raise TypeError(f"{fn}: op={op!r} of a bool tensor is not defined; use 'max' (any) or 'min' (all)")
+    if op == "mean" and not dtypes.is_float(t.dtype):
+        raise TypeError(f"{fn}: op='mean' of a {t.dtype} tensor would truncate; cast it to a float dtype first")
+
+
+def all_reduce(t: Tensor, op: str = "sum", name: str | None = None) -> Tensor:
+    """Every rank's t combined elementwise by op ("sum", "mean", "max", "min"), on every rank (a new tensor)."""
+    t = check_tensor(t, "all_reduce", sharded_ok=True)
+    check_op(t, op, "all_reduce")
+    w = world()
+    if w is None:
+        return t
+    if isinstance(t.device, tuple):  # over its local devices first (a gather), then across ranks, then back
+        return all_reduce(t.to(t.device[0]), op, name).shard_like(t)
+    if t.dtype in NARROW_FLOATS:  # MPI has no 16- or 8-bit float types: reduce in float32
+        return all_reduce(t.cast(dtypes.float32), op, name).cast(t.dtype)
+    out = _run("all_reduce", t, "sum" if op == "mean" else op, 0, t.shape, name)
+    return out / w.size if op == "mean" else out
+
+
+def broadcast(t: Tensor, root: int = 0, name: str | None = None) -> Tensor:
+    """Rank root's t, on every rank (a new tensor)."""
+    t = check_tensor(t, "broadcast", sharded_ok=True)
+    w = world()
+    n = 1 if w is None else w.size
+    if not isinstance(root, int) or not 0 <= root < n:
+        raise ValueError(f"broadcast: root must be a rank in 0..{n - 1}, got {root!r}")
+    if w is not None and isinstance(t.device, tuple):
+        return broadcast(t.to(t.device[0]), root, name).shard_like(t)
+    return t if w is None else _run("broadcast", t, "", root, t.shape, name)
+
+
+def all_gather(t: Tensor, name: str | None = None) -> Tensor:
+    """Every rank's t concatenated along axis 0 in rank order (a scalar becomes a vector of size() values)."""
+    t = check_tensor(t, "all_gather")
+    w = world()
+    shape = t.shape if t.shape else (1,)
+    if w is None:
+        return t.reshape(shape)
+    return _run("all_gather", t, "", 0, (shape[0] * w.size, *shape[1:]), name)
+
+
+def reduce_scatter(t: Tensor, op: str = "sum", name: str | None = None) -> Tensor:
+    """t summed (or op) over ranks, split along axis 0 into size() equal blocks: rank r gets block r."""
+    t = check_tensor(t, "reduce_scatter")
+    check_op(t, op, "reduce_scatter")
+    w = world()
+    n = 1 if w is None else w.size
+    if not t.shape or t.shape[0] % n:
+        raise ValueError(f"reduce_scatter: axis 0 of shape {t.shape} must split into {n} equal blocks, one per rank")
+    if w is None:
+        return t
+    if t.dtype in NARROW_FLOATS:
+        return reduce_scatter(t.cast(dtypes.float32), op, name).cast(t.dtype)
+    out = _run("reduce_scatter", t, "sum" if op == "mean" else op, 0, (t.shape[0] // n, *t.shape[1:]), name)
+    return out / n if op == "mean" else out
+
+
+__all__ = ["Collective", "Finish", "Start", "all_gather", "all_reduce", "broadcast", "launch", "reduce_scatter"]

