@@ -21,6 +21,15 @@ from .tensor import FuseTensor, fuse_device_name, sync
 BACKEND_NAME = "fuse"
 
 
+def _get_rng_state(device: object = None) -> torch.Tensor:
+    """fusegrad's counter-based generator state: the seed and the number of draws made since it was set."""
+    return torch.tensor([Tensor._seed, Tensor._rng_calls], dtype=torch.int64)
+
+
+def _set_rng_state(state: torch.Tensor, device: object = None) -> None:
+    Tensor._seed, Tensor._rng_calls = (int(v) for v in state.tolist())
+
+
 def _device_module() -> types.ModuleType:
     mod = types.ModuleType("torch.fuse", "the fuse device: torch tensors computed by fusegrad")
     mod.is_available = lambda: True
@@ -30,6 +39,8 @@ def _device_module() -> types.ModuleType:
     mod._is_in_bad_fork = lambda: False
     mod.manual_seed = lambda seed: Tensor.manual_seed(int(seed))
     mod.manual_seed_all = lambda seed: Tensor.manual_seed(int(seed))
+    mod.get_rng_state = _get_rng_state
+    mod.set_rng_state = _set_rng_state
     mod.synchronize = lambda device=None: sync()
     mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
     mod.fusegrad_device = fuse_device_name

@@ -9,6 +9,7 @@ fallback (FUSE_CPU_FALLBACK=1) or NotImplementedError naming the op.
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from typing import Any, Callable
 
@@ -21,14 +22,36 @@ from fusegrad.tensor import Tensor
 
 from .dtypes import to_fuse_dtype
 from .ops import INPLACE, OPS, OpCall
-from .tensor import FuseTensor, Storage, from_cpu, fuse_device_name, to_cpu, wrap
+from .tensor import _deferred, FuseTensor, Storage, from_cpu, fuse_device_name, to_cpu, wrap
 
 aten = torch.ops.aten
 _DECOMPOSITIONS = torch._decomp.decomposition_table
 _warned: set[str] = set()
+_MAIN = threading.main_thread()
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    if threading.current_thread() is not _MAIN:
+        return _on_worker(func, args, kwargs)
+    if _deferred:
+        raise _deferred.pop(0)
+    return _dispatch(func, args, kwargs)
+
+
+def _on_worker(func: Any, args: tuple, kwargs: dict) -> Any:
+    """On autograd's device thread an exception aborts the process, so it is raised by the main thread's next op
+    on `fuse` (as a GPU reports a kernel's error at the next sync), and the op gives zeros meanwhile."""
+    try:
+        return _dispatch(func, args, kwargs)
+    except Exception as e:
+        _deferred.append(e)
+        out, _ = _meta_call(func, args, kwargs)
+        index = _index_of(args, kwargs)
+        zeros = lambda m: empty_storage(tuple(m.shape), m.dtype, torch.device("fuse", index))  # noqa: E731
+        return tree_map(lambda m: zeros(m) if isinstance(m, torch.Tensor) else m, out)
+
+
+def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     special = SPECIAL.get(func)
     if special is not None:
         return special(*args, **kwargs)
@@ -185,7 +208,7 @@ def _mutate(func: Any, args: tuple, kwargs: dict) -> Any:
         isinstance(x, FuseTensor) for x in tree_flatten((args, fkwargs))[0]
     ):
         fkwargs.update(dtype=targets[0].dtype, device=targets[0].device)
-    result = dispatch(functional, args, fkwargs)
+    result = _dispatch(functional, args, fkwargs)
     results = list(result) if isinstance(result, (tuple, list)) else [result]
     for target, value in zip(targets, results):
         if tuple(target.shape) != tuple(value.shape):
@@ -228,7 +251,10 @@ def _wrap_like(result: Any, out: Any, index: int, func: Any) -> Any:
 def _fallback(func: Any, args: tuple, kwargs: dict) -> Any:
     decomposition = _DECOMPOSITIONS.get(func)
     if decomposition is not None:
-        result = decomposition(*args, **kwargs)
+        try:
+            result = decomposition(*args, **kwargs)
+        except NotImplementedError as e:
+            raise NotImplementedError(f"{e}, decomposing aten op {func}") from None
         if result is not NotImplemented:
             return result
     result = func.decompose(*args, **kwargs)

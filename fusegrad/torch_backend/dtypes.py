@@ -52,4 +52,4 @@ def to_numpy(t: torch.Tensor) -> tuple[np.ndarray, DType | None]:
 
 def from_numpy(arr: np.ndarray, dt: torch.dtype) -> torch.Tensor:
     """A CPU tensor of dtype `dt` from the array fusegrad's numpy() gave (narrow floats come back as float32)."""
-    return torch.from_numpy(np.ascontiguousarray(arr)).to(dt)
+    return torch.from_numpy(np.ascontiguousarray(arr).reshape(arr.shape)).to(dt)

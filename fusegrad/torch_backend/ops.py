@@ -101,6 +101,7 @@ _UNARY: dict[str, Callable[[Tensor], Tensor]] = {
     "reciprocal": Tensor.reciprocal,
     "bitwise_not": Tensor.bitwise_not,
     "silu": Tensor.silu,
+    "erfc": lambda x: 1 - x.erf(),
     "expm1": lambda x: (x.abs() < 1e-3).where(x + x * x * 0.5 + x * x * x / 6, x.exp() - 1),
     "log1p": lambda x: (x.abs() < 1e-4).where(x - x * x * 0.5 + x * x * x / 3, (x + 1).log()),
 }

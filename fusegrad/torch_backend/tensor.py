@@ -28,6 +28,8 @@ class Storage:
 
 
 _dirty: weakref.WeakSet[Storage] = weakref.WeakSet()
+# errors of ops run on autograd's device thread, raised by the next op or sync on the main thread
+_deferred: list[Exception] = []
 
 
 def fuse_device_name(index: int | None) -> str:
@@ -103,7 +105,9 @@ def from_cpu(t: torch.Tensor, index: int, dtype: torch.dtype | None = None) -> F
 
 def sync(*values: Tensor) -> None:
     """Realize `values` with every storage written since the last sync, in one schedule."""
-    pending = [st for st in list(_dirty)]
+    if _deferred:
+        raise _deferred.pop(0)
+    pending = list(_dirty)
     _dirty.clear()
     Tensor.realize(*values, *(st.value for st in pending))
 
