@@ -11,6 +11,7 @@ import functools
 import types
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
 from fusegrad.tensor import Tensor
@@ -66,5 +67,7 @@ def _register() -> None:
 
 
 _register()
+# an optimizer step's writes are realized when it ends, so a training loop's graph never spans steps
+register_optimizer_step_post_hook(lambda optimizer, args, kwargs: sync())
 
 __all__ = ["BACKEND_NAME", "FuseTensor", "fuse_device_name", "sync"]

@@ -116,7 +116,7 @@ def _unary(fn: Callable[[Tensor], Tensor]) -> Callable:
 
 for _name, _fn in _UNARY.items():
     register(getattr(aten, _name).default)(_unary(_fn))
-    if hasattr(prims, _name) and _name not in ("relu", "silu", "sgn", "reciprocal", "rsqrt", "sigmoid"):
+    if hasattr(prims, _name):
         register(getattr(prims, _name).default)(_unary(_fn))
 
 
@@ -194,6 +194,9 @@ _BINARY: dict[str, tuple[Callable, bool]] = {
     "remainder": (lambda a, b: a.mod(b), False),
     "fmod": (lambda a, b: a.fmod(b), False),
     "copysign": (lambda a, b: a.copysign(b), False),
+    "fmax": (lambda a, b: a.isnan().where(b, _tensor(b, a.dtype, a.device).isnan().where(a, a.maximum(b))), False),
+    "fmin": (lambda a, b: a.isnan().where(b, _tensor(b, a.dtype, a.device).isnan().where(a, a.minimum(b))), False),
+    "hypot": (lambda a, b: (a * a + b * b).sqrt(), False),
     "bitwise_and": (lambda a, b: a.bitwise_and(b), False),
     "bitwise_or": (lambda a, b: a.bitwise_or(b), False),
     "bitwise_xor": (lambda a, b: a.bitwise_xor(b), False),

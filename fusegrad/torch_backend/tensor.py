@@ -15,7 +15,7 @@ from .dtypes import from_numpy, to_fuse_dtype, to_numpy, to_torch_dtype
 from .views import contiguous_strides, read_view, write_view
 
 # a sync realizes every storage written since the last one; past this many writes a write realizes them itself
-MAX_PENDING_WRITES = 4096
+MAX_PENDING_WRITES = 256
 
 
 class Storage:
@@ -28,6 +28,7 @@ class Storage:
 
 
 _dirty: weakref.WeakSet[Storage] = weakref.WeakSet()
+_writes = [0]
 # errors of ops run on autograd's device thread, raised by the next op or sync on the main thread
 _deferred: list[Exception] = []
 
@@ -86,7 +87,8 @@ class FuseTensor(torch.Tensor):
         st = self._fuse_storage
         st.value = write_view(st.value, tuple(self.shape), self.stride(), self.storage_offset(), value)
         _dirty.add(st)
-        if len(_dirty) > MAX_PENDING_WRITES:
+        _writes[0] += 1
+        if _writes[0] > MAX_PENDING_WRITES:
             sync()
 
 
@@ -109,6 +111,9 @@ def sync(*values: Tensor) -> None:
         raise _deferred.pop(0)
     pending = list(_dirty)
     _dirty.clear()
+    _writes[0] = 0
+    if not values and not pending:
+        return
     Tensor.realize(*values, *(st.value for st in pending))
 
 

@@ -6,7 +6,8 @@ import dataclasses
 import pathlib
 
 import torch
-from torch.testing._internal.common_methods_invocations import binary_ufuncs, reduction_ops, unary_ufuncs
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.opinfo.core import BinaryUfuncInfo, ReductionOpInfo, UnaryUfuncInfo
 from torch.utils._pytree import tree_flatten, tree_map
 
 import fusegrad.torch_backend  # noqa: F401  (registers the device)
@@ -27,7 +28,7 @@ def excluded() -> dict[str, str]:
 def opinfos() -> list:
     skip = excluded()
     seen, ops = set(), []
-    for op in unary_ufuncs + binary_ufuncs + reduction_ops:
+    for op in (o for o in op_db if isinstance(o, (UnaryUfuncInfo, BinaryUfuncInfo, ReductionOpInfo))):
         key = f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
         if key in seen or key in skip or op.name in skip or torch.float32 not in op.supported_dtypes("cpu"):
             continue
