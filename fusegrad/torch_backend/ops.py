@@ -312,7 +312,7 @@ def _prod(call: OpCall, x: Tensor, dim: int, keepdim: bool = False, *, dtype: An
 @register(aten.var.correction)
 def _var(call: OpCall, x: Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Tensor:
     corr = 1 if correction is None else correction
-    x = x.cast(_dt(call.out))
+    x = x.cast(_dt(call.out[0] if isinstance(call.out, tuple) else call.out))
     if x.ndim == 0:
         return (x - x) / (1 - corr) if corr else x - x
     return x.var(_axes(dim, x.ndim), keepdim=keepdim, correction=corr)
@@ -649,3 +649,21 @@ def _topk(call: OpCall, x: Tensor, k: int, dim: int = -1, largest: bool = True, 
         return x, Tensor.zeros((), dtype="int64", device=x.device)
     values, indices = x.topk(k, dim, largest, sorted)
     return values, indices.cast("int64")
+
+
+@register(aten.var_mean.correction)
+def _var_mean(call: OpCall, x: Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> tuple:
+    return _var(call, x, dim, correction=correction, keepdim=keepdim), _reduce(
+        _keep0d(lambda t, a, k: t.mean(a, keepdim=k))
+    )(OpCall(call.out[1], call.meta_args, call.device), x, dim, keepdim)
+
+
+@register(prims.var.default)
+def _prims_var(call: OpCall, x: Tensor, dims: Any, correction: float = 1, *, output_dtype: Any = None) -> Tensor:
+    return _var(call, x, dims, correction=correction)
+
+
+@register(prims.sum.default)
+def _prims_sum(call: OpCall, x: Tensor, dims: Any, *, output_dtype: Any = None) -> Tensor:
+    x = x.cast(_dt(call.out))
+    return x if x.ndim == 0 else x.sum(_axes(dims, x.ndim))
