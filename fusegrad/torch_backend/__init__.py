@@ -16,7 +16,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from fusegrad.tensor import Tensor
 
-from .dispatch import FACTORIES, compute, empty_storage
+from .dispatch import FACTORIES, compute, copy_from, empty_storage
 from .tensor import FuseTensor, fuse_device_name, sync
 
 BACKEND_NAME = "fuse"
@@ -61,6 +61,7 @@ def _register() -> None:
     def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
         return empty_storage(tuple(size), dtype, device)
 
+    torch.library.impl("aten::_copy_from", "PrivateUse1")(copy_from)
     # factories whose generic kernels would resize an out tensor compute directly (a fuse tensor never resizes)
     for op in FACTORIES:
         torch.library.impl(op.name(), "PrivateUse1")(functools.partial(compute, op))

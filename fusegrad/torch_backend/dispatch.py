@@ -347,6 +347,15 @@ def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     return dst
 
 
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """aten._copy_from, which torch's CPU copy_ calls when its source is on another device."""
+    if isinstance(dst, FuseTensor):
+        return _copy_(dst, src)
+    with torch._C._DisableTorchDispatch():
+        dst.copy_(to_cpu(src).to(dst.dtype))
+    return dst
+
+
 def _to_copy(x: torch.Tensor, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None) -> torch.Tensor:
     target = torch.device(device) if device is not None else x.device
@@ -388,6 +397,7 @@ FACTORIES = (
 
 SPECIAL: dict[Any, Callable] = {
     aten.copy_.default: _copy_,
+    aten._copy_from.default: copy_from,
     aten._to_copy.default: _to_copy,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.resize_.default: _resize_,
