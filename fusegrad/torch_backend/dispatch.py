@@ -356,8 +356,9 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     return dst
 
 
-def _to_copy(x: torch.Tensor, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
-             memory_format=None) -> torch.Tensor:
+def _to_copy(
+    x: torch.Tensor, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None
+) -> torch.Tensor:
     target = torch.device(device) if device is not None else x.device
     dtype = dtype or x.dtype
     if target.type == "fuse":

@@ -289,12 +289,8 @@ register(aten.amax.default)(_reduce(_keep0d(lambda x, a, k: x.max(a, keepdim=k))
 register(aten.amin.default)(_reduce(_keep0d(lambda x, a, k: x.min(a, keepdim=k))))
 register(aten.max.default)(_reduce(_keep0d(lambda x, a, k: x.max())))
 register(aten.min.default)(_reduce(_keep0d(lambda x, a, k: x.min())))
-register(aten.any.default, aten.any.dim, aten.any.dims)(
-    _reduce(_keep0d(lambda x, a, k: x.bool().any(a, keepdim=k)))
-)
-register(aten.all.default, aten.all.dim, aten.all.dims)(
-    _reduce(_keep0d(lambda x, a, k: x.bool().all(a, keepdim=k)))
-)
+register(aten.any.default, aten.any.dim, aten.any.dims)(_reduce(_keep0d(lambda x, a, k: x.bool().any(a, keepdim=k))))
+register(aten.all.default, aten.all.dim, aten.all.dims)(_reduce(_keep0d(lambda x, a, k: x.bool().all(a, keepdim=k))))
 
 
 @register(aten.prod.default)
@@ -506,7 +502,9 @@ def _addmm(call: OpCall, bias: Tensor, a: Tensor, b: Tensor, *, beta: Any = 1, a
 
 def _conv(x: Tensor, w: Tensor, bias: Tensor | None, stride, padding, dilation, transposed, output_padding, groups):
     if transposed:
-        return x.conv_transpose2d(w, bias, groups, tuple(stride), tuple(dilation), tuple(padding), tuple(output_padding))
+        return x.conv_transpose2d(
+            w, bias, groups, tuple(stride), tuple(dilation), tuple(padding), tuple(output_padding)
+        )
     return x.conv2d(w, bias, groups, tuple(stride), tuple(dilation), tuple(padding))
 
 

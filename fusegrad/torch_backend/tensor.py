@@ -82,8 +82,11 @@ class FuseTensor(torch.Tensor):
         dt = to_fuse_dtype(self.dtype)
         value = value.cast(dt) if value.dtype != dt else value
         if tuple(value.shape) != tuple(self.shape):
-            value = value.expand(tuple(self.shape)) if value.ndim == self.ndim else value.reshape(
-                (1,) * (self.ndim - value.ndim) + tuple(value.shape)).expand(tuple(self.shape))
+            value = (
+                value.expand(tuple(self.shape))
+                if value.ndim == self.ndim
+                else value.reshape((1,) * (self.ndim - value.ndim) + tuple(value.shape)).expand(tuple(self.shape))
+            )
         st = self._fuse_storage
         st.value = write_view(st.value, tuple(self.shape), self.stride(), self.storage_offset(), value)
         _dirty.add(st)

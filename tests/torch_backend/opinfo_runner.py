@@ -99,7 +99,9 @@ def check_values(op, sample) -> bool | None:
 def _grads(op, sample, convert) -> list:
     out, args = _call(op, sample, convert)
     leaves = [x for x in tree_flatten(args)[0] if isinstance(x, torch.Tensor) and x.requires_grad]
-    outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point()]
+    outs = [
+        o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point()
+    ]
     if not outs or not leaves:
         return []
     total = sum(o.sum() for o in outs)

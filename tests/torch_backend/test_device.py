@@ -19,8 +19,10 @@ def test_device_registered_and_roundtrip():
     assert torch.equal(torch.full((2,), 7, device="fuse").cpu(), torch.full((2,), 7))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64,
-                                   torch.uint8, torch.bool, torch.float64])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.float64],
+)
 def test_dtypes_roundtrip(dtype):
     x = (torch.randn(4, 3) * 10).to(dtype)
     f = x.to("fuse")
@@ -34,7 +36,9 @@ def test_ops_are_lazy_until_values_are_needed():
     before = GlobalCounters.kernel_count
     c = ((a * 2 + b).relu() - 1).sum(0)
     assert GlobalCounters.kernel_count == before
-    np.testing.assert_allclose(c.cpu().numpy(), ((a.cpu() * 2 + b.cpu()).relu() - 1).sum(0).numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        c.cpu().numpy(), ((a.cpu() * 2 + b.cpu()).relu() - 1).sum(0).numpy(), rtol=1e-4, atol=1e-5
+    )
     assert GlobalCounters.kernel_count - before <= 2
 
 

@@ -64,8 +64,14 @@ def resnet18(classes: int = 1000) -> nn.Module:
         layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
         cin = cout
     return nn.Sequential(
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1), *layers,
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes),
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+        *layers,
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(512, classes),
     )
 
 
