@@ -234,6 +234,8 @@ def _compute(func: Any, args: tuple, kwargs: dict) -> Any:
     index = _index_of(args, kwargs)
     call = OpCall(out, margs, fuse_device_name(index))
     result = OPS[func](call, *tree_map(_value, args), **tree_map(_value, kwargs))
+    if result is NotImplemented:  # a case the direct implementation leaves to torch's decomposition
+        return _fallback(func, args, kwargs)
     return _wrap_like(result, out, index, func)
 
 
