@@ -86,11 +86,42 @@ def _meta(x: Any) -> Any:
     return x
 
 
+def _meta_key(x: Any) -> Any:
+    """What the result's shape and dtype can depend on: tensor geometry and dtype, every non-float argument."""
+    if isinstance(x, FuseTensor):
+        return ("fuse", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x._fuse_storage.value.shape[0])
+    if isinstance(x, torch.Tensor):
+        return (x.device.type, tuple(x.shape), x.stride(), x.dtype)
+    if isinstance(x, float):
+        return float
+    if isinstance(x, (list, tuple)):
+        return tuple(_meta_key(i) for i in x)
+    if isinstance(x, dict):
+        return tuple((k, _meta_key(v)) for k, v in x.items())
+    return x
+
+
+_meta_cache: dict[Any, tuple] = {}
+
+
 def _meta_call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The op on meta tensors (torch's shape, dtype and error checks), memoized by what its result depends on."""
+    try:
+        key = (func, _meta_key(args), _meta_key(kwargs))
+        hit = _meta_cache.get(key)
+    except TypeError:  # an unhashable argument
+        key, hit = None, None
+    if hit is not None:
+        return hit
     margs, mkwargs = tree_map(_meta, args), tree_map(_meta, kwargs)
     if isinstance(mkwargs.get("device"), str) and mkwargs["device"].startswith("fuse"):
         mkwargs["device"] = "meta"
-    return func(*margs, **mkwargs), margs
+    result = func(*margs, **mkwargs), margs
+    if key is not None:
+        if len(_meta_cache) > 8192:
+            _meta_cache.clear()
+        _meta_cache[key] = result
+    return result
 
 
 def _value(x: Any) -> Any:
