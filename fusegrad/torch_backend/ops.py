@@ -330,6 +330,7 @@ register(aten.min.dim)(_extreme_dim(False))
 
 def _first_index(x: Tensor, extreme: Tensor, dim: int, keepdim: bool) -> Tensor:
     """The first position along dim holding `extreme` (a NaN counts as the extreme, as torch's max does)."""
+    dim = dim % x.ndim
     n = x.shape[dim]
     hit = (x == extreme) | (x.isnan() & extreme.isnan()) if dtypes.is_float(x.dtype) else x == extreme
     pos = Tensor.arange(n, dtype="int32").to(x.device).reshape(tuple(n if i == dim else 1 for i in range(x.ndim)))
@@ -756,3 +757,74 @@ def _max_pool2d_backward(call: OpCall, grad, x, kernel, stride, padding, dilatio
     g = grad.reshape(*lead, -1)
     zeros = Tensor.zeros(*lead, plane, dtype=x.dtype, device=x.device)
     return zeros.scatter_reduce(len(lead), idx, g, "sum").reshape(x.shape)
+
+
+# ---- special functions, in float64 (then cast back): Lanczos lgamma and the asymptotic series of digamma
+
+_LANCZOS = (
+    0.99999999999980993,
+    676.5203681218851,
+    -1259.1392167224028,
+    771.32342877765313,
+    -176.61502916214059,
+    12.507343278686905,
+    -0.13857109526572012,
+    9.9843695780195716e-6,
+    1.5056327351493116e-7,
+)
+
+
+def _lgamma_right(x: Tensor) -> Tensor:
+    """lgamma for x >= 0.5 (Lanczos, g = 7)."""
+    z = x - 1
+    a = sum(
+        (c / (z + i) for i, c in enumerate(_LANCZOS[1:], start=1)),
+        Tensor.full(x.shape, _LANCZOS[0], dtype=x.dtype, device=x.device),
+    )
+    t = z + 7.5
+    return 0.5 * math.log(2 * math.pi) + (z + 0.5) * t.log() - t + a.log()
+
+
+@register(aten.lgamma.default, prims.lgamma.default)
+def _lgamma(call: OpCall, x: Tensor) -> Tensor:
+    x = x.cast(dtypes.float64)
+    left = (x < 0.5).where(x, 0.25)  # each branch sees only inputs it is defined for
+    right = (x < 0.5).where(1.5, x)
+    reflected = math.log(math.pi) - (left * math.pi).sin().abs().log() - _lgamma_right(1 - left)
+    return (x < 0.5).where(reflected, _lgamma_right(right))
+
+
+def _digamma_right(x: Tensor) -> Tensor:
+    """digamma for x >= 0.5: the recurrence up to x + 6, then the asymptotic series."""
+    shift = sum((1 / (x + k) for k in range(6)), x * 0)
+    y = x + 6
+    inv2 = 1 / (y * y)
+    series = inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 * (1 / 252 - inv2 * (1 / 240 - inv2 / 132))))
+    return y.log() - 0.5 / y - series - shift
+
+
+@register(aten.digamma.default, prims.digamma.default)
+def _digamma(call: OpCall, x: Tensor) -> Tensor:
+    x = x.cast(dtypes.float64)
+    left = (x < 0.5).where(x, 0.25)
+    right = (x < 0.5).where(1.5, x)
+    reflected = _digamma_right(1 - left) - math.pi / (left * math.pi).tan()
+    at_pole = (x <= 0) & (x == x.floor())
+    value = (x < 0.5).where(reflected, _digamma_right(right))
+    return at_pole.where((x == 0).where(-math.inf, math.nan), value)
+
+
+@register(aten.nextafter.default, prims.nextafter.default)
+def _nextafter(call: OpCall, x: Tensor, other: Tensor) -> Tensor:
+    """The next float after x toward other, by stepping the bit pattern (float32 and float64)."""
+    dt = _dt(call.out)
+    x, other = x.cast(dt), other.cast(dt)
+    ints = dtypes.int32 if dt == dtypes.float32 else dtypes.int64
+    bits = x.bitcast(ints)
+    away = (other > x) == (x > 0)
+    stepped = (away.where(bits + 1, bits - 1)).bitcast(dt)
+    tiny = Tensor.ones(x.shape, dtype=ints, device=x.device).bitcast(dt)
+    from_zero = (other > 0).where(tiny, -tiny)
+    out = (x == 0).where(from_zero, stepped)
+    out = (x == other).where(other, out)
+    return (x.isnan() | other.isnan()).where(math.nan, out)
