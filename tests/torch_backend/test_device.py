@@ -130,3 +130,15 @@ def test_backward_error_is_raised_on_the_main_thread():
     torch.nn.functional.softshrink(f, 0.5).sum().backward()  # its backward op runs on autograd's device thread
     with pytest.raises(NotImplementedError, match="softshrink_backward"):
         f.grad.cpu()
+
+
+def test_fuse_device_selects_the_fusegrad_device():
+    with Context(FUSE_DEVICE="PYTHON"):
+        y = torch.ones(3).to("fuse") + 1
+        assert y._fuse_storage.value.device == "PYTHON"
+        assert torch.equal(y.cpu(), torch.full((3,), 2.0))
+    z = torch.ones(3).to("fuse:1")
+    assert z.device == torch.device("fuse", 1) and z._fuse_storage.value.device.endswith(":1")
+    assert torch.equal((z * 2).cpu(), torch.full((3,), 2.0))
+    with pytest.raises(RuntimeError, match="same device"):
+        z + torch.ones(3).to("fuse")

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 import fusegrad.torch_backend  # noqa: F401
+from fusegrad.helpers import GlobalCounters
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "examples"))
 from train_digits_torch import train  # noqa: E402
@@ -86,5 +87,11 @@ def test_resnet18_forward_matches_cpu():
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         expected = model(x)
-        actual = model.to("fuse")(x.to("fuse")).cpu()
+        model.to("fuse")
+        fx = x.to("fuse")
+        model(fx).cpu()
+        before = GlobalCounters.kernel_count
+        actual = model(fx).cpu()
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    # the whole forward is one lazy graph: each conv with its batchnorm, residual add and relu fuse (51 measured)
+    assert GlobalCounters.kernel_count - before <= 60
