@@ -350,7 +350,7 @@ def _foreach(func: Any, args: tuple, kwargs: dict) -> Any:
         call_args = tuple(pick(a, i) for a in args)
         op = _per_overload(per, call_args, kwargs)
         results.append(op(*call_args, **kwargs))
-    return None if func._schema.returns == [] or not func._schema.returns else results
+    return results if func._schema.returns else None
 
 
 def _per_overload(packet: Any, args: tuple, kwargs: dict) -> Callable:

@@ -828,3 +828,59 @@ def _nextafter(call: OpCall, x: Tensor, other: Tensor) -> Tensor:
     out = (x == 0).where(from_zero, stepped)
     out = (x == other).where(other, out)
     return (x.isnan() | other.isnan()).where(math.nan, out)
+
+
+# ---- orthogonal polynomials of degree n (truncated to an integer, as torch does; n < 0 gives 0) by recurrence
+
+_POLYNOMIALS: dict[str, tuple[Callable, Callable, Callable]] = {
+    # name: (p0, p1, p_{k+1} from k, x, p_k, p_{k-1})
+    "chebyshev_polynomial_t": (lambda x: x * 0 + 1, lambda x: x, lambda k, x, p, q: 2 * x * p - q),
+    "chebyshev_polynomial_u": (lambda x: x * 0 + 1, lambda x: 2 * x, lambda k, x, p, q: 2 * x * p - q),
+    "chebyshev_polynomial_v": (lambda x: x * 0 + 1, lambda x: 2 * x - 1, lambda k, x, p, q: 2 * x * p - q),
+    "chebyshev_polynomial_w": (lambda x: x * 0 + 1, lambda x: 2 * x + 1, lambda k, x, p, q: 2 * x * p - q),
+    "hermite_polynomial_h": (lambda x: x * 0 + 1, lambda x: 2 * x, lambda k, x, p, q: 2 * x * p - 2 * k * q),
+    "hermite_polynomial_he": (lambda x: x * 0 + 1, lambda x: x, lambda k, x, p, q: x * p - k * q),
+    "laguerre_polynomial_l": (
+        lambda x: x * 0 + 1,
+        lambda x: 1 - x,
+        lambda k, x, p, q: ((2 * k + 1 - x) * p - k * q) / (k + 1),
+    ),
+    "legendre_polynomial_p": (
+        lambda x: x * 0 + 1,
+        lambda x: x,
+        lambda k, x, p, q: ((2 * k + 1) * x * p - k * q) / (k + 1),
+    ),
+}
+_MAX_DEGREE = 4096
+
+
+def _polynomial(name: str, shifted: bool) -> Callable:
+    p0, p1, step = _POLYNOMIALS[name]
+
+    def impl(call: OpCall, x: Any, n: Any) -> Tensor:
+        x, n = _tensor(x, dtypes.float64, call.device), _tensor(n, dtypes.float64, call.device).trunc()
+        shape = tuple(call.out.shape)
+        x, n = (
+            x.reshape((1,) * (len(shape) - x.ndim) + x.shape).expand(shape),
+            n.reshape((1,) * (len(shape) - n.ndim) + n.shape).expand(shape),
+        )
+        if shifted:
+            x = 2 * x - 1
+        top = int(n.max().item()) if n.numel() else 0
+        if top > _MAX_DEGREE:
+            return NotImplemented
+        q, p = p0(x), p1(x)
+        out = (n == 0).where(q, (n == 1).where(p, 0.0))
+        for k in range(1, top):
+            q, p = p, step(k, x, p, q)
+            out = (n == k + 1).where(p, out)
+        return out
+
+    return impl
+
+
+for _name in _POLYNOMIALS:
+    for _shifted in (False, True) if _name.startswith("chebyshev") else (False,):
+        _packet = getattr(aten, f"special_shifted_{_name}" if _shifted else f"special_{_name}")
+        for _ov in ("default", "x_scalar", "n_scalar"):
+            register(getattr(_packet, _ov))(_polynomial(_name, _shifted))

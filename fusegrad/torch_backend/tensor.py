@@ -81,12 +81,9 @@ class FuseTensor(torch.Tensor):
         """Write `value` (broadcast to this view and cast to its dtype) into the storage, so every alias sees it."""
         dt = to_fuse_dtype(self.dtype)
         value = value.cast(dt) if value.dtype != dt else value
-        if tuple(value.shape) != tuple(self.shape):
-            value = (
-                value.expand(tuple(self.shape))
-                if value.ndim == self.ndim
-                else value.reshape((1,) * (self.ndim - value.ndim) + tuple(value.shape)).expand(tuple(self.shape))
-            )
+        size = tuple(self.shape)
+        if tuple(value.shape) != size:
+            value = value.reshape((1,) * (len(size) - value.ndim) + tuple(value.shape)).expand(size)
         st = self._fuse_storage
         st.value = write_view(st.value, tuple(self.shape), self.stride(), self.storage_offset(), value)
         _dirty.add(st)
