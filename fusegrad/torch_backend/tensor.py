@@ -69,6 +69,15 @@ class FuseTensor(torch.Tensor):
         text = repr(to_cpu(self))
         return text[:-1] + f", device='{self.device}')" if text.endswith(")") else text
 
+    def tolist(self) -> Any:
+        return to_cpu(self).tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host "
+            "memory first."
+        )
+
     @property
     def fuse_device(self) -> str:
         return fuse_device_name(self.device.index)

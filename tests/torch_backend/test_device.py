@@ -142,3 +142,20 @@ def test_fuse_device_selects_the_fusegrad_device():
     assert torch.equal((z * 2).cpu(), torch.full((3,), 2.0))
     with pytest.raises(RuntimeError, match="same device"):
         z + torch.ones(3).to("fuse")
+
+
+def test_strided_views_and_python_values():
+    x = torch.arange(10.0)
+    f = x.to("fuse")
+    assert torch.equal(f.as_strided((4, 3), (2, 1), 1).cpu(), x.as_strided((4, 3), (2, 1), 1))  # overlapping
+    assert torch.equal(f.unfold(0, 4, 3).cpu(), x.unfold(0, 4, 3))
+    m = torch.arange(12.0).reshape(3, 4)
+    g = m.to("fuse")
+    g[:, 1::2] = torch.tensor([[1.0, 2.0]]).to("fuse")
+    m[:, 1::2] = torch.tensor([[1.0, 2.0]])
+    g[torch.tensor([0, 2]).to("fuse")] = 9.0
+    m[torch.tensor([0, 2])] = 9.0
+    assert torch.equal(g.cpu(), m)
+    assert g[1, 2:].tolist() == m[1, 2:].tolist() and g.sum().item() == m.sum().item()
+    with pytest.raises(TypeError, match="fuse:0 device type tensor to numpy"):
+        g.numpy()
