@@ -27,11 +27,11 @@ from .tensor import _deferred, FuseTensor, Storage, from_cpu, fuse_device_name, 
 aten = torch.ops.aten
 _DECOMPOSITIONS = torch._decomp.decomposition_table
 _warned: set[str] = set()
-_MAIN = threading.main_thread()
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    if threading.current_thread() is not _MAIN:
+    # a thread Python did not start is one of autograd's device threads
+    if isinstance(threading.current_thread(), threading._DummyThread):
         return _on_worker(func, args, kwargs)
     if _deferred:
         raise _deferred.pop(0)
@@ -39,16 +39,19 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _on_worker(func: Any, args: tuple, kwargs: dict) -> Any:
-    """On autograd's device thread an exception aborts the process, so it is raised by the main thread's next op
-    on `fuse` (as a GPU reports a kernel's error at the next sync), and the op gives zeros meanwhile."""
+    """On autograd's device thread an exception aborts the process, so it is raised by the next op or sync on
+    `fuse` in a Python thread (as a GPU reports a kernel's error at the next sync), and the op gives zeros meanwhile."""
     try:
         return _dispatch(func, args, kwargs)
     except Exception as e:
         _deferred.append(e)
         out, _ = _meta_call(func, args, kwargs)
-        index = _index_of(args, kwargs)
-        zeros = lambda m: empty_storage(tuple(m.shape), m.dtype, torch.device("fuse", index))  # noqa: E731
-        return tree_map(lambda m: zeros(m) if isinstance(m, torch.Tensor) else m, out)
+        device = torch.device("fuse", _index_of(args, kwargs))
+
+        def zeros(m: Any) -> Any:
+            return empty_storage(tuple(m.shape), m.dtype, device) if isinstance(m, torch.Tensor) else m
+
+        return tree_map(zeros, out)
 
 
 def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
