@@ -200,6 +200,8 @@ TRACEMETA = ContextVar("TRACEMETA", 0)
 CUDA_PATH = ContextVar("CUDA_PATH", "")
 WEBGPU_BACKEND = ContextVar("WEBGPU_BACKEND", "")
 HCQ_VISIBLE_DEVICES = ContextVar("HCQ_VISIBLE_DEVICES", "")
+FUSE_DEVICE = ContextVar("FUSE_DEVICE", "")  # the fusegrad device the torch device `fuse` runs on ("": Device.DEFAULT)
+FUSE_CPU_FALLBACK = ContextVar("FUSE_CPU_FALLBACK", 0)  # 1: an aten op `fuse` lacks runs on torch CPU, warned once
 
 
 class Hooks:
