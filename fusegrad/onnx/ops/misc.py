@@ -1,0 +1,133 @@
+"""Random ops (seeded through Tensor.manual_seed), Attention and RotaryEmbedding (opset 23)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fusegrad import Tensor
+from fusegrad.dtype import dtypes
+from fusegrad.onnx.loader import onnx_dtype
+from fusegrad.onnx.registry import T, dtype_of, op
+
+
+def _seeded(n):
+    if n.a("seed") is not None:
+        Tensor.manual_seed(int(n.a("seed")))
+
+
+def _dt(n, like=None):
+    if n.a("dtype") is not None:
+        return onnx_dtype(n.a("dtype"), str(n))
+    return dtype_of(like) if like is not None else dtypes.float32
+
+
+@op("RandomUniform", "RandomUniformLike")
+def random_uniform(n, like=None):
+    _seeded(n)
+    shape = tuple(like.shape) if like is not None else tuple(n.a("shape"))
+    lo, hi = n.a("low", 0.0), n.a("high", 1.0)
+    return (Tensor.rand(*shape) * (hi - lo) + lo).cast(_dt(n, like))
+
+
+@op("RandomNormal", "RandomNormalLike")
+def random_normal(n, like=None):
+    _seeded(n)
+    shape = tuple(like.shape) if like is not None else tuple(n.a("shape"))
+    return (Tensor.randn(*shape) * n.a("scale", 1.0) + n.a("mean", 0.0)).cast(_dt(n, like))
+
+
+@op("Bernoulli")
+def bernoulli(n, p):
+    _seeded(n)
+    p = T(p)
+    return (Tensor.rand(*p.shape) < p).cast(_dt(n, p))
+
+
+@op("Multinomial")
+def multinomial(n, x):
+    _seeded(n)
+    probs = T(x).exp()
+    dt = onnx_dtype(n.a("dtype"), str(n)) if n.a("dtype") is not None else dtypes.int32
+    return probs.multinomial(n.a("sample_size", 1), replacement=True).cast(dt)
+
+
+def _heads(x: Tensor, h: int) -> Tensor:
+    """(B, S, h·D) → (B, h, S, D); a 4-D input is already (B, H, S, D)."""
+    if x.ndim == 4:
+        return x
+    B, S, _ = x.shape
+    return x.reshape(B, S, h, -1).permute(0, 2, 1, 3)
+
+
+@op("Attention")
+def attention(n, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
+    q3 = T(q).ndim == 3
+    q = _heads(T(q), n.a("q_num_heads", 0))
+    k = _heads(T(k), n.a("kv_num_heads", 0))
+    v = _heads(T(v), n.a("kv_num_heads", 0))
+    if past_k is not None:
+        k = T(past_k).cat(k, dim=2)
+    if past_v is not None:
+        v = T(past_v).cat(v, dim=2)
+    present_k, present_v = k, v
+    hq, hk = q.shape[1], k.shape[1]
+    if hq != hk:
+        k, v = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
+    scale = n.a("scale") or 1 / math.sqrt(q.shape[-1])
+    acc = dtypes.float32 if q.dtype != dtypes.float64 else q.dtype
+    qk = (q.cast(acc) * math.sqrt(scale)).matmul((k.cast(acc) * math.sqrt(scale)).transpose(-1, -2))
+    raw = qk
+    S, L = q.shape[2], k.shape[2]
+    if mask is not None:
+        m = T(mask)
+        if m.shape[-1] < L:
+            m = m.pad(((0, 0),) * (m.ndim - 1) + ((0, L - m.shape[-1]),), value=False if m.dtype == dtypes.bool else -np.inf)
+        qk = qk + (m.where(0.0, -np.inf) if m.dtype == dtypes.bool else m.cast(acc))
+    if n.a("is_causal", 0):
+        past = L - S
+        allowed = Tensor.arange(L).reshape(1, L) <= Tensor.arange(S).reshape(S, 1) + past
+        qk = allowed.where(qk, -np.inf)
+    masked = qk
+    cap = n.a("softcap", 0.0)
+    if cap:
+        qk = (qk / cap).tanh() * cap
+    capped = qk
+    p = qk.softmax(-1)
+    y = p.matmul(v.cast(acc)).cast(T(v).dtype)
+    if q3:
+        B, H, S_, D = y.shape
+        y = y.permute(0, 2, 1, 3).reshape(B, S_, H * D)
+    mode = n.a("qk_matmul_output_mode", 0)
+    qk_out = [raw, masked, capped, p][mode].cast(T(v).dtype)
+    return y, present_k, present_v, qk_out
+
+
+@op("RotaryEmbedding")
+def rotary_embedding(n, x, cos, sin, pos=None):
+    x = T(x)
+    four = x.ndim == 4
+    if four:
+        xs = x.permute(0, 2, 1, 3)
+    else:
+        B, S, Hd = x.shape
+        xs = x.reshape(B, S, n.a("num_heads"), -1)
+    cos, sin = T(cos), T(sin)
+    if pos is not None:
+        p = T(pos).cast(dtypes.int32)
+        cos, sin = cos[p], sin[p]
+    D = xs.shape[-1]
+    rd = n.a("rotary_embedding_dim", 0) or D
+    cos, sin = cos[..., : rd // 2].unsqueeze(2), sin[..., : rd // 2].unsqueeze(2)
+    rot, rest = xs[..., :rd], xs[..., rd:]
+    if n.a("interleaved", 0):
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = (x1 * cos - x2 * sin).unsqueeze(-1).cat((x2 * cos + x1 * sin).unsqueeze(-1), dim=-1).reshape(rot.shape)
+    else:
+        x1, x2 = rot[..., : rd // 2], rot[..., rd // 2 :]
+        out = (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
+    y = out.cat(rest, dim=-1) if rd < D else out
+    return y.permute(0, 2, 1, 3) if four else y.reshape(x.shape)
+
+
