@@ -114,7 +114,7 @@ def to_numpy(t: onnx.TensorProto, base: str | None = None) -> np.ndarray:
         arr = numpy_helper.to_array(t)
     except (ValueError, TypeError) as e:
         raise ValueError(f"tensor {t.name!r} of shape {list(t.dims)}: its data does not fill the shape ({e})") from None
-    return np.ascontiguousarray(arr)
+    return np.array(arr, copy=True, order="C")
 
 
 def attr_value(a: onnx.AttributeProto, base: str | None) -> Any:

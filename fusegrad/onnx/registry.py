@@ -58,7 +58,7 @@ _NP_SPECIAL = {"bfloat16": dtypes.bfloat16, "float8_e4m3fn": dtypes.fp8e4m3, "fl
 def np_to_tensor(x: np.ndarray, device: str | None = None) -> Tensor:
     if x.dtype.name in _NP_SPECIAL:
         return Tensor(x.astype(np.float32), device=device).cast(_NP_SPECIAL[x.dtype.name])
-    return Tensor(np.ascontiguousarray(x), device=device)
+    return Tensor(np.array(x, copy=True, order="C"), device=device)
 
 
 def T(x: Any) -> Tensor:

@@ -169,9 +169,7 @@ def pow_(n, a, b):
 @op("Mod")
 def mod(n, a, b):
     a, b = T(a), T(b)
-    if n.a("fmod", 0) or dtypes.is_float(a.dtype):
-        return a.fmod(b) if hasattr(a, "fmod") else a - b * (a / b).trunc()
-    return a.mod(b)
+    return a.fmod(b) if n.a("fmod", 0) else a.mod(b)
 
 
 @op("BitShift")
@@ -222,15 +220,25 @@ def where_fold(n, c, a, b):
     return np.where(c, a, b).astype(a.dtype)
 
 
+# the largest finite value of each fp8 format (dtype.max is inf for every float dtype)
+FP8_MAX = {dtypes.fp8e4m3: 448.0, dtypes.fp8e4m3fnuz: 240.0, dtypes.fp8e5m2: 57344.0, dtypes.fp8e5m2fnuz: 57344.0}
+
+# magnitudes above these round past the largest finite value (max + half an ulp; ties go to the even max)
+FP8_OVERFLOW = {dtypes.fp8e4m3: 464.0, dtypes.fp8e4m3fnuz: 248.0, dtypes.fp8e5m2fnuz: 61440.0}
+
+
 def cast_to(x, dt, saturate: bool = True):
     """x cast to dt the ONNX way: fp8 targets saturate (or not), float → int truncates."""
     x = T(x)
     if x.dtype == dt:
         return x
     if dt in dtypes.fp8s and dtypes.is_float(x.dtype) and saturate:
-        big = dt.max
+        big = FP8_MAX[dt]
         x = x.float()
         x = x.isnan().where(x, x.clip(-big, big))
+    if dt in FP8_OVERFLOW and dtypes.is_float(x.dtype) and not saturate:  # no inf in these formats: overflow is NaN
+        x = x.float()
+        x = (x.abs() > FP8_OVERFLOW[dt]).where(float("nan"), x)
     if dt in dtypes.fp8s and x.dtype in dtypes.fp8s:
         x = x.float()
     return x.cast(dt)
@@ -271,3 +279,11 @@ def constant(n):
 
 fold("Constant")(constant)
 
+
+
+@op("BitCast")
+def bitcast(n, x):
+    x, dt = T(x), onnx_dtype(n.a("to"), str(n))
+    if x.dtype == dtypes.bool or dt == dtypes.bool:
+        return x.cast(dtypes.uint8).bitcast(dt) if dt != dtypes.bool else x.bitcast(dtypes.uint8).cast(dtypes.bool)
+    return x.bitcast(dt)

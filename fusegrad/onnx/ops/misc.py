@@ -9,7 +9,7 @@ import numpy as np
 from fusegrad import Tensor
 from fusegrad.dtype import dtypes
 from fusegrad.onnx.loader import onnx_dtype
-from fusegrad.onnx.registry import T, dtype_of, op
+from fusegrad.onnx.registry import C, T, dtype_of, ints, op
 
 
 def _seeded(n):
@@ -79,6 +79,10 @@ def attention(n, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
     acc = dtypes.float32 if q.dtype != dtypes.float64 else q.dtype
     qk = (q.cast(acc) * math.sqrt(scale)).matmul((k.cast(acc) * math.sqrt(scale)).transpose(-1, -2))
     raw = qk
+    cap = n.a("softcap", 0.0)
+    if cap:
+        qk = (qk / cap).tanh() * cap
+    capped = qk
     S, L = q.shape[2], k.shape[2]
     if mask is not None:
         m = T(mask)
@@ -86,15 +90,12 @@ def attention(n, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
             m = m.pad(((0, 0),) * (m.ndim - 1) + ((0, L - m.shape[-1]),), value=False if m.dtype == dtypes.bool else -np.inf)
         qk = qk + (m.where(0.0, -np.inf) if m.dtype == dtypes.bool else m.cast(acc))
     if n.a("is_causal", 0):
-        past = L - S
+        past = T(past_k).shape[2] if past_k is not None else 0
         allowed = Tensor.arange(L).reshape(1, L) <= Tensor.arange(S).reshape(S, 1) + past
         qk = allowed.where(qk, -np.inf)
     masked = qk
-    cap = n.a("softcap", 0.0)
-    if cap:
-        qk = (qk / cap).tanh() * cap
-    capped = qk
     p = qk.softmax(-1)
+    p = p.isnan().where(0, p)  # a fully masked row attends to nothing
     y = p.matmul(v.cast(acc)).cast(T(v).dtype)
     if q3:
         B, H, S_, D = y.shape
@@ -131,3 +132,98 @@ def rotary_embedding(n, x, cos, sin, pos=None):
     return y.permute(0, 2, 1, 3) if four else y.reshape(x.shape)
 
 
+
+
+def _window(n, size, fn):
+    N = int(C(size).reshape(-1)[0])
+    dt = onnx_dtype(n.a("output_datatype", 1), str(n))
+    denom = N - 1 if not n.a("periodic", 1) else N
+    k = np.arange(N, dtype=np.float64)
+    return Tensor(fn(k, max(denom, 1)).astype(np.float32)).cast(dt) if N else Tensor.empty(0, dtype=dt)
+
+
+@op("HannWindow")
+def hann_window(n, size):
+    return _window(n, size, lambda k, d: 0.5 - 0.5 * np.cos(2 * np.pi * k / d))
+
+
+@op("HammingWindow")
+def hamming_window(n, size):
+    return _window(n, size, lambda k, d: 25 / 46 - 21 / 46 * np.cos(2 * np.pi * k / d))
+
+
+@op("BlackmanWindow")
+def blackman_window(n, size):
+    return _window(n, size, lambda k, d: 0.42 - 0.5 * np.cos(2 * np.pi * k / d) + 0.08 * np.cos(4 * np.pi * k / d))
+
+
+@op("Adagrad", domain="ai.onnx.preview.training")
+def adagrad(n, r, t, *xs):
+    half = len(xs) // 3
+    ws, gs, hs = xs[:half], xs[half : 2 * half], xs[2 * half :]
+    lr = T(r) / (T(t).cast(dtypes.float32) * n.a("decay_factor", 0.0) + 1)
+    eps, norm = n.a("epsilon", 0.0), n.a("norm_coefficient", 0.0)
+    new_w, new_h = [], []
+    for w, g, h in zip(ws, gs, hs):
+        g = T(g) + T(w) * norm
+        h2 = T(h) + g * g
+        new_w.append((T(w) - lr * g / (h2.sqrt() + eps)).cast(T(w).dtype))
+        new_h.append(h2.cast(T(h).dtype))
+    return tuple(new_w + new_h)
+
+
+@op("Momentum", domain="ai.onnx.preview.training")
+def momentum(n, r, t, *xs):
+    half = len(xs) // 3
+    ws, gs, vs = xs[:half], xs[half : 2 * half], xs[2 * half :]
+    alpha, beta, norm, mode = n.a("alpha"), n.a("beta"), n.a("norm_coefficient"), n.a("mode")
+    first = int(C(t).reshape(-1)[0]) == 0
+    new_w, new_v = [], []
+    for w, g, v in zip(ws, gs, vs):
+        g = T(g) + T(w) * norm
+        v2 = T(v) * alpha + g * (1.0 if first else beta)
+        w2 = T(w) - T(r) * v2 if mode == "standard" else T(w) - T(r) * (g + v2 * alpha)
+        new_w.append(w2.cast(T(w).dtype))
+        new_v.append(v2.cast(T(v).dtype))
+    return tuple(new_w + new_v)
+
+
+@op("Adam", domain="ai.onnx.preview.training")
+def adam(n, r, t, *xs):
+    q = len(xs) // 4
+    ws, gs, vs, hs = xs[:q], xs[q : 2 * q], xs[2 * q : 3 * q], xs[3 * q :]
+    a, b, eps = n.a("alpha", 0.9), n.a("beta", 0.999), n.a("epsilon", 0.0)
+    norm, norm_post = n.a("norm_coefficient", 0.0), n.a("norm_coefficient_post", 0.0)
+    step = int(C(t).reshape(-1)[0])
+    r_ = float(C(r).reshape(-1)[0])
+    lr = r_ * np.sqrt(1 - b**step) / (1 - a**step) if step > 0 else r_
+    out_w, out_v, out_h = [], [], []
+    for w, g, v, h in zip(ws, gs, vs, hs):
+        w_t = T(w)
+        g = T(g) + w_t * norm
+        v2 = T(v) * a + g * (1 - a)
+        h2 = T(h) * b + g * g * (1 - b)
+        w2 = w_t - v2 / (h2.sqrt() + eps) * float(lr)
+        w2 = w2 - w2 * norm_post
+        out_w.append(w2.cast(w_t.dtype))
+        out_v.append(v2.cast(T(v).dtype))
+        out_h.append(h2.cast(T(h).dtype))
+    return tuple(out_w + out_v + out_h)
+
+
+@op("AffineGrid")
+def affine_grid(n, theta, size):
+    theta = T(theta)
+    dims = ints(size)
+    N, spatial = dims[0], dims[2:]
+    align = bool(n.a("align_corners", 0))
+    axes = []
+    for s in spatial:
+        a = np.arange(s, dtype=np.float64)
+        a = (2 * a / (s - 1) - 1) if align else ((2 * a + 1) / s - 1) if s > 1 or not align else np.zeros(1)
+        axes.append(a if s > 1 else np.zeros(1) if align else a)
+    mesh = np.meshgrid(*axes, indexing="ij")  # order (D,) H, W
+    coords = [m.reshape(-1) for m in mesh[::-1]]  # x (W) first, as ONNX lists them
+    base = np.stack(coords + [np.ones_like(coords[0])], -1).astype(np.float32)  # (P, nd+1)
+    grid = Tensor(base).cast(theta.dtype).unsqueeze(0).matmul(theta.transpose(1, 2))  # (N, P, nd)
+    return grid.reshape(N, *spatial, len(spatial))

@@ -94,6 +94,8 @@ def max_pool(n, x):
     ceil = bool(n.a("ceil_mode", 0))
     is_int = dtypes.is_int(x.dtype)
     xf = x.cast(dtypes.float32) if is_int else x
+    if not _fits(pads, kernel, dilations) and n.num_outputs < 2:
+        xf, pads = xf.pad(((0, 0), (0, 0)) + tuple(pads), value=-np.inf), [(0, 0)] * len(pads)
     if n.num_outputs < 2:
         y = xf.max_pool2d(kernel, strides, dilations, torch_order(pads), ceil_mode=ceil)
         return y.cast(x.dtype)
@@ -109,12 +111,25 @@ def max_pool(n, x):
     return y.cast(x.dtype), idx + base
 
 
+def _fits(pads, kernel, dilations) -> bool:
+    """Whether Tensor's pools take these pads (each at most half the dilated window)."""
+    return all(max(p) <= ((k - 1) * d + 1) // 2 for p, k, d in zip(pads, kernel, dilations))
+
+
 @op("AveragePool")
 def average_pool(n, x):
     x = T(x)
     kernel, strides, dilations, pads = _pool_geometry(n, x)
-    return x.avg_pool2d(kernel, strides, dilations, torch_order(pads), ceil_mode=bool(n.a("ceil_mode", 0)),
-                        count_include_pad=bool(n.a("count_include_pad", 0)))  # fmt: skip
+    ceil, include = bool(n.a("ceil_mode", 0)), bool(n.a("count_include_pad", 0))
+    if _fits(pads, kernel, dilations):
+        return x.avg_pool2d(kernel, strides, dilations, torch_order(pads), ceil_mode=ceil, count_include_pad=include)
+    # pads wider than half the window: pad first, then pool the padded input (and a ones mask for the divisor)
+    grouped = ((0, 0), (0, 0)) + tuple(pads)
+    y = x.pad(grouped).avg_pool2d(kernel, strides, dilations, 0, ceil_mode=ceil)
+    if include:
+        return y
+    ones = Tensor.ones(*x.shape, dtype=x.dtype).pad(grouped).avg_pool2d(kernel, strides, dilations, 0, ceil_mode=ceil)
+    return y / ones
 
 
 @op("LpPool")
@@ -122,8 +137,8 @@ def lp_pool(n, x):
     x = T(x)
     kernel, strides, dilations, pads = _pool_geometry(n, x)
     p = n.a("p", 2)
-    s = x.abs().pow(p).avg_pool2d(kernel, strides, dilations, torch_order(pads), ceil_mode=bool(n.a("ceil_mode", 0)),
-                                  count_include_pad=True)  # fmt: skip
+    xp = x.abs().pow(p).pad(((0, 0), (0, 0)) + tuple(pads))
+    s = xp.avg_pool2d(kernel, strides, dilations, 0, ceil_mode=bool(n.a("ceil_mode", 0)))
     return (s * int(np.prod(kernel))).pow(1.0 / p)
 
 

@@ -46,7 +46,9 @@ def _empty_reduce(fn, y, axes, keep):
         s for i, s in enumerate(y.shape) if i not in axes]  # fmt: skip
     kind = getattr(fn, "kind", "sum")
     val = _EMPTY[kind]
-    if dtypes.is_int(y.dtype) and not np.isfinite(val):
+    if y.dtype == dtypes.bool:
+        val = kind in ("min", "prod")
+    elif dtypes.is_int(y.dtype) and not np.isfinite(val):
         val = y.dtype.max if kind == "min" else y.dtype.min
     return Tensor.full(tuple(shape), val, dtype=y.dtype)
 
@@ -182,14 +184,23 @@ def einsum(n, *xs):
     return Tensor.einsum(n.a("equation").replace(" ", ""), *[T(x) for x in xs])
 
 
-@op("CumSum")
-def cumsum(n, x, axis):
-    x = T(x)
-    ax = axis_of(ints(axis)[0], x.ndim, n)
-    if n.a("reverse", 0):
-        x = x.flip(ax)
-    y = x.cumsum(ax).cast(x.dtype)
-    if n.a("exclusive", 0):
-        y = y - x
-    return y.flip(ax) if n.a("reverse", 0) else y
+def _scan(kind):
+    def run(n, x, axis):
+        x = T(x)
+        ax = axis_of(ints(axis)[0], x.ndim, n)
+        if n.a("reverse", 0):
+            x = x.flip(ax)
+        if n.a("exclusive", 0):  # shift by one along the axis, the identity element entering first
+            pad = [(0, 0)] * x.ndim
+            pad[ax] = (1, 0)
+            x = x.pad(tuple(pad), value=0 if kind == "sum" else 1)[
+                tuple(slice(0, x.shape[ax]) if i == ax else slice(None) for i in range(x.ndim))]  # fmt: skip
+        y = (x.cumsum(ax) if kind == "sum" else x.cumprod(ax)).cast(x.dtype)
+        return y.flip(ax) if n.a("reverse", 0) else y
+
+    return run
+
+
+op("CumSum")(_scan("sum"))
+op("CumProd")(_scan("prod"))
 

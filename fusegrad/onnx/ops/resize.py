@@ -19,8 +19,8 @@ def _coords(mode: str, out: int, size: int, scale: float, roi: tuple[float, floa
         return size / 2 * (1 - adj) + (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (x + 0.5) / scale - 0.5 if out > 1 else np.zeros(out)
-    if mode == "align_corners":
-        return x * (size - 1) / (out - 1) if out > 1 else np.zeros(out)
+    if mode == "align_corners":  # the unrounded output length size·scale, as the reference computes it
+        return x * (size - 1) / (size * scale - 1) if out > 1 else np.zeros(out)
     if mode == "asymmetric":
         return x / scale
     if mode == "tf_half_pixel_for_nn":
@@ -61,7 +61,8 @@ def weights(n, mode: str, out: int, size: int, scale: float, roi) -> tuple[np.nd
     rows = np.arange(out)
     antialias = bool(n.a("antialias", 0)) and scale < 1
     if mode == "nearest":
-        idx = np.clip(_nearest(c, n.a("nearest_mode", "round_prefer_floor")), 0, size - 1).astype(np.int64)
+        how = n.a("nearest_mode", "round_prefer_floor" if n.opset >= 11 and n.op_type == "Resize" else "floor")
+        idx = np.clip(_nearest(c, how), 0, size - 1).astype(np.int64)
         W[rows, idx] = 1
     elif mode == "linear" and not antialias:
         x0 = np.floor(c)

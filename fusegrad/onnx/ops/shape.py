@@ -277,7 +277,8 @@ def depth_to_space(n, x):
 def space_to_depth(n, x):
     x, b = T(x), n.a("blocksize")
     N, c, h, w = x.shape
-    y = x.reshape(N, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    y = x.reshape(N, c, h // b, b, w // b, b)
+    y = y.permute(0, 1, 3, 5, 2, 4) if n.a("mode", "DCR") == "CRD" else y.permute(0, 3, 5, 1, 2, 4)
     return y.reshape(N, c * b * b, h // b, w // b)
 
 
@@ -304,3 +305,20 @@ def identity(n, x):
 
 
 fold("Identity")(identity)
+
+
+@op("CenterCropPad")
+def center_crop_pad(n, x, shape_in):
+    x = T(x)
+    axes = [axis_of(a, x.ndim, n) for a in (n.a("axes") or range(x.ndim))]
+    for a, want in zip(axes, ints(shape_in)):
+        have = x.shape[a]
+        if want < have:
+            start = (have - want) // 2
+            x = x[(slice(None),) * a + (slice(start, start + want),)]
+        elif want > have:
+            before = (want - have) // 2
+            pads = [(0, 0)] * x.ndim
+            pads[a] = (before, want - have - before)
+            x = x.pad(tuple(pads))
+    return x
