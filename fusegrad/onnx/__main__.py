@@ -49,20 +49,24 @@ def main(argv: list[str] | None = None) -> int:
         runner = OnnxRunner(args.model)
         feeds = _inputs(runner, args.input)
         outs = runner(feeds)
-        Tensor.realize(*outs.values())
+        Tensor.realize(*[t for t in outs.values() if isinstance(t, Tensor)])
     except (ValueError, NotImplementedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for name, t in outs.items():
-        print(f"{name}: shape={tuple(t.shape)} dtype={t.dtype}")
+        if isinstance(t, list):
+            print(f"{name}: sequence of {len(t)}: " + ", ".join(f"shape={tuple(x.shape)} dtype={x.dtype}" for x in t))
+        else:
+            print(f"{name}: shape={tuple(t.shape)} dtype={t.dtype}")
     if args.bench:
         times = []
         for _ in range(args.bench):
             st = time.perf_counter()
             outs = runner(feeds)
-            Tensor.realize(*outs.values())
+            Tensor.realize(*[t for t in outs.values() if isinstance(t, Tensor)])
             for t in outs.values():
-                t.numpy()
+                for x in t if isinstance(t, list) else [t]:
+                    x.numpy()
             times.append(time.perf_counter() - st)
         print(f"median of {args.bench} runs: {np.median(times) * 1e3:.3f} ms")
     return 0

@@ -39,10 +39,14 @@ class InputSpec:
     name: str
     dtype: DType
     dims: list[int | str | None] | None  # None: rank unknown; a str is a symbolic dim, None an unnamed one
+    sequence: bool = False  # a sequence of tensors of this dtype, given as a list
 
 
 def _value_spec(v: onnx.ValueInfoProto, where: str) -> InputSpec:
     kind = v.type.WhichOneof("value")
+    if kind == "sequence_type" and v.type.sequence_type.elem_type.WhichOneof("value") == "tensor_type":
+        elem = v.type.sequence_type.elem_type.tensor_type.elem_type
+        return InputSpec(v.name, onnx_dtype(elem, f"{where} {v.name!r}") if elem else None, None, sequence=True)
     if kind != "tensor_type":
         raise NotImplementedError(f"{where} {v.name!r} is a {kind or 'untyped value'}; fusegrad runs tensors only")
     tt = v.type.tensor_type
@@ -51,6 +55,10 @@ def _value_spec(v: onnx.ValueInfoProto, where: str) -> InputSpec:
         return InputSpec(v.name, dt, None)
     dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
     return InputSpec(v.name, dt, dims)
+
+
+def _out(v: Any) -> Any:
+    return [T(x) for x in v] if isinstance(v, list) else T(v)
 
 
 class OnnxRunner:
@@ -108,6 +116,11 @@ class OnnxRunner:
         bound: dict[str, int] = {}
         for name, v in feeds.items():
             spec = self.input_specs[name]
+            if spec.sequence:
+                if not isinstance(v, (list, tuple)):
+                    raise ValueError(f"input {name!r} is a sequence: give a list of arrays, not {type(v).__name__}")
+                env[name] = [x if isinstance(x, Tensor) else np_to_tensor(np.asarray(x)) for x in v]
+                continue
             if not isinstance(v, (Tensor, np.ndarray)):
                 v = np.asarray(v, dtype=to_numpy_dtype(spec.dtype))
             if dtype_of(v) != spec.dtype:
@@ -135,7 +148,7 @@ class OnnxRunner:
         env = self._bind({**(inputs or {}), **kw})
         try:
             self.run_graph(self.graph, env)
-            return {name: T(env[name]) for name in self.output_names}
+            return {name: _out(env[name]) for name in self.output_names}
         finally:
             HOST.clear()
 
@@ -151,7 +164,7 @@ class OnnxRunner:
             except Exception as e:
                 e.add_note(f"while running ONNX {st.node}")
                 raise
-            out = out if isinstance(out, (tuple, list)) else (out,)
+            out = out if isinstance(out, tuple) else (out,)  # a tuple is several outputs; a list is a sequence
             for name, v in zip(st.outputs, out):
                 if name:
                     env[name] = v

@@ -27,8 +27,7 @@ class FusegradRep(onnx.backend.base.BackendRep):
     def run(self, inputs, **kwargs):
         names = self.runner.required if len(inputs) <= len(self.runner.required) else list(self.runner.input_specs)
         outs = self.runner(dict(zip(names, inputs)))
-        Tensor.realize(*outs.values())
-        return [to_numpy(v) for v in outs.values()]
+        return [[to_numpy(x) for x in v] if isinstance(v, list) else to_numpy(v) for v in outs.values()]
 
 
 class FusegradBackend(onnx.backend.base.Backend):

@@ -82,8 +82,10 @@ def hard_sigmoid(n, x):
 
 @op("PRelu")
 def prelu(n, x, slope):
-    x = T(x)
-    return (x < 0).where(x * T(slope), x)
+    x, slope = T(x), T(slope)
+    if slope.ndim == 1 and x.ndim > 2 and slope.shape[0] == x.shape[1] != x.shape[-1]:  # one slope per channel
+        slope = slope.reshape(-1, *([1] * (x.ndim - 2)))
+    return (x < 0).where(x * slope, x)
 
 
 @op("Shrink")
