@@ -69,9 +69,7 @@ class OnnxRunner:
         self.opsets = opset_versions(self.model)
         g = self.model.graph
         self.initializers = {t.name: to_numpy(t, self.base) for t in g.initializer}
-        self.input_specs = {
-            v.name: _value_spec(v, "input") for v in g.input
-        }
+        self.input_specs = {v.name: _value_spec(v, "input") for v in g.input}
         self.required = [n for n in self.input_specs if n not in self.initializers]
         self.output_names = [o.name for o in g.output]
         self.graph = self._prepare(g, set(), "graph")
@@ -85,8 +83,10 @@ class OnnxRunner:
             domain = "" if n.domain == "ai.onnx" else n.domain
             fn = OPS.get((domain, n.op_type))
             if fn is None:
-                raise NotImplementedError(f"{where}: ONNX op {n.op_type!r} (domain {n.domain or 'ai.onnx'!r}) of {label} "
-                                          "is not supported by fusegrad.onnx")  # fmt: skip
+                dom = n.domain or "ai.onnx"
+                raise NotImplementedError(
+                    f"{where}: ONNX op {n.op_type!r} (domain {dom!r}) of {label} is not supported by fusegrad.onnx"
+                )
             attrs = {}
             for a in n.attribute:
                 try:

@@ -78,5 +78,3 @@ def scan(n, *args):
             y = y.permute(*range(1, a + 1), 0, *range(a + 1, y.ndim))
         stacked.append(y.flip(a) if d else y)
     return tuple(states) + tuple(stacked)
-
-

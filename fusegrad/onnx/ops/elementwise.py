@@ -7,7 +7,7 @@ import numpy as np
 from fusegrad import Tensor
 from fusegrad.dtype import dtypes
 from fusegrad.onnx.loader import onnx_dtype
-from fusegrad.onnx.registry import C, T, dtype_of, fold, op
+from fusegrad.onnx.registry import T, dtype_of, fold, op
 
 UNARY = {
     "Abs": Tensor.abs, "Neg": Tensor.neg, "Exp": Tensor.exp, "Log": Tensor.log, "Sqrt": Tensor.sqrt,
@@ -282,10 +282,15 @@ def constant(n):
 fold("Constant")(constant)
 
 
-
 @op("BitCast")
 def bitcast(n, x):
     x, dt = T(x), onnx_dtype(n.a("to"), str(n))
     if x.dtype == dtypes.bool or dt == dtypes.bool:
         return x.cast(dtypes.uint8).bitcast(dt) if dt != dtypes.bool else x.bitcast(dtypes.uint8).cast(dtypes.bool)
     return x.bitcast(dt)
+
+
+@op("Swish")
+def swish(n, x):
+    x = T(x)
+    return x * (x * n.a("alpha", 1.0)).sigmoid()

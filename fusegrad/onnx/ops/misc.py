@@ -79,21 +79,23 @@ def attention(n, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
     acc = dtypes.float32 if q.dtype != dtypes.float64 else q.dtype
     qk = (q.cast(acc) * math.sqrt(scale)).matmul((k.cast(acc) * math.sqrt(scale)).transpose(-1, -2))
     raw = qk
-    cap = n.a("softcap", 0.0)
-    if cap:
-        qk = (qk / cap).tanh() * cap
-    capped = qk
     S, L = q.shape[2], k.shape[2]
+    bias = None
     if mask is not None:
         m = T(mask)
         if m.shape[-1] < L:
-            m = m.pad(((0, 0),) * (m.ndim - 1) + ((0, L - m.shape[-1]),), value=False if m.dtype == dtypes.bool else -np.inf)
-        qk = qk + (m.where(0.0, -np.inf) if m.dtype == dtypes.bool else m.cast(acc))
+            fill = False if m.dtype == dtypes.bool else -np.inf
+            m = m.pad(((0, 0),) * (m.ndim - 1) + ((0, L - m.shape[-1]),), value=fill)
+        bias = m.where(0.0, -np.inf) if m.dtype == dtypes.bool else m.cast(acc)
     if n.a("is_causal", 0):
         past = T(past_k).shape[2] if past_k is not None else 0
-        allowed = Tensor.arange(L).reshape(1, L) <= Tensor.arange(S).reshape(S, 1) + past
-        qk = allowed.where(qk, -np.inf)
-    masked = qk
+        causal = (Tensor.arange(L).reshape(1, L) <= Tensor.arange(S).reshape(S, 1) + past).where(0.0, -np.inf)
+        bias = causal if bias is None else bias + causal
+    masked = raw if bias is None else raw + bias
+    cap = n.a("softcap", 0.0)
+    # the softcap bounds the scores before the mask is added, so a -inf mask stays -inf
+    capped = masked if not cap else (raw / cap).tanh() * cap + (0 if bias is None else bias)
+    qk = capped
     p = qk.softmax(-1)
     p = p.isnan().where(0, p)  # a fully masked row attends to nothing
     y = p.matmul(v.cast(acc)).cast(T(v).dtype)
@@ -130,8 +132,6 @@ def rotary_embedding(n, x, cos, sin, pos=None):
         out = (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
     y = out.cat(rest, dim=-1) if rd < D else out
     return y.permute(0, 2, 1, 3) if four else y.reshape(x.shape)
-
-
 
 
 def _window(n, size, fn):

@@ -51,7 +51,7 @@ def conv(n, x, w, b=None):
 @op("ConvTranspose")
 def conv_transpose(n, x, w, b=None):
     x, w = T(x), T(w)
-    kernel, nd = list(w.shape[2:]), w.ndim - 2
+    nd = w.ndim - 2
     strides = n.a("strides") or [1] * nd
     dilations = n.a("dilations") or [1] * nd
     out_pad = n.a("output_padding") or [0] * nd
@@ -310,4 +310,3 @@ def resize(n, x, *rest):
     from fusegrad.onnx.ops.resize import resize_op
 
     return resize_op(n, T(x), *rest)
-

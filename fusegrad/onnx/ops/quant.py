@@ -71,8 +71,8 @@ def _req(y: Tensor, scale, zero) -> Tensor:
 def qlinear_matmul(n, a, a_s, a_z, b, b_s, b_z, y_s, y_z):
     a_f = _deq(a, a_s, a_z)
     b_z, b_s = T(b_z), T(b_s)
-    b_f = (T(b).cast(dtypes.float32) - b_z.cast(dtypes.float32).reshape(1, -1) if b_z.ndim else
-           T(b).cast(dtypes.float32) - b_z.cast(dtypes.float32)) * (b_s.reshape(1, -1) if b_s.ndim else b_s)  # fmt: skip
+    b_zero = b_z.cast(dtypes.float32).reshape(1, -1) if b_z.ndim else b_z.cast(dtypes.float32)
+    b_f = (T(b).cast(dtypes.float32) - b_zero) * (b_s.reshape(1, -1) if b_s.ndim else b_s)
     return _req(a_f.matmul(b_f), y_s, y_z)
 
 
@@ -103,6 +103,3 @@ def conv_integer(n, x, w, x_z=None, w_z=None):
         wf = wf - (wz.reshape(-1, *([1] * (wf.ndim - 1))) if wz.ndim else wz)
     # integer conv through float32 is exact while sums stay below 2**24 (uint8 data, small kernels)
     return conv(n, xf.float(), wf.float()).round().cast(dtypes.int32)
-
-
-

@@ -70,7 +70,7 @@ op("ReduceMax")(_reduce(_max))
 op("ReduceMin")(_reduce(_min))
 op("ReduceProd")(_reduce(_prod))
 op("ReduceL1")(_reduce(_sum, pre=Tensor.abs))
-op("ReduceL2")(_reduce(_sum, pre=lambda x: (x.float() * x.float()), post=Tensor.sqrt))
+op("ReduceL2")(_reduce(_sum, pre=lambda x: x.float() * x.float(), post=Tensor.sqrt))
 op("ReduceSumSquare")(_reduce(_sum, pre=lambda x: x * x))
 op("ReduceLogSum")(_reduce(_sum, post=Tensor.log))
 
@@ -97,7 +97,11 @@ def reduce_log_sum_exp(n, x, axes_in=None):
 
 @fold("ReduceProd")
 def reduce_prod_fold(n, x, axes_in=None):
-    axes = None if axes_in is None and n.a("axes") is None else tuple(ints(axes_in) if axes_in is not None else n.a("axes"))
+    axes = (
+        None
+        if axes_in is None and n.a("axes") is None
+        else tuple(ints(axes_in) if axes_in is not None else n.a("axes"))
+    )
     return np.prod(x, axis=axes or None, keepdims=bool(n.a("keepdims", 1))).astype(x.dtype)
 
 
@@ -203,4 +207,3 @@ def _scan(kind):
 
 op("CumSum")(_scan("sum"))
 op("CumProd")(_scan("prod"))
-

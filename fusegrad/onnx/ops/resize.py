@@ -142,6 +142,3 @@ def resize_op(n, x: Tensor, *rest):
     if dtypes.is_int(x.dtype) and not dtypes.is_int(y.dtype):
         y = y.round().clip(x.dtype.min, x.dtype.max)
     return y.cast(x.dtype)
-
-
-

@@ -48,7 +48,9 @@ def _recurrent(n, x, w, r, b, lens, h0, c0, p, kind: str):
     dirs = 2 if direction == "bidirectional" else 1
     H = n.a("hidden_size") or T(r).shape[-1]
     gates = {"rnn": 1, "gru": 3, "lstm": 4}[kind]
-    acts = _activations(n, {"rnn": ["Tanh"], "gru": ["Sigmoid", "Tanh"], "lstm": ["Sigmoid", "Tanh", "Tanh"]}[kind], dirs)
+    acts = _activations(
+        n, {"rnn": ["Tanh"], "gru": ["Sigmoid", "Tanh"], "lstm": ["Sigmoid", "Tanh", "Tanh"]}[kind], dirs
+    )
     clip = n.a("clip")
     w, r = T(w), T(r)
     b = T(b) if b is not None else Tensor.zeros(dirs, 2 * gates * H, dtype=x.dtype)
@@ -134,5 +136,3 @@ def gru(n, x, w, r, b=None, lens=None, h0=None):
 @op("LSTM")
 def lstm(n, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     return _recurrent(n, x, w, r, b, lens, h0, c0, p, "lstm")
-
-

@@ -199,7 +199,9 @@ def pad(n, x, pads=None, value=None, axes=None):
     grouped = [(0, 0)] * x.ndim
     for i, a in enumerate(axes):
         grouped[a] = (pads[i], pads[i + len(axes)])
-    mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}[n.a("mode", "constant")]
+    mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}[
+        n.a("mode", "constant")
+    ]
     if mode != "constant" and any(b < 0 or e < 0 for b, e in grouped):
         crop = tuple(slice(-b if b < 0 else 0, s + e if e < 0 else s) for (b, e), s in zip(grouped, x.shape))
         x, grouped = x[crop], [(max(b, 0), max(e, 0)) for b, e in grouped]
@@ -256,7 +258,9 @@ fold("ConstantOfShape")(constant_of_shape)
 def range_(n, start, limit, delta):
     s, lim, d = (C(v).reshape(-1)[0] for v in (start, limit, delta))
     count = max(int(np.ceil((lim - s) / d)), 0)
-    return (s + np.arange(count, dtype=np.float64 if C(start).dtype.kind == "f" else np.int64) * d).astype(C(start).dtype)
+    return (s + np.arange(count, dtype=np.float64 if C(start).dtype.kind == "f" else np.int64) * d).astype(
+        C(start).dtype
+    )
 
 
 fold("Range")(range_)

@@ -1,0 +1,82 @@
+"""ONNX models on fusegrad against onnxruntime (2 threads): median latency per batch and kernels per run.
+
+python bench/bench_onnx.py [--runs N] [--models resnet50,squeezenet,...]
+
+The models are ONNX's "light" copies of the classic vision nets (real architectures, small random weights) that ship
+inside the onnx package; each gets its declared input shape filled with a fixed ramp."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from fusegrad import GlobalCounters
+from fusegrad.onnx import OnnxRunner
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+
+def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        shape = [d.dim_value or 1 for d in v.type.tensor_type.shape.dim]
+        feeds[v.name] = (np.arange(int(np.prod(shape))) / np.prod(shape)).astype(np.float32).reshape(shape)
+    return feeds
+
+
+def _median_ms(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        st = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - st)
+    return statistics.median(times) * 1e3
+
+
+def bench(name: str, runs: int) -> None:
+    path = os.path.join(LIGHT, f"light_{name}.onnx")
+    model = onnx.load(path)
+    feeds = _feeds(model)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    runner = OnnxRunner(model)
+
+    def fg():
+        outs = runner(feeds)
+        return [t.numpy() for t in outs.values()]
+
+    ref, got = sess.run(None, feeds), fg()  # the first call compiles
+    err = max(float(np.abs(a - b).max()) for a, b in zip(ref, got))
+    GlobalCounters.reset()
+    fg()
+    kernels = GlobalCounters.kernel_count
+    t_fg = _median_ms(fg, runs)
+    t_ort = _median_ms(lambda: sess.run(None, feeds), runs)
+    print(f"{name:14s} fusegrad {t_fg:9.2f} ms  onnxruntime {t_ort:8.2f} ms  speed {t_ort / t_fg:5.2f}x  "
+          f"kernels {kernels:4d}  max|diff| {err:.1e}", flush=True)  # fmt: skip
+
+
+def main() -> None:
+    names = sorted(f[len("light_") : -len(".onnx")] for f in os.listdir(LIGHT) if f.endswith(".onnx"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--models", default=",".join(names), help=f"comma-separated, from {names}")
+    args = ap.parse_args()
+    for name in args.models.split(","):
+        if name not in names:
+            raise SystemExit(f"unknown model {name!r}; choose from {names}")
+        bench(name, args.runs)
+
+
+if __name__ == "__main__":
+    main()
