@@ -15,6 +15,11 @@ from fusegrad.onnx.loader import attr_value, onnx_dtype, opset_versions, parse_m
 from fusegrad.onnx.registry import FOLD, FOLD_LIMIT, HOST, OPS, Node, T, dtype_of, np_to_tensor
 
 
+# nodes that must run on every call: random draws and control flow (their bodies may read graph inputs)
+NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
+              "Dropout", "If", "Loop", "Scan", "SequenceMap"}  # fmt: skip
+
+
 @dataclass
 class Step:
     node: Node
@@ -73,6 +78,30 @@ class OnnxRunner:
         self.required = [n for n in self.input_specs if n not in self.initializers]
         self.output_names = [o.name for o in g.output]
         self.graph = self._prepare(g, set(), "graph")
+        self._fold_constants()
+
+    def _fold_constants(self) -> None:
+        """Runs once, at load, every top-level node whose inputs are all constants (weights built by
+        ConstantOfShape, transposed or dequantized initializers, ...), keeping the realized results as constants."""
+        self._unfolded = (self.graph.steps, dict(self.initializers))
+        const: dict[str, Any] = dict(self.initializers)
+        kept, made = [], []
+        for st in self.graph.steps:
+            ins_known = all(not x or x in const for x in st.inputs)
+            if not ins_known or st.node.op_type in NOT_FOLDED or st.node.proto.domain not in ("", "ai.onnx"):
+                kept.append(st)
+                continue
+            env = {x: const[x] for x in st.inputs if x}
+            self.run_graph(Graph([st], [], [], {}), env)
+            for o in st.outputs:
+                if o:
+                    const[o] = env[o]
+                    made.append(env[o])
+        tensors = [v for v in made if isinstance(v, Tensor)]
+        if tensors:
+            Tensor.realize(*tensors)
+        self.graph.steps = kept
+        self.initializers = const
 
     def _prepare(self, g: onnx.GraphProto, outer: set[str], where: str) -> Graph:
         consts = {t.name: to_numpy(t, self.base) for t in g.initializer} if where != "graph" else {}
@@ -112,7 +141,9 @@ class OnnxRunner:
         missing = [k for k in self.required if k not in feeds]
         if missing:
             raise ValueError(f"missing input(s) {missing}; the model takes {self.required}")
-        env: dict[str, Any] = dict(self.initializers)
+        # an initializer that is also a graph input may be overridden: then run the graph as loaded, unfolded
+        overrides = any(k in self._unfolded[1] for k in feeds)
+        env: dict[str, Any] = dict(self._unfolded[1] if overrides else self.initializers)
         bound: dict[str, int] = {}
         for name, v in feeds.items():
             spec = self.input_specs[name]
@@ -145,9 +176,11 @@ class OnnxRunner:
         return env
 
     def __call__(self, inputs: dict[str, Any] | None = None, **kw: Any) -> dict[str, Tensor]:
-        env = self._bind({**(inputs or {}), **kw})
+        feeds = {**(inputs or {}), **kw}
+        env = self._bind(feeds)
         try:
-            self.run_graph(self.graph, env)
+            steps = self._unfolded[0] if any(k in self._unfolded[1] for k in feeds) else self.graph.steps
+            self.run_graph(Graph(steps, self.graph.inputs, self.graph.outputs), env)
             return {name: _out(env[name]) for name in self.output_names}
         finally:
             HOST.clear()

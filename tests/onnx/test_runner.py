@@ -178,3 +178,33 @@ def test_cli(tmp_path, capsys):
     assert "unknown input(s) ['q']" in capsys.readouterr().err
     assert main([str(tmp_path / "mlp.onnx")]) == 1  # 'batch' is free: the model needs the input given
     assert "give it with --input x=" in capsys.readouterr().err
+
+
+def _transposed_weight_model():
+    """y = x @ w.T with w an initializer that is also a graph input (so a caller may override it)."""
+    w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])
+    wi = helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
+    return _model(nodes, [x, wi], [y], [w])
+
+
+def test_constant_subgraphs_fold_at_load_and_overrides_still_count():
+    runner = OnnxRunner(_transposed_weight_model())
+    assert [s.node.op_type for s in runner.graph.steps] == ["MatMul"]  # the Transpose ran once, at load
+    x = np.array([[1, 2, 3]], np.float32)
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(runner({"x": x})["y"].numpy(), x @ w.T)
+    np.testing.assert_allclose(runner({"x": x, "w": -w})["y"].numpy(), x @ -w.T)
+
+
+def test_runner_under_tinyjit():
+    from fusegrad import TinyJit
+
+    runner = OnnxRunner(_mlp())
+    step = TinyJit(lambda x: runner({"x": x})["y"].realize())
+    rng = np.random.default_rng(0)
+    for _ in range(4):  # capture on the second call, replay after it
+        x = rng.standard_normal((3, 3)).astype(np.float32)
+        np.testing.assert_allclose(step(Tensor(x)).numpy(), _mlp_ref(x), rtol=1e-6, atol=1e-6)

@@ -177,8 +177,13 @@ def batch_norm(n, x, scale, b, mean, var):
         mom = n.a("momentum", 0.9)
         y = (x - _channel(bm, x)) / (_channel(bv, x) + eps).sqrt() * _channel(scale, x) + _channel(b, x)
         return y, T(mean) * mom + bm * (1 - mom), T(var) * mom + bv * (1 - mom)
-    inv = (T(var) + eps).rsqrt()
-    return (x - _channel(mean, x)) * _channel(T(scale) * inv, x) + _channel(b, x)
+    if all(isinstance(v, np.ndarray) for v in (scale, b, mean, var)):
+        # constant statistics fold on the host to one multiply-add, so a following conv reads no rsqrt per tap
+        a = (scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)).astype(scale.dtype)
+        c = (b.astype(np.float64) - mean.astype(np.float64) * a).astype(b.dtype)
+        return x * _channel(a, x) + _channel(c, x)
+    a = (T(scale) * (T(var) + eps).rsqrt()).contiguous()
+    return x * _channel(a, x) + _channel((T(b) - T(mean) * a).contiguous(), x)
 
 
 @op("InstanceNormalization")

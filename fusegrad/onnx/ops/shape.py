@@ -248,7 +248,7 @@ def constant_of_shape(n, shape_in):
     value = n.a("value", np.zeros(1, dtype=np.float32)).reshape(-1)
     if int(np.prod(dims, dtype=np.int64)) <= 4096:
         return np.full(dims, value[0], dtype=value.dtype)
-    return Tensor.full(dims, value[0].item(), dtype=dtype_of(value))
+    return Tensor.full(dims, value[0].item(), dtype=dtype_of(value)).contiguous()
 
 
 fold("ConstantOfShape")(constant_of_shape)
