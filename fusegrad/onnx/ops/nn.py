@@ -315,3 +315,23 @@ def resize(n, x, *rest):
     from fusegrad.onnx.ops.resize import resize_op
 
     return resize_op(n, T(x), *rest)
+
+
+@op("MaxUnpool")
+def max_unpool(n, x, idx, out_shape=None):
+    x = T(x)
+    nd = x.ndim - 2
+    kernel = n.a("kernel_shape")
+    strides = n.a("strides") or [1] * nd
+    pads = n.a("pads") or [0] * (2 * nd)
+    if out_shape is not None:
+        shape = [int(v) for v in C(out_shape).reshape(-1)]
+    else:
+        spatial = [
+            (i - 1) * s + k - pads[d] - pads[d + nd] for d, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel))
+        ]
+        shape = [*x.shape[:2], *spatial]
+    total = int(np.prod(shape, dtype=np.int64))
+    # ONNX indices count over the whole tensor (batch and channel included), so one flat scatter places every value
+    flat = Tensor.zeros(total, dtype=x.dtype).scatter(0, T(idx).reshape(-1).cast(dtypes.int32), x.reshape(-1))
+    return flat.reshape(shape)
