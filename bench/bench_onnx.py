@@ -1,15 +1,18 @@
 """ONNX models on fusegrad against onnxruntime (2 threads): median latency per batch and kernels per run.
 
-python bench/bench_onnx.py [--runs N] [--models resnet50,squeezenet,...]
+python bench/bench_onnx.py [--runs N] [--models resnet50,squeezenet,...,bert]
 
 The models are ONNX's "light" copies of the classic vision nets (real architectures, small random weights) that ship
-inside the onnx package; each gets its declared input shape filled with a fixed ramp."""
+inside the onnx package, each with its declared input shape filled with a fixed ramp, and a BERT-style encoder
+(transformers' BertModel, random weights, 4 layers of width 256, 128 tokens) exported with torch.onnx.export."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -20,6 +23,16 @@ from fusegrad import GlobalCounters, Tensor, TinyJit
 from fusegrad.onnx import OnnxRunner
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+
+def _bert(folder: str) -> tuple[str, dict[str, np.ndarray]]:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "onnx"))
+    from bert_export import export_bert
+
+    path = os.path.join(folder, "bert.onnx")
+    export_bert(path, hidden=256, layers=4, seq=128)
+    ids = np.random.default_rng(0).integers(0, 1000, (1, 128)).astype(np.int64)
+    return path, {"input_ids": ids, "attention_mask": np.ones((1, 128), np.int64)}
 
 
 def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -42,10 +55,14 @@ def _median_ms(fn, runs: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def bench(name: str, runs: int) -> None:
-    path = os.path.join(LIGHT, f"light_{name}.onnx")
-    model = onnx.load(path)
-    feeds = _feeds(model)
+def bench(name: str, runs: int, folder: str) -> None:
+    if name == "bert":
+        path, feeds = _bert(folder)
+        model = onnx.load(path)
+    else:
+        path = os.path.join(LIGHT, f"light_{name}.onnx")
+        model = onnx.load(path)
+        feeds = _feeds(model)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
@@ -80,15 +97,18 @@ def bench(name: str, runs: int) -> None:
 
 
 def main() -> None:
-    names = sorted(f[len("light_") : -len(".onnx")] for f in os.listdir(LIGHT) if f.endswith(".onnx"))
+    names = sorted(f[len("light_") : -len(".onnx")] for f in os.listdir(LIGHT) if f.endswith(".onnx")) + ["bert"]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--models", default=",".join(names), help=f"comma-separated, from {names}")
     args = ap.parse_args()
-    for name in args.models.split(","):
+    chosen = args.models.split(",")
+    for name in chosen:
         if name not in names:
             raise SystemExit(f"unknown model {name!r}; choose from {names}")
-        bench(name, args.runs)
+    with tempfile.TemporaryDirectory() as folder:
+        for name in chosen:
+            bench(name, args.runs, folder)
 
 
 if __name__ == "__main__":

@@ -51,8 +51,13 @@ class Node:
 
 
 # numpy dtypes that Tensor() cannot take directly: widen to float32, build the Tensor, cast back
-_NP_SPECIAL = {"bfloat16": dtypes.bfloat16, "float8_e4m3fn": dtypes.fp8e4m3, "float8_e5m2": dtypes.fp8e5m2,
-               "float8_e4m3fnuz": dtypes.fp8e4m3fnuz, "float8_e5m2fnuz": dtypes.fp8e5m2fnuz}  # fmt: skip
+_NP_SPECIAL = {
+    "bfloat16": dtypes.bfloat16,
+    "float8_e4m3fn": dtypes.fp8e4m3,
+    "float8_e5m2": dtypes.fp8e5m2,
+    "float8_e4m3fnuz": dtypes.fp8e4m3fnuz,
+    "float8_e5m2fnuz": dtypes.fp8e5m2fnuz,
+}
 
 
 def np_to_tensor(x: np.ndarray, device: str | None = None) -> Tensor:

@@ -16,8 +16,19 @@ from fusegrad.onnx.registry import FOLD, FOLD_LIMIT, HOST, OPS, Node, T, dtype_o
 
 
 # nodes that must run on every call: random draws and control flow (their bodies may read graph inputs)
-NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
-              "Dropout", "If", "Loop", "Scan", "SequenceMap"}  # fmt: skip
+NOT_FOLDED = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Bernoulli",
+    "Multinomial",
+    "Dropout",
+    "If",
+    "Loop",
+    "Scan",
+    "SequenceMap",
+}
 
 
 @dataclass
@@ -166,8 +177,10 @@ class OnnxRunner:
                         raise ValueError(f"input {name!r} has shape {shape}, the model expects {want} (dim {i})")
                     if isinstance(d, str):
                         if bound.setdefault(d, s) != s:
-                            raise ValueError(f"input {name!r} has shape {shape}: dim {d!r} is {s} here but "
-                                             f"{bound[d]} in another input")  # fmt: skip
+                            raise ValueError(
+                                f"input {name!r} has shape {shape}: dim {d!r} is {s} here but "
+                                f"{bound[d]} in another input"
+                            )
             if isinstance(v, np.ndarray):
                 t = np_to_tensor(v)
                 HOST[id(t)] = (t, v)

@@ -10,8 +10,13 @@ from ml_dtypes import bfloat16, float8_e4m3fn, float8_e4m3fnuz, float8_e5m2, flo
 from fusegrad import Tensor, dtypes
 from fusegrad.onnx import OnnxRunner
 
-_NUMPY_OF = {dtypes.bfloat16: bfloat16, dtypes.fp8e4m3: float8_e4m3fn, dtypes.fp8e4m3fnuz: float8_e4m3fnuz,
-             dtypes.fp8e5m2: float8_e5m2, dtypes.fp8e5m2fnuz: float8_e5m2fnuz}  # fmt: skip
+_NUMPY_OF = {
+    dtypes.bfloat16: bfloat16,
+    dtypes.fp8e4m3: float8_e4m3fn,
+    dtypes.fp8e4m3fnuz: float8_e4m3fnuz,
+    dtypes.fp8e5m2: float8_e5m2,
+    dtypes.fp8e5m2fnuz: float8_e5m2fnuz,
+}
 
 
 def to_numpy(t: Tensor) -> np.ndarray:

@@ -32,3 +32,17 @@ def test_light_model_matches_onnxruntime(name):
     assert len(got) == len(ref)
     for r, g in zip(ref, got.values()):
         np.testing.assert_allclose(g.numpy(), r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_exported_bert_matches_onnxruntime(tmp_path):
+    from bert_export import export_bert
+
+    path = str(tmp_path / "bert.onnx")
+    export_bert(path)
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(0, 1000, (1, 32)).astype(np.int64), "attention_mask": np.ones((1, 32), np.int64)}
+    feeds["attention_mask"][0, 20:] = 0  # padding positions exercise the additive mask
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = OnnxRunner(path)(feeds)["last_hidden_state"].numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

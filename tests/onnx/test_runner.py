@@ -157,10 +157,12 @@ def test_if_and_loop_subgraphs():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
     c = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
-    then_g = helper.make_graph([helper.make_node("Neg", ["x"], ["t"])], "t", [],
-                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])])  # fmt: skip
-    else_g = helper.make_graph([helper.make_node("Exp", ["x"], ["e"])], "e", [],
-                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, [3])])  # fmt: skip
+    then_g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["t"])], "t", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])]
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Exp", ["x"], ["e"])], "e", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [3])]
+    )
     m = _model([helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)], [x, c], [y])
     runner = OnnxRunner(m)
     v = np.array([0.5, -1, 2], np.float32)

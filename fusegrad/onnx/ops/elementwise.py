@@ -10,14 +10,37 @@ from fusegrad.onnx.loader import onnx_dtype
 from fusegrad.onnx.registry import T, dtype_of, fold, op
 
 UNARY = {
-    "Abs": Tensor.abs, "Neg": Tensor.neg, "Exp": Tensor.exp, "Log": Tensor.log, "Sqrt": Tensor.sqrt,
-    "Reciprocal": Tensor.reciprocal, "Sin": Tensor.sin, "Cos": Tensor.cos, "Tan": Tensor.tan, "Asin": Tensor.asin,
-    "Acos": Tensor.acos, "Atan": Tensor.atan, "Sinh": Tensor.sinh, "Cosh": Tensor.cosh, "Asinh": Tensor.asinh,
-    "Acosh": Tensor.acosh, "Atanh": Tensor.atanh, "Erf": Tensor.erf, "Floor": Tensor.floor, "Ceil": Tensor.ceil,
-    "Round": Tensor.round, "Sign": Tensor.sign, "Relu": Tensor.relu, "Sigmoid": Tensor.sigmoid, "Tanh": Tensor.tanh,
-    "Softsign": Tensor.softsign, "Not": Tensor.logical_not, "IsNaN": Tensor.isnan, "HardSwish": Tensor.hardswish,
+    "Abs": Tensor.abs,
+    "Neg": Tensor.neg,
+    "Exp": Tensor.exp,
+    "Log": Tensor.log,
+    "Sqrt": Tensor.sqrt,
+    "Reciprocal": Tensor.reciprocal,
+    "Sin": Tensor.sin,
+    "Cos": Tensor.cos,
+    "Tan": Tensor.tan,
+    "Asin": Tensor.asin,
+    "Acos": Tensor.acos,
+    "Atan": Tensor.atan,
+    "Sinh": Tensor.sinh,
+    "Cosh": Tensor.cosh,
+    "Asinh": Tensor.asinh,
+    "Acosh": Tensor.acosh,
+    "Atanh": Tensor.atanh,
+    "Erf": Tensor.erf,
+    "Floor": Tensor.floor,
+    "Ceil": Tensor.ceil,
+    "Round": Tensor.round,
+    "Sign": Tensor.sign,
+    "Relu": Tensor.relu,
+    "Sigmoid": Tensor.sigmoid,
+    "Tanh": Tensor.tanh,
+    "Softsign": Tensor.softsign,
+    "Not": Tensor.logical_not,
+    "IsNaN": Tensor.isnan,
+    "HardSwish": Tensor.hardswish,
     "BitwiseNot": Tensor.bitwise_not,
-}  # fmt: skip
+}
 
 
 def _unary(fn):
@@ -122,18 +145,38 @@ def _same_int_div(a: Tensor, b: Tensor) -> Tensor:
 
 
 BINARY = {
-    "Add": Tensor.add, "Sub": Tensor.sub, "Mul": Tensor.mul, "Div": _same_int_div,
-    "Equal": Tensor.eq, "Less": Tensor.__lt__, "Greater": Tensor.__gt__, "LessOrEqual": Tensor.__le__,
-    "GreaterOrEqual": Tensor.__ge__, "And": Tensor.bitwise_and, "Or": Tensor.bitwise_or, "Xor": Tensor.bitwise_xor,
-    "BitwiseAnd": Tensor.bitwise_and, "BitwiseOr": Tensor.bitwise_or, "BitwiseXor": Tensor.bitwise_xor,
-}  # fmt: skip
+    "Add": Tensor.add,
+    "Sub": Tensor.sub,
+    "Mul": Tensor.mul,
+    "Div": _same_int_div,
+    "Equal": Tensor.eq,
+    "Less": Tensor.__lt__,
+    "Greater": Tensor.__gt__,
+    "LessOrEqual": Tensor.__le__,
+    "GreaterOrEqual": Tensor.__ge__,
+    "And": Tensor.bitwise_and,
+    "Or": Tensor.bitwise_or,
+    "Xor": Tensor.bitwise_xor,
+    "BitwiseAnd": Tensor.bitwise_and,
+    "BitwiseOr": Tensor.bitwise_or,
+    "BitwiseXor": Tensor.bitwise_xor,
+}
 
 for _name, _fn in BINARY.items():
     op(_name)(_binary(_fn))
 
-_NP_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal": np.equal, "Less": np.less,
-              "Greater": np.greater, "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
-              "And": np.logical_and, "Or": np.logical_or}  # fmt: skip
+_NP_BINARY = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Equal": np.equal,
+    "Less": np.less,
+    "Greater": np.greater,
+    "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal,
+    "And": np.logical_and,
+    "Or": np.logical_or,
+}
 
 
 def _np_binary(fn):

@@ -44,8 +44,14 @@ def conv(n, x, w, b=None):
     x, w = T(x), T(w)
     kernel = list(w.shape[2:])
     strides, dilations, pads = _geometry(n, x, kernel)
-    return x.conv2d(w, None if b is None else T(b), groups=n.a("group", 1), stride=strides, dilation=dilations,
-                    padding=torch_order(pads))  # fmt: skip
+    return x.conv2d(
+        w,
+        None if b is None else T(b),
+        groups=n.a("group", 1),
+        stride=strides,
+        dilation=dilations,
+        padding=torch_order(pads),
+    )
 
 
 @op("ConvTranspose")

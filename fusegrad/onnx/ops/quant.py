@@ -24,8 +24,11 @@ def _broadcast_param(n, p: Tensor, x: Tensor) -> Tensor:
 @op("QuantizeLinear")
 def quantize_linear(n, x, scale, zero=None):
     x, scale = T(x), T(scale)
-    out_dt = dtype_of(zero) if zero is not None else (
-        onnx_dtype(n.a("output_dtype"), str(n)) if n.a("output_dtype") else dtypes.uint8)  # fmt: skip
+    out_dt = (
+        dtype_of(zero)
+        if zero is not None
+        else (onnx_dtype(n.a("output_dtype"), str(n)) if n.a("output_dtype") else dtypes.uint8)
+    )
     s = _broadcast_param(n, scale, x).cast(dtypes.float32)
     y = x.cast(dtypes.float32) / s
     if out_dt in dtypes.fp8s:
@@ -84,7 +87,8 @@ def qlinear_conv(n, x, x_s, x_z, w, w_s, w_z, y_s, y_z, b=None):
     w_s, w_z = T(w_s), T(w_z)
     shape = (-1,) + (1,) * (T(w).ndim - 1)
     wf = (T(w).cast(dtypes.float32) - w_z.cast(dtypes.float32).reshape(shape if w_z.ndim else ())) * w_s.reshape(
-        shape if w_s.ndim else ())  # fmt: skip
+        shape if w_s.ndim else ()
+    )
     bias = None
     if b is not None:
         bias = T(b).cast(dtypes.float32) * (T(x_s).cast(dtypes.float32) * w_s.cast(dtypes.float32)).reshape(-1)

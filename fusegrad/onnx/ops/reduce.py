@@ -42,8 +42,11 @@ _EMPTY = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf}
 
 
 def _empty_reduce(fn, y, axes, keep):
-    shape = [1 if i in axes else s for i, s in enumerate(y.shape)] if keep else [
-        s for i, s in enumerate(y.shape) if i not in axes]  # fmt: skip
+    shape = (
+        [1 if i in axes else s for i, s in enumerate(y.shape)]
+        if keep
+        else [s for i, s in enumerate(y.shape) if i not in axes]
+    )
     kind = getattr(fn, "kind", "sum")
     val = _EMPTY[kind]
     if y.dtype == dtypes.bool:
@@ -198,7 +201,8 @@ def _scan(kind):
             pad = [(0, 0)] * x.ndim
             pad[ax] = (1, 0)
             x = x.pad(tuple(pad), value=0 if kind == "sum" else 1)[
-                tuple(slice(0, x.shape[ax]) if i == ax else slice(None) for i in range(x.ndim))]  # fmt: skip
+                tuple(slice(0, x.shape[ax]) if i == ax else slice(None) for i in range(x.ndim))
+            ]
         y = (x.cumsum(ax) if kind == "sum" else x.cumprod(ax)).cast(x.dtype)
         return y.flip(ax) if n.a("reverse", 0) else y
 

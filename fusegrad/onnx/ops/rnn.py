@@ -9,7 +9,10 @@ from fusegrad.onnx.registry import C, T, op
 def _activation(name: str, alpha: float | None, beta: float | None):
     name = name.lower()
     table = {
-        "sigmoid": Tensor.sigmoid, "tanh": Tensor.tanh, "relu": Tensor.relu, "softsign": Tensor.softsign,
+        "sigmoid": Tensor.sigmoid,
+        "tanh": Tensor.tanh,
+        "relu": Tensor.relu,
+        "softsign": Tensor.softsign,
         "softplus": lambda x: (x.exp() + 1).log(),
         "affine": lambda x: x * (1.0 if alpha is None else alpha) + (0.0 if beta is None else beta),
         "leakyrelu": lambda x: (x < 0).where(x * (0.01 if alpha is None else alpha), x),
@@ -17,7 +20,7 @@ def _activation(name: str, alpha: float | None, beta: float | None):
         "scaledtanh": lambda x: (x * (1.0 if beta is None else beta)).tanh() * (1.0 if alpha is None else alpha),
         "hardsigmoid": lambda x: (x * (0.2 if alpha is None else alpha) + (0.5 if beta is None else beta)).clip(0, 1),
         "elu": lambda x: (x > 0).where(x, (x.exp() - 1) * (1.0 if alpha is None else alpha)),
-    }  # fmt: skip
+    }
     if name not in table:
         raise NotImplementedError(f"RNN activation {name!r} is not supported")
     return table[name]
@@ -115,8 +118,10 @@ def _recurrent(n, x, w, r, b, lens, h0, c0, p, kind: str):
         hs.append(h)
         cs.append(c)
     Y = ys[0].stack(*ys[1:], dim=1) if dirs > 1 else ys[0].unsqueeze(1)  # (S, dirs, B, H)
-    Yh, Yc = hs[0].stack(*hs[1:]) if dirs > 1 else hs[0].unsqueeze(0), cs[0].stack(*cs[1:]) if dirs > 1 else cs[
-        0].unsqueeze(0)  # fmt: skip
+    Yh, Yc = (
+        hs[0].stack(*hs[1:]) if dirs > 1 else hs[0].unsqueeze(0),
+        cs[0].stack(*cs[1:]) if dirs > 1 else cs[0].unsqueeze(0),
+    )
     if layout:
         Y, Yh, Yc = Y.permute(2, 0, 1, 3), Yh.transpose(0, 1), Yc.transpose(0, 1)
     res = (Y, Yh, Yc) if kind == "lstm" else (Y, Yh)

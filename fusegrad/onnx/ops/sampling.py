@@ -108,8 +108,10 @@ def dft(n, x, length=None, axis_in=None):
     im = x[..., 1].cast(acc) if x.shape[-1] == 2 else None
     size = x.shape[axis]
     L = int(C(length).reshape(-1)[0]) if length is not None else 2 * (size - 1) if inverse and onesided else size
-    re, im = re.transpose(axis, -1) if axis != x.ndim - 2 else re, None if im is None else (
-        im.transpose(axis, -1) if axis != x.ndim - 2 else im)  # fmt: skip
+    re, im = (
+        re.transpose(axis, -1) if axis != x.ndim - 2 else re,
+        None if im is None else (im.transpose(axis, -1) if axis != x.ndim - 2 else im),
+    )
     if inverse and onesided:  # the input holds bins 0..L//2: rebuild the rest by Hermitian symmetry
         k = L - L // 2 - 1
         tail_re = re[..., 1 : 1 + k].flip(-1)

@@ -53,8 +53,12 @@ def sequence_length(n, seq):
 def split_to_sequence(n, x, sizes=None):
     axis = axis_of(n.a("axis", 0), x.ndim, n)
     if sizes is None:
-        parts = [T(x)[(slice(None),) * axis + (i,)] if not n.a("keepdims", 1) else T(x)[
-            (slice(None),) * axis + (slice(i, i + 1),)] for i in range(x.shape[axis])]  # fmt: skip
+        parts = [
+            T(x)[(slice(None),) * axis + (i,)]
+            if not n.a("keepdims", 1)
+            else T(x)[(slice(None),) * axis + (slice(i, i + 1),)]
+            for i in range(x.shape[axis])
+        ]
         return parts
     s = C(sizes)
     if s.ndim == 0:

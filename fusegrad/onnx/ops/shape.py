@@ -31,8 +31,11 @@ def reshape_target(n, shape: tuple[int, ...], target: list[int]) -> list[int]:
 @op("Reshape")
 def reshape(n, x, shape=None):
     target = ints(shape) if shape is not None else n.a("shape")
-    return x.reshape(reshape_target(n, tuple(x.shape), target)) if isinstance(x, np.ndarray) else T(x).reshape(
-        reshape_target(n, tuple(x.shape), target))  # fmt: skip
+    return (
+        x.reshape(reshape_target(n, tuple(x.shape), target))
+        if isinstance(x, np.ndarray)
+        else T(x).reshape(reshape_target(n, tuple(x.shape), target))
+    )
 
 
 fold("Reshape")(reshape)
