@@ -30,10 +30,8 @@ EXCLUDED: dict[str, str] = {
     r"test_col2im.*": NOT_YET + ": Col2Im",
     r"test_(basic_)?deform_conv_.*": NOT_YET + ": DeformConv",
     r"test_roialign_.*": NOT_YET + ": RoiAlign",
-    r"test_det_.*": NOT_YET + ": Det",
     r"test_maxunpool_export_with_output_shape": "known failure: MaxUnpool indices into an output_shape larger than "
     "the pooled input's are placed differently from the reference",
-    r"test_swiglu.*": NOT_YET + ": SwiGLU",
     r"test_tensorscatter.*": NOT_YET + ": TensorScatter",
     r"test_linear_attention_.*(?<!_expanded)": NOT_YET + ": LinearAttention",
     r"test_flexattention.*(?<!_ver26)": NOT_YET + ": FlexAttention (ai.onnx.preview)",

@@ -210,3 +210,14 @@ def test_runner_under_tinyjit():
     for _ in range(4):  # capture on the second call, replay after it
         x = rng.standard_normal((3, 3)).astype(np.float32)
         np.testing.assert_allclose(step(Tensor(x)).numpy(), _mlp_ref(x), rtol=1e-6, atol=1e-6)
+
+
+def test_det_against_numpy():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    runner = OnnxRunner(_model([helper.make_node("Det", ["x"], ["y"])], [x], [y]))
+    a = np.random.default_rng(1).standard_normal((4, 5, 5)).astype(np.float32)
+    a[1, 0] = 0  # a zero first column entry forces a row swap
+    a[2, 3] = a[2, 1]  # a singular matrix
+    a[3] = np.triu(a[3])
+    np.testing.assert_allclose(runner({"x": a})["y"].numpy(), np.linalg.det(a.astype(np.float64)), rtol=1e-4, atol=1e-4)

@@ -337,3 +337,8 @@ def bitcast(n, x):
 def swish(n, x):
     x = T(x)
     return x * (x * n.a("alpha", 1.0)).sigmoid()
+
+
+@op("SwiGLU")
+def swiglu(n, a, b):
+    return swish(n, a) * T(b)

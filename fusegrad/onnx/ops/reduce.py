@@ -211,3 +211,26 @@ def _scan(kind):
 
 op("CumSum")(_scan("sum"))
 op("CumProd")(_scan("prod"))
+
+
+@op("Det")
+def det(n, x):
+    """Determinant by Gaussian elimination with partial pivoting, unrolled over the (small) matrix size."""
+    a = T(x)
+    acc = dtypes.float64 if a.dtype == dtypes.float64 else dtypes.float32
+    a = a.cast(acc)
+    m = a.shape[-1]
+    out = Tensor.ones(*a.shape[:-2], dtype=acc)
+    for k in range(m):
+        rows = a[..., k:, :]
+        p = rows[..., k].abs().argmax(-1)
+        pick = (Tensor.arange(m - k) == p.unsqueeze(-1)).cast(acc).unsqueeze(-1)
+        pivot_row = (pick * rows).sum(-2)
+        swapped = rows + pick * (rows[..., 0:1, :] - rows)  # the old first row moves to the pivot's place
+        piv = pivot_row[..., k]
+        out = out * piv * (p == 0).where(1.0, -1.0)
+        safe = (piv == 0).where(1.0, piv)
+        below = swapped[..., 1:, :]
+        below = below - (below[..., :, k] / safe.unsqueeze(-1)).unsqueeze(-1) * pivot_row.unsqueeze(-2)
+        a = a[..., :k, :].cat(pivot_row.unsqueeze(-2), below, dim=-2)
+    return out.cast(T(x).dtype)
