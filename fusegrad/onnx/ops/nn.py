@@ -341,3 +341,45 @@ def max_unpool(n, x, idx, out_shape=None):
     # ONNX indices count over the whole tensor (batch and channel included), so one flat scatter places every value
     flat = Tensor.zeros(total, dtype=x.dtype).scatter(0, T(idx).reshape(-1).cast(dtypes.int32), x.reshape(-1))
     return flat.reshape(shape)
+
+
+def _stuff(x: Tensor, axis: int, stride: int) -> Tensor:
+    """x with stride-1 zeros after each element along axis (the last ones dropped): positions 0, s, 2s, ..."""
+    if stride == 1:
+        return x
+    size = x.shape[axis]
+    y = x.unsqueeze(axis + 1)
+    pads = [(0, 0)] * y.ndim
+    pads[axis + 1] = (0, stride - 1)
+    y = y.pad(tuple(pads))
+    shape = list(x.shape)
+    shape[axis] = size * stride
+    return y.reshape(shape)[(slice(None),) * axis + (slice(0, (size - 1) * stride + 1),)]
+
+
+@op("Col2Im")
+def col2im(n, x, image_shape, block_shape):
+    x = T(x)
+    image, block = [int(v) for v in C(image_shape).reshape(-1)], [int(v) for v in C(block_shape).reshape(-1)]
+    nd = len(image)
+    dil = n.a("dilations") or [1] * nd
+    strides = n.a("strides") or [1] * nd
+    pads = n.a("pads") or [0] * (2 * nd)
+    N, CK, _ = x.shape
+    ch = CK // int(np.prod(block))
+    padded = [image[d] + pads[d] + pads[d + nd] for d in range(nd)]
+    blocks = [(padded[d] - (dil[d] * (block[d] - 1) + 1)) // strides[d] + 1 for d in range(nd)]
+    cols = x.reshape(N, ch, *block, *blocks)
+    out = None
+    for offs in np.ndindex(*block):
+        part = cols[(slice(None), slice(None)) + tuple(offs)]  # (N, C, *blocks)
+        for d in range(nd):
+            part = _stuff(part, 2 + d, strides[d])
+        grouped = [(0, 0), (0, 0)]
+        for d in range(nd):
+            start = offs[d] * dil[d]
+            grouped.append((start, padded[d] - start - part.shape[2 + d]))
+        part = part.pad(tuple(grouped))
+        out = part if out is None else out + part
+    crop = tuple(slice(pads[d], pads[d] + image[d]) for d in range(nd))
+    return out[(slice(None), slice(None)) + crop]

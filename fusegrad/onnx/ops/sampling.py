@@ -92,6 +92,20 @@ def grid_sample(n, x, grid):
     return out.reshape(N, C, *out_shape).cast(x.dtype)
 
 
+def _spectrum(re: Tensor, im, L: int, inverse: bool, onesided: bool, acc) -> tuple[Tensor, Tensor]:
+    """The DFT of length L along the last axis, as matmuls with host-built cosine and sine tables."""
+    bins = L // 2 + 1 if onesided else L
+    ang = 2 * np.pi * np.outer(np.arange(L), np.arange(bins)) / L
+    cos = Tensor(np.cos(ang).astype(np.float64 if acc == dtypes.float64 else np.float32))
+    sin = Tensor(np.sin(ang).astype(np.float64 if acc == dtypes.float64 else np.float32))
+    sign = 1.0 if inverse else -1.0
+    out_re = re.matmul(cos) - (0 if im is None else im.matmul(sin)) * sign
+    out_im = re.matmul(sin) * sign + (0 if im is None else im.matmul(cos))
+    if inverse:
+        out_re, out_im = out_re / L, out_im / L
+    return out_re, out_im
+
+
 @op("DFT")
 def dft(n, x, length=None, axis_in=None):
     from fusegrad.onnx.registry import C
@@ -123,17 +137,31 @@ def dft(n, x, length=None, axis_in=None):
         pad = ((0, 0),) * (re.ndim - 1) + ((0, L - size),)
         re = re[..., :L] if size > L else re.pad(pad)
         im = None if im is None else (im[..., :L] if size > L else im.pad(pad))
-    bins = L // 2 + 1 if onesided else L
-    ang = 2 * np.pi * np.outer(np.arange(L), np.arange(bins)) / L
-    cos = Tensor(np.cos(ang).astype(np.float64 if acc == dtypes.float64 else np.float32))
-    sin = Tensor(np.sin(ang).astype(np.float64 if acc == dtypes.float64 else np.float32))
-    sign = 1.0 if inverse else -1.0
-    out_re = re.matmul(cos) - (0 if im is None else im.matmul(sin)) * sign
-    out_im = re.matmul(sin) * sign + (0 if im is None else im.matmul(cos))
-    if inverse:
-        out_re, out_im = out_re / L, out_im / L
+    out_re, out_im = _spectrum(re, im, L, inverse, onesided, acc)
     if axis != x.ndim - 2:
         out_re, out_im = out_re.transpose(axis, -1), out_im.transpose(axis, -1)
     if real_out:  # an inverse of a one-sided spectrum is a real signal
         return out_re.unsqueeze(-1).cast(x.dtype)
+    return out_re.unsqueeze(-1).cat(out_im.unsqueeze(-1), dim=-1).cast(x.dtype)
+
+
+@op("STFT")
+def stft(n, x, step, window=None, length=None):
+    from fusegrad.onnx.registry import C
+
+    x = T(x)
+    hop = int(C(step).reshape(-1)[0])
+    L = int(C(length).reshape(-1)[0]) if length is not None else T(window).shape[0]
+    acc = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+    frames = (x.shape[1] - L) // hop + 1
+    re = x[..., 0].cast(acc)
+    im = x[..., 1].cast(acc) if x.shape[-1] == 2 else None
+    re = re[:, 0:L].unsqueeze(1).cat(*[re[:, f * hop : f * hop + L].unsqueeze(1) for f in range(1, frames)], dim=1)
+    if im is not None:
+        im = im[:, 0:L].unsqueeze(1).cat(*[im[:, f * hop : f * hop + L].unsqueeze(1) for f in range(1, frames)], dim=1)
+    if window is not None:
+        w = T(window).cast(acc)
+        re, im = re * w, None if im is None else im * w
+    onesided = bool(n.a("onesided", 1)) and im is None
+    out_re, out_im = _spectrum(re, im, L, False, onesided, acc)
     return out_re.unsqueeze(-1).cat(out_im.unsqueeze(-1), dim=-1).cast(x.dtype)
