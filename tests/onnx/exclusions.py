@@ -31,7 +31,6 @@ EXCLUDED: dict[str, str] = {
     r"test_roialign_.*": NOT_YET + ": RoiAlign",
     r"test_maxunpool_export_with_output_shape": "known failure: MaxUnpool indices into an output_shape larger than "
     "the pooled input's are placed differently from the reference",
-    r"test_tensorscatter.*": NOT_YET + ": TensorScatter",
     r"test_linear_attention_.*(?<!_expanded)": NOT_YET + ": LinearAttention",
     r"test_flexattention.*(?<!_ver26)": NOT_YET + ": FlexAttention (ai.onnx.preview)",
     r"test_causal_conv_with_state_.*(?<!_expanded)": NOT_YET + ": CausalConvWithState",

@@ -159,3 +159,19 @@ def reverse_sequence(n, x, lens):
         src = src.T
     index = src.reshape([T_ if i == t_ax else B if i == b_ax else 1 for i in range(x.ndim)]).expand(x.shape)
     return x.gather(t_ax, index)
+
+
+@op("TensorScatter")
+def tensor_scatter(n, past, update, write=None):
+    past, update = T(past), T(update)
+    axis = axis_of(n.a("axis", -2), past.ndim, n)
+    B, size, length = past.shape[0], past.shape[axis], update.shape[axis]
+    w = T(write).cast(dtypes.int32).reshape(B, 1) if write is not None else Tensor.zeros(B, 1, dtype=dtypes.int32)
+    # invert the write: cache slot s holds update row s - w[b] (mod the cache length when circular), if in range
+    u = Tensor.arange(size, dtype=dtypes.int32).reshape(1, size) - w
+    if n.a("mode", "linear") == "circular":
+        u = u.mod(size)
+    hit = (u >= 0) & (u < length)
+    shape = [B if i == 0 else size if i == axis else 1 for i in range(past.ndim)]
+    u, hit = u.clip(0, length - 1).reshape(shape).expand(past.shape), hit.reshape(shape)
+    return hit.where(update.gather(axis, u), past)
