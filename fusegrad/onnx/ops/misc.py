@@ -87,10 +87,25 @@ def attention(n, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
             fill = False if m.dtype == dtypes.bool else -np.inf
             m = m.pad(((0, 0),) * (m.ndim - 1) + ((0, L - m.shape[-1]),), value=fill)
         bias = m.where(0.0, -np.inf) if m.dtype == dtypes.bool else m.cast(acc)
+    B = q.shape[0]
+    key = Tensor.arange(L).reshape(1, 1, 1, L)
+    # the absolute position of each query: after the past keys, or at the end of each sample's valid keys
+    if nonpad is not None:
+        valid = T(nonpad).cast(dtypes.int32).reshape(B, 1, 1, 1)
+        pos = Tensor.arange(S).reshape(1, 1, S, 1) + valid - S
+        keep = key < valid
+    else:
+        pos = Tensor.arange(S).reshape(1, 1, S, 1) + (T(past_k).shape[2] if past_k is not None else 0)
+        keep = None
+    left, right = n.a("left_window_size", -1), n.a("right_window_size", -1)
     if n.a("is_causal", 0):
-        past = T(past_k).shape[2] if past_k is not None else 0
-        causal = (Tensor.arange(L).reshape(1, L) <= Tensor.arange(S).reshape(S, 1) + past).where(0.0, -np.inf)
-        bias = causal if bias is None else bias + causal
+        right = 0
+    for ok in ((key <= pos + right) if right >= 0 else None, (key >= pos - left) if left >= 0 else None):
+        if ok is not None:
+            keep = ok if keep is None else keep & ok
+    if keep is not None:
+        allowed = keep.where(0.0, -np.inf)
+        bias = allowed if bias is None else bias + allowed
     masked = raw if bias is None else raw + bias
     cap = n.a("softcap", 0.0)
     # the softcap bounds the scores before the mask is added, so a -inf mask stays -inf
