@@ -1,0 +1,115 @@
+"""ONNX models on fusegrad against onnxruntime (2 threads): median latency per batch and kernels per run.
+
+python bench/bench_onnx.py [--runs N] [--models resnet50,squeezenet,...,bert]
+
+The models are ONNX's "light" copies of the classic vision nets (real architectures, small random weights) that ship
+inside the onnx package, each with its declared input shape filled with a fixed ramp, and a BERT-style encoder
+(transformers' BertModel, random weights, 4 layers of width 256, 128 tokens) exported with torch.onnx.export."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from fusegrad import GlobalCounters, Tensor, TinyJit
+from fusegrad.onnx import OnnxRunner
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+
+def _bert(folder: str) -> tuple[str, dict[str, np.ndarray]]:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "onnx"))
+    from bert_export import export_bert
+
+    path = os.path.join(folder, "bert.onnx")
+    export_bert(path, hidden=256, layers=4, seq=128)
+    ids = np.random.default_rng(0).integers(0, 1000, (1, 128)).astype(np.int64)
+    return path, {"input_ids": ids, "attention_mask": np.ones((1, 128), np.int64)}
+
+
+def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        shape = [d.dim_value or 1 for d in v.type.tensor_type.shape.dim]
+        feeds[v.name] = (np.arange(int(np.prod(shape))) / np.prod(shape)).astype(np.float32).reshape(shape)
+    return feeds
+
+
+def _median_ms(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        st = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - st)
+    return statistics.median(times) * 1e3
+
+
+def bench(name: str, runs: int, folder: str) -> None:
+    if name == "bert":
+        path, feeds = _bert(folder)
+        model = onnx.load(path)
+    else:
+        path = os.path.join(LIGHT, f"light_{name}.onnx")
+        model = onnx.load(path)
+        feeds = _feeds(model)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    runner = OnnxRunner(model)
+    names = list(feeds)
+
+    def fg():
+        return [t.numpy() for t in runner(feeds).values()]
+
+    # fixed input shapes: the runner's call replays under TinyJit (captured on the second call)
+    step = TinyJit(lambda *xs: [t.realize() for t in runner(dict(zip(names, xs))).values()])
+
+    def fg_jit():
+        return [t.numpy() for t in step(*[Tensor(v) for v in feeds.values()])]
+
+    ref, got = sess.run(None, feeds), fg()  # the first call compiles
+    err = max(float(np.abs(a - b).max()) for a, b in zip(ref, got))
+    GlobalCounters.reset()
+    fg()
+    kernels = GlobalCounters.kernel_count
+    for _ in range(3):
+        jit_out = fg_jit()
+    err_jit = max(float(np.abs(a - b).max()) for a, b in zip(ref, jit_out))
+    t_fg = _median_ms(fg, runs)
+    t_jit = _median_ms(fg_jit, runs)
+    t_ort = _median_ms(lambda: sess.run(None, feeds), runs)
+    print(
+        f"{name:14s} onnxruntime {t_ort:8.2f} ms | fusegrad {t_fg:9.2f} ms ({t_ort / t_fg:4.2f}x) | "
+        f"TinyJit {t_jit:9.2f} ms ({t_ort / t_jit:4.2f}x) | kernels {kernels:4d} | max|diff| {max(err, err_jit):.1e}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    names = sorted(f[len("light_") : -len(".onnx")] for f in os.listdir(LIGHT) if f.endswith(".onnx")) + ["bert"]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--models", default=",".join(names), help=f"comma-separated, from {names}")
+    args = ap.parse_args()
+    chosen = args.models.split(",")
+    for name in chosen:
+        if name not in names:
+            raise SystemExit(f"unknown model {name!r}; choose from {names}")
+    with tempfile.TemporaryDirectory() as folder:
+        for name in chosen:
+            bench(name, args.runs, folder)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The op table: each ONNX op is a function `fn(node, *inputs)`; `node` gives attributes and the opset version.
+Inputs are numpy arrays (constants known at load or call time), Tensors, or None for an omitted optional input."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from fusegrad import Tensor
+from fusegrad.dtype import DType, dtypes, from_numpy
+
+OPS: dict[tuple[str, str], Callable[..., Any]] = {}
+# ops that run on numpy when every input is a small constant, so Shape → arithmetic → Reshape folds to constants
+FOLD: dict[tuple[str, str], Callable[..., Any]] = {}
+FOLD_LIMIT = 4096
+
+
+def op(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for n in names:
+            OPS[(domain, n)] = fn
+        return fn
+
+    return deco
+
+
+def fold(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for n in names:
+            FOLD[(domain, n)] = fn
+        return fn
+
+    return deco
+
+
+class Node:
+    """One node while it runs: its attributes, the opset of its domain, and how many outputs it must give."""
+
+    def __init__(self, proto: Any, attrs: dict[str, Any], opset: int, runner: Any):
+        self.proto, self.attrs, self.opset, self.runner = proto, attrs, opset, runner
+        self.op_type, self.name = proto.op_type, proto.name or proto.op_type
+        self.num_outputs = len(proto.output)
+        self.env: dict[str, Any] = {}
+
+    def a(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+    def __repr__(self) -> str:
+        return f"node {self.name!r} ({self.op_type})"
+
+
+# numpy dtypes that Tensor() cannot take directly: widen to float32, build the Tensor, cast back
+_NP_SPECIAL = {
+    "bfloat16": dtypes.bfloat16,
+    "float8_e4m3fn": dtypes.fp8e4m3,
+    "float8_e5m2": dtypes.fp8e5m2,
+    "float8_e4m3fnuz": dtypes.fp8e4m3fnuz,
+    "float8_e5m2fnuz": dtypes.fp8e5m2fnuz,
+}
+
+
+def np_to_tensor(x: np.ndarray, device: str | None = None) -> Tensor:
+    if x.dtype.name in _NP_SPECIAL:
+        return Tensor(x.astype(np.float32), device=device).cast(_NP_SPECIAL[x.dtype.name])
+    return Tensor(np.array(x, copy=True, order="C"), device=device)
+
+
+def T(x: Any) -> Tensor:
+    """A value as a Tensor."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return np_to_tensor(x)
+    return Tensor(np.asarray(x))
+
+
+# host copies of Tensors whose values are known (graph inputs given as numpy), so reading them costs no realize
+HOST: dict[int, tuple[Tensor, np.ndarray]] = {}
+
+
+def C(x: Any) -> np.ndarray:
+    """A value as a numpy array (realizing a Tensor: for data that decides shapes, like Reshape's shape input)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if isinstance(x, Tensor):
+        hit = HOST.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        return x.numpy()
+    return np.asarray(x)
+
+
+def ints(x: Any) -> list[int]:
+    return [int(v) for v in C(x).reshape(-1)]
+
+
+def dtype_of(x: Any) -> DType:
+    if isinstance(x, Tensor):
+        return x.dtype
+    return _NP_SPECIAL[x.dtype.name] if x.dtype.name in _NP_SPECIAL else from_numpy(x.dtype)
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def axis_of(axis: int, ndim: int, node: Node) -> int:
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise ValueError(f"{node}: axis {axis} is out of range for rank {ndim}")
+    return axis % max(ndim, 1)
