@@ -399,6 +399,23 @@ class UOp(metaclass=UOpMeta):
         assert self.op is Ops.BIND, f"unbind needs a bound variable, got {self.op}"
         return self.src[0], self.src[1].arg
 
+    # ---- tinygrad's introspection names
+    @property
+    def base(self) -> UOp:
+        """The node under a chain of views (self when self is no view)."""
+        u = self
+        while u.op in _VIEW_OPS and u.src:
+            u = u.src[0]
+        return u
+
+    @property
+    def is_realized(self) -> bool:
+        """The value sits in device memory: a view of a BUFFER with storage, or a MULTI whose shards all are."""
+        b = self.base
+        if b.op is Ops.MULTI:
+            return all(s.is_realized for s in b.src)
+        return b.op is Ops.BUFFER and b.buffer is not None
+
     @property
     def expr(self) -> str:
         """A variable's name (bound or not); any other symbolic expression as text."""
