@@ -92,6 +92,12 @@ class ContextVar:
                 raise ValueError(f"context variable {self.key}={v!r} is not a valid int") from None
         return v
 
+    def tolist(self, obj: Any = None) -> list:
+        """A comma-separated value as its items, each looked up as an attribute of obj when given
+        (`EMULATED_DTYPES.tolist(dtypes)` -> [dtypes.half, ...]), as tinygrad's list-valued variables do."""
+        items = [x.strip() for x in str(self.value).split(",") if x.strip()]
+        return [getattr(obj, x) for x in items] if obj is not None else items
+
     def __bool__(self) -> bool:
         return bool(self.value)
 
@@ -175,13 +181,14 @@ JIT = ContextVar("JIT", 1)  # 0: TinyJit runs the function every call; 2: replay
 JITBEAM = ContextVar("JITBEAM", 0)  # BEAM width for kernels a TinyJit captures
 JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)  # most kernels one batched C call of a replay launches
 NO_MEMORY_PLANNER = ContextVar("NO_MEMORY_PLANNER", 0)  # 1: a captured step's intermediates keep their own memory
+# comma-separated dtypes that kernels hold as bits and convert in integer and float32 arithmetic (codegen/emulate.py)
+EMULATED_DTYPES = ContextVar("EMULATED_DTYPES", "")
 # API.md section 8 names these; they are accepted now and take effect when their feature lands (README's table)
 IMAGE = ContextVar("IMAGE", 0)
 FLOAT16 = ContextVar("FLOAT16", 0)
 WINO = ContextVar("WINO", 0)
 TC = ContextVar("TC", 1)
 ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
-EMULATED_DTYPES = ContextVar("EMULATED_DTYPES", "")
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
 CACHEDB = ContextVar("CACHEDB", "")
 VIZ = ContextVar("VIZ", 0)
