@@ -100,8 +100,13 @@ void probe(_Float16 *restrict out, const _Float16 *restrict a, const float *rest
   }
 }
 """
-# tried in order until the probe builds: the flags as they are, then without the extension the assembler refuses
-FLAG_FALLBACKS: tuple[tuple[str, ...], ...] = ((), ("-mno-avx512fp16",))
+# tried in order until the probe builds. Kernels compute narrow floats in float32 (codegen/decompose.py), so
+# AVX512-FP16 would only convert, which F16C does as well; with it gcc 12 drops the float -> half rounding of a
+# vectorized matmul's (float)(_Float16)acc, and Debian 12's assembler rejects its masked vmovsh. Without the option
+# (a compiler that does not know it, not x86): the flags as they are
+FLAG_FALLBACKS: tuple[tuple[str, ...], ...] = (("-mno-avx512fp16",), ())
+# added where the compiler takes it cleanly: gcc's default (fast) lets (float)(_Float16)x skip the rounding to half
+OPTIONAL_FLAGS = ("-fexcess-precision=standard",)
 _flag_cache = KernelCache("cpu-flags", ".txt")
 
 
@@ -126,16 +131,18 @@ def _probe_builds(cc: str, flags: tuple[str, ...]) -> bool:
 def compiler_flags(cc: str) -> tuple[str, ...]:
     """CFLAGS plus what this compiler and assembler need to build float16 kernels, probed once per machine and kept
     on disk under the compiler's identity (version, CPU, flags)."""
-    key = hashlib.sha256(("fp16-probe|" + _build_id(cc)).encode()).hexdigest()
+    tried = f"{OPTIONAL_FLAGS}|{FLAG_FALLBACKS}|{FP16_PROBE}"
+    key = hashlib.sha256(f"fp16-probe|{_build_id(cc)}|{tried}".encode()).hexdigest()
     if (path := _flag_cache.lookup(key)) is not None:
         with open(path) as f:
             return CFLAGS + tuple(f.read().split())
     try:
-        extra = next((e for e in FLAG_FALLBACKS if _probe_builds(cc, CFLAGS + e)), ())
+        base = CFLAGS + tuple(f for f in OPTIONAL_FLAGS if _probe_builds(cc, CFLAGS + (f,)))
+        extra = base[len(CFLAGS) :] + next((e for e in FLAG_FALLBACKS if _probe_builds(cc, base + e)), ())
     except CompileError:
         return CFLAGS  # a compiler past COMPILE_TIMEOUT: the kernel's own build then reports it, naming the kernel
     if DEBUG >= 1 and extra:
-        print(f"C compiler {cc} cannot build float16 kernels with {' '.join(CFLAGS)}: adding {' '.join(extra)}")
+        print(f"C compiler {cc}: adding {' '.join(extra)} to {' '.join(CFLAGS)} for float16 kernels")
     _flag_cache.store_if_writable(key, " ".join(extra).encode())
     return CFLAGS + extra
 
