@@ -74,10 +74,12 @@ def _max_grad(node: UOp, g: UOp) -> tuple[UOp, UOp]:
 
 def _pow_grad(node: UOp, g: UOp) -> tuple[UOp, UOp]:
     a, b = node.src
-    # d/da = b * a^(b-1); d/db = a^b * log(a), defined as 0 where a == 0 (like torch)
+    # d/da = b * a^(b-1); d/db = a^b * log(a), defined as 0 where a == 0 and b >= 0 (like torch: 0**-1 * log 0 = -inf)
     da = _alu(Ops.MUL, b, UOp(Ops.POW, a.dtype, (a, _alu(Ops.ADD, b, _full(b, -1)))))
     a_zero = _alu(Ops.CMPEQ, a, _full(a, 0))
-    db = UOp(Ops.WHERE, a.dtype, (a_zero, _full(a, 0), _alu(Ops.MUL, node, UOp(Ops.LOG, a.dtype, (a,)))))
+    b_neg = _alu(Ops.CMPLT, b, _full(b, 0))
+    zero_db = UOp(Ops.WHERE, dtypes.bool, (b_neg, _full(a_zero, False), a_zero))
+    db = UOp(Ops.WHERE, a.dtype, (zero_db, _full(a, 0), _alu(Ops.MUL, node, UOp(Ops.LOG, a.dtype, (a,)))))
     b_zero = _alu(Ops.CMPEQ, b, _full(b, 0))
     da = UOp(Ops.WHERE, a.dtype, (b_zero, _full(a, 0), da))
     return (_alu(Ops.MUL, g, da), _alu(Ops.MUL, g, db))

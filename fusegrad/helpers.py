@@ -92,6 +92,12 @@ class ContextVar:
                 raise ValueError(f"context variable {self.key}={v!r} is not a valid int") from None
         return v
 
+    def tolist(self, obj: Any = None) -> list:
+        """A comma-separated value as its items, each looked up as an attribute of obj when given
+        (`EMULATED_DTYPES.tolist(dtypes)` -> [dtypes.half, ...]), as tinygrad's list-valued variables do."""
+        items = [x.strip() for x in str(self.value).split(",") if x.strip()]
+        return [getattr(obj, x) for x in items] if obj is not None else items
+
     def __bool__(self) -> bool:
         return bool(self.value)
 
@@ -183,13 +189,14 @@ VIZ_PORT = ContextVar("VIZ_PORT", 8000)  # the VIZ page's port on 127.0.0.1 (the
 # fusegrad/distributed (docs/distributed.md)
 DIST_TIMEOUT = ContextVar("FUSEGRAD_DIST_TIMEOUT", 300.0)  # seconds a collective waits for every rank before it fails
 DIST_CHECK = ContextVar("FUSEGRAD_DIST_CHECK", 1)  # 0: eager collectives skip comparing ranks' shapes and dtypes
+# comma-separated dtypes that kernels hold as bits and convert in integer and float32 arithmetic (codegen/emulate.py)
+EMULATED_DTYPES = ContextVar("EMULATED_DTYPES", "")
 # tinygrad's names; accepted now, they take effect when their feature lands (docs/env_vars.md)
 IMAGE = ContextVar("IMAGE", 0)
 FLOAT16 = ContextVar("FLOAT16", 0)
 WINO = ContextVar("WINO", 0)
 TC = ContextVar("TC", 1)
 ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
-EMULATED_DTYPES = ContextVar("EMULATED_DTYPES", "")
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
 CACHEDB = ContextVar("CACHEDB", "")
 VALIDATE_WITH_CPU = ContextVar("VALIDATE_WITH_CPU", 0)

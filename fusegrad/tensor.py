@@ -62,6 +62,7 @@ class Tensor(
     no_grad: bool = False  # [compat] <= v0.10; nothing is recorded anyway, gradients are computed on request
     _seed: int = 0
     _rng_calls: int = 0
+    _lazy_sum: bool = False  # a .grad that backward built as old .grad + new gradient
 
     def __init__(
         self,
@@ -562,8 +563,8 @@ class Tensor(
         return [Tensor(grads[t.uop], device=t.device) if t.uop in grads else t.zeros_like() for t in targets]
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
-        """d self / d t into t.grad for every live float tensor t in self's graph; accumulated into an existing
-        t.grad when t.requires_grad is True (set explicitly or by an optimizer), replacing it otherwise."""
+        """d self / d t into t.grad for every live float tensor t in self's graph that did not set requires_grad=False;
+        added to an existing t.grad (tinygrad's gradient accumulation)."""
         nodes = self.uop.toposort()
         targets = list(
             {
@@ -576,13 +577,20 @@ class Tensor(
         )
         grads = compute_gradient(self.uop, self._seed_gradient(gradient), {t.uop for t in targets}, nodes)
         del nodes  # the graph's nodes: a list kept alive here would count as a holder of them in a realize below
+        targets = [t for t in targets if t.uop in grads]
+        # a lazy sum of sums would keep every earlier step's graph and buffers alive (the batch `x` of a loop nobody
+        # clears): an accumulated .grad still pending is realized before the next gradient is added to it
+        if pending := [
+            t.grad for t in targets if t.grad is not None and t.grad._lazy_sum and not t.grad.uop.is_realized
+        ]:
+            Tensor.realize(*pending)
         for t in targets:
-            if t.uop not in grads:
-                continue
             g = Tensor(grads[t.uop], device=t.device)
-            # only a tensor marked for training accumulates: a lazy sum on an input nobody clears (the batch `x` of a
-            # training loop) would keep every step's graph and buffers alive
-            t.grad = g if t.grad is None or t.requires_grad is not True else (t.grad + g)
+            if t.grad is None:
+                t.grad = g
+            else:
+                t.grad = t.grad + g
+                t.grad._lazy_sum = True
         return self
 
     # ------------------------------------------------------------------ training mode [compat]

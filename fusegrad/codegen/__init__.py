@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Callable
-from fusegrad.helpers import DEBUG, NOOPT, SPEC, prod
+from fusegrad.helpers import DEBUG, EMULATED_DTYPES, NOOPT, SPEC, prod
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import sym_str
 from fusegrad.uop.spec import check_graph, check_linear
@@ -14,6 +14,7 @@ from fusegrad.codegen.opt.heuristic import hand_coded_opts
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.decompose import decompose_for_device
 from fusegrad.codegen.accumulators import block_long_sums
+from fusegrad.codegen.emulate import emulate_dtypes, emulated_dtypes, emulated_param
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.dtype import dtypes
 
@@ -113,6 +114,11 @@ def _block_long_sums(s: CodegenState) -> None:
     s.kernel = block_long_sums(s.kernel)
 
 
+def _emulate_dtypes(s: CodegenState) -> None:
+    # after decompose and the float32 partials: what is left of a narrow float is its loads, stores and casts
+    s.kernel = emulate_dtypes(s.kernel, emulated_dtypes(EMULATED_DTYPES.value))
+
+
 def _linearize(s: CodegenState) -> None:
     # every buffer stays a parameter even when simplification removed its loads (x % 1 reads nothing); a variable,
     # simplified with its range until now, becomes the load of its parameter
@@ -120,7 +126,8 @@ def _linearize(s: CodegenState) -> None:
         u.arg: u.src[0].vmax for u in s.kernel.toposort() if u.op is Ops.RANGE and u.src[0].op is not Ops.CONST
     }
     kernel = graph_rewrite(s.kernel, pm_load_vars)
-    s.lin = linearize(kernel, params=[u for u in s.ast.toposort() if u.op is Ops.DEFINE_GLOBAL])
+    params = [emulated_param(u, emulated_dtypes(EMULATED_DTYPES.value)) for u in s.ast.toposort()]
+    s.lin = linearize(kernel, params=[u for u in params if u.op is Ops.DEFINE_GLOBAL])
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("lower_with_opts", _lower_with_opts, "lowered"),
     Stage("decompose", _decompose, "decomposed"),
     Stage("block_long_sums", _block_long_sums, "decomposed"),
+    Stage("emulate_dtypes", _emulate_dtypes, "decomposed"),
     Stage("linearize", _linearize, "linear"),
 )
 
@@ -156,8 +164,9 @@ def _show(stage: Stage, s: CodegenState) -> None:
 
 def lower_to_linear(ast: UOp, half_native: bool = True, opts: tuple[Opt, ...] | None = None) -> KernelInfo:
     """Runs STAGES in order: lower without opts -> choose opts (the heuristics, or none under NOOPT=1; or the given
-    ones) -> lower with them -> decompose -> block long sums -> linearize. DEBUG>=5 prints the graph after each stage,
-    DEBUG>=6 the instruction list; SPEC=1 checks each stage's output against its spec."""
+    ones) -> lower with them -> decompose -> block long sums -> emulate dtypes (EMULATED_DTYPES) -> linearize.
+    DEBUG>=5 prints the graph after each stage, DEBUG>=6 the instruction list; SPEC=1 checks each stage's output
+    against its spec."""
     state = CodegenState(ast, half_native, None if opts is None else tuple(opts))
     for stage in STAGES:
         stage.run(state)

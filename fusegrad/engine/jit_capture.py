@@ -226,7 +226,7 @@ def plan_memory(cap: CapturedJit, keep: set[Buffer], enabled: bool) -> None:
         and type(b) is Buffer
         and isinstance(Device[b.device].allocator, HostAllocator)
     ]
-    cap.planned_from = sum(b.nbytes for b in plan)
+    cap.planned_from, cap.intermediates = sum(b.nbytes for b in plan), plan
     if not enabled or not plan:
         cap.planned_to = cap.planned_from
         return
@@ -235,6 +235,7 @@ def plan_memory(cap: CapturedJit, keep: set[Buffer], enabled: bool) -> None:
         cap.planned_to = cap.planned_from
         return
     cap.arenas, cap.placement, cap.planned_to = arenas, placement, sum(a.nbytes for a in arenas)
+    cap.intermediates = [replacement[b] for b in plan]
     for la in cap.launches:
         la.buffers = [replacement.get(b, b) for b in la.buffers]
 

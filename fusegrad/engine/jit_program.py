@@ -22,6 +22,16 @@ class Launch:
     buffers: list[Buffer]
     ast: UOp | None = None  # what the runner was compiled from (a pickled capture compiles it again)
 
+    @property
+    def prg(self) -> Any:
+        """tinygrad's ExecItem name for the runner (None for a copy)."""
+        return self.runner
+
+    @property
+    def bufs(self) -> list[Buffer]:
+        """tinygrad's ExecItem name for the buffers."""
+        return self.buffers
+
 
 @dataclass
 class PythonStep:
@@ -71,10 +81,18 @@ class CapturedJit:
     _given: list[Buffer | None] = field(default_factory=list)  # the input buffers of the last call
     _copied: bool = False  # some input of the last call was a buffer the step writes, read from a fresh copy
     name: str = "step"  # the captured function's name (profiles show it)
+    intermediates: list[Buffer] = field(default_factory=list)  # what the step writes first and no tensor keeps
+    use_graphs: bool = True
+    ops: int = 0  # per replay, for GlobalCounters as an eager run counts them
+    mem: int = 0
+    _freed: bool = False  # free_intermediates ran: the next call allocates the intermediates again
 
     def build_steps(self, use_graphs: bool) -> None:
         from fusegrad.runtime.cpu_graph import CPUGraph, GraphEntry
 
+        self.use_graphs = use_graphs
+        self.ops = sum(la.runner.info.ops_estimate for la in self.launches if hasattr(la.runner, "info"))
+        self.mem = sum(b.nbytes for la in self.launches for b in la.buffers)
         index = {b: i for i, b in enumerate(self.input_buffers)}
         self.internal = {b for la in self.launches for b in la.buffers if b not in index}
         self.steps, batch = [], []
@@ -121,6 +139,34 @@ class CapturedJit:
         return restore_captured, (captured_state(self), any(isinstance(s, GraphStep) for s in self.steps))
 
     @property
+    def jit_cache(self) -> list[Launch]:
+        """The captured kernel calls in launch order, each with its runner (`prg`) and buffers (`bufs`)."""
+        return self.launches
+
+    def free_intermediates(self) -> None:
+        """Give back the memory of the step's intermediate buffers (planned arenas included); the next call allocates
+        it again. Inputs, outputs and the buffers of live tensors are untouched."""
+        fresh = {b: Buffer(b.device, b.size, b.dtype) for b in dict.fromkeys([*self.intermediates, *self.placement])}
+        for la in self.launches:
+            la.buffers = [fresh.get(b, b) for b in la.buffers]
+        self.placement = {fresh[b]: where for b, where in self.placement.items()}
+        self.intermediates = [fresh[b] for b in self.intermediates]
+        self.arenas = [Buffer(a.device, a.size, a.dtype) for a in self.arenas]
+        self.steps, self.internal, self._freed = [], set(), True  # batched tables hold the old addresses
+
+    def _allocate_intermediates(self) -> None:
+        for arena in self.arenas:
+            arena.ensure_allocated()
+        for b, (i, offset) in self.placement.items():
+            b.use_external(self.arenas[i].host_view()[offset : offset + b.nbytes])
+        for b in self.intermediates:
+            if b not in self.placement:
+                b.ensure_allocated()
+        last_vals = self._last_vals  # the Variable buffers the launches read now stay as they are
+        self.build_steps(self.use_graphs)
+        self._last_vals, self._freed = last_vals, False
+
+    @property
     def batches(self) -> int:
         return sum(isinstance(s, GraphStep) for s in self.steps)
 
@@ -128,6 +174,8 @@ class CapturedJit:
         """Run every launch with `inputs` in place of the capture's input buffers and the bound Variables' values
         `var_vals` (bound Variables) in place of the capture's (each is a one-element buffer a kernel reads); `timed`
         prints each launch's time (DEBUG=2)."""
+        if self._freed:
+            self._allocate_intermediates()
         if var_vals and var_vals != self._last_vals:
             for la, pos, var, graph, cell in self.var_slots:
                 if var in var_vals:
@@ -154,6 +202,8 @@ class CapturedJit:
                 else:
                     self._run_python_step(step)
         GlobalCounters.kernel_count += len(self.launches)
+        GlobalCounters.global_ops += self.ops
+        GlobalCounters.global_mem += self.mem
 
     def _bind_inputs(self, given: list[Buffer]) -> None:
         """Point the launches at this call's input buffers, rewriting only the graph table cells that change."""

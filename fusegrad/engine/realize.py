@@ -6,7 +6,7 @@ import threading
 import time
 from collections import OrderedDict
 from typing import Any
-from fusegrad.helpers import BEAM, DEBUG, NOOPT, SPEC, GlobalCounters, Hooks
+from fusegrad.helpers import BEAM, DEBUG, EMULATED_DTYPES, NOOPT, SPEC, GlobalCounters, Hooks
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
@@ -29,7 +29,7 @@ class Runner:
 
 # loaded programs, least recently used first; equal kernels with other constants share one (the scheduler lifts
 # constants into a parameter buffer), so the bound is only reached by that many genuinely different kernels
-_runners: OrderedDict[tuple[str, UOp, int, int], Runner] = OrderedDict()
+_runners: OrderedDict[tuple[str, UOp, int, int, str], Runner] = OrderedDict()
 MAX_LOADED_PROGRAMS = 1024
 # templates keep loaded programs (their launch memos): dropped at exit while the device modules can still unload them
 atexit.register(clear_schedule_cache)
@@ -40,9 +40,9 @@ capturing: list[Any] = []
 
 
 def get_runner(device: str, ast: UOp) -> Runner:
-    # NOOPT and BEAM change the program built from the same AST; NOOPT wins over BEAM
+    # NOOPT, BEAM and EMULATED_DTYPES change the program built from the same AST; NOOPT wins over BEAM
     noopt = int(NOOPT.value)
-    key = (device, ast, noopt, 0 if noopt else int(BEAM.value))
+    key = (device, ast, noopt, 0 if noopt else int(BEAM.value), EMULATED_DTYPES.value)
     if (r := _runners.get(key)) is not None:
         _runners.move_to_end(key)
         return r
@@ -147,7 +147,8 @@ def compile_schedule(items: list[ScheduleItem]) -> list[Runner | None]:
 
 class Prepared:
     """A schedule's runners (compile_schedule) with what every run of it adds to GlobalCounters: the same for every
-    schedule a template binds (same kernels, same buffer sizes), so a template's memo keeps one per NOOPT and BEAM."""
+    schedule a template binds (same kernels, same buffer sizes), so a template's memo keeps one per NOOPT, BEAM and
+    EMULATED_DTYPES."""
 
     __slots__ = ("runners", "kernels", "ops", "mem", "graph")
 
@@ -184,7 +185,7 @@ def prepared(items: list[ScheduleItem], memo: dict | None) -> Prepared:
     if memo is None:
         return Prepared(items)
     noopt = int(NOOPT.value)
-    key = (noopt, 0 if noopt else int(BEAM.value))
+    key = (noopt, 0 if noopt else int(BEAM.value), EMULATED_DTYPES.value)
     if (prep := memo.get(key)) is None:
         prep = memo[key] = Prepared(items)
     return prep

@@ -14,18 +14,18 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 class BufferTable:
     """BUFFER uop -> its storage; several uops (versions, after an assign) may share one Buffer. The Buffer is kept on
-    the node (its `buffer` slot): a weak-keyed table would build a weak reference per lookup and per entry, and every
+    the node (its `_buf` slot): a weak-keyed table would build a weak reference per lookup and per entry, and every
     realize makes and drops a few."""
 
     __slots__ = ()
 
     def __getitem__(self, u: UOp) -> Buffer:
-        if (buf := u.buffer) is None:
+        if (buf := u._buf) is None:
             raise KeyError(u)
         return buf
 
     def get(self, u: UOp, default: Buffer | None = None) -> Buffer | None:
-        buf = u.buffer
+        buf = u._buf
         return default if buf is None else buf
 
     def __setitem__(self, u: UOp, buf: Buffer) -> None:
@@ -34,7 +34,7 @@ class BufferTable:
         u.buffer = buf
 
     def __contains__(self, u: object) -> bool:
-        return getattr(u, "buffer", None) is not None
+        return getattr(u, "_buf", None) is not None
 
 
 buffer_of = BufferTable()

@@ -73,6 +73,15 @@ class KernelCache:
                 )
             return self._store_in(self.fallback, key, data)
 
+    def store_if_writable(self, key: str, data: bytes) -> bool:
+        """Store data under key in the cache directory; False (and no warning, no fallback) when it cannot be written:
+        for small records that are only worth keeping, not binaries."""
+        try:
+            self._store_in(self.home(), key, data)
+            return True
+        except OSError:
+            return False
+
     def _store_in(self, directory: str, key: str, data: bytes) -> str:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"{key}{self.suffix}")

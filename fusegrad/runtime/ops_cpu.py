@@ -88,13 +88,68 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.communicate()
 
 
+# a float16 kernel the vectorizer turns into masked half moves and converts: gcc emits AVX512-FP16 for it under
+# -march=native on Sapphire Rapids and later, which older assemblers (Debian 12's binutils) reject
+FP16_PROBE = """
+void probe(_Float16 *restrict out, const _Float16 *restrict a, const float *restrict b, unsigned char *restrict c,
+           int n) {
+  for (int i = 0; i < n; i++) {
+    _Float16 v = a[i] * (_Float16)b[i] + (_Float16)c[i];
+    out[i] = v > (_Float16)0 ? v : (_Float16)(b[i] * 0.5f);
+    c[i] = (unsigned char)((double)a[i] * 2.0);
+  }
+}
+"""
+# tried in order until the probe builds. Kernels compute narrow floats in float32 (codegen/decompose.py), so
+# AVX512-FP16 would only convert, which F16C does as well; with it gcc 12 drops the float -> half rounding of a
+# vectorized matmul's (float)(_Float16)acc, and Debian 12's assembler rejects its masked vmovsh. Without the option
+# (a compiler that does not know it, not x86): the flags as they are
+FLAG_FALLBACKS: tuple[tuple[str, ...], ...] = (("-mno-avx512fp16",), ())
+# added where the compiler takes it cleanly: gcc's default (fast) lets (float)(_Float16)x skip the rounding to half
+OPTIONAL_FLAGS = ("-fexcess-precision=standard",)
+_flag_cache = KernelCache("cpu-flags", ".txt")
+
+
 @functools.cache
-def compiler_identity(cc: str) -> str:
+def _build_id(cc: str) -> str:
     version = run_compiler([cc, "--version"], "", "reporting its version").stdout.splitlines()[:1]
     cpu = ""
     if os.path.exists("/proc/cpuinfo"):
         cpu = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
     return f"{cc}|{version}|{platform.machine()}|{cpu}|{' '.join(CFLAGS)}"
+
+
+def _probe_builds(cc: str, flags: tuple[str, ...]) -> bool:
+    """The probe builds cleanly with flags; a compiler that hangs on it raises (the caller decides nothing then)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "probe.so")
+        proc = run_compiler([cc, *flags, "-x", "c", "-", "-o", out], FP16_PROBE, "building the float16 probe")
+        return proc.returncode == 0 and not proc.stderr.strip() and os.path.exists(out)
+
+
+@functools.cache
+def compiler_flags(cc: str) -> tuple[str, ...]:
+    """CFLAGS plus what this compiler and assembler need to build float16 kernels, probed once per machine and kept
+    on disk under the compiler's identity (version, CPU, flags)."""
+    tried = f"{OPTIONAL_FLAGS}|{FLAG_FALLBACKS}|{FP16_PROBE}"
+    key = hashlib.sha256(f"fp16-probe|{_build_id(cc)}|{tried}".encode()).hexdigest()
+    if (path := _flag_cache.lookup(key)) is not None:
+        with open(path) as f:
+            return CFLAGS + tuple(f.read().split())
+    try:
+        base = CFLAGS + tuple(f for f in OPTIONAL_FLAGS if _probe_builds(cc, CFLAGS + (f,)))
+        extra = base[len(CFLAGS) :] + next((e for e in FLAG_FALLBACKS if _probe_builds(cc, base + e)), ())
+    except CompileError:
+        return CFLAGS  # a compiler past COMPILE_TIMEOUT: the kernel's own build then reports it, naming the kernel
+    if DEBUG >= 1 and extra:
+        print(f"C compiler {cc}: adding {' '.join(extra)} to {' '.join(CFLAGS)} for float16 kernels")
+    _flag_cache.store_if_writable(key, " ".join(extra).encode())
+    return CFLAGS + extra
+
+
+@functools.cache
+def compiler_identity(cc: str) -> str:
+    return f"{_build_id(cc)}|{' '.join(compiler_flags(cc))}"
 
 
 class ClangCompiler:
@@ -111,7 +166,9 @@ class ClangCompiler:
             return path
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "kernel.so")
-            proc = run_compiler([cc, *CFLAGS, "-x", "c", "-", "-o", out, "-lm"], src, f"compiling kernel {name}")
+            proc = run_compiler(
+                [cc, *compiler_flags(cc), "-x", "c", "-", "-o", out, "-lm"], src, f"compiling kernel {name}"
+            )
             if proc.returncode != 0 or proc.stderr.strip():
                 numbered = "\n".join(f"{i + 1:4d} {ln}" for i, ln in enumerate(src.splitlines()))
                 raise CompileError(

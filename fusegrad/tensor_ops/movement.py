@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fusegrad.dtype import dtypes, least_upper_dtype
 from fusegrad.helpers import argfix, prod
 from fusegrad.tensor_ops.pydata import check_py_values, py_scalar
-from fusegrad.tensor_ops.shapes import as_index, check_shape, check_sym, is_index, pad_pairs
+from fusegrad.tensor_ops.shapes import ShapeError, as_index, check_shape, check_sym, is_index, pad_pairs
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import bound_value, canonical, shape_str, smax, smin, sprod, ssub, sym_str
 
@@ -314,7 +314,7 @@ class MovementMixin:
             tensors = [t for t in tensors if t.shape != (0,)]  # legacy torch: skipped
         first = tensors[0]
         if first.ndim == 0:
-            raise RuntimeError("zero-dimensional tensors cannot be concatenated")
+            raise ShapeError("zero-dimensional tensors cannot be concatenated")
         d = first._axis(dim)
         for i, t in enumerate(tensors):
             if t.device != first.device:
@@ -379,9 +379,9 @@ class MovementMixin:
             raise TypeError(f"repeat {reps} must contain ints")
         reps = tuple(int(r) for r in reps)
         if len(reps) < self.ndim:
-            raise RuntimeError(f"repeat {reps} has fewer dims than the tensor's shape {self.shape}")
+            raise ShapeError(f"repeat {reps} has fewer dims than the tensor's shape {self.shape}")
         if any(r < 0 for r in reps):
-            raise RuntimeError(f"repeat {reps} has a negative count")
+            raise ShapeError(f"repeat {reps} has a negative count")
         base = (1,) * (len(reps) - self.ndim) + self.shape
         t = self.reshape(tuple(v for s in base for v in (1, s)))
         return t.expand(tuple(v for r, s in zip(reps, base) for v in (r, s))).reshape(

@@ -42,9 +42,16 @@ def check_sym(name: str, x: UOp) -> Any:
     return canonical(x)
 
 
+class ShapeError(ValueError, RuntimeError):
+    """Sizes or arguments of the right type that do not fit together: a ValueError as tinygrad raises, and a
+    RuntimeError as torch raises for the same calls."""
+
+
 def check_shape(shape: tuple) -> tuple[Any, ...]:
     shape = tuple(check_sym(f"shape {tuple(sym_str(d) for d in shape)}", d) if isinstance(d, UOp) else d for d in shape)
     for d in shape:
+        if isinstance(d, (tuple, list)) and len(shape) > 1:  # alone it is a wrong type (torch's TypeError, below)
+            raise ShapeError(f"shape {shape}: a size tuple is the only argument or none is, got {d!r} among sizes")
         if not is_size(d):
             raise TypeError(f"shape {shape} must contain ints, got {d!r}")
         if bound_value(d) < 0:

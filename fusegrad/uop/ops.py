@@ -147,7 +147,7 @@ class UOpMeta(type):
         ret = object.__new__(cls)
         ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
         ret._readers = [] if op is _BUFFER or op in _VIEW_OPS and src and src[0]._readers is not None else None
-        ret.holders = ret.realized_ref = ret.buffer = None
+        ret.holders = ret.realized_ref = ret._buf = None
         if op is _RESHAPE or op is _EXPAND:  # the shape is the arg: known now, where asking later costs an exception
             ret._shape = tuple(arg)
         # a dead entry under this key (its sources' ids reused, its callback not yet run) is replaced
@@ -216,7 +216,7 @@ class UOp(metaclass=UOpMeta):
         "_readers",
         "holders",
         "realized_ref",
-        "buffer",
+        "_buf",
     )
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
@@ -233,7 +233,7 @@ class UOp(metaclass=UOpMeta):
         # (schedule.record_realized), kept on the node so that it dies with it and every walk reads it without a lookup
         self.realized_ref: UOp | weakref.ref[UOp] | None = None
         # a BUFFER node's storage (runtime.buffers.buffer_of reads and sets it): on the node, so it dies with it
-        self.buffer: Any = None
+        self._buf: Any = None
 
     def add_reader(self, u: UOp) -> None:
         readers = self._readers
@@ -398,6 +398,42 @@ class UOp(metaclass=UOpMeta):
         """(variable, value) of a bound variable."""
         assert self.op is Ops.BIND, f"unbind needs a bound variable, got {self.op}"
         return self.src[0], self.src[1].arg
+
+    # ---- tinygrad's introspection names
+    @property
+    def base(self) -> UOp:
+        """The node under a chain of views (self when self is no view)."""
+        u = self
+        while u.op in _VIEW_OPS and u.src:
+            u = u.src[0]
+        return u
+
+    @property
+    def buffer(self) -> Any:
+        """The storage under this node: a BUFFER's, or its base BUFFER's for a view (None while there is none)."""
+        if self.op is Ops.BUFFER:
+            return self._buf
+        b = self.base
+        return b._buf if b.op is Ops.BUFFER else None
+
+    @buffer.setter
+    def buffer(self, buf: Any) -> None:
+        self._buf = buf
+
+    @staticmethod
+    def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.weakint) -> UOp:
+        """A symbolic integer in [min_val, max_val] (what Variable builds); .bind(value) gives it a value."""
+        from fusegrad.uop.sint import Variable
+
+        return Variable(name, min_val, max_val, dtype)
+
+    @property
+    def is_realized(self) -> bool:
+        """The value sits in device memory: a view of a BUFFER with storage, or a MULTI whose shards all are."""
+        b = self.base
+        if b.op is Ops.MULTI:
+            return all(s.is_realized for s in b.src)
+        return b.op is Ops.BUFFER and b._buf is not None
 
     @property
     def expr(self) -> str:

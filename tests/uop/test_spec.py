@@ -164,7 +164,15 @@ def _ast():
 
 def test_stage_list_is_what_lower_to_linear_runs(monkeypatch):
     names = [s.name for s in STAGES]
-    assert names == ["lower", "choose_opts", "lower_with_opts", "decompose", "block_long_sums", "linearize"]
+    assert names == [
+        "lower",
+        "choose_opts",
+        "lower_with_opts",
+        "decompose",
+        "block_long_sums",
+        "emulate_dtypes",
+        "linearize",
+    ]
     ran = []
     import fusegrad.codegen as codegen
 

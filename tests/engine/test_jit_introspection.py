@@ -1,0 +1,86 @@
+"""tinygrad's public introspection below Tensor: UOp.variable, uop.base / is_realized / buffer, TinyJit's
+captured.jit_cache and free_intermediates, and GlobalCounters advanced by replays as by eager runs."""
+
+import gc
+
+import numpy as np
+
+from fusegrad import GlobalCounters, Tensor, TinyJit
+from fusegrad.uop.ops import Ops, UOp
+
+rng = np.random.default_rng(0)
+
+
+def test_uop_variable_builds_a_bindable_variable():
+    v = UOp.variable("n", 1, 10)
+    assert v.op is Ops.DEFINE_VAR and (v.vmin, v.vmax) == (1, 10)
+    t = Tensor.arange(10)[: v.bind(4)]
+    assert t.shape[0].unbind()[1] == 4 and t.sum().item() == 6
+    assert UOp.variable("n", 1, 10) is v  # the same name and range: the same node, as Variable gives
+
+
+def test_uop_base_is_realized_and_buffer():
+    a = Tensor(np.arange(6, dtype=np.float32)).reshape(2, 3)
+    assert a.uop.base.op is Ops.BUFFER and a.uop.base is a.uop.src[0]
+    lazy = a + 1
+    assert not lazy.uop.is_realized and lazy.uop.base is lazy.uop
+    lazy.realize()
+    assert lazy.uop.is_realized and lazy.uop.buffer.size == 6
+    np.testing.assert_array_equal(lazy.uop.buffer.numpy().reshape(2, 3), a.numpy() + 1)
+    assert a.uop.buffer is a.uop.base.buffer
+    view = lazy.permute(1, 0)  # a view of realized storage: realized, with the storage's buffer
+    assert view.uop.is_realized and view.uop.buffer is lazy.uop.buffer
+
+
+def _step_and_weights():
+    w1, w2 = (
+        Tensor(rng.standard_normal((32, 64), dtype=np.float32)),
+        Tensor(rng.standard_normal((64, 8), dtype=np.float32)),
+    )
+
+    @TinyJit
+    def step(x):
+        return ((x @ w1).relu() @ w2).relu().sum(axis=1).realize()
+
+    return step, w1.numpy(), w2.numpy()
+
+
+def _ref(x, w1, w2):
+    return np.maximum(np.maximum(x @ w1, 0) @ w2, 0).sum(axis=1)
+
+
+def test_jit_cache_lists_the_captured_calls_with_program_and_buffers():
+    step, w1, w2 = _step_and_weights()
+    xs = [rng.standard_normal((16, 32), dtype=np.float32) for _ in range(3)]
+    for x in xs:
+        step(Tensor(x))
+    cache = step.captured.jit_cache
+    assert len(cache) >= 2  # at least the two matmuls
+    assert all(ei.prg is not None and ei.prg.program is not None for ei in cache if ei.prg is not None)
+    assert all(len(ei.bufs) >= 2 and all(b.size > 0 for b in ei.bufs) for ei in cache)
+    # replays advance the counters by what the step launches, as eager runs do
+    before = (GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem)
+    out = step(Tensor(xs[0]))
+    assert GlobalCounters.kernel_count - before[0] == len(cache)
+    ops = sum(ei.prg.info.ops_estimate for ei in cache if ei.prg is not None)
+    assert ops > 0 and GlobalCounters.global_ops - before[1] == ops
+    assert GlobalCounters.global_mem - before[2] == sum(b.nbytes for ei in cache for b in ei.bufs)
+    np.testing.assert_allclose(out.numpy(), _ref(xs[0], w1, w2), rtol=1e-4, atol=1e-3)
+
+
+def test_free_intermediates_drops_memory_and_the_next_replay_allocates_it_again():
+    step, w1, w2 = _step_and_weights()
+    xs = [rng.standard_normal((16, 32), dtype=np.float32) for _ in range(4)]
+    outs = [step(Tensor(x)).numpy() for x in xs[:3]]
+    gc.collect()
+    before = GlobalCounters.mem_used
+    step.captured.free_intermediates()
+    gc.collect()
+    freed = before - GlobalCounters.mem_used
+    assert freed >= 16 * 64 * 4  # the hidden activation at least
+    out = step(Tensor(xs[3])).numpy()
+    gc.collect()
+    assert GlobalCounters.mem_used >= before - 16 * 4 * 2  # allocated again (less this call's own input and output)
+    for x, o in zip(xs, outs + [out]):
+        np.testing.assert_allclose(o, _ref(x, w1, w2), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(step(Tensor(xs[0])).numpy(), outs[0], rtol=1e-6)
