@@ -115,15 +115,13 @@ class SimGPU:
     def emu(self):
         """The wave emulator (numpy), made on the first dispatch so the driver layer itself needs only the stdlib."""
         if self._emu is None:
-            import numpy as np
-
             from .emu import Emulator
 
             self._emu = Emulator(
                 lambda va: self._walk("GC", va),
                 lambda va, n: self.mem_read("GC", va, n),
                 lambda va, data: self.mem_write("GC", va, data),
-                np.frombuffer(self.fn.vram, np.uint8),
+                self.fn.vram,
             )
         return self._emu
 

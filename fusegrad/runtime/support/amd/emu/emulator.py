@@ -19,10 +19,10 @@ class EmulatorError(Exception):
 
 
 class Emulator:
-    def __init__(self, walk, read, write, vram: np.ndarray):
+    def __init__(self, walk, read, write, vram):
         self.m = Machine()
         self.read = read
-        self.mem = VMemory(vram, walk, read, write)
+        self.mem = VMemory(np.frombuffer(vram, np.uint8), walk, read, write)
         self.programs: dict[int, tuple[dict[int, bytes], Program]] = {}
         self.instructions = 0  # executed, over all dispatches (for the speed bench)
         self.lane_instructions = 0
@@ -63,6 +63,7 @@ class Emulator:
         prog = self._program(entry)
         start = time.perf_counter()
         try:
+            prog.inst_at(0)  # the first instruction fetch: unmapped code faults here, before any wave starts
             with np.errstate(all="ignore"):
                 steps = run_dispatch(self.m, prog, rsrc2, user_data, groups, block)
         except (Unimplemented, DecodeError, DispatchError) as e:

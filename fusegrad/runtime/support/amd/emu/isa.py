@@ -130,7 +130,7 @@ VOP3_ONLY = {
         "v_readlane_b32 v_writelane_b32 v_bcnt_u32_b32 v_mbcnt_lo_u32_b32 v_mbcnt_hi_u32_b32 - v_lshlrev_b64 "
         "v_lshrrev_b64 v_ashrrev_i64 v_trig_preop_f64 v_bfm_b32 v_cvt_pknorm_i16_f32 v_cvt_pknorm_u16_f32 "
         "v_cvt_pkrtz_f16_f32 v_cvt_pk_u16_u32 v_cvt_pk_i16_i32 v_cvt_pknorm_i16_f16 v_cvt_pknorm_u16_f16 - "
-        "v_add_i32 v_sub_i32 v_add_i16 v_sub_i16 v_pack_b32_f16",
+        "v_add_i32 v_sub_i32 v_add_i16 v_sub_i16 v_pack_b32_f16 v_mul_legacy_f32",
     ),
 }
 # VOP3 opcodes whose encoding has an SGPR-pair destination in bits 14:8 (the "VOP3b" form)

@@ -244,13 +244,11 @@ def _lane_mask(m: Machine, ops: Operands, carry_index: int):
 
 
 def _cndmask(m, inst, ops, nxt):
-    ty = "u32"
+    ty = "f32" if ops.vop3 and (ops.abs or ops.neg) else "u32"  # float modifiers on a select
     a, b = ops.src(0, ty), ops.src(1, ty)
-    if ops.vop3 and (ops.abs or ops.neg):  # float modifiers on a select
-        a, b = ops.src(0, "f32"), ops.src(1, "f32")
     ga = a if callable(a) else (lambda a=a: a)
     gb = b if callable(b) else (lambda b=b: b)
-    cond, write = _lane_mask(m, ops, 2), ops.out("f32" if ops.vop3 and (ops.abs or ops.neg) else ty)
+    cond, write = _lane_mask(m, ops, 2), ops.out(ty)
 
     def run():
         write(np.where(cond(), gb(), ga()))
