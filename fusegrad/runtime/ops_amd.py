@@ -227,6 +227,7 @@ class AmdDevice:
         self.arch = pick_target(AMD_ARCH.value)
         self.allocator = AmdAllocator(self.gpu, self.lock)
         self.renderer, self.compiler = AMDGPURenderer(), None
+        self.built: list[AmdProgram] = []  # every program compiled, in order (the decoder tests read their code)
         atexit.register(self.close)  # teardown takes a short access window; the PF should not have to time it out
 
     def close(self) -> None:
@@ -239,7 +240,9 @@ class AmdDevice:
                 self.pci.close()
 
     def build(self, info: Any) -> AmdProgram:
-        return AmdProgram(self, info)
+        prog = AmdProgram(self, info)
+        self.built.append(prog)
+        return prog
 
     def synchronize(self) -> None:
         pass  # every submission waits for its signal

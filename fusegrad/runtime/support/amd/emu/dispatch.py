@@ -104,10 +104,11 @@ def _run_group(m: Machine, program: Program, states: list[WaveState]) -> int:
 
 def _run_wave(m: Machine, program: Program, pc: int) -> tuple[int, int]:
     table, compile_at = program.table, program.compile
-    steps = 0
+    steps = last = 0
     while pc >= 0:
-        fn = table.get(pc)
-        if fn is None:
+        try:
+            fn = table[pc]
+        except KeyError:
             fn = compile_at(pc)
         last = pc
         pc = fn()

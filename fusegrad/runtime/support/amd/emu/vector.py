@@ -199,6 +199,9 @@ def compile_valu(m: Machine, inst, nxt: int):
         srcs = [ops.src(0, "f32"), ops.src(1, "f32"), m.source(255, "f32", inst.literal)]
     else:
         srcs = [ops.src(i, t) for i, t in enumerate(stys)]
+    fast = _ufunc_into(m, fn, srcs, ops, dty, nxt)
+    if fast is not None:
+        return fast
     compute, write = _call(fn, srcs), ops.out(dty)
 
     def run():
@@ -206,6 +209,39 @@ def compile_valu(m: Machine, inst, nxt: int):
         return nxt
 
     return run
+
+
+def _ufunc_into(m: Machine, fn, srcs, ops: Operands, dty: str, nxt: int):
+    """The fast path of a plain numpy ufunc on register/constant operands: computed straight into the destination
+    when every lane is on."""
+    if not isinstance(fn, np.ufunc) or ops.sdwa or ops.clamp or dty in HALF or ops.opsel:
+        return None
+    if not all(isinstance(s, np.ndarray) and s.dtype == NP[dty] for s in srcs):
+        return None
+    view = m.vview(ops.vdst, dty)
+    if len(srcs) == 1:
+        (a,) = srcs
+
+        def run1():
+            if m.exec_full:
+                fn(a, out=view)
+            else:
+                np.copyto(view, fn(a), where=m.exec_mask)
+            return nxt
+
+        return run1
+    if len(srcs) != 2:
+        return None
+    a, b = srcs
+
+    def run2():
+        if m.exec_full:
+            fn(a, b, out=view)
+        else:
+            np.copyto(view, fn(a, b), where=m.exec_mask)
+        return nxt
+
+    return run2
 
 
 def _compile_cmp(m: Machine, inst, ops: Operands, nxt: int):
