@@ -65,10 +65,14 @@ def main() -> None:
     p.add_argument("--kernel-elements", type=int, default=4096)
     a = p.parse_args()
     rate, steps = bench_loop(a.iters, a.repeats)
-    print(f"loop, 64 lanes on: {steps} instructions per run, median {rate / 1e6:.1f} M lane-instructions/s "
-          f"({rate / 64 / 1e6:.2f} M instructions/s)")
+    print(
+        f"loop, 64 lanes on: {steps} instructions per run, median {rate / 1e6:.1f} M lane-instructions/s "
+        f"({rate / 64 / 1e6:.2f} M instructions/s)"
+    )
     inst_rate, _ = bench_kernel(a.kernel_elements)
-    print(f"DEV=AMD kernel (exp(3x+1), {a.kernel_elements} elements, 1 work-item): {inst_rate / 1e6:.2f} M instructions/s")
+    print(
+        f"DEV=AMD kernel (exp(3x+1), {a.kernel_elements} elements, 1 work-item): {inst_rate / 1e6:.2f} M instructions/s"
+    )
 
 
 if __name__ == "__main__":

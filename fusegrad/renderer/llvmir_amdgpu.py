@@ -52,7 +52,10 @@ def _pow_helpers(ir: str) -> str:
         return ir
     body = ir
     for s in kinds:
-        body = body.replace(f"call {'half' if s == 'f16' else 'float'} @llvm.pow.{s}(", f"call {'half' if s == 'f16' else 'float'} @fg_pow_{s}(")
+        body = body.replace(
+            f"call {'half' if s == 'f16' else 'float'} @llvm.pow.{s}(",
+            f"call {'half' if s == 'f16' else 'float'} @fg_pow_{s}(",
+        )
     out = [body]
     for s in kinds:
         t = "half" if s == "f16" else "float"

@@ -211,7 +211,9 @@ class AmdProgram:
             gpu.run_compute(packets)
         except GPUFault as e:
             sim = getattr(self.device.pci, "sim", None)
-            detail = f"; the simulator reports: {sim.gpu.dispatch_errors[-1]}" if sim and sim.gpu.dispatch_errors else ""
+            detail = (
+                f"; the simulator reports: {sim.gpu.dispatch_errors[-1]}" if sim and sim.gpu.dispatch_errors else ""
+            )
             if sim:
                 sim.gpu.dispatch_errors.clear()
             gpu.reset_compute_queue()

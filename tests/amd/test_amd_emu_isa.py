@@ -133,7 +133,11 @@ def test_global_loads_and_stores_with_64_bit_and_scalar_base_addresses():
     m, _ = run_wave(
         prog,
         sgprs={6: 0x3000 + 16, 7: 0},
-        vgprs={0: (addr & np.uint64(0xFFFFFFFF)).astype(np.uint32), 1: (addr >> np.uint64(32)).astype(np.uint32), 4: 4 * LANES},
+        vgprs={
+            0: (addr & np.uint64(0xFFFFFFFF)).astype(np.uint32),
+            1: (addr >> np.uint64(32)).astype(np.uint32),
+            4: 4 * LANES,
+        },
         memory=mem,
     )
     out = mem.data[0x3000 : 0x3000 + 256].view(np.float32)
@@ -178,7 +182,9 @@ def test_float_conversions_round_and_clamp_like_the_isa():
     m, _ = run_wave(code(vop1(10, 1, V + 0), vop1(8, 2, V + 0), vop1(7, 3, V + 0), vop1(30, 4, V + 0)), vgprs={0: x})
     half = m.V[:, 1].astype(np.uint16).view(np.float16)
     with np.errstate(over="ignore"):
-        np.testing.assert_array_equal(half, x.astype(np.float16))  # round to nearest even, denormals and overflow to inf
+        np.testing.assert_array_equal(
+            half, x.astype(np.float16)
+        )  # round to nearest even, denormals and overflow to inf
     assert (m.V[:, 1] >> 16 == 0).all()  # a 16-bit result zeroes the high half
     with np.errstate(invalid="ignore"):
         want_i = np.clip(np.nan_to_num(x.astype(np.float64), nan=0), -(2**31), 2**31 - 1)
@@ -187,7 +193,9 @@ def test_float_conversions_round_and_clamp_like_the_isa():
     np.testing.assert_array_equal(m.V[:, 3], np.trunc(want_u).astype(np.uint32))
     np.testing.assert_array_equal(m.V[:, 4].view(np.float32), np.rint(x))  # v_rndne: ties to even (2.5 -> 2)
     m, _ = run_wave(code(vop1(11, 1, V + 0)), vgprs={0: np.arange(64, dtype=np.uint16).view(np.uint16)})
-    np.testing.assert_array_equal(m.V[:, 1].view(np.float32), np.arange(64, dtype=np.uint16).view(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(
+        m.V[:, 1].view(np.float32), np.arange(64, dtype=np.uint16).view(np.float16).astype(np.float32)
+    )
 
 
 def test_sdwa_selects_the_high_word_of_each_operand():

@@ -487,7 +487,7 @@ class SimGPU:
             try:
                 self.emu.run(entry, name, g("COMPUTE_PGM_RSRC2"), user, d.grid, d.block)
             except SimFault as e:  # a VM fault inside the kernel: the IH entry is posted; say which kernel
-                fault = SimFault(f"kernel {name}: {e}")
+                fault = SimFault(f"kernel {name}: {e} ({self.emu.where(entry)})")
                 fault.posted = e.posted
                 self.dispatch_errors.append(str(fault))
                 raise fault from e

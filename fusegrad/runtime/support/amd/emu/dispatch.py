@@ -111,7 +111,11 @@ def _run_wave(m: Machine, program: Program, pc: int) -> tuple[int, int]:
         except KeyError:
             fn = compile_at(pc)
         last = pc
-        pc = fn()
+        try:
+            pc = fn()
+        except Exception:
+            program.fault_pc = last  # where the wave stopped, for the dispatch's error message
+            raise
         steps += 1
         if steps > MAX_STEPS:
             raise DispatchError(f"a wave ran {MAX_STEPS} instructions without ending (last at offset {last:#x})")

@@ -59,8 +59,13 @@ class Emulator:
         self.programs[entry] = (pages, prog)
         return prog
 
+    def where(self, entry: int) -> str:
+        cached = self.programs.get(entry)
+        return cached[1].where() if cached else "before the first instruction"
+
     def run(self, entry: int, name: str, rsrc2: int, user_data: list[int], groups, block) -> None:
         prog = self._program(entry)
+        prog.fault_pc = None
         start = time.perf_counter()
         try:
             prog.inst_at(0)  # the first instruction fetch: unmapped code faults here, before any wave starts

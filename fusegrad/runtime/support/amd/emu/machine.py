@@ -49,7 +49,9 @@ def inline_constant(code: int, ty: str, literal: int | None) -> int:
         kind = {16: "f16", 32: "f32", 64: "f64"}[width]
         if ty not in FLOATS:  # a float inline constant used as an integer operand is the float32 bit pattern
             kind = "f32" if width != 16 else "f16"
-        return int(np.array(_INLINE_F[code], NP[kind]).view({"f16": np.uint16, "f32": np.uint32, "f64": np.uint64}[kind]))
+        return int(
+            np.array(_INLINE_F[code], NP[kind]).view({"f16": np.uint16, "f32": np.uint32, "f64": np.uint64}[kind])
+        )
     if code == 248:
         return INV_2PI["f64" if width == 64 and ty in FLOATS else "f16" if width == 16 else "f32"]
     if code == LITERAL:

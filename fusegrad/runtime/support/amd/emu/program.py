@@ -282,6 +282,13 @@ class Program:
         self.m, self.fetch, self.mem, self.mem_read = m, fetch, mem, mem_read
         self.table: dict[int, object] = {}
         self.insts: dict[int, Inst] = {}
+        self.fault_pc: int | None = None
+
+    def where(self) -> str:
+        """The instruction the last fault stopped at, for error messages."""
+        if self.fault_pc is None or self.fault_pc not in self.insts:
+            return "before the first instruction"
+        return f"{self.insts[self.fault_pc].mnemonic} at offset {self.fault_pc:#x}"
 
     def inst_at(self, pc: int) -> Inst:
         if pc not in self.insts:
@@ -320,7 +327,9 @@ class Program:
 class Unimplemented(Exception):
     def __init__(self, inst: Inst, pc: int, why: str):
         self.inst, self.pc = inst, pc
-        super().__init__(f"unimplemented instruction {inst.mnemonic} ({inst.fmt} opcode {inst.op:#x}) at offset {pc:#x}: {why}")
+        super().__init__(
+            f"unimplemented instruction {inst.mnemonic} ({inst.fmt} opcode {inst.op:#x}) at offset {pc:#x}: {why}"
+        )
 
 
 def lanes_of(m: Machine) -> np.ndarray:

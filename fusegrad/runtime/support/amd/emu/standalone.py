@@ -51,8 +51,10 @@ def run_wave(
     for r, v in (sgprs or {}).items():
         m.S[r] = v & 0xFFFFFFFF
     for r, v in (vgprs or {}).items():
-        m.V[:, r] = np.asarray(v).astype(np.int64).astype(np.uint32) if np.asarray(v).dtype.kind in "iub" else (
-            np.asarray(v, np.float32).view(np.uint32)
+        m.V[:, r] = (
+            np.asarray(v).astype(np.int64).astype(np.uint32)
+            if np.asarray(v).dtype.kind in "iub"
+            else (np.asarray(v, np.float32).view(np.uint32))
         )
     m.sset64(EXEC, exec_mask)
     m.exec_changed()

@@ -214,7 +214,10 @@ VALU: dict[str, tuple[str, tuple[str, ...], object]] = {
     "v_cvt_i16_f16": ("i16", ("f16",), lambda a: _cvt_int(a, -32768, 32767, np.int16)),
     "v_cvt_f16_u16": ("f16", ("u16",), lambda a: a.astype(np.float16)),
     "v_cvt_f16_i16": ("f16", ("i16",), lambda a: a.astype(np.float16)),
-    **{f"v_cvt_f32_ubyte{i}": ("f32", ("u32",), (lambda i: lambda a: ((a >> U32(8 * i)) & U32(255)).astype(F32))(i)) for i in range(4)},
+    **{
+        f"v_cvt_f32_ubyte{i}": ("f32", ("u32",), (lambda i: lambda a: ((a >> U32(8 * i)) & U32(255)).astype(F32))(i))
+        for i in range(4)
+    },
     "v_cvt_pkrtz_f16_f32": ("u32", ("f32", "f32"), None),  # handled by the compiler (round toward zero)
     "v_pack_b32_f16": ("u32", ("u16", "u16"), lambda a, b: a.astype(U32) | (b.astype(U32) << U32(16))),
     # 32-bit integer
