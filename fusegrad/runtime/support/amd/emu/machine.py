@@ -8,6 +8,8 @@ FLAT_SCRATCH (102-103), XNACK_MASK (104-105), VCC (106-107), TTMP0-15 (108-123),
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 LANES = 64
@@ -30,9 +32,12 @@ class Unsupported(Exception):
     """An operand or modifier the emulator does not model (becomes an 'unimplemented' dispatch error)."""
 
 
+@functools.lru_cache(maxsize=4096)
 def mask_of(value: int) -> np.ndarray:
-    """A 64-bit lane mask as 64 booleans."""
-    return ((np.uint64(value & 0xFFFFFFFFFFFFFFFF) >> _SHIFTS) & np.uint64(1)).astype(bool)
+    """A 64-bit lane mask as 64 booleans (read-only: masks repeat, so they are made once)."""
+    mask = ((np.uint64(value & 0xFFFFFFFFFFFFFFFF) >> _SHIFTS) & np.uint64(1)).astype(bool)
+    mask.flags.writeable = False
+    return mask
 
 
 def bits_of(mask: np.ndarray) -> int:

@@ -18,6 +18,12 @@ class VMemory:
 
     def _phys(self, addrs: np.ndarray, nbytes: int) -> np.ndarray | None:
         """Physical VRAM byte addresses of each lane's first byte, or None when a slow path is needed."""
+        if addrs.shape[0] == 1:  # one lane on (the common case of a single work-item kernel)
+            a = int(addrs[0])
+            if (a & (PAGE - 1)) + nbytes > PAGE:
+                return None
+            base, _, system = self.walk(a & ~(PAGE - 1))
+            return None if system else np.array([base + (a & (PAGE - 1))], np.int64)
         pages = addrs >> np.uint64(12)
         offs = (addrs & np.uint64(PAGE - 1)).astype(np.int64)
         if int(offs.max()) + nbytes > PAGE:

@@ -14,7 +14,7 @@ _SPLIT = 134217729.0  # 2^27 + 1
 
 
 def fma32(a, b, c):
-    return (a.astype(F64) * b.astype(F64) + c.astype(F64)).astype(F32)
+    return np.add(np.multiply(a, b, dtype=F64), c, dtype=F64).astype(F32)
 
 
 def fma64(a, b, c):

@@ -42,7 +42,10 @@ def writer(m: Machine, vdst: int, ty: str, clamp: bool = False, high: bool = Fal
 
 def write_lanes(m: Machine, sdst: int, bits: np.ndarray) -> int:
     """Store a per-lane condition (off lanes read 0) as the 64-bit mask in SGPR pair sdst; the mask's value."""
-    value = bits_of(np.broadcast_to(bits, (64,)) & m.exec_mask)
+    if bits.shape[0] == 1:  # both operands were scalars: every on lane has the same answer
+        value = m.exec_bits() if bits[0] else 0
+    else:
+        value = bits_of(bits & m.exec_mask)
     m.sset64(sdst, value)
     if sdst == EXEC:
         m.exec_changed()
