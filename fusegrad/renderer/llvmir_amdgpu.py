@@ -7,7 +7,8 @@ split (correct, not fast).
 
 The amdgcn backend lowers `llvm.pow` as powr, exp2(y * log2 x), which is NaN for every negative base (the wave
 emulator showed (a - b) ** 2 turning into NaN). Kernels call `fg_pow_<type>` instead: powr on |x|, with the sign of
-an odd integer exponent put back and NaN for a negative base with a non-integer exponent, as C's pow does.
+an odd integer exponent put back (by the sign bit, so -0 counts) and NaN for a negative finite non-zero base with
+a non-integer exponent, as C's pow does.
 """
 
 from __future__ import annotations
@@ -36,8 +37,13 @@ define internal {t} @fg_pow_{s}({t} %x, {t} %y) alwaysinline {{
   %odd = fcmp une {t} %halfi, %half
   %negr = fneg {t} %r
   %signed = select i1 %odd, {t} %negr, {t} %r
-  %intpow = select i1 %isint, {t} %signed, {t} {nan}
-  %neg = fcmp olt {t} %x, {zero}
+  %iszero = fcmp oeq {t} %ax, {zero}
+  %isinf = fcmp oeq {t} %ax, {inf}
+  %edge = or i1 %iszero, %isinf
+  %nonint = select i1 %edge, {t} %r, {t} {nan}
+  %intpow = select i1 %isint, {t} %signed, {t} %nonint
+  %xbits = bitcast {t} %x to {i}
+  %neg = icmp slt {i} %xbits, 0
   %out = select i1 %neg, {t} %intpow, {t} %r
   ret {t} %out
 }}
@@ -59,8 +65,16 @@ def _pow_helpers(ir: str) -> str:
     out = [body]
     for s in kinds:
         t = "half" if s == "f16" else "float"
-        consts = {"half": "0xH3800", "nan": "0xH7E00", "zero": "0xH0000"} if s == "f16" else {}
-        consts = consts or {"half": "5.000000e-01", "nan": "0x7FF8000000000000", "zero": "0.000000e+00"}
+        consts = (
+            {"half": "0xH3800", "nan": "0xH7E00", "i": "i16", "zero": "0xH0000", "inf": "0xH7C00"} if s == "f16" else {}
+        )
+        consts = consts or {
+            "half": "5.000000e-01",
+            "nan": "0x7FF8000000000000",
+            "i": "i32",
+            "zero": "0.000000e+00",
+            "inf": "0x7FF0000000000000",
+        }
         helper = POW_HELPER.format(t=t, s=s, **consts)
         if f"declare {t} @llvm.fabs.{s}(" in body:
             helper = helper.replace(f"declare {t} @llvm.fabs.{s}({t})\n", "")

@@ -145,9 +145,10 @@ class Operands:
             e = f["ext_word"]
             self.e = e
             self.codes[0] = e & 0xFF
-            self.clamp = bool(e >> 13 & 1)
-            if e >> 14 & 3:
-                raise Unsupported("SDWA output modifier")
+            if inst.fmt != "VOPC":  # VOPC's SDWA word holds SDST and SD in bits 15:8 instead of the output fields
+                self.clamp = bool(e >> 13 & 1)
+                if e >> 14 & 3:
+                    raise Unsupported("SDWA output modifier")
 
     def src(self, i: int, ty: str):
         if self.sdwa and i < 2:
