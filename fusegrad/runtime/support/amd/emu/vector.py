@@ -203,7 +203,7 @@ def compile_valu(m: Machine, inst, nxt: int):
         srcs = [ops.src(0, "f32"), ops.src(1, "f32"), m.source(255, "f32", inst.literal)]
     else:
         srcs = [ops.src(i, t) for i, t in enumerate(stys)]
-    fast = _ufunc_into(m, fn, srcs, ops, dty, nxt)
+    fast = _ufunc_into(m, fn, srcs, ops, dty, nxt) or _direct(m, fn, srcs, ops, dty, nxt)
     if fast is not None:
         return fast
     compute, write = _call(fn, srcs), ops.out(dty)
@@ -246,6 +246,26 @@ def _ufunc_into(m: Machine, fn, srcs, ops: Operands, dty: str, nxt: int):
         return nxt
 
     return run2
+
+
+def _direct(m: Machine, fn, srcs, ops: Operands, dty: str, nxt: int):
+    """Any function of three register/constant operands with a 32/64-bit result, in one closure."""
+    if ops.sdwa or ops.clamp or dty in HALF or ops.opsel or len(srcs) != 3:
+        return None
+    if not all(isinstance(s, np.ndarray) for s in srcs):
+        return None
+    view = m.vview(ops.vdst, dty)
+    a, b, c = srcs
+
+    def run3():
+        r = fn(a, b, c)
+        if m.exec_full:
+            view[...] = r
+        else:
+            np.copyto(view, r, casting="unsafe", where=m.exec_mask)
+        return nxt
+
+    return run3
 
 
 def _compile_cmp(m: Machine, inst, ops: Operands, nxt: int):
