@@ -32,6 +32,7 @@ from fusegrad.runtime.support.amd.memory import MiB
 from fusegrad.runtime.support.amd.simgpu import SimDispatch, SimFault
 
 SIM_VRAM_MIB = 4096  # enough for tests; the simulated VRAM is a sparse mapping either way
+SIM_WAIT_S = 600.0
 CODE_ALIGN = 256  # COMPUTE_PGM_LO holds the code address >> 8
 
 
@@ -224,7 +225,8 @@ class AmdDevice:
     def __init__(self, name: str):
         self.device = name
         self.pci = open_pci()
-        self.gpu = AMDGPU(self.pci)
+        # the simulator emulates every instruction: a long kernel may take minutes where the GPU takes microseconds
+        self.gpu = AMDGPU(self.pci, wait_s=SIM_WAIT_S if AMD_SIM.value else 10.0)
         self.lock = threading.RLock()
         self.arch = pick_target(AMD_ARCH.value)
         self.allocator = AmdAllocator(self.gpu, self.lock)
