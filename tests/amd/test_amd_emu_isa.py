@@ -245,3 +245,14 @@ def test_lds_write_then_read_round_trips():
     prog = code(ds(13, 0, 0, 1, offset=4), ds(54, 2, 3, 0, offset=4))  # ds_write_b32; ds_read_b32 (reversed)
     m, _ = run_wave(prog, vgprs={0: LANES * 4, 1: vals, 3: (63 - LANES) * 4}, lds_bytes=512)
     np.testing.assert_array_equal(m.V[:, 2], vals[::-1])
+
+
+def test_readlane_and_writelane_move_one_lane_whatever_exec_says():
+    vals = np.arange(64, dtype=np.uint32) * 5
+    prog = code(
+        vop3(0x289, 7, V + 0, 133),  # v_readlane_b32 s7, v0, 5
+        vop3(0x28A, 1, 7, 2),  # v_writelane_b32 v1, s7, s2
+    )
+    m, _ = run_wave(prog, sgprs={2: 40}, vgprs={0: vals}, exec_mask=1)
+    assert int(m.S[7]) == 25
+    assert int(m.V[40, 1]) == 25 and (np.delete(m.V[:, 1], 40) == 0).all()

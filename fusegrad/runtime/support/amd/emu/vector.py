@@ -360,6 +360,34 @@ def _readfirstlane(m, inst, ops, nxt):
     return run
 
 
+def _lane_select(m: Machine, ops: Operands):
+    code = ops.codes[1]
+    if code >= VGPR_BASE:
+        raise Unsupported("a lane select in a VGPR")
+    sel = m.source(code, "u32", ops.literal)
+    return lambda: int(sel[0]) & 63
+
+
+def _readlane(m, inst, ops, nxt):  # SGPR = one lane of a VGPR, whatever EXEC says (SGPR spills use it)
+    src, lane, sdst = m.vview(ops.codes[0] - VGPR_BASE, "u32"), _lane_select(m, ops), ops.vdst
+
+    def run():
+        m.S[sdst] = src[lane()]
+        return nxt
+
+    return run
+
+
+def _writelane(m, inst, ops, nxt):  # one lane of a VGPR = an SGPR or constant, whatever EXEC says
+    value, lane, dst = m.source(ops.codes[0], "u32", ops.literal), _lane_select(m, ops), m.vview(ops.vdst, "u32")
+
+    def run():
+        dst[lane()] = value[0]
+        return nxt
+
+    return run
+
+
 def _div_scale(ty: str):
     def build(m, inst, ops, nxt):
         s0 = ops.src(0, ty)
@@ -466,6 +494,8 @@ _SPECIAL = {
     "v_subb_co_u32": _carry_op("sub", True),
     "v_subbrev_co_u32": _carry_op("subrev", True),
     "v_readfirstlane_b32": _readfirstlane,
+    "v_readlane_b32": _readlane,
+    "v_writelane_b32": _writelane,
     "v_div_scale_f32": _div_scale("f32"),
     "v_div_scale_f64": _div_scale("f64"),
     "v_div_fmas_f32": _div_fmas("f32"),
