@@ -256,3 +256,9 @@ def test_readlane_and_writelane_move_one_lane_whatever_exec_says():
     m, _ = run_wave(prog, sgprs={2: 40}, vgprs={0: vals}, exec_mask=1)
     assert int(m.S[7]) == 25
     assert int(m.V[40, 1]) == 25 and (np.delete(m.V[:, 1], 40) == 0).all()
+
+
+def test_bcnt_counts_bits_and_adds():
+    x = np.random.default_rng(5).integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
+    m, _ = run_wave(code(vop3(0x28B, 1, V + 0, 131)), vgprs={0: x})  # v_bcnt_u32_b32 v1, v0, 3
+    np.testing.assert_array_equal(m.V[:, 1], [bin(int(v)).count("1") + 3 for v in x])

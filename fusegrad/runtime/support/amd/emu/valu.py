@@ -132,6 +132,7 @@ VALU: dict[str, tuple[str, tuple[str, ...], object]] = {
     "v_not_b32": ("u32", ("u32",), np.invert),
     "v_bfrev_b32": ("u32", ("u32",), _bfrev),
     "v_ffbh_u32": ("u32", ("u32",), _ffbh_u32),
+    "v_bcnt_u32_b32": ("u32", ("u32", "u32"), lambda a, b: np.bitwise_count(a).astype(U32) + b),
     # float32 arithmetic
     "v_add_f32": ("f32", ("f32", "f32"), np.add),
     "v_sub_f32": ("f32", ("f32", "f32"), np.subtract),
