@@ -262,3 +262,10 @@ def test_bcnt_counts_bits_and_adds():
     x = np.random.default_rng(5).integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
     m, _ = run_wave(code(vop3(0x28B, 1, V + 0, 131)), vgprs={0: x})  # v_bcnt_u32_b32 v1, v0, 3
     np.testing.assert_array_equal(m.V[:, 1], [bin(int(v)).count("1") + 3 for v in x])
+
+
+def test_bitset_sets_and_clears_one_bit():
+    m, _ = run_wave(
+        code(sop1(26, 4, 133), sop1(24, 5, 128)), sgprs={4: 0x10, 5: 0xFF}
+    )  # s_bitset1 s4, 5; s_bitset0 s5, 0
+    assert int(m.S[4]) == 0x30 and int(m.S[5]) == 0xFE

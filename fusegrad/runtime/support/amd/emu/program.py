@@ -73,6 +73,21 @@ def compile_scalar(m: Machine, inst: Inst, nxt: int):
             return nxt
 
         return saveexec
+    if name.startswith(("s_bitset0_", "s_bitset1_")):  # sdst[src0] = 0 or 1, the other bits kept
+        wide, one = name.endswith("b64"), name.startswith("s_bitset1")
+        cur, idx, put = (
+            _sget(m, f["sdst"], wide, None),
+            _sget(m, f["ssrc0"], False, inst.literal),
+            _sdst(m, f["sdst"], wide),
+        )
+        width = 64 if wide else 32
+
+        def bitset():
+            bit = 1 << (idx() & (width - 1))
+            put(cur() | bit if one else cur() & ~bit)
+            return nxt
+
+        return bitset
     fn = salu.SOP.get(name)
     if fn is None:
         raise Unsupported(name)

@@ -131,7 +131,6 @@ SOP: dict[str, object] = {
     "s_bitcmp1_b32": lambda a, b, _: (None, a >> (b & 31) & 1),
     "s_bitcmp0_b64": lambda a, b, _: (None, int(not a >> (b & 63) & 1)),
     "s_bitcmp1_b64": lambda a, b, _: (None, a >> (b & 63) & 1),
-    "s_bitset0_b32": lambda a, b, _: (None, None),
     "s_cmp_eq_u64": _cmp(lambda a, b: a == b),
     "s_cmp_lg_u64": _cmp(lambda a, b: a != b),
 }
