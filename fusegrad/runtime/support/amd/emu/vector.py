@@ -195,7 +195,7 @@ def compile_valu(m: Machine, inst, nxt: int):
     if name not in VALU or VALU[name][2] is None:
         raise Unsupported(name)
     dty, stys, fn = VALU[name]
-    if name in ("v_fmac_f32", "v_fmac_f64", "v_mac_f32"):
+    if name in ("v_fmac_f32", "v_fmac_f64", "v_mac_f32", "v_dot4c_i32_i8"):
         srcs = [ops.src(0, stys[0]), ops.src(1, stys[1]), m.vview(ops.vdst, stys[2])]
     elif name == "v_fmamk_f32":
         srcs = [ops.src(0, "f32"), m.source(255, "f32", inst.literal), ops.src(1, "f32")]
