@@ -173,6 +173,7 @@ IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)
 CUDA_ARCH = ContextVar("CUDA_ARCH", "")  # sm_XX the CUDA compiler targets when no GPU says (compile-only)
 NOOPT = ContextVar("NOOPT", 0)  # 1 applies no codegen opts
 AMD_SIM = ContextVar("AMD_SIM", 0)  # 1: DEV=AMD runs on the simulated MI350X VF
+AMD_SIM_TWIN = ContextVar("AMD_SIM_TWIN", 0)  # 1: each simulated dispatch also runs the kernel's PYTHON twin, compared
 AMD_PCI = ContextVar("AMD_PCI", "")  # PCI address of the AMD function DEV=AMD opens ("": the first AMD GPU)
 AMD_ARCH = ContextVar("AMD_ARCH", "gfx950")  # kernel target; gfx942 when the installed LLVM lacks it
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0 plans every realize's schedule again instead of reusing one

@@ -1,8 +1,9 @@
 """The AMD device: buffers in VRAM through the GPU VM, uploads through SDMA, kernels on the compute queue.
 
 Kernels are LLVM IR for amdgcn-amd-amdhsa (renderer/llvmir_amdgpu.py), compiled to a code object by the installed LLVM.
-`AMD_SIM=1` runs everything on the simulated MI350X VF, whose command processor executes each dispatch with the
-kernel's PYTHON-device twin over simulated VRAM. The AMD parts sit behind a small interface (`AmdAllocator`,
+`AMD_SIM=1` runs everything on the simulated MI350X VF, whose command processor executes each dispatch's machine
+code in the CDNA3 wave emulator over simulated VRAM; `AMD_SIM_TWIN=1` also runs the kernel's PYTHON-device twin after
+it and compares every buffer. The AMD parts sit behind a small interface (`AmdAllocator`,
 `AmdProgram`, `AmdDevice`) shaped like the other devices', so a later device-interface rewrite maps onto it.
 """
 
@@ -18,19 +19,20 @@ from typing import Any
 import numpy as np
 
 from fusegrad.dtype import to_numpy_dtype
-from fusegrad.helpers import AMD_ARCH, AMD_PCI, AMD_SIM, DEBUG
+from fusegrad.helpers import AMD_ARCH, AMD_PCI, AMD_SIM, AMD_SIM_TWIN, DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.runtime.ops_python import PythonProgram
 from fusegrad.runtime.support.amd import pm4
-from fusegrad.runtime.support.amd.errors import AMDError
+from fusegrad.runtime.support.amd.errors import AMDError, GPUFault
 from fusegrad.runtime.support.amd.codeobj import compile_ir, load_image, parse_code_object, pick_target
 from fusegrad.runtime.support.amd.gpu import AMDGPU
 from fusegrad.runtime.support.amd.ipregs import sh_register
 from fusegrad.renderer.llvmir_amdgpu import AMDGPURenderer
 from fusegrad.runtime.support.amd.memory import MiB
-from fusegrad.runtime.support.amd.simgpu import SimDispatch
+from fusegrad.runtime.support.amd.simgpu import SimDispatch, SimFault
 
 SIM_VRAM_MIB = 4096  # enough for tests; the simulated VRAM is a sparse mapping either way
+SIM_WAIT_S = 600.0
 CODE_ALIGN = 256  # COMPUTE_PGM_LO holds the code address >> 8
 
 
@@ -141,18 +143,44 @@ class AmdProgram:
         if self.code_va % CODE_ALIGN:
             raise RuntimeError(f"kernel {info.name}: code entry {self.code_va:#x} is not {CODE_ALIGN}-byte aligned")
         if (register := getattr(device.pci, "register_kernel", None)) is not None:
-            twin = PythonProgram(info.lin, info.outer_size)
             entry = image[self.kd.entry_offset : self.kd.entry_offset + 256]
-            register(self.code_va, entry, lambda d: self._run_twin(twin, d), self.kd.kernarg_user_sgpr)
+            check = None
+            if AMD_SIM_TWIN.value:
+                twin = PythonProgram(info.lin, info.outer_size)
+                check = lambda d, emulate: self._check_twin(twin, d, emulate)  # noqa: E731
+            register(self.code_va, entry, check, self.kd.kernarg_user_sgpr, name=info.name, compare=True)
 
-    def _run_twin(self, twin: PythonProgram, d: SimDispatch) -> None:
+    def _twin_buffers(self, d: SimDispatch) -> list[np.ndarray]:
         pointers = d.kernarg_pointers(len(self.params))
         bufs = []
         for u, va in zip(self.params, pointers):
             dt = np.dtype(to_numpy_dtype(u.dtype))
             n = u.arg[1]
-            bufs.append(_TwinBuffer(np.frombuffer(d.view(va, max(n * dt.itemsize, 1)), dt, n)))
-        twin(bufs)  # type: ignore[arg-type]
+            bufs.append(np.frombuffer(d.view(va, max(n * dt.itemsize, 1)), dt, n))
+        return bufs
+
+    def _check_twin(self, twin: PythonProgram, d: SimDispatch, emulate) -> None:
+        """Run the emulator, then the twin on the same inputs; every buffer must agree (NaNs where NaNs are)."""
+        bufs = self._twin_buffers(d)
+        before = [b.copy() for b in bufs]
+        emulate()
+        emulated = [b.copy() for b in bufs]
+        for b, old in zip(bufs, before):
+            b[:] = old
+        twin([_TwinBuffer(b) for b in bufs])  # type: ignore[arg-type]
+        for i, (b, got) in enumerate(zip(bufs, emulated)):
+            exact = b.dtype.kind not in "fc"
+            same = np.array_equal(b, got) if exact else np.allclose(got, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+            if not same:
+                bad = int(np.flatnonzero(~np.isclose(got, b, equal_nan=True) if not exact else got != b)[0])
+                msg = (
+                    f"kernel {self.info.name}: the emulator and the PYTHON twin disagree on buffer {i} at element "
+                    f"{bad}: {got[bad]!r} vs {b[bad]!r}"
+                )
+                b[:] = got
+                d.gpu.dispatch_errors.append(msg)
+                raise SimFault(msg)
+            b[:] = got
 
     def __call__(self, buffers: list[Buffer]) -> None:
         if len(buffers) != len(self.params):
@@ -164,7 +192,7 @@ class AmdProgram:
             struct.pack_into(f"<{len(vas)}Q", gpu.bar, self.kernarg_paddr, *vas)
             kd, sh = self.kd, lambda name: sh_register(name).dword  # noqa: E731
             user = sh("COMPUTE_USER_DATA_0") + kd.kernarg_user_sgpr
-            gpu.run_compute(
+            self._launch(
                 [
                     pm4.acquire_mem(),
                     pm4.set_sh_reg(sh("COMPUTE_PGM_LO"), self.code_va >> 8, self.code_va >> 40),
@@ -176,16 +204,34 @@ class AmdProgram:
                 ]
             )
 
+    def _launch(self, packets: list[list[int]]) -> None:
+        """Run the packets; a fault names this kernel (and the simulator's diagnosis), and the queue is reset so
+        the next kernel runs."""
+        gpu = self.device.gpu
+        try:
+            gpu.run_compute(packets)
+        except GPUFault as e:
+            sim = getattr(self.device.pci, "sim", None)
+            detail = (
+                f"; the simulator reports: {sim.gpu.dispatch_errors[-1]}" if sim and sim.gpu.dispatch_errors else ""
+            )
+            if sim:
+                sim.gpu.dispatch_errors.clear()
+            gpu.reset_compute_queue()
+            raise GPUFault(f"kernel {self.info.name}: {e}{detail}") from e
+
 
 class AmdDevice:
     def __init__(self, name: str):
         self.device = name
         self.pci = open_pci()
-        self.gpu = AMDGPU(self.pci)
+        # the simulator emulates every instruction: a long kernel may take minutes where the GPU takes microseconds
+        self.gpu = AMDGPU(self.pci, wait_s=SIM_WAIT_S if AMD_SIM.value else 10.0)
         self.lock = threading.RLock()
         self.arch = pick_target(AMD_ARCH.value)
         self.allocator = AmdAllocator(self.gpu, self.lock)
         self.renderer, self.compiler = AMDGPURenderer(), None
+        self.built: list[AmdProgram] = []  # every program compiled, in order (the decoder tests read their code)
         atexit.register(self.close)  # teardown takes a short access window; the PF should not have to time it out
 
     def close(self) -> None:
@@ -198,7 +244,9 @@ class AmdDevice:
                 self.pci.close()
 
     def build(self, info: Any) -> AmdProgram:
-        return AmdProgram(self, info)
+        prog = AmdProgram(self, info)
+        self.built.append(prog)
+        return prog
 
     def synchronize(self) -> None:
         pass  # every submission waits for its signal

@@ -169,11 +169,11 @@ def test_revocation_during_a_window_is_reported_not_hung(gpu_of):
         gpu.run_compute([pm4.acquire_mem()])
 
 
-def test_a_dispatch_at_an_unregistered_code_address_stops_the_queue(gpu_of):
+def test_a_dispatch_at_unmapped_code_faults_on_the_first_instruction_fetch(gpu_of):
     pci, gpu = gpu_of()
-    with pytest.raises(GPUFault, match="compute me1 pipe0 queue0 stopped on DISPATCH_DIRECT"):
+    with pytest.raises(GPUFault, match="VM fault on the GC hub at page 0x1234000"):
         gpu.run_compute([pm4.set_sh_reg(0x20C, 0x12345, 0), pm4.dispatch_direct(1, 1, 1, 1)])
-    assert "no kernel was registered there" in pci.sim.gpu.trace[-1]
+    assert "kernel at 0x1234500: VM fault on the GC hub at VA 0x1234000" in pci.sim.gpu.dispatch_errors[-1]
 
 
 def _dispatch(gpu, code_va: int, kernarg_va: int, user: int = 0):

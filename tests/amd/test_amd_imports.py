@@ -19,3 +19,12 @@ def test_only_stdlib_and_relative_imports():
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     assert alias.name.split(".")[0] in sys.stdlib_module_names, (path.name, alias.name)
+
+
+def test_the_emulator_needs_numpy_and_nothing_of_fusegrad():
+    for path in sorted((PACKAGE / "emu").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                assert name.split(".")[0] in sys.stdlib_module_names | {"numpy"}, (path.name, name)

@@ -527,11 +527,24 @@ class SimPCIDevice(PCIDevice):
             gpu.sysmem[bus] = buf = bytearray(size)
         return memoryview(buf), bus
 
-    def register_kernel(self, code_va: int, code: bytes, twin: Callable[..., None], kernarg_user_sgpr: int = 0) -> None:
-        """The command processor runs `twin` for a DISPATCH at code_va, if code_va then holds `code`; the kernarg
-        pointer is read from COMPUTE_USER_DATA_<kernarg_user_sgpr> (and the next one), as the kernel's ABI says."""
+    def register_kernel(
+        self,
+        code_va: int,
+        code: bytes,
+        twin: Callable[..., None] | None = None,
+        kernarg_user_sgpr: int = 0,
+        *,
+        name: str = "",
+        compare: bool = False,
+    ) -> None:
+        """Tell the simulator about the code at code_va (which must then hold `code`): its name for error
+        messages, and optionally a twin. A twin with compare=False stands in for the machine code (called with the
+        dispatch); with compare=True it is called with the dispatch and a function that runs the emulator, to
+        check the emulator's results. The kernarg pointer is read from COMPUTE_USER_DATA_<kernarg_user_sgpr>."""
+        from .simgpu import SimKernel
+
         with self.sim.lock:
-            self.sim.gpu.kernels[code_va] = (bytes(code), twin, kernarg_user_sgpr)
+            self.sim.gpu.kernels[code_va] = SimKernel(bytes(code), twin, kernarg_user_sgpr, name, compare)
 
     def close(self) -> None:
         self.closed = True

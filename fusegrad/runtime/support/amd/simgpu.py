@@ -5,9 +5,10 @@ compute queue (PM4) and the SDMA ring whenever a doorbell moves a write pointer.
 through VM context 0's page tables in simulated VRAM, with a TLB that only an invalidation request empties, so a
 missing mapping faults (an IH entry and a queue error) and a missing invalidation reads stale translations.
 
-There is no ISA emulator: DISPATCH_DIRECT runs the kernel's registered twin (a Python callable, registered by the
-code's GPU address). The code bytes at that address must match what was registered, and the twin reads its
-arguments from the kernarg pointer in COMPUTE_USER_DATA_0/1, through the page tables, exactly as the GPU would.
+DISPATCH_DIRECT runs the machine code at COMPUTE_PGM_LO/HI in the CDNA3 wave emulator (`emu/`), which fetches the
+code and reaches memory through the same page tables. A kernel registered with a twin (a Python callable) either
+stands in for machine code that does not exist (tests of the command processor) or, with `compare`, runs after the
+emulator as its oracle. The code bytes at a registered address must match what was registered.
 """
 
 from __future__ import annotations
@@ -55,6 +56,17 @@ class SimQueue:
     waiting: str | None = None  # a WAIT_REG_MEM that has not been satisfied yet
 
 
+@dataclass(frozen=True)
+class SimKernel:
+    """What the driver told the simulator about the code at an address (the GPU itself is told nothing)."""
+
+    code: bytes
+    twin: Callable[..., None] | None = None
+    kernarg_user_sgpr: int = 0
+    name: str = ""
+    compare: bool = False  # the twin checks the emulator's results instead of replacing it
+
+
 @dataclass
 class SimDispatch:
     """What a kernel twin sees: its grid, its kernarg pointer, and memory through the page tables."""
@@ -83,7 +95,9 @@ class SimGPU:
         self.dword_of = {(ip, name): r.dword for (ip, name), r in resolve(disc).items()}
         self.sysmem: dict[int, bytearray] = {}  # bus address -> host memory the GPU may DMA to
         self.tlb: dict[str, dict[int, tuple[int, int, bool]]] = {"GC": {}, "MMHUB": {}}
-        self.kernels: dict[int, tuple[bytes, Callable[[SimDispatch], None], int]] = {}
+        self.kernels: dict[int, SimKernel] = {}
+        self._emu = None
+        self.dispatch_errors: list[str] = []
         self.compute: dict[tuple[int, int, int], SimQueue] = {}  # (me, pipe, queue) -> active HQD
         self.sdma: SimQueue | None = None
         self.ih_rptr = 0  # bytes, as the host reports it through the IH doorbell
@@ -96,6 +110,20 @@ class SimGPU:
         self._stopping = False
         self.thread = threading.Thread(target=self._run, name="SimGPU-CP", daemon=True)
         self.thread.start()
+
+    @property
+    def emu(self):
+        """The wave emulator (numpy), made on the first dispatch so the driver layer itself needs only the stdlib."""
+        if self._emu is None:
+            from .emu import Emulator
+
+            self._emu = Emulator(
+                lambda va: self._walk("GC", va),
+                lambda va, n: self.mem_read("GC", va, n),
+                lambda va, data: self.mem_write("GC", va, data),
+                self.fn.vram,
+            )
+        return self._emu
 
     # -- registers ----------------------------------------------------------------------------------------------------
     def reg(self, ip: str, name: str) -> int:
@@ -440,14 +468,41 @@ class SimGPU:
             return sh.get(sh_register(name).dword + plus, 0)
 
         entry = (g("COMPUTE_PGM_LO") << 8) | (g("COMPUTE_PGM_HI") << 40)
-        if entry not in self.kernels:
-            raise SimFault(f"DISPATCH_DIRECT at code address {entry:#x}: no kernel was registered there")
-        code, twin, sgpr = self.kernels[entry]
-        kernarg = g("COMPUTE_USER_DATA_0", sgpr) | g("COMPUTE_USER_DATA_0", sgpr + 1) << 32
-        if self.mem_read("GC", entry, len(code)) != code:
+        reg = self.kernels.get(entry)
+        if reg is not None and self.mem_read("GC", entry, len(reg.code)) != reg.code:
             raise SimFault(f"DISPATCH_DIRECT at {entry:#x}: the code in memory is not the registered kernel's")
         block = tuple(g(f"COMPUTE_NUM_THREAD_{axis}") & 0xFFFF for axis in "XYZ")
-        twin(SimDispatch(self, kernarg, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2])))
+        sgpr = reg.kernarg_user_sgpr if reg is not None else 0
+        kernarg = g("COMPUTE_USER_DATA_0", sgpr) | g("COMPUTE_USER_DATA_0", sgpr + 1) << 32
+        d = SimDispatch(self, kernarg, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]))
+        if reg is not None and reg.twin is not None and not reg.compare:
+            reg.twin(d)
+            return
+        name = reg.name if reg is not None and reg.name else f"at {entry:#x}"
+        user = [g("COMPUTE_USER_DATA_0", i) for i in range(16)]
+
+        def emulate() -> None:
+            from .emu import EmulatorError
+
+            try:
+                self.emu.run(entry, name, g("COMPUTE_PGM_RSRC2"), user, d.grid, d.block)
+            except SimFault as e:  # a VM fault inside the kernel: the IH entry is posted; say which kernel
+                fault = SimFault(f"kernel {name}: {e} ({self.emu.where(entry)})")
+                fault.posted = e.posted
+                self.dispatch_errors.append(str(fault))
+                raise fault from e
+            except EmulatorError as e:
+                self.dispatch_errors.append(str(e))
+                raise SimFault(str(e)) from e
+            except Exception as e:  # an emulator bug must stop this dispatch, not the command processor
+                msg = f"kernel {name}: emulator error {type(e).__name__}: {e}"
+                self.dispatch_errors.append(msg)
+                raise SimFault(msg) from e
+
+        if reg is not None and reg.twin is not None:
+            reg.twin(d, emulate)
+        else:
+            emulate()
 
     def _sdma(self, q: SimQueue, dws: tuple[int, ...]) -> bool:
         op = dws[0] & 0xFF

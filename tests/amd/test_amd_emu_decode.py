@@ -1,0 +1,95 @@
+"""The emulator's decoder agrees with LLVM's disassembler on every instruction of the kernels DEV=AMD compiles."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from fusegrad import Tensor
+from fusegrad.helpers import AMD_SIM
+from fusegrad.runtime.support.amd.emu import decode_all
+from fusegrad.runtime.support.amd.emu.elf import text
+
+OBJDUMP = next((t for t in ("llvm-objdump-19", "llvm-objdump") if shutil.which(t)), None)
+LINE = re.compile(r"^\s+([a-z_0-9]+)\b.*//\s*([0-9A-F]+):")
+
+
+def _objdump(elf: bytes, tmp_path) -> dict[int, str]:
+    path = tmp_path / "k.so"
+    path.write_bytes(elf)
+    out = subprocess.run([OBJDUMP, "--disassemble", "--mcpu=gfx942", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    found = {}
+    for line in out.stdout.splitlines():
+        if m := LINE.match(line):
+            name = m.group(1)
+            for suffix in ("_e32", "_e64", "_sdwa", "_dpp"):
+                name = name.removesuffix(suffix)
+            found[int(m.group(2), 16)] = name
+    return found
+
+
+def _programs(fn) -> list:
+    from fusegrad.runtime.device import Device
+
+    dev = Device["AMD"]
+    before = len(dev.built)
+    fn()
+    return dev.built[before:]
+
+
+def _op_mix():
+    rng = np.random.default_rng(0)
+    a = Tensor(rng.standard_normal((9, 13)).astype(np.float32), device="AMD")
+    b = Tensor(rng.standard_normal((13, 5)).astype(np.float32), device="AMD")
+    h = Tensor(rng.standard_normal(17).astype(np.float16), device="AMD")
+    i = Tensor(rng.integers(-50, 50, 23).astype(np.int32), device="AMD")
+    d = Tensor(rng.standard_normal(11), device="AMD")
+    outs = [
+        (a @ b).relu(),
+        a.exp().log().sin(),
+        a.softmax(1),
+        a.max(0),
+        a.argmax(1),
+        (a / (b.sum() + 3)).sqrt(),
+        (h * 2 + 1).float(),
+        (i // 7 + i % 5) * (i < 3).cast(i.dtype),
+        (d / 3 + d.sqrt()).cast("float32"),
+        a.cumsum(1),
+        (a - 1) ** 2,
+        a.cast("uint8").cast("float32"),
+    ]
+    for o in outs:
+        o.numpy()
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    if OBJDUMP is None:
+        pytest.skip("llvm-objdump is not installed (apt-get install llvm-19)")
+    old, AMD_SIM.value = AMD_SIM.value, 1
+    try:
+        yield _programs(_op_mix)
+    finally:
+        AMD_SIM.value = old
+
+
+def test_every_instruction_decodes_to_llvms_mnemonic(kernels, tmp_path):
+    assert len(kernels) >= 12
+    checked, names = 0, set()
+    for prog in kernels:
+        want = _objdump(prog.elf, tmp_path)
+        addr, code = text(prog.elf)
+        start = prog.kd.entry_offset - addr
+        got = {addr + off: inst.name for off, inst in decode_all(code, start)}
+        for pc, name in want.items():
+            if pc < addr + start:
+                continue
+            assert got.get(pc) == name, f"{prog.info.name} at {pc:#x}: decoder says {got.get(pc)!r}, llvm {name!r}"
+            names.add(name)
+            checked += 1
+    assert checked > 500 and len(names) > 40, (checked, sorted(names))
