@@ -98,6 +98,20 @@ def opt_mode(mode: str, seed: int):
         raise ValueError(f"unknown mode {mode!r}: expected one of {MODES}")
 
 
+@contextlib.contextmanager
+def half_support(program: Program, device: str):
+    """A device without float16 (PoCL) runs a program's float16 round trip through EMULATED_DTYPES."""
+    from fusegrad import Context, dtypes
+    from fusegrad.runtime.device import Device
+
+    unsupported = getattr(Device[device].renderer, "unsupported_dtypes", lambda: ())()
+    if program.uses_half() and dtypes.float16 in unsupported:
+        with Context(EMULATED_DTYPES="half"):
+            yield
+    else:
+        yield
+
+
 def random_opts(ast, rng: np.random.Generator, lower) -> tuple:
     """Up to 4 opts drawn from BEAM's actions, each kept only when the checker accepts the list so far."""
     from fusegrad.codegen.opt import OptError
@@ -142,7 +156,7 @@ def check(program: Program, device: str, mode: str, grad: bool) -> Failure | Non
     except RuntimeError:
         return None  # not a valid program for torch either (e.g. no gradient reaches an input)
     try:
-        with opt_mode(mode, program.seed):
+        with opt_mode(mode, program.seed), half_support(program, device):
             got = run_fusegrad(program, arrays, device, grad)
     except Exception as e:  # a compile error or a crash in the compiler is a failure too
         return Failure(program, device, mode, grad, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}")
