@@ -64,7 +64,7 @@ def test_every_op_draws_a_step_that_fits_its_shape():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("device, programs", [("CPU", 150), ("LLVM", 60), ("CL", 25)])
+@pytest.mark.parametrize("device, programs", [("CPU", 100), ("LLVM", 40), ("CL", 20)])
 def test_rotating_seed_programs_under_every_opt_mode(device, programs, capsys):
     seed = int(os.environ.get("FUZZ_SEED", datetime.date.today().toordinal()))
     with Context(SPEC=2):
