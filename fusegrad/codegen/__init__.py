@@ -9,7 +9,7 @@ from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import sym_str
 from fusegrad.uop.spec import check_graph, check_linear
 from fusegrad.codegen.lowerer import lower_kernel, output_value, reads_own_output
-from fusegrad.codegen.opt import Opt, OptError
+from fusegrad.codegen.opt import Opt, OptError, OptOps
 from fusegrad.codegen.opt.heuristic import hand_coded_opts
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.decompose import decompose_for_device
@@ -72,6 +72,7 @@ class CodegenState:
     lin: list[UOp] | None = None
     max_trips: dict | None = None  # range arg -> the most trips of a symbolic loop (its variables at their largest)
     chosen: bool = False  # the opts are the heuristics' choice (not given by the caller)
+    parallel_loops: bool = False  # the target runs every global loop in parallel work items (a GPU)
 
 
 def _lower(s: CodegenState) -> None:
@@ -90,7 +91,7 @@ def _lower_with_opts(s: CodegenState) -> None:
     if not s.opts:
         return
     try:
-        s.kernel = lower_kernel(s.ast, s.opts)
+        s.kernel = _lower_for_target(s, s.opts)
     except OptError as e:
         if not s.chosen:
             raise  # opts the caller gave (BEAM, a test) are theirs to fix
@@ -99,10 +100,17 @@ def _lower_with_opts(s: CodegenState) -> None:
             print(f"{kernel_name(s.ast)}: the checker refused the chosen opts ({e}); trying without each")
         for opts in [s.opts[:i] + s.opts[i + 1 :] for i in reversed(range(len(s.opts)))] + [()]:
             try:
-                s.kernel, s.opts = lower_kernel(s.ast, opts) if opts else s.kernel, opts
+                s.kernel, s.opts = _lower_for_target(s, opts) if opts else s.kernel, opts
                 break
             except OptError:
                 continue
+
+
+def _lower_for_target(s: CodegenState, opts: tuple[Opt, ...]) -> UOp:
+    if s.parallel_loops and (block := next((o for o in opts if o.op is OptOps.REDUCE_BLOCK), None)) is not None:
+        # its blocks add partial sums into the output one after another: as parallel work items they would race
+        raise OptError(f"{block}: this target runs global loops in parallel, and the reduce's blocks must run in order")
+    return lower_kernel(s.ast, opts)
 
 
 def _decompose(s: CodegenState) -> None:
@@ -162,12 +170,15 @@ def _show(stage: Stage, s: CodegenState) -> None:
             )
 
 
-def lower_to_linear(ast: UOp, half_native: bool = True, opts: tuple[Opt, ...] | None = None) -> KernelInfo:
+def lower_to_linear(
+    ast: UOp, half_native: bool = True, opts: tuple[Opt, ...] | None = None, parallel_loops: bool = False
+) -> KernelInfo:
     """Runs STAGES in order: lower without opts -> choose opts (the heuristics, or none under NOOPT=1; or the given
     ones) -> lower with them -> decompose -> block long sums -> emulate dtypes (EMULATED_DTYPES) -> linearize.
+    parallel_loops: the target runs every global loop in parallel work items, where a REDUCE_BLOCK is refused.
     DEBUG>=5 prints the graph after each stage, DEBUG>=6 the instruction list; SPEC=1 checks each stage's output
     against its spec."""
-    state = CodegenState(ast, half_native, None if opts is None else tuple(opts))
+    state = CodegenState(ast, half_native, None if opts is None else tuple(opts), parallel_loops=parallel_loops)
     for stage in STAGES:
         stage.run(state)
         if SPEC and state.lin is not None:

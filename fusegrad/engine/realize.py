@@ -51,12 +51,13 @@ def get_runner(device: str, ast: UOp) -> Runner:
         print(ast)
     if (hook := Hooks.trace) is not None:
         t0 = hook.codegen_begin(device, ast)
+    parallel = getattr(dev.renderer, "parallel_loops", False)
     if key[3]:
         from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
 
-        info = lower_to_linear(ast, opts=beam_search(ast, device, int(BEAM.value)).opts)
+        info = lower_to_linear(ast, opts=beam_search(ast, device, int(BEAM.value)).opts, parallel_loops=parallel)
     else:
-        info = lower_to_linear(ast)
+        info = lower_to_linear(ast, parallel_loops=parallel)
     if hook is not None:
         t1 = time.perf_counter()
     r = _runners[key] = Runner(info, dev.build(info), device)

@@ -39,6 +39,7 @@ class _WorkItemLoops:
     reduce loop strides by the lane count."""
 
     group_reduce = True  # split reductions with few outputs over a work group (codegen/gpu_dims.py)
+    parallel_loops = True  # every global loop runs in parallel work items (lower_to_linear refuses REDUCE_BLOCK)
     local_array = ""  # declaration prefix of a work group's shared array
     barrier = ""
     lane_id = ""

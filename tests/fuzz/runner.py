@@ -83,9 +83,14 @@ def opt_mode(mode: str, seed: int):
         from fusegrad.schedule.cache import clear_schedule_cache
 
         original, rng = realize.lower_to_linear, np.random.default_rng(seed)
-        realize.lower_to_linear = lambda ast, opts=None: original(
-            ast, opts=random_opts(ast, rng, original) if opts is None else opts
-        )
+
+        def lower(ast, opts=None, **target):  # target: what the device passes (parallel_loops)
+            def check(a, opts):
+                return original(a, opts=opts, **target)
+
+            return original(ast, opts=random_opts(ast, rng, check) if opts is None else opts, **target)
+
+        realize.lower_to_linear = lower
         realize._runners.clear()  # kernels built with the heuristics' opts are not reused, nor these later
         clear_schedule_cache()
         try:

@@ -81,17 +81,17 @@ run_timer = time.perf_counter
 def beam_search(ast: UOp, device: str, width: int) -> SearchResult:
     """The cached winner for this kernel on this device, else a search of beam `width` whose winner is cached."""
     path = cache_path(ast, device)
-    if not IGNORE_BEAM_CACHE and (opts := _load(path)) is not None and _lowers(ast, opts):
+    if not IGNORE_BEAM_CACHE and (opts := _load(path)) is not None and _lowers(ast, device, opts):
         return SearchResult(opts, from_cache=True)
     result = _search(ast, device, max(int(width), 1))
     _store(path, result.opts)
     return result
 
 
-def _lowers(ast: UOp, opts: tuple[Opt, ...]) -> bool:
+def _lowers(ast: UOp, device: str, opts: tuple[Opt, ...]) -> bool:
     # a cache entry written for other code (or edited by hand) may hold opts this kernel rejects: search again
     try:
-        lower_to_linear(ast, opts=opts)
+        lower_to_linear(ast, opts=opts, parallel_loops=_parallel(device))
     except OptError:
         return False
     return True
@@ -163,7 +163,11 @@ def _store(path: str, opts: tuple[Opt, ...]) -> None:
 
 
 def compile_candidate(ast: UOp, device: str, opts: tuple[Opt, ...]) -> Callable[[list[Buffer]], None]:
-    return Device[device].build(lower_to_linear(ast, opts=opts))
+    return Device[device].build(lower_to_linear(ast, opts=opts, parallel_loops=_parallel(device)))
+
+
+def _parallel(device: str) -> bool:
+    return getattr(Device[device].renderer, "parallel_loops", False)
 
 
 class KernelBench:
@@ -289,7 +293,7 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
     reference_program = compile_candidate(ast, device, ())
     reference_time = bench.run(reference_program)
     reference = bench.output()
-    heuristic = lower_to_linear(ast).opts
+    heuristic = lower_to_linear(ast, parallel_loops=_parallel(device)).opts
     result = SearchResult(heuristic, from_cache=False)
     timed: dict[tuple[Opt, ...], float] = {}
     programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]] = {(): reference_program}
