@@ -12,8 +12,9 @@ import numpy as np
 from fusegrad.dtype import FP8_FORMATS, DType, dtypes, float_to_fp8, np_f32_to_bf16
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from fusegrad.codegen.emulate_wide import WIDE, emulate_wide_ints, wide_param
 
-# the names EMULATED_DTYPES takes, and the dtypes they emulate (long/ulong: not emulated yet, refused by name)
+# the names EMULATED_DTYPES takes, and the dtypes they emulate (64-bit ints: codegen/emulate_wide.py)
 EMULATABLE: dict[str, DType] = {
     "half": dtypes.float16,
     "float16": dtypes.float16,
@@ -22,6 +23,10 @@ EMULATABLE: dict[str, DType] = {
     "fp8e5m2": dtypes.fp8e5m2,
     "fp8e4m3fnuz": dtypes.fp8e4m3fnuz,
     "fp8e5m2fnuz": dtypes.fp8e5m2fnuz,
+    "long": dtypes.int64,
+    "int64": dtypes.int64,
+    "ulong": dtypes.uint64,
+    "uint64": dtypes.uint64,
 }
 U8, U16, U32, I32, F32, F64, B = (
     dtypes.uint8,
@@ -34,23 +39,14 @@ U8, U16, U32, I32, F32, F64, B = (
 )
 
 
-# 64-bit ints as pairs of 32-bit words: accepted by name, not built yet (a kernel that needs them raises)
-NOT_YET: dict[str, DType] = {
-    "long": dtypes.int64,
-    "int64": dtypes.int64,
-    "ulong": dtypes.uint64,
-    "uint64": dtypes.uint64,
-}
-
-
 @functools.cache
 def emulated_dtypes(value: str) -> frozenset:
     """The dtypes an EMULATED_DTYPES value names; an unknown name raises ValueError naming it."""
     names = [x.strip() for x in value.split(",") if x.strip()]
-    if bad := [n for n in names if n not in EMULATABLE and n not in NOT_YET]:
-        known = ", ".join([*EMULATABLE, *NOT_YET])
+    if bad := [n for n in names if n not in EMULATABLE]:
+        known = ", ".join(EMULATABLE)
         raise ValueError(f"EMULATED_DTYPES={value!r}: unknown dtype {bad[0]!r} (known: {known})")
-    return frozenset((EMULATABLE | NOT_YET)[n] for n in names)
+    return frozenset(EMULATABLE[n] for n in names)
 
 
 def storage(dt: DType) -> DType:
@@ -271,14 +267,16 @@ def _retype_rules(emulated: frozenset) -> PatternMatcher:
 
 def emulated_param(u: UOp, emulated: frozenset) -> UOp:
     """A kernel parameter as the emulation gives it: a buffer of an emulated dtype is a buffer of its bits."""
+    if u.op is Ops.DEFINE_GLOBAL and u.dtype in WIDE and u.dtype in emulated:
+        return wide_param(u)
     return UOp(u.op, storage(u.dtype), u.src, u.arg) if u.op is Ops.DEFINE_GLOBAL and u.dtype in emulated else u
 
 
 def emulate_dtypes(kernel: UOp, emulated: frozenset) -> UOp:
     """The kernel with every value of an emulated dtype held as its bits (see the module's docstring)."""
-    if not emulated or not (used := {u.dtype for u in kernel.toposort()} & emulated):
+    if emulated & set(WIDE):
+        kernel = emulate_wide_ints(kernel)
+    if not (emulated := emulated - set(WIDE)) or not {u.dtype for u in kernel.toposort()} & emulated:
         return kernel
-    if wide := sorted(str(d) for d in used if d in NOT_YET.values()):
-        raise NotImplementedError(f"EMULATED_DTYPES: {wide[0]} as pairs of 32-bit words is not implemented yet")
     kernel = graph_rewrite(kernel, _cast_rules(emulated))
     return graph_rewrite(kernel, _retype_rules(emulated))

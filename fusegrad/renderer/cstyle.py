@@ -413,6 +413,8 @@ class CStyleRenderer:
             return f"fg_bf16_to_f32({x})"
         if dst is dtypes.bfloat16:
             return f"fg_f32_to_bf16({x})"
+        if dst is dtypes.bool and src is not dtypes.bool:
+            return f"(({x})!=0)"  # what a cast to bool means, without the compiler's warning on (bool)(a*b)
         return f"(({self.ctype(dst)})({x}))"
 
     def render_vector(self, ctx: KernelText, u: UOp, pack: Pack) -> None:

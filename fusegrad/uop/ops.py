@@ -43,6 +43,7 @@ class Ops(Enum):
     DEFINE_ACC = auto()
     ACC_UPDATE = auto()
     ENDRANGE = auto()  # noqa: E702
+    WORD = auto()  # word arg (0 low, 1 high) of a 64-bit int, only inside codegen's long/ulong emulation
     # unary ALU
     NEG = auto()
     RECIPROCAL = auto()

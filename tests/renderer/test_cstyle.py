@@ -147,3 +147,9 @@ def test_two_gated_loads_of_one_buffer_in_a_strided_loop_read_the_right_elements
     want = np.pad(xs, (2, 1))[:, None] * ys[None, :]
     np.testing.assert_array_equal(item.buffers[0].numpy().reshape(16, 2), want)
     assert "FG_NO_IF_CONVERT void" in Device["CPU"].render(info)
+
+
+def test_a_cast_of_a_product_to_bool_compiles_without_the_compilers_warning():
+    # (bool)(a*b) made gcc warn (-Wint-in-bool-context), and the CPU device refuses kernels that warn
+    a, b = Tensor([3, 0, -2]), Tensor([1, 5, 2])
+    assert (a * b).cast(dtypes.bool).tolist() == [True, False, True]

@@ -45,6 +45,23 @@ def test_op_suite_emulated_matches_native(device: str, name: str, dt: DType):
     np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"{name} {dt} on {device}")
 
 
+def _wide_params():
+    for device in DEVICES:
+        for case in CASES.values():
+            if dtypes.int32 in case.dtypes:
+                marks = () if device == "CPU" else (pytest.mark.slow,)
+                yield pytest.param(device, case.name, id=f"{device}-{case.name}", marks=marks)
+
+
+@pytest.mark.parametrize("device, name", list(_wide_params()))
+def test_op_suite_in_int64_emulated_matches_native(device: str, name: str):
+    _need(device)
+    with Context(EMULATED_DTYPES="long,ulong"):
+        got, _ = run(device, name, dtypes.int64, False)
+    want, _ = run(device, name, dtypes.int64, False)
+    np.testing.assert_array_equal(got, want, err_msg=f"{name} int64 on {device}")
+
+
 FP8 = (dtypes.fp8e4m3, dtypes.fp8e5m2, dtypes.fp8e4m3fnuz, dtypes.fp8e5m2fnuz)
 
 
