@@ -38,6 +38,15 @@ def amdgpu_target():
     return pick_target("gfx950")
 
 
+@pytest.fixture
+def avx512_target(monkeypatch):
+    """Heuristics and renderers plan for an AVX-512 CPU (64-byte vectors, 32 registers) whatever this machine has:
+    for tests that pin the choices made for one register budget."""
+    import fusegrad.codegen.opt.target as target
+
+    monkeypatch.setattr(target, "_vector_target", lambda: (64, 32))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long test (multi-process, conformance suites); CI or FUSEGRAD_SLOW=1")
 

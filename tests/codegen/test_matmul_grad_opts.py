@@ -10,7 +10,7 @@ import torch
 import fusegrad.engine.realize as realize
 from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
-from fusegrad.codegen.opt import OptOps, blockable_sum
+from fusegrad.codegen.opt import Opt, OptOps, blockable_sum
 from fusegrad.codegen.lowerer import output_value
 from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.schedule import create_schedule
@@ -31,18 +31,26 @@ def dot_ast(m: int, k: int, n: int):
     return asts_of((a.reshape(m, 1, k) * b.reshape(1, n, k)).sum(-1))[-1]
 
 
-def test_dot_products_get_a_tile_on_both_output_axes():
+def test_dot_products_get_a_tile_on_both_output_axes(avx512_target):
     opts = lower_to_linear(dot_ast(64, 256, 64)).opts
     ups = {o.axis: o.amount for o in opts if o.op is OptOps.UPCAST}
     assert set(ups) == {0, 1} and all(a >= 2 for a in ups.values())
 
 
-def test_dot_tile_is_vectorized_along_the_reduce_over_every_accumulator():
+def test_dot_tile_is_vectorized_along_the_reduce_over_every_accumulator(avx512_target):
     info = lower_to_linear(dot_ast(16, 256, 16))
     src = CRenderer().render("k", info.lin)
     pragma = next(line for line in src.splitlines() if "omp simd reduction" in line)
     ups = [o.amount for o in info.opts if o.op is OptOps.UPCAST]
     assert pragma.count("acc") == ups[0] * ups[1]
+
+
+def test_an_avx2_register_budget_tiles_dot_products_on_one_axis(monkeypatch):
+    # 16 registers: two rows of vector accumulators would leave none for the loaded vectors
+    import fusegrad.codegen.opt.target as target
+
+    monkeypatch.setattr(target, "_vector_target", lambda: (32, 16))
+    assert lower_to_linear(dot_ast(64, 256, 64)).opts == (Opt(OptOps.UPCAST, 0, 4),)
 
 
 def test_short_dot_products_and_one_sided_reduces_get_no_dot_tile():

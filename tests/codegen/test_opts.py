@@ -167,7 +167,7 @@ def test_heuristics_thread_the_largest_evenly_split_loop():
         assert lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2)).opts == ()
 
 
-def test_heuristics_unroll_a_short_reduce_and_keep_matmul_tiles():
+def test_heuristics_unroll_a_short_reduce_and_keep_matmul_tiles(avx512_target):
     assert lower_to_linear(ast_of(Tensor.rand(300, 3).realize().sum(1))).opts == (opt("UNROLL", 1, 3),)
     with Context(NUM_CPU_THREADS=2):
         opts = lower_to_linear(matmul_ast(64, 1024, 64)).opts
@@ -357,11 +357,8 @@ def panel_columns() -> int:
     return 2 * vector_bytes() // 4
 
 
-def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks():
-    from fusegrad.codegen.opt.target import vector_registers
-
-    if vector_registers() < 20:
-        pytest.skip("8 rows x 2 vectors need AVX-512's 32 registers (16 registers give 6-row tiles)")
+def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks(avx512_target):
+    # 8 rows x 2 vectors: AVX-512's 32 registers (16 registers give 6-row tiles)
     p = panel_columns()
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
         x, w = Tensor.rand(1024, 512).realize(), Tensor.rand(512, 8 * p).realize()
