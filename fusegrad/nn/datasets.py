@@ -13,7 +13,7 @@ import tarfile
 import numpy as np
 
 from fusegrad.helpers import fetch
-from fusegrad.nn.state import _RestrictedUnpickler
+from fusegrad.nn.safe_pickle import RestrictedUnpickler
 from fusegrad.tensor import Tensor
 
 MNIST_URL = "https://storage.googleapis.com/cvdf-datasets/mnist/"
@@ -85,7 +85,7 @@ def mnist(device: str | None = None, fashion: bool = False) -> tuple[Tensor, Ten
 def _cifar_batch(raw: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     # Python 2 pickles of dicts, lists and numpy arrays: nothing else may be constructed
     try:
-        batch = _RestrictedUnpickler(io.BytesIO(raw), name, encoding="bytes").load()
+        batch = RestrictedUnpickler(io.BytesIO(raw), name, encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError) as e:
         raise ValueError(f"{name}: corrupt CIFAR batch: {e}") from None
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:

@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import GGML_QUANT_SIZES
 from fusegrad import GlobalCounters, Tensor, dtypes
 from fusegrad.nn import state
+from fusegrad.nn.state.blob import raw_bytes
 from fusegrad.nn.state import (
     TensorIO,
     get_parameters,
@@ -56,7 +57,7 @@ TORCH_DTYPES = {
 
 
 def raw(t: Tensor) -> bytes:
-    return state._raw_bytes(t).tobytes()
+    return raw_bytes(t).tobytes()
 
 
 def torch_raw(t: torch.Tensor) -> bytes:

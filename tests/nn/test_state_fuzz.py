@@ -444,6 +444,9 @@ FUZZ = """
 import collections, os, pathlib, random, sys, zipfile, numpy as np
 from fusegrad import Tensor, dtypes
 from fusegrad.nn import state
+from fusegrad.nn.quantized import GGML_TYPES
+from fusegrad.nn.state.safetensors import SAFETENSORS_DTYPES
+from fusegrad.nn.state.torch_formats import TORCH_DTYPES
 d = pathlib.Path(sys.argv[1])
 kind = sys.argv[2]
 rng = random.Random(1234)
@@ -451,7 +454,7 @@ rng = random.Random(1234)
 def snapshot():
     return (
         {k: (v.priority, v.bitsize, v.name, v.fmt, v.kind, v.attr) for k, v in dtypes.fields().items()},
-        dict(state._TORCH_DTYPES), dict(state.SAFETENSORS_DTYPES), dict(state.GGML_TYPES),
+        dict(TORCH_DTYPES), dict(SAFETENSORS_DTYPES), dict(GGML_TYPES),
         [(np.dtype(c).byteorder, np.dtype(c).itemsize, np.dtype(c).kind) for c in "?bBhHiIlLqQefdgFDO"],
     )
 
