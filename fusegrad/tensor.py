@@ -23,7 +23,7 @@ from fusegrad.dtype import (
     to_dtype,
     to_numpy_dtype,
 )
-from fusegrad.engine.realize import capturing, realize_lock, realize_uops
+from fusegrad.engine.realize import bound_variables, capturing, realize_lock, realize_uops, schedule_uops
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import prod
 from fusegrad.runtime.buffers import (
@@ -33,9 +33,10 @@ from fusegrad.runtime.buffers import (
     copy_to_device,
     file_buffer,
     is_contiguous_view,
+    canonical_device,
     read_values,
 )
-from fusegrad.schedule.multi import canonical_device, is_realized_multi, multi_axis, shard_uop
+from fusegrad.uop.multi import is_realized_multi, multi_axis, shard_uop
 from fusegrad.tensor_ops import bind_tensor_class
 from fusegrad.tensor_ops.creation import CreationMixin
 from fusegrad.tensor_ops.elementwise import ElementwiseMixin
@@ -354,16 +355,12 @@ class Tensor(
 
     def schedule_linear(self, *lst: Tensor) -> list:
         """The kernels that would realize these tensors (nothing runs)."""
-        from fusegrad.schedule import create_schedule
-
         tensors = [self, *lst]
-        return create_schedule([t.uop for t in tensors], [t.device for t in tensors])[0]
+        return schedule_uops([t.uop for t in tensors], [t.device for t in tensors])
 
     def linear_with_vars(self, *lst: Tensor) -> tuple[list, dict]:
         """The kernels and the value of each bound Variable they read (the kernels read them as parameters)."""
-        from fusegrad.schedule.variables import bound_vars
-
-        return self.schedule_linear(*lst), bound_vars([t.uop for t in (self, *lst)])
+        return self.schedule_linear(*lst), bound_variables([t.uop for t in (self, *lst)])
 
     schedule = schedule_linear
     schedule_with_vars = linear_with_vars

@@ -12,7 +12,8 @@ from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
 from fusegrad.engine.copy_on_write import OldVersionReaders
 from fusegrad.runtime.buffers import base_buffer, buffer_of
-from fusegrad.schedule import ScheduleItem, record_realized
+from fusegrad.schedule import ScheduleItem, create_schedule, record_realized
+from fusegrad.schedule.variables import bound_vars
 from fusegrad.schedule.cache import cached_schedule, clear_schedule_cache
 from fusegrad.uop.ops import Ops, UOp
 
@@ -231,6 +232,16 @@ def _launch_each(items: list[ScheduleItem], runners: list[Runner | None], debug:
             if b._mem is None:
                 b.ensure_allocated()
         runner.program(buffers)
+
+
+def schedule_uops(roots: list[UOp], devices: list[str]) -> list[ScheduleItem]:
+    """The kernels that would realize roots (nothing runs): Tensor.schedule's entry point."""
+    return create_schedule(roots, devices)[0]
+
+
+def bound_variables(roots: list[UOp]) -> dict:
+    """The value of each bound Variable the graphs under roots read."""
+    return bound_vars(roots)
 
 
 def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | None = None) -> list[UOp]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Sequence
 from fusegrad.dtype import dtypes, to_dtype
 from fusegrad.helpers import CONST_LR, FUSE_OPTIM, OPTIM_DTYPE, TRAINING
-from fusegrad.schedule.multi import canonical_device, multi_axis
+from fusegrad.runtime.buffers import canonical_device
+from fusegrad.uop.multi import multi_axis
 from fusegrad.tensor import Tensor
 
 

@@ -146,9 +146,9 @@ def _names() -> list[str]:
 
 def _on_compute_device(blocks: Tensor) -> Tensor:
     """Blocks a kernel can read: a DISK tensor is copied to the default device first."""
-    from fusegrad.runtime.device import Device
+    from fusegrad.runtime.buffers import default_device
 
-    return blocks.to(Device.DEFAULT) if blocks.device.startswith("DISK:") else blocks
+    return blocks.to(default_device()) if blocks.device.startswith("DISK:") else blocks
 
 
 def _f16_plane(b: Tensor, i: int) -> Tensor:

@@ -5,11 +5,43 @@ from __future__ import annotations
 import itertools
 import mmap
 import numpy as np
+from typing import Sequence
 from fusegrad.dtype import DType
 from fusegrad.runtime.device import Buffer, Device
-
-__all__ = ["Buffer", "DiskBuffer", "buffer_of", "buffer_uop", "base_buffer", "is_contiguous_view", "view_buffer"]
 from fusegrad.uop.ops import GroupOp, Ops, UOp
+
+__all__ = [
+    "Buffer",
+    "DiskBuffer",
+    "buffer_of",
+    "buffer_uop",
+    "base_buffer",
+    "canonical_device",
+    "default_device",
+    "file_mapping",
+    "is_contiguous_view",
+    "view_buffer",
+]
+
+
+def default_device() -> str:
+    """The device a tensor gets when none is named (DEV=..., else the best one installed)."""
+    return Device.DEFAULT
+
+
+def file_mapping(path: str):
+    """The read-only memory map of a file, through the DISK device that owns it."""
+    return Device[f"DISK:{path}"].mapping()
+
+
+def canonical_device(device: str | Sequence[str] | None) -> str | tuple[str, ...]:
+    """A device string, or a tuple of them for a multi-device placement (a 1-tuple is its one device)."""
+    if isinstance(device, (tuple, list)):
+        devices = tuple(Device.canonicalize(d) for d in device)
+        if not devices:
+            raise RuntimeError("a multi-device placement needs at least one device")
+        return devices[0] if len(devices) == 1 else devices
+    return Device.canonicalize(device)
 
 
 class BufferTable:

@@ -14,7 +14,7 @@ from fusegrad.runtime.device import Buffer
 
 # the buffer table lives with the buffers (runtime/buffers.py), where the front end reads it
 from fusegrad.runtime.buffers import base_buffer, buffer_of, buffer_uop, is_contiguous_view
-from fusegrad.schedule.multi import lower_multi
+from fusegrad.uop.multi import lower_multi
 from fusegrad.schedule.split_reduce import split_long_reduces
 from fusegrad.schedule.variables import KernelVars, arg_uops, symbolic_view
 from fusegrad.uop.ops import GroupOp, Ops, UOp

@@ -12,7 +12,8 @@ from fusegrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from fusegrad.engine.realize import capturing
 from fusegrad.helpers import argfix, prod
 from fusegrad.runtime.buffers import Buffer, buffer_uop
-from fusegrad.schedule.multi import canonical_device, make_multi, multi_axis, shard_shape
+from fusegrad.runtime.buffers import canonical_device
+from fusegrad.uop.multi import make_multi, multi_axis, shard_shape
 from fusegrad.tensor_ops.pydata import py_scalar_const
 from fusegrad.tensor_ops.shapes import as_index, check_shape, is_index
 from fusegrad.uop.ops import Ops, UOp

@@ -5,7 +5,7 @@ import pytest
 import torch
 from fusegrad import Context, Tensor
 from fusegrad.nn.optim import LAMB, LARS, SGD, Adam, AdamW, Muon, OptimizerGroup
-from fusegrad.schedule.multi import multi_axis
+from fusegrad.uop.multi import multi_axis
 
 STEPS = 5
 

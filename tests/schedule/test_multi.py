@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fusegrad import Device, Tensor, dtypes
-from fusegrad.schedule.multi import multi_axis
+from fusegrad.uop.multi import multi_axis
 from fusegrad.uop.ops import Ops
 
 DEVS = ("CPU", "CPU:1")

@@ -10,7 +10,7 @@ import zlib
 from typing import Any
 
 from fusegrad.dtype import dtypes
-from fusegrad.runtime.device import Device
+from fusegrad.runtime.buffers import default_device
 from fusegrad.tensor import Tensor
 from fusegrad.nn.state.blob import Blob, BlobIO, blob_of
 
@@ -33,7 +33,7 @@ def tar_members(blob: Blob) -> dict[str, Blob]:
 
 def host_device(blob: Blob) -> str:
     """Where bytes decoded from this blob go: its own device, or the default one for a file."""
-    return Device.DEFAULT if blob.mapping is not None else blob.device
+    return default_device() if blob.mapping is not None else blob.device
 
 
 def tar_extract(fn: Any) -> dict[str, Tensor]:

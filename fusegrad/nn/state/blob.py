@@ -10,9 +10,16 @@ import numpy as np
 
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import prod
-from fusegrad.runtime.buffers import Buffer, DiskBuffer, buffer_uop, check_mapped, host_values, is_contiguous_view
-from fusegrad.runtime.buffers import view_buffer
-from fusegrad.runtime.device import Device
+from fusegrad.runtime.buffers import (
+    Buffer,
+    DiskBuffer,
+    buffer_uop,
+    check_mapped,
+    file_mapping,
+    host_values,
+    is_contiguous_view,
+    view_buffer,
+)
 from fusegrad.tensor import Tensor
 
 
@@ -64,9 +71,8 @@ class Blob:
 
 def file_blob(path: str | os.PathLike) -> Blob:
     full = os.path.abspath(os.fspath(path))
-    device = f"DISK:{full}"
-    mapping = Device[device].mapping()
-    return Blob(os.fspath(path), memoryview(mapping), device, mapping)
+    mapping = file_mapping(full)
+    return Blob(os.fspath(path), memoryview(mapping), f"DISK:{full}", mapping)
 
 
 def blob_of(fn: Any) -> Blob:

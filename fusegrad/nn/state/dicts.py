@@ -6,7 +6,7 @@ import time
 import types
 from typing import Any
 
-from fusegrad.schedule.multi import multi_axis
+from fusegrad.uop.multi import multi_axis
 from fusegrad.tensor import Tensor
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod, round_up
 from fusegrad.nn.quantized import DEQUANTIZERS, GGML_PLAIN_TYPES, GGML_TYPES, GGMLQuantized
-from fusegrad.runtime.device import Device
+from fusegrad.runtime.buffers import default_device
 from fusegrad.tensor import Tensor
 from fusegrad.nn.state.blob import Blob, blob_of
 
@@ -34,7 +34,7 @@ def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
             f"{sorted(GGML_TYPES[k][0] for k in (*GGML_PLAIN_TYPES, *DEQUANTIZERS))}"
         )
     if t.device.startswith("DISK:"):
-        t = t.to(Device.DEFAULT)
+        t = t.to(default_device())
     return DEQUANTIZERS[ggml_type](t.reshape(-1)[:nbytes].reshape(n // block, block_bytes)).reshape(n)
 
 

@@ -4,24 +4,15 @@ MULTI(shard_0, ..., shard_n-1) with arg (axis, devices) means the concatenation 
 same value replicated on every device when axis is None. Users build graphs on MULTI freely; before scheduling,
 `lower_multi` pushes each op through the MULTI nodes below it: elementwise ops and ops that keep the sharded axis
 whole run per shard, a reduce over the sharded axis reduces per shard and then all-reduces (each device adds the
-copied partials), and everything else gathers the shards on every device first (a replicated result)."""
+copied partials), and everything else gathers the shards on every device first (a replicated result).
+
+Graph-level only: the front end asks a value's sharded axis (multi_axis) and the scheduler lowers before it plans."""
 
 from __future__ import annotations
 from typing import Sequence
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
-from fusegrad.runtime.device import Device
 from fusegrad.uop.ops import GroupOp, Ops, UOp, device_of
-
-
-def canonical_device(device: str | Sequence[str] | None) -> str | tuple[str, ...]:
-    """A device string, or a tuple of them for a multi-device placement (a 1-tuple is its one device)."""
-    if isinstance(device, (tuple, list)):
-        devices = tuple(Device.canonicalize(d) for d in device)
-        if not devices:
-            raise RuntimeError("a multi-device placement needs at least one device")
-        return devices[0] if len(devices) == 1 else devices
-    return Device.canonicalize(device)
 
 
 def shard_shape(shape: tuple[int, ...], axis: int | None, n: int) -> tuple[int, ...]:
