@@ -38,6 +38,7 @@ from fusegrad.engine.jit_inputs import (
     same_value,
     split_args,
 )
+from fusegrad.engine import jit_pickle  # noqa: F401  (registers how a captured step pickles)
 from fusegrad.engine.jit_program import CapturedJit, Launch, freeze, is_frozen_tensor, thaw
 from fusegrad.engine.realize import capturing, realize_lock
 from fusegrad.runtime.buffers import buffer_of

@@ -3,10 +3,12 @@ it has them, on load), buffers as their contents, except intermediates (only the
 (only their shape: every replay brings its own)."""
 
 from __future__ import annotations
+import copyreg
 from typing import Any
 import numpy as np
 from fusegrad.codegen import lower_to_linear
-from fusegrad.engine.jit_program import IndexCheckRunner
+from fusegrad.engine.jit_program import CapturedJit, GraphStep, IndexCheckRunner, Launch
+from fusegrad.engine.realize import Runner
 from fusegrad.dtype import dtypes
 from fusegrad.runtime.device import Buffer, Device
 from fusegrad.runtime.buffers import buffer_of, buffer_uop
@@ -93,9 +95,7 @@ def captured_state(cap: Any) -> dict:
     }
 
 
-def captured_from_state(state: dict, cls: Any, launch_cls: Any, use_graphs: bool) -> Any:
-    from fusegrad.engine.realize import Runner
-
+def captured_from_state(state: dict, use_graphs: bool) -> CapturedJit:
     arenas = [Buffer(device, size, dtypes.uint8).ensure_allocated() for device, size in state["arenas"]]
     table: list[Buffer] = []
     placement: dict[Buffer, tuple[int, int]] = {}
@@ -119,8 +119,8 @@ def captured_from_state(state: dict, cls: Any, launch_cls: Any, use_graphs: bool
             info = lower_to_linear(ast, opts=opts)
             runner = Runner(info, Device[device].build(info), device)
         ast = program[1] if program is not None and program[0] != "check" else None
-        launches.append(launch_cls(runner, [table[i] for i in idx], ast))
-    cap = cls(
+        launches.append(Launch(runner, [table[i] for i in idx], ast))
+    cap = CapturedJit(
         launches,
         [table[i] for i in state["inputs"]],
         state["layout"],
@@ -134,3 +134,10 @@ def captured_from_state(state: dict, cls: Any, launch_cls: Any, use_graphs: bool
     cap.planned_from, cap.planned_to = state["planned"]
     cap.build_steps(use_graphs)
     return cap
+
+
+def _reduce_captured(cap: CapturedJit) -> tuple:
+    return captured_from_state, (captured_state(cap), any(isinstance(s, GraphStep) for s in cap.steps))
+
+
+copyreg.pickle(CapturedJit, _reduce_captured)  # registered here, so jit_program knows nothing of pickling

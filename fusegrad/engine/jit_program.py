@@ -133,11 +133,6 @@ class CapturedJit:
                 self.var_slots.append((la, pos, var, graph, None if graph is None else graph.arg_off[entry] + pos))
         self._last_vals = dict(self.var_vals)
 
-    def __reduce__(self) -> tuple:
-        from fusegrad.engine.jit_pickle import captured_state
-
-        return restore_captured, (captured_state(self), any(isinstance(s, GraphStep) for s in self.steps))
-
     @property
     def jit_cache(self) -> list[Launch]:
         """The captured kernel calls in launch order, each with its runner (`prg`) and buffers (`bufs`)."""
@@ -246,12 +241,6 @@ class CapturedJit:
                 print(
                     f"  JIT {name:32s} arg {len(bufs):2d} tm {et * 1e6:9.2f}us {ops / max(et, 1e-9) / 1e9:8.2f} GFLOPS"
                 )
-
-
-def restore_captured(state: dict, use_graphs: bool) -> CapturedJit:
-    from fusegrad.engine.jit_pickle import captured_from_state
-
-    return captured_from_state(state, CapturedJit, Launch, use_graphs)
 
 
 def graphable(la: Launch) -> bool:
