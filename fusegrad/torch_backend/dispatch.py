@@ -38,6 +38,9 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     return _dispatch(func, args, kwargs)
 
 
+FuseTensor.dispatcher = staticmethod(dispatch)
+
+
 def _on_worker(func: Any, args: tuple, kwargs: dict) -> Any:
     """On autograd's device thread an exception aborts the process, so it is raised by the next op or sync on
     `fuse` in a Python thread (as a GPU reports a kernel's error at the next sync), and the op gives zeros meanwhile."""

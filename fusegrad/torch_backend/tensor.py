@@ -59,11 +59,12 @@ class FuseTensor(torch.Tensor):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__()
 
+    # dispatch.py installs itself here: every aten op on a FuseTensor goes to it
+    dispatcher: Any = None
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from .dispatch import dispatch
-
-        return dispatch(func, args, kwargs or {})
+        return cls.dispatcher(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         text = repr(to_cpu(self))
