@@ -148,6 +148,11 @@ class Trace:
                 _compile([g for _, g in pairs], [input_devices[i] for i, _ in pairs])
         if fn.precompile:
             _compile(out_nodes, self.devices)
+        # the traced nodes are not kept: an implicit input's old version, still held, would make every optimizer
+        # assign into it copy on write
+        self.forward.slots = {}
+        for _, _, program in self.backward:
+            program.slots = {}
 
     def _custom_grads(self, fn, placeholder_args, placeholders, outs, k, grad, tracer) -> list[tuple[int, UOp]]:
         others = (grad if j == k else o.zeros_like() for j, o in enumerate(outs))
