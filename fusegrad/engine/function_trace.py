@@ -114,7 +114,13 @@ class Trace:
         placeholders = [t.empty_like() for t in arg_tensors]
         tracer = BodyTracer(self.name, [p.uop for p in placeholders])
         start_id = next_buffer_id()
+        rng_calls = Tensor._rng_calls
         out = run_traced(tracer, lambda: placeholder_args(placeholders))
+        if Tensor._rng_calls != rng_calls:  # a replay would repeat the trace's draws: dropout with one fixed mask
+            raise RuntimeError(
+                f"@function {self.name}: the body draws random numbers, which a replay would repeat; draw them outside "
+                "and pass them as arguments"
+            )
         self.kind, outs = _outputs(self.name, out)
         self.devices = [t.device for t in outs]
         ph_nodes = [p.uop for p in placeholders]

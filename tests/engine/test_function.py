@@ -281,6 +281,8 @@ def test_bad_input_errors():
         function(lambda x: (x + 1).realize())(Tensor(data(2)))
     with pytest.raises(RuntimeError, match="realizes or reads"):
         function(lambda x: x * (x.sum().item()))(Tensor(data(2)))
+    with pytest.raises(RuntimeError, match="the body draws random numbers, which a replay would repeat"):
+        function(lambda x: x + Tensor.rand(2))(Tensor(data(2)))
     with pytest.raises(ValueError, match="grad_fxn returned 1 gradients for 2 tensor arguments"):
         function(lambda a, b: a * b, grad_fxn=lambda g, a, b: (g,))(Tensor(data(2)), Tensor(data(2)))
     with pytest.raises(ValueError, match=r"grad_fxn's gradient 0 is \(3,\), its argument has shape \(2,\)"):
