@@ -10,6 +10,7 @@ import numpy as np
 
 from fusegrad import Tensor, TinyJit, function, nn
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
+from fusegrad.models.layer_math import layer_norm, panel_linear
 from fusegrad.models.weights import PanelLinear, load_into, panel_matmul, to_panels
 from fusegrad.nn.state import safe_load
 from fusegrad.uop.ops import UOp
@@ -76,36 +77,27 @@ class MLP:
         self.c_fc, self.c_proj = Conv1D(cfg.n_embd, inner), Conv1D(inner, cfg.n_embd)
 
 
-def _layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-    centered = x - x.mean(axis=(x.ndim - 1,), keepdim=True)
-    return centered * ((centered * centered).mean(axis=(x.ndim - 1,), keepdim=True) + eps).rsqrt() * weight + bias
-
-
-def _linear(x: Tensor, weight: Tensor, bias: Tensor, d_out: int) -> Tensor:
-    return panel_matmul(x, weight, d_out) + bias
-
-
 # The pure parts of a block, traced once for all layers (same shapes): a layer's call replays the graph over its own
 # weights instead of running the Python of layer norms, matmuls and activations. The KV-cache writes and the
 # attention over the cache (a bound Variable in its shapes) stay outside.
 @function
 def _qkv(x: Tensor, ln_w: Tensor, ln_b: Tensor, w: Tensor, b: Tensor, cfg: GPT2Config) -> Tensor:
-    return _linear(_layer_norm(x, ln_w, ln_b, cfg.layer_norm_epsilon), w, b, 3 * cfg.n_embd)
+    return panel_linear(layer_norm(x, ln_w, ln_b, cfg.layer_norm_epsilon), w, b, 3 * cfg.n_embd)
 
 
 @function
 def _attention_residual(x: Tensor, heads: Tensor, w: Tensor, b: Tensor, cfg: GPT2Config) -> Tensor:
     t, d = x.shape
     # the heads realized in token-row order: the projection's register tiles need rows it reads contiguously
-    return x + _linear(heads[0].transpose(0, 1).contiguous().reshape(t, d), w, b, d)
+    return x + panel_linear(heads[0].transpose(0, 1).contiguous().reshape(t, d), w, b, d)
 
 
 @function
 def _mlp_residual(
     h: Tensor, ln_w: Tensor, ln_b: Tensor, fc_w: Tensor, fc_b: Tensor, proj_w: Tensor, proj_b: Tensor, cfg: GPT2Config
 ) -> Tensor:
-    inner = _linear(_layer_norm(h, ln_w, ln_b, cfg.layer_norm_epsilon), fc_w, fc_b, cfg.n_inner or 4 * cfg.n_embd)
-    return h + _linear(_ACTIVATIONS[cfg.activation_function](inner), proj_w, proj_b, cfg.n_embd)
+    inner = panel_linear(layer_norm(h, ln_w, ln_b, cfg.layer_norm_epsilon), fc_w, fc_b, cfg.n_inner or 4 * cfg.n_embd)
+    return h + panel_linear(_ACTIVATIONS[cfg.activation_function](inner), proj_w, proj_b, cfg.n_embd)
 
 
 class Block:
