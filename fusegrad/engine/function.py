@@ -1,16 +1,19 @@
 """`@function`: a function of tensors traced once per input signature into a graph that later calls replay.
 
-The signature is every tensor argument's shape, dtype, device (and sharded axis) plus the non-tensor arguments'
-values. The first call with a signature runs the body on placeholder tensors (function_trace.Trace); later calls
-rebuild that graph over their own arguments' nodes (function_program.GraphProgram) without running the body. The
-kernels are the same either way, so the kernel and schedule caches serve them as before; what a call saves is the
-Python of the body: Tensor methods, shape and dtype checks, broadcasting, gradient rules."""
+The signature is every tensor argument's shape, dtype, device, sharded axis and requires_grad, the non-tensor
+arguments' values, training mode and the default dtypes. The first call with a signature runs the body on
+placeholder tensors (function_trace.Trace); later calls rebuild that graph over their own arguments' nodes
+(function_program.GraphProgram) without running the body. The kernels are the same either way, so the kernel and
+schedule caches serve them as before; what a call saves is the Python of the body: Tensor methods, shape and dtype
+checks, broadcasting, gradient rules."""
 
 from __future__ import annotations
 import functools
 import weakref
 from typing import Any, Callable
+from fusegrad.dtype import dtypes
 from fusegrad.engine.function_trace import Trace
+from fusegrad.helpers import TRAINING
 from fusegrad.schedule.multi import multi_axis
 from fusegrad.tensor import Tensor
 
@@ -53,7 +56,7 @@ class Function:
     def _call(self, traces: dict, extra_key: tuple, instance: Any, *args: Any, **kwargs: Any) -> Any:
         tensors: list[Tensor] = []
         items = tuple(sorted(kwargs.items()))
-        key = (extra_key, _key(self.name, args, tensors), _key(self.name, items, tensors))
+        key = (extra_key, _mode(), _key(self.name, args, tensors), _key(self.name, items, tensors))
         trace = traces.get(key)
         implicit = trace.implicit_values() if trace is not None else None
         if trace is None or implicit is None:
@@ -96,6 +99,11 @@ def function(
     return Function(fxn, **options)
 
 
+def _mode() -> tuple:
+    """What a body's graph may depend on besides its arguments: training mode and the default dtypes."""
+    return (TRAINING.value, Tensor.training, dtypes.default_float, dtypes.default_int)
+
+
 def _key(name: str, values: tuple, tensors: list[Tensor]) -> tuple:
     """The signature of values (tensors appended to `tensors` in order): tensors by layout, the rest by value."""
     out = []
@@ -103,7 +111,7 @@ def _key(name: str, values: tuple, tensors: list[Tensor]) -> tuple:
         if isinstance(v, Tensor):
             tensors.append(v)
             axis = multi_axis(v.uop) if isinstance(v.device, tuple) else None
-            out.append((Tensor, v.shape, v.dtype, v.device, axis))
+            out.append((Tensor, v.shape, v.dtype, v.device, axis, v.requires_grad))
         elif isinstance(v, (tuple, list)):
             out.append((type(v), _key(name, tuple(v), tensors)))
         elif isinstance(v, dict):

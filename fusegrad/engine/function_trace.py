@@ -51,11 +51,11 @@ class ImplicitInput:
 
     def __init__(self, tensor: Tensor):
         self.ref = weakref.ref(tensor)
-        self.layout = (tensor.shape, tensor.dtype, tensor.device)
+        self.layout = (tensor.shape, tensor.dtype, tensor.device, tensor.requires_grad)
 
     def current(self) -> UOp | None:
         t = self.ref()
-        if t is None or (t.shape, t.dtype, t.device) != self.layout:
+        if t is None or (t.shape, t.dtype, t.device, t.requires_grad) != self.layout:
             return None
         return t.uop
 
@@ -111,7 +111,7 @@ class Trace:
 
     def __init__(self, fn: Any, placeholder_args: Callable[..., Any], arg_tensors: list[Tensor]):
         self.name = fn.name
-        placeholders = [t.empty_like() for t in arg_tensors]
+        placeholders = [_placeholder(self.name, i, t) for i, t in enumerate(arg_tensors)]
         tracer = BodyTracer(self.name, [p.uop for p in placeholders])
         start_id = next_buffer_id()
         rng_calls = Tensor._rng_calls
@@ -222,6 +222,18 @@ def _rebuild(forward: GraphProgram, values: list, slot: int) -> UOp:
     srcs = tuple(values[i] if values[i] is not None else _rebuild(forward, values, i) for i in src)
     values[slot] = UOp(op, dtype, srcs, next(_contiguous_ids) if op is Ops.CONTIGUOUS and type(arg) is int else arg)
     return values[slot]
+
+
+def _placeholder(name: str, i: int, t: Tensor) -> Tensor:
+    """A tensor laid out like argument t (an unallocated buffer; sharded like t), marked for gradients like t: some
+    ops build another graph for a tensor that may be differentiated."""
+    if not all(isinstance(d, int) for d in t.shape):
+        raise ValueError(
+            f"@function {name}: tensor argument {i} has a symbolic shape {t.shape}; shapes must be concrete"
+        )
+    p = t.empty_like()
+    p.requires_grad, p.is_param = t.requires_grad, t.is_param
+    return p
 
 
 def _outputs(name: str, out: Any) -> tuple[Any, list[Tensor]]:

@@ -4,7 +4,7 @@ methods, TinyJit, sharded inputs, precompile and bad input."""
 import numpy as np
 import pytest
 import torch
-from fusegrad import GlobalCounters, Tensor, TinyJit, dtypes, function
+from fusegrad import GlobalCounters, Tensor, TinyJit, Variable, dtypes, function
 from fusegrad.function import function as function_by_module
 from fusegrad.nn.optim import SGD
 from fusegrad.helpers import Context
@@ -59,6 +59,10 @@ def test_a_signature_change_retraces():
     np.testing.assert_allclose(f(Tensor(x[:1]), 3.0).numpy(), x[:1] * 3 + 1, rtol=1e-6)  # a shape
     f(Tensor(x, dtype=dtypes.float16), 3.0)  # a dtype
     assert len(calls) == 4 and calls[1][2] == 3.0 and calls[2][0] == (1, 3) and calls[3][1] is dtypes.float16
+    f(Tensor(x, requires_grad=True), 3.0)  # marked for gradients (some ops then build another graph)
+    with Context(TRAINING=1):  # training mode (dropout, batch statistics)
+        f(Tensor(x), 3.0)
+    assert len(calls) == 6
 
 
 def test_forward_and_backward_match_torch_and_the_backward_is_traced_once():
@@ -281,6 +285,9 @@ def test_bad_input_errors():
         function(lambda x: (x + 1).realize())(Tensor(data(2)))
     with pytest.raises(RuntimeError, match="realizes or reads"):
         function(lambda x: x * (x.sum().item()))(Tensor(data(2)))
+    bound = Variable("n", 1, 4).bind(2)
+    with pytest.raises(ValueError, match="tensor argument 0 has a symbolic shape"):
+        function(lambda x: x + 1)(Tensor.ones(4)[:bound])
     with pytest.raises(RuntimeError, match="the body draws random numbers, which a replay would repeat"):
         function(lambda x: x + Tensor.rand(2))(Tensor(data(2)))
     with pytest.raises(ValueError, match="grad_fxn returned 1 gradients for 2 tensor arguments"):
