@@ -191,25 +191,27 @@ class Trace:
     def call(self, inputs: list[UOp]) -> Any:
         env = self.forward.run(list(inputs))
         outs = [env[s] for s in self.forward.root_slots]
-        for k, grad_inputs, program in self.backward:
-            register_gradient(outs[k], tuple(inputs[i] for i in grad_inputs), _backward(self.forward, env, program))
+        if self.backward:
+            computed_from = self.forward.first_slot + len(self.forward.fixed)
+            dead = {s: weakref.ref(env[s]) for s in self.forward.root_slots if s >= computed_from}
+            for s in dead:
+                env[s] = None  # the backward closures share env: none of them holds an output
+            for k, grad_inputs, program in self.backward:
+                backward = _backward(self.forward, env, dead, program)
+                register_gradient(outs[k], tuple(inputs[i] for i in grad_inputs), backward)
         tensors = [tensor_of_uop(u, d) for u, d in zip(outs, self.devices)]
         return tensors[0] if self.kind is None else self.kind(tensors)
 
 
-def _backward(forward: GraphProgram, env: list[UOp], program: GraphProgram) -> Callable[[UOp], tuple[UOp, ...]]:
-    """backward(g) for one output: the forward's nodes come from env, except its outputs, which are held weakly (a
-    registered gradient must not hold its own node) and rebuilt if they died."""
-    saved: list[UOp | None] = list(env)
-    dead: dict[int, weakref.ref] = {}
-    for s in forward.root_slots:
-        if s >= forward.first_slot + len(forward.fixed):
-            dead[s], saved[s] = weakref.ref(env[s]), None  # type: ignore[assignment]
+def _backward(forward: GraphProgram, saved: list, dead: dict[int, weakref.ref], program: GraphProgram) -> Callable:
+    """backward(g) for one output: the forward's nodes come from saved, where its outputs are None and held weakly
+    in dead (a registered gradient must not hold its own node), rebuilt if they died."""
 
     def backward(g: UOp) -> tuple[UOp, ...]:
         values = list(saved)
         for s, ref in dead.items():
-            values[s] = ref() or _rebuild(forward, values, s)
+            node = ref()
+            values[s] = node if node is not None else _rebuild(forward, values, s)
         values.append(g)
         program.run(values)
         return tuple(values[s] for s in program.root_slots)
