@@ -123,7 +123,7 @@ def main() -> None:
         f"plain / @function {plain / traced:.3f}x)"
     )
     if (peer := torch_per_layer()) is not None:
-        print(f"  torch eager {peer * 1e3:8.2f} ms   (fusegrad @function / torch: {traced / peer:.2f}x)")
+        print(f"  torch eager {peer * 1e3:8.2f} ms   (time ratio fusegrad @function / torch: {traced / peer:.2f}x)")
     print(
         f"building one MLP residual's graph: @function {build_traced * 1e6:.0f} us, plain {build_plain * 1e6:.0f} us "
         f"({build_plain / build_traced:.1f}x)"
