@@ -13,7 +13,7 @@ import weakref
 from typing import Any, Callable
 from fusegrad.dtype import dtypes
 from fusegrad.engine.function_trace import Trace
-from fusegrad.helpers import TRAINING
+from fusegrad.helpers import DEBUG, TRAINING
 from fusegrad.schedule.multi import multi_axis
 from fusegrad.tensor import Tensor
 
@@ -71,6 +71,11 @@ class Function:
 
             trace = traces[key] = Trace(self, on_placeholders, tensors)
             implicit = trace.implicit_values() or []
+            if DEBUG >= 2:
+                print(
+                    f"@function {self.name}: trace {len(traces)}, {len(trace.forward)} nodes, "
+                    f"{len(trace.implicit)} implicit inputs, {len(trace.backward)} backward"
+                )
         return trace.call([t.uop for t in tensors] + implicit)
 
     def __repr__(self) -> str:
