@@ -5,6 +5,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.runtime.device import Device
 from fusegrad.helpers import PROFILE, VIZ, Context, GlobalCounters, getenv
 from fusegrad.engine.jit import TinyJit
+from fusegrad.function import function
 from fusegrad.uop.sint import Variable
 from fusegrad.viz import profile
 
@@ -13,4 +14,15 @@ if PROFILE or VIZ:  # recording from the start, written (and served) at exit
 
     start_from_env()
 
-__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "TinyJit", "Variable", "profile"]
+__all__ = [
+    "Tensor",
+    "dtypes",
+    "Device",
+    "Context",
+    "GlobalCounters",
+    "getenv",
+    "TinyJit",
+    "Variable",
+    "profile",
+    "function",
+]

@@ -38,6 +38,8 @@ atexit.register(clear_schedule_cache)
 realize_lock = threading.RLock()
 # TinyJit's recorder while it captures a step (engine/jit.py): it sees every launch and refuses reads of data
 capturing: list[Any] = []
+# the @function bodies being traced (engine/function_trace.py): each refuses a realize of its placeholders' values
+tracing: list[Any] = []
 
 
 def get_runner(device: str, ast: UOp) -> Runner:
@@ -249,6 +251,8 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
     With `holders_per_root` (the references the caller holds on each root: its `roots` list, its tensor), an assign
     whose old value a live graph outside this realize still reads copies on write; without it assigns write in place."""
     with realize_lock:
+        for tracer in tracing:
+            tracer.refuse_realize(roots)
         if (hook := Hooks.trace) is not None:
             token, t_sched = hook.open("realize", "realize", {"roots": len(roots)}), time.perf_counter()
         readers = OldVersionReaders(roots, holders_per_root) if holders_per_root is not None else None
@@ -289,4 +293,4 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
     return results
 
 
-__all__ = ["realize_uops", "compile_schedule", "get_runner", "buffer_of", "realize_lock", "capturing"]
+__all__ = ["realize_uops", "compile_schedule", "get_runner", "buffer_of", "realize_lock", "capturing", "tracing"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fusegrad import Tensor, TinyJit, dtypes, nn
+from fusegrad import Tensor, TinyJit, dtypes, function, nn
+from fusegrad.models.layer_math import layer_norm, panel_linear
 from fusegrad.models.weights import PanelLinear, load_into, to_panels, transposed_linears
 from fusegrad.nn.state import safe_load
 
@@ -45,22 +46,9 @@ _ACTIVATIONS = {
 
 class BertSelfAttention:
     def __init__(self, cfg: BertConfig):
-        self.heads, self.head_dim = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
         self.query = PanelLinear(cfg.hidden_size, cfg.hidden_size)
         self.key = PanelLinear(cfg.hidden_size, cfg.hidden_size)
         self.value = PanelLinear(cfg.hidden_size, cfg.hidden_size)
-
-    def __call__(self, x: Tensor, key_mask: Tensor) -> Tensor:
-        """x is (batch * tokens, hidden); key_mask (batch, 1, 1, tokens)."""
-        b, t, d = key_mask.shape[0], key_mask.shape[-1], x.shape[-1]
-        # each projection is realized row-major first: written straight into the heads layout it runs ~4x slower
-        q, k, v = (
-            f(x).contiguous().reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
-            for f in (self.query, self.key, self.value)
-        )
-        out = q.scaled_dot_product_attention(k, v, attn_mask=key_mask)
-        # realized in token-row order: the output projection's register tiles need rows it reads contiguously
-        return out.transpose(1, 2).contiguous().reshape(b * t, d)
 
 
 class BertAttention:
@@ -76,30 +64,51 @@ class _DenseNorm:
         self.dense = PanelLinear(d_in, d_out)
         self.LayerNorm = nn.LayerNorm(d_out, eps=eps)
 
-    def __call__(self, x: Tensor, residual: Tensor) -> Tensor:
-        # realized: both the next matmul and the next residual add read it (left lazy, each reader recomputed it)
-        return self.LayerNorm(self.dense(x) + residual).contiguous()
-
 
 class _Intermediate:
     def __init__(self, cfg: BertConfig):
         if cfg.hidden_act not in _ACTIVATIONS:
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported; supported: {sorted(_ACTIVATIONS)}")
-        self.dense, self.act = PanelLinear(cfg.hidden_size, cfg.intermediate_size), _ACTIVATIONS[cfg.hidden_act]
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.act(self.dense(x))
+        self.dense = PanelLinear(cfg.hidden_size, cfg.intermediate_size)
 
 
 class BertLayer:
     def __init__(self, cfg: BertConfig):
+        self.cfg = cfg
         self.attention = BertAttention(cfg)
         self.intermediate = _Intermediate(cfg)
         self.output = _DenseNorm(cfg.intermediate_size, cfg.hidden_size, cfg.layer_norm_eps)
 
     def __call__(self, x: Tensor, key_mask: Tensor) -> Tensor:
-        h = self.attention.output(self.attention.self(x, key_mask), x)
-        return self.output(self.intermediate(h), h)
+        att = self.attention
+        linears = (att.self.query, att.self.key, att.self.value, att.output.dense, self.intermediate.dense)
+        norms = (att.output.LayerNorm, self.output.LayerNorm)
+        weights = tuple(t for lin in (*linears, self.output.dense) for t in (lin.weight, lin.bias))
+        return _bert_layer(x, key_mask, weights + tuple(t for n in norms for t in (n.weight, n.bias)), self.cfg)
+
+
+def _dense_norm(x: Tensor, residual: Tensor, w: Tensor, b: Tensor, ln_w: Tensor, ln_b: Tensor, eps: float) -> Tensor:
+    # realized: both the next matmul and the next residual add read it (left lazy, each reader recomputed it)
+    return layer_norm(panel_linear(x, w, b, residual.shape[-1]) + residual, ln_w, ln_b, eps).contiguous()
+
+
+# traced once for all layers (same shapes): a layer's call replays the graph over its own weights
+@function
+def _bert_layer(x: Tensor, key_mask: Tensor, weights: tuple[Tensor, ...], cfg: BertConfig) -> Tensor:
+    """x is (batch * tokens, hidden); key_mask (batch, 1, 1, tokens); weights as BertLayer.__call__ lists them."""
+    qw, qb, kw, kb, vw, vb, ow, ob, iw, ib, fw, fb, ln1_w, ln1_b, ln2_w, ln2_b = weights
+    b, t, d = key_mask.shape[0], key_mask.shape[-1], x.shape[-1]
+    heads = cfg.num_attention_heads
+    # each projection is realized row-major first: written straight into the heads layout it runs ~4x slower
+    q, k, v = (
+        panel_linear(x, w, bias, d).contiguous().reshape(b, t, heads, d // heads).transpose(1, 2)
+        for w, bias in ((qw, qb), (kw, kb), (vw, vb))
+    )
+    out = q.scaled_dot_product_attention(k, v, attn_mask=key_mask)
+    # realized in token-row order: the output projection's register tiles need rows it reads contiguously
+    h = _dense_norm(out.transpose(1, 2).contiguous().reshape(b * t, d), x, ow, ob, ln1_w, ln1_b, cfg.layer_norm_eps)
+    inner = _ACTIVATIONS[cfg.hidden_act](panel_linear(h, iw, ib, cfg.intermediate_size))
+    return _dense_norm(inner, h, fw, fb, ln2_w, ln2_b, cfg.layer_norm_eps)
 
 
 class BertEmbeddings:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fusegrad import Tensor, TinyJit, nn
+from fusegrad import Tensor, TinyJit, function, nn
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
+from fusegrad.models.layer_math import layer_norm, panel_linear
 from fusegrad.models.weights import PanelLinear, load_into, panel_matmul, to_panels
 from fusegrad.nn.state import safe_load
 from fusegrad.uop.ops import UOp
@@ -60,41 +61,60 @@ class Attention:
         self.heads, self.head_dim = cfg.n_head, cfg.n_embd // cfg.n_head
         self.c_attn, self.c_proj = Conv1D(cfg.n_embd, 3 * cfg.n_embd), Conv1D(cfg.n_embd, cfg.n_embd)
 
-    def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None) -> Tensor:
-        t, d = x.shape
-        # q, k and v realized row-major by one kernel, then viewed as heads (realized here, not left to the cache's
-        # writes: each write is its own schedule, which would compute them again)
-        q, k, v = (
-            y.reshape(t, self.heads, self.head_dim).transpose(0, 1).unsqueeze(0)
-            for y in self.c_attn(x).realize().split(d, -1)
-        )
+    def __call__(self, qkv: Tensor, cache: KVCache, start: UOp, mask: Tensor | None) -> Tensor:
+        """The heads' outputs (1, heads, t, head_dim) of a chunk's realized q, k, v rows (t, 3 * n_embd)."""
+        t, d = qkv.shape[0], qkv.shape[1] // 3
+        # q, k and v viewed as heads of their rows, realized by the caller (not left to the cache's writes: each
+        # write is its own schedule, which would compute them again)
+        q, k, v = (y.reshape(t, self.heads, self.head_dim).transpose(0, 1).unsqueeze(0) for y in qkv.split(d, -1))
         keys, values = cache.write(k, v, start)
-        out = attention(q, keys, values, mask)
-        # realized in token-row order: the projection's register tiles need rows it reads contiguously
-        return self.c_proj(out[0].transpose(0, 1).contiguous().reshape(t, d))
+        return attention(q, keys, values, mask)
 
 
 class MLP:
     def __init__(self, cfg: GPT2Config):
         inner = cfg.n_inner or 4 * cfg.n_embd
         self.c_fc, self.c_proj = Conv1D(cfg.n_embd, inner), Conv1D(inner, cfg.n_embd)
-        self.act = _ACTIVATIONS[cfg.activation_function]
 
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.c_proj(self.act(self.c_fc(x)))
+
+# The pure parts of a block, traced once for all layers (same shapes): a layer's call replays the graph over its own
+# weights instead of running the Python of layer norms, matmuls and activations. The KV-cache writes and the
+# attention over the cache (a bound Variable in its shapes) stay outside.
+@function
+def _qkv(x: Tensor, ln_w: Tensor, ln_b: Tensor, w: Tensor, b: Tensor, cfg: GPT2Config) -> Tensor:
+    return panel_linear(layer_norm(x, ln_w, ln_b, cfg.layer_norm_epsilon), w, b, 3 * cfg.n_embd)
+
+
+@function
+def _attention_residual(x: Tensor, heads: Tensor, w: Tensor, b: Tensor, cfg: GPT2Config) -> Tensor:
+    t, d = x.shape
+    # the heads realized in token-row order: the projection's register tiles need rows it reads contiguously
+    return x + panel_linear(heads[0].transpose(0, 1).contiguous().reshape(t, d), w, b, d)
+
+
+@function
+def _mlp_residual(
+    h: Tensor, ln_w: Tensor, ln_b: Tensor, fc_w: Tensor, fc_b: Tensor, proj_w: Tensor, proj_b: Tensor, cfg: GPT2Config
+) -> Tensor:
+    inner = panel_linear(layer_norm(h, ln_w, ln_b, cfg.layer_norm_epsilon), fc_w, fc_b, cfg.n_inner or 4 * cfg.n_embd)
+    return h + panel_linear(_ACTIVATIONS[cfg.activation_function](inner), proj_w, proj_b, cfg.n_embd)
 
 
 class Block:
     def __init__(self, cfg: GPT2Config):
+        self.cfg = cfg
         self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.attn = Attention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
     def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None) -> Tensor:
+        a, m, cfg = self.attn, self.mlp, self.cfg
+        qkv = _qkv(x, self.ln_1.weight, self.ln_1.bias, a.c_attn.weight, a.c_attn.bias, cfg).realize()
         # the residual stream realized: left lazy, each later schedule (the cache writes) computed it again
-        h = (x + self.attn(self.ln_1(x), cache, start, mask)).realize()
-        return (h + self.mlp(self.ln_2(h))).realize()
+        h = _attention_residual(x, a(qkv, cache, start, mask), a.c_proj.weight, a.c_proj.bias, cfg).realize()
+        ln, fc, proj = self.ln_2, m.c_fc, m.c_proj
+        return _mlp_residual(h, ln.weight, ln.bias, fc.weight, fc.bias, proj.weight, proj.bias, cfg).realize()
 
 
 class GPT2:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fusegrad import Device, Tensor, TinyJit, dtypes
+from fusegrad import Device, Tensor, TinyJit, dtypes, function
 from fusegrad.helpers import _Progress
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix
@@ -218,6 +218,19 @@ class FeedForward:
     def __call__(self, x: Tensor) -> Tensor:
         return self.down(self.gate(x).silu() * self.up(x))
 
+    def float_weights(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """gate, up and down as (in, out) float tensors, when none is quantized."""
+        ws = (self.gate.weight, self.up.weight, self.down.weight)
+        return ws if all(isinstance(w, Tensor) for w in ws) else None  # type: ignore[return-value]
+
+
+# traced once for all layers (same shapes): a layer's call replays the graph over its own weights
+@function
+def _ffn_residual(h: Tensor, norm: Tensor, gate: Tensor, up: Tensor, down: Tensor, eps: float) -> Tensor:
+    """h + FeedForward(rms_norm(h)) for float weights (QuantLinear's float matmul: x @ W, W (in, out))."""
+    x = rms_norm(h, norm, eps)
+    return h + ((x @ gate).silu() * (x @ up)) @ down
+
 
 def _expert(w: Weight, e: int) -> Weight:
     """Expert e's (out, in) weight out of an (experts, out, in) stack, still quantized if the stack is."""
@@ -269,6 +282,9 @@ class Block:
 
     def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
         h = x + self.attn(rms_norm(x, self.attn_norm, self.cfg.norm_eps), cache, start, mask, cos, sin)
+        dense = isinstance(self.ffn, FeedForward) and isinstance(self.ffn_norm, Tensor)
+        if dense and (weights := self.ffn.float_weights()) is not None:  # type: ignore[union-attr]
+            return _ffn_residual(h, self.ffn_norm, *weights, self.cfg.norm_eps)
         return h + self.ffn(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
 
 

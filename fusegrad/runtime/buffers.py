@@ -74,6 +74,11 @@ buffer_of = BufferTable()
 _unique = itertools.count()
 
 
+def next_buffer_id() -> int:
+    """An id no BUFFER node made so far has: nodes made from now on have larger ones (@function's trace start)."""
+    return next(_unique)
+
+
 def buffer_uop(buf: Buffer) -> UOp:
     """A fresh BUFFER node (a new version) for an existing Buffer."""
     u = UOp(Ops.BUFFER, buf.dtype, (), (next(_unique), buf.device, buf.size))
