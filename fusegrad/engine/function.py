@@ -14,7 +14,7 @@ from typing import Any, Callable
 from fusegrad.dtype import dtypes
 from fusegrad.engine.function_trace import Trace
 from fusegrad.helpers import DEBUG, TRAINING
-from fusegrad.schedule.multi import multi_axis
+from fusegrad.uop.multi import multi_axis
 from fusegrad.tensor import Tensor
 
 
