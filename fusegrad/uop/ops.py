@@ -120,6 +120,22 @@ def reduce_identity(op: Ops, dtype: DType) -> bool | int | float:
     return bool(value) if dtype is dtypes.bool else value
 
 
+class SymbolicHooks:
+    """What uop/sint.py and uop/symbolic.py lend the node class: they build on UOp, so ops.py cannot import them;
+    each installs its functions here when imported, which importing the fusegrad.uop package does first."""
+
+    sym_repr: Callable[[UOp], str]
+    sym_str: Callable[[Any], str]
+    variable: Callable[..., UOp]
+    sadd: Callable[[Any, Any], Any]
+    ssub: Callable[[Any, Any], Any]
+    range_sources: Callable[[UOp], tuple[UOp, ...]]
+    value_range: Callable[[UOp], tuple[Any, Any]]
+
+
+symbolic_hooks = SymbolicHooks()
+
+
 class _CacheRef(weakref.ref):
     """The hash-consing table's weak reference to a node, knowing its key: the node's death drops the entry."""
 
@@ -270,9 +286,7 @@ class UOp(metaclass=UOpMeta):
 
     def __repr__(self) -> str:
         if self.op is Ops.DEFINE_VAR or self.op is Ops.BIND or self.op in GroupOp.ALU and _is_symbolic_size(self):
-            from fusegrad.uop.sint import sym_repr
-
-            return sym_repr(self)
+            return symbolic_hooks.sym_repr(self)
         return pretty(self)
 
     def replace(self, **kwargs: Any) -> UOp:
@@ -424,9 +438,7 @@ class UOp(metaclass=UOpMeta):
     @staticmethod
     def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.weakint) -> UOp:
         """A symbolic integer in [min_val, max_val] (what Variable builds); .bind(value) gives it a value."""
-        from fusegrad.uop.sint import Variable
-
-        return Variable(name, min_val, max_val, dtype)
+        return symbolic_hooks.variable(name, min_val, max_val, dtype)
 
     @property
     def is_realized(self) -> bool:
@@ -439,9 +451,7 @@ class UOp(metaclass=UOpMeta):
     @property
     def expr(self) -> str:
         """A variable's name (bound or not); any other symbolic expression as text."""
-        from fusegrad.uop.sint import sym_str
-
-        return sym_str(self)
+        return symbolic_hooks.sym_str(self)
 
     # ---- shapes of tensor-level nodes
     @property
@@ -494,10 +504,8 @@ class UOp(metaclass=UOpMeta):
             return self._vrange
         except AttributeError:
             pass
-        from fusegrad.uop.symbolic import range_sources, value_range
-
-        for n in _uncached_postorder(self, "_vrange", range_sources):
-            n._vrange = value_range(n)
+        for n in _uncached_postorder(self, "_vrange", symbolic_hooks.range_sources):
+            n._vrange = symbolic_hooks.value_range(n)
         return self._vrange
 
 
@@ -573,15 +581,12 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
         return tuple(s[i] for i in u.arg)
     if u.op is Ops.PAD:
         if any(isinstance(x, UOp) for x in (*s, *(v for p in u.arg for v in p))):
-            from fusegrad.uop.sint import sadd
-
+            sadd = symbolic_hooks.sadd
             return tuple(sadd(sadd(d, b), a) for d, (b, a) in zip(s, u.arg))
         return tuple(d + b + a for d, (b, a) in zip(s, u.arg))
     if u.op is Ops.SHRINK:
         if any(isinstance(v, UOp) for p in u.arg for v in p):
-            from fusegrad.uop.sint import ssub
-
-            return tuple(ssub(e, b) for b, e in u.arg)
+            return tuple(symbolic_hooks.ssub(e, b) for b, e in u.arg)
         return tuple(e - b for b, e in u.arg)
     if u.op is Ops.REDUCE_AXIS:
         return tuple(1 if i in u.arg[1] else d for i, d in enumerate(s))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Iterable
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, symbolic_hooks
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.uop.symbolic import pm_symbolic, sym_eval
 
@@ -213,3 +213,7 @@ def sym_str(x: sint) -> str:
 
 
 __all__ = ["Variable", "sint", "is_sym", "canonical", "sadd", "ssub", "smul", "sprod", "smax", "smin", "binds_of"]
+
+
+symbolic_hooks.sym_repr, symbolic_hooks.sym_str, symbolic_hooks.variable = sym_repr, sym_str, Variable
+symbolic_hooks.sadd, symbolic_hooks.ssub = sadd, ssub

@@ -5,8 +5,8 @@ import math
 from typing import Any
 from fusegrad.dtype import dtypes
 from fusegrad.uop.alu import cast_value, exec_alu
-from fusegrad.uop.ops import GroupOp, Ops, UOp
-from fusegrad.uop.pattern import PatternMatcher, UPat
+from fusegrad.uop.ops import GroupOp, Ops, UOp, symbolic_hooks
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 
 def _trunc_div(a: int, b: int) -> int:
@@ -364,8 +364,6 @@ pm_symbolic = pm_symbolic + pm_divmod_by_range
 
 
 def simplify(u: UOp) -> UOp:
-    from fusegrad.uop.pattern import graph_rewrite
-
     return graph_rewrite(u, pm_symbolic)
 
 
@@ -387,3 +385,6 @@ def sym_eval(u: UOp, env: dict[UOp, Any]) -> Any:
 
 
 __all__ = ["value_range", "range_sources", "pm_symbolic", "simplify", "sym_eval", "math"]
+
+
+symbolic_hooks.range_sources, symbolic_hooks.value_range = range_sources, value_range
