@@ -6,6 +6,9 @@ from fusegrad.runtime.device import Device
 from fusegrad.helpers import PROFILE, VIZ, Context, GlobalCounters, getenv
 from fusegrad.engine.jit import TinyJit
 from fusegrad.uop.sint import Variable
+from fusegrad.uop.ops import UOp
+from fusegrad.uop.kernel import AxisType, KernelInfo
+from fusegrad.dtype import AddrSpace
 from fusegrad.viz import profile
 
 if PROFILE or VIZ:  # recording from the start, written (and served) at exit
@@ -14,3 +17,4 @@ if PROFILE or VIZ:  # recording from the start, written (and served) at exit
     start_from_env()
 
 __all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "TinyJit", "Variable", "profile"]
+__all__ += ["UOp", "AxisType", "AddrSpace", "KernelInfo"]

@@ -4,9 +4,18 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from enum import Enum, auto
 from typing import Any, Final
 import numpy as np
 from fusegrad.helpers import DEFAULT_FLOAT, DEFAULT_INT
+
+
+class AddrSpace(Enum):
+    """Where a custom kernel's placeholder lives: a kernel parameter, work-group memory, registers."""
+
+    GLOBAL = auto()
+    LOCAL = auto()
+    REG = auto()
 
 
 class DType:

@@ -14,6 +14,7 @@ from fusegrad.runtime.device import Buffer
 
 # the buffer table lives with the buffers (runtime/buffers.py), where the front end reads it
 from fusegrad.runtime.buffers import base_buffer, buffer_of, buffer_uop, is_contiguous_view
+from fusegrad.schedule.custom import custom_needs, emit_custom, is_custom_output
 from fusegrad.schedule.multi import lower_multi
 from fusegrad.schedule.split_reduce import split_long_reduces
 from fusegrad.schedule.variables import KernelVars, arg_uops, symbolic_view
@@ -119,6 +120,7 @@ class _Planner:
         self.created: list[Buffer] = []  # fresh buffers, in order of creation
         self.const_params: dict[Buffer, tuple[DType, float]] = {}  # lifted constant -> (dtype, value)
         self.const_views: dict[UOp, bool] = {}  # is_lifted_const_view's memo
+        self.custom_outputs: dict[tuple[UOp, int], UOp] = {}  # (CUSTOM_KERNEL, written slot) -> its fresh buffer
         sink = UOp(Ops.SINK, src=tuple(roots))
         self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
         self.cost_memo: dict[UOp, int] = {}
@@ -158,6 +160,7 @@ class _Planner:
                     cuts.add(s)
                     height[s] = 0
             always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
+            always_realized = always_realized or u.op is Ops.AFTER
             height[u] = 0 if always_realized else 1 + max((height[s] for s in u.src), default=-1)
         return cuts
 
@@ -193,6 +196,10 @@ class _Planner:
         if point in self.points:
             return
         self.points[point] = device
+        if point.op is Ops.CUSTOM_KERNEL or is_custom_output(point):
+            for u in custom_needs(point):
+                yield self._mark_step(u, self.device_of[u] or device)
+            return
         value = kernel_value(point)
         if point.op is Ops.COPY:
             if not is_contiguous_view(value):
@@ -220,6 +227,7 @@ class _Planner:
                 and u.arg != "backward"
                 or u.op is Ops.REDUCE_AXIS
                 and expanded
+                or is_custom_output(u)
             ):
                 yield self._mark_step(u, self.device_of[u] or device)
                 continue
@@ -260,7 +268,7 @@ class _Planner:
     def _stored(self, u: UOp) -> bool:
         """A node whose kernel reads it from a buffer: a realize point, or one that will be (a contiguous, copy or
         assign not yet reached by the marking walk, or a depth cut), so no recompute cost lies past it."""
-        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
+        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward" or u.op is Ops.AFTER
         return u in self.points or u in self.depth_cuts or always_realized
 
     def _reads_other_assigned(self, value: UOp, target: Buffer) -> bool:
@@ -357,6 +365,9 @@ class _Planner:
         return self.items
 
     def _emit(self, point: UOp, device: str) -> None:
+        if point.op is Ops.CUSTOM_KERNEL or is_custom_output(point):
+            emit_custom(self, point, device)
+            return
         if point.op is Ops.COPY:
             src = self.result.get(point.src[0], point.src[0])
             src_buf = buffer_of[base_buffer(src)]  # type: ignore[index]
@@ -640,7 +651,9 @@ def plan_schedule(roots: list[UOp], devices: list, readers: VersionReaders | Non
     flat = [pair for u, d in zip(split, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])]
     planner = _Planner([u for u, _ in flat], [d for _, d in flat])
     root_set = {u for u, _ in flat}
-    kept = {p for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS)}
+    kept = {
+        p for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CUSTOM_KERNEL)
+    }
     # the caller's nodes whose value a kept point computes (substitution rebuilt the nodes above realized values)
     kept_originals = (
         {u: p for u, s in memo.items() if (p := replaced.get(s, s)) in kept}

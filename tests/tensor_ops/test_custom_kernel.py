@@ -1,0 +1,87 @@
+"""Tensor.custom_kernel: the examples of docs/custom_kernels.md against numpy / torch on every device here."""
+
+import numpy as np
+import pytest
+import torch
+from fusegrad import Device, Tensor, dtypes
+from custom_kernel_examples import add_one, attention_no_softmax, gemm, row_sum, sum_and_max, tiled_gemm
+
+RNG = np.random.default_rng(0)
+
+
+def _available(device: str) -> str | None:
+    try:
+        Device[device]
+        (Tensor([1.0], device=device) + 1).numpy()
+    except Exception as e:  # noqa: BLE001 (a missing toolchain or driver shows up as any error)
+        return f"{device}: {e}"
+    return None
+
+
+@pytest.fixture(params=["CPU", "LLVM", "CL"])
+def device(request):
+    if (why := _available(request.param)) is not None:
+        pytest.skip(why)
+    return request.param
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_elementwise(device):
+    a = rand(3, 7)
+    (out,) = Tensor.custom_kernel(Tensor.empty(3, 7, device=device), Tensor(a, device=device), fxn=add_one)
+    np.testing.assert_allclose(out.numpy(), a + 1, rtol=1e-6)
+
+
+def test_reduction_with_register_accumulator(device):
+    x = rand(5, 33)
+    (out,) = Tensor.custom_kernel(Tensor.empty(5, device=device), Tensor(x, device=device), fxn=row_sum)
+    np.testing.assert_allclose(out.numpy(), x.sum(1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fxn", [gemm, tiled_gemm], ids=["gemm", "tiled"])
+def test_gemm(device, fxn):
+    a, b = rand(8, 12), rand(12, 16)
+    C = Tensor.empty(8, 16, device=device)
+    (out,) = Tensor.custom_kernel(C, Tensor(a, device=device), Tensor(b, device=device), fxn=fxn)
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_two_outputs(device):
+    x = rand(6, 10)
+    t, m = Tensor.empty(6, device=device), Tensor.empty(6, device=device)
+    total, biggest = Tensor.custom_kernel(t, m, Tensor(x, device=device), fxn=sum_and_max)
+    np.testing.assert_allclose(total.numpy(), x.sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(biggest.numpy(), x.max(1))
+
+
+def test_attention_without_softmax(device):
+    q, k, v = rand(5, 8), rand(7, 8), rand(7, 3)
+    ins = [Tensor(a, device=device) for a in (q, k, v)]
+    (out,) = Tensor.custom_kernel(Tensor.empty(5, 3, device=device), *ins, fxn=attention_no_softmax)
+    want = (torch.tensor(q) @ torch.tensor(k).T / np.sqrt(8)) @ torch.tensor(v)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_lazy_and_in_order_with_the_ops_around_it():
+    a = rand(4, 4)
+    x = Tensor(a) * 2  # computed first, read by the kernel
+    (out,) = Tensor.custom_kernel(Tensor.empty(4, 4), x, fxn=add_one)
+    y = (out - 1).sum()  # reads the kernel's output
+    np.testing.assert_allclose(y.numpy(), (a * 2).sum(), rtol=1e-5)
+
+
+def test_inputs_keep_their_values():
+    a = rand(9)
+    start = Tensor(np.zeros(9, np.float32))
+    (out,) = Tensor.custom_kernel(start, Tensor(a), fxn=add_one)
+    np.testing.assert_allclose(out.numpy(), a + 1, rtol=1e-6)
+    np.testing.assert_array_equal(start.numpy(), np.zeros(9, np.float32))
+
+
+def test_int_kernel():
+    a = np.arange(10, dtype=np.int32)
+    (out,) = Tensor.custom_kernel(Tensor.empty(10, dtype=dtypes.int32), Tensor(a), fxn=add_one)
+    np.testing.assert_array_equal(out.numpy(), a + 1)
