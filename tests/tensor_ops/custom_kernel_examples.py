@@ -68,3 +68,17 @@ def attention_no_softmax(out: UOp, q: UOp, k: UOp, v: UOp) -> UOp:
     acc = acc[0].set(0.0)
     acc = acc[0].set(acc.after(j)[0] + score[0] * (1 / math.sqrt(D)) * v[j, e], end=j)
     return out[i, e].store(acc[0]).end(i, e).sink(arg=KernelInfo(name="attention"))
+
+
+def gemm_backward(grads: list, C, A, B) -> list:
+    """d(A @ B): the output gradient times each other operand, by the same custom kernel."""
+    (g,) = grads
+    return [None, matmul(g, B.T), matmul(A.T, g)]
+
+
+def matmul(a, b):
+    """a @ b by the custom gemm, with a custom backward."""
+    from fusegrad import Tensor
+
+    out = Tensor.empty(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
+    return Tensor.custom_kernel(out, a, b, fxn=gemm, grad_fxn=gemm_backward)[0]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Device, Tensor, dtypes
-from custom_kernel_examples import add_one, attention_no_softmax, gemm, row_sum, sum_and_max, tiled_gemm
+from custom_kernel_examples import add_one, attention_no_softmax, gemm, matmul, row_sum, sum_and_max, tiled_gemm
 
 RNG = np.random.default_rng(0)
 
@@ -85,3 +85,59 @@ def test_int_kernel():
     a = np.arange(10, dtype=np.int32)
     (out,) = Tensor.custom_kernel(Tensor.empty(10, dtype=dtypes.int32), Tensor(a), fxn=add_one)
     np.testing.assert_array_equal(out.numpy(), a + 1)
+
+
+def _train_mlp(mm, steps: int = 4) -> list[np.ndarray]:
+    from fusegrad.nn.optim import SGD
+
+    rng = np.random.default_rng(1)
+    x = Tensor(rng.standard_normal((16, 8)).astype(np.float32))
+    y = Tensor(rng.standard_normal((16, 4)).astype(np.float32))
+    w1 = Tensor(rng.standard_normal((8, 12)).astype(np.float32) * 0.3, requires_grad=True)
+    w2 = Tensor(rng.standard_normal((12, 4)).astype(np.float32) * 0.3, requires_grad=True)
+    opt = SGD([w1, w2], lr=0.1)
+    with Tensor.train():
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = ((mm(mm(x, w1).relu(), w2) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+    return [w1.numpy(), w2.numpy()]
+
+
+def test_gemm_with_custom_backward_trains_like_the_builtin_matmul():
+    got, want = _train_mlp(matmul), _train_mlp(lambda a, b: a @ b)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_matches_torch():
+    a, b = rand(3, 5), rand(5, 2)
+    ta, tb = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
+    (matmul(ta, tb) * 3).sum().backward()
+    pa, pb = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    ((pa @ pb) * 3).sum().backward()
+    np.testing.assert_allclose(ta.grad.numpy(), pa.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tb.grad.numpy(), pb.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_backward_without_grad_fxn_names_the_kernel():
+    x = Tensor(rand(2, 3), requires_grad=True)
+    (out,) = Tensor.custom_kernel(Tensor.empty(2, 3), x, fxn=add_one)
+    with pytest.raises(RuntimeError, match="custom kernel 'add_one' has no gradient"):
+        out.sum().backward()
+
+
+def test_captured_and_replayed_by_tinyjit():
+    from fusegrad import GlobalCounters, TinyJit
+
+    @TinyJit
+    def step(a: Tensor, b: Tensor) -> Tensor:
+        return (matmul(a, b) + 1).realize()
+
+    for _ in range(4):
+        a, b = rand(4, 8), rand(8, 4)
+        GlobalCounters.reset()
+        out = step(Tensor(a), Tensor(b))
+        np.testing.assert_allclose(out.numpy(), a @ b + 1, rtol=1e-5, atol=1e-5)
+    assert step.captured is not None and step.cnt == 4  # captured on the second call, replayed after
