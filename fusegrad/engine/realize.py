@@ -9,6 +9,7 @@ from typing import Any
 from fusegrad.helpers import BEAM, DEBUG, EMULATED_DTYPES, NOOPT, SPEC, GlobalCounters, Hooks
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.codegen.custom import is_custom
+from fusegrad.uop.kernel import RawKernel
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
 from fusegrad.engine.copy_on_write import OldVersionReaders
@@ -48,6 +49,10 @@ def get_runner(device: str, ast: UOp) -> Runner:
         _runners.move_to_end(key)
         return r
     dev = Device[device]
+    if isinstance(ast.arg, RawKernel):
+        r = _runners[key] = _raw_runner(dev, device, ast)
+        GlobalCounters.compile_count += 1
+        return r
     if DEBUG >= 3:
         print(ast)
     if (hook := Hooks.trace) is not None:
@@ -76,6 +81,13 @@ def get_runner(device: str, ast: UOp) -> Runner:
     while len(_runners) > MAX_LOADED_PROGRAMS:
         _runners.popitem(last=False)
     return r
+
+
+def _raw_runner(dev: Any, device: str, ast: UOp) -> Runner:
+    """A user's raw source (RawKernel), built by the device for its parameters."""
+    if (build := getattr(dev, "build_raw", None)) is None:
+        raise NotImplementedError(f"raw kernel {ast.arg.entry!r}: {device} takes no raw source (CPU, LLVM and CL do)")
+    return Runner(KernelInfo(ast.arg.entry, (), 1, 0, len(ast.src)), build(ast.arg, len(ast.src)), device)
 
 
 def check_custom_kernel(ast: UOp, device: str) -> None:

@@ -32,11 +32,14 @@ def custom_kernel(inputs: tuple[Tensor, ...], fxn: Callable[..., Any], grad_fxn:
     kernel = fxn(*placeholders)
     params = [p.base if p.op is not Ops.DEFINE_GLOBAL else p for p in placeholders]
     if isinstance(kernel, RawKernel):
-        written = _raw_written(kernel, len(inputs))
+        kernel, written = UOp(Ops.SINK, src=tuple(params), arg=kernel), _raw_written(kernel, len(inputs))
     elif isinstance(kernel, UOp) and kernel.op is Ops.SINK:
         kernel, written = _checked(kernel, params, device)
     else:
         raise TypeError(f"custom_kernel's fxn returns a sink (.sink(arg=KernelInfo(...))) or a RawKernel: {kernel!r}")
+    from fusegrad.engine.realize import check_custom_kernel
+
+    check_custom_kernel(kernel, device)  # compiled now: a bad kernel raises here, before anything runs
     node = UOp(Ops.CUSTOM_KERNEL, src=tuple(t.uop for t in inputs), arg=CustomKernel(kernel, written, grad_fxn))
     outs = [Tensor(UOp(Ops.AFTER, inputs[s].dtype, (inputs[s].uop, node), s), device=device) for s in written]
     _register_backward(node, outs, inputs, written, grad_fxn, device)
@@ -60,11 +63,9 @@ def _checked(sink: UOp, params: list[UOp], device: str) -> tuple[UOp, tuple[int,
             written.add(b.arg[0])
     if not written:
         raise ValueError(f"custom kernel {name!r} stores into no input: it computes nothing")
-    sink = UOp(Ops.SINK, src=sink.src + tuple(p for p in params if p not in sink.src), arg=sink.arg)
-    from fusegrad.engine.realize import check_custom_kernel
-
-    check_custom_kernel(sink, device)
-    return sink, tuple(sorted(written))
+    return UOp(Ops.SINK, src=sink.src + tuple(p for p in params if p not in sink.src), arg=sink.arg), tuple(
+        sorted(written)
+    )
 
 
 def _raw_written(kernel: RawKernel, n: int) -> tuple[int, ...]:

@@ -40,38 +40,19 @@ class KernelInfo:
     opts_to_apply: tuple | None = None
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class CustomKernel:
-    """A CUSTOM_KERNEL node's arg: the kernel (a SINK over placeholders, or RawKernel source), the input slots it
-    writes, and the gradient function (None: backward through it raises)."""
+    """A CUSTOM_KERNEL node's arg: the kernel codegen compiles (a SINK over placeholders whose arg is a KernelInfo, or
+    a SINK of the parameters whose arg is a RawKernel), the input slots it writes, and the gradient function (None:
+    backward through it raises)."""
 
-    kernel: Any
+    kernel_ast: Any
     written: tuple[int, ...]
     grad_fxn: Callable | None = None
 
     @property
     def name(self) -> str:
-        return self.kernel.name if isinstance(self.kernel, RawKernel) else self.kernel.arg.name
-
-    @property
-    def kernel_ast(self) -> Any:
-        """What codegen compiles: the sink, or for raw source a SINK holding it as its arg."""
-        if isinstance(self.kernel, RawKernel):
-            from fusegrad.uop.ops import Ops, UOp
-
-            return UOp(Ops.SINK, dtypes.void, (), self.kernel)
-        return self.kernel
-
-    def __hash__(self) -> int:
-        return hash((id(self.kernel) if not isinstance(self.kernel, RawKernel) else self.kernel, self.written))
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, CustomKernel)
-            and (self.kernel is other.kernel or isinstance(self.kernel, RawKernel) and self.kernel == other.kernel)
-            and self.written == other.written
-            and self.grad_fxn is other.grad_fxn
-        )
+        return self.kernel_ast.arg.name
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Device, Tensor, dtypes
+from fusegrad.helpers import AMD_SIM
 from custom_kernel_examples import add_one, attention_no_softmax, gemm, matmul, row_sum, sum_and_max, tiled_gemm
 
 RNG = np.random.default_rng(0)
@@ -18,11 +19,18 @@ def _available(device: str) -> str | None:
     return None
 
 
-@pytest.fixture(params=["CPU", "LLVM", "CL"])
+@pytest.fixture(params=["CPU", "LLVM", "CL", "AMD"])
 def device(request):
-    if (why := _available(request.param)) is not None:
-        pytest.skip(why)
-    return request.param
+    """Each device here; AMD is the simulated MI350X (AMD_SIM=1), its kernels compiled for amdgcn."""
+    old = AMD_SIM.value
+    if request.param == "AMD":
+        AMD_SIM.value = 1
+    try:
+        if (why := _available(request.param)) is not None:
+            pytest.skip(why)
+        yield request.param
+    finally:
+        AMD_SIM.value = old
 
 
 def rand(*shape: int) -> np.ndarray:
