@@ -1,5 +1,6 @@
 """Custom kernels in a schedule: a CUSTOM_KERNEL node is one kernel of its own over its inputs' buffers, and each of
-its outputs (an AFTER of a written input) is a fresh buffer that starts as a copy of that input."""
+its outputs (an AFTER of a written input) is a fresh buffer that starts as a copy of that input (unless the input was
+Tensor.empty: then it starts empty)."""
 
 from __future__ import annotations
 from typing import TYPE_CHECKING
@@ -38,7 +39,8 @@ def emit_custom(planner: _Planner, point: UOp, device: str) -> None:
         buf = buffer_of[base_buffer(planner.result.get(x, x))]  # type: ignore[index]
         if slot in custom.written:
             out = planner._new_buffer(device, buf.size, buf.dtype)
-            planner._emit_buffer_copy(out, buf, device)  # the kernel may store only part of it
+            if slot not in custom.empty:
+                planner._emit_buffer_copy(out, buf, device)  # the kernel may store only part of it
             planner.custom_outputs[(point, slot)] = out
             buf = buffer_of[out]
         buffers.append(buf)

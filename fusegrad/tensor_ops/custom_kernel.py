@@ -40,7 +40,8 @@ def custom_kernel(inputs: tuple[Tensor, ...], fxn: Callable[..., Any], grad_fxn:
     from fusegrad.engine.realize import check_custom_kernel
 
     check_custom_kernel(kernel, device)  # compiled now: a bad kernel raises here, before anything runs
-    node = UOp(Ops.CUSTOM_KERNEL, src=tuple(t.uop for t in inputs), arg=CustomKernel(kernel, written, grad_fxn))
+    empty = tuple(s for s in written if _is_empty(inputs[s].uop))
+    node = UOp(Ops.CUSTOM_KERNEL, src=tuple(t.uop for t in inputs), arg=CustomKernel(kernel, written, grad_fxn, empty))
     outs = [Tensor(UOp(Ops.AFTER, inputs[s].dtype, (inputs[s].uop, node), s), device=device) for s in written]
     _register_backward(node, outs, inputs, written, grad_fxn, device)
     return outs
@@ -66,6 +67,14 @@ def _checked(sink: UOp, params: list[UOp], device: str) -> tuple[UOp, tuple[int,
     return UOp(Ops.SINK, src=sink.src + tuple(p for p in params if p not in sink.src), arg=sink.arg), tuple(
         sorted(written)
     )
+
+
+def _is_empty(u: UOp) -> bool:
+    """u is a whole buffer that holds nothing yet (Tensor.empty): a kernel writing it needs no copy of it."""
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    buf = u.buffer if u.op is Ops.BUFFER else None
+    return buf is not None and not buf.is_allocated and buf._initial is None and buf.size == u.size
 
 
 def _raw_written(kernel: RawKernel, n: int) -> tuple[int, ...]:

@@ -49,6 +49,7 @@ class CustomKernel:
     kernel_ast: Any
     written: tuple[int, ...]
     grad_fxn: Callable | None = None
+    empty: tuple[int, ...] = ()  # written slots whose input was Tensor.empty: nothing to copy into the fresh buffer
 
     @property
     def name(self) -> str:

@@ -82,3 +82,20 @@ def matmul(a, b):
 
     out = Tensor.empty(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
     return Tensor.custom_kernel(out, a, b, fxn=gemm, grad_fxn=gemm_backward)[0]
+
+
+def blocked_gemm(C: UOp, A: UOp, B: UOp, TM: int = 4, TN: int = 16, ROWS: int = 32) -> UOp:
+    """tiled_gemm with its row tiles walked in blocks of ROWS tiles, each block over every column tile (the loops in
+    axis_id order): a block's rows of A stay in cache while the columns of B stream past."""
+    M, K = A.shape
+    N = B.shape[1]
+    blocks, rows = M // (TM * ROWS), ROWS
+    i0, j, i1 = UOp.range(blocks, 0), UOp.range(N // TN, 1), UOp.range(rows, 2)
+    k = UOp.range(K, 3, axis_type=AxisType.REDUCE)
+    ti, tj = UOp.range(TM, 4, axis_type=AxisType.UPCAST), UOp.range(TN, 5, axis_type=AxisType.UPCAST)
+    row = (i0 * rows + i1) * TM + ti
+    acc = UOp.placeholder((TM, TN), C.dtype, 0, addrspace=AddrSpace.REG)
+    acc = acc[ti, tj].set(0.0, end=(ti, tj))
+    acc = acc[ti, tj].set(acc.after(k)[ti, tj] + A[row, k] * B[k, j * TN + tj], end=(ti, tj, k))
+    store = C[row, j * TN + tj].store(acc[ti, tj]).end(ti, tj)
+    return store.end(i0, j, i1).sink(arg=KernelInfo(name=f"gemm_blocked_{TM}x{TN}", opts_to_apply=()))

@@ -149,3 +149,34 @@ def test_captured_and_replayed_by_tinyjit():
         out = step(Tensor(a), Tensor(b))
         np.testing.assert_allclose(out.numpy(), a @ b + 1, rtol=1e-5, atol=1e-5)
     assert step.captured is not None and step.cnt == 4  # captured on the second call, replayed after
+
+
+def test_one_kernel_of_its_own_and_a_partial_store_keeps_the_rest():
+    from fusegrad import GlobalCounters, KernelInfo, UOp
+
+    def first_half(B: UOp, A: UOp) -> UOp:
+        i = UOp.range(4, 0)
+        return B[0:4][i].store(A[i] * 10).end(i).sink(arg=KernelInfo(name="first_half"))
+
+    a = rand(8)
+    x, base = Tensor(a).realize(), Tensor(np.ones(8, np.float32)).realize()
+    GlobalCounters.reset()
+    (out,) = Tensor.custom_kernel(Tensor.empty(8), x, fxn=first_half)
+    out.realize()
+    assert GlobalCounters.kernel_count == 1  # an empty output is not copied in
+    GlobalCounters.reset()
+    (out,) = Tensor.custom_kernel(base, x, fxn=first_half)
+    out.realize()
+    assert GlobalCounters.kernel_count == 2  # the copy of the written input, then the kernel
+    np.testing.assert_allclose(out.numpy(), np.concatenate([a[:4] * 10, np.ones(4)]), rtol=1e-6)
+
+
+def test_blocked_gemm(device):
+    from custom_kernel_examples import blocked_gemm
+
+    a, b = rand(16, 12), rand(12, 32)
+    C = Tensor.empty(16, 32, device=device)
+    (out,) = Tensor.custom_kernel(
+        C, Tensor(a, device=device), Tensor(b, device=device), fxn=lambda *p: blocked_gemm(*p, ROWS=2)
+    )
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
