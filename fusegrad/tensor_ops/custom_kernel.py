@@ -24,11 +24,11 @@ def custom_kernel(inputs: tuple[Tensor, ...], fxn: Callable[..., Any], grad_fxn:
     if len(devices) > 1:
         raise RuntimeError(f"custom_kernel inputs are on different devices {sorted(map(str, devices))}")
     device = inputs[0].device
-    if isinstance(device, tuple):
-        return _sharded(inputs, fxn, grad_fxn)
     if bad := [t.shape for t in inputs if not all(isinstance(d, int) for d in t.shape)]:
         raise ValueError(f"custom_kernel inputs have concrete shapes, got {bad}")
-    placeholders = [UOp.placeholder(t.shape, t.dtype, i) for i, t in enumerate(inputs)]
+    # on sharded inputs the kernel runs once per device, on its shards: it is written for the shard shapes
+    shapes = [_shard_shape(t) for t in inputs] if isinstance(device, tuple) else [t.shape for t in inputs]
+    placeholders = [UOp.placeholder(shape, t.dtype, i) for i, (t, shape) in enumerate(zip(inputs, shapes))]
     kernel = fxn(*placeholders)
     params = [p.base if p.op is not Ops.DEFINE_GLOBAL else p for p in placeholders]
     if isinstance(kernel, RawKernel):
@@ -39,7 +39,9 @@ def custom_kernel(inputs: tuple[Tensor, ...], fxn: Callable[..., Any], grad_fxn:
         raise TypeError(f"custom_kernel's fxn returns a sink (.sink(arg=KernelInfo(...))) or a RawKernel: {kernel!r}")
     from fusegrad.engine.realize import check_custom_kernel
 
-    check_custom_kernel(kernel, device)  # compiled now: a bad kernel raises here, before anything runs
+    check_custom_kernel(
+        kernel, device if isinstance(device, str) else device[0]
+    )  # compiled now: a bad kernel raises here, before anything runs
     empty = tuple(s for s in written if _is_empty(inputs[s].uop))
     node = UOp(Ops.CUSTOM_KERNEL, src=tuple(t.uop for t in inputs), arg=CustomKernel(kernel, written, grad_fxn, empty))
     outs = [Tensor(UOp(Ops.AFTER, inputs[s].dtype, (inputs[s].uop, node), s), device=device) for s in written]
@@ -113,5 +115,7 @@ def _register_backward(
         register_gradient(out.uop, input_uops, backward)
 
 
-def _sharded(inputs: tuple[Tensor, ...], fxn: Callable, grad_fxn: Callable | None) -> list[Tensor]:
-    raise NotImplementedError("custom_kernel on sharded inputs is not supported yet")
+def _shard_shape(t: Tensor) -> tuple[int, ...]:
+    from fusegrad.schedule.multi import multi_axis, shard_shape
+
+    return shard_shape(t.shape, multi_axis(t.uop), len(t.device))

@@ -180,3 +180,18 @@ def test_blocked_gemm(device):
         C, Tensor(a, device=device), Tensor(b, device=device), fxn=lambda *p: blocked_gemm(*p, ROWS=2)
     )
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_sharded_inputs_run_once_per_shard():
+    from fusegrad import GlobalCounters
+
+    devices = ("CPU", "CPU:1")
+    a, b = rand(8, 12), rand(12, 5)
+    x, w = Tensor(a).shard(devices, 0).realize(), Tensor(b).shard(devices, None).realize()
+    out_rows = Tensor.empty(8, 5).shard(devices, 0).realize()
+    GlobalCounters.reset()
+    (out,) = Tensor.custom_kernel(out_rows, x, w, fxn=gemm)  # each device multiplies its 4 rows
+    assert out.device == devices and out.shape == (8, 5)
+    out.realize()
+    assert GlobalCounters.kernel_count == 4  # per device: the copy of its output shard, then the kernel
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
