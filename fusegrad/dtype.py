@@ -41,6 +41,11 @@ class DType:
         raise AttributeError(f"{self!r} is immutable: cannot delete {name!r}")
 
     @property
+    def base(self) -> DType:
+        """The dtype itself: custom kernel placeholders have plain dtypes (tinygrad kernels write `C.dtype.base`)."""
+        return self
+
+    @property
     def itemsize(self) -> int:
         return (self.bitsize + 7) // 8
 

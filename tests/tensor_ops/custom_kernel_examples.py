@@ -25,7 +25,7 @@ def gemm(C: UOp, A: UOp, B: UOp) -> UOp:
     N = B.shape[1]
     i, j = UOp.range(M, 0), UOp.range(N, 1)
     k = UOp.range(K, 2, axis_type=AxisType.REDUCE)
-    acc = UOp.placeholder((1,), C.dtype, 0, addrspace=AddrSpace.REG)
+    acc = UOp.placeholder((1,), C.dtype.base, 0, addrspace=AddrSpace.REG)
     acc = acc[0].set(0.0)
     acc = acc[0].set(acc.after(k)[0] + A[i, k] * B[k, j], end=k)
     return C[i, j].store(acc[0]).end(i, j).sink(arg=KernelInfo(name="gemm", opts_to_apply=()))

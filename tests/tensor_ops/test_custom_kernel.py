@@ -19,9 +19,10 @@ def _available(device: str) -> str | None:
     return None
 
 
-@pytest.fixture(params=["CPU", "LLVM", "CL", "AMD"])
+@pytest.fixture(params=["CPU", "LLVM", "CL", "AMD", "PYTHON"])
 def device(request):
-    """Each device here; AMD is the simulated MI350X (AMD_SIM=1), its kernels compiled for amdgcn."""
+    """Each device here; AMD is the simulated MI350X (AMD_SIM=1), its kernels compiled for amdgcn; PYTHON interprets
+    the linear instructions."""
     old = AMD_SIM.value
     if request.param == "AMD":
         AMD_SIM.value = 1
