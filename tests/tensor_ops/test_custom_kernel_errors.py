@@ -116,3 +116,10 @@ def test_bad_fxn_results():
         Tensor.custom_kernel(Tensor.empty(2), fxn=lambda B: 3)
     with pytest.raises(TypeError, match="needs fxn"):
         Tensor.custom_kernel(Tensor.empty(2))
+
+
+def test_inputs_on_different_devices():
+    from custom_kernel_examples import add_one
+
+    with pytest.raises(RuntimeError, match="custom_kernel inputs are on different devices"):
+        Tensor.custom_kernel(Tensor.empty(4), Tensor.empty(4, device="PYTHON"), fxn=add_one)
