@@ -221,6 +221,7 @@ class _Lowering:
             value = self.value(dep.src[1])
             if key in self.running:
                 self.running[key] = value
+                self.memos[-1] = {}  # values read the running element: the next store's reads see this one
             return state | {key: value}
         if dep.op is Ops.END:
             if bad := [r for r in dep.src[1:] if _axis(r) not in REDUCE_AXES]:
