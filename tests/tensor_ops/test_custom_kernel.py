@@ -201,3 +201,25 @@ def test_sharded_inputs_run_once_per_shard():
     out.realize()
     assert GlobalCounters.kernel_count == 4  # per device: the copy of its output shard, then the kernel
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_of_a_kernel_with_two_outputs():
+    from fusegrad import KernelInfo, UOp
+
+    def plus_one_and_double(P: UOp, D: UOp, A: UOp) -> UOp:
+        i = UOp.range(A.shape[0], 0)
+        both = UOp.group(P[i].store(A[i] + 1), D[i].store(A[i] * 2))
+        return both.end(i).sink(arg=KernelInfo(name="plus_one_and_double"))
+
+    def backward(grads, P, D, A):
+        g_plus, g_double = grads
+        return [None, None, g_plus + g_double * 2]
+
+    a = rand(6)
+    x = Tensor(a, requires_grad=True)
+    plus, double = Tensor.custom_kernel(Tensor.empty(6), Tensor.empty(6), x, fxn=plus_one_and_double, grad_fxn=backward)
+    (plus * plus * 3 + double * 5).sum().backward()
+    pa = torch.tensor(a, requires_grad=True)
+    ((pa + 1) * (pa + 1) * 3 + pa * 2 * 5).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), pa.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(double.numpy(), a * 2, rtol=1e-6)
