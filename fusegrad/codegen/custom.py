@@ -8,12 +8,11 @@ those loops. UPCAST and UNROLL ranges are unrolled: what they end is repeated on
 
 from __future__ import annotations
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import prod
 from fusegrad.uop.kernel import OUTPUT_AXES, REDUCE_AXES, UNROLLED_AXES, KernelInfo
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import graph_rewrite
 from fusegrad.uop.symbolic import pm_symbolic
-from fusegrad.codegen.lowerer import substitute
+from fusegrad.codegen.lowerer import identity, substitute
 
 FOLDS = {Ops.ADD: Ops.ADD, Ops.MUL: Ops.MUL, Ops.MAX: Ops.MAX}
 
@@ -252,7 +251,11 @@ class _Lowering:
             total = terms[0]
             for x in terms[1:]:
                 total = total.alu(op, x)
-            out[t] = state[t].alu(op, UOp(Ops.REDUCE, total.dtype, (total, *ranges), op))
+            reduced = UOp(Ops.REDUCE, total.dtype, (total, *ranges), op)
+            init = state[t]
+            # a REDUCE starts from its identity: an initial value equal to it adds nothing (acc = 0.0 for a sum)
+            starts_at_identity = init.op is Ops.CONST and init.arg == identity(op, init.dtype)
+            out[t] = reduced if starts_at_identity else init.alu(op, reduced)
         return out
 
     def targets(self, x: UOp) -> list[tuple[UOp, int]]:
@@ -351,4 +354,4 @@ def _free_ranges(u: UOp) -> set[UOp]:
     return set(free[u])
 
 
-__all__ = ["lower_custom", "is_custom", "custom_name", "CustomKernelError", "prod"]
+__all__ = ["lower_custom", "is_custom", "custom_name", "CustomKernelError"]
