@@ -7,6 +7,9 @@ from fusegrad.helpers import PROFILE, VIZ, Context, GlobalCounters, getenv
 from fusegrad.engine.jit import TinyJit
 from fusegrad.function import function
 from fusegrad.uop.sint import Variable
+from fusegrad.uop.ops import UOp
+from fusegrad.uop.kernel import AxisType, KernelInfo
+from fusegrad.dtype import AddrSpace
 from fusegrad.viz import profile
 
 if PROFILE or VIZ:  # recording from the start, written (and served) at exit
@@ -26,3 +29,4 @@ __all__ = [
     "profile",
     "function",
 ]
+__all__ += ["UOp", "AxisType", "AddrSpace", "KernelInfo"]

@@ -4,9 +4,18 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from enum import Enum, auto
 from typing import Any, Final
 import numpy as np
 from fusegrad.helpers import DEFAULT_FLOAT, DEFAULT_INT
+
+
+class AddrSpace(Enum):
+    """Where a custom kernel's placeholder lives: a kernel parameter, work-group memory, registers."""
+
+    GLOBAL = auto()
+    LOCAL = auto()
+    REG = auto()
 
 
 class DType:
@@ -30,6 +39,11 @@ class DType:
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"{self!r} is immutable: cannot delete {name!r}")
+
+    @property
+    def base(self) -> DType:
+        """The dtype itself: custom kernel placeholders have plain dtypes (tinygrad kernels write `C.dtype.base`)."""
+        return self
 
     @property
     def itemsize(self) -> int:

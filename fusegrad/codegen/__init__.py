@@ -15,6 +15,7 @@ from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.decompose import decompose_for_device
 from fusegrad.codegen.accumulators import block_long_sums
 from fusegrad.codegen.emulate import emulate_dtypes, emulated_dtypes, emulated_param
+from fusegrad.codegen.custom import custom_name, is_custom, lower_custom
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.dtype import dtypes
 
@@ -42,7 +43,10 @@ class KernelInfo:
 
 
 def kernel_name(ast: UOp) -> str:
-    """E_<output shape> for elementwise kernels, r_<output>_<reduced sizes> for kernels that reduce."""
+    """E_<output shape> for elementwise kernels, r_<output>_<reduced sizes> for kernels that reduce; a custom kernel's
+    own name."""
+    if is_custom(ast):
+        return custom_name(ast)
     store = ast.src[0]
     value = store.src[1]
     out_shape = [d for d in value.shape if d != 1] or [1]
@@ -77,6 +81,12 @@ class CodegenState:
 
 def _lower(s: CodegenState) -> None:
     s.kernel = lower_kernel(s.ast)
+
+
+def _lower_custom(s: CodegenState) -> None:
+    if s.opts:
+        raise OptError(f"custom kernel {custom_name(s.ast)!r} takes no opts, got {list(s.opts)}")
+    s.kernel, s.opts = lower_custom(s.ast), ()
 
 
 def _choose_opts(s: CodegenState) -> None:
@@ -157,6 +167,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("linearize", _linearize, "linear"),
 )
 
+# a user-written kernel (uop/kernel.py) enters after lowering: its loops and stores are the user's, opts apply none
+CUSTOM_STAGES: tuple[Stage, ...] = (Stage("lower_custom", _lower_custom, "lowered"),) + STAGES[3:]
+
 
 def _show(stage: Stage, s: CodegenState) -> None:
     print(f"--- {kernel_name(s.ast)} after {stage.name}")
@@ -179,7 +192,7 @@ def lower_to_linear(
     DEBUG>=5 prints the graph after each stage, DEBUG>=6 the instruction list; SPEC=1 checks each stage's output
     against its spec."""
     state = CodegenState(ast, half_native, None if opts is None else tuple(opts), parallel_loops=parallel_loops)
-    for stage in STAGES:
+    for stage in CUSTOM_STAGES if is_custom(ast) else STAGES:
         stage.run(state)
         if SPEC and state.lin is not None:
             check_linear(state.lin, stage.name)

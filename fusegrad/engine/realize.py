@@ -8,6 +8,8 @@ from collections import OrderedDict
 from typing import Any
 from fusegrad.helpers import BEAM, DEBUG, EMULATED_DTYPES, NOOPT, SPEC, GlobalCounters, Hooks
 from fusegrad.codegen import KernelInfo, lower_to_linear
+from fusegrad.codegen.custom import is_custom
+from fusegrad.uop.kernel import RawKernel
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
 from fusegrad.engine.copy_on_write import OldVersionReaders
@@ -50,12 +52,16 @@ def get_runner(device: str, ast: UOp) -> Runner:
         _runners.move_to_end(key)
         return r
     dev = Device[device]
+    if isinstance(ast.arg, RawKernel):
+        r = _runners[key] = _raw_runner(dev, device, ast)
+        GlobalCounters.compile_count += 1
+        return r
     if DEBUG >= 3:
         print(ast)
     if (hook := Hooks.trace) is not None:
         t0 = hook.codegen_begin(device, ast)
     parallel = getattr(dev.renderer, "parallel_loops", False)
-    if key[3]:
+    if key[3] and not is_custom(ast):  # a custom kernel's loops are the user's: no search
         from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
 
         info = lower_to_linear(ast, opts=beam_search(ast, device, int(BEAM.value)).opts, parallel_loops=parallel)
@@ -78,6 +84,18 @@ def get_runner(device: str, ast: UOp) -> Runner:
     while len(_runners) > MAX_LOADED_PROGRAMS:
         _runners.popitem(last=False)
     return r
+
+
+def _raw_runner(dev: Any, device: str, ast: UOp) -> Runner:
+    """A user's raw source (RawKernel), built by the device for its parameters."""
+    if (build := getattr(dev, "build_raw", None)) is None:
+        raise NotImplementedError(f"raw kernel {ast.arg.entry!r}: {device} takes no raw source (CPU, LLVM and CL do)")
+    return Runner(KernelInfo(ast.arg.entry, (), 1, 0, len(ast.src)), build(ast.arg, len(ast.src)), device)
+
+
+def check_custom_kernel(ast: UOp, device: str) -> None:
+    """Compile a custom kernel now, so a bad one raises where it is written (the program is kept for its launch)."""
+    get_runner(device, ast)
 
 
 def run_item(item: ScheduleItem, runner: Runner | None = None, debug: int | None = None) -> None:

@@ -3,7 +3,7 @@ binaries are cached on disk per OpenCL device, kernels launch over the work grou
 
 from __future__ import annotations
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 import numpy as np
 from fusegrad.codegen.gpu_dims import launch_dims
 from fusegrad.helpers import DEBUG
@@ -116,6 +116,13 @@ class CLProgram:
         return None
 
 
+class RawDims(NamedTuple):
+    """A raw kernel's launch, as the user gave it (global_size counts work items, as OpenCL does)."""
+
+    global_size: tuple[int, ...]
+    local_size: tuple[int, ...]
+
+
 class ClDevice(Compiled):
     def __init__(self, name: str):
         index = int(name.partition(":")[2] or 0)
@@ -133,6 +140,15 @@ class ClDevice(Compiled):
 
     def render(self, info: Any) -> str:
         return self.renderer.render(info.name, info.lin)
+
+    def build_raw(self, raw: Any, nparams: int) -> CLProgram:
+        """A user's OpenCL C kernel (RawKernel) launched on raw.global_size / raw.local_size work items."""
+        program = CLProgram.__new__(CLProgram)
+        program.dev, program.name, program.nparams = self, raw.entry, nparams
+        program.dims = RawDims(tuple(raw.global_size), tuple(raw.local_size))
+        binary = self.compiler.compile_cached(raw.src, raw.entry)
+        program.kernel = getattr(self.cl.Program(self.context, [self.cl_device], [binary]).build(), raw.entry)
+        return program
 
     def synchronize(self) -> None:
         self.queue.finish()

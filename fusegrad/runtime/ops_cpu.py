@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from fusegrad.helpers import CACHELEVEL, CC, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS
 from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
@@ -321,3 +322,10 @@ class CpuDevice(Compiled):
             print(src)
         lib = self.compiler.load(src, info.name)
         return CPUProgram(info.name, lib, info.nparams, info.outer_size, info.ops_estimate)
+
+    def build_raw(self, raw: Any, nparams: int) -> CPUProgram:
+        """A user's C function (RawKernel) taking one pointer per buffer, called once per launch."""
+        from fusegrad.runtime.raw_source import c_with_wrapper
+
+        src, name = c_with_wrapper(raw.src, raw.entry, nparams)
+        return CPUProgram(name, self.compiler.load(src, name), nparams, 1, 0)

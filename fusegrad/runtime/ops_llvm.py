@@ -9,6 +9,7 @@ import hashlib
 import os
 import tempfile
 import threading
+from typing import Any
 from fusegrad.helpers import CACHELEVEL, CCACHE, DEBUG
 from fusegrad.renderer.llvmir import LLVMRenderer
 from fusegrad.runtime.device import Compiled, HostAllocator
@@ -174,3 +175,11 @@ class LlvmDevice(Compiled):
             print(ir)
         engine, address = self.compiler.load(ir, info.name)
         return LLVMProgram(info.name, engine, address, info.nparams, info.outer_size, info.ops_estimate)
+
+    def build_raw(self, raw: Any, nparams: int) -> LLVMProgram:
+        """A user's LLVM IR function (RawKernel) taking one pointer per buffer, called once per launch."""
+        from fusegrad.runtime.raw_source import llvm_with_wrapper
+
+        ir, name = llvm_with_wrapper(raw.src, raw.entry, nparams)
+        engine, address = self.compiler.load(ir, name)
+        return LLVMProgram(name, engine, address, nparams, 1, 0)

@@ -6,7 +6,7 @@ import math
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Protocol
+from typing import Callable, Protocol
 import numpy as np
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG
@@ -14,9 +14,11 @@ from fusegrad.runtime.device import Buffer
 
 # the buffer table lives with the buffers (runtime/buffers.py), where the front end reads it
 from fusegrad.runtime.buffers import base_buffer, buffer_of, buffer_uop, is_contiguous_view
+from fusegrad.schedule.custom import custom_needs, emit_custom, is_custom_output
+from fusegrad.schedule.items import ScheduleItem, buffer_view
 from fusegrad.uop.multi import lower_multi
 from fusegrad.schedule.split_reduce import split_long_reduces
-from fusegrad.schedule.variables import KernelVars, arg_uops, symbolic_view
+from fusegrad.schedule.variables import KernelVars, arg_uops
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.trampoline import Step, run_steps
 
@@ -27,15 +29,6 @@ RECOMPUTE_LIMIT = 1 << 22
 # minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
 # Cutting by depth (not by a kernel's node count) cuts every kernel that shares a subgraph at the same nodes
 KERNEL_DEPTH_LIMIT = 1000
-
-
-class ScheduleItem(NamedTuple):
-    """One launch: a kernel (ast is a SINK) or a transfer (ast is a COPY). buffers[0] is the output. A named tuple:
-    a re-bound schedule makes one per kernel per realize, at a fraction of a frozen dataclass's cost."""
-
-    ast: UOp
-    buffers: tuple[Buffer, ...]
-    device: str
 
 
 # a computed tensor-level uop -> the buffer view holding its value (UOp.realized_ref), so realized work is not redone.
@@ -119,6 +112,7 @@ class _Planner:
         self.created: list[Buffer] = []  # fresh buffers, in order of creation
         self.const_params: dict[Buffer, tuple[DType, float]] = {}  # lifted constant -> (dtype, value)
         self.const_views: dict[UOp, bool] = {}  # is_lifted_const_view's memo
+        self.custom_outputs: dict[tuple[UOp, int], UOp] = {}  # (CUSTOM_KERNEL, written slot) -> its fresh buffer
         sink = UOp(Ops.SINK, src=tuple(roots))
         self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
         self.cost_memo: dict[UOp, int] = {}
@@ -158,6 +152,7 @@ class _Planner:
                     cuts.add(s)
                     height[s] = 0
             always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
+            always_realized = always_realized or u.op is Ops.AFTER
             height[u] = 0 if always_realized else 1 + max((height[s] for s in u.src), default=-1)
         return cuts
 
@@ -193,6 +188,10 @@ class _Planner:
         if point in self.points:
             return
         self.points[point] = device
+        if point.op is Ops.CUSTOM_KERNEL or is_custom_output(point):
+            for u in custom_needs(point):
+                yield self._mark_step(u, self.device_of[u] or device)
+            return
         value = kernel_value(point)
         if point.op is Ops.COPY:
             if not is_contiguous_view(value):
@@ -220,6 +219,7 @@ class _Planner:
                 and u.arg != "backward"
                 or u.op is Ops.REDUCE_AXIS
                 and expanded
+                or is_custom_output(u)
             ):
                 yield self._mark_step(u, self.device_of[u] or device)
                 continue
@@ -260,7 +260,7 @@ class _Planner:
     def _stored(self, u: UOp) -> bool:
         """A node whose kernel reads it from a buffer: a realize point, or one that will be (a contiguous, copy or
         assign not yet reached by the marking walk, or a depth cut), so no recompute cost lies past it."""
-        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
+        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward" or u.op is Ops.AFTER
         return u in self.points or u in self.depth_cuts or always_realized
 
     def _reads_other_assigned(self, value: UOp, target: Buffer) -> bool:
@@ -357,18 +357,21 @@ class _Planner:
         return self.items
 
     def _emit(self, point: UOp, device: str) -> None:
+        if point.op is Ops.CUSTOM_KERNEL or is_custom_output(point):
+            emit_custom(self, point, device)
+            return
         if point.op is Ops.COPY:
             src = self.result.get(point.src[0], point.src[0])
             src_buf = buffer_of[base_buffer(src)]  # type: ignore[index]
             out = self._new_buffer(device, point.size, point.dtype)
             self.items.append(ScheduleItem(point, (buffer_of[out], src_buf), device))
-            self.result[point] = _view(out, point.shape)
+            self.result[point] = buffer_view(out, point.shape)
             return
         if device.startswith("DISK:") and point.op is not Ops.ASSIGN:
             from fusegrad.runtime.ops_disk import disk_view  # DISK cannot compute: a slice of a file is a view into it
 
             if (view := disk_view(kernel_value(point), buffer_of)) is not None:
-                self.result[point] = _view(buffer_uop(view), point.shape)
+                self.result[point] = buffer_view(buffer_uop(view), point.shape)
                 return
         region = None  # an assign into part of a buffer: the view of it that the kernel's stores follow
         if point.op is Ops.ASSIGN:
@@ -394,7 +397,7 @@ class _Planner:
         store_at = out_param if region is None else self._kernel_view(region, out_param, params, device)
         ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(store_at, ast_value)), *self.vars.take_kernel_vars()))
         self.items.append(ScheduleItem(ast, (buffer_of[out], *(buf for buf, _ in params.values())), device))
-        self.result[point] = _view(out, point.shape) if region is None else view_over(region, out)
+        self.result[point] = buffer_view(out, point.shape) if region is None else view_over(region, out)
 
     def _emit_buffer_copy(self, out: UOp, src: Buffer, device: str) -> None:
         """A kernel copying every element of src into out's buffer (of src's size and dtype)."""
@@ -603,12 +606,6 @@ def const_buffer(device: str, dtype: DType, value: float) -> Buffer:
     return buf
 
 
-def _view(buf: UOp, shape: tuple[int, ...]) -> UOp:
-    if any(isinstance(d, UOp) for d in shape):
-        return symbolic_view(buf, shape)
-    return buf if buf.shape == shape else UOp(Ops.RESHAPE, buf.dtype, (buf,), shape)
-
-
 @dataclass
 class Plan:
     """A schedule with what its planner decided: `kept` maps the caller's nodes whose value an intermediate buffer
@@ -640,7 +637,9 @@ def plan_schedule(roots: list[UOp], devices: list, readers: VersionReaders | Non
     flat = [pair for u, d in zip(split, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])]
     planner = _Planner([u for u, _ in flat], [d for _, d in flat])
     root_set = {u for u, _ in flat}
-    kept = {p for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS)}
+    kept = {
+        p for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CUSTOM_KERNEL)
+    }
     # the caller's nodes whose value a kept point computes (substitution rebuilt the nodes above realized values)
     kept_originals = (
         {u: p for u, s in memo.items() if (p := replaced.get(s, s)) in kept}

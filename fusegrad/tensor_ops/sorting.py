@@ -356,7 +356,10 @@ class SortingMixin:
         return self.conv2d(weight, bias, groups=groups, stride=stride, dilation=dilation, padding=padding, dtype=dtype)
 
     def custom_kernel(self, *lst: Tensor, fxn=None, grad_fxn=None) -> list[Tensor]:
-        raise NotImplementedError("custom_kernel (user-written kernels) is not supported yet")
+        """Run fxn's kernel (docs/custom_kernels.md) over self and lst; returns the inputs it writes, updated."""
+        from fusegrad.tensor_ops.custom_kernel import custom_kernel
+
+        return custom_kernel((self, *lst), fxn, grad_fxn)
 
     def call(self, *lst: Tensor, fxn=None, grad_fxn=None) -> list[Tensor]:
         raise NotImplementedError("call (graph functions) is not supported yet")

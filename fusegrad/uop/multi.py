@@ -139,9 +139,24 @@ def _lower_movement(n: UOp, m: UOp) -> UOp:
     return _per_shard(n, [to_axis(m, None, devices)], None)  # the op splits the sharded axis: gather first
 
 
+def _lower_custom_kernel(n: UOp, srcs: list[UOp]) -> UOp:
+    """A custom kernel over sharded inputs runs once per device on its shards (its kernel was written for the shard
+    shapes); the result stands for the per-device kernels, which the AFTERs of its outputs take apart."""
+    devices = next(s.arg[1] for s in srcs if s.op is Ops.MULTI)
+    if bad := [
+        s.arg[1] if s.op is Ops.MULTI else device_of(s) for s in srcs if s.op is not Ops.MULTI or s.arg[1] != devices
+    ]:
+        raise RuntimeError(f"custom kernel {n.arg.name!r} mixes inputs sharded on {devices} with inputs on {bad}")
+    return make_multi([n.replace(src=tuple(s.src[i] for s in srcs)) for i in range(len(devices))], None, devices)
+
+
 def _lower(n: UOp, srcs: list[UOp]) -> UOp:
     if n.op is Ops.MULTI or not any(s.op is Ops.MULTI for s in srcs):
         return n if tuple(srcs) == n.src else n.replace(src=tuple(srcs))
+    if n.op is Ops.CUSTOM_KERNEL:
+        return _lower_custom_kernel(n, srcs)
+    if n.op is Ops.AFTER and srcs[1].op is Ops.MULTI and srcs[1].src[0].op is Ops.CUSTOM_KERNEL:
+        return _per_shard(n, srcs, srcs[0].arg[0])
     if n.op is Ops.COPY:
         return gather(srcs[0], n.arg)
     if n.op is Ops.REDUCE_AXIS:

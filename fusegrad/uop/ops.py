@@ -9,6 +9,8 @@ from enum import Enum, auto
 from typing import Any, Callable, Iterator
 from fusegrad.dtype import DType, dtypes, truncate
 from fusegrad.helpers import prod
+from fusegrad.uop import kernel as _kernel
+from fusegrad.uop.kernel import AddrSpace, AxisType, KernelBuilder, KernelInfo  # noqa: F401 (tinygrad's import path)
 
 
 class Ops(Enum):
@@ -44,6 +46,14 @@ class Ops(Enum):
     ACC_UPDATE = auto()
     ENDRANGE = auto()  # noqa: E702
     WORD = auto()  # word arg (0 low, 1 high) of a 64-bit int, only inside codegen's long/ulong emulation
+    # a user-written kernel (uop/kernel.py), before codegen's lower_custom stage makes it a lowered kernel
+    DEFINE_REG = auto()  # a register array, arg (slot, size)
+    INDEX = auto()  # src (view of a DEFINE_GLOBAL or DEFINE_REG, *one index per dim): the element there
+    AFTER = auto()  # src (view, *deps): the view's storage once deps (stores, loops) happened; tensor level: src
+    # (input, CUSTOM_KERNEL), the input's buffer as the kernel left it
+    END = auto()  # src (stores, *ranges): the stores close the loops
+    GROUP = auto()  # stores that happen in order
+    CUSTOM_KERNEL = auto()  # tensor level: src = the inputs, arg = CustomKernel (uop/kernel.py)
     # unary ALU
     NEG = auto()
     RECIPROCAL = auto()
@@ -220,7 +230,7 @@ def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple) -
     return u
 
 
-class UOp(metaclass=UOpMeta):
+class UOp(KernelBuilder, metaclass=UOpMeta):
     __slots__ = (
         "op",
         "dtype",
@@ -553,7 +563,7 @@ def _shape_sources(u: UOp) -> tuple[UOp, ...]:
     """The sources _infer_shape reads the shape of."""
     if u.op in (Ops.BUFFER, Ops.DEFINE_GLOBAL, Ops.CONST, Ops.ARANGE, Ops.RESHAPE, Ops.EXPAND, Ops.SINK):
         return ()
-    if u.op in (Ops.DEFINE_VAR, Ops.BIND):
+    if u.op in (Ops.DEFINE_VAR, Ops.BIND, Ops.DEFINE_REG, Ops.INDEX, Ops.END, Ops.GROUP, Ops.CUSTOM_KERNEL):
         return ()
     if u.op is Ops.STORE:
         return u.src[1:2]
@@ -568,8 +578,10 @@ def _infer_shape(u: UOp) -> tuple[int, ...]:
         return u.src[0].shape
     if u.op is Ops.BUFFER:
         return (u.arg[2],)
-    if u.op is Ops.DEFINE_GLOBAL:
+    if u.op is Ops.DEFINE_GLOBAL or u.op is Ops.DEFINE_REG:
         return (u.arg[1],)
+    if u.op in (Ops.INDEX, Ops.END, Ops.GROUP, Ops.CUSTOM_KERNEL):
+        return ()
     if u.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.BIND):
         return ()  # a symbolic int is a 0-d value too (a mean over a symbolic axis divides by it)
     if u.op is Ops.ARANGE:
@@ -645,3 +657,6 @@ def pretty(u: UOp) -> str:
 
 def walk(roots: list[UOp]) -> Iterator[UOp]:
     return iter(UOp(Ops.SINK, dtypes.void, tuple(roots)).toposort())
+
+
+_kernel.core.Ops, _kernel.core.GroupOp, _kernel.core.UOp = Ops, GroupOp, UOp  # what KernelBuilder builds with

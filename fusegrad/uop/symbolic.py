@@ -5,6 +5,7 @@ import math
 from typing import Any
 from fusegrad.dtype import dtypes
 from fusegrad.uop.alu import cast_value, exec_alu
+from fusegrad.uop.kernel import core as kernel_core
 from fusegrad.uop.ops import GroupOp, Ops, UOp, symbolic_hooks
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
@@ -388,3 +389,4 @@ __all__ = ["value_range", "range_sources", "pm_symbolic", "simplify", "sym_eval"
 
 
 symbolic_hooks.range_sources, symbolic_hooks.value_range = range_sources, value_range
+kernel_core.simplify = simplify  # what UOp.simplify() runs

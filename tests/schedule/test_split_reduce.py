@@ -292,7 +292,7 @@ def test_long_dot_products():
     np.testing.assert_allclose(out, gram, rtol=1e-5, atol=1e-2)
 
 
-def test_full_sum_partials_keep_vector_lanes_in_accumulators():
+def test_full_sum_partials_keep_vector_lanes_in_accumulators(avx512_target):
     """The partial kernel of a full sum writes chunks x lanes partials and upcasts all the lanes (independent vector
     accumulators, one pass over the input); the fold adds them; values stay within the blocked-sum bound."""
     from fusegrad.codegen import lower_to_linear
@@ -330,7 +330,7 @@ def test_lanes_only_for_a_full_reduce_over_the_last_dim():
 
 
 @pytest.mark.parametrize("n", [N_ODD, 1_000_000, (1 << 16) + 1023])
-def test_a_full_sum_of_any_length_reads_whole_vectors_and_adds_its_tail_after_the_fold(n):
+def test_a_full_sum_of_any_length_reads_whole_vectors_and_adds_its_tail_after_the_fold(n, avx512_target):
     """A length no chunks x lanes divides: the lanes take the longest whole part (no padding, so no gate per lane,
     which kept every lane scalar: 1M + 7 ran 10x slower than torch), the last elements are a small reduce of their
     own in the fold's kernel. Values as numpy's, NaN and infinities in the tail included."""

@@ -248,7 +248,7 @@ def test_raw_building_blocks():
         Tensor.random_bits(8, 0, 1000).numpy(), bits
     )
     np.testing.assert_allclose(a.reshape(1, 2).image_dot(b.reshape(2, 1)).numpy(), [[13.0]])
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(TypeError, match="custom_kernel needs fxn"):
         a.custom_kernel(b, fxn=None)
 
 
