@@ -2,9 +2,9 @@
 
 from types import ModuleType
 
-from fusegrad.tensor_ops import creation, elementwise, indexing, linalg, movement, nn, reduce, sorting
+from fusegrad.tensor_ops import creation, elementwise, indexing, linalg, movement, nn, reduce, sorting, unary
 
-MODULES: tuple[ModuleType, ...] = (creation, elementwise, reduce, movement, indexing, linalg, nn, sorting)
+MODULES: tuple[ModuleType, ...] = (creation, unary, elementwise, reduce, movement, indexing, linalg, nn, sorting)
 
 
 def bind_tensor_class(cls: type) -> None:
