@@ -262,8 +262,7 @@ def output_value(ast: UOp) -> UOp:
     this value's shape."""
     value = ast.src[0].src[1]
     inner = value
-    while inner.op is Ops.RESHAPE:
-        inner = inner.src[0]
+    inner = inner.peel(Ops.RESHAPE)
     if inner.op is not Ops.REDUCE_AXIS:
         return value
     while value.op is Ops.RESHAPE and sum(d != 1 for d in value.src[0].shape) > sum(d != 1 for d in value.shape):

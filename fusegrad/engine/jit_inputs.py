@@ -100,8 +100,7 @@ def rebind(x: Any, var_vals: dict[UOp, int]) -> Any:
 
 
 def whole_buffer(u: UOp) -> bool:
-    while u.op is Ops.RESHAPE:
-        u = u.src[0]
+    u = u.peel(Ops.RESHAPE)
     return u.op is Ops.BUFFER
 
 

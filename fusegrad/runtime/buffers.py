@@ -88,15 +88,13 @@ def buffer_uop(buf: Buffer) -> UOp:
 
 def base_buffer(u: UOp) -> UOp | None:
     """The BUFFER under a chain of movement ops, if u is only a view of one."""
-    while u.op in GroupOp.Movement:
-        u = u.src[0]
+    u = u.peel(GroupOp.Movement)
     return u if u.op is Ops.BUFFER else None
 
 
 def is_contiguous_view(u: UOp) -> bool:
     """u reads its buffer in order, element for element (only reshapes over a whole buffer)."""
-    while u.op is Ops.RESHAPE:
-        u = u.src[0]
+    u = u.peel(Ops.RESHAPE)
     return u.op is Ops.BUFFER
 
 

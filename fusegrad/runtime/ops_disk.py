@@ -14,10 +14,7 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 def disk_view(u: UOp, table: Mapping[UOp, Buffer] = buffer_of) -> DiskBuffer | None:
     """A DiskBuffer over the bytes `u` reads when u is reshapes and slices of a DISK buffer that read one contiguous
     range in order (t[2:5], rows of a matrix): such a view needs no kernel, only a new offset into the mapping."""
-    chain = []
-    while u.op in (Ops.RESHAPE, Ops.SHRINK):
-        chain.append(u)
-        u = u.src[0]
+    u, chain = u.peel_chain((Ops.RESHAPE, Ops.SHRINK))
     if u.op is not Ops.BUFFER or not isinstance(base := table.get(u), DiskBuffer):
         return None
     start = 0  # first element read, in the base buffer

@@ -417,10 +417,7 @@ class _Planner:
 
     def _kernel_view(self, view: UOp, base: UOp, params: dict[object, tuple[Buffer, UOp]], device: str) -> UOp:
         """view's chain of movement ops rebuilt over base (a DEFINE_GLOBAL), bound variables as kernel parameters."""
-        chain = []
-        while view.op in GroupOp.Movement:
-            chain.append(view)
-            view = view.src[0]
+        view, chain = view.peel_chain(GroupOp.Movement)
         for v in reversed(chain):
             arg = self.vars.kernel_arg(v, device, lambda buf: kernel_param(params, buf, buf)) if arg_uops(v) else v.arg
             base = v.replace(src=(base,), arg=arg)
@@ -470,10 +467,7 @@ class _Planner:
 
         def const_use(u: UOp) -> UOp:
             """A lifted constant (under its views) read from a parameter of this use's own."""
-            views = []
-            while u.op in GroupOp.Movement:
-                views.append(u)
-                u = u.src[0]
+            u, views = u.peel_chain(GroupOp.Movement)
             self.const_params[buf := const_buffer(device, u.dtype, u.arg)] = (u.dtype, u.arg)
             # past the cap, uses of one value share a parameter: a kernel's argument list stays short
             ret = UOp(Ops.RESHAPE, u.dtype, (param(buf, object() if len(params) < MAX_KERNEL_PARAMS else buf),), ())
@@ -532,17 +526,13 @@ STORE_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.
 
 
 def is_store_view(u: UOp) -> bool:
-    while u.op in STORE_VIEW_OPS:
-        u = u.src[0]
+    u = u.peel(STORE_VIEW_OPS)
     return u.op is Ops.BUFFER
 
 
 def view_over(view: UOp, base: UOp) -> UOp:
     """view's chain of movement ops rebuilt over another node."""
-    chain = []
-    while view.op in GroupOp.Movement:
-        chain.append(view)
-        view = view.src[0]
+    view, chain = view.peel_chain(GroupOp.Movement)
     for v in reversed(chain):
         base = v.replace(src=(base,))
     return base

@@ -73,8 +73,7 @@ def _checked(sink: UOp, params: list[UOp], device: str) -> tuple[UOp, tuple[int,
 
 def _is_empty(u: UOp) -> bool:
     """u is a whole buffer that holds nothing yet (Tensor.empty): a kernel writing it needs no copy of it."""
-    while u.op is Ops.RESHAPE:
-        u = u.src[0]
+    u = u.peel(Ops.RESHAPE)
     buf = u.buffer if u.op is Ops.BUFFER else None
     return buf is not None and not buf.is_allocated and buf._initial is None and buf.size == u.size
 

@@ -166,10 +166,7 @@ _VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP
 
 def _view_chain(u: UOp) -> tuple[UOp, list[UOp]]:
     """The node under u's chain of view ops, and that chain from u downwards."""
-    views = []
-    while u.op in _VIEW_OPS:
-        views.append(u)
-        u = u.src[0]
+    u, views = u.peel_chain(_VIEW_OPS)
     return u, views
 
 
@@ -687,8 +684,7 @@ class IndexingMixin:
         """The values when they are already known on the host side (a realized buffer or a constant), else None:
         reading them costs no kernel over unrealized work."""
         u = self.uop
-        while u.op in (Ops.RESHAPE, Ops.EXPAND):
-            u = u.src[0]
+        u = u.peel((Ops.RESHAPE, Ops.EXPAND))
         if u.op is Ops.CONST:
             return np.array([u.arg])
         if u.op is Ops.BUFFER and is_contiguous_view(self.uop):

@@ -210,8 +210,7 @@ def is_realized_multi(u: UOp) -> bool:
     """A MULTI whose every shard is a whole buffer (only reshaped)."""
 
     def whole_buffer(s: UOp) -> bool:
-        while s.op is Ops.RESHAPE:
-            s = s.src[0]
+        s = s.peel(Ops.RESHAPE)
         return s.op is Ops.BUFFER
 
     return u.op is Ops.MULTI and all(whole_buffer(s) for s in u.src)

@@ -428,10 +428,20 @@ class UOp(KernelBuilder, metaclass=UOpMeta):
     @property
     def base(self) -> UOp:
         """The node under a chain of views (self when self is no view)."""
-        u = self
-        while u.op in _VIEW_OPS and u.src:
+        return self.peel(_VIEW_OPS)
+
+    def peel(self, ops: Ops | set | frozenset | tuple) -> UOp:
+        """The first node down the chain of first sources whose op is not in ops (one op or a collection)."""
+        return self.peel_chain(ops)[0]
+
+    def peel_chain(self, ops: Ops | set | frozenset | tuple) -> tuple[UOp, list[UOp]]:
+        """peel's node, and the nodes peeled on the way, from self downwards."""
+        ops = (ops,) if isinstance(ops, Ops) else ops
+        u, chain = self, []
+        while u.op in ops and u.src:
+            chain.append(u)
             u = u.src[0]
-        return u
+        return u, chain
 
     @property
     def buffer(self) -> Any:
