@@ -28,6 +28,9 @@ FLASH_SCORE_BYTES = 2**25
 FLASH_BLOCK_BYTES = 2**23
 # a row block is never shorter than this (shorter blocks cost more launches than they save in memory)
 FLASH_MIN_BLOCK_ROWS = 16
+# causal scores under FLASH_SCORE_BYTES still come in this many row blocks (computed together, not realized one by
+# one): the blocks above the diagonal are skipped, (n + 1) / 2n of the work is left
+CAUSAL_BLOCKS = 4
 
 
 @dataclass(frozen=True)
@@ -67,13 +70,16 @@ class _Problem:
         return s
 
 
-def _row_blocks(p: _Problem, heads: int) -> list[tuple[int, int]]:
-    """[start, end) row blocks: one block when all scores fit FLASH_SCORE_BYTES, else blocks of FLASH_BLOCK_BYTES."""
+def _row_blocks(p: _Problem, heads: int) -> tuple[list[tuple[int, int]], bool]:
+    """[start, end) row blocks and whether each is realized on its own: when all scores fit FLASH_SCORE_BYTES one
+    block (CAUSAL_BLOCKS when causal) computed with the rest, else blocks of FLASH_BLOCK_BYTES realized one by one."""
     rows, keys = p.rows, p.k.shape[-2]
     if heads * rows * keys * 4 <= FLASH_SCORE_BYTES:
-        return [(0, rows)]
-    size = max(FLASH_MIN_BLOCK_ROWS, FLASH_BLOCK_BYTES // (heads * keys * 4))
-    return [(s, min(s + size, rows)) for s in range(0, rows, size)]
+        size, each = max(FLASH_MIN_BLOCK_ROWS, -(-rows // CAUSAL_BLOCKS)) if p.causal else rows, False
+    else:
+        size, each = max(FLASH_MIN_BLOCK_ROWS, FLASH_BLOCK_BYTES // (heads * keys * 4)), True
+    blocks = [(s, min(s + size, rows)) for s in range(0, rows, size)]
+    return blocks, each and len(blocks) > 1
 
 
 def _sum_to(t: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -91,13 +97,13 @@ def _realized(t: Tensor, keep: list[Tensor]) -> Tensor:
     from fusegrad.tensor import Tensor
 
     lazy = t.uop
-    keep.append(t.realize())
+    keep.append(Tensor(lazy, device=t.device).realize())  # a tensor of our own: the caller's keeps its graph
     return Tensor(lazy, device=t.device)
 
 
-def _forward(p: _Problem, blocks: list[tuple[int, int]], keep: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """The output (float32) and each row's logsumexp, row block by row block; blocks are realized one at a time when
-    there are several (the engine frees a realize's temporaries when it ends)."""
+def _forward(p: _Problem, blocks: list[tuple[int, int]], each: bool, keep: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The output (float32) and each row's logsumexp, row block by row block; with `each` the blocks are realized one
+    at a time (the engine frees a realize's temporaries when it ends)."""
     from fusegrad.tensor import Tensor
 
     outs, lses = [], []
@@ -110,7 +116,7 @@ def _forward(p: _Problem, blocks: list[tuple[int, int]], keep: list[Tensor]) -> 
         total = prob.sum(-1, keepdim=True)
         out = prob.matmul(p.v[..., : p.visible_keys(end), :], dtype=dtypes.float32) / total
         lse = row_max + total.log()
-        if len(blocks) > 1:
+        if each:
             out, lse = _realized(out, keep), _realized(lse, keep)
         outs.append(out)
         lses.append(lse)
@@ -119,17 +125,16 @@ def _forward(p: _Problem, blocks: list[tuple[int, int]], keep: list[Tensor]) -> 
     return Tensor.cat(*outs, dim=-2), Tensor.cat(*lses, dim=-2)
 
 
-def _backward(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tensor, g: Tensor):
+def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tensor, lse: Tensor, g: Tensor):
     """dq, dk, dv (float32, in p's layouts) from the output gradient g: each block's probabilities are recomputed
     from the saved logsumexp; dk and dv are summed over the row blocks."""
     from fusegrad.tensor import Tensor
 
-    many = len(blocks) > 1
-    if many:
+    if each:
         g = g.contiguous().realize()
     # D = rowsum(dO * O): the softmax's backward term, one value per row
     delta = (g * out).sum(-1, keepdim=True)
-    if many:
+    if each:
         delta = delta.realize()
     keys = p.k.shape[-2]
     dqs: list[Tensor] = []
@@ -137,7 +142,8 @@ def _backward(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tens
     dv: Tensor | None = None
     for start, end in blocks:
         seen = p.visible_keys(end)
-        prob = (p.scores(start, end) - lse[..., start:end, :]).exp().contiguous()
+        # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
+        prob = (p.scores(start, end).contiguous() - lse[..., start:end, :]).exp().contiguous()
         g_block = g[..., start:end, :]
         dprob = g_block.matmul(p.v[..., :seen, :].transpose(-1, -2), dtype=dtypes.float32)
         dscore = (prob * (dprob - delta[..., start:end, :])).contiguous()
@@ -150,7 +156,7 @@ def _backward(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tens
             dk_part, dv_part = dk_part.pad(pads), dv_part.pad(pads)
         dk = dk_part if dk is None else dk + dk_part
         dv = dv_part if dv is None else dv + dv_part
-        if many:
+        if each:
             dq, dk, dv = dq.realize(), dk.realize(), dv.realize()
         dqs.append(dq)
     assert dk is not None and dv is not None
@@ -198,15 +204,12 @@ def flash_attention(
             mask = mask.reshape(mask.shape[:-3] + (kv_heads, group) + mask.shape[-2:])
         q = q.reshape(q.shape[:-3] + (kv_heads, group) + q.shape[-2:])
         k, v = (t.reshape(t.shape[:-3] + (kv_heads, 1) + t.shape[-2:]) for t in (k, v))
-    # q, k, v are read by every block: computed once, not once per block
-    q_in, k_in, v_in = q.contiguous(), k.contiguous(), v.contiguous()
-    problem = _Problem(q_in, k_in, v_in, mask, 1 / math.sqrt(query.shape[-1]), is_causal)
-    heads = math.prod(q.shape[:-2])
-    blocks = _row_blocks(problem, heads)
+    problem = _Problem(q, k, v, mask, 1 / math.sqrt(query.shape[-1]), is_causal)
+    blocks, each = _row_blocks(problem, math.prod(q.shape[:-2]))
     keep: list[Tensor] = []
-    if len(blocks) > 1:
-        problem = _Problem(*(_realized(t, keep) for t in (q_in, k_in, v_in)), mask, problem.scale, is_causal)
-    out, lse = _forward(problem, blocks, keep)
+    if each:  # q, k, v are read by every block's realize: computed once, not once per block
+        problem = _Problem(*(_realized(t, keep) for t in (q, k, v)), mask, problem.scale, is_causal)
+    out, lse = _forward(problem, blocks, each, keep)
     result = out.reshape(query.shape[:-1] + (value.shape[-1],)).cast(out_dtype)
     inputs = (query.uop, key.uop, value.uop)
     shapes = (query.shape, key.shape, value.shape)
@@ -219,7 +222,7 @@ def flash_attention(
         out_uop = out_ref()
         assert out_uop is not None, "the attention output died before its gradient was asked for"
         grad = Tensor(g, device=device).cast(dtypes.float32).reshape(out_uop.shape)
-        grads = _backward(problem, blocks, Tensor(out_uop, device=device), Tensor(lse_uop, device=device), grad)
+        grads = _backward(problem, blocks, each, Tensor(out_uop, device=device), Tensor(lse_uop, device=device), grad)
         _ = keep  # the realized blocks stay computed for as long as the gradient can be asked for
         return tuple(t.reshape(s).cast(dt).uop for t, s, dt in zip(grads, shapes, dtypes_in))
 
