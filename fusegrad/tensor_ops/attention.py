@@ -31,6 +31,8 @@ FLASH_MIN_BLOCK_ROWS = 16
 # causal scores under FLASH_SCORE_BYTES still come in this many row blocks (computed together, not realized one by
 # one): the blocks above the diagonal are skipped, (n + 1) / 2n of the work is left
 CAUSAL_BLOCKS = 4
+# a causal block reads its visible keys in steps of this many, so blocks of rows share kernels (one compile per step)
+CAUSAL_KEY_STEP = 256
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class _Problem:
     def visible_keys(self, row_end: int) -> int:
         """Keys a block of rows ending at row_end reads (causal: the block's last row sees keys 0..row_end-1)."""
         keys = self.k.shape[-2]
-        return min(row_end, keys) if self.causal else keys
+        # rounded up to a step (the causal mask hides the extra keys): blocks share kernel shapes, at most 8 of them
+        step = max(CAUSAL_KEY_STEP, -(-keys // 8))
+        return min(-(-row_end // step) * step, keys) if self.causal else keys
 
     def scores(self, start: int, end: int) -> Tensor:
         """Scaled and masked float32 scores of rows [start, end) against their visible keys."""
@@ -62,7 +66,8 @@ class _Problem:
         if self.causal:
             from fusegrad.tensor import Tensor
 
-            row = Tensor.arange(start, end, device=q.device).reshape(-1, 1)
+            # the offset as an added constant, not arange's start: blocks of one shape then share their kernels
+            row = (Tensor.arange(end - start, device=q.device) + start).reshape(-1, 1)
             s = (row >= Tensor.arange(keys, device=q.device).reshape(1, -1)).where(s, -math.inf)
         elif self.mask is not None:
             m = self.mask[..., start:end, :keys]
@@ -77,7 +82,11 @@ def _row_blocks(p: _Problem, heads: int) -> tuple[list[tuple[int, int]], bool]:
     if heads * rows * keys * 4 <= FLASH_SCORE_BYTES:
         size, each = max(FLASH_MIN_BLOCK_ROWS, -(-rows // CAUSAL_BLOCKS)) if p.causal else rows, False
     else:
-        size, each = max(FLASH_MIN_BLOCK_ROWS, FLASH_BLOCK_BYTES // (heads * keys * 4)), True
+        # a block's scores and probabilities stay under a quarter of the inputs: with the output blocks and the output
+        # the peak stays under twice the inputs
+        inputs = 4 * (p.q.numel() + p.k.numel() + p.v.numel())
+        block_bytes = min(FLASH_BLOCK_BYTES, inputs // 8)
+        size, each = max(FLASH_MIN_BLOCK_ROWS, block_bytes // (heads * keys * 4)), True
     blocks = [(s, min(s + size, rows)) for s in range(0, rows, size)]
     return blocks, each and len(blocks) > 1
 
