@@ -46,10 +46,17 @@ static inline float fg_fp8_to_f32(unsigned char b, int mbits, int bias, int has_
 }
 /* float exp as arithmetic (fg_exp_<vector type> below, lane by lane): libm's expf is a call that no loop vectorizes */
 static inline __attribute__((always_inline)) float fg_expf(float x) {
-  x = x > 89.0f ? 89.0f : x;
-  x = x < -104.0f ? -104.0f : x;
+  /* the clamps and the NaN guard as bit masks: under trapping math a ?: over a float compare stays a branch, and the
+     loop around it scalar */
+  unsigned int bits, hi = -(unsigned int)(x > 89.0f), lo = -(unsigned int)(x < -104.0f);
+  memcpy(&bits, &x, 4);
+  bits = (bits & ~hi & ~lo) | (0x42b20000u & hi) | (0xc2d00000u & lo); /* 89.0f, -104.0f */
+  memcpy(&x, &bits, 4);
   float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  n = n == n ? n : 0.0f;
+  unsigned int number = -(unsigned int)(n == n);
+  memcpy(&bits, &n, 4);
+  bits &= number;
+  memcpy(&n, &bits, 4);
   float r = x - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   float p = r * (1.0f / 5040) + 1.0f / 720;

@@ -13,6 +13,7 @@ import numpy as np
 from fusegrad.gradient import register_gradient
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import CHECK_OOB, TRAINING, ceildiv, flatten, prod
+from fusegrad.tensor_ops.attention import flash_attention, uses_flash
 from fusegrad.tensor_ops.indexing import check_index_bounds
 from fusegrad.tensor_ops.shapes import is_index
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -817,6 +818,10 @@ class NNMixin:
                     f"enable_gqa needs the query heads ({heads}) to be a multiple of the key/value heads "
                     f"({kv_heads}, {value.shape[-3]})"
                 )
+        no_dropout = dropout_p == 0 or not (TRAINING or Tensor.training)
+        if no_dropout and uses_flash(self, key, value, attn_mask, enable_gqa):
+            return flash_attention(self, key, value, attn_mask, is_causal)
+        if enable_gqa and self.ndim >= 3 and key.shape[-3] != self.shape[-3]:
             key, value = key._repeat_heads(heads // kv_heads), value._repeat_heads(heads // kv_heads)
         # scores accumulate in at least float32, then return to the query dtype before the softmax
         acc = least_upper_dtype(self.dtype, dtypes.float32)

@@ -1,0 +1,239 @@
+"""Blocked ("flash") scaled dot-product attention: softmax(q·kᵀ·scale + mask)·v without the N x M scores.
+
+The queries are cut into row blocks. Each block meets only the keys it can see (causal: the keys up to its last row;
+the blocks above the diagonal are never computed), so one block's scores are Bq x M' and the whole N x M matrix never
+exists. The forward saves the output and each row's logsumexp; the backward recomputes every block's probabilities
+from the logsumexp (FlashAttention-2's formulation) and sums the key/value gradients block by block, so training is
+O(N·d) in memory past the block threshold. Grouped-query attention views the query heads as (kv heads, group) against
+key/value heads broadcast over the group: k and v are never repeated in memory."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fusegrad.dtype import dtypes, least_upper_dtype
+from fusegrad.gradient import register_gradient
+from fusegrad.uop.ops import UOp
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
+
+# past this many score bytes (all heads) the scores are computed in row blocks, each realized on its own; below it one
+# block (the whole score matrix) is cheaper: fewer kernels and no realize inside the op
+FLASH_SCORE_BYTES = 2**25
+# the score bytes of one row block (all heads): its scores and probabilities are the op's largest temporaries
+FLASH_BLOCK_BYTES = 2**23
+# a row block is never shorter than this (shorter blocks cost more launches than they save in memory)
+FLASH_MIN_BLOCK_ROWS = 16
+# causal scores under FLASH_SCORE_BYTES still come in this many row blocks (computed together, not realized one by
+# one): the blocks above the diagonal are skipped, (n + 1) / 2n of the work is left
+CAUSAL_BLOCKS = 4
+# a causal block reads its visible keys in steps of this many, so blocks of rows share kernels (one compile per step)
+CAUSAL_KEY_STEP = 256
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """What every block needs: the float32 views of q, k, v (GQA: q as (..., kv heads, group, N, d), k and v as
+    (..., kv heads, 1, M, d)), the mask in the same layout, the softmax scale and the causal flag."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None
+    scale: float
+    causal: bool
+
+    @property
+    def rows(self) -> int:
+        return self.q.shape[-2]
+
+    def visible_keys(self, row_end: int) -> int:
+        """Keys a block of rows ending at row_end reads (causal: the block's last row sees keys 0..row_end-1)."""
+        keys = self.k.shape[-2]
+        # rounded up to a step (the causal mask hides the extra keys): blocks share kernel shapes, at most 8 of them
+        step = max(CAUSAL_KEY_STEP, -(-keys // 8))
+        return min(-(-row_end // step) * step, keys) if self.causal else keys
+
+    def scores(self, start: int, end: int) -> Tensor:
+        """Scaled and masked float32 scores of rows [start, end) against their visible keys."""
+        keys = self.visible_keys(end)
+        q, k = self.q[..., start:end, :], self.k[..., :keys, :]
+        s = q.matmul(k.transpose(-1, -2), dtype=dtypes.float32) * self.scale
+        if self.causal:
+            from fusegrad.tensor import Tensor
+
+            # the offset as an added constant, not arange's start: blocks of one shape then share their kernels
+            row = (Tensor.arange(end - start, device=q.device) + start).reshape(-1, 1)
+            s = (row >= Tensor.arange(keys, device=q.device).reshape(1, -1)).where(s, -math.inf)
+        elif self.mask is not None:
+            m = self.mask[..., start:end, :keys]
+            s = m.where(s, -math.inf) if m.dtype is dtypes.bool else s + m.cast(dtypes.float32)
+        return s
+
+
+def _row_blocks(p: _Problem, heads: int) -> tuple[list[tuple[int, int]], bool]:
+    """[start, end) row blocks and whether each is realized on its own: when all scores fit FLASH_SCORE_BYTES one
+    block (CAUSAL_BLOCKS when causal) computed with the rest, else blocks of FLASH_BLOCK_BYTES realized one by one."""
+    rows, keys = p.rows, p.k.shape[-2]
+    if heads * rows * keys * 4 <= FLASH_SCORE_BYTES:
+        size, each = max(FLASH_MIN_BLOCK_ROWS, -(-rows // CAUSAL_BLOCKS)) if p.causal else rows, False
+    else:
+        # a block's scores and probabilities stay under a quarter of the inputs: with the output blocks and the output
+        # the peak stays under twice the inputs
+        inputs = 4 * (p.q.numel() + p.k.numel() + p.v.numel())
+        block_bytes = min(FLASH_BLOCK_BYTES, inputs // 8)
+        size, each = max(FLASH_MIN_BLOCK_ROWS, block_bytes // (heads * keys * 4)), True
+    blocks = [(s, min(s + size, rows)) for s in range(0, rows, size)]
+    return blocks, each and len(blocks) > 1
+
+
+def _sum_to(t: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """t summed over the axes a broadcast to its shape added (a gradient back to a broadcast input's shape)."""
+    extra = t.ndim - len(shape)
+    if extra:
+        t = t.sum(tuple(range(extra)))
+    axes = tuple(i for i, (a, b) in enumerate(zip(t.shape, shape)) if a != b)
+    return t.sum(axes, keepdim=True) if axes else t
+
+
+def _realized(t: Tensor, keep: list[Tensor]) -> Tensor:
+    """t computed now, as a lazy tensor over t's graph (so a gradient still finds its inputs); `keep` holds the result
+    (a graph node keeps its value only while someone holds it)."""
+    from fusegrad.tensor import Tensor
+
+    lazy = t.uop
+    keep.append(Tensor(lazy, device=t.device).realize())  # a tensor of our own: the caller's keeps its graph
+    return Tensor(lazy, device=t.device)
+
+
+def _forward(p: _Problem, blocks: list[tuple[int, int]], each: bool, keep: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The output (float32) and each row's logsumexp, row block by row block; with `each` the blocks are realized one
+    at a time (the engine frees a realize's temporaries when it ends)."""
+    from fusegrad.tensor import Tensor
+
+    outs, lses = [], []
+    for start, end in blocks:
+        s = p.scores(start, end).contiguous()
+        row_max = s.max(-1, keepdim=True)
+        # a row that sees no key has max -inf: subtracting 0 keeps its probabilities 0 (its output 0/0, as torch's)
+        row_max = (row_max == -math.inf).where(0.0, row_max)
+        prob = (s - row_max).exp().contiguous()
+        total = prob.sum(-1, keepdim=True)
+        out = prob.matmul(p.v[..., : p.visible_keys(end), :], dtype=dtypes.float32) / total
+        lse = row_max + total.log()
+        if each:
+            out, lse = _realized(out, keep), _realized(lse, keep)
+        outs.append(out)
+        lses.append(lse)
+    if len(blocks) == 1:
+        return outs[0], lses[0]
+    return Tensor.cat(*outs, dim=-2), Tensor.cat(*lses, dim=-2)
+
+
+def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tensor, lse: Tensor, g: Tensor):
+    """dq, dk, dv (float32, in p's layouts) from the output gradient g: each block's probabilities are recomputed
+    from the saved logsumexp; dk and dv are summed over the row blocks."""
+    from fusegrad.tensor import Tensor
+
+    if each:
+        g = g.contiguous().realize()
+    # D = rowsum(dO * O): the softmax's backward term, one value per row
+    delta = (g * out).sum(-1, keepdim=True)
+    if each:
+        delta = delta.realize()
+    keys = p.k.shape[-2]
+    dqs: list[Tensor] = []
+    dk: Tensor | None = None
+    dv: Tensor | None = None
+    for start, end in blocks:
+        seen = p.visible_keys(end)
+        # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
+        prob = (p.scores(start, end).contiguous() - lse[..., start:end, :]).exp().contiguous()
+        g_block = g[..., start:end, :]
+        dprob = g_block.matmul(p.v[..., :seen, :].transpose(-1, -2), dtype=dtypes.float32)
+        dscore = (prob * (dprob - delta[..., start:end, :])).contiguous()
+        dq = dscore.matmul(p.k[..., :seen, :], dtype=dtypes.float32) * p.scale
+        dk_part = dscore.transpose(-1, -2).matmul(p.q[..., start:end, :], dtype=dtypes.float32) * p.scale
+        dv_part = prob.transpose(-1, -2).matmul(g_block, dtype=dtypes.float32)
+        dk_part, dv_part = _sum_to(dk_part, p.k[..., :seen, :].shape), _sum_to(dv_part, p.v[..., :seen, :].shape)
+        if seen < keys:
+            pads = ((0, 0),) * (dk_part.ndim - 2) + ((0, keys - seen), (0, 0))
+            dk_part, dv_part = dk_part.pad(pads), dv_part.pad(pads)
+        dk = dk_part if dk is None else dk + dk_part
+        dv = dv_part if dv is None else dv + dv_part
+        if each:
+            dq, dk, dv = dq.realize(), dk.realize(), dv.realize()
+        dqs.append(dq)
+    assert dk is not None and dv is not None
+    return (dqs[0] if len(dqs) == 1 else Tensor.cat(*dqs, dim=-2)), dk, dv
+
+
+def _broadcasts(shape: tuple, target: tuple) -> bool:
+    return len(shape) <= len(target) and all(a in (1, b) for a, b in zip(reversed(shape), reversed(target)))
+
+
+def uses_flash(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, enable_gqa: bool) -> bool:
+    """Can flash_attention take these (already checked) inputs: concrete shapes, float dtypes, one batch layout for q,
+    k and v (k/v heads equal to q's, or a divisor under GQA, or one head), a mask that broadcasts to the scores?"""
+    tensors = (query, key, value) + (() if attn_mask is None else (attn_mask,))
+    if not all(isinstance(d, int) for t in tensors for d in t.shape):
+        return False
+    if not all(dtypes.is_float(t.dtype) for t in (query, key, value)) or not query.ndim == key.ndim == value.ndim:
+        return False
+    if query.ndim >= 3:
+        heads, kv_heads = query.shape[-3], key.shape[-3]
+        if query.shape[:-3] != key.shape[:-3] or key.shape[:-2] != value.shape[:-2] or kv_heads == 0:
+            return False
+        if kv_heads != heads and (heads % kv_heads or not (enable_gqa or kv_heads == 1)):
+            return False
+    return attn_mask is None or _broadcasts(attn_mask.shape, query.shape[:-1] + (key.shape[-2],))
+
+
+def flash_attention(
+    query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False
+) -> Tensor:
+    """softmax(q·kᵀ/√d + mask)·v over the last two dims, computed in row blocks (module docstring); shapes already
+    checked by the caller. k and v may have fewer heads (dim -3) than q when q's heads are a multiple of theirs."""
+    from fusegrad.tensor import Tensor
+
+    device, out_dtype = query.device, query.dtype
+    acc = least_upper_dtype(query.dtype, dtypes.float32)
+    q, k, v = query.cast(acc), key.cast(acc), value.cast(acc)
+    heads_q = query.shape[-3] if query.ndim >= 3 else 1
+    group = heads_q // key.shape[-3] if query.ndim >= 3 and key.ndim >= 3 and key.shape[-3] != heads_q else 1
+    # the mask as a view over the full score shape: every block slices its rows and keys out of it
+    mask = None if attn_mask is None else attn_mask.expand(query.shape[:-1] + (key.shape[-2],))
+    if group > 1:
+        kv_heads = key.shape[-3]
+        if mask is not None:
+            mask = mask.reshape(mask.shape[:-3] + (kv_heads, group) + mask.shape[-2:])
+        q = q.reshape(q.shape[:-3] + (kv_heads, group) + q.shape[-2:])
+        k, v = (t.reshape(t.shape[:-3] + (kv_heads, 1) + t.shape[-2:]) for t in (k, v))
+    problem = _Problem(q, k, v, mask, 1 / math.sqrt(query.shape[-1]), is_causal)
+    blocks, each = _row_blocks(problem, math.prod(q.shape[:-2]))
+    keep: list[Tensor] = []
+    if each:  # q, k, v are read by every block's realize: computed once, not once per block
+        problem = _Problem(*(_realized(t, keep) for t in (q, k, v)), mask, problem.scale, is_causal)
+    out, lse = _forward(problem, blocks, each, keep)
+    result = out.reshape(query.shape[:-1] + (value.shape[-1],)).cast(out_dtype)
+    inputs = (query.uop, key.uop, value.uop)
+    shapes = (query.shape, key.shape, value.shape)
+    dtypes_in = (query.dtype, key.dtype, value.dtype)
+    # the output may be the registered node itself, which the closure must not hold (weakref: the gradient is only
+    # asked for while the node lives)
+    out_ref, lse_uop = weakref.ref(out.uop), lse.uop
+
+    def backward(g: UOp) -> tuple[UOp, ...]:
+        out_uop = out_ref()
+        assert out_uop is not None, "the attention output died before its gradient was asked for"
+        grad = Tensor(g, device=device).cast(dtypes.float32).reshape(out_uop.shape)
+        grads = _backward(problem, blocks, each, Tensor(out_uop, device=device), Tensor(lse_uop, device=device), grad)
+        _ = keep  # the realized blocks stay computed for as long as the gradient can be asked for
+        return tuple(t.reshape(s).cast(dt).uop for t, s, dt in zip(grads, shapes, dtypes_in))
+
+    register_gradient(result.uop, inputs, backward)
+    return result

@@ -1,0 +1,158 @@
+"""Blocked (flash) scaled_dot_product_attention against torch in float64: forward and the gradients of q, k and v,
+with one block and with many (small block sizes force the realized-per-block path), and its memory bound."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusegrad import GlobalCounters, Tensor, dtypes
+from fusegrad.runtime.device import Buffer
+import fusegrad.tensor_ops.attention as attention
+
+# float32 against a float64 reference: the errors seen are ~1e-7, well inside
+ATOL = 1e-5
+
+
+def arrays(shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Every problem in realized row blocks of 4 rows."""
+    monkeypatch.setattr(attention, "FLASH_SCORE_BYTES", 0)
+    monkeypatch.setattr(attention, "FLASH_BLOCK_BYTES", 1)
+    monkeypatch.setattr(attention, "FLASH_MIN_BLOCK_ROWS", 4)
+
+
+def check(q, k, v, mask=None, dtype=dtypes.float32, atol=ATOL, **kw):
+    """Output and q/k/v gradients (from a random output gradient) against torch float64 on the same values."""
+    grad_out = arrays([q.shape[:-1] + (v.shape[-1],)], seed=9)[0]
+    fg = [Tensor(a).cast(dtype) for a in (q, k, v)]
+    for t in fg:
+        t.requires_grad = True
+    fg_mask = None if mask is None else Tensor(mask)
+    out = fg[0].scaled_dot_product_attention(fg[1], fg[2], attn_mask=fg_mask, **kw)
+    assert out.dtype == dtype and out.shape == q.shape[:-1] + (v.shape[-1],)
+    grads = out.gradient(*fg, gradient=Tensor(grad_out).cast(dtype))
+    # the reference sees the inputs as rounded to dtype
+    th = [torch.tensor(t.cast(dtypes.float32).numpy(), dtype=torch.float64, requires_grad=True) for t in fg]
+    th_mask = None if mask is None else torch.tensor(mask if mask.dtype == bool else mask.astype(np.float64))
+    ref = F.scaled_dot_product_attention(*th, attn_mask=th_mask, **kw)
+    ref.backward(torch.tensor(grad_out, dtype=torch.float64))
+    np.testing.assert_allclose(out.cast(dtypes.float32).numpy(), ref.detach().numpy(), atol=atol, rtol=atol)
+    for name, g, t in zip("qkv", grads, th):
+        assert g.dtype == dtype and g.shape == tuple(t.shape)
+        np.testing.assert_allclose(g.cast(dtypes.float32).numpy(), t.grad.numpy(), atol=atol, rtol=atol, err_msg=name)
+
+
+CASES = [  # (q shape, kv length, kv heads, value dim, kwargs)
+    ((2, 3, 7, 32), 7, 3, 32, {}),
+    ((2, 3, 7, 32), 7, 3, 32, {"is_causal": True}),
+    ((1, 2, 1, 64), 129, 2, 64, {}),  # decode: one query against a cache
+    ((1, 2, 1, 64), 129, 2, 64, {"is_causal": True}),
+    ((1, 2, 129, 80), 129, 2, 80, {"is_causal": True}),
+    ((1, 2, 33, 128), 70, 2, 48, {}),
+    ((1, 2, 70, 64), 33, 2, 64, {"is_causal": True}),  # more queries than keys
+    ((1, 4, 29, 32), 29, 2, 32, {"is_causal": True, "enable_gqa": True}),
+    ((2, 6, 9, 32), 17, 2, 16, {"enable_gqa": True}),
+    ((17, 32), 23, None, 32, {}),  # no batch or head dims
+]
+
+
+def _case_arrays(qs, kv_len, kv_heads, vd):
+    lead = qs[:-3] + (kv_heads,) if kv_heads is not None else qs[:-2]
+    return arrays([qs, lead + (kv_len, qs[-1]), lead + (kv_len, vd)])
+
+
+@pytest.mark.parametrize("qs,kv_len,kv_heads,vd,kw", CASES)
+def test_sdpa_against_torch(qs, kv_len, kv_heads, vd, kw):
+    check(*_case_arrays(qs, kv_len, kv_heads, vd), **kw)
+
+
+# the realized-block path compiles kernels per block shape: the short cases
+@pytest.mark.parametrize("qs,kv_len,kv_heads,vd,kw", [c for c in CASES if c[0][-2] <= 29])
+def test_sdpa_in_realized_blocks_against_torch(qs, kv_len, kv_heads, vd, kw, small_blocks):
+    check(*_case_arrays(qs, kv_len, kv_heads, vd), **kw)
+
+
+@pytest.mark.parametrize("blocks", ["one", "many"])
+@pytest.mark.parametrize("kind", ["bool", "float", "bool per head", "float gqa"])
+def test_sdpa_masks(kind, blocks, request):
+    if blocks == "many":
+        request.getfixturevalue("small_blocks")  # 11 rows: blocks of 4, 4 and 3
+    rng = np.random.default_rng(5)
+    heads, kv_heads = (4, 2) if kind == "float gqa" else (3, 3)
+    q, k, v = arrays([(2, heads, 11, 32), (2, kv_heads, 13, 32), (2, kv_heads, 13, 32)])
+    mask_shape = (heads, 11, 13) if kind in ("bool per head", "float gqa") else (11, 13)
+    mask = rng.standard_normal(mask_shape)
+    mask = mask > -0.8 if kind.startswith("bool") else mask.astype(np.float32)
+    if mask.dtype == bool:
+        mask[..., 0] = True  # every row sees a key (a row that sees none is NaN in torch and here)
+    check(q, k, v, mask, enable_gqa=kv_heads != heads)
+
+
+@pytest.mark.parametrize("dtype,atol", [(dtypes.float16, 3e-3), (dtypes.bfloat16, 2e-2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_half_inputs_accumulate_in_float32(dtype, atol, causal, small_blocks):
+    check(*arrays([(1, 2, 9, 64), (1, 2, 9, 64), (1, 2, 9, 64)]), dtype=dtype, atol=atol, is_causal=causal)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_long_sequence(causal):
+    check(*arrays([(1, 2, 1000, 64), (1, 2, 1000, 64), (1, 2, 1000, 64)]), is_causal=causal)
+
+
+class AllocationLog:
+    """The largest buffer allocated and the peak of GlobalCounters.mem_used while it is installed."""
+
+    def __init__(self, monkeypatch):
+        self.largest, self.peak = 0, GlobalCounters.mem_used
+        allocate = Buffer.ensure_allocated
+
+        def logged(buf):
+            fresh = buf._mem is None
+            out = allocate(buf)
+            if fresh:
+                self.largest = max(self.largest, buf.nbytes)
+                self.peak = max(self.peak, GlobalCounters.mem_used)
+            return out
+
+        monkeypatch.setattr(Buffer, "ensure_allocated", logged)
+
+
+def _inputs(shape):
+    ts = [Tensor(a).realize() for a in arrays([shape] * 3)]
+    for t in ts:
+        t.requires_grad = True
+    return ts
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_scores_are_never_stored_past_the_threshold(causal, monkeypatch):
+    heads, seq = 2, 512
+    monkeypatch.setattr(attention, "FLASH_SCORE_BYTES", 0)
+    monkeypatch.setattr(attention, "FLASH_BLOCK_BYTES", heads * 64 * seq * 4)  # 64-row blocks
+    q, k, v = _inputs((1, heads, seq, 64))
+    log = AllocationLog(monkeypatch)
+    out = q.scaled_dot_product_attention(k, v, is_causal=causal)
+    Tensor.realize(out, *out.gradient(q, k, v, gradient=Tensor.ones(out.shape)))
+    # the largest buffer is one block's scores (64 rows), 8x under the whole score matrix
+    assert log.largest <= heads * 64 * seq * 4 < heads * seq * seq * 4
+
+
+@pytest.mark.slow
+def test_peak_memory_at_seq_8192_is_under_twice_the_inputs(monkeypatch):
+    q, k, v = _inputs((1, 2, 8192, 64))
+    inputs = 3 * q.nbytes()
+    log = AllocationLog(monkeypatch)
+    out = q.scaled_dot_product_attention(k, v, is_causal=True)
+    out.realize()
+    assert log.peak < 2 * inputs, (log.peak, inputs)
+    grads = out.gradient(q, k, v, gradient=Tensor.ones(out.shape))
+    Tensor.realize(*grads)
+    # the backward's own state (the output, its gradient, dq/dk/dv) is O(N·d) too
+    assert log.peak < 4 * inputs, (log.peak, inputs)
