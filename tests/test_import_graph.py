@@ -116,3 +116,13 @@ def test_the_import_graph_has_no_cycles_but_the_known_ones():
 def test_the_cycle_finder_finds_a_cycle():
     comps = strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
     assert comps == [{"a", "b", "c"}]
+
+
+def test_test_module_basenames_are_unique():
+    # the test folders are not packages, so pytest imports every test file under its bare name: two alike collide
+    tests = pathlib.Path(__file__).resolve().parent
+    seen: dict[str, list[str]] = {}
+    for p in tests.rglob("test_*.py"):
+        if not (p.parent / "__init__.py").exists():
+            seen.setdefault(p.name, []).append(str(p.relative_to(tests)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
