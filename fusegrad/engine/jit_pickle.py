@@ -5,7 +5,7 @@ it has them, on load), buffers as their contents, except intermediates (only the
 from __future__ import annotations
 import copyreg
 from typing import Any
-import numpy as np
+from fusegrad.lazy_numpy import np
 from fusegrad.codegen import lower_to_linear
 from fusegrad.engine.jit_program import CapturedJit, GraphStep, IndexCheckRunner, Launch
 from fusegrad.engine.realize import Runner
