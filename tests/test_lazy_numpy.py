@@ -7,7 +7,7 @@ import numpy
 
 from fusegrad.lazy_numpy import np
 
-LAZY_AT_IMPORT = ["numpy"]
+LAZY_AT_IMPORT = ["numpy", "fusegrad.codegen"]
 
 
 def loaded_after(code: str) -> set[str]:

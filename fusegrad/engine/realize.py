@@ -5,9 +5,8 @@ import atexit
 import threading
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from fusegrad.helpers import BEAM, DEBUG, EMULATED_DTYPES, NOOPT, SPEC, GlobalCounters, Hooks
-from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
 from fusegrad.engine.copy_on_write import OldVersionReaders
@@ -16,6 +15,9 @@ from fusegrad.schedule import ScheduleItem, create_schedule, record_realized
 from fusegrad.schedule.variables import bound_vars
 from fusegrad.schedule.cache import cached_schedule, clear_schedule_cache
 from fusegrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+    from fusegrad.codegen import KernelInfo
 
 
 class Runner:
@@ -55,6 +57,8 @@ def get_runner(device: str, ast: UOp) -> Runner:
     if (hook := Hooks.trace) is not None:
         t0 = hook.codegen_begin(device, ast)
     parallel = getattr(dev.renderer, "parallel_loops", False)
+    from fusegrad.codegen import lower_to_linear  # loaded with the first kernel, not at import
+
     if key[3]:
         from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
 
