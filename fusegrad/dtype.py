@@ -1,12 +1,13 @@
 """DType, the dtypes namespace, the promotion lattice (docs/api.md) and numpy interop."""
 
 from __future__ import annotations
+import functools
 import math
 import struct
 from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any, Final
-import numpy as np
+from fusegrad.lazy_numpy import np
 from fusegrad.helpers import DEFAULT_FLOAT, DEFAULT_INT
 
 
@@ -283,36 +284,44 @@ def sum_acc_dtype(dt: DType) -> DType:
     return dtypes.float32 if dt.itemsize < 4 else dt
 
 
-_NP = {
-    dtypes.bool: np.bool_,
-    dtypes.int8: np.int8,
-    dtypes.uint8: np.uint8,
-    dtypes.int16: np.int16,
-    dtypes.uint16: np.uint16,
-    dtypes.int32: np.int32,
-    dtypes.uint32: np.uint32,
-    dtypes.int64: np.int64,
-    dtypes.uint64: np.uint64,
-    dtypes.float16: np.float16,
-    dtypes.float32: np.float32,
-    dtypes.float64: np.float64,
-}
-_FROM_NP = {np.dtype(v): k for k, v in _NP.items()}
+@functools.cache
+def _numpy_types() -> dict[DType, Any]:
+    """dtype -> numpy scalar type; built on first use so numpy loads only when numpy is touched."""
+    return {
+        dtypes.bool: np.bool_,
+        dtypes.int8: np.int8,
+        dtypes.uint8: np.uint8,
+        dtypes.int16: np.int16,
+        dtypes.uint16: np.uint16,
+        dtypes.int32: np.int32,
+        dtypes.uint32: np.uint32,
+        dtypes.int64: np.int64,
+        dtypes.uint64: np.uint64,
+        dtypes.float16: np.float16,
+        dtypes.float32: np.float32,
+        dtypes.float64: np.float64,
+    }
+
+
+@functools.cache
+def _from_numpy_types() -> dict[Any, DType]:
+    return {np.dtype(v): k for k, v in _numpy_types().items()}
 
 
 def to_numpy_dtype(dt: DType) -> np.dtype:
     """numpy dtype that stores this dtype's values (bfloat16 / fp8 are stored as raw unsigned ints)."""
-    if dt in _NP:
-        return np.dtype(_NP[dt])
+    if dt in _numpy_types():
+        return np.dtype(_numpy_types()[dt])
     if dt.kind == "float":
         return np.dtype(np.uint16 if dt.itemsize == 2 else np.uint8)
     raise TypeError(f"{dt} has no numpy storage type")
 
 
 def from_numpy(npdt: np.dtype) -> DType:
-    if npdt not in _FROM_NP:
-        raise TypeError(f"numpy dtype {npdt} is not supported; supported: {sorted(str(k) for k in _FROM_NP)}")
-    return _FROM_NP[npdt]
+    from_np = _from_numpy_types()
+    if npdt not in from_np:
+        raise TypeError(f"numpy dtype {npdt} is not supported; supported: {sorted(str(k) for k in from_np)}")
+    return from_np[npdt]
 
 
 def truncate(x: Any, dt: DType) -> Any:
@@ -425,13 +434,16 @@ def _fp8_decode_bits(b: int, f: FP8Format) -> float:
     return sign * math.ldexp(mantissa | (1 << f.mantissa_bits), exponent - f.bias - f.mantissa_bits)
 
 
-_FP8_TABLES = {dt: np.array([_fp8_decode_bits(b, f) for b in range(256)], np.float32) for dt, f in FP8_FORMATS.items()}
+@functools.cache
+def _fp8_table(dt: DType) -> Any:
+    """All 256 decoded values of one fp8 format, built when first decoded (keeps numpy out of import)."""
+    return np.array([_fp8_decode_bits(b, FP8_FORMATS[dt]) for b in range(256)], np.float32)
 
 
 def fp8_to_float(x: Any, dtype: DTypeLike) -> Any:
     """fp8 bits -> value, exact: an int gives a Python float, an integer array gives a float32 array."""
     _fp8_format(dtype)
-    table = _FP8_TABLES[to_dtype(dtype)]
+    table = _fp8_table(to_dtype(dtype))
     if isinstance(x, np.ndarray):
         return table[x.astype(np.uint8)]
     return float(table[int(x) & 0xFF])
@@ -446,31 +458,32 @@ def float_to_fp8(x: Any, dtype: DTypeLike) -> Any:
     return int(_fp8_encode(np.array([float(x)]), f)[0])
 
 
-@np.errstate(all="ignore")  # inf / NaN / huge inputs are masked out below; their intermediate values are unused
 def _fp8_encode(x: np.ndarray, f: FP8Format) -> np.ndarray:
-    sign = np.signbit(x)
-    magnitude = np.abs(x)
-    finite = np.isfinite(magnitude)
-    a = np.where(finite, magnitude, 0.0)
-    min_exponent = 1 - f.bias  # of the smallest normal; below it the quantum stays fixed (subnormals)
-    exponent = np.maximum(np.frexp(a)[1] - 1, min_exponent)
-    quantum = np.ldexp(1.0, exponent - f.mantissa_bits)
-    rounded = np.round(a / quantum) * quantum  # np.round is round-half-to-even; a / quantum is exact
-    rounded_exponent = np.frexp(rounded)[1] - 1
-    # a normal's bits are (exponent field - 1) << m plus its 1.m significand scaled to an integer: the implicit 1
-    # carries into the exponent field, and a subnormal that rounds up to the smallest normal encodes the same way
-    bits = np.where(
-        rounded >= math.ldexp(1.0, min_exponent),
-        ((rounded_exponent + f.bias - 1) << f.mantissa_bits)
-        + rounded / np.ldexp(1.0, rounded_exponent - f.mantissa_bits),
-        rounded / math.ldexp(1.0, min_exponent - f.mantissa_bits),
-    )
-    overflow = rounded > f.max_value
-    bits = np.where(overflow, _FP8_INF_BITS if f.has_inf else f.max_bits, bits).astype(np.int64)
-    bits = np.where(~finite, np.where(np.isinf(magnitude) & f.has_inf, _FP8_INF_BITS, f.nan_bits), bits)
-    # fnuz: zero has no sign and the one NaN is unsigned
-    signed = sign & ~(f.fnuz & ((bits == 0) | (bits == 0x80)))
-    return (bits | np.where(signed, 0x80, 0)).astype(np.uint8).reshape(x.shape)
+    # inf / NaN / huge inputs are masked out below; their intermediate values are unused
+    with np.errstate(all="ignore"):
+        sign = np.signbit(x)
+        magnitude = np.abs(x)
+        finite = np.isfinite(magnitude)
+        a = np.where(finite, magnitude, 0.0)
+        min_exponent = 1 - f.bias  # of the smallest normal; below it the quantum stays fixed (subnormals)
+        exponent = np.maximum(np.frexp(a)[1] - 1, min_exponent)
+        quantum = np.ldexp(1.0, exponent - f.mantissa_bits)
+        rounded = np.round(a / quantum) * quantum  # np.round is round-half-to-even; a / quantum is exact
+        rounded_exponent = np.frexp(rounded)[1] - 1
+        # a normal's bits are (exponent field - 1) << m plus its 1.m significand scaled to an integer: the implicit 1
+        # carries into the exponent field, and a subnormal that rounds up to the smallest normal encodes the same way
+        bits = np.where(
+            rounded >= math.ldexp(1.0, min_exponent),
+            ((rounded_exponent + f.bias - 1) << f.mantissa_bits)
+            + rounded / np.ldexp(1.0, rounded_exponent - f.mantissa_bits),
+            rounded / math.ldexp(1.0, min_exponent - f.mantissa_bits),
+        )
+        overflow = rounded > f.max_value
+        bits = np.where(overflow, _FP8_INF_BITS if f.has_inf else f.max_bits, bits).astype(np.int64)
+        bits = np.where(~finite, np.where(np.isinf(magnitude) & f.has_inf, _FP8_INF_BITS, f.nan_bits), bits)
+        # fnuz: zero has no sign and the one NaN is unsigned
+        signed = sign & ~(f.fnuz & ((bits == 0) | (bits == 0x80)))
+        return (bits | np.where(signed, 0x80, 0)).astype(np.uint8).reshape(x.shape)
 
 
 DTypeLike = DType | str

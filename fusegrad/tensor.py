@@ -9,7 +9,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Sequence
 
-import numpy as np
+from fusegrad.lazy_numpy import np
 
 from fusegrad.dtype import (
     DType,

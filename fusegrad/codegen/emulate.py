@@ -8,7 +8,7 @@ constants the bits' dtype and drops the BITCASTs that now join two nodes of the 
 
 from __future__ import annotations
 import functools
-import numpy as np
+from fusegrad.lazy_numpy import np
 from fusegrad.dtype import FP8_FORMATS, DType, dtypes, float_to_fp8, np_f32_to_bf16
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite

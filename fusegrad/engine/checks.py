@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
-import numpy as np
+from fusegrad.lazy_numpy import np
 
 from fusegrad.schedule import realized_value
 from fusegrad.uop.ops import Ops, UOp

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 from typing import Any
-import numpy as np
+from fusegrad.lazy_numpy import np
 import fusegrad.tensor as tensor_module
 from fusegrad.engine.jit_inputs import JitError, is_constant, rebase_view, tensor_buffers
 from fusegrad.engine.jit_program import CapturedJit, IndexCheckRunner, Launch, run_launch

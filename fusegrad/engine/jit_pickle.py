@@ -5,8 +5,7 @@ it has them, on load), buffers as their contents, except intermediates (only the
 from __future__ import annotations
 import copyreg
 from typing import Any
-import numpy as np
-from fusegrad.codegen import lower_to_linear
+from fusegrad.lazy_numpy import np
 from fusegrad.engine.jit_program import CapturedJit, GraphStep, IndexCheckRunner, Launch
 from fusegrad.engine.realize import Runner
 from fusegrad.dtype import dtypes
@@ -96,6 +95,8 @@ def captured_state(cap: Any) -> dict:
 
 
 def captured_from_state(state: dict, use_graphs: bool) -> CapturedJit:
+    from fusegrad.codegen import lower_to_linear  # loaded when a step is unpickled, not at import
+
     arenas = [Buffer(device, size, dtypes.uint8).ensure_allocated() for device, size in state["arenas"]]
     table: list[Buffer] = []
     placement: dict[Buffer, tuple[int, int]] = {}

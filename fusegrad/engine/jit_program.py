@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
-import numpy as np
+from fusegrad.lazy_numpy import np
 from fusegrad.helpers import JIT_BATCH_SIZE, GlobalCounters, Hooks
 from fusegrad.engine.jit_inputs import InputLayout
 from fusegrad.runtime.device import Buffer, Device, HostAllocator, copy_buffer

@@ -5,10 +5,8 @@ import atexit
 import threading
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from fusegrad.helpers import BEAM, DEBUG, EMULATED_DTYPES, NOOPT, SPEC, GlobalCounters, Hooks
-from fusegrad.codegen import KernelInfo, lower_to_linear
-from fusegrad.codegen.custom import is_custom
 from fusegrad.uop.kernel import RawKernel
 from fusegrad.engine.checks import checks_below
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
@@ -18,6 +16,9 @@ from fusegrad.schedule import ScheduleItem, create_schedule, record_realized
 from fusegrad.schedule.variables import bound_vars
 from fusegrad.schedule.cache import cached_schedule, clear_schedule_cache
 from fusegrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+    from fusegrad.codegen import KernelInfo
 
 
 class Runner:
@@ -61,6 +62,9 @@ def get_runner(device: str, ast: UOp) -> Runner:
     if (hook := Hooks.trace) is not None:
         t0 = hook.codegen_begin(device, ast)
     parallel = getattr(dev.renderer, "parallel_loops", False)
+    from fusegrad.codegen import lower_to_linear  # loaded with the first kernel, not at import
+    from fusegrad.codegen.custom import is_custom
+
     if key[3] and not is_custom(ast):  # a custom kernel's loops are the user's: no search
         from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
 
@@ -88,6 +92,7 @@ def get_runner(device: str, ast: UOp) -> Runner:
 
 def _raw_runner(dev: Any, device: str, ast: UOp) -> Runner:
     """A user's raw source (RawKernel), built by the device for its parameters."""
+    from fusegrad.codegen import KernelInfo
     if (build := getattr(dev, "build_raw", None)) is None:
         raise NotImplementedError(f"raw kernel {ast.arg.entry!r}: {device} takes no raw source (CPU, LLVM and CL do)")
     return Runner(KernelInfo(ast.arg.entry, (), 1, 0, len(ast.src)), build(ast.arg, len(ast.src)), device)

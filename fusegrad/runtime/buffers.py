@@ -4,7 +4,7 @@ buffers over files. The front end and nn reach device memory only through here, 
 from __future__ import annotations
 import itertools
 import mmap
-import numpy as np
+from fusegrad.lazy_numpy import np
 from typing import Sequence
 from fusegrad.dtype import DType
 from fusegrad.runtime.device import Buffer, Device

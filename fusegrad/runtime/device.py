@@ -14,7 +14,7 @@ import sys
 import threading
 from collections import OrderedDict, deque
 from typing import Any, Iterator
-import numpy as np
+from fusegrad.lazy_numpy import np
 from fusegrad.dtype import DType, to_numpy_dtype
 from fusegrad.helpers import CACHELEVEL, CC, CCACHE, DEBUG, DEV, LRU_CACHE_MB, GlobalCounters, Hooks
 from fusegrad.runtime.kernel_cache import KernelCache
@@ -74,7 +74,7 @@ class HostBufferCache:
                     del self._blocks[nbytes]
                 # a numpy view of a freed buffer that outlived it (a host_view someone kept) still reads this memory:
                 # such a block is dropped instead of reused, and goes back to the system when the view dies
-                if _reference_counts(mem) == _UNSHARED_COUNTS:
+                if _reference_counts(mem) == _unshared_counts():
                     return mem, address
             return None
         finally:
@@ -131,13 +131,11 @@ def _reference_counts(mem: np.ndarray) -> tuple[int, int]:
     return sys.getrefcount(mem), sys.getrefcount(mem.base)
 
 
+@functools.cache
 def _unshared_counts() -> tuple[int, int]:
-    # measured rather than assumed: how the interpreter counts a local's references varies between versions
+    # measured on first use (keeps numpy out of import): how the interpreter counts a local's references varies
     block = np.empty(65, np.uint8)[1:]
     return _reference_counts(block)
-
-
-_UNSHARED_COUNTS = _unshared_counts()
 
 
 class Allocator:

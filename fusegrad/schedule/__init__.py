@@ -7,7 +7,7 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Protocol
-import numpy as np
+from fusegrad.lazy_numpy import np
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG
 from fusegrad.runtime.device import Buffer

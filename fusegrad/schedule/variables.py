@@ -4,7 +4,7 @@ parameter buffer holding its value, so one compiled program serves every value (
 from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable
-import numpy as np
+from fusegrad.lazy_numpy import np
 from fusegrad.dtype import dtypes
 from fusegrad.runtime.device import Buffer
 from fusegrad.uop.ops import Ops, UOp

@@ -6,7 +6,7 @@ import ctypes
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
+from fusegrad.lazy_numpy import np
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, to_dtype
 from fusegrad.engine.realize import capturing

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
+from fusegrad.lazy_numpy import np
 
 from fusegrad.dtype import dtypes
 from fusegrad.engine.checks import IndexCheck, register_check

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from fusegrad.lazy_numpy import np
 
 from fusegrad.gradient import register_gradient
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype

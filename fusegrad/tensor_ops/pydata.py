@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
+from fusegrad.lazy_numpy import np
 
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype, truncate
 

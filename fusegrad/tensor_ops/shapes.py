@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
+from fusegrad.lazy_numpy import np
 
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.sint import bound_value, canonical, smax, sym_str
