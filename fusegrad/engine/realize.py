@@ -45,10 +45,15 @@ capturing: list[Any] = []
 tracing: list[Any] = []
 
 
-def get_runner(device: str, ast: UOp) -> Runner:
+def _runner_key(device: str, ast: UOp) -> tuple[str, UOp, int, int, str]:
     # NOOPT, BEAM and EMULATED_DTYPES change the program built from the same AST; NOOPT wins over BEAM
     noopt = int(NOOPT.value)
-    key = (device, ast, noopt, 0 if noopt else int(BEAM.value), EMULATED_DTYPES.value)
+    return (device, ast, noopt, 0 if noopt else int(BEAM.value), EMULATED_DTYPES.value)
+
+
+def get_runner(device: str, ast: UOp, lowered: Any = None) -> Runner:
+    """The kernel's runner, built now unless it is loaded; `lowered` is its lower_to_linear result when known."""
+    key = _runner_key(device, ast)
     if (r := _runners.get(key)) is not None:
         _runners.move_to_end(key)
         return r
@@ -70,7 +75,7 @@ def get_runner(device: str, ast: UOp) -> Runner:
 
         info = lower_to_linear(ast, opts=beam_search(ast, device, int(BEAM.value)).opts, parallel_loops=parallel)
     else:
-        info = lower_to_linear(ast, parallel_loops=parallel)
+        info = lowered if lowered is not None else lower_to_linear(ast, parallel_loops=parallel)
     if hook is not None:
         t1 = time.perf_counter()
     r = _runners[key] = Runner(info, dev.build(info), device)
@@ -93,6 +98,7 @@ def get_runner(device: str, ast: UOp) -> Runner:
 def _raw_runner(dev: Any, device: str, ast: UOp) -> Runner:
     """A user's raw source (RawKernel), built by the device for its parameters."""
     from fusegrad.codegen import KernelInfo
+
     if (build := getattr(dev, "build_raw", None)) is None:
         raise NotImplementedError(f"raw kernel {ast.arg.entry!r}: {device} takes no raw source (CPU, LLVM and CL do)")
     return Runner(KernelInfo(ast.arg.entry, (), 1, 0, len(ast.src)), build(ast.arg, len(ast.src)), device)
@@ -169,7 +175,36 @@ def check_memory(items: list[ScheduleItem]) -> None:
 def compile_schedule(items: list[ScheduleItem]) -> list[Runner | None]:
     """Each item's runner (None for a transfer or an empty output), compiled before anything runs."""
     check_memory(items)
-    return [get_runner(it.device, it.ast) if it.ast.op is Ops.SINK and it.buffers[0].size else None for it in items]
+    kernels = [it for it in items if it.ast.op is Ops.SINK and it.buffers[0].size]
+    lowered = _lower_ahead(kernels)
+    return [
+        get_runner(it.device, it.ast, lowered.get((it.device, it.ast)))
+        if it.ast.op is Ops.SINK and it.buffers[0].size
+        else None
+        for it in items
+    ]
+
+
+def _lower_ahead(kernels: list[ScheduleItem]) -> dict[tuple[str, UOp], Any]:
+    """Lower the kernels not loaded yet, and let a device that can (the CPU device) compile them side by side."""
+    if BEAM or Hooks.trace is not None or len(kernels) < 2:  # the profiler times each kernel's codegen alone
+        return {}
+    from fusegrad.codegen import lower_to_linear
+    from fusegrad.codegen.custom import is_custom
+
+    by_device: dict[str, dict[tuple[str, UOp], Any]] = {}
+    for it in kernels:
+        ahead = getattr(Device[it.device], "compile_ahead", None)
+        if ahead is None or isinstance(it.ast.arg, RawKernel) or is_custom(it.ast):
+            continue
+        if _runner_key(it.device, it.ast) in _runners or (it.device, it.ast) in by_device.get(it.device, {}):
+            continue
+        parallel = getattr(Device[it.device].renderer, "parallel_loops", False)
+        by_device.setdefault(it.device, {})[(it.device, it.ast)] = lower_to_linear(it.ast, parallel_loops=parallel)
+    for device, infos in by_device.items():
+        if len(infos) > 1:
+            Device[device].compile_ahead(list(infos.values()))
+    return {k: v for infos in by_device.values() for k, v in infos.items()}
 
 
 class Prepared:
@@ -191,8 +226,10 @@ class Prepared:
         """The schedule's kernels as one CPU graph launched by one C call, when there are several and the CPU device's
         runner takes every one (TinyJit's batches, for an eager step): else False."""
         if self.graph is None:
-            from fusegrad.runtime.cpu_graph import CPUGraph, GraphEntry, batchable
+            from fusegrad.runtime.cpu_graph import CPUGraph, GraphEntry, batchable, runner_built
 
+            if not runner_built():  # its first compile runs in the background: this run launches kernel by kernel
+                return False
             runners = self.runners
             if len(items) < 2 or not all(
                 r is not None and batchable(r.program, len(it.buffers)) for it, r in zip(items, runners)

@@ -7,8 +7,8 @@ The eager launch of a split kernel (CPUProgram) goes through the same workers wi
 split run at a time."""
 
 from __future__ import annotations
+import atexit
 import ctypes
-import functools
 import threading
 from dataclasses import dataclass
 from fusegrad.helpers import DEBUG, NUM_CPU_THREADS
@@ -167,12 +167,43 @@ void fg_run_graph(int count, void **fns, int *nargs, void **args, int *arg_off, 
 
 
 _start_lock = threading.Lock()
+_build_lock = threading.Lock()
+_build_started = threading.Event()
+_built: list[ctypes.CDLL | None] = []  # the runner once its build has finished (None: it did not build)
 
 
-@functools.cache
 def graph_library() -> ctypes.CDLL | None:
     """The compiled runner, or None where no C compiler is found (e.g. on the LLVM device): replays then launch kernel
-    by kernel."""
+    by kernel. Waits for a build already running on the background thread."""
+    with _build_lock:
+        if not _built:
+            _built.append(_build_runner())
+        return _built[0]
+
+
+def runner_built() -> bool:
+    """Whether the runner's build has finished; if not, it goes on in a background thread, and the eager launches
+    that asked go kernel by kernel meanwhile rather than wait a second and a half for a cold compile."""
+    if _built:
+        return True
+    if not _build_started.is_set():
+        with _build_lock:
+            if _built:
+                return True
+            if not _build_started.is_set():
+                _build_started.set()
+                from fusegrad.runtime.device import Device
+
+                if Device["CPU"].compiler.is_cached(_runner_source()):  # loading it takes milliseconds: no thread
+                    _built.append(_build_runner())
+                    return True
+                builder = threading.Thread(target=graph_library, name="fusegrad-runner-build", daemon=True)
+                builder.start()
+                atexit.register(builder.join)  # a process that ends first still leaves the compiler no temp files
+    return False
+
+
+def _build_runner() -> ctypes.CDLL | None:
     from fusegrad.runtime.device import Device
 
     try:

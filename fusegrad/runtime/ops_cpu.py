@@ -153,6 +153,16 @@ def compiler_identity(cc: str) -> str:
     return f"{_build_id(cc)}|{' '.join(compiler_flags(cc))}"
 
 
+def kernel_flags(cc: str, src: str) -> tuple[str, ...]:
+    """The flags a kernel's source needs: the probed float16 ones only where it computes in _Float16 (the probe's
+    compiles are then off the path of every other first kernel)."""
+    return compiler_flags(cc) if "_Float16" in src else CFLAGS
+
+
+def _source_key(cc: str, flags: tuple[str, ...], src: str) -> str:
+    return hashlib.sha256(f"{_build_id(cc)}|{' '.join(flags)}{src}".encode()).hexdigest()
+
+
 class ClangCompiler:
     """Compiles C source to a shared object; results are cached on disk by a hash of source, flags and compiler."""
 
@@ -162,14 +172,13 @@ class ClangCompiler:
     def compile(self, src: str, name: str = "kernel") -> str:
         """Path of a verified shared object for `src`: from the disk cache, or compiled now and stored there."""
         cc = find_compiler()
-        key = hashlib.sha256((compiler_identity(cc) + src).encode()).hexdigest()
+        flags = kernel_flags(cc, src)
+        key = _source_key(cc, flags, src)
         if CACHELEVEL >= 1 and CCACHE and (path := self.cache.lookup(key)) is not None:
             return path
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "kernel.so")
-            proc = run_compiler(
-                [cc, *compiler_flags(cc), "-x", "c", "-", "-o", out, "-lm"], src, f"compiling kernel {name}"
-            )
+            proc = run_compiler([cc, *flags, "-x", "c", "-", "-o", out, "-lm"], src, f"compiling kernel {name}")
             if proc.returncode != 0 or proc.stderr.strip():
                 numbered = "\n".join(f"{i + 1:4d} {ln}" for i, ln in enumerate(src.splitlines()))
                 raise CompileError(
@@ -182,6 +191,12 @@ class ClangCompiler:
         if DEBUG >= 3:
             print(f"compiled {path}")
         return path
+
+    def is_cached(self, src: str) -> bool:
+        """Whether compile(src) would find its binary in the disk cache."""
+        cc = find_compiler()
+        key = _source_key(cc, kernel_flags(cc, src), src)
+        return CACHELEVEL >= 1 and bool(CCACHE) and self.cache.lookup(key) is not None
 
     def load(self, src: str, name: str) -> ctypes.CDLL:
         """Compile (or find) and load `src`; a cached binary that fails to load is deleted and compiled once more."""
@@ -217,10 +232,10 @@ def thread_pool(workers: int | None = None) -> ThreadPoolExecutor:
 
 def split_launcher() -> ctypes._CFuncPtr | None:
     """The C runner's `fg_run_one` (a kernel split over its persistent pthread workers in one call), or None where the
-    runner does not build: split kernels then go to the Python pool."""
+    runner does not build or is still building: split kernels then go to the Python pool."""
     from fusegrad.runtime import cpu_graph  # it imports this module
 
-    lib = cpu_graph.graph_library()
+    lib = cpu_graph.graph_library() if cpu_graph.runner_built() else None
     return None if lib is None else lib.fg_run_one
 
 
@@ -316,8 +331,26 @@ class CpuDevice(Compiled):
         super().__init__(name, HostAllocator(), CRenderer(), None, CPUProgram)
         self.compiler = ClangCompiler()  # its binaries are shared objects on disk, loaded from their path
 
+    def compile_ahead(self, infos: list) -> None:
+        """Compile the kernels the disk cache lacks on parallel compiler processes, so the builds that follow load
+        them: a cold schedule waits for its slowest compile rather than for their sum."""
+        self._rendered = {id(info): (info, self.render(info)) for info in infos}
+        todo = [(src, info.name) for info, src in self._rendered.values() if not self.compiler.is_cached(src)]
+        if len(todo) < 2:
+            return
+
+        def compile_quietly(job: tuple[str, str]) -> None:
+            try:
+                self.compiler.compile(*job)
+            except CompileError:
+                pass  # build() compiles it again and raises, naming the kernel, where it would have anyway
+
+        with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1), thread_name_prefix="fusegrad-cc") as pool:
+            list(pool.map(compile_quietly, todo))
+
     def build(self, info) -> CPUProgram:
-        src = self.render(info)
+        ahead = getattr(self, "_rendered", {}).pop(id(info), None)
+        src = ahead[1] if ahead is not None and ahead[0] is info else self.render(info)
         if DEBUG >= 4:
             print(src)
         lib = self.compiler.load(src, info.name)

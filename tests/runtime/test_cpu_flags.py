@@ -104,3 +104,11 @@ def test_casts_between_every_pair_of_dtypes_run_on_cpu(src):
     got = Tensor.stack(*[x.cast(dst).cast(dtypes.float64) for dst in EVERY]).numpy()
     want = np.stack([_as(_as(VALUES, src), dst) for dst in EVERY])
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_float32_kernel_builds_without_the_float16_probe(fresh_flags, monkeypatch):
+    # the probe's compiles would sit on the path of every cold first kernel; only _Float16 sources need its flags
+    calls = fake_compiler(monkeypatch, lambda argv, stdin: None)
+    x = np.array([0.75, -1.5, 2.0], np.float32)
+    np.testing.assert_array_equal((Tensor(x) * 1.4375 - 0.0625).numpy(), x * np.float32(1.4375) - np.float32(0.0625))
+    assert "building the float16 probe" not in calls and any(c.startswith("compiling kernel") for c in calls)

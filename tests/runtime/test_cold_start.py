@@ -1,0 +1,68 @@
+"""A cold kernel cache: the CPU graph runner compiles on a background thread while the first kernels launch one by
+one, and a schedule's kernels compile on parallel compiler processes before the first one runs."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from fusegrad import Tensor
+from fusegrad.runtime import cpu_graph, ops_cpu
+
+
+@pytest.fixture
+def cold_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    yield tmp_path
+
+
+def recorded_compiles(monkeypatch) -> list[tuple[str, str]]:
+    """(what, thread name) of every compiler run from now on."""
+    calls: list[tuple[str, str]] = []
+    real = ops_cpu.run_compiler
+
+    def run(argv, stdin, what):
+        calls.append((what, threading.current_thread().name))
+        return real(argv, stdin, what)
+
+    monkeypatch.setattr(ops_cpu, "run_compiler", run)
+    return calls
+
+
+def test_runner_builds_in_the_background_while_eager_kernels_launch(cold_cache, monkeypatch):
+    monkeypatch.setattr(cpu_graph, "_built", [])
+    monkeypatch.setattr(cpu_graph, "_build_started", threading.Event())
+    calls = recorded_compiles(monkeypatch)
+    assert cpu_graph.runner_built() is False  # not in the new cache: its compile started, nothing waited for it
+    x = np.linspace(-2, 3, 4099, dtype=np.float32)
+    got = ((Tensor(x) * 1.3125).exp().sum() + Tensor(x).max()).numpy()  # two kernels, launched without the runner
+    np.testing.assert_allclose(got, np.exp(x * np.float32(1.3125)).sum() + x.max(), rtol=1e-5)
+    lib = cpu_graph.graph_library()  # waits for the background build
+    assert lib is not None and cpu_graph.runner_built() is True
+    assert ("compiling kernel fg_graph_runner", "fusegrad-runner-build") in calls
+
+
+def test_a_cold_schedule_compiles_its_kernels_side_by_side(cold_cache, monkeypatch):
+    calls = recorded_compiles(monkeypatch)
+    a = np.arange(96, dtype=np.float32).reshape(8, 12) / 7
+    x = Tensor(a)
+    outs = [(x * 2.5625).sum(axis=0), (x - 0.8125).max(axis=1), (x * x).sum() + 0.4375]
+    Tensor.realize(*outs)
+    np.testing.assert_allclose(outs[0].numpy(), (a * 2.5625).sum(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(outs[1].numpy(), (a - 0.8125).max(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(outs[2].numpy(), (a * a).sum() + 0.4375, rtol=1e-6)
+    kernels = [thread for what, thread in calls if what.startswith("compiling kernel") and "runner" not in what]
+    assert len(kernels) == 3 and all(t.startswith("fusegrad-cc") for t in kernels), calls
+
+
+def test_a_kernel_that_fails_to_compile_ahead_raises_from_its_build(cold_cache, monkeypatch):
+    from types import SimpleNamespace
+
+    from fusegrad.runtime.device import Device
+
+    dev = Device["CPU"]
+    infos = [SimpleNamespace(name=n, lin=(), nparams=0, outer_size=1, ops_estimate=0) for n in ("broken_1", "broken_2")]
+    monkeypatch.setattr(dev, "render", lambda info: f"void {info.name}(void) {{ this is not C; }}\n")
+    dev.compile_ahead(infos)  # the failures are quiet here...
+    with pytest.raises(ops_cpu.CompileError, match="broken_1"):  # ...and reported by the build that needs the kernel
+        dev.build(infos[0])
