@@ -18,11 +18,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fusegrad.helpers import DEBUG
 from fusegrad.models.generate import Sampling, generate
 from fusegrad.models.gguf_tokenizer import GGUFTokenizer
 from fusegrad.models.llama import Llama
@@ -75,9 +76,11 @@ class Engine:
         seed: int | None = None,
         stop: list[str] | None = None,
         cancelled: threading.Event | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> Iterator[tuple[str, str | None, int]]:
         """(text piece, finish reason or None, tokens generated so far) as tokens come; the last item carries the
-        finish reason, "stop" or "length"."""
+        finish reason, "stop" or "length". `on_first_token` is called once the prompt is processed and the first
+        token sampled."""
         self.check_length(prompt, max_tokens)
         self.model.reset()
         ids: list[int] = []
@@ -87,6 +90,8 @@ class Engine:
             generate(self.model, prompt, max_tokens, sampling, seed, self.tokenizer.stop_ids), 1
         ):
             self.tokens_generated += 1
+            if count == 1 and on_first_token is not None:
+                on_first_token()
             if cancelled is not None and cancelled.is_set():
                 return
             if token in self.tokenizer.stop_ids:
@@ -165,6 +170,23 @@ class Job:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    received: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None  # perf_counter() when the first token was sampled
+
+    def mark_first_token(self) -> None:
+        self.first_token = time.perf_counter()
+        if DEBUG >= 1:
+            print(f"first token {(self.first_token - self.received) * 1000:.1f} ms after the request")
+
+    def usage(self, completion: int) -> dict:
+        n = len(self.prompt)
+        ttft = None if self.first_token is None else round((self.first_token - self.received) * 1000, 3)
+        return {
+            "prompt_tokens": n,
+            "completion_tokens": completion,
+            "total_tokens": n + completion,
+            "time_to_first_token_ms": ttft,
+        }
 
 
 class Worker:
@@ -180,7 +202,9 @@ class Worker:
             try:
                 if job.cancelled.is_set():
                     continue
-                stream = self.engine.stream(job.prompt, job.max_tokens, job.sampling, job.seed, job.stop, job.cancelled)
+                stream = self.engine.stream(
+                    job.prompt, job.max_tokens, job.sampling, job.seed, job.stop, job.cancelled, job.mark_first_token
+                )
                 for item in stream:
                     job.loop.call_soon_threadsafe(job.out.put_nowait, item)
                 job.loop.call_soon_threadsafe(job.out.put_nowait, None)
@@ -247,9 +271,6 @@ def create_app(engine: Engine) -> Any:
         engine.check_length(prompt, max_tokens)
         return Job(prompt, max_tokens, sampling, seed, stop, asyncio.get_running_loop())
 
-    def usage(prompt: list[int], completion: int) -> dict:
-        return {"prompt_tokens": len(prompt), "completion_tokens": completion, "total_tokens": len(prompt) + completion}
-
     async def respond(body: dict, job: Job, kind: str):
         ident, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         obj = "chat.completion" if kind == "chat" else "text_completion"
@@ -268,7 +289,7 @@ def create_app(engine: Engine) -> Any:
                 text += piece
                 finish = done or finish
             return JSONResponse(
-                {**head, "object": obj, "choices": [choice(text, finish, False)], "usage": usage(job.prompt, count)}
+                {**head, "object": obj, "choices": [choice(text, finish, False)], "usage": job.usage(count)}
             )
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -284,7 +305,7 @@ def create_app(engine: Engine) -> Any:
                     chunk = {**head, "object": chunk_obj, "choices": [choice(piece, done, True)]}
                     yield f"data: {json.dumps(chunk)}\n\n"
             if include_usage:
-                tail = {**head, "object": chunk_obj, "choices": [], "usage": usage(job.prompt, count)}
+                tail = {**head, "object": chunk_obj, "choices": [], "usage": job.usage(count)}
                 yield f"data: {json.dumps(tail)}\n\n"
             yield "data: [DONE]\n\n"
 

@@ -66,6 +66,18 @@ def test_models_and_completion_match_direct_generation(served):
     assert out.choices[0].finish_reason in ("length", "stop")
 
 
+def test_usage_reports_the_time_to_first_token(served):
+    _, client, _, _ = served
+    st = time.perf_counter()
+    out = client.completions.create(model="tiny", prompt="A longer prompt " * 3, max_tokens=6, temperature=0)
+    elapsed_ms = (time.perf_counter() - st) * 1000
+    assert 0 < out.usage.time_to_first_token_ms < elapsed_ms
+    stream = client.completions.create(
+        model="tiny", prompt="Hi", max_tokens=4, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    assert list(stream)[-1].usage.time_to_first_token_ms > 0
+
+
 def test_streaming_equals_the_whole_reply(served):
     _, client, _, _ = served
     whole = client.chat.completions.create(
