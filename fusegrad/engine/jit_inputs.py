@@ -7,6 +7,7 @@ from typing import Any, Callable, Hashable
 from fusegrad.runtime.device import Buffer
 from fusegrad.runtime.buffers import buffer_of
 from fusegrad.tensor import Tensor
+from fusegrad.uop.multi import is_realized_multi
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 
@@ -57,7 +58,7 @@ def input_layout(u: UOp, bases: list[UOp], var_vals: dict[UOp, int]) -> Hashable
     if u.op in GroupOp.Movement:
         inner = input_layout(u.src[0], bases, var_vals)
         return None if inner is None else (u.op, unbind(u.arg, var_vals), inner)
-    if u.op is Ops.MULTI and all(whole_buffer(s) for s in u.src):
+    if is_realized_multi(u):
         shards = tuple(input_layout(s, bases, var_vals) for s in u.src)
         return (Ops.MULTI, u.arg, shards)
     return None
@@ -97,11 +98,6 @@ def rebind(x: Any, var_vals: dict[UOp, int]) -> Any:
         return var.bind(var_vals[var]) if var in var_vals and var_vals[var] != bind.src[1].arg else bind
 
     return map_binds(x, to_value)
-
-
-def whole_buffer(u: UOp) -> bool:
-    u = u.peel(Ops.RESHAPE)
-    return u.op is Ops.BUFFER
 
 
 def is_constant(u: UOp) -> bool:

@@ -10,17 +10,8 @@ from typing import Sequence
 from fusegrad.dtype import dtypes, to_dtype
 from fusegrad.helpers import CONST_LR, FUSE_OPTIM, OPTIM_DTYPE, TRAINING
 from fusegrad.runtime.buffers import canonical_device
-from fusegrad.uop.multi import multi_axis
+from fusegrad.nn.placement import placed_like
 from fusegrad.tensor import Tensor
-
-
-def _placed_like(x: Tensor, t: Tensor) -> Tensor:
-    """x on t's device, or split over t's devices along t's sharded axis."""
-    if x.device == t.device:
-        return x
-    if isinstance(t.device, tuple):
-        return (x.to(x.device[0]) if isinstance(x.device, tuple) else x).shard(t.device, multi_axis(t.uop))
-    return x.to(t.device)
 
 
 class Optimizer:
@@ -125,7 +116,7 @@ class Optimizer:
         return []
 
     def _apply(self, t: Tensor, new_value: Tensor) -> Tensor:
-        return t.assign(_placed_like(new_value.cast(t.dtype), t))
+        return t.assign(placed_like(new_value.cast(t.dtype), t))
 
 
 class SGD(Optimizer):

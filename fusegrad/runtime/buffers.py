@@ -8,7 +8,7 @@ from fusegrad.lazy_numpy import np
 from typing import Sequence
 from fusegrad.dtype import DType
 from fusegrad.runtime.device import Buffer, Device
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, is_contiguous_view
 
 __all__ = [
     "Buffer",
@@ -90,12 +90,6 @@ def base_buffer(u: UOp) -> UOp | None:
     """The BUFFER under a chain of movement ops, if u is only a view of one."""
     u = u.peel(GroupOp.Movement)
     return u if u.op is Ops.BUFFER else None
-
-
-def is_contiguous_view(u: UOp) -> bool:
-    """u reads its buffer in order, element for element (only reshapes over a whole buffer)."""
-    u = u.peel(Ops.RESHAPE)
-    return u.op is Ops.BUFFER
 
 
 def view_buffer(u: UOp) -> Buffer | None:

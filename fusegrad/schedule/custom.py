@@ -16,8 +16,9 @@ def is_custom_output(u: UOp) -> bool:
     return u.op is Ops.AFTER and len(u.src) == 2 and u.src[1].op is Ops.CUSTOM_KERNEL
 
 
-def whole_buffer(u: UOp) -> bool:
+def fills_its_buffer(u: UOp) -> bool:
     """u is its buffer, element for element: a kernel parameter as it is."""
+    # stricter than is_contiguous_view: a symbolic view whose largest size is not the buffer's is not the buffer
     base = base_buffer(u)
     return base is not None and is_contiguous_view(u) and base.arg[2] == u.size and base.dtype is u.dtype
 
@@ -26,7 +27,7 @@ def custom_needs(point: UOp) -> list[UOp]:
     """What must be realized before point: a custom output needs its kernel, a kernel its inputs as buffers."""
     if point.op is Ops.AFTER:
         return [point.src[1]]
-    return [x for x in point.src if not whole_buffer(x)]
+    return [x for x in point.src if not fills_its_buffer(x)]
 
 
 def emit_custom(planner: _Planner, point: UOp, device: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
-from fusegrad.uop.ops import GroupOp, Ops, UOp, device_of
+from fusegrad.uop.ops import GroupOp, Ops, UOp, device_of, is_contiguous_view
 
 
 def shard_shape(shape: tuple[int, ...], axis: int | None, n: int) -> tuple[int, ...]:
@@ -208,9 +208,4 @@ def multi_axis(u: UOp) -> int | None:
 
 def is_realized_multi(u: UOp) -> bool:
     """A MULTI whose every shard is a whole buffer (only reshaped)."""
-
-    def whole_buffer(s: UOp) -> bool:
-        s = s.peel(Ops.RESHAPE)
-        return s.op is Ops.BUFFER
-
-    return u.op is Ops.MULTI and all(whole_buffer(s) for s in u.src)
+    return u.op is Ops.MULTI and all(is_contiguous_view(s) for s in u.src)

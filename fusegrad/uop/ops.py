@@ -665,6 +665,11 @@ def pretty(u: UOp) -> str:
     return "\n".join(lines)
 
 
+def is_contiguous_view(u: UOp) -> bool:
+    """u reads its buffer in order, element for element (only reshapes over a whole buffer)."""
+    return u.peel(Ops.RESHAPE).op is Ops.BUFFER
+
+
 def walk(roots: list[UOp]) -> Iterator[UOp]:
     return iter(UOp(Ops.SINK, dtypes.void, tuple(roots)).toposort())
 

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import GroupOp, Ops, UOp, symbolic_hooks
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
-from fusegrad.uop.symbolic import pm_symbolic, sym_eval
+from fusegrad.uop.symbolic import linear_terms, pm_symbolic, sym_eval
 
 sint = int | UOp
 
@@ -47,8 +47,9 @@ def canonical(x: sint) -> sint:
         return x
     if (done := _canonical_memo.get(x, x)) is not x:
         return x if done is None else done
-    if (lin := _linear_form(x)) is not None:
-        out = _build_linear(*lin, x)
+    terms, const = linear_terms(x, negations=True, constant_left=True)
+    if all(t.op in (Ops.BIND, Ops.DEFINE_VAR) for _, t in terms):  # linear over variables (no //, %, max)
+        out = _build_linear(terms, const, x)
     else:
         out = graph_rewrite(x, pm_canonical)
         out = out.arg if out.op is Ops.CONST else out
@@ -58,39 +59,20 @@ def canonical(x: sint) -> sint:
     return out
 
 
-def _linear_form(x: UOp) -> tuple[dict[UOp, int], int] | None:
-    """x as sum(k * leaf) + c over variables (bound or not), or None when x is not linear (a //, %, max)."""
-    terms: dict[UOp, int] = {}
-    const = 0
-    stack: list[tuple[int, UOp]] = [(1, x)]
-    while stack:
-        k, u = stack.pop()
-        if u.op is Ops.CONST:
-            const += k * u.arg
-        elif u.op in (Ops.BIND, Ops.DEFINE_VAR):
-            terms[u] = terms.get(u, 0) + k
-        elif u.op is Ops.ADD:
-            stack.extend(((k, u.src[1]), (k, u.src[0])))
-        elif u.op is Ops.NEG and dtypes.is_int(u.dtype):
-            stack.append((-k, u.src[0]))
-        elif u.op is Ops.MUL and (c := next((s for s in u.src if s.op is Ops.CONST), None)) is not None:
-            stack.append((k * c.arg, u.src[1] if c is u.src[0] else u.src[0]))
-        else:
-            return None
-    return terms, const
-
-
 def _leaf_order(u: UOp) -> tuple:
     var = u.src[0] if u.op is Ops.BIND else u
     return (var.arg, u.src[1].arg if u.op is Ops.BIND else -1)
 
 
-def _build_linear(terms: dict[UOp, int], const: int, like: UOp) -> sint:
-    """The one form of a linear size: variables in name order times their coefficients, then the constant; the
-    simplifier leaves it as it is (this is the fast path of `canonical`: shapes are built on every tensor op)."""
+def _build_linear(terms: list[tuple[int, UOp]], const: int, like: UOp) -> sint:
+    """The one form of a linear size: variables in name order times their summed coefficients, then the constant;
+    the simplifier leaves it as it is (this is the fast path of `canonical`: shapes are built on every tensor op)."""
+    merged: dict[UOp, int] = {}
+    for k, leaf in terms:
+        merged[leaf] = merged.get(leaf, 0) + k
     out: UOp | None = None
-    for leaf in sorted((t for t, k in terms.items() if k), key=_leaf_order):
-        k = terms[leaf]
+    for leaf in sorted((t for t, k in merged.items() if k), key=_leaf_order):
+        k = merged[leaf]
         term = leaf if k == 1 else leaf * UOp.const(like.dtype, k)
         out = term if out is None else out + term
     if out is None:

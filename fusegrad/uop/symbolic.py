@@ -112,8 +112,11 @@ def fold_by_range(x: UOp) -> UOp | None:
     return UOp.const(x.dtype, x.vmin) if x.vmin == x.vmax else None
 
 
-def split_terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
-    """x as sum(coef * term) + const (terms in left-to-right order; an explicit stack, as a sum can be long)."""
+def linear_terms(x: UOp, *, negations: bool = False, constant_left: bool = False) -> tuple[list[tuple[int, UOp]], int]:
+    """x as sum(coef * term) + const: sums and products with a constant on the right are flattened, every other node
+    is a term (left-to-right order, duplicates kept; an explicit stack, as a sum can be long). negations: an integer
+    NEG is flattened too (the signed terms of flipped indices). constant_left: so is a product with the constant on
+    the left (sizes as users write them, `2 * v`; the simplifier's rules see constants moved right already)."""
     terms: list[tuple[int, UOp]] = []
     const = 0
     stack: list[tuple[int, UOp]] = [(1, x)]
@@ -125,6 +128,10 @@ def split_terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
             stack.extend(((k, u.src[1]), (k, u.src[0])))
         elif u.op is Ops.MUL and u.src[1].op is Ops.CONST:
             stack.append((k * u.src[1].arg, u.src[0]))
+        elif constant_left and u.op is Ops.MUL and u.src[0].op is Ops.CONST:
+            stack.append((k * u.src[0].arg, u.src[1]))
+        elif negations and u.op is Ops.NEG and dtypes.is_int(u.dtype):
+            stack.append((-k, u.src[0]))
         else:
             terms.append((k, u))
     return terms, const
@@ -148,7 +155,7 @@ def fold_divmod(d: UOp, x: UOp, c: UOp) -> UOp | None:
     cv = c.arg
     if cv <= 0 or x.vmin < 0:
         return None
-    terms, const = split_terms(x)
+    terms, const = linear_terms(x)
     if not terms or any(t.vmin < 0 for _, t in terms):
         return None
     moved = [(k // cv, t) for k, t in terms if k // cv != 0]
@@ -173,7 +180,7 @@ def reorder_const_add(x: UOp, c1: UOp, y: UOp) -> UOp | None:
 
 
 def combine_like_terms(a: UOp) -> UOp | None:
-    terms, const = split_terms(a)
+    terms, const = linear_terms(a)
     merged: dict[UOp, int] = {}
     for k, t in terms:
         merged[t] = merged.get(t, 0) + k
@@ -261,29 +268,13 @@ pm_symbolic = PatternMatcher(
 # of the divisor, fits in one quotient.
 
 
-def signed_terms(x: UOp) -> tuple[list[tuple[int, UOp]], int]:
-    """x as sum(coef * term) + const, a negated term counted with a negative coefficient."""
-    terms, const = split_terms(x)
-    out: list[tuple[int, UOp]] = []
-    for k, t in terms:
-        while t.op is Ops.NEG or (t.op is Ops.MUL and t.src[1].op is Ops.CONST):
-            k, t = (-k, t.src[0]) if t.op is Ops.NEG else (k * t.src[1].arg, t.src[0])
-        if t.op is Ops.ADD:  # a negated sum: its own terms, negated
-            inner, c = signed_terms(t)
-            out.extend((k * ik, it) for ik, it in inner)
-            const += k * c
-        else:
-            out.append((k, t))
-    return out, const
-
-
 def fold_divmod_by_range(d: UOp, x: UOp, c: UOp) -> UOp | None:
     """x // c and x % c for x >= 0 and c > 0 when x = c*Q + R with R's range inside one multiple of c: Q + m and
     R - c*m, with no division left."""
     cv = c.arg
     if cv <= 0 or x.vmin < 0:
         return None
-    terms, const = signed_terms(x)
+    terms, const = linear_terms(x, negations=True)
     moved, rest = [], []
     for k, t in terms:
         q, r = divmod(k, cv)
@@ -312,7 +303,7 @@ def fold_divmod_by_factor(d: UOp, x: UOp, c: UOp) -> UOp | None:
     cv = c.arg
     if cv <= 1 or x.vmin < 0:
         return None
-    terms, const = split_terms(x)
+    terms, const = linear_terms(x)
     if len(terms) < 2 or any(t.vmin < 0 for _, t in terms):
         return None
     for g in range(cv, 1, -1):
@@ -335,7 +326,7 @@ def fold_divmod_by_factor(d: UOp, x: UOp, c: UOp) -> UOp | None:
 def recombine_divmod(a: UOp) -> UOp | None:
     """k * (x % c) + k*c * (x // c) -> k * x for x >= 0: a split index put back together (a window's position
     within and across windows)."""
-    terms, const = split_terms(a)
+    terms, const = linear_terms(a)
     found = {(t.src[0], t.src[1].arg): k for k, t in terms if t.op is Ops.MOD and t.src[1].op is Ops.CONST}
     if not found:
         return None

@@ -223,3 +223,18 @@ def test_gradient_of_a_kernel_with_two_outputs():
     ((pa + 1) * (pa + 1) * 3 + pa * 2 * 5).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), pa.grad.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(double.numpy(), a * 2, rtol=1e-6)
+
+
+def test_kernel_parameter_is_an_input_that_fills_its_buffer():
+    from fusegrad.runtime.buffers import Buffer, buffer_uop
+    from fusegrad.schedule.custom import fills_its_buffer
+    from fusegrad.uop.ops import Ops, UOp
+    from fusegrad.uop.sint import Variable
+
+    b = buffer_uop(Buffer("CPU", 12, dtypes.float32))
+    rows = UOp(Ops.RESHAPE, b.dtype, (b,), (3, 4))
+    assert fills_its_buffer(b) and fills_its_buffer(rows)
+    assert not fills_its_buffer(UOp(Ops.PERMUTE, b.dtype, (rows,), (1, 0)))
+    assert not fills_its_buffer(UOp(Ops.SHRINK, b.dtype, (b,), ((0, 6),)))
+    # contiguous, but at its largest (20 elements) not the 12-element buffer
+    assert not fills_its_buffer(UOp(Ops.RESHAPE, b.dtype, (b,), (Variable("v", 1, 20).bind(12),)))

@@ -274,3 +274,50 @@ def test_a_nodes_holders_are_one_reference_until_a_second_tensor_holds_it():
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy())
     np.testing.assert_allclose(y.grad.numpy(), (2 * ty).detach().numpy())  # each holder gets d/dnode
     np.testing.assert_allclose(z.grad.numpy(), (2 * ty).detach().numpy())
+
+
+def _views_of_a_buffer() -> dict[str, UOp]:
+    from fusegrad.runtime.buffers import Buffer, buffer_uop
+    from fusegrad.uop.sint import Variable
+
+    b = buffer_uop(Buffer("CPU", 12, dtypes.float32))
+    rows = UOp(Ops.RESHAPE, b.dtype, (b,), (3, 4))
+    return {
+        "buffer": b,
+        "reshaped": rows,
+        "reshaped_twice": UOp(Ops.RESHAPE, b.dtype, (rows,), (12, 1)),
+        "permuted": UOp(Ops.PERMUTE, b.dtype, (rows,), (1, 0)),
+        "shrunk": UOp(Ops.SHRINK, b.dtype, (b,), ((0, 6),)),
+        "symbolic_larger": UOp(Ops.RESHAPE, b.dtype, (b,), (Variable("v", 1, 20).bind(12),)),
+        "const": UOp.const(dtypes.float32, 1.0),
+    }
+
+
+@pytest.mark.parametrize(
+    "name, contiguous",
+    [
+        ("buffer", True),
+        ("reshaped", True),
+        ("reshaped_twice", True),
+        ("permuted", False),
+        ("shrunk", False),
+        ("symbolic_larger", True),
+        ("const", False),
+    ],
+)
+def test_is_contiguous_view(name: str, contiguous: bool):
+    from fusegrad.uop.ops import is_contiguous_view
+
+    assert is_contiguous_view(_views_of_a_buffer()[name]) is contiguous
+
+
+def test_is_realized_multi_needs_every_shard_a_reshaped_buffer():
+    from fusegrad import Tensor
+    from fusegrad.uop.multi import is_realized_multi
+
+    sharded = Tensor.arange(8).shard(("CPU", "CPU:1"), 0).realize()
+    assert is_realized_multi(sharded.uop)
+    assert is_realized_multi(sharded.reshape(2, 4).uop) is False  # a view of a MULTI, not a MULTI
+    assert is_realized_multi((sharded + 1).uop) is False
+    lazy = Tensor.arange(8).shard(("CPU", "CPU:1"), 0)
+    assert lazy.uop.op is Ops.MULTI and is_realized_multi(lazy.uop) is False

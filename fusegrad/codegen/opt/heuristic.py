@@ -8,7 +8,7 @@ from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.accumulators import INNER_BLOCK
 from fusegrad.codegen.opt import Opt, OptOps, check_opts, blockable_sum
 from fusegrad.codegen.opt.target import vector_bytes, vector_registers
-from fusegrad.uop.symbolic import signed_terms
+from fusegrad.uop.symbolic import linear_terms
 
 # accumulators along the output's last dim of a reduce kernel that is not matmul-like (e.g. a column sum)
 COLUMN_UPCASTS = (16, 8, 4)
@@ -419,7 +419,7 @@ def _reduce_is_contiguous(loads: list[UOp], inner: UOp) -> bool:
 
 def coefficient(index: UOp, r: UOp) -> int | None:
     """The stride of index along loop r, or None when r appears inside division or modulo."""
-    terms, _ = signed_terms(index)
+    terms, _ = linear_terms(index, negations=True)
     if any(t is not r and r in t.toposort() for _, t in terms):
         return None
     return sum(k for k, t in terms if t is r)

@@ -6,7 +6,7 @@ import time
 import types
 from typing import Any
 
-from fusegrad.uop.multi import multi_axis
+from fusegrad.nn.placement import placed_like
 from fusegrad.tensor import Tensor
 
 
@@ -74,7 +74,7 @@ def load_state_dict(
     ]
     if mismatched:
         raise ValueError(f"load_state_dict: shape mismatch for {len(mismatched)} key(s): {'; '.join(mismatched)}")
-    new = [_placed_like(s, v) for _, v, s in pairs]
+    new = [_loaded_like(s, v) for _, v, s in pairs]
     if realize and new:
         Tensor.realize(*new)
     for (k, v, _), x in zip(pairs, new):
@@ -90,17 +90,10 @@ def load_state_dict(
     return [v for _, v, _ in pairs]
 
 
-def _placed_like(s: Tensor, v: Tensor) -> Tensor:
+def _loaded_like(s: Tensor, v: Tensor) -> Tensor:
     """s with v's shape and dtype on v's device, or split over v's devices along v's sharded axis whatever the
     placement of s (a state dict may come from a model sharded differently, or from none)."""
     x = s.reshape(v.shape).cast(v.dtype)
-    if isinstance(v.device, tuple):
-        axis = multi_axis(v.uop)
-        if x.device == v.device and multi_axis(x.uop) == axis:
-            moved = x
-        else:
-            moved = (x.to(x.device[0]) if isinstance(x.device, tuple) else x).shard(v.device, axis)
-    else:
-        moved = x.to(v.device)
+    moved = placed_like(x, v, match_axis=True)
     # a value already placed like the model's gets its own buffer, so the model never aliases the dict
     return moved.contiguous() if moved is x and s.dtype == v.dtype else moved
