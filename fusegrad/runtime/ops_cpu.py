@@ -356,6 +356,14 @@ class CpuDevice(Compiled):
         lib = self.compiler.load(src, info.name)
         return CPUProgram(info.name, lib, info.nparams, info.outer_size, info.ops_estimate)
 
+    def assembly(self, info) -> str:
+        """The kernel's machine code as the compiler's assembly listing, built with the kernel's own flags (VIZ)."""
+        src, cc = self.render(info), find_compiler()
+        proc = run_compiler([cc, *kernel_flags(cc, src), "-S", "-x", "c", "-", "-o", "-"], src, f"listing {info.name}")
+        if proc.returncode != 0:
+            raise CompileError(f"C compiler {cc} could not list the assembly of kernel {info.name}:\n{proc.stderr}")
+        return proc.stdout
+
     def build_raw(self, raw: Any, nparams: int) -> CPUProgram:
         """A user's C function (RawKernel) taking one pointer per buffer, called once per launch."""
         from fusegrad.runtime.raw_source import c_with_wrapper

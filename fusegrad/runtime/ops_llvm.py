@@ -176,6 +176,10 @@ class LlvmDevice(Compiled):
         engine, address = self.compiler.load(ir, info.name)
         return LLVMProgram(info.name, engine, address, info.nparams, info.outer_size, info.ops_estimate)
 
+    def assembly(self, info) -> str:
+        """The kernel's host machine code as text, from the IR optimized as its build optimizes it (VIZ shows it)."""
+        return host_target().emit_assembly(optimize(self.renderer.render(info.name, info.lin), info.name))
+
     def build_raw(self, raw: Any, nparams: int) -> LLVMProgram:
         """A user's LLVM IR function (RawKernel) taking one pointer per buffer, called once per launch."""
         from fusegrad.runtime.raw_source import llvm_with_wrapper

@@ -1,5 +1,5 @@
 """VIZ's recorder: every graph_rewrite that changed something (its stage, each rule that fired, where the rule is
-defined), grouped by realize and kernel, and each kernel's opts, source and linear UOps.
+defined), grouped by realize and kernel, and each kernel's opts, source, assembly (CPU, LLVM) and linear UOps.
 
 Nodes go into one table shared by every rewrite (UOps are hash-consed, so a node is stored once), each as
 [op, dtype, source ids, arg, shape]. A rewrite keeps its input, its result and its steps (matched node, replacement,
@@ -133,6 +133,7 @@ class Recorder:
             "rewrites": [],
             "opts": [],
             "source": "",
+            "asm": "",
             "lin": [],
         }
         self.kernels.append(self._kernel)
@@ -150,6 +151,11 @@ class Recorder:
             kernel["source"] = dev.render(info)
         except Exception as e:  # a device without a text renderer still shows its UOps
             kernel["source"] = f"(no source: {type(e).__name__}: {e})"
+        if (assembly := getattr(dev, "assembly", None)) is not None:  # devices that compile to host machine code
+            try:
+                kernel["asm"] = assembly(info)
+            except Exception as e:  # the kernel ran; its listing is only extra information
+                kernel["asm"] = f"(no assembly: {type(e).__name__}: {e})"
         lin = list(info.lin)
         index = {u: i for i, u in enumerate(lin)}
         kernel["lin"] = [

@@ -100,6 +100,8 @@ def test_kernel_source_beside_its_uops(browser, server_url, recorded):
     source = browser.find_element(By.ID, "source")
     assert kernel["name"] in source.text and source.find_elements(By.CSS_SELECTOR, "span.kw")
     assert len(browser.find_element(By.ID, "lin").text.splitlines()) == len(kernel["lin"])
+    asm = browser.find_element(By.ID, "asm")
+    assert asm.is_displayed() and kernel["name"] in asm.text and "ret" in asm.text
     assert errors(browser) == []
 
 

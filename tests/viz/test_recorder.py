@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 import inspect
+import re
 from fusegrad import Variable
 from fusegrad.helpers import Hooks
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
@@ -89,6 +90,7 @@ def test_realizes_group_kernels_and_their_stages(recorded):
     assert len(kernels) >= 2  # the eager exp/sum kernel and the jitted matmul
     for k in kernels:
         assert k["name"] != "?" and k["name"] in k["source"] and k["lin"] and k["device"] == "CPU"
+        assert re.search(rf"^{k['name']}:", k["asm"], re.M) and re.search(r"^\s+ret", k["asm"], re.M), k["asm"][:300]
         assert k["rewrites"], f"kernel {k['name']} recorded no codegen stage"
         for rid in k["rewrites"]:
             assert rec.rewrites[rid]["kernel"] == k["id"]
@@ -96,3 +98,20 @@ def test_realizes_group_kernels_and_their_stages(recorded):
     recording = Recording(recorded.data)
     for rw in recorded.data["rewrites"]:  # every rewrite's last step rebuilds to what graph_rewrite returned
         assert recording.root_after(rw["id"], len(rw["steps"])) == rw["result"]
+
+
+def test_an_llvm_kernel_records_its_host_assembly():
+    import numpy as np
+
+    from fusegrad import Tensor
+
+    x = np.linspace(-3, 4, 37, dtype=np.float32)  # a length no other test compiles: the kernel is lowered here
+    session = Session(Recorder())
+    previous = install(session)
+    try:
+        got = (Tensor(x, device="LLVM") * 2.1875 - 0.375).numpy()  # constants no other test compiles
+    finally:
+        uninstall(previous)
+    np.testing.assert_allclose(got, x * np.float32(2.1875) - np.float32(0.375), rtol=1e-6)
+    (k,) = [k for k in session.recorder.kernels if k["device"] == "LLVM"]
+    assert re.search(rf"^{k['name']}:", k["asm"], re.M) and re.search(r"^\s+ret", k["asm"], re.M), k["asm"][:300]

@@ -203,6 +203,8 @@ async function openKernel(id) {
   const lin = k.lin.map(([i, op, dtype, src, arg]) =>
     `${String(i).padStart(4)} <span class="op">${op.padEnd(14)}</span> ${dtype.padEnd(16)} [${src.join(", ")}] ${arg.replace(/&/g, "&amp;").replace(/</g, "&lt;")}`);
   document.getElementById("lin").innerHTML = lin.join("\n");
+  document.getElementById("asm").textContent = k.asm || "";
+  document.getElementById("asm-pane").style.display = k.asm ? "" : "none";  // devices without host machine code
   location.hash = `kernel/${id}`;
 }
 
