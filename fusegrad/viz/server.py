@@ -7,6 +7,7 @@
   GET /api/rewrite/<id>                  a stage: where it ran and each step's rule
   GET /api/rewrite/<id>/step/<k>         the graph after step k, with what changed
   GET /api/trace                         the Chrome trace (the timeline)
+  GET /api/peaks                         the host's measured GFLOPS and GB/s (the roofline's roof)
 Anything else, or an id the recording lacks, answers 404 with {"error": ...}."""
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def _handler(recording: Recording) -> type[BaseHTTPRequestHandler]:
                     return recording.index()
                 case ["trace"]:
                     return recording.trace
+                case ["peaks"]:
+                    return recording.data.get("peaks") or {}
                 case ["kernel", kid]:
                     return recording.kernel(_int(kid))
                 case ["rewrite", rid]:
@@ -154,7 +157,9 @@ def save_and_serve(session: Any, serve_it: bool = True) -> str:
     only saves)."""
     from fusegrad.viz.chrome import trace_events
 
-    data = session.recorder.to_json()
+    from fusegrad.viz.peaks import machine_peaks
+
+    data = {**session.recorder.to_json(), "peaks": machine_peaks()}  # the roofline's roof, kept with the recording
     trace = {"traceEvents": trace_events(session)}
     path = os.path.join(cache_dir(), "viz", f"viz-{os.getpid()}-{time.strftime('%Y%m%d-%H%M%S')}.json.gz")
     save_recording(data, trace, path)

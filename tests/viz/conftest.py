@@ -46,8 +46,15 @@ def recorded() -> Recorded:
 
 
 @pytest.fixture(scope="session")
-def server_url(recorded):
-    server = make_server(Recording(json.loads(json.dumps(recorded.data)), recorded.trace), port=0)
+def served_peaks() -> dict:
+    """A roof for the served recording, fixed so the roofline's geometry is known (what save_and_serve measures)."""
+    return {"GFLOPS": 400.0, "GB/s": 20.0, "how": "fixed for the tests"}
+
+
+@pytest.fixture(scope="session")
+def server_url(recorded, served_peaks):
+    data = {**json.loads(json.dumps(recorded.data)), "peaks": served_peaks}
+    server = make_server(Recording(data, recorded.trace), port=0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"

@@ -119,3 +119,19 @@ def test_timeline_shows_the_jitted_kernels(browser, server_url, recorded):
     name = info.split(" [kernel]")[0]
     WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "kernel-title").text.startswith(name + " on "))
     assert errors(browser) == []
+
+
+def test_roofline_places_each_kernel_under_the_roof(browser, server_url, recorded, served_peaks):
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, f"{server_url}/#roofline")
+    launched = {e["name"] for e in recorded.trace["traceEvents"] if e.get("cat") == "kernel" and e["ph"] == "X"}
+    points = browser.find_elements(By.CSS_SELECTOR, "#roofline circle.kernel-point")
+    assert len(points) == len(launched) > 0
+    titles = [p.find_element(By.TAG_NAME, "title").get_attribute("textContent") for p in points]
+    assert {t.split(":")[0] for t in titles} == launched and all("% of its roof" in t for t in titles)
+    assert browser.find_element(By.ID, "roof").get_attribute("d").count("L") == 2  # the bandwidth slope, then flat
+    assert "400 GFLOPS, 20 GB/s" in browser.find_element(By.ID, "roofline-meta").text
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", points[0])
+    assert browser.find_element(By.ID, "kernel-title").text.startswith(titles[0].split(":")[0] + " on ")
+    assert errors(browser) == []

@@ -59,6 +59,11 @@ def test_trace_endpoint_is_a_valid_trace(server_url, recorded):
     assert code == 200 and len(kernels) >= 3 * recorded.launches  # the jitted step's replays
 
 
+def test_peaks_endpoint_serves_the_recordings_roof(server_url, served_peaks):
+    code, peaks = get_json(f"{server_url}/api/peaks")
+    assert code == 200 and peaks == served_peaks
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -120,6 +125,8 @@ def test_viz2_saves_and_main_names_a_bad_file(tmp_path):
     assert proc.returncode == 0, proc.stderr
     saved = [ln.split(" saved to ")[1] for ln in proc.stderr.splitlines() if "recording saved to" in ln]
     assert saved and os.path.isfile(saved[0]) and load_recording(saved[0]).data["kernels"]
+    peaks = load_recording(saved[0]).data["peaks"]  # measured at exit on this machine, kept with the recording
+    assert peaks["GFLOPS"] > 0.1 and peaks["GB/s"] > 0.1 and "matmul" in peaks["how"]
     env.pop("VIZ")
     proc = subprocess.run(
         [sys.executable, "-m", "fusegrad.viz", str(tmp_path / "nope.json.gz")],

@@ -1,8 +1,8 @@
 "use strict";
 // The VIZ page: a list of realizes -> kernels -> stages, a graph of any rewrite step, a kernel's source and UOps,
-// and the profile timeline. Data comes from the server's /api endpoints; d3 draws, dagre lays graphs out.
+// the profile timeline and a roofline of the kernels against the host's measured peaks. Data comes from the server's /api endpoints; d3 draws, dagre lays graphs out.
 
-const state = { index: null, rewrite: null, step: 0, kernel: null, trace: null, timelineDrawn: false };
+const state = { index: null, rewrite: null, step: 0, kernel: null, trace: null, peaks: null, timelineDrawn: false };
 
 async function api(path) {
   const res = await fetch("/api/" + path);
@@ -17,6 +17,7 @@ function show(view) {
   for (const b of document.querySelectorAll(".tab")) b.classList.toggle("active", b.dataset.view === view);
   for (const v of document.querySelectorAll(".view")) v.classList.toggle("active", v.id === "view-" + view);
   if (view === "timeline") drawTimeline();
+  if (view === "roofline") drawRoofline();
 }
 
 // ---------------------------------------------------------------- the list
@@ -285,6 +286,53 @@ function drawTimeline() {
   svg.call(d3.zoom().scaleExtent([1, 1e6]).on("zoom", (e) => { x = e.transform.rescaleX(x0); redraw(); }));
 }
 
+// ---------------------------------------------------------------- the roofline
+// each kernel's best launch as a point: x its arithmetic intensity (FLOP per byte moved), y its GFLOPS; the roof is
+// min(peak GFLOPS, intensity x peak GB/s), both measured on this machine when the recording was saved
+function kernelPoints() {
+  const best = new Map();
+  for (const e of state.trace.traceEvents) {
+    if (e.ph !== "X" || e.cat !== "kernel" || !(e.args.GFLOPS > 0) || !(e.args["GB/s"] > 0)) continue;
+    const p = best.get(e.name);
+    if (!p || e.args.GFLOPS > p.gflops) best.set(e.name, { name: e.name, gflops: e.args.GFLOPS, gbs: e.args["GB/s"] });
+  }
+  return [...best.values()].map((p) => ({ ...p, intensity: p.gflops / p.gbs }));
+}
+
+function drawRoofline() {
+  const svg = d3.select("#roofline");
+  svg.selectAll("*").remove();
+  const peaks = state.peaks || {};
+  const points = kernelPoints();
+  const meta = document.getElementById("roofline-meta");
+  if (!(peaks.GFLOPS > 0) || !(peaks["GB/s"] > 0)) {
+    meta.textContent = "no measured peaks in this recording (saved by an older version)";
+    return;
+  }
+  meta.textContent = `roof: ${peaks.GFLOPS} GFLOPS, ${peaks["GB/s"]} GB/s (${peaks.how}); ${points.length} kernels with launches`;
+  const width = svg.node().getBoundingClientRect().width || 900, height = 480, m = { l: 60, r: 20, t: 10, b: 40 };
+  svg.attr("height", height);
+  const ridge = peaks.GFLOPS / peaks["GB/s"];
+  const xs = points.map((p) => p.intensity).concat([ridge]);
+  const x = d3.scaleLog().domain([d3.min(xs) / 4, d3.max(xs) * 4]).range([m.l, width - m.r]);
+  const ys = points.map((p) => p.gflops).concat([peaks.GFLOPS]);
+  const y = d3.scaleLog().domain([Math.min(d3.min(ys), x.domain()[0] * peaks["GB/s"]) / 2, peaks.GFLOPS * 2]).range([height - m.b, m.t]);
+  svg.append("g").attr("transform", `translate(0,${height - m.b})`).call(d3.axisBottom(x).ticks(6, "~g"));
+  svg.append("g").attr("transform", `translate(${m.l},0)`).call(d3.axisLeft(y).ticks(6, "~g"));
+  svg.append("text").attr("class", "track").attr("x", width / 2).attr("y", height - 6).text("FLOP per byte");
+  svg.append("text").attr("class", "track").attr("x", 4).attr("y", m.t + 10).text("GFLOPS");
+  const [lo, hi] = x.domain();
+  const roof = [[lo, lo * peaks["GB/s"]], [ridge, peaks.GFLOPS], [hi, peaks.GFLOPS]];
+  svg.append("path").attr("id", "roof").attr("class", "roof").attr("d", d3.line().x((d) => x(d[0])).y((d) => y(d[1]))(roof));
+  const dots = svg.append("g").selectAll("circle").data(points).join("circle").attr("class", "kernel-point")
+    .attr("cx", (p) => x(p.intensity)).attr("cy", (p) => y(p.gflops)).attr("r", 5)
+    .on("click", (e, p) => { const k = kernelByName(p.name); if (k) openKernel(k.id); });
+  dots.append("title").text((p) => {
+    const bound = Math.min(peaks.GFLOPS, p.intensity * peaks["GB/s"]);
+    return `${p.name}: ${p.gflops} GFLOPS, ${p.gbs} GB/s, ${(100 * p.gflops / bound).toFixed(0)}% of its roof`;
+  });
+}
+
 function kernelByName(name) {
   for (const r of state.index.realizes) for (const k of r.kernels) if (k.name === name) return k;
   return null;
@@ -302,6 +350,7 @@ async function main() {
   });
   state.index = await api("index");
   state.trace = await api("trace");
+  state.peaks = await api("peaks");
   buildList(state.index);
   const kernels = state.index.realizes.reduce((n, r) => n + r.kernels.length, 0);
   setStatus(`${state.index.realizes.length} realizes, ${kernels} kernels, ${state.trace.traceEvents.length} trace events`);
@@ -309,6 +358,7 @@ async function main() {
   if (kind === "rewrite") await openRewrite(+a, +(b || 0));
   else if (kind === "kernel") await openKernel(+a);
   else if (kind === "timeline") show("timeline");
+  else if (kind === "roofline") show("roofline");
   document.body.dataset.ready = "1";
 }
 
