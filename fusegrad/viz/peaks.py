@@ -48,7 +48,7 @@ def measure_peaks() -> dict[str, float | str]:
     return {
         "GFLOPS": round(flops / 1e9, 3),
         "GB/s": round(moved / 1e9, 3),
-        "how": f"best of {TRIES}: numpy float32 {MATMUL_N}x{MATMUL_N} matmul, {COPY_BYTES >> 20} MiB copy",
+        "how": f"best of {TRIES}: numpy float32 {MATMUL_N}x{MATMUL_N} matmul, {COPY_BYTES >> 20} MiB copy{_load()}",
     }
 
 
@@ -60,6 +60,11 @@ def _best_seconds(fn) -> float:
         fn()
         best = min(best, time.perf_counter() - st)
     return max(best, 1e-9)
+
+
+def _load() -> str:
+    """The load average when measured: a busy machine's peaks are low, and they are kept (delete the file to redo)."""
+    return f", load {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
 
 
 def _machine_key() -> str:

@@ -320,7 +320,7 @@ function drawRoofline() {
   svg.append("g").attr("transform", `translate(0,${height - m.b})`).call(d3.axisBottom(x).ticks(6, "~g"));
   svg.append("g").attr("transform", `translate(${m.l},0)`).call(d3.axisLeft(y).ticks(6, "~g"));
   svg.append("text").attr("class", "track").attr("x", width / 2).attr("y", height - 6).text("FLOP per byte");
-  svg.append("text").attr("class", "track").attr("x", 4).attr("y", m.t + 10).text("GFLOPS");
+  svg.append("text").attr("class", "track").attr("x", m.l + 8).attr("y", m.t + 12).text("GFLOPS");
   const [lo, hi] = x.domain();
   const roof = [[lo, lo * peaks["GB/s"]], [ridge, peaks.GFLOPS], [hi, peaks.GFLOPS]];
   svg.append("path").attr("id", "roof").attr("class", "roof").attr("d", d3.line().x((d) => x(d[0])).y((d) => y(d[1]))(roof));
