@@ -19,6 +19,7 @@ from fusegrad.runtime.ops_cpu import CPUProgram
 # scheduler gives a kernel at most 64 constant parameters besides its buffers
 MAX_KERNEL_ARGS = 128
 MAX_WORKERS = 63
+SPAN_CELLS = 2 * (MAX_WORKERS + 1)  # a split entry's (start, end) per participant: the caller and each worker
 # pauses a worker spins for the next kernel before it sleeps (about 40-140 cycles each on x86)
 SPIN_PAUSES = 2000
 
@@ -45,6 +46,8 @@ static void fg_call(void *f, int n, void **a, long long s, long long e) {{
 /* the kernel being split: the caller and workers 0..helpers-1 take its chunks from `next` until none is left */
 static struct {{
   void *f; int n; void **a; long long *bounds; int chunks; int next; int busy; int helpers; long gen;
+  long long *spans;  /* non-null: participant p (0 the caller, 1 + a worker's id) writes its first chunk's start and
+                        last chunk's end at spans[2p], spans[2p + 1] (CLOCK_MONOTONIC ns) */
 }} job;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t go = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
@@ -60,11 +63,20 @@ static void fg_after_fork_child(void) {{
   nworkers = 0; job.busy = 0;
 }}
 
-static void fg_take_chunks(void) {{
-  for (;;) {{
+static long long fg_now(void) {{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}}
+
+static void fg_take_chunks(int participant) {{
+  long long *span = job.spans ? job.spans + 2 * participant : 0;
+  for (int taken = 0;; taken++) {{
     int c = __atomic_fetch_add(&job.next, 1, __ATOMIC_ACQ_REL);
     if (c >= job.chunks) return;
+    if (span && !taken) span[0] = fg_now();
     fg_call(job.f, job.n, job.a, job.bounds[c], job.bounds[c + 1]);
+    if (span) span[1] = fg_now();
   }}
 }}
 
@@ -92,7 +104,7 @@ static void *fg_worker(void *arg) {{
     }}
     __atomic_add_fetch(&job.busy, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&mu);
-    fg_take_chunks();
+    fg_take_chunks(1 + (int)id);
     pthread_mutex_lock(&mu);
     if (__atomic_sub_fetch(&job.busy, 1, __ATOMIC_RELEASE) == 0) pthread_cond_signal(&done);
     pthread_mutex_unlock(&mu);
@@ -115,16 +127,17 @@ int fg_start_workers(int n) {{
   return started;
 }}
 
-static void fg_split(void *f, int n, void **a, long long *bounds, int chunks, int helpers) {{
+static void fg_split(void *f, int n, void **a, long long *bounds, int chunks, int helpers, long long *spans) {{
   pthread_mutex_lock(&run_mu);
   pthread_mutex_lock(&mu);
   /* a worker that woke late for the previous job may still be in it: the fields change only once it has left */
   while (job.busy > 0) pthread_cond_wait(&done, &mu);
   job.f = f; job.n = n; job.a = a; job.bounds = bounds; job.chunks = chunks; job.next = 0; job.helpers = helpers;
+  job.spans = spans;
   __atomic_store_n(&job.gen, job.gen + 1, __ATOMIC_RELEASE);  /* spinning workers read it without the lock */
   pthread_cond_broadcast(&go);
   pthread_mutex_unlock(&mu);
-  fg_take_chunks();
+  fg_take_chunks(0);
   for (int i = 0; i < FG_SPIN && __atomic_load_n(&job.busy, __ATOMIC_ACQUIRE) > 0; i++) fg_pause();
   pthread_mutex_lock(&mu);
   while (job.busy > 0) pthread_cond_wait(&done, &mu);
@@ -142,25 +155,28 @@ static int fg_helpers(int chunks, int threads) {{
 void fg_run_one(void *f, int n, void **a, long long *bounds, int chunks, int threads) {{
   int want = (chunks < threads ? chunks : threads) - 1;
   if (want > 0 && __atomic_load_n(&nworkers, __ATOMIC_ACQUIRE) < want) fg_start_workers(want);
-  if (want > 0 && nworkers > 0) fg_split(f, n, a, bounds, chunks, fg_helpers(chunks, threads));
+  if (want > 0 && nworkers > 0) fg_split(f, n, a, bounds, chunks, fg_helpers(chunks, threads), 0);
   else fg_call(f, n, a, bounds[0], bounds[chunks]);
 }}
 
 /* entry i: nargs[i] >= 0 launches fns[i] on args[arg_off[i]..] over its chunks (bounds[bound_off[i]..], chunks[i]
    of them, on up to `threads` threads); nargs[i] == -1 copies bounds[bound_off[i]] bytes from args[arg_off[i] + 1]
-   to args[arg_off[i]]; a non-null `times` gets each entry's start and end (CLOCK_MONOTONIC ns, the profiler's clock) */
+   to args[arg_off[i]]; a non-null `times` gets each entry's start and end (CLOCK_MONOTONIC ns, the profiler's clock)
+   and a non-null `spans` each participant's span of a split entry at spans[i * SPAN_CELLS ..] (zero: it took none) */
+#define SPAN_CELLS (2 * ({MAX_WORKERS} + 1))
 void fg_run_graph(int count, void **fns, int *nargs, void **args, int *arg_off, long long *bounds, int *bound_off,
-                  int *chunks, int threads, long long *times) {{
-  struct timespec ts;
+                  int *chunks, int threads, long long *times, long long *spans) {{
   for (int i = 0; i < count; i++) {{
     void **a = args + arg_off[i];
     long long *b = bounds + bound_off[i];
-    if (times) {{ clock_gettime(CLOCK_MONOTONIC, &ts); times[2 * i] = ts.tv_sec * 1000000000LL + ts.tv_nsec; }}
+    long long *span = spans ? spans + (long long)i * SPAN_CELLS : 0;
+    if (span) memset(span, 0, sizeof(long long) * SPAN_CELLS);
+    if (times) times[2 * i] = fg_now();
     if (nargs[i] < 0) memcpy(a[0], a[1], (size_t)b[0]);
     else if (chunks[i] > 1 && threads > 1 && nworkers > 0)
-      fg_split(fns[i], nargs[i], a, b, chunks[i], fg_helpers(chunks[i], threads));
+      fg_split(fns[i], nargs[i], a, b, chunks[i], fg_helpers(chunks[i], threads), span);
     else fg_call(fns[i], nargs[i], a, b[0], b[chunks[i]]);
-    if (times) {{ clock_gettime(CLOCK_MONOTONIC, &ts); times[2 * i + 1] = ts.tv_sec * 1000000000LL + ts.tv_nsec; }}
+    if (times) times[2 * i + 1] = fg_now();
   }}
 }}
 """
@@ -212,7 +228,7 @@ def _build_runner() -> ctypes.CDLL | None:
         if DEBUG >= 1:
             print(f"TinyJit replays without batching: the CPU graph runner did not build ({e})")
         return None
-    lib.fg_run_graph.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int, ctypes.c_void_p]
+    lib.fg_run_graph.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] + [ctypes.c_void_p] * 2
     lib.fg_run_graph.restype = None
     lib.fg_start_workers.argtypes = [ctypes.c_int]
     lib.fg_start_workers.restype = ctypes.c_int
@@ -294,11 +310,19 @@ class CPUGraph:
             self.args[i] = address
 
     def __call__(self) -> None:
-        self.lib.fg_run_graph(self.count, *self._call_args, self.threads, None)
+        self.lib.fg_run_graph(self.count, *self._call_args, self.threads, None, None)
 
-    def timed(self) -> list[int]:
-        """Run the batch as __call__ does; returns each entry's start and end, in perf_counter_ns's clock."""
+    def timed(self) -> tuple[list[int], list[list[tuple[int, int, int]]]]:
+        """Run the batch as __call__ does; returns each entry's start and end, in perf_counter_ns's clock, and for
+        each entry the (participant, start, end) of every thread that ran chunks of it (participant 0: the caller)."""
         if (times := self._times) is None:
             times = self._times = (ctypes.c_longlong * (2 * self.count))()
-        self.lib.fg_run_graph(self.count, *self._call_args, self.threads, ctypes.addressof(times))
-        return times[:]
+            self._spans = (ctypes.c_longlong * (SPAN_CELLS * self.count))()
+        spans = self._spans
+        self.lib.fg_run_graph(self.count, *self._call_args, self.threads, *map(ctypes.addressof, (times, spans)))
+        flat = spans[:]
+        per_entry = [
+            [(p, flat[i * SPAN_CELLS + 2 * p], flat[i * SPAN_CELLS + 2 * p + 1]) for p in range(SPAN_CELLS // 2)]
+            for i in range(self.count)
+        ]
+        return times[:], [[span for span in entry if span[1]] for entry in per_entry]

@@ -1,12 +1,13 @@
-"""Chrome's Trace Event Format from a Session's raw events: `X` slices per host thread and per device, `C` counters of
-live memory, `M` names for processes and threads, and `s`/`f` flow arrows from a host slice to the launches in it."""
+"""Chrome's Trace Event Format from a Session's raw events: `X` slices per host thread and per device (and per runner
+thread of a device's split kernels), `C` counters of live memory, `M` names for processes and threads, and `s`/`f`
+flow arrows from a host slice to the launches in it."""
 
 from __future__ import annotations
 import json
 import os
 import tempfile
 from typing import Any
-from fusegrad.viz.trace import LAUNCH, MEMORY, SLICE, Session
+from fusegrad.viz.trace import LAUNCH, MEMORY, SLICE, THREAD_SLICE, Session
 
 HOST_PID = 1
 
@@ -20,6 +21,7 @@ def trace_events(session: Session) -> list[dict[str, Any]]:
 
     threads: dict[int, int] = {}  # host thread ident -> tid
     devices: dict[str, int] = {}  # device name -> pid
+    device_threads: dict[int, set[int]] = {}  # device pid -> the runner's participants seen in split kernels
 
     def tid_of(ident: int) -> int:
         return threads.setdefault(ident, len(threads) + 1)
@@ -48,6 +50,11 @@ def trace_events(session: Session) -> list[dict[str, Any]]:
                 common = {"name": "launch", "cat": "flow", "id": flow, "ts": ts}
                 body.append({**common, "ph": "s", "pid": HOST_PID, "tid": tid_of(ident)})
                 body.append({**common, "ph": "f", "bp": "e", "pid": pid, "tid": 0})
+        elif kind is THREAD_SLICE:
+            _, name, device, t0, t1, participant = ev
+            pid = pid_of(device)
+            device_threads.setdefault(pid, set()).add(participant)
+            body.append(_x(name, "kernel thread", us(t0), us(t1), pid, 1 + participant, {"thread": participant}))
         elif kind is MEMORY:
             _, device, t, live = ev
             body.append({"name": "memory", "ph": "C", "ts": us(t), "pid": pid_of(device), "args": {"bytes": live}})
@@ -57,6 +64,8 @@ def trace_events(session: Session) -> list[dict[str, Any]]:
     meta += [_meta("thread_name", HOST_PID, tid, f"thread {tid}" if tid > 1 else "main") for tid in threads.values()]
     for device, pid in devices.items():
         meta += [_meta("process_name", pid, 0, device), _meta("thread_name", pid, 0, "launches")]
+        for p in sorted(device_threads.get(pid, ())):
+            meta.append(_meta("thread_name", pid, 1 + p, "caller's chunks" if p == 0 else f"worker {p - 1}'s chunks"))
     return meta + body
 
 

@@ -10,6 +10,7 @@ from fusegrad.helpers import GlobalCounters
 
 # raw event kinds: (kind, ...) tuples in `Session.events`
 SLICE, LAUNCH, MEMORY = "slice", "launch", "memory"
+THREAD_SLICE = "thread slice"  # one thread's chunks of a kernel split over the C runner's threads
 
 
 class Session:
@@ -119,12 +120,14 @@ class Session:
                 )
             if hasattr(step, "graph"):
                 st = clock()
-                times = step.graph.timed()
+                times, spans = step.graph.timed()
                 events.append((SLICE, "batch", "jit", st, clock(), ident, {"launches": len(meta[1])}, 0))
                 for i, (lname, device, args) in enumerate(meta[1]):
                     events.append(
                         (LAUNCH, lname, device, times[2 * i] * 1e-9, times[2 * i + 1] * 1e-9, ident, args, parent)
                     )
+                    for participant, t0, t1 in spans[i]:  # a split kernel: each thread's share of it
+                        events.append((THREAD_SLICE, lname, device, t0 * 1e-9, t1 * 1e-9, participant))
             else:
                 st = clock()
                 run_python_step(step)

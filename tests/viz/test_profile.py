@@ -87,6 +87,35 @@ def test_jitted_step_kernels_sum_to_the_replay(tmp_path):
         assert 0.95 * b["dur"] <= sum(k["dur"] for k in inside) <= b["dur"] + 0.01, (inside, b)
 
 
+def test_a_split_kernel_in_a_batch_shows_each_threads_share(tmp_path):
+    """NUM_CPU_THREADS=2: a batched kernel split over the runner's threads gets one slice per thread that ran chunks
+    of it, on its own track of the device, inside the kernel's slice."""
+    from fusegrad import Context
+
+    a_np = np.random.rand(1536, 1024).astype(np.float32)
+    with Context(NUM_CPU_THREADS=2):
+        a = Tensor(a_np).realize()
+
+        @TinyJit
+        def step(x: Tensor) -> Tensor:
+            return ((x * 1.75).exp().sum(axis=1) + (x - 0.25).max(axis=1)).realize()
+
+        for _ in range(2):
+            step(a)
+        with fusegrad.profile(tmp_path / "threads.json") as session:
+            out = step(a).numpy()
+    np.testing.assert_allclose(out, np.exp(a_np * 1.75).sum(axis=1) + (a_np - 0.25).max(axis=1), rtol=1e-4)
+    events = load(session.path)
+    shares = [e for e in events if e["ph"] == "X" and e["cat"] == "kernel thread"]
+    # the caller's chunks (track 1) and worker 0's (track 2); on a busy machine one thread may take every chunk
+    assert shares and {s["tid"] for s in shares} <= {1, 2}, shares
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    for s in shares:
+        (kernel,) = [k for k in kernels_of(events) if k["name"] == s["name"] and k["pid"] == s["pid"]]
+        assert kernel["ts"] - 0.01 <= s["ts"] and s["ts"] + s["dur"] <= kernel["ts"] + kernel["dur"] + 0.01
+        assert names[(s["pid"], s["tid"])] == ("caller's chunks" if s["tid"] == 1 else "worker 0's chunks")
+
+
 def test_capture_compile_and_memory_are_recorded(tmp_path):
     n = 37  # a shape no other test compiles: its kernels are built inside the profile
 
