@@ -26,7 +26,6 @@ EXCLUDED: dict[str, str] = {
     r"test_nonmaxsuppression_.*": NOT_YET + ": NonMaxSuppression (data-dependent box loop)",
     r"test_image_decoder_.*": NOT_YET + ": ImageDecoder (needs image codecs)",
     r"test_tfidfvectorizer_.*": NOT_YET + ": TfIdfVectorizer",
-    r"test_unique_.*": NOT_YET + ": Unique",
     r"test_(basic_)?deform_conv_.*": NOT_YET + ": DeformConv",
     r"test_roialign_.*": NOT_YET + ": RoiAlign",
     r"test_maxunpool_export_with_output_shape": "known failure: MaxUnpool indices into an output_shape larger than "
