@@ -25,9 +25,8 @@ def _corners(boxes: Tensor, center_point_box: int) -> tuple[Tensor, Tensor, Tens
 
 def pairwise_iou(boxes: Tensor, center_point_box: int) -> Tensor:
     """(B, S, S) intersection over union of every pair of boxes in each batch; 0 where the union is empty."""
-    lo0, lo1, hi0, hi1 = _corners(
-        boxes.cast(dtypes.float32) if boxes.dtype != dtypes.float64 else boxes, center_point_box
-    )
+    acc = dtypes.float64 if boxes.dtype == dtypes.float64 else dtypes.float32
+    lo0, lo1, hi0, hi1 = _corners(boxes.cast(acc), center_point_box)
     area = (hi0 - lo0) * (hi1 - lo1)
     ih = (hi0.unsqueeze(2).minimum(hi0.unsqueeze(1)) - lo0.unsqueeze(2).maximum(lo0.unsqueeze(1))).relu()
     iw = (hi1.unsqueeze(2).minimum(hi1.unsqueeze(1)) - lo1.unsqueeze(2).maximum(lo1.unsqueeze(1))).relu()
@@ -47,7 +46,7 @@ def non_max_suppression(n, boxes, scores, max_out=None, iou_threshold=None, scor
     boxes, scores = T(boxes), T(scores)
     if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3 or scores.shape[::2] != boxes.shape[:2]:
         raise ValueError(
-            f"{n}: boxes {boxes.shape} must be (batches, boxes, 4), scores {scores.shape} (batches, classes, boxes)"
+            f"{n}: boxes {boxes.shape} must be (batches, boxes, 4) and scores {scores.shape} (batches, classes, boxes)"
         )
     limit = _scalar(max_out, 0, int)
     iou_max = _scalar(iou_threshold, 0.0, float)
