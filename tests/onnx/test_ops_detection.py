@@ -52,6 +52,17 @@ def test_roi_align_matches_onnxruntime(mode, ratio, opset, transform):
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_roi_align_empty_roi_gives_zero(mode):
+    # half_pixel keeps a zero-size ROI at zero size: adaptive sampling then takes no samples at all
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    feeds = {"x": x, "rois": np.array([[1, 1, 1, 1], [0, 1, 3, 4]], np.float32), "b": np.array([0, 0], np.int64)}
+    (ours,), (ref,) = _both("RoiAlign", feeds, ["y"], 16, mode=mode, output_height=2, output_width=2)
+    np.testing.assert_array_equal(ours[0], 0)
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_roi_align_batch_index_out_of_range():
     x = np.zeros((2, 1, 4, 4), np.float32)
     rois = np.array([[0, 0, 2, 2], [1, 1, 3, 3]], np.float32)

@@ -127,7 +127,7 @@ def roi_align(n, x, rois, batch_indices):
     if ratio > 0:
         gh_each = gw_each = np.full(R, ratio, np.int64)
     else:  # adaptive: ceil(roi size / bins) samples per bin, a per-ROI count read on the host
-        hw = np.stack([h.numpy(), w.numpy()]).astype(np.float32 if acc == dtypes.float32 else np.float64)
+        hw = Tensor.stack(h, w).numpy()
         gh_each = np.ceil(hw[0] / np.float32(ph)).astype(np.int64)
         gw_each = np.ceil(hw[1] / np.float32(pw)).astype(np.int64)
     gh, gw = max(int(gh_each.max()), 1), max(int(gw_each.max()), 1)
@@ -159,7 +159,9 @@ def roi_align(n, x, rois, batch_indices):
     best = best.reshape(R, Ch, ph, gh, pw, gw)
     inside = (in_y.reshape(R, 1, ph, gh, 1, 1) & in_x.reshape(R, 1, 1, 1, pw, gw)).where(best, 0.0)
     real = real_y.reshape(R, 1, 1, gh, 1, 1) & real_x.reshape(R, 1, 1, 1, 1, gw)
-    return real.where(inside, -math.inf).max((3, 5)).cast(x.dtype)
+    pooled = real.where(inside, -math.inf).max((3, 5))
+    sampled = Tensor(gh_each * gw_each > 0).reshape(R, 1, 1, 1)  # an empty ROI (no samples at all) gives 0
+    return sampled.where(pooled, 0.0).cast(x.dtype)
 
 
 @op("DeformConv")
