@@ -23,12 +23,8 @@ EXCLUDED: dict[str, str] = {
     r"test_dft_inverse(_opset19)?": "reference noise: its float32 rounding leaves 2e-7 where the exact inverse is 0, "
     "above atol 1e-7",
     r"test_melweightmatrix": NOT_YET + ": MelWeightMatrix",
-    r"test_nonmaxsuppression_.*": NOT_YET + ": NonMaxSuppression (data-dependent box loop)",
     r"test_image_decoder_.*": NOT_YET + ": ImageDecoder (needs image codecs)",
     r"test_tfidfvectorizer_.*": NOT_YET + ": TfIdfVectorizer",
-    r"test_unique_.*": NOT_YET + ": Unique",
-    r"test_(basic_)?deform_conv_.*": NOT_YET + ": DeformConv",
-    r"test_roialign_.*": NOT_YET + ": RoiAlign",
     r"test_maxunpool_export_with_output_shape": "known failure: MaxUnpool indices into an output_shape larger than "
     "the pooled input's are placed differently from the reference",
     r"test_linear_attention_.*(?<!_expanded)": NOT_YET + ": LinearAttention",

@@ -1,4 +1,4 @@
-"""Gather/Scatter (and their Elements/ND variants), TopK, NonZero, OneHot, Compress, ReverseSequence."""
+"""Gather/Scatter (and their Elements/ND variants), TopK, NonZero, Unique, OneHot, Compress, ReverseSequence."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from fusegrad import Tensor
 from fusegrad.dtype import dtypes
-from fusegrad.onnx.registry import C, T, axis_of, fold, ints, op
+from fusegrad.onnx.registry import C, T, axis_of, dtype_of, fold, ints, np_to_tensor, op
 
 
 def _wrap(idx, size):
@@ -116,6 +116,27 @@ def nonzero(n, x):
     if x.ndim == 0:
         return np.zeros((0, int(bool(C(x)))), dtype=np.int64)
     return x.nonzero().cast(dtypes.int64).T
+
+
+@op("Unique")
+def unique(n, x):
+    """The output length depends on the values, so X is read on the host and the four outputs built there."""
+    dtype = dtype_of(x)
+    data = C(x)
+    axis = n.a("axis")
+    if axis is None:
+        data = data.reshape(-1)
+    else:
+        axis = axis_of(axis, data.ndim, n)
+    y, first, inverse, counts = np.unique(data, return_index=True, return_inverse=True, return_counts=True, axis=axis)
+    inverse = inverse.reshape(-1)
+    if not n.a("sorted", 1):  # order of first occurrence: permute the sorted result by where each value first shows
+        order = np.argsort(first, kind="stable")
+        y = np.take(y, order, axis=0 if axis is None else axis)
+        first, counts = first[order], counts[order]
+        inverse = np.argsort(order)[inverse]
+    y = np_to_tensor(np.ascontiguousarray(y)).cast(dtype)
+    return y, *(np_to_tensor(v.astype(np.int64)) for v in (first, inverse, counts))
 
 
 @op("OneHot")
