@@ -8,16 +8,8 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "fusegrad"
 KNOWN_CYCLES = {
-    # the host C compiler's vector width is probed through the CPU device: goes when the target is a renderer object
-    frozenset(
-        {
-            "fusegrad.codegen.opt.target",
-            "fusegrad.renderer.cstyle",
-            "fusegrad.runtime.cpu_graph",
-            "fusegrad.runtime.device",
-            "fusegrad.runtime.ops_cpu",
-        }
-    ),
+    # inside the CPU device: its batch runner (cpu_graph) runs CPUPrograms, the device registry asks its compiler
+    frozenset({"fusegrad.runtime.cpu_graph", "fusegrad.runtime.device", "fusegrad.runtime.ops_cpu"}),
 }
 # the Tensor class and its op mixins: tensor_ops builds Tensors (bind_tensor_class), tensor.py is built from the mixins
 FRONT_END_CYCLE = "fusegrad.tensor"

@@ -18,7 +18,7 @@ def check_opts_keep_meaning(ast: UOp, device: str, info: KernelInfo, program) ->
     """Runs `program` (built from `info`, which has opts) and the kernel lowered without opts on one set of random
     inputs; OptEquivalenceError when their outputs differ."""
     bench = KernelBench(ast, device)
-    bench.run(Device[device].build(lower_to_linear(ast, opts=())))
+    bench.run(Device[device].build(lower_to_linear(ast, Device[device].renderer, opts=())))
     reference = bench.output()
     bench.run(program)
     out = bench.output()

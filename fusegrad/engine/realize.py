@@ -19,6 +19,7 @@ from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
     from fusegrad.codegen import KernelInfo
+    from fusegrad.renderer import Capabilities
 
 
 class Runner:
@@ -61,16 +62,15 @@ def get_runner(device: str, ast: UOp) -> Runner:
         print(ast)
     if (hook := Hooks.trace) is not None:
         t0 = hook.codegen_begin(device, ast)
-    parallel = getattr(dev.renderer, "parallel_loops", False)
     from fusegrad.codegen import lower_to_linear  # loaded with the first kernel, not at import
     from fusegrad.codegen.custom import is_custom
 
     if key[3] and not is_custom(ast):  # a custom kernel's loops are the user's: no search
         from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
 
-        info = lower_to_linear(ast, opts=beam_search(ast, device, int(BEAM.value)).opts, parallel_loops=parallel)
+        info = lower_to_linear(ast, dev.renderer, opts=beam_search(ast, device, int(BEAM.value)).opts)
     else:
-        info = lower_to_linear(ast, parallel_loops=parallel)
+        info = lower_to_linear(ast, dev.renderer)
     if hook is not None:
         t1 = time.perf_counter()
     r = _runners[key] = Runner(info, dev.build(info), device)
@@ -93,6 +93,7 @@ def get_runner(device: str, ast: UOp) -> Runner:
 def _raw_runner(dev: Any, device: str, ast: UOp) -> Runner:
     """A user's raw source (RawKernel), built by the device for its parameters."""
     from fusegrad.codegen import KernelInfo
+
     if (build := getattr(dev, "build_raw", None)) is None:
         raise NotImplementedError(f"raw kernel {ast.arg.entry!r}: {device} takes no raw source (CPU, LLVM and CL do)")
     return Runner(KernelInfo(ast.arg.entry, (), 1, 0, len(ast.src)), build(ast.arg, len(ast.src)), device)
@@ -257,6 +258,11 @@ def _launch_each(items: list[ScheduleItem], runners: list[Runner | None], debug:
             if b._mem is None:
                 b.ensure_allocated()
         runner.program(buffers)
+
+
+def device_capabilities(device: str) -> Capabilities:
+    """What device's kernels can do (its renderer's capabilities): the front end's one way to ask about the target."""
+    return Device[device].renderer.capabilities
 
 
 def schedule_uops(roots: list[UOp], devices: list[str]) -> list[ScheduleItem]:

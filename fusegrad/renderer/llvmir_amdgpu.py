@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 
 from fusegrad.dtype import dtypes
+from fusegrad.renderer import Capabilities
 from fusegrad.renderer.cstyle import RenderError
 from fusegrad.renderer.llvmir import INTRINSICS, LLVMRenderer
 from fusegrad.uop.ops import Ops, UOp
@@ -92,8 +93,12 @@ class AMDGPURenderer(LLVMRenderer):
     alloca_suffix = ", addrspace(5)"
     calling_convention = "amdgpu_kernel "
 
-    def __init__(self, vector_bytes: int = 16):
-        super().__init__(vector_bytes, TRIPLE)  # opt fills in the target's data layout
+    # one work item runs every loop (outer_range): the register tiles are planned as for 32-byte vectors and 16
+    # registers (what this device planned for before the target was the renderer's), lanes pack into 16 bytes
+    capabilities = Capabilities(vector_bytes=32, vector_registers=16, pack_bytes=16)
+
+    def __init__(self, capabilities: Capabilities | None = None):
+        super().__init__(capabilities, TRIPLE)  # opt fills in the target's data layout
 
     def check(self, lin: tuple[UOp, ...]) -> None:
         for u in lin:

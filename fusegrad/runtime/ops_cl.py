@@ -102,7 +102,7 @@ class CLProgram:
     def __init__(self, dev: ClDevice, info: Any, binary: bytes):
         cl = dev.cl
         self.dev, self.name, self.nparams = dev, info.name, info.nparams
-        self.dims = launch_dims(info.lin, dev.renderer.group_reduce)
+        self.dims = launch_dims(info.lin, dev.renderer.capabilities.group_reduce)
         program = cl.Program(dev.context, [dev.cl_device], [binary]).build()
         self.kernel = getattr(program, info.name)
 

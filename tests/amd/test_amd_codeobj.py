@@ -14,13 +14,14 @@ from fusegrad.runtime.support.amd.codeobj import (
 )
 from fusegrad.renderer.cstyle import RenderError
 from fusegrad.renderer.llvmir_amdgpu import AMDGPURenderer
+from fusegrad.runtime.device import Device
 
 render = AMDGPURenderer().render
 
 
 def kernels(t: Tensor):
     items, _, _ = create_schedule([t.uop], ["CPU"])
-    return [lower_to_linear(it.ast) for it in items if it.ast.op.name == "SINK"]
+    return [lower_to_linear(it.ast, Device["CPU"].renderer) for it in items if it.ast.op.name == "SINK"]
 
 
 def test_target_falls_back_to_gfx942_when_llvm_lacks_gfx950(amdgpu_target):

@@ -9,7 +9,6 @@ import pytest
 
 from fusegrad import Context, Tensor, dtypes
 from fusegrad.codegen import lower_to_linear
-from fusegrad.codegen.opt.target import vector_bytes
 from fusegrad.renderer.cstyle import (
     CODE_FOR_OP,
     CRenderer,
@@ -25,9 +24,13 @@ from fusegrad.uop.pattern import PatternMatcher
 from fusegrad.uop.spec import LINEAR_OPS
 
 
+def vector_bytes() -> int:
+    return Device["CPU"].renderer.capabilities.vector_bytes
+
+
 def kernels(t: Tensor):
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    return [lower_to_linear(i.ast) for i in items if i.ast.op is Ops.SINK]
+    return [lower_to_linear(i.ast, Device["CPU"].renderer) for i in items if i.ast.op is Ops.SINK]
 
 
 def matmul_info(m: int, k: int, n: int):
@@ -80,13 +83,13 @@ def test_upcast_kernel_renders_vector_types_in_c_and_opencl():
     width = vector_bytes() // 4
     info = matmul_info(32, 16, 2 * width)
     assert info.opts, "the heuristics upcast a matmul"
-    c = CRenderer().render("k", info.lin)
+    c = Device["CPU"].renderer.render("k", info.lin)
     assert f"typedef float fg_floatx{width} __attribute__((vector_size({vector_bytes()})));" in c
     cl = OpenCLRenderer().render("k", info.lin)
     assert "float4 vec" in cl and "vload4(0, " in cl and "vstore4(" in cl
     with Context(NOOPT=1):
         plain = kernels(Tensor.rand(32, 16).realize() @ Tensor.rand(16, 8).realize())[-1]
-    assert "vector_size" not in CRenderer().render("k", plain.lin)
+    assert "vector_size" not in Device["CPU"].renderer.render("k", plain.lin)
     assert "float4" not in OpenCLRenderer().render("k", plain.lin)
 
 
@@ -130,7 +133,7 @@ def test_opencl_bool_buffers_are_bytes():
     (info,) = kernels(a < 0.5)
     cl = OpenCLRenderer().render("k", info.lin)
     assert "__global uchar* data0" in cl and "bool alu" in cl
-    assert "_Bool* data0" in CRenderer().render("k", info.lin)
+    assert "_Bool* data0" in Device["CPU"].renderer.render("k", info.lin)
 
 
 def test_two_gated_loads_of_one_buffer_in_a_strided_loop_read_the_right_elements():
@@ -142,7 +145,7 @@ def test_two_gated_loads_of_one_buffer_in_a_strided_loop_read_the_right_elements
     x, y = Tensor(xs).realize(), Tensor(ys).realize()
     out = x.pad(((2, 1),)).reshape(16, 1) * y.reshape(1, 2)
     (item,) = create_schedule([out.uop], [Device["CPU"]])[0]
-    info = lower_to_linear(item.ast, opts=(Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 2)))
+    info = lower_to_linear(item.ast, Device["CPU"].renderer, opts=(Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 2)))
     Device["CPU"].build(info)(item.buffers)
     want = np.pad(xs, (2, 1))[:, None] * ys[None, :]
     np.testing.assert_array_equal(item.buffers[0].numpy().reshape(16, 2), want)

@@ -11,6 +11,7 @@ pytest.importorskip("llvmlite")
 
 from fusegrad import Context, Tensor, dtypes  # noqa: E402
 from fusegrad.codegen import lower_to_linear  # noqa: E402
+from fusegrad.renderer import Capabilities  # noqa: E402
 from fusegrad.renderer.cstyle import RenderError  # noqa: E402
 from fusegrad.renderer.llvmir import LLVMRenderer, render_const  # noqa: E402
 from fusegrad.runtime import device as device_module, ops_cpu, ops_llvm  # noqa: E402
@@ -23,29 +24,29 @@ FAST_MATH = re.compile(r"\b(fast|nnan|ninf|nsz|arcp|afn|contract)\b")
 
 def kernels(t: Tensor):
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    return [lower_to_linear(i.ast) for i in items if i.ast.op is Ops.SINK]
+    return [lower_to_linear(i.ast, Device["CPU"].renderer) for i in items if i.ast.op is Ops.SINK]
 
 
 def test_upcast_matmul_renders_vectors_and_fma_without_fast_math():
     a, b = Tensor.rand(32, 16).realize(), Tensor.rand(16, 64).realize()
     (info,) = kernels(a @ b)
     assert info.opts
-    ir = LLVMRenderer(vector_bytes=64).render("k", info.lin)
+    ir = LLVMRenderer(Capabilities(vector_bytes=64)).render("k", info.lin)
     assert "<16 x float>" in ir and "call <16 x float> @llvm.fma.v16f32(" in ir
     assert "declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)" in ir
     assert not FAST_MATH.search(ir) and "reassoc" not in ir
-    narrow = LLVMRenderer(vector_bytes=16).render("k", info.lin)
+    narrow = LLVMRenderer(Capabilities(vector_bytes=16)).render("k", info.lin)
     assert "<4 x float>" in narrow and "<16 x float>" not in narrow
     with Context(NOOPT=1):
         (plain,) = kernels(a @ b)
-    assert " x float>" not in LLVMRenderer(vector_bytes=64).render("k", plain.lin)
+    assert " x float>" not in LLVMRenderer(Capabilities(vector_bytes=64)).render("k", plain.lin)
 
 
 def test_relu_epilogue_compares_and_selects_lane_by_lane():
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((64, 1024), dtype=np.float32), rng.standard_normal((1024, 64), dtype=np.float32)
     out = (Tensor(x) @ Tensor(w) + 0.5).relu()
-    irs = [LLVMRenderer(vector_bytes=64).render("k", info.lin) for info in kernels(out)]
+    irs = [LLVMRenderer(Capabilities(vector_bytes=64)).render("k", info.lin) for info in kernels(out)]
     assert any(re.search(r"fcmp \w+ <16 x float>", ir) and "select <16 x i1>" in ir for ir in irs)
     got = (Tensor(x, device="LLVM") @ Tensor(w, device="LLVM") + 0.5).relu().numpy()
     np.testing.assert_allclose(got, np.maximum(x @ w + 0.5, 0), rtol=1e-4, atol=1e-3)

@@ -22,7 +22,7 @@ UNQUALIFIED_PTR = re.compile(r"\bptr %")  # a pointer in the default address spa
 
 def kernels(t: Tensor):
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    return [lower_to_linear(i.ast) for i in items if i.ast.op is Ops.SINK]
+    return [lower_to_linear(i.ast, Device["CPU"].renderer) for i in items if i.ast.op is Ops.SINK]
 
 
 def const(dt, v):

@@ -9,7 +9,7 @@ import torch
 import fusegrad.engine.realize as realize
 from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
-from fusegrad.renderer.cstyle import CRenderer, OpenCLRenderer
+from fusegrad.renderer.cstyle import OpenCLRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
@@ -19,8 +19,8 @@ SPECIAL = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 88.72, 88.73, 89.5, 1e
 
 def c_source(t: Tensor) -> str:
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    info = lower_to_linear([i.ast for i in items if i.ast.op is Ops.SINK][-1])
-    return CRenderer().render("k", info.lin)
+    info = lower_to_linear([i.ast for i in items if i.ast.op is Ops.SINK][-1], Device["CPU"].renderer)
+    return Device["CPU"].renderer.render("k", info.lin)
 
 
 def whole_vectors(values: list) -> np.ndarray:
@@ -115,7 +115,7 @@ def test_reciprocal_of_vector_lanes_equals_numpy():
 
 def linear_kernels(t: Tensor) -> list:
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    return [lower_to_linear(i.ast).lin for i in items if i.ast.op is Ops.SINK]
+    return [lower_to_linear(i.ast, Device["CPU"].renderer).lin for i in items if i.ast.op is Ops.SINK]
 
 
 def test_max_partials_accumulate_in_vectors():
@@ -135,7 +135,7 @@ def test_max_stays_scalar_where_the_dialect_has_no_vector_max():
 
 
 def c_source_of_first(t: Tensor) -> str:
-    return CRenderer().render("k", linear_kernels(t)[0])
+    return Device["CPU"].renderer.render("k", linear_kernels(t)[0])
 
 
 def with_specials(n: int, kind: str) -> np.ndarray:

@@ -14,7 +14,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 import numpy as np
 from fusegrad.dtype import dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG, IGNORE_BEAM_CACHE, NUM_CPU_THREADS, cache_dir
@@ -22,9 +22,11 @@ from fusegrad.codegen import kernel_name, lower_to_linear
 from fusegrad.codegen.lowerer import output_value
 from fusegrad.codegen.opt import Opt, OptError, OptOps, blockable_sum
 from fusegrad.codegen.opt.heuristic import SPARE_REGISTERS
-from fusegrad.codegen.opt.target import vector_bytes, vector_registers
 from fusegrad.runtime.device import Buffer, Device
 from fusegrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+    from fusegrad.renderer import Capabilities
 
 # seconds one kernel's search may spend compiling and timing expansions, after the start candidates (the kernel
 # without opts, which is also the reference, and the heuristic's), which are always measured
@@ -91,7 +93,7 @@ def beam_search(ast: UOp, device: str, width: int) -> SearchResult:
 def _lowers(ast: UOp, device: str, opts: tuple[Opt, ...]) -> bool:
     # a cache entry written for other code (or edited by hand) may hold opts this kernel rejects: search again
     try:
-        lower_to_linear(ast, opts=opts, parallel_loops=_parallel(device))
+        lower_to_linear(ast, Device[device].renderer, opts=opts)
     except OptError:
         return False
     return True
@@ -163,11 +165,7 @@ def _store(path: str, opts: tuple[Opt, ...]) -> None:
 
 
 def compile_candidate(ast: UOp, device: str, opts: tuple[Opt, ...]) -> Callable[[list[Buffer]], None]:
-    return Device[device].build(lower_to_linear(ast, opts=opts, parallel_loops=_parallel(device)))
-
-
-def _parallel(device: str) -> bool:
-    return getattr(Device[device].renderer, "parallel_loops", False)
+    return Device[device].build(lower_to_linear(ast, Device[device].renderer, opts=opts))
 
 
 class KernelBench:
@@ -212,11 +210,11 @@ def _random_fill(rng: np.random.Generator, view: np.ndarray) -> np.ndarray:
     return view.copy()
 
 
-def actions(ast: UOp) -> list[Opt]:
+def actions(ast: UOp, caps: Capabilities) -> list[Opt]:
     """One more opt: upcasts, tiles and thread splits of every output axis, blocks of a plain sum's reduce, unrolls
     and paddings of the axes of a kernel's one reduce (an UNROLL whose amount does not divide waits for a PADTO)."""
     value = output_value(ast)
-    width = max(vector_bytes() // max(value.dtype.itemsize, 1), 1)
+    width = caps.lanes(value.dtype)
     out: list[Opt] = []
     for axis, size in enumerate(value.shape):
         if not isinstance(size, int) or size == 1:
@@ -274,7 +272,7 @@ def nearest_first(base: tuple[Opt, ...], moves: list[Opt], width: int) -> list[O
     return [m for _, m in sorted(enumerate(moves), key=rank)]
 
 
-def fits_registers(ast: UOp, opts: tuple[Opt, ...]) -> bool:
+def fits_registers(ast: UOp, opts: tuple[Opt, ...], caps: Capabilities) -> bool:
     """False when a reduce kernel's upcast outputs need more vector registers than the register tile may use even
     packed in full vectors (the heuristic's SPARE_REGISTERS left for loaded vectors): its accumulators would spill
     in the inner loop, so it is not worth compiling. Kernels without a reduce keep no accumulators."""
@@ -282,8 +280,7 @@ def fits_registers(ast: UOp, opts: tuple[Opt, ...]) -> bool:
     if not any(u.op is Ops.REDUCE_AXIS for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL)):
         return True
     lanes = math.prod(o.amount for o in opts if o.op is OptOps.UPCAST and isinstance(o.amount, int))
-    width = max(vector_bytes() // max(value.dtype.itemsize, 1), 1)
-    return -(-lanes // width) <= vector_registers() - SPARE_REGISTERS
+    return -(-lanes // caps.lanes(value.dtype)) <= caps.vector_registers - SPARE_REGISTERS
 
 
 def _search(ast: UOp, device: str, width: int) -> SearchResult:
@@ -293,7 +290,8 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
     reference_program = compile_candidate(ast, device, ())
     reference_time = bench.run(reference_program)
     reference = bench.output()
-    heuristic = lower_to_linear(ast, parallel_loops=_parallel(device)).opts
+    caps = Device[device].renderer.capabilities
+    heuristic = lower_to_linear(ast, Device[device].renderer).opts
     result = SearchResult(heuristic, from_cache=False)
     timed: dict[tuple[Opt, ...], float] = {}
     programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]] = {(): reference_program}
@@ -324,8 +322,8 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
         measure(heuristic)
     deadline = deadline_clock() + SEARCH_BUDGET_S
     beam = sorted(timed, key=timed.__getitem__)[:width]
-    moves = actions(ast)
-    lanes = max(vector_bytes() // max(output_value(ast).dtype.itemsize, 1), 1)
+    moves = actions(ast, caps)
+    lanes = caps.lanes(output_value(ast).dtype)
     while deadline_clock() < deadline:
         best_before = timed[beam[0]]
         for base in beam:
@@ -338,7 +336,7 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
                     continue
                 if deadline_clock() >= deadline:
                     break
-                if not fits_registers(ast, cand):
+                if not fits_registers(ast, cand, caps):
                     seen.add(frozenset(cand))
                     result.failed.append((cand, "its accumulators exceed the vector registers"))
                     continue
