@@ -67,8 +67,11 @@ def get_runner(device: str, ast: UOp) -> Runner:
 
     if key[3] and not is_custom(ast):  # a custom kernel's loops are the user's: no search
         from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
+        from fusegrad.engine.search_target import DeviceSearchTarget
 
-        info = lower_to_linear(ast, dev.renderer, opts=beam_search(ast, device, int(BEAM.value)).opts)
+        info = lower_to_linear(
+            ast, dev.renderer, opts=beam_search(ast, DeviceSearchTarget(device), int(BEAM.value)).opts
+        )
     else:
         info = lower_to_linear(ast, dev.renderer)
     if hook is not None:

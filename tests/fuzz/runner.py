@@ -79,10 +79,11 @@ def opt_mode(mode: str, seed: int):
         with Context(NOOPT=1):
             yield
     elif mode == "random":
+        import fusegrad.codegen as codegen
         import fusegrad.engine.realize as realize
         from fusegrad.schedule.cache import clear_schedule_cache
 
-        original, rng = realize.lower_to_linear, np.random.default_rng(seed)
+        original, rng = codegen.lower_to_linear, np.random.default_rng(seed)
 
         def lower(ast, renderer, opts=None):  # renderer: the device's, what its target can do
             def check(a, opts):
@@ -91,13 +92,13 @@ def opt_mode(mode: str, seed: int):
             chosen = random_opts(ast, rng, check, renderer.capabilities) if opts is None else opts
             return original(ast, renderer, opts=chosen)
 
-        realize.lower_to_linear = lower
+        codegen.lower_to_linear = lower  # realize imports it from codegen with each kernel it compiles
         realize._runners.clear()  # kernels built with the heuristics' opts are not reused, nor these later
         clear_schedule_cache()
         try:
             yield
         finally:
-            realize.lower_to_linear = original
+            codegen.lower_to_linear = original
             realize._runners.clear()
             clear_schedule_cache()
     else:

@@ -1,5 +1,6 @@
 """BEAM search: opts chosen by timing candidate opt lists on the device, each checked against the kernel without opts
 on the same random inputs, the winner cached on disk by kernel AST, device, compiler and the code generator's source.
+The engine hands it the device as a SearchTarget (engine/search_target.py): codegen imports no device.
 The heuristic's opts are a start candidate and the bar: the fastest few are timed again, in turns with the heuristic,
 and one of them replaces it only when it stays faster, so noise in one measurement never crowns a slower list."""
 
@@ -14,19 +15,18 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 import numpy as np
 from fusegrad.dtype import dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG, IGNORE_BEAM_CACHE, NUM_CPU_THREADS, cache_dir
-from fusegrad.codegen import kernel_name, lower_to_linear
+from fusegrad.codegen import KernelInfo, kernel_name, lower_to_linear
 from fusegrad.codegen.lowerer import output_value
 from fusegrad.codegen.opt import Opt, OptError, OptOps, blockable_sum
 from fusegrad.codegen.opt.heuristic import SPARE_REGISTERS
-from fusegrad.runtime.device import Buffer, Device
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
-    from fusegrad.renderer import Capabilities
+    from fusegrad.renderer import Capabilities, Renderer
 
 # seconds one kernel's search may spend compiling and timing expansions, after the start candidates (the kernel
 # without opts, which is also the reference, and the heuristic's), which are always measured
@@ -62,6 +62,27 @@ FLOAT_TOLERANCE = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2}
 DEFAULT_FLOAT_TOLERANCE = 2e-3
 
 
+class SearchTarget(Protocol):
+    """The device BEAM times candidates on, as the engine hands it over."""
+
+    name: str  # the device, as the cache key names it
+
+    @property
+    def renderer(self) -> Renderer: ...
+
+    def identity(self) -> str:
+        """The compiler and device: a winner timed with another is stale."""
+        ...
+
+    def build(self, info: KernelInfo) -> Callable[[list[Any]], None]: ...
+
+    def allocate(self, params: list[UOp]) -> list[Any]:
+        """A buffer (copyin, numpy) of the device per DEFINE_GLOBAL, of its size and dtype."""
+        ...
+
+    def synchronize(self) -> None: ...
+
+
 @dataclass
 class SearchResult:
     opts: tuple[Opt, ...]
@@ -80,7 +101,7 @@ def deadline_clock() -> float:
 run_timer = time.perf_counter
 
 
-def beam_search(ast: UOp, device: str, width: int) -> SearchResult:
+def beam_search(ast: UOp, device: SearchTarget, width: int) -> SearchResult:
     """The cached winner for this kernel on this device, else a search of beam `width` whose winner is cached."""
     path = cache_path(ast, device)
     if not IGNORE_BEAM_CACHE and (opts := _load(path)) is not None and _lowers(ast, device, opts):
@@ -90,21 +111,21 @@ def beam_search(ast: UOp, device: str, width: int) -> SearchResult:
     return result
 
 
-def _lowers(ast: UOp, device: str, opts: tuple[Opt, ...]) -> bool:
+def _lowers(ast: UOp, device: SearchTarget, opts: tuple[Opt, ...]) -> bool:
     # a cache entry written for other code (or edited by hand) may hold opts this kernel rejects: search again
     try:
-        lower_to_linear(ast, Device[device].renderer, opts=opts)
+        lower_to_linear(ast, device.renderer, opts=opts)
     except OptError:
         return False
     return True
 
 
-def cache_path(ast: UOp, device: str) -> str:
+def cache_path(ast: UOp, device: SearchTarget) -> str:
     nodes = ast.toposort()
     index = {n: i for i, n in enumerate(nodes)}
     table = repr(tuple((n.op, n.dtype, tuple(index[s] for s in n.src), n.arg) for n in nodes))
     # the threads a kernel is split over change which opts win (and the heuristic's list, the bar)
-    identity = f"{table}|{device}|{_device_identity(device)}|{_codegen_identity()}|threads={NUM_CPU_THREADS.value}"
+    identity = f"{table}|{device.name}|{device.identity()}|{_codegen_identity()}|threads={NUM_CPU_THREADS.value}"
     key = hashlib.sha256(identity.encode()).hexdigest()
     return os.path.join(cache_dir(), "beam", f"{key}.json")
 
@@ -121,16 +142,6 @@ def _codegen_identity() -> str:
                 with open(os.path.join(dirpath, name), "rb") as f:
                     digest.update(name.encode() + b"\0" + f.read())
     return digest.hexdigest()
-
-
-def _device_identity(device: str) -> str:
-    from fusegrad.runtime import ops_cpu
-
-    if isinstance(getattr(Device[device], "compiler", None), ops_cpu.ClangCompiler):
-        return ops_cpu.compiler_identity(ops_cpu.find_compiler())
-    if callable(identity := getattr(Device[device].compiler, "identity", None)):
-        return identity()  # a GPU compiler names its device and driver
-    return type(Device[device]).__name__
 
 
 def _load(path: str) -> tuple[Opt, ...] | None:
@@ -164,30 +175,29 @@ def _store(path: str, opts: tuple[Opt, ...]) -> None:
         )
 
 
-def compile_candidate(ast: UOp, device: str, opts: tuple[Opt, ...]) -> Callable[[list[Buffer]], None]:
-    return Device[device].build(lower_to_linear(ast, Device[device].renderer, opts=opts))
+def compile_candidate(ast: UOp, device: SearchTarget, opts: tuple[Opt, ...]) -> Callable[[list[Any]], None]:
+    return device.build(lower_to_linear(ast, device.renderer, opts=opts))
 
 
 class KernelBench:
     """Random inputs of the kernel's sizes (its own buffers, never the user's), the output reset before each run."""
 
-    def __init__(self, ast: UOp, device: str):
+    def __init__(self, ast: UOp, device: SearchTarget):
         rng = np.random.default_rng(0)
         params = sorted((u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])
-        self.buffers = [Buffer(device, u.arg[1], u.dtype).ensure_allocated() for u in params]
+        self.buffers = device.allocate(params)
         # filled on the host and copied in: a device buffer (CL, CUDA) has no host view
         self.initial = [_random_fill(rng, np.empty(b.size, to_numpy_dtype(b.dtype))) for b in self.buffers]
         for b, values in zip(self.buffers, self.initial):
             b.copyin(values)
         self.device, self.out_dtype = device, params[0].dtype
 
-    def run(self, program: Callable[[list[Buffer]], None]) -> float:
+    def run(self, program: Callable[[list[Any]], None]) -> float:
         # a kernel that reads its output (an assign) starts from the same values every run
         self.buffers[0].copyin(self.initial[0])
         st = run_timer()
         program(self.buffers)
-        if hasattr(dev := Device[self.device], "synchronize"):
-            dev.synchronize()
+        self.device.synchronize()
         return run_timer() - st
 
     def output(self) -> np.ndarray:
@@ -283,18 +293,18 @@ def fits_registers(ast: UOp, opts: tuple[Opt, ...], caps: Capabilities) -> bool:
     return -(-lanes // caps.lanes(value.dtype)) <= caps.vector_registers - SPARE_REGISTERS
 
 
-def _search(ast: UOp, device: str, width: int) -> SearchResult:
+def _search(ast: UOp, device: SearchTarget, width: int) -> SearchResult:
     start_time = deadline_clock()
     bench = KernelBench(ast, device)
     # the kernel without opts is the reference every candidate must match, and the first start candidate
     reference_program = compile_candidate(ast, device, ())
     reference_time = bench.run(reference_program)
     reference = bench.output()
-    caps = Device[device].renderer.capabilities
-    heuristic = lower_to_linear(ast, Device[device].renderer).opts
+    caps = device.renderer.capabilities
+    heuristic = lower_to_linear(ast, device.renderer).opts
     result = SearchResult(heuristic, from_cache=False)
     timed: dict[tuple[Opt, ...], float] = {}
-    programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]] = {(): reference_program}
+    programs: dict[tuple[Opt, ...], Callable[[list[Any]], None]] = {(): reference_program}
     seen: set[frozenset[Opt]] = set()
 
     def measure(opts: tuple[Opt, ...]) -> None:
@@ -359,7 +369,7 @@ def _final_choice(
     bench: KernelBench,
     baseline: tuple[Opt, ...],
     timed: dict[tuple[Opt, ...], float],
-    programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]],
+    programs: dict[tuple[Opt, ...], Callable[[list[Any]], None]],
 ) -> tuple[tuple[Opt, ...], dict[tuple[Opt, ...], float]]:
     """(the winner, final medians): the FINAL_CANDIDATES fastest lists timed again in turns with the baseline (the
     heuristic's opts), FINAL_RUNS rounds; one replaces the baseline only when its median is MIN_WIN faster and it
@@ -381,6 +391,7 @@ def _final_choice(
 __all__ = [
     "beam_search",
     "SearchResult",
+    "SearchTarget",
     "SEARCH_BUDGET_S",
     "cache_path",
     "actions",
