@@ -67,8 +67,8 @@ class _WorkItemLoops:
         return f"{prefix}{t} {name} = ({t}){index};\nif ({name} < {ctx.ref(u.src[0])}) {{"
 
 
-# what the GPU dialects' devices cannot query: the register tiles are planned as for 32-byte vectors and 16 registers
-# (what these devices planned for before the target was the renderer's), and every global loop is a work item
+# fixed values, as the GPU devices have no query for them: the heuristics plan register tiles as for AVX2's 32-byte
+# vectors and 16 registers (the tiles they were tuned with), and every global loop is a parallel work item
 GPU_CAPABILITIES = Capabilities(vector_bytes=32, vector_registers=16, parallel_loops=True, group_reduce=True)
 
 

@@ -93,8 +93,8 @@ class AMDGPURenderer(LLVMRenderer):
     alloca_suffix = ", addrspace(5)"
     calling_convention = "amdgpu_kernel "
 
-    # one work item runs every loop (outer_range): the register tiles are planned as for 32-byte vectors and 16
-    # registers (what this device planned for before the target was the renderer's), lanes pack into 16 bytes
+    # one work item runs every loop (outer_range); fixed values, as the device has no query: register tiles planned
+    # as for AVX2's 32-byte vectors and 16 registers (what the tiles were tuned for), lanes packed into 16 bytes
     capabilities = Capabilities(vector_bytes=32, vector_registers=16, pack_bytes=16)
 
     def __init__(self, capabilities: Capabilities | None = None):

@@ -161,6 +161,8 @@ def vector_target(cc: str) -> tuple[int, int]:
         macros = run_compiler([cc, "-march=native", "-dM", "-E", "-x", "c", "-"], "", "listing macros")
     except (OSError, RuntimeError):
         return 16, 16  # the compiler cannot list them: SSE2-sized vectors, the x86-64 baseline
+    if macros.returncode != 0:
+        return 16, 16  # nor when it refuses -march=native
     defined = set(line.split()[1] for line in macros.stdout.splitlines() if line.startswith("#define "))
     if "__AVX512F__" in defined:
         return 64, 32
