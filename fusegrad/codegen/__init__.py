@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 from fusegrad.helpers import DEBUG, EMULATED_DTYPES, NOOPT, SPEC, prod
 from fusegrad.uop.ops import Ops, UOp
@@ -16,6 +16,7 @@ from fusegrad.codegen.decompose import decompose_for_device
 from fusegrad.codegen.accumulators import block_long_sums
 from fusegrad.codegen.emulate import emulate_dtypes, emulated_dtypes, emulated_param
 from fusegrad.codegen.custom import custom_name, is_custom, lower_custom
+from fusegrad.codegen.opt.packs import Pack, find_packs
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.dtype import dtypes
 
@@ -43,6 +44,8 @@ class KernelInfo:
     ops_estimate: int
     nparams: int
     opts: tuple[Opt, ...] = ()  # the opts the lowerer applied
+    # upcast lanes the renderer prints as one vector (the pack_vectors stage), by instruction: (pack, lane)
+    packs: dict[UOp, tuple[Pack, int]] = field(default_factory=dict, compare=False)
 
 
 def kernel_name(ast: UOp) -> str:
@@ -79,6 +82,7 @@ class CodegenState:
     lin: list[UOp] | None = None
     max_trips: dict | None = None  # range arg -> the most trips of a symbolic loop (its variables at their largest)
     chosen: bool = False  # the opts are the heuristics' choice (not given by the caller)
+    packs: dict[UOp, tuple[Pack, int]] = field(default_factory=dict)
 
 
 def _lower(s: CodegenState) -> None:
@@ -155,6 +159,16 @@ def _linearize(s: CodegenState) -> None:
     s.lin = linearize(kernel, params=[u for u in params if u.op is Ops.DEFINE_GLOBAL])
 
 
+def _pack_vectors(s: CodegenState) -> None:
+    s.packs = pack_vectors(tuple(s.lin), s.capabilities)
+
+
+def pack_vectors(lin: tuple[UOp, ...], caps: Capabilities) -> dict[UOp, tuple[Pack, int]]:
+    """The upcast lanes of lin that run as one vector of the target's (find_packs, up to caps.packed_bytes wide and
+    with its vector_math); none where the target prints no vector types."""
+    return find_packs(lin, caps.packed_bytes, caps.vector_math) if caps.vector_types else {}
+
+
 @dataclass(frozen=True)
 class Stage:
     """One named step of codegen and the spec (uop/spec.py) its output satisfies."""
@@ -172,6 +186,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("block_long_sums", _block_long_sums, "decomposed"),
     Stage("emulate_dtypes", _emulate_dtypes, "decomposed"),
     Stage("linearize", _linearize, "linear"),
+    Stage("pack_vectors", _pack_vectors, "linear"),
 )
 
 # a user-written kernel (uop/kernel.py) enters after lowering: its loops and stores are the user's, opts apply none
@@ -192,7 +207,8 @@ def _show(stage: Stage, s: CodegenState) -> None:
 
 def lower_to_linear(ast: UOp, renderer: Renderer, opts: tuple[Opt, ...] | None = None) -> KernelInfo:
     """Runs STAGES in order: lower without opts -> choose opts (the heuristics, or none under NOOPT=1; or the given
-    ones) -> lower with them -> decompose -> block long sums -> emulate dtypes (EMULATED_DTYPES) -> linearize.
+    ones) -> lower with them -> decompose -> block long sums -> emulate dtypes (EMULATED_DTYPES) -> linearize -> pack
+    vectors (the lanes the target runs as one vector of its vector types).
     renderer: the device's; its capabilities are what the heuristics plan for (vector width and registers), and on a
     target that runs every global loop in parallel work items (parallel_loops) a REDUCE_BLOCK is refused.
     DEBUG>=5 prints the graph after each stage, DEBUG>=6 the instruction list; SPEC=1 checks each stage's output
@@ -215,6 +231,7 @@ def lower_to_linear(ast: UOp, renderer: Renderer, opts: tuple[Opt, ...] | None =
         estimate_ops(lin, state.max_trips),
         sum(1 for u in lin if u.op is Ops.DEFINE_GLOBAL),
         state.opts,
+        state.packs,
     )
 
 

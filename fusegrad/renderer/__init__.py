@@ -5,8 +5,12 @@ values (the CPU device from its C compiler's `-march=native`, LLVM from llvmlite
 from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from fusegrad.dtype import DType
 from fusegrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+    from fusegrad.codegen.opt.packs import Pack
 
 
 @dataclass(frozen=True)
@@ -17,6 +21,7 @@ class Capabilities:
     vector_registers: int = 16  # vector registers a register tile may fill (less the heuristics' spare ones)
     # (unary op, dtype) pairs a packed vector may compute beyond packs.VECTOR_ALU: math with a vector form
     vector_math: frozenset[tuple[Ops, DType]] = frozenset()
+    vector_types: bool = False  # the dialect prints vector types: codegen's pack_vectors stage packs upcast lanes
     pack_bytes: int | None = None  # the widest vector type upcast lanes are packed into; None: vector_bytes
     parallel_loops: bool = False  # every global loop runs in parallel work items (lower_to_linear refuses REDUCE_BLOCK)
     group_reduce: bool = False  # a reduce with few outputs is split over a work group's lanes, combined in local memory
@@ -43,7 +48,9 @@ class Renderer:
         if capabilities is not None:
             self.capabilities = capabilities
 
-    def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
+    def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
+        """The source of one kernel: lin's instructions, the lanes of each of `packs` (KernelInfo.packs, from
+        codegen's pack_vectors stage) as one vector; none given: every lane scalar."""
         raise NotImplementedError(f"{type(self).__name__} only describes its target; it prints no source")
 
 

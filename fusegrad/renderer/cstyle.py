@@ -15,7 +15,7 @@ from typing import Callable
 from fusegrad.dtype import FP8_FORMATS, DType, dtypes, float_to_fp8
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
-from fusegrad.codegen.opt.packs import Pack, find_packs
+from fusegrad.codegen.opt.packs import Pack
 from fusegrad.renderer import Capabilities, Renderer
 
 
@@ -316,7 +316,6 @@ class CStyleRenderer(Renderer):
     float32_math_suffix = "f"  # sqrtf (C, CUDA C) or the overloaded sqrt (OpenCL C)
     nan, infinity = "NAN", "INFINITY"
     int64_suffix, uint64_suffix = "LL", "ULL"
-    vectorize = False  # pack upcast lanes into vector types (needs vector_type and render_vector)
     # integer data arithmetic that wraps: computed in the unsigned type and converted back
     wrapping_types: dict[DType, str] = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long long"}
     code_for_op = CODE_FOR_OP
@@ -438,12 +437,11 @@ class CStyleRenderer(Renderer):
 
     # ---- the driver
 
-    def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
+    def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
         for u in lin:
             if u.dtype in self.unsupported:
                 raise RenderError(f"{type(self).__name__} cannot render {u.dtype} (kernel {name}, {u.op})")
-        caps = self.capabilities
-        packs = find_packs(lin, caps.packed_bytes, caps.vector_math) if vectorize and self.vectorize else {}
+        packs = {} if packs is None else packs
         ctx = KernelText(self, lin, packs, uses=Counter(s for u in lin for s in u.src))
         ctx.outer = next((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"), None)
         # integer math on loaded data wraps like torch; index math over loops cannot overflow, so it stays plain signed
@@ -667,14 +665,14 @@ class CRenderer(CStyleRenderer):
     type_map = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"} | {
         dt: "unsigned char" for dt in dtypes.fp8s
     }
-    vectorize = True
     vector_rules = GCC_VECTOR_RULES
     # SSE2-sized vectors without a device; the CPU device passes its compiler's -march=native values
     capabilities = Capabilities(
+        vector_types=True,
         vector_math=frozenset(
             {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
             | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}
-        )
+        ),
     )
 
     def function_attributes(self, lin: tuple[UOp, ...], packs: dict) -> str:
@@ -759,7 +757,7 @@ class OpenCLRenderer(CStyleRenderer):
     float32_math_suffix = ""  # the math builtins are overloaded
     int64_suffix, uint64_suffix = "L", "UL"
     wrapping_types = {dtypes.int32: "uint", dtypes.int64: "ulong"}
-    vectorize, capabilities = True, Capabilities(vector_bytes=16)  # float4 / double2
+    capabilities = Capabilities(vector_bytes=16, vector_types=True)  # float4 / double2
     string_rewrite = (
         PatternMatcher(
             [(UPat(Ops.BITCAST, name="x"), lambda ctx, x: f"as_{ctx.renderer.ctype(x.dtype)}({ctx.ref(x.src[0])})")]

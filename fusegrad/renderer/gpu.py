@@ -3,6 +3,7 @@ codegen/gpu_dims.py maps it (the runtime launches the same dims), and a reduce w
 of a work group that combine their accumulators in local memory."""
 
 from __future__ import annotations
+from fusegrad.codegen.opt.packs import Pack
 from fusegrad.codegen.gpu_dims import LaunchDims, global_loops, grouped_updates, launch_dims
 from fusegrad.dtype import DType, dtypes
 from fusegrad.renderer import Capabilities
@@ -78,7 +79,7 @@ class OpenCLKernelRenderer(_WorkItemLoops, OpenCLRenderer):
     not cheaper than loop iterations and LLVM takes minutes on some kernels with barriers in loops. Lanes pack into
     float4 / double2 (16 bytes)."""
 
-    capabilities = GPU_CAPABILITIES.replace(pack_bytes=16)
+    capabilities = GPU_CAPABILITIES.replace(vector_types=True, pack_bytes=16)
 
     local_array = "__local "
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
@@ -98,13 +99,13 @@ class OpenCLKernelRenderer(_WorkItemLoops, OpenCLRenderer):
     def unsupported_dtypes(self) -> tuple[DType, ...]:
         return tuple(self.unsupported) + (() if self.half_supported else (dtypes.float16,))
 
-    def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
+    def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
         if bad := sorted({u.dtype for u in lin if u.dtype in self.unsupported_dtypes()}, key=str):
             why = "the fp8 formats have no OpenCL C type" if bad[0] in dtypes.fp8s else "the device lacks cl_khr_fp16"
             raise RenderError(
                 f"the OpenCL renderer does not support {bad[0]} (kernel {name}): {why}; use float32 on CL"
             )
-        return super().render(name, lin, vectorize)
+        return super().render(name, lin, packs)
 
 
 class CUDAKernelRenderer(_WorkItemLoops, CUDARenderer):

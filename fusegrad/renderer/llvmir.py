@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fusegrad.dtype import DType, dtypes, float_to_bf16
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
-from fusegrad.codegen.opt.packs import Pack, find_packs
+from fusegrad.codegen.opt.packs import Pack
 from fusegrad.renderer import Capabilities, Renderer
 from fusegrad.renderer.cstyle import MATH_FUNCTIONS, RenderError
 
@@ -476,6 +476,7 @@ class LLVMRenderer(Renderer):
     private_ptr = "ptr"  # type of a pointer to an alloca
     alloca_suffix = ""  # e.g. ", addrspace(5)"
     calling_convention = ""  # e.g. "amdgpu_kernel "
+    capabilities = Capabilities(vector_types=True)
 
     def __init__(self, capabilities: Capabilities | None = None, triple: str = "", data_layout: str = ""):
         super().__init__(capabilities)
@@ -495,9 +496,9 @@ class LLVMRenderer(Renderer):
             "i64 %core_end",
         ]
 
-    def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
+    def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
         self.check(lin)
-        packs = find_packs(lin, self.capabilities.packed_bytes, self.capabilities.vector_math) if vectorize else {}
+        packs = {} if packs is None else packs
         uses = Counter(s for u in lin for s in u.src)
         ctx = IRText(lin, self, packs, _fusable_products(lin, packs, uses), _reassociable(lin))
         ctx.outer = self.outer_range(lin)

@@ -139,7 +139,7 @@ class ClDevice(Compiled):
             print(f"{name}: {self.cl_device.platform.name} / {self.cl_device.name}")
 
     def render(self, info: Any) -> str:
-        return self.renderer.render(info.name, info.lin)
+        return self.renderer.render(info.name, info.lin, info.packs)
 
     def build_raw(self, raw: Any, nparams: int) -> CLProgram:
         """A user's OpenCL C kernel (RawKernel) launched on raw.global_size / raw.local_size work items."""

@@ -175,7 +175,7 @@ class LlvmDevice(Compiled):
         self.compiler = LLVMCompiler()  # its objects are linked in-process from bytes (load), not run by the base
 
     def build(self, info) -> LLVMProgram:
-        ir = self.renderer.render(info.name, info.lin)
+        ir = self.renderer.render(info.name, info.lin, info.packs)
         if DEBUG >= 4:
             print(ir)
         engine, address = self.compiler.load(ir, info.name)

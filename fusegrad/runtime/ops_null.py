@@ -14,7 +14,7 @@ class NullProgram:
 class NullDevice(Compiled):
     def __init__(self, name: str):
         # codegen plans for the host CPU's vectors, as for the CPU device (the same kernels, the same opts)
-        super().__init__(name, HostAllocator(), Renderer(host_capabilities()), None, NullProgram)
+        super().__init__(name, HostAllocator(), Renderer(host_capabilities(Renderer.capabilities)), None, NullProgram)
 
     def build(self, info) -> NullProgram:
         return NullProgram()

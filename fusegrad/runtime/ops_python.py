@@ -84,7 +84,7 @@ class PythonProgram:
 class PythonDevice(Compiled):
     def __init__(self, name: str):
         # codegen plans for the host CPU's vectors, as for the CPU device (the same kernels, the same opts)
-        super().__init__(name, HostAllocator(), Renderer(host_capabilities()), None, PythonProgram)
+        super().__init__(name, HostAllocator(), Renderer(host_capabilities(Renderer.capabilities)), None, PythonProgram)
 
     def build(self, info) -> PythonProgram:
         if DEBUG >= 4:

@@ -16,6 +16,13 @@ from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.schedule import create_schedule
 from fusegrad.runtime.device import Device
 from fusegrad.tensor_ops.linalg import _panel_width
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+
 
 SHAPES = [(1, 33, 7), (13, 40, 17), (37, 64, 5), (8, 97, 1), (31, 128, 33), (64, 256, 64)]
 
@@ -39,7 +46,7 @@ def test_dot_products_get_a_tile_on_both_output_axes(avx512_target):
 
 def test_dot_tile_is_vectorized_along_the_reduce_over_every_accumulator(avx512_target):
     info = lower_to_linear(dot_ast(16, 256, 16), avx512_target)
-    src = avx512_target.render("k", info.lin)
+    src = rendered(avx512_target, "k", info.lin)
     pragma = next(line for line in src.splitlines() if "omp simd reduction" in line)
     ups = [o.amount for o in info.opts if o.op is OptOps.UPCAST]
     assert pragma.count("acc") == ups[0] * ups[1]

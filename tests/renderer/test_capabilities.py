@@ -19,6 +19,13 @@ from fusegrad.runtime import ops_cpu
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+
 
 RENDERERS = [
     CStyleRenderer,
@@ -51,7 +58,7 @@ def test_capabilities_are_frozen_and_count_lanes():
 
 def test_the_base_renderer_describes_a_target_and_prints_nothing():
     with pytest.raises(NotImplementedError, match="Renderer only describes its target"):
-        Renderer(Capabilities()).render("k", ())
+        rendered(Renderer(Capabilities()), "k", ())
 
 
 def fake_compiler(tmp_path, name: str, macros: list[str], exit_code: int = 0) -> str:
@@ -121,4 +128,4 @@ def test_lower_to_linear_plans_for_the_renderer_it_is_given():
     assert columns == {b: Opt(OptOps.UPCAST, 1, 2 * b // 4) for b in (16, 32, 64)}
     # and the C source packs to the renderer's width
     info = lower_to_linear(ast, avx512)
-    assert "vector_size(64)" in avx512.render("k", info.lin)
+    assert "vector_size(64)" in rendered(avx512, "k", info.lin)

@@ -172,6 +172,7 @@ def test_stage_list_is_what_lower_to_linear_runs(monkeypatch):
         "block_long_sums",
         "emulate_dtypes",
         "linearize",
+        "pack_vectors",
     ]
     ran = []
     import fusegrad.codegen as codegen

@@ -18,6 +18,12 @@ from fusegrad.schedule import create_schedule
 from fusegrad.runtime.device import Device
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
 
 
 def vector_bytes() -> int:
@@ -132,11 +138,11 @@ def test_debug_3_lists_the_opts(capsys):
 def test_upcast_kernel_renders_vector_types_and_plain_kernel_does_not():
     width = vector_bytes() // 4
     ast = matmul_ast(32, 16, 2 * width)
-    src = Device["CPU"].renderer.render("k", lower_to_linear(ast, Device["CPU"].renderer).lin)
+    src = rendered(Device["CPU"].renderer, "k", lower_to_linear(ast, Device["CPU"].renderer).lin)
     assert f"typedef float fg_floatx{width} __attribute__((vector_size({vector_bytes()})));" in src
     assert f"fg_floatx{width} vec" in src and "__builtin_memcpy(&vec" in src
     with Context(NOOPT=1):
-        plain = Device["CPU"].renderer.render("k", lower_to_linear(ast, Device["CPU"].renderer).lin)
+        plain = rendered(Device["CPU"].renderer, "k", lower_to_linear(ast, Device["CPU"].renderer).lin)
     assert "vector_size" not in plain and "fg_floatx" not in plain
 
 
@@ -360,7 +366,7 @@ def test_tile_rows_read_consecutively_pack_products_along_the_columns():
     a, b = Tensor(an).realize(), Tensor(bn).realize()
     items, _, _ = create_schedule([(a.T @ b).uop], [Device["CPU"]])
     with forced_opts([upcast(0, 8), upcast(1, 2 * width)]):
-        src = Device["CPU"].renderer.render("k", lower_to_linear(items[-1].ast, Device["CPU"].renderer).lin)
+        src = rendered(Device["CPU"].renderer, "k", lower_to_linear(items[-1].ast, Device["CPU"].renderer).lin)
         realize._runners.clear()
         got = (Tensor(an).T @ Tensor(bn)).numpy()
         realize._runners.clear()
@@ -379,7 +385,7 @@ def test_half_width_register_tile_is_vector_c_and_equals_numpy():
     out = a @ b
     items, _, _ = create_schedule([out.uop], [Device["CPU"]])
     with forced_opts([upcast(0, 8), upcast(1, half)]):
-        src = Device["CPU"].renderer.render("k", lower_to_linear(items[-1].ast, Device["CPU"].renderer).lin)
+        src = rendered(Device["CPU"].renderer, "k", lower_to_linear(items[-1].ast, Device["CPU"].renderer).lin)
         realize._runners.clear()
         got = (Tensor(an) @ Tensor(bn.T.copy())).numpy()
         realize._runners.clear()
