@@ -40,11 +40,15 @@ def amdgpu_target():
 
 @pytest.fixture
 def avx512_target(monkeypatch):
-    """Heuristics and renderers plan for an AVX-512 CPU (64-byte vectors, 32 registers) whatever this machine has:
-    for tests that pin the choices made for one register budget."""
-    import fusegrad.codegen.opt.target as target
+    """A C renderer for an AVX-512 CPU (64-byte vectors, 32 registers) whatever this machine has, to pass to
+    lower_to_linear and render with: for tests that pin the choices made for one register budget. It is the CPU
+    device's renderer meanwhile, so the panel layout and the kernels realized plan for it too."""
+    from fusegrad.renderer.cstyle import CRenderer
+    from fusegrad.runtime.device import Device
 
-    monkeypatch.setattr(target, "_vector_target", lambda: (64, 32))
+    renderer = CRenderer(CRenderer.capabilities.replace(vector_bytes=64, vector_registers=32))
+    monkeypatch.setattr(Device["CPU"], "renderer", renderer)
+    return renderer
 
 
 def pytest_configure(config):

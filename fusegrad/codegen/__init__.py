@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 import re
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 from fusegrad.helpers import DEBUG, EMULATED_DTYPES, NOOPT, SPEC, prod
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import sym_str
@@ -16,8 +16,12 @@ from fusegrad.codegen.decompose import decompose_for_device
 from fusegrad.codegen.accumulators import block_long_sums
 from fusegrad.codegen.emulate import emulate_dtypes, emulated_dtypes, emulated_param
 from fusegrad.codegen.custom import custom_name, is_custom, lower_custom
+from fusegrad.codegen.opt.packs import Pack, find_packs
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.dtype import dtypes
+
+if TYPE_CHECKING:
+    from fusegrad.renderer import Capabilities, Renderer
 
 # a kernel variable (schedule/variables.py) is element 0 of its int32 parameter buffer
 pm_load_vars = PatternMatcher(
@@ -40,6 +44,8 @@ class KernelInfo:
     ops_estimate: int
     nparams: int
     opts: tuple[Opt, ...] = ()  # the opts the lowerer applied
+    # upcast lanes the renderer prints as one vector (the pack_vectors stage), by instruction: (pack, lane)
+    packs: dict[UOp, tuple[Pack, int]] = field(default_factory=dict, compare=False)
 
 
 def kernel_name(ast: UOp) -> str:
@@ -70,13 +76,13 @@ class CodegenState:
     """What the stages pass along: the kernel graph, the chosen opts and, at the end, the instruction list."""
 
     ast: UOp
-    half_native: bool
+    capabilities: Capabilities  # what the target can do: the heuristics plan for its vectors and loops
     opts: tuple[Opt, ...] | None
     kernel: UOp | None = None
     lin: list[UOp] | None = None
     max_trips: dict | None = None  # range arg -> the most trips of a symbolic loop (its variables at their largest)
     chosen: bool = False  # the opts are the heuristics' choice (not given by the caller)
-    parallel_loops: bool = False  # the target runs every global loop in parallel work items (a GPU)
+    packs: dict[UOp, tuple[Pack, int]] = field(default_factory=dict)
 
 
 def _lower(s: CodegenState) -> None:
@@ -91,7 +97,11 @@ def _lower_custom(s: CodegenState) -> None:
 
 def _choose_opts(s: CodegenState) -> None:
     if s.opts is None:
-        s.opts = () if NOOPT else tuple(hand_coded_opts(output_value(s.ast), s.kernel, reads_own_output(s.kernel)))
+        s.opts = (
+            ()
+            if NOOPT
+            else tuple(hand_coded_opts(output_value(s.ast), s.kernel, reads_own_output(s.kernel), s.capabilities))
+        )
         s.chosen = True
     if DEBUG >= 3:
         print(f"{kernel_name(s.ast)} opts: {list(s.opts)}")
@@ -117,14 +127,15 @@ def _lower_with_opts(s: CodegenState) -> None:
 
 
 def _lower_for_target(s: CodegenState, opts: tuple[Opt, ...]) -> UOp:
-    if s.parallel_loops and (block := next((o for o in opts if o.op is OptOps.REDUCE_BLOCK), None)) is not None:
+    block = next((o for o in opts if o.op is OptOps.REDUCE_BLOCK), None)
+    if s.capabilities.parallel_loops and block is not None:
         # its blocks add partial sums into the output one after another: as parallel work items they would race
         raise OptError(f"{block}: this target runs global loops in parallel, and the reduce's blocks must run in order")
     return lower_kernel(s.ast, opts)
 
 
 def _decompose(s: CodegenState) -> None:
-    s.kernel = decompose_for_device(s.kernel, half_native=s.half_native)
+    s.kernel = decompose_for_device(s.kernel)
 
 
 def _block_long_sums(s: CodegenState) -> None:
@@ -148,6 +159,16 @@ def _linearize(s: CodegenState) -> None:
     s.lin = linearize(kernel, params=[u for u in params if u.op is Ops.DEFINE_GLOBAL])
 
 
+def _pack_vectors(s: CodegenState) -> None:
+    s.packs = pack_vectors(tuple(s.lin), s.capabilities)
+
+
+def pack_vectors(lin: tuple[UOp, ...], caps: Capabilities) -> dict[UOp, tuple[Pack, int]]:
+    """The upcast lanes of lin that run as one vector of the target's (find_packs, up to caps.packed_bytes wide and
+    with its vector_math); none where the target prints no vector types."""
+    return find_packs(lin, caps.packed_bytes, caps.vector_math) if caps.vector_types else {}
+
+
 @dataclass(frozen=True)
 class Stage:
     """One named step of codegen and the spec (uop/spec.py) its output satisfies."""
@@ -165,6 +186,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("block_long_sums", _block_long_sums, "decomposed"),
     Stage("emulate_dtypes", _emulate_dtypes, "decomposed"),
     Stage("linearize", _linearize, "linear"),
+    Stage("pack_vectors", _pack_vectors, "linear"),
 )
 
 # a user-written kernel (uop/kernel.py) enters after lowering: its loops and stores are the user's, opts apply none
@@ -183,15 +205,15 @@ def _show(stage: Stage, s: CodegenState) -> None:
             )
 
 
-def lower_to_linear(
-    ast: UOp, half_native: bool = True, opts: tuple[Opt, ...] | None = None, parallel_loops: bool = False
-) -> KernelInfo:
+def lower_to_linear(ast: UOp, renderer: Renderer, opts: tuple[Opt, ...] | None = None) -> KernelInfo:
     """Runs STAGES in order: lower without opts -> choose opts (the heuristics, or none under NOOPT=1; or the given
-    ones) -> lower with them -> decompose -> block long sums -> emulate dtypes (EMULATED_DTYPES) -> linearize.
-    parallel_loops: the target runs every global loop in parallel work items, where a REDUCE_BLOCK is refused.
+    ones) -> lower with them -> decompose -> block long sums -> emulate dtypes (EMULATED_DTYPES) -> linearize -> pack
+    vectors (the lanes the target runs as one vector of its vector types).
+    renderer: the device's; its capabilities are what the heuristics plan for (vector width and registers), and on a
+    target that runs every global loop in parallel work items (parallel_loops) a REDUCE_BLOCK is refused.
     DEBUG>=5 prints the graph after each stage, DEBUG>=6 the instruction list; SPEC=1 checks each stage's output
     against its spec."""
-    state = CodegenState(ast, half_native, None if opts is None else tuple(opts), parallel_loops=parallel_loops)
+    state = CodegenState(ast, renderer.capabilities, None if opts is None else tuple(opts))
     for stage in CUSTOM_STAGES if is_custom(ast) else STAGES:
         stage.run(state)
         if SPEC and state.lin is not None:
@@ -209,6 +231,7 @@ def lower_to_linear(
         estimate_ops(lin, state.max_trips),
         sum(1 for u in lin if u.op is Ops.DEFINE_GLOBAL),
         state.opts,
+        state.packs,
     )
 
 

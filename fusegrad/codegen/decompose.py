@@ -54,5 +54,5 @@ pm_narrow_floats = PatternMatcher(
 )
 
 
-def decompose_for_device(kernel: UOp, half_native: bool = True) -> UOp:
+def decompose_for_device(kernel: UOp) -> UOp:
     return graph_rewrite(kernel, pm_narrow_floats)

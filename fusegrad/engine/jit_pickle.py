@@ -117,7 +117,7 @@ def captured_from_state(state: dict, use_graphs: bool) -> CapturedJit:
             runner = IndexCheckRunner(program[1])
         elif program is not None:
             device, ast, opts = program
-            info = lower_to_linear(ast, opts=opts)
+            info = lower_to_linear(ast, Device[device].renderer, opts=opts)
             runner = Runner(info, Device[device].build(info), device)
         ast = program[1] if program is not None and program[0] != "check" else None
         launches.append(Launch(runner, [table[i] for i in idx], ast))

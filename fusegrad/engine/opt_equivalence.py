@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from fusegrad.codegen import KernelInfo, lower_to_linear
 from fusegrad.codegen.opt.beam import KernelBench
+from fusegrad.engine.search_target import DeviceSearchTarget
 from fusegrad.runtime.device import Device
 from fusegrad.uop.ops import UOp
 
@@ -17,8 +18,8 @@ class OptEquivalenceError(AssertionError):
 def check_opts_keep_meaning(ast: UOp, device: str, info: KernelInfo, program) -> None:
     """Runs `program` (built from `info`, which has opts) and the kernel lowered without opts on one set of random
     inputs; OptEquivalenceError when their outputs differ."""
-    bench = KernelBench(ast, device)
-    bench.run(Device[device].build(lower_to_linear(ast, opts=())))
+    bench = KernelBench(ast, DeviceSearchTarget(device))
+    bench.run(Device[device].build(lower_to_linear(ast, Device[device].renderer, opts=())))
     reference = bench.output()
     bench.run(program)
     out = bench.output()

@@ -19,6 +19,7 @@ from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
     from fusegrad.codegen import KernelInfo
+    from fusegrad.renderer import Capabilities
 
 
 class Runner:
@@ -66,16 +67,18 @@ def get_runner(device: str, ast: UOp, lowered: Any = None) -> Runner:
         print(ast)
     if (hook := Hooks.trace) is not None:
         t0 = hook.codegen_begin(device, ast)
-    parallel = getattr(dev.renderer, "parallel_loops", False)
     from fusegrad.codegen import lower_to_linear  # loaded with the first kernel, not at import
     from fusegrad.codegen.custom import is_custom
 
     if key[3] and not is_custom(ast):  # a custom kernel's loops are the user's: no search
         from fusegrad.codegen.opt.beam import beam_search  # numpy timing and the disk cache only when searching
+        from fusegrad.engine.search_target import DeviceSearchTarget
 
-        info = lower_to_linear(ast, opts=beam_search(ast, device, int(BEAM.value)).opts, parallel_loops=parallel)
+        info = lower_to_linear(
+            ast, dev.renderer, opts=beam_search(ast, DeviceSearchTarget(device), int(BEAM.value)).opts
+        )
     else:
-        info = lowered if lowered is not None else lower_to_linear(ast, parallel_loops=parallel)
+        info = lowered if lowered is not None else lower_to_linear(ast, dev.renderer)
     if hook is not None:
         t1 = time.perf_counter()
     r = _runners[key] = Runner(info, dev.build(info), device)
@@ -199,8 +202,7 @@ def _lower_ahead(kernels: list[ScheduleItem]) -> dict[tuple[str, UOp], Any]:
             continue
         if _runner_key(it.device, it.ast) in _runners or (it.device, it.ast) in by_device.get(it.device, {}):
             continue
-        parallel = getattr(Device[it.device].renderer, "parallel_loops", False)
-        by_device.setdefault(it.device, {})[(it.device, it.ast)] = lower_to_linear(it.ast, parallel_loops=parallel)
+        by_device.setdefault(it.device, {})[(it.device, it.ast)] = lower_to_linear(it.ast, Device[it.device].renderer)
     for device, infos in by_device.items():
         if len(infos) > 1:
             Device[device].compile_ahead(list(infos.values()))
@@ -294,6 +296,11 @@ def _launch_each(items: list[ScheduleItem], runners: list[Runner | None], debug:
             if b._mem is None:
                 b.ensure_allocated()
         runner.program(buffers)
+
+
+def device_capabilities(device: str) -> Capabilities:
+    """What device's kernels can do (its renderer's capabilities): the front end's one way to ask about the target."""
+    return Device[device].renderer.capabilities
 
 
 def schedule_uops(roots: list[UOp], devices: list[str]) -> list[ScheduleItem]:

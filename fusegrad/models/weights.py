@@ -40,10 +40,10 @@ class PanelLinear:
 
 
 def panel_width() -> int:
-    """Columns per panel: two of the compiler's vectors of float32 (the register tile's width)."""
-    from fusegrad.codegen.opt.target import vector_bytes
+    """Columns per panel: two of the CPU device's vectors of float32 (the register tile's width)."""
+    from fusegrad.engine.realize import device_capabilities
 
-    return max(2 * vector_bytes() // 4, 1)
+    return max(2 * device_capabilities("CPU").vector_bytes // 4, 1)
 
 
 def to_panels(w: Tensor, panel: int | None = None) -> Tensor:

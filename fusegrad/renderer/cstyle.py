@@ -15,8 +15,8 @@ from typing import Callable
 from fusegrad.dtype import FP8_FORMATS, DType, dtypes, float_to_fp8
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
-from fusegrad.codegen.opt.packs import Pack, find_packs
-from fusegrad.codegen.opt.target import vector_bytes
+from fusegrad.codegen.opt.packs import Pack
+from fusegrad.renderer import Capabilities, Renderer
 
 
 class RenderError(NotImplementedError):
@@ -303,7 +303,7 @@ VALUE_PREFIX = {Ops.LOAD: "val", Ops.DEFINE_ACC: "acc", Ops.CAST: "cast", Ops.BI
 }
 
 
-class CStyleRenderer:
+class CStyleRenderer(Renderer):
     """What the C family shares. The class attributes and the two tables are the dialect's knobs; the methods below
     them are hooks a dialect overrides when a table entry is not enough. Scalar code, every loop a for-statement."""
 
@@ -316,10 +316,6 @@ class CStyleRenderer:
     float32_math_suffix = "f"  # sqrtf (C, CUDA C) or the overloaded sqrt (OpenCL C)
     nan, infinity = "NAN", "INFINITY"
     int64_suffix, uint64_suffix = "LL", "ULL"
-    vectorize = False  # pack upcast lanes into vector types (needs vector_type and render_vector)
-    # (unary op, dtype) pairs render_vector also takes (beyond packs.VECTOR_ALU): math with a vector form
-    vector_math: frozenset[tuple[Ops, DType]] = frozenset()
-    vector_bytes: int | None = None  # bytes of one vector; None: the host CPU's vector registers
     # integer data arithmetic that wraps: computed in the unsigned type and converted back
     wrapping_types: dict[DType, str] = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long long"}
     code_for_op = CODE_FOR_OP
@@ -441,12 +437,11 @@ class CStyleRenderer:
 
     # ---- the driver
 
-    def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
+    def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
         for u in lin:
             if u.dtype in self.unsupported:
                 raise RenderError(f"{type(self).__name__} cannot render {u.dtype} (kernel {name}, {u.op})")
-        width = vector_bytes() if self.vector_bytes is None else self.vector_bytes
-        packs = find_packs(lin, width, self.vector_math) if vectorize and self.vectorize else {}
+        packs = {} if packs is None else packs
         ctx = KernelText(self, lin, packs, uses=Counter(s for u in lin for s in u.src))
         ctx.outer = next((u for u in lin if u.op is Ops.RANGE and u.arg[1] == "global"), None)
         # integer math on loaded data wraps like torch; index math over loops cannot overflow, so it stays plain signed
@@ -670,11 +665,14 @@ class CRenderer(CStyleRenderer):
     type_map = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"} | {
         dt: "unsigned char" for dt in dtypes.fp8s
     }
-    vectorize = True
     vector_rules = GCC_VECTOR_RULES
-    vector_math = frozenset(
-        {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
-        | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}
+    # SSE2-sized vectors without a device; the CPU device passes its compiler's -march=native values
+    capabilities = Capabilities(
+        vector_types=True,
+        vector_math=frozenset(
+            {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
+            | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}
+        ),
     )
 
     def function_attributes(self, lin: tuple[UOp, ...], packs: dict) -> str:
@@ -759,7 +757,7 @@ class OpenCLRenderer(CStyleRenderer):
     float32_math_suffix = ""  # the math builtins are overloaded
     int64_suffix, uint64_suffix = "L", "UL"
     wrapping_types = {dtypes.int32: "uint", dtypes.int64: "ulong"}
-    vectorize, vector_bytes = True, 16  # float4 / double2
+    capabilities = Capabilities(vector_bytes=16, vector_types=True)  # float4 / double2
     string_rewrite = (
         PatternMatcher(
             [(UPat(Ops.BITCAST, name="x"), lambda ctx, x: f"as_{ctx.renderer.ctype(x.dtype)}({ctx.ref(x.src[0])})")]

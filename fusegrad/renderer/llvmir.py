@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from fusegrad.dtype import DType, dtypes, float_to_bf16
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
-from fusegrad.codegen.opt.packs import Pack, find_packs
+from fusegrad.codegen.opt.packs import Pack
+from fusegrad.renderer import Capabilities, Renderer
 from fusegrad.renderer.cstyle import MATH_FUNCTIONS, RenderError
 
 # register types; bfloat16 is its bits (converted through float32 only, see codegen/decompose.py)
@@ -465,18 +466,21 @@ def _product_operands(ctx: IRText, product: UOp, pack: Pack) -> tuple[str, str]:
     return ctx.vref(product.src[0], pack), ctx.vref(product.src[1], pack)
 
 
-class LLVMRenderer:
+class LLVMRenderer(Renderer):
     """Linear UOps -> one LLVM IR function `void @name(ptr %data0, ..., i64 %core_start, i64 %core_end)`.
-    vector_bytes: the width of the target's vector registers (upcast lanes are packed into vectors that wide).
+    capabilities.vector_bytes: the width of the target's vector registers (upcast lanes are packed into vectors that
+    wide).
     A dialect (llvmir_amdgpu.py) overrides the class attributes and hooks below, nothing else."""
 
     global_ptr = "ptr"  # type of a buffer pointer
     private_ptr = "ptr"  # type of a pointer to an alloca
     alloca_suffix = ""  # e.g. ", addrspace(5)"
     calling_convention = ""  # e.g. "amdgpu_kernel "
+    capabilities = Capabilities(vector_types=True)
 
-    def __init__(self, vector_bytes: int = 16, triple: str = "", data_layout: str = ""):
-        self.vector_bytes, self.triple, self.data_layout = vector_bytes, triple, data_layout
+    def __init__(self, capabilities: Capabilities | None = None, triple: str = "", data_layout: str = ""):
+        super().__init__(capabilities)
+        self.triple, self.data_layout = triple, data_layout
         self.string_rewrite = llvm_rewrite
 
     def check(self, lin: tuple[UOp, ...]) -> None:
@@ -492,9 +496,9 @@ class LLVMRenderer:
             "i64 %core_end",
         ]
 
-    def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
+    def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
         self.check(lin)
-        packs = find_packs(lin, self.vector_bytes) if vectorize else {}
+        packs = {} if packs is None else packs
         uses = Counter(s for u in lin for s in u.src)
         ctx = IRText(lin, self, packs, _fusable_products(lin, packs, uses), _reassociable(lin))
         ctx.outer = self.outer_range(lin)

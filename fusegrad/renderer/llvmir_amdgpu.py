@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 
 from fusegrad.dtype import dtypes
+from fusegrad.codegen.opt.packs import Pack
+from fusegrad.renderer import Capabilities
 from fusegrad.renderer.cstyle import RenderError
 from fusegrad.renderer.llvmir import INTRINSICS, LLVMRenderer
 from fusegrad.uop.ops import Ops, UOp
@@ -92,8 +94,12 @@ class AMDGPURenderer(LLVMRenderer):
     alloca_suffix = ", addrspace(5)"
     calling_convention = "amdgpu_kernel "
 
-    def __init__(self, vector_bytes: int = 16):
-        super().__init__(vector_bytes, TRIPLE)  # opt fills in the target's data layout
+    # one work item runs every loop (outer_range); fixed values, as the device has no query: register tiles planned
+    # as for AVX2's 32-byte vectors and 16 registers (what the tiles were tuned for), lanes packed into 16 bytes
+    capabilities = Capabilities(vector_bytes=32, vector_registers=16, vector_types=True, pack_bytes=16)
+
+    def __init__(self, capabilities: Capabilities | None = None):
+        super().__init__(capabilities, TRIPLE)  # opt fills in the target's data layout
 
     def check(self, lin: tuple[UOp, ...]) -> None:
         for u in lin:
@@ -101,8 +107,8 @@ class AMDGPURenderer(LLVMRenderer):
                 op = u.op.name.lower()
                 raise RenderError(f"DEV=AMD cannot compute {op} on {u.dtype}: LLVM has no amdgcn lowering for it")
 
-    def render(self, name: str, lin: tuple[UOp, ...], vectorize: bool = True) -> str:
-        return _pow_helpers(super().render(name, lin, vectorize))
+    def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
+        return _pow_helpers(super().render(name, lin, packs))
 
     def outer_range(self, lin: tuple[UOp, ...]) -> UOp | None:
         return None  # a single work-item runs every loop from 0

@@ -210,7 +210,11 @@ def runner_built() -> bool:
                 _build_started.set()
                 from fusegrad.runtime.device import Device
 
-                if Device["CPU"].compiler.is_cached(_runner_source()):  # loading it takes milliseconds: no thread
+                try:
+                    quick = Device["CPU"].compiler.is_cached(_runner_source())  # loading takes milliseconds
+                except RuntimeError:
+                    quick = True  # no C compiler: the build gives up at once
+                if quick:
                     _built.append(_build_runner())
                     return True
                 builder = threading.Thread(target=graph_library, name="fusegrad-runner-build", daemon=True)

@@ -412,7 +412,7 @@ class Compiled:
         )
 
     def render(self, info: Any) -> str:
-        return self.renderer.render(info.name, info.lin)
+        return self.renderer.render(info.name, info.lin, info.packs)
 
     def build(self, info: Any) -> Any:
         src = self.render(info)

@@ -123,7 +123,7 @@ class AmdProgram:
     def __init__(self, device: AmdDevice, info: Any):
         self.device, self.info = device, info
         self.params = sorted((u for u in info.lin if u.op.name == "DEFINE_GLOBAL"), key=lambda u: u.arg[0])
-        ir = device.renderer.render(info.name, info.lin)
+        ir = device.renderer.render(info.name, info.lin, info.packs)
         if DEBUG >= 4:
             print(ir)
         self.elf = compile_ir(ir, device.arch)

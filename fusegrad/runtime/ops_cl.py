@@ -102,7 +102,7 @@ class CLProgram:
     def __init__(self, dev: ClDevice, info: Any, binary: bytes):
         cl = dev.cl
         self.dev, self.name, self.nparams = dev, info.name, info.nparams
-        self.dims = launch_dims(info.lin, dev.renderer.group_reduce)
+        self.dims = launch_dims(info.lin, dev.renderer.capabilities.group_reduce)
         program = cl.Program(dev.context, [dev.cl_device], [binary]).build()
         self.kernel = getattr(program, info.name)
 
@@ -139,7 +139,7 @@ class ClDevice(Compiled):
             print(f"{name}: {self.cl_device.platform.name} / {self.cl_device.name}")
 
     def render(self, info: Any) -> str:
-        return self.renderer.render(info.name, info.lin)
+        return self.renderer.render(info.name, info.lin, info.packs)
 
     def build_raw(self, raw: Any, nparams: int) -> CLProgram:
         """A user's OpenCL C kernel (RawKernel) launched on raw.global_size / raw.local_size work items."""

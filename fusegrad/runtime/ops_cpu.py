@@ -14,6 +14,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from fusegrad.helpers import CACHELEVEL, CC, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS
+from fusegrad.renderer import Capabilities
 from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
 from fusegrad.runtime.kernel_cache import KernelCache
@@ -161,6 +162,33 @@ def kernel_flags(cc: str, src: str) -> tuple[str, ...]:
 
 def _source_key(cc: str, flags: tuple[str, ...], src: str) -> str:
     return hashlib.sha256(f"{_build_id(cc)}|{' '.join(flags)}{src}".encode()).hexdigest()
+
+
+@functools.cache
+def vector_target(cc: str) -> tuple[int, int]:
+    """(vector bytes, vector registers) of `-march=native`, read from the C compiler's predefined macros once."""
+    try:
+        macros = run_compiler([cc, "-march=native", "-dM", "-E", "-x", "c", "-"], "", "listing macros")
+    except (OSError, RuntimeError):
+        return 16, 16  # the compiler cannot list them: SSE2-sized vectors, the x86-64 baseline
+    if macros.returncode != 0:
+        return 16, 16  # nor when it refuses -march=native
+    defined = set(line.split()[1] for line in macros.stdout.splitlines() if line.startswith("#define "))
+    if "__AVX512F__" in defined:
+        return 64, 32
+    if "__AVX__" in defined:
+        return 32, 16
+    return 16, 16 if "__x86_64__" in defined else 32  # aarch64 NEON: 32 registers of 16 bytes
+
+
+def host_capabilities(base: Capabilities = CRenderer.capabilities) -> Capabilities:
+    """base with the vector width and register count the C compiler targets on this machine (16 bytes, 16 registers
+    when there is no compiler)."""
+    try:
+        vector_bytes, registers = vector_target(find_compiler())
+    except RuntimeError:
+        vector_bytes, registers = 16, 16
+    return base.replace(vector_bytes=vector_bytes, vector_registers=registers)
 
 
 class ClangCompiler:
@@ -328,7 +356,7 @@ class CPUProgram:
 
 class CpuDevice(Compiled):
     def __init__(self, name: str):
-        super().__init__(name, HostAllocator(), CRenderer(), None, CPUProgram)
+        super().__init__(name, HostAllocator(), CRenderer(host_capabilities()), None, CPUProgram)
         self.compiler = ClangCompiler()  # its binaries are shared objects on disk, loaded from their path
 
     def compile_ahead(self, infos: list) -> None:

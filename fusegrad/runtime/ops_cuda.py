@@ -182,7 +182,7 @@ class CUDAProgram:
 
     def __init__(self, dev: CudaDevice, info: Any, binary: bytes):
         self.dev, self.name, self.nparams = dev, info.name, info.nparams
-        self.dims = launch_dims(info.lin, dev.renderer.group_reduce)
+        self.dims = launch_dims(info.lin, dev.renderer.capabilities.group_reduce)
         self.module, self.function = ctypes.c_void_p(), ctypes.c_void_p()
         dev.activate()
         image = binary if not binary.lstrip().startswith(b"//") else binary + b"\0"  # PTX is loaded as a C string

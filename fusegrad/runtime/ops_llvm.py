@@ -11,6 +11,7 @@ import tempfile
 import threading
 from typing import Any
 from fusegrad.helpers import CACHELEVEL, CCACHE, DEBUG
+from fusegrad.renderer import Capabilities
 from fusegrad.renderer.llvmir import LLVMRenderer
 from fusegrad.runtime.device import Compiled, HostAllocator
 from fusegrad.runtime.kernel_cache import KernelCache
@@ -52,11 +53,15 @@ def new_target_machine() -> llvm.TargetMachine:
     )
 
 
-def host_vector_bytes() -> int:
+def host_capabilities() -> Capabilities:
+    """The vector width and register count of the host CPU llvmlite compiles for, from its features."""
     features = llvm.get_host_cpu_features()
     if features.get("avx512f"):
-        return 64
-    return 32 if features.get("avx") else 16
+        return LLVMRenderer.capabilities.replace(vector_bytes=64, vector_registers=32)
+    if features.get("avx"):
+        return LLVMRenderer.capabilities.replace(vector_bytes=32, vector_registers=16)
+    registers = 32 if llvm.get_process_triple().startswith(("aarch64", "arm64")) else 16  # NEON: 32 of 16 bytes
+    return LLVMRenderer.capabilities.replace(vector_bytes=16, vector_registers=registers)
 
 
 def identity() -> str:
@@ -165,12 +170,12 @@ class LLVMProgram(CPUProgram):
 class LlvmDevice(Compiled):
     def __init__(self, name: str):
         tm = host_target()
-        renderer = LLVMRenderer(host_vector_bytes(), tm.triple, str(tm.target_data))
+        renderer = LLVMRenderer(host_capabilities(), tm.triple, str(tm.target_data))
         super().__init__(name, HostAllocator(), renderer, None, LLVMProgram)
         self.compiler = LLVMCompiler()  # its objects are linked in-process from bytes (load), not run by the base
 
     def build(self, info) -> LLVMProgram:
-        ir = self.renderer.render(info.name, info.lin)
+        ir = self.renderer.render(info.name, info.lin, info.packs)
         if DEBUG >= 4:
             print(ir)
         engine, address = self.compiler.load(ir, info.name)
@@ -178,7 +183,7 @@ class LlvmDevice(Compiled):
 
     def assembly(self, info) -> str:
         """The kernel's host machine code as text, from the IR optimized as its build optimizes it (VIZ shows it)."""
-        return host_target().emit_assembly(optimize(self.renderer.render(info.name, info.lin), info.name))
+        return host_target().emit_assembly(optimize(self.renderer.render(info.name, info.lin, info.packs), info.name))
 
     def build_raw(self, raw: Any, nparams: int) -> LLVMProgram:
         """A user's LLVM IR function (RawKernel) taking one pointer per buffer, called once per launch."""

@@ -6,6 +6,8 @@ from fusegrad.dtype import dtypes, bf16_to_float, float_to_bf16, float_to_fp8, f
 from fusegrad.helpers import DEBUG
 from fusegrad.uop.alu import bitcast_value, cast_value, exec_alu
 from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.renderer import Renderer
+from fusegrad.runtime.ops_cpu import host_capabilities
 from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
 
 
@@ -81,7 +83,8 @@ class PythonProgram:
 
 class PythonDevice(Compiled):
     def __init__(self, name: str):
-        super().__init__(name, HostAllocator(), None, None, PythonProgram)
+        # codegen plans for the host CPU's vectors, as for the CPU device (the same kernels, the same opts)
+        super().__init__(name, HostAllocator(), Renderer(host_capabilities(Renderer.capabilities)), None, PythonProgram)
 
     def build(self, info) -> PythonProgram:
         if DEBUG >= 4:

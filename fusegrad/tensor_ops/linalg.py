@@ -321,7 +321,7 @@ def _copy_pays(x_shape: tuple, w_shape: tuple) -> bool:
 # a matmul this big reads its weight in panels (_panel_matmul): below, the copy costs more than the panels save
 # (measured on one thread: 1024^2 and up gain 10-20 %, 768^2 and smaller lose to the copy)
 PANEL_MIN_ROWS, PANEL_MIN_MACS = 64, 1 << 29
-# devices whose kernels run the register tiles of the C renderers (vector registers of codegen/opt/target.py)
+# devices whose kernels run the register tiles of the CPU renderers (their renderers' vector registers)
 PANEL_DEVICES = ("CPU", "LLVM")
 
 
@@ -333,9 +333,9 @@ def _panel_width(x: Tensor, w: Tensor) -> int | None:
         return None
     if w.dtype not in (dtypes.float32, dtypes.float64) or x.dtype != w.dtype or _may_be_differentiated(x, w):
         return None
-    from fusegrad.codegen.opt.target import vector_bytes  # the compiler's vector width, read once
+    from fusegrad.engine.realize import device_capabilities  # the engine, which the tensor has loaded already
 
-    panel = 2 * vector_bytes() // w.dtype.itemsize
+    panel = 2 * device_capabilities(w.device).vector_bytes // w.dtype.itemsize
     k, n = w.shape
     rows = prod(x.shape[:-1])
     if n % panel or n == panel or rows < PANEL_MIN_ROWS or rows * k * n < PANEL_MIN_MACS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import struct
 import pytest
 from fusegrad import Tensor, dtypes
-from fusegrad.codegen import lower_to_linear
+from fusegrad.codegen import lower_to_linear, pack_vectors
 from fusegrad.schedule import create_schedule
 from fusegrad.runtime.support.amd.codeobj import (
     ToolchainError,
@@ -14,13 +14,17 @@ from fusegrad.runtime.support.amd.codeobj import (
 )
 from fusegrad.renderer.cstyle import RenderError
 from fusegrad.renderer.llvmir_amdgpu import AMDGPURenderer
+from fusegrad.runtime.device import Device
 
-render = AMDGPURenderer().render
+
+def render(name: str, lin) -> str:
+    renderer = AMDGPURenderer()
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
 
 
 def kernels(t: Tensor):
     items, _, _ = create_schedule([t.uop], ["CPU"])
-    return [lower_to_linear(it.ast) for it in items if it.ast.op.name == "SINK"]
+    return [lower_to_linear(it.ast, Device["CPU"].renderer) for it in items if it.ast.op.name == "SINK"]
 
 
 def test_target_falls_back_to_gfx942_when_llvm_lacks_gfx950(amdgpu_target):

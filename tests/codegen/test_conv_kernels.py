@@ -88,11 +88,11 @@ def test_conv_kernels_have_no_division_in_the_innermost_loop(xs, ws, kw, layout)
     for item in items:
         # the conv kernels reduce; copies (the padded input, the channels-last gradient, the weight gradient back in
         # the weight's order, which divides by the channels per group when groups > 1) do not
-        if item.ast.op is not Ops.SINK or not lower_to_linear(item.ast).name.startswith("r_"):
+        if item.ast.op is not Ops.SINK or not lower_to_linear(item.ast, Device["CPU"].renderer).name.startswith("r_"):
             continue
         for noopt in (1, 0):
             with Context(NOOPT=noopt):
-                info = lower_to_linear(item.ast)
+                info = lower_to_linear(item.ast, Device["CPU"].renderer)
             for body in innermost_loop_bodies(info.lin):
                 assert not [u.op for u in body if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides in its loop"
             src = CStyleRenderer().render(info.name, info.lin)
@@ -110,9 +110,11 @@ def test_strided_conv_input_gradient_kernels_never_divide(xs, ws, kw, layout):
     items, _, _ = create_schedule([dx.uop], [Device["CPU"]])
     kernels = [item for item in items if item.ast.op is Ops.SINK]
     for item in kernels:
-        info = lower_to_linear(item.ast)
+        info = lower_to_linear(item.ast, Device["CPU"].renderer)
         assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
-    assert any(lower_to_linear(item.ast).name.startswith("r_") for item in kernels)  # the phases' convs
+    assert any(
+        lower_to_linear(item.ast, Device["CPU"].renderer).name.startswith("r_") for item in kernels
+    )  # the phases' convs
 
 
 @pytest.fixture(params=["fused", "stored", "stored, whole batch"])
@@ -187,7 +189,7 @@ def test_strided_conv_transpose_equals_torch_and_never_divides(xs, ws, kw):
     if kw.get("groups", 1) == 1:  # a grouped kernel's channel swap divides by the channels per group (a copy)
         items, _, _ = create_schedule([out.uop], [Device["CPU"]])
         for item in (i for i in items if i.ast.op is Ops.SINK):
-            info = lower_to_linear(item.ast)
+            info = lower_to_linear(item.ast, Device["CPU"].renderer)
             assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
     gn = rng.standard_normal(out.shape, dtype=np.float32)
     out.backward(Tensor(gn))
@@ -237,7 +239,11 @@ def test_padded_input_of_a_small_conv_is_stored_so_its_tile_loads_are_ungated():
     need no bounds checks (a check per lane keeps a register tile's loads from being vectors)."""
     x, w = Tensor.empty(64, 1, 8, 8), Tensor.empty(16, 1, 3, 3)
     items, _, _ = create_schedule([x.conv2d(w, padding=1).uop], [Device["CPU"]])
-    conv = [lower_to_linear(item.ast) for item in items if any(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort())]
+    conv = [
+        lower_to_linear(item.ast, Device["CPU"].renderer)
+        for item in items
+        if any(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort())
+    ]
     assert len(conv) == 1 and len(items) == 2
     loads = [u for u in conv[0].lin if u.op is Ops.LOAD]
     assert loads and all(len(u.src) == 2 for u in loads)
@@ -285,7 +291,7 @@ def test_computed_output_gradient_is_stored_once():
     h.sum().backward()
     tensors = [t.grad for t in ours]
     items, _, _ = create_schedule([t.uop for t in tensors], [Device["CPU"]] * len(tensors))
-    kernels = [lower_to_linear(item.ast) for item in items if item.ast.op is Ops.SINK]
+    kernels = [lower_to_linear(item.ast, Device["CPU"].renderer) for item in items if item.ast.op is Ops.SINK]
     dividing = [k.name for k in kernels if any(u.op in (Ops.FDIV, Ops.IDIV, Ops.MOD) for u in k.lin)]
     assert dividing == []
     # the gradient's reduces (input, weight, bias) read it from buffers the elementwise kernels stored: all one buffer

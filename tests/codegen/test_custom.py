@@ -9,6 +9,7 @@ from fusegrad.runtime.device import Buffer
 from fusegrad.runtime.ops_python import PythonProgram
 from fusegrad.uop.ops import Ops
 from fusegrad.uop.spec import check_graph, check_linear
+from fusegrad.runtime.device import Device
 
 
 def _row_sum(unroll: int = 1) -> UOp:
@@ -29,7 +30,7 @@ def test_register_sum_becomes_a_reduce_over_its_loop(unroll):
     reduces = [u for u in kernel.toposort() if u.op is Ops.REDUCE]
     assert len(reduces) == 1 and reduces[0].arg is Ops.ADD and [r.arg for r in reduces[0].src[1:]] == [(1, "reduce")]
     assert sum(u.op is Ops.LOAD for u in reduces[0].toposort()) == unroll  # the unrolled lanes, summed in order
-    info = lower_to_linear(_row_sum(unroll))
+    info = lower_to_linear(_row_sum(unroll), Device["CPU"].renderer)
     check_linear(list(info.lin))
     x = np.arange(24, dtype=np.float32).reshape(3, 8)
     bufs = [Buffer("CPU", 3, dtypes.float32).ensure_allocated(), Buffer("CPU", 24, dtypes.float32, initial=x.ravel())]

@@ -6,6 +6,7 @@ import pytest
 
 from fusegrad import Context, Tensor, dtypes
 from fusegrad.helpers import EMULATED_DTYPES
+from fusegrad.runtime.device import Device
 
 NARROW = [dtypes.float16, dtypes.bfloat16, dtypes.fp8e4m3, dtypes.fp8e5m2, dtypes.fp8e4m3fnuz, dtypes.fp8e5m2fnuz]
 ALL = "half,bfloat16,fp8e4m3,fp8e5m2,fp8e4m3fnuz,fp8e5m2fnuz"
@@ -71,7 +72,7 @@ def test_emulated_kernels_hold_no_narrow_float_type():
     out = (a * a).cast(dtypes.fp8e4m3)
     sched = out.schedule()
     with Context(EMULATED_DTYPES=ALL):
-        lin = lower_to_linear(sched[-1].ast).lin
+        lin = lower_to_linear(sched[-1].ast, Device["CPU"].renderer).lin
     assert not {u.dtype for u in lin} & set(NARROW)
     with Context(EMULATED_DTYPES=ALL):
         np.testing.assert_array_equal(out.cast(dtypes.float32).numpy(), [2.25, 6.0])

@@ -11,16 +11,20 @@ from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
 from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.codegen.opt.heuristic import MAX_LANE_VECTORS
-from fusegrad.codegen.opt.target import vector_bytes
 from fusegrad.schedule import create_schedule
 from fusegrad.runtime.device import Device
+
+
+def vector_bytes() -> int:
+    return Device["CPU"].renderer.capabilities.vector_bytes
+
 
 WIDTH = vector_bytes() // 4  # float32 lanes per vector
 
 
 def opts_of(t: Tensor) -> tuple[Opt, ...]:
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    return lower_to_linear(items[-1].ast).opts
+    return lower_to_linear(items[-1].ast, Device["CPU"].renderer).opts
 
 
 @pytest.mark.parametrize("vectors", range(2, MAX_LANE_VECTORS + 1))

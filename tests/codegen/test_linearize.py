@@ -18,7 +18,7 @@ from fusegrad.schedule import create_schedule
 def upcast_first_axis(monkeypatch):
     """Every kernel compiled in the test upcasts its first output axis by 2 (compiled programs are not reused)."""
     realize._runners.clear()
-    monkeypatch.setattr(codegen, "hand_coded_opts", lambda value, plain, reads_output: [Opt(OptOps.UPCAST, 0, 2)])
+    monkeypatch.setattr(codegen, "hand_coded_opts", lambda value, plain, reads_output, caps: [Opt(OptOps.UPCAST, 0, 2)])
     yield
     realize._runners.clear()
 
@@ -38,7 +38,7 @@ def test_lanes_of_a_blocked_sum_that_skip_the_block_index_get_their_own_loops():
     total = rows.sum(-1)
     items, _, _ = create_schedule([total.uop], [Device["CPU"]])
     with Context(SPEC=1):  # the instruction list's spec: every RANGE opens once and closes innermost-first
-        info = lower_to_linear(items[-1].ast, opts=(Opt(OptOps.UPCAST, 0, 2),))
+        info = lower_to_linear(items[-1].ast, Device["CPU"].renderer, opts=(Opt(OptOps.UPCAST, 0, 2),))
     Device["CPU"].build(info)  # was: "expected declaration or statement at end of input" (a loop never closed)
 
 

@@ -16,6 +16,13 @@ from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.schedule import create_schedule
 from fusegrad.runtime.device import Device
 from fusegrad.tensor_ops.linalg import _panel_width
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+
 
 SHAPES = [(1, 33, 7), (13, 40, 17), (37, 64, 5), (8, 97, 1), (31, 128, 33), (64, 256, 64)]
 
@@ -32,30 +39,28 @@ def dot_ast(m: int, k: int, n: int):
 
 
 def test_dot_products_get_a_tile_on_both_output_axes(avx512_target):
-    opts = lower_to_linear(dot_ast(64, 256, 64)).opts
+    opts = lower_to_linear(dot_ast(64, 256, 64), avx512_target).opts
     ups = {o.axis: o.amount for o in opts if o.op is OptOps.UPCAST}
     assert set(ups) == {0, 1} and all(a >= 2 for a in ups.values())
 
 
 def test_dot_tile_is_vectorized_along_the_reduce_over_every_accumulator(avx512_target):
-    info = lower_to_linear(dot_ast(16, 256, 16))
-    src = CRenderer().render("k", info.lin)
+    info = lower_to_linear(dot_ast(16, 256, 16), avx512_target)
+    src = rendered(avx512_target, "k", info.lin)
     pragma = next(line for line in src.splitlines() if "omp simd reduction" in line)
     ups = [o.amount for o in info.opts if o.op is OptOps.UPCAST]
     assert pragma.count("acc") == ups[0] * ups[1]
 
 
-def test_an_avx2_register_budget_tiles_dot_products_on_one_axis(monkeypatch):
+def test_an_avx2_register_budget_tiles_dot_products_on_one_axis():
     # 16 registers: two rows of vector accumulators would leave none for the loaded vectors
-    import fusegrad.codegen.opt.target as target
-
-    monkeypatch.setattr(target, "_vector_target", lambda: (32, 16))
-    assert lower_to_linear(dot_ast(64, 256, 64)).opts == (Opt(OptOps.UPCAST, 0, 4),)
+    avx2 = CRenderer(CRenderer.capabilities.replace(vector_bytes=32, vector_registers=16))
+    assert lower_to_linear(dot_ast(64, 256, 64), avx2).opts == (Opt(OptOps.UPCAST, 0, 4),)
 
 
 def test_short_dot_products_and_one_sided_reduces_get_no_dot_tile():
     # a reduce shorter than two vectors keeps its plain loop
-    assert not [o for o in lower_to_linear(dot_ast(64, 8, 64)).opts if o.op is OptOps.UPCAST]
+    assert not [o for o in lower_to_linear(dot_ast(64, 8, 64), Device["CPU"].renderer).opts if o.op is OptOps.UPCAST]
 
 
 def test_weight_gradient_stored_transposed_is_a_blockable_sum():
@@ -65,7 +70,7 @@ def test_weight_gradient_stored_transposed_is_a_blockable_sum():
     (x @ w).backward(g)
     ast = asts_of(w.grad)[-1]
     assert blockable_sum(output_value(ast)) is not None
-    assert any(o.op is OptOps.REDUCE_BLOCK for o in lower_to_linear(ast).opts)
+    assert any(o.op is OptOps.REDUCE_BLOCK for o in lower_to_linear(ast, Device["CPU"].renderer).opts)
 
 
 def forward_backward(xn, wn, gn, transposed, device="CPU"):

@@ -97,9 +97,9 @@ def test_a_refused_heuristic_choice_is_logged_and_skipped(dev, monkeypatch, caps
 
     chosen = codegen.hand_coded_opts
 
-    def with_a_refused_block(value, plain, reads_output):
+    def with_a_refused_block(value, plain, reads_output, caps):
         # a block longer than the reduce: the checker refuses it, the upcast before it stays
-        return [*chosen(value, plain, reads_output), Opt(OptOps.REDUCE_BLOCK, 1, 10**6)]
+        return [*chosen(value, plain, reads_output, caps), Opt(OptOps.REDUCE_BLOCK, 1, 10**6)]
 
     monkeypatch.setattr(codegen, "hand_coded_opts", with_a_refused_block)
     a, b = RNG.standard_normal((67, 64)).astype(np.float32), RNG.standard_normal((64, 35)).astype(np.float32)
@@ -120,9 +120,9 @@ def test_spec_2_catches_opts_that_change_a_kernels_meaning(dev):
     # float constants are kernel parameters: kernels of other constants share one AST, so the wrong one differs in op
     (doubled,) = [it.ast for it in create_schedule([(x + x).sum(1).uop], [Device[dev]])[0]]
     (tripled,) = [it.ast for it in create_schedule([(x * x).sum(1).uop], [Device[dev]])[0]]
-    info = lower_to_linear(doubled, opts=(Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 1, 4)))
+    info = lower_to_linear(doubled, Device["CPU"].renderer, opts=(Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 1, 4)))
     check_opts_keep_meaning(doubled, dev, info, Device[dev].build(info))  # the same kernel agrees
-    wrong = Device[dev].build(lower_to_linear(tripled, opts=info.opts))
+    wrong = Device[dev].build(lower_to_linear(tripled, Device["CPU"].renderer, opts=info.opts))
     with pytest.raises(OptEquivalenceError, match="differs from the same kernel without opts"):
         check_opts_keep_meaning(doubled, dev, info, wrong)
 
@@ -138,9 +138,9 @@ def test_a_reduce_block_is_refused_where_global_loops_run_in_parallel():
     a, b = Tensor.rand(64, 1024).realize(), Tensor.rand(1024, 64).realize()
     (item,) = create_schedule([(a @ b).uop], [Device["CPU"]])[0]
     opts = (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.REDUCE_BLOCK, 2, 256))
-    assert lower_to_linear(item.ast, opts=opts).opts == opts
+    assert lower_to_linear(item.ast, Device["CPU"].renderer, opts=opts).opts == opts
     with pytest.raises(OptError, match="runs global loops in parallel"):
-        lower_to_linear(item.ast, opts=opts, parallel_loops=True)
-    chosen = lower_to_linear(item.ast, parallel_loops=True).opts
+        lower_to_linear(item.ast, Device["CL"].renderer, opts=opts)
+    chosen = lower_to_linear(item.ast, Device["CL"].renderer).opts
     assert not [o for o in chosen if o.op is OptOps.REDUCE_BLOCK]
-    assert Device["CL"].renderer.parallel_loops and not getattr(Device["CPU"].renderer, "parallel_loops", False)
+    assert Device["CL"].renderer.capabilities.parallel_loops and not Device["CPU"].renderer.capabilities.parallel_loops

@@ -19,6 +19,13 @@ from fusegrad.codegen.opt.beam import actions
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+
 
 SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33])
 
@@ -41,7 +48,7 @@ def forced_opts(opts: list[Opt]):
     """Every kernel compiled inside uses opts instead of the heuristics' choice (compiled programs are not reused)."""
     realize._runners.clear()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(codegen, "hand_coded_opts", lambda value, plain, reads_output: list(opts))
+        mp.setattr(codegen, "hand_coded_opts", lambda value, plain, reads_output, caps: list(opts))
         yield
     realize._runners.clear()
 
@@ -69,19 +76,19 @@ def forced_opts(opts: list[Opt]):
 )
 def test_invalid_opts_raise_opt_error_naming_them(opts, message):
     with pytest.raises(OptError, match=re.escape(message)):
-        lower_to_linear(matmul_ast(8, 10, 6), opts=tuple(opts))
+        lower_to_linear(matmul_ast(8, 10, 6), Device["CPU"].renderer, opts=tuple(opts))
 
 
 def test_reduce_opts_need_a_kernel_with_one_reduce():
     x = Tensor.rand(4, 6).realize()
     with pytest.raises(OptError, match=re.escape("Opt(UNROLL, axis=1, amount=2): the kernel has no single reduce")):
-        lower_to_linear(ast_of(x * 2), opts=(opt("UNROLL", 1, 2),))
+        lower_to_linear(ast_of(x * 2), Device["CPU"].renderer, opts=(opt("UNROLL", 1, 2),))
 
 
 def test_padto_unroll_order_does_not_matter():
     ast = matmul_ast(4, 7, 4)
-    a = lower_to_linear(ast, opts=(opt("UNROLL", 2, 4), opt("PADTO", 2, 4)))
-    b = lower_to_linear(ast, opts=(opt("PADTO", 2, 4), opt("UNROLL", 2, 4)))
+    a = lower_to_linear(ast, Device["CPU"].renderer, opts=(opt("UNROLL", 2, 4), opt("PADTO", 2, 4)))
+    b = lower_to_linear(ast, Device["CPU"].renderer, opts=(opt("PADTO", 2, 4), opt("UNROLL", 2, 4)))
     assert a.lin == b.lin
 
 
@@ -138,7 +145,7 @@ def test_padded_unrolled_reduce_keeps_its_identity(k, pad, unroll, reduce):
     opts = ([opt("PADTO", 1, pad)] if pad else []) + ([opt("UNROLL", 1, unroll)] if unroll else [])
     if k == 1:
         with pytest.raises(OptError):
-            lower_to_linear(ast_of(Tensor(xn).max(1)), opts=(opt("UNROLL", 1, 2),))
+            lower_to_linear(ast_of(Tensor(xn).max(1)), Device["CPU"].renderer, opts=(opt("UNROLL", 1, 2),))
         return
     check_opts_values(lambda x: getattr(x, reduce)(1), [xn], opts)
 
@@ -152,7 +159,7 @@ def test_thread_split_runs_on_any_number_of_threads():
 
 def test_thread_loop_is_the_one_split_across_cores():
     x = Tensor.rand(3, 4096).realize()
-    info = lower_to_linear(ast_of(x * 2), opts=(opt("THREAD", 1, 4),))
+    info = lower_to_linear(ast_of(x * 2), Device["CPU"].renderer, opts=(opt("THREAD", 1, 4),))
     assert info.outer_size == 4  # the chunks of axis 1, not axis 0's 3 rows
 
 
@@ -161,16 +168,20 @@ def test_thread_loop_is_the_one_split_across_cores():
 
 def test_heuristics_thread_the_largest_evenly_split_loop():
     with Context(NUM_CPU_THREADS=2):
-        assert lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2)).opts == (opt("THREAD", 1, 2),)
-        assert lower_to_linear(ast_of(Tensor.rand(64, 64).realize() * 2)).opts == ()  # 64 rows split evenly
+        assert lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2), Device["CPU"].renderer).opts == (
+            opt("THREAD", 1, 2),
+        )
+        assert (
+            lower_to_linear(ast_of(Tensor.rand(64, 64).realize() * 2), Device["CPU"].renderer).opts == ()
+        )  # 64 rows split evenly
     with Context(NUM_CPU_THREADS=1):
-        assert lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2)).opts == ()
+        assert lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2), Device["CPU"].renderer).opts == ()
 
 
 def test_heuristics_unroll_a_short_reduce_and_keep_matmul_tiles(avx512_target):
-    assert lower_to_linear(ast_of(Tensor.rand(300, 3).realize().sum(1))).opts == (opt("UNROLL", 1, 3),)
+    assert lower_to_linear(ast_of(Tensor.rand(300, 3).realize().sum(1)), avx512_target).opts == (opt("UNROLL", 1, 3),)
     with Context(NUM_CPU_THREADS=2):
-        opts = lower_to_linear(matmul_ast(64, 1024, 64)).opts
+        opts = lower_to_linear(matmul_ast(64, 1024, 64), avx512_target).opts
     assert opts[:2] == (opt("UPCAST", 0, 8), opt("UPCAST", 1, opts[1].amount)) and opts[1].amount >= 8
     assert opt("REDUCE_BLOCK", 2, 64) in opts
     assert not [o for o in opts if o.op in (OptOps.UNROLL, OptOps.THREAD, OptOps.PADTO)]
@@ -197,13 +208,13 @@ def test_heuristic_choices_equal_noopt_and_python_device(m, k, n):
 
 def test_debug_3_lists_the_new_opts(capsys):
     with Context(DEBUG=3, NUM_CPU_THREADS=2):
-        lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2))
+        lower_to_linear(ast_of(Tensor.rand(3, 4096).realize() * 2), Device["CPU"].renderer)
     assert "opts: [Opt(THREAD, axis=1, amount=2)]" in capsys.readouterr().out
 
 
 def test_beam_searches_unroll_thread_and_padto():
     with Context(NUM_CPU_THREADS=2):
-        moves = actions(matmul_ast(8, 7, 6))
+        moves = actions(matmul_ast(8, 7, 6), Device["CPU"].renderer.capabilities)
     assert {opt("UNROLL", 2, 7), opt("PADTO", 2, 8), opt("THREAD", 0, 2), opt("THREAD", 1, 2)} <= set(moves)
 
 
@@ -214,8 +225,8 @@ def test_bias_epilogue_keeps_the_blocked_matmul_and_equals_noopt():
     rng = np.random.default_rng(5)
     arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((16, 512), (512, 64), (64,))]
     a, b, c = (Tensor(x).realize() for x in arrays)
-    plain_opts = lower_to_linear(matmul_ast(16, 512, 64)).opts
-    epilogue_opts = lower_to_linear(ast_of(a @ b * 0.5 + c)).opts
+    plain_opts = lower_to_linear(matmul_ast(16, 512, 64), Device["CPU"].renderer).opts
+    epilogue_opts = lower_to_linear(ast_of(a @ b * 0.5 + c), Device["CPU"].renderer).opts
     assert any(o.op is OptOps.REDUCE_BLOCK for o in epilogue_opts) and epilogue_opts == plain_opts
     with Context(NOOPT=1):
         realize._runners.clear()
@@ -247,11 +258,10 @@ def test_relu_epilogue_is_blocked_in_vectors_and_keeps_nan_and_zero_sign():
     an[2, 5], cn[3] = np.nan, -1e30  # a NaN row; a column far below zero (relu gives +0.0 there)
     fn = lambda a, b, c: (a @ b + c).relu()  # noqa: E731
     a, b, c = (Tensor(x).realize() for x in (an, bn, cn))
-    info = lower_to_linear(ast_of(fn(a, b, c)))
+    info = lower_to_linear(ast_of(fn(a, b, c)), Device["CPU"].renderer)
     assert any(o.op is OptOps.REDUCE_BLOCK for o in info.opts)
-    from fusegrad.renderer.cstyle import CRenderer
 
-    src = CRenderer().render(info.name, info.lin)
+    src = rendered(Device["CPU"].renderer, info.name, info.lin)
     assert "fg_intx" in src and " & ~vec" in src  # the compare-and-select runs on vectors
     realize._runners.clear()
     got = run(fn, [an, bn, cn])
@@ -275,16 +285,18 @@ def test_mask_lanes_read_as_zero_or_one_by_scalar_users():
 
 def test_epilogue_the_vectors_cannot_carry_is_not_blocked():
     a, b, c = Tensor.rand(16, 512).realize(), Tensor.rand(512, 64).realize(), Tensor.rand(16, 64).realize()
-    assert not any(o.op is OptOps.REDUCE_BLOCK for o in lower_to_linear(ast_of((a @ b).maximum(c))).opts)
+    assert not any(
+        o.op is OptOps.REDUCE_BLOCK for o in lower_to_linear(ast_of((a @ b).maximum(c)), Device["CPU"].renderer).opts
+    )
     with pytest.raises(OptError, match="not a single float sum over one axis"):
-        lower_to_linear(ast_of((a @ b).maximum(c)), opts=(opt("REDUCE_BLOCK", 2, 64),))
+        lower_to_linear(ast_of((a @ b).maximum(c)), Device["CPU"].renderer, opts=(opt("REDUCE_BLOCK", 2, 64),))
 
 
 @pytest.mark.parametrize("k", [2, 3, 4])
 def test_short_bool_reduces_unroll_to_logic(k):
     xn = np.random.default_rng(k).standard_normal((6, k)) > 0.5
     t = Tensor(xn)
-    assert lower_to_linear(ast_of(t.any(1))).opts == (opt("UNROLL", 1, k),)
+    assert lower_to_linear(ast_of(t.any(1)), Device["CPU"].renderer).opts == (opt("UNROLL", 1, k),)
     np.testing.assert_array_equal(t.any(1).numpy(), xn.any(1))
     np.testing.assert_array_equal(t.all(1).numpy(), xn.all(1))
     np.testing.assert_array_equal(Tensor(xn, device="PYTHON").any(1).numpy(), xn.any(1))
@@ -304,8 +316,8 @@ def test_epilogue_reading_a_full_matrix_keeps_the_register_tile_and_equals_noopt
     rng = np.random.default_rng(8)
     arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((32, 48), (48, 64), (32, 64))]
     a, b, m = (Tensor(x).realize() for x in arrays)
-    plain_opts = lower_to_linear(matmul_ast(32, 48, 64)).opts
-    epilogue_opts = lower_to_linear(ast_of((a @ b) * m)).opts
+    plain_opts = lower_to_linear(matmul_ast(32, 48, 64), Device["CPU"].renderer).opts
+    epilogue_opts = lower_to_linear(ast_of((a @ b) * m), Device["CPU"].renderer).opts
     assert any(o.op is OptOps.UPCAST and o.axis == 0 for o in plain_opts) and epilogue_opts == plain_opts
     with Context(NOOPT=1):
         realize._runners.clear()
@@ -322,7 +334,7 @@ def test_pool_window_is_fully_unrolled_and_equals_noopt_and_torch(shape, k, stri
 
     xn = np.random.default_rng(9).standard_normal(shape, dtype=np.float32)
     ast = ast_of(Tensor(xn).realize().max_pool2d(k, stride))
-    unrolled = {(o.axis, o.amount) for o in lower_to_linear(ast).opts if o.op is OptOps.UNROLL}
+    unrolled = {(o.axis, o.amount) for o in lower_to_linear(ast, Device["CPU"].renderer).opts if o.op is OptOps.UNROLL}
     assert len(unrolled) == 2 and all(amount == k for _, amount in unrolled)
     realize._runners.clear()
     got = Tensor(xn).max_pool2d(k, stride).numpy()
@@ -352,9 +364,7 @@ def is_reduce(value) -> bool:
 
 
 def panel_columns() -> int:
-    from fusegrad.codegen.opt.target import vector_bytes
-
-    return 2 * vector_bytes() // 4
+    return 2 * Device["CPU"].renderer.capabilities.vector_bytes // 4
 
 
 def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks(avx512_target):
@@ -362,7 +372,7 @@ def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks(avx512_target):
     p = panel_columns()
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
         x, w = Tensor.rand(1024, 512).realize(), Tensor.rand(512, 8 * p).realize()
-        opts = lower_to_linear(ast_of(x @ w)).opts
+        opts = lower_to_linear(ast_of(x @ w), avx512_target).opts
     # output axes (rows, panels, columns of a panel): 8 rows x one panel in registers, 64 row tiles per block, each
     # tile over 2 panels in a row
     assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 64), opt("TILE", 1, 2))
@@ -370,19 +380,19 @@ def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks(avx512_target):
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
         b = Tensor.rand(8 * p).realize()
         for epilogue in (lambda t: t.relu(), lambda t: (t + b).relu(), lambda t: t * 2):
-            assert lower_to_linear(ast_of(epilogue(x @ w))).opts == (
+            assert lower_to_linear(ast_of(epilogue(x @ w)), avx512_target).opts == (
                 opt("UPCAST", 0, 8),
                 opt("UPCAST", 1, p),
                 opt("TILE", 0, 64),
                 opt("TILE", 1, 2),
             )
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
-        opts = lower_to_linear(ast_of(Tensor.rand(48, 512).realize() @ w)).opts
+        opts = lower_to_linear(ast_of(Tensor.rand(48, 512).realize() @ w), avx512_target).opts
     # 6 row tiles: 3 per thread
     assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 3), opt("TILE", 1, 2))
     # an odd number of panels is not walked in pairs (the last pair would overlap)
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
-        opts = lower_to_linear(ast_of(x @ Tensor.rand(512, 7 * p).realize())).opts
+        opts = lower_to_linear(ast_of(x @ Tensor.rand(512, 7 * p).realize()), avx512_target).opts
     assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 64))
 
 
@@ -399,7 +409,7 @@ def test_matvec_over_panels_accumulates_both_vectors_of_a_panel_in_one_pass():
     x = Tensor(xn).realize()
     items, _, _ = create_schedule([lin(x).uop], [Device["CPU"]])
     matvec = next(it.ast for it in items if is_reduce(it.ast))
-    assert lower_to_linear(matvec).opts[:1] == (opt("UPCAST", 2, p),)
+    assert lower_to_linear(matvec, Device["CPU"].renderer).opts[:1] == (opt("UPCAST", 2, p),)
     np.testing.assert_allclose(lin(x).numpy(), xn @ wn, rtol=1e-5, atol=1e-5)
 
 
@@ -409,7 +419,9 @@ def test_packed_matmul_past_l2_keeps_its_reduce_blocks():
     p = panel_columns()
     k = heuristic.PANEL_MAX_BYTES // (4 * p) * 2
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
-        opts = lower_to_linear(ast_of(Tensor.rand(64, k).realize() @ Tensor.rand(k, 2 * p).realize())).opts
+        opts = lower_to_linear(
+            ast_of(Tensor.rand(64, k).realize() @ Tensor.rand(k, 2 * p).realize()), Device["CPU"].renderer
+        ).opts
     assert any(o.op is OptOps.REDUCE_BLOCK for o in opts)
 
 
@@ -442,7 +454,9 @@ def test_panel_tiles_equal_noopt(row_up, tile):
         realize._runners.clear()
         with pytest.MonkeyPatch.context() as mp:
             # the matmul's kernel only (the copy into panels keeps its own); no PYTHON run: it packs no weight
-            mp.setattr(codegen, "hand_coded_opts", lambda value, plain, reads_output: opts if is_reduce(value) else [])
+            mp.setattr(
+                codegen, "hand_coded_opts", lambda value, plain, reads_output, caps: opts if is_reduce(value) else []
+            )
             got = run(lambda a, b: a @ b, arrays)
         realize._runners.clear()
     np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-5)
@@ -457,7 +471,7 @@ def test_transposed_copies_run_in_8x8_tiles_and_equal_numpy(shape, perm):
     """A copy that reads across rows (a transpose) gets 8 x 8 tiles: whole input cache lines once per tile, where a
     row at a time re-read each line per output row (2048x1024: 7.4 -> 0.7 ms); values as numpy's, any dtype."""
     x = Tensor.empty(*shape).permute(perm).contiguous()
-    opts = lower_to_linear(ast_of(x)).opts
+    opts = lower_to_linear(ast_of(x), Device["CPU"].renderer).opts
     kept = [a for a, d in enumerate(x.shape) if d != 1]
     assert opt("UPCAST", kept[-1], 8) in opts and len([o for o in opts if o.op is OptOps.UPCAST]) == 2, opts
     rng = np.random.default_rng(len(shape))
@@ -465,6 +479,8 @@ def test_transposed_copies_run_in_8x8_tiles_and_equal_numpy(shape, perm):
         a = (rng.standard_normal(shape) * 100).astype(dtype)
         np.testing.assert_array_equal(Tensor(a).permute(perm).contiguous().numpy(), a.transpose(perm))
     # a row-block copy (the innermost axis contiguous), a transpose added to a contiguous input and a small one: untiled
-    assert not lower_to_linear(ast_of(Tensor.empty(8, 16, 128, 64).permute(0, 2, 1, 3).contiguous())).opts
-    assert not lower_to_linear(ast_of(Tensor.empty(1024, 512).T + Tensor.empty(512, 1024))).opts
-    assert not lower_to_linear(ast_of(Tensor.empty(64, 128).T.contiguous())).opts
+    assert not lower_to_linear(
+        ast_of(Tensor.empty(8, 16, 128, 64).permute(0, 2, 1, 3).contiguous()), Device["CPU"].renderer
+    ).opts
+    assert not lower_to_linear(ast_of(Tensor.empty(1024, 512).T + Tensor.empty(512, 1024)), Device["CPU"].renderer).opts
+    assert not lower_to_linear(ast_of(Tensor.empty(64, 128).T.contiguous()), Device["CPU"].renderer).opts

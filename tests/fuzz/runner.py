@@ -79,24 +79,26 @@ def opt_mode(mode: str, seed: int):
         with Context(NOOPT=1):
             yield
     elif mode == "random":
+        import fusegrad.codegen as codegen
         import fusegrad.engine.realize as realize
         from fusegrad.schedule.cache import clear_schedule_cache
 
-        original, rng = realize.lower_to_linear, np.random.default_rng(seed)
+        original, rng = codegen.lower_to_linear, np.random.default_rng(seed)
 
-        def lower(ast, opts=None, **target):  # target: what the device passes (parallel_loops)
+        def lower(ast, renderer, opts=None):  # renderer: the device's, what its target can do
             def check(a, opts):
-                return original(a, opts=opts, **target)
+                return original(a, renderer, opts=opts)
 
-            return original(ast, opts=random_opts(ast, rng, check) if opts is None else opts, **target)
+            chosen = random_opts(ast, rng, check, renderer.capabilities) if opts is None else opts
+            return original(ast, renderer, opts=chosen)
 
-        realize.lower_to_linear = lower
+        codegen.lower_to_linear = lower  # realize imports it from codegen with each kernel it compiles
         realize._runners.clear()  # kernels built with the heuristics' opts are not reused, nor these later
         clear_schedule_cache()
         try:
             yield
         finally:
-            realize.lower_to_linear = original
+            codegen.lower_to_linear = original
             realize._runners.clear()
             clear_schedule_cache()
     else:
@@ -117,16 +119,16 @@ def half_support(program: Program, device: str):
         yield
 
 
-def random_opts(ast, rng: np.random.Generator, lower) -> tuple:
+def random_opts(ast, rng: np.random.Generator, lower, caps) -> tuple:
     """Up to 4 opts drawn from BEAM's actions, each kept only when the checker accepts the list so far."""
     from fusegrad.codegen.opt import OptError
     from fusegrad.codegen.opt.beam import actions, fits_registers
 
-    opts, moves = (), actions(ast)
+    opts, moves = (), actions(ast, caps)
     for _ in range(int(rng.integers(1, 5))):
         for k in rng.permutation(len(moves))[:8]:
             trial = opts + (moves[int(k)],)
-            if not fits_registers(ast, trial):
+            if not fits_registers(ast, trial, caps):
                 continue
             try:
                 lower(ast, opts=trial)

@@ -9,7 +9,6 @@ import pytest
 
 from fusegrad import Context, Tensor, dtypes
 from fusegrad.codegen import lower_to_linear
-from fusegrad.codegen.opt.target import vector_bytes
 from fusegrad.renderer.cstyle import (
     CODE_FOR_OP,
     CRenderer,
@@ -23,11 +22,21 @@ from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import GroupOp, Ops
 from fusegrad.uop.pattern import PatternMatcher
 from fusegrad.uop.spec import LINEAR_OPS
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+
+
+def vector_bytes() -> int:
+    return Device["CPU"].renderer.capabilities.vector_bytes
 
 
 def kernels(t: Tensor):
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    return [lower_to_linear(i.ast) for i in items if i.ast.op is Ops.SINK]
+    return [lower_to_linear(i.ast, Device["CPU"].renderer) for i in items if i.ast.op is Ops.SINK]
 
 
 def matmul_info(m: int, k: int, n: int):
@@ -47,7 +56,7 @@ def test_dialects_are_subclasses_that_override_knobs_not_the_driver():
         assert issubclass(dialect, CStyleRenderer)
         assert "render" not in vars(dialect)  # one driver for the family
     info = matmul_info(64, 32, 64)
-    c, cl, cuda = (r().render("k", info.lin) for r in (CRenderer, OpenCLRenderer, CUDARenderer))
+    c, cl, cuda = (rendered(r(), "k", info.lin) for r in (CRenderer, OpenCLRenderer, CUDARenderer))
     assert "void k(const float* data1" in c.replace("float* data0, ", "") and "core_start" in c
     assert "__kernel void k(__global float* data0, __global const float* data1" in cl
     assert "get_global_id(0)" in cl and "core_start" not in cl
@@ -61,7 +70,7 @@ def test_a_dialect_overrides_one_template():
 
     a = Tensor.rand(16).realize()
     (info,) = kernels(a.maximum(0.5))
-    assert "fmaxf(" in FmaxC().render("k", info.lin) and "fmaxf(" not in CRenderer().render("k", info.lin)
+    assert "fmaxf(" in rendered(FmaxC(), "k", info.lin) and "fmaxf(" not in rendered(CRenderer(), "k", info.lin)
 
 
 def test_missing_rule_and_unsupported_dtype_raise_render_error():
@@ -70,24 +79,24 @@ def test_missing_rule_and_unsupported_dtype_raise_render_error():
 
     (info,) = kernels(Tensor.rand(4).realize() + 1)
     with pytest.raises(RenderError, match="NoRules has no rule for Ops.DEFINE_GLOBAL"):
-        NoRules().render("k", info.lin)
+        rendered(NoRules(), "k", info.lin)
     (fp8,) = kernels(Tensor.rand(4).realize().cast(dtypes.fp8e4m3))
     with pytest.raises(RenderError, match="OpenCLRenderer cannot render dtypes.fp8e4m3"):
-        OpenCLRenderer().render("k", fp8.lin)
+        rendered(OpenCLRenderer(), "k", fp8.lin)
 
 
 def test_upcast_kernel_renders_vector_types_in_c_and_opencl():
     width = vector_bytes() // 4
     info = matmul_info(32, 16, 2 * width)
     assert info.opts, "the heuristics upcast a matmul"
-    c = CRenderer().render("k", info.lin)
+    c = rendered(Device["CPU"].renderer, "k", info.lin)
     assert f"typedef float fg_floatx{width} __attribute__((vector_size({vector_bytes()})));" in c
-    cl = OpenCLRenderer().render("k", info.lin)
+    cl = rendered(OpenCLRenderer(), "k", info.lin)
     assert "float4 vec" in cl and "vload4(0, " in cl and "vstore4(" in cl
     with Context(NOOPT=1):
         plain = kernels(Tensor.rand(32, 16).realize() @ Tensor.rand(16, 8).realize())[-1]
-    assert "vector_size" not in CRenderer().render("k", plain.lin)
-    assert "float4" not in OpenCLRenderer().render("k", plain.lin)
+    assert "vector_size" not in rendered(Device["CPU"].renderer, "k", plain.lin)
+    assert "float4" not in rendered(OpenCLRenderer(), "k", plain.lin)
 
 
 def test_constants_follow_the_dialect():
@@ -115,11 +124,11 @@ def test_rendered_c_computes_nan_inf_and_wrapping_like_numpy():
 def test_cuda_source_compiles_to_ptx(tmp_path):
     a = Tensor.rand(16, 16).realize()
     infos = kernels((a @ a).relu()) + kernels(a.half().sqrt().cast(dtypes.bfloat16)) + kernels(a.bitcast(dtypes.int32))
-    src = "\n".join(CUDARenderer().render(f"k{i}", info.lin) for i, info in enumerate(infos))
+    src = "\n".join(rendered(CUDARenderer(), f"k{i}", info.lin) for i, info in enumerate(infos))
     # one translation unit: the prelude repeats, so each kernel goes in its own file
     for i, info in enumerate(infos):
         path = tmp_path / f"k{i}.cu"
-        path.write_text(CUDARenderer().render(f"k{i}", info.lin))
+        path.write_text(rendered(CUDARenderer(), f"k{i}", info.lin))
         proc = subprocess.run(["nvcc", "--ptx", str(path), "-o", str(tmp_path / f"k{i}.ptx")], capture_output=True)
         assert proc.returncode == 0, proc.stderr.decode() + src
         assert f".entry k{i}" in (tmp_path / f"k{i}.ptx").read_text()
@@ -128,9 +137,9 @@ def test_cuda_source_compiles_to_ptx(tmp_path):
 def test_opencl_bool_buffers_are_bytes():
     a = Tensor.rand(8).realize()
     (info,) = kernels(a < 0.5)
-    cl = OpenCLRenderer().render("k", info.lin)
+    cl = rendered(OpenCLRenderer(), "k", info.lin)
     assert "__global uchar* data0" in cl and "bool alu" in cl
-    assert "_Bool* data0" in CRenderer().render("k", info.lin)
+    assert "_Bool* data0" in rendered(Device["CPU"].renderer, "k", info.lin)
 
 
 def test_two_gated_loads_of_one_buffer_in_a_strided_loop_read_the_right_elements():
@@ -142,7 +151,7 @@ def test_two_gated_loads_of_one_buffer_in_a_strided_loop_read_the_right_elements
     x, y = Tensor(xs).realize(), Tensor(ys).realize()
     out = x.pad(((2, 1),)).reshape(16, 1) * y.reshape(1, 2)
     (item,) = create_schedule([out.uop], [Device["CPU"]])[0]
-    info = lower_to_linear(item.ast, opts=(Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 2)))
+    info = lower_to_linear(item.ast, Device["CPU"].renderer, opts=(Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 2)))
     Device["CPU"].build(info)(item.buffers)
     want = np.pad(xs, (2, 1))[:, None] * ys[None, :]
     np.testing.assert_array_equal(item.buffers[0].numpy().reshape(16, 2), want)

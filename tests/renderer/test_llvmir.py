@@ -17,35 +17,43 @@ from fusegrad.runtime import device as device_module, ops_cpu, ops_llvm  # noqa:
 from fusegrad.runtime.device import Device  # noqa: E402
 from fusegrad.schedule import create_schedule  # noqa: E402
 from fusegrad.uop.ops import Ops  # noqa: E402
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+
 
 FAST_MATH = re.compile(r"\b(fast|nnan|ninf|nsz|arcp|afn|contract)\b")
 
 
 def kernels(t: Tensor):
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    return [lower_to_linear(i.ast) for i in items if i.ast.op is Ops.SINK]
+    return [lower_to_linear(i.ast, Device["CPU"].renderer) for i in items if i.ast.op is Ops.SINK]
 
 
 def test_upcast_matmul_renders_vectors_and_fma_without_fast_math():
     a, b = Tensor.rand(32, 16).realize(), Tensor.rand(16, 64).realize()
     (info,) = kernels(a @ b)
     assert info.opts
-    ir = LLVMRenderer(vector_bytes=64).render("k", info.lin)
+    ir = rendered(LLVMRenderer(LLVMRenderer.capabilities.replace(vector_bytes=64)), "k", info.lin)
     assert "<16 x float>" in ir and "call <16 x float> @llvm.fma.v16f32(" in ir
     assert "declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)" in ir
     assert not FAST_MATH.search(ir) and "reassoc" not in ir
-    narrow = LLVMRenderer(vector_bytes=16).render("k", info.lin)
+    narrow = rendered(LLVMRenderer(LLVMRenderer.capabilities.replace(vector_bytes=16)), "k", info.lin)
     assert "<4 x float>" in narrow and "<16 x float>" not in narrow
     with Context(NOOPT=1):
         (plain,) = kernels(a @ b)
-    assert " x float>" not in LLVMRenderer(vector_bytes=64).render("k", plain.lin)
+    assert " x float>" not in rendered(LLVMRenderer(LLVMRenderer.capabilities.replace(vector_bytes=64)), "k", plain.lin)
 
 
 def test_relu_epilogue_compares_and_selects_lane_by_lane():
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((64, 1024), dtype=np.float32), rng.standard_normal((1024, 64), dtype=np.float32)
     out = (Tensor(x) @ Tensor(w) + 0.5).relu()
-    irs = [LLVMRenderer(vector_bytes=64).render("k", info.lin) for info in kernels(out)]
+    wide = LLVMRenderer(LLVMRenderer.capabilities.replace(vector_bytes=64))
+    irs = [rendered(wide, "k", info.lin) for info in kernels(out)]
     assert any(re.search(r"fcmp \w+ <16 x float>", ir) and "select <16 x i1>" in ir for ir in irs)
     got = (Tensor(x, device="LLVM") @ Tensor(w, device="LLVM") + 0.5).relu().numpy()
     np.testing.assert_allclose(got, np.maximum(x @ w + 0.5, 0), rtol=1e-4, atol=1e-3)
@@ -53,10 +61,10 @@ def test_relu_epilogue_compares_and_selects_lane_by_lane():
 
 def test_only_an_innermost_sums_accumulator_reassociates():
     (info,) = kernels(Tensor.rand(4, 300).realize().sum(1))
-    ir = LLVMRenderer().render("k", info.lin)
+    ir = rendered(LLVMRenderer(), "k", info.lin)
     assert re.findall(r"fadd reassoc float", ir) and not FAST_MATH.search(ir)
     (info,) = kernels(Tensor.rand(4, 300).realize().max(1))
-    assert "reassoc" not in LLVMRenderer().render("k", info.lin)
+    assert "reassoc" not in rendered(LLVMRenderer(), "k", info.lin)
 
 
 def test_constants_are_exact_llvm_literals():
@@ -114,7 +122,7 @@ def cache_home(tmp_path, monkeypatch):
 def test_objects_are_cached_checksummed_and_rebuilt_when_damaged(cache_home, monkeypatch):
     compiler = ops_llvm.LLVMCompiler()
     (info,) = kernels(Tensor.rand(64).realize() * 2)
-    ir = LLVMRenderer().render("k", info.lin)
+    ir = rendered(LLVMRenderer(), "k", info.lin)
     compiler.load(ir, "k")
     (obj,) = [p for p in os.listdir(cache_home) if p.endswith(".o")]
     assert os.path.exists(cache_home / obj.replace(".o", ".sha256"))

@@ -9,18 +9,25 @@ import torch
 import fusegrad.engine.realize as realize
 from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
-from fusegrad.renderer.cstyle import CRenderer, OpenCLRenderer
+from fusegrad.renderer.cstyle import OpenCLRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+
 
 SPECIAL = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 88.72, 88.73, 89.5, 1e30, -87.3, -95.0, -103.9, -104.5, -1e30]
 
 
 def c_source(t: Tensor) -> str:
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    info = lower_to_linear([i.ast for i in items if i.ast.op is Ops.SINK][-1])
-    return CRenderer().render("k", info.lin)
+    info = lower_to_linear([i.ast for i in items if i.ast.op is Ops.SINK][-1], Device["CPU"].renderer)
+    return rendered(Device["CPU"].renderer, "k", info.lin)
 
 
 def whole_vectors(values: list) -> np.ndarray:
@@ -115,7 +122,7 @@ def test_reciprocal_of_vector_lanes_equals_numpy():
 
 def linear_kernels(t: Tensor) -> list:
     items, _, _ = create_schedule([t.uop], [Device["CPU"]])
-    return [lower_to_linear(i.ast).lin for i in items if i.ast.op is Ops.SINK]
+    return [lower_to_linear(i.ast, Device["CPU"].renderer).lin for i in items if i.ast.op is Ops.SINK]
 
 
 def test_max_partials_accumulate_in_vectors():
@@ -129,13 +136,13 @@ def test_max_partials_accumulate_in_vectors():
 
 def test_max_stays_scalar_where_the_dialect_has_no_vector_max():
     # OpenCL C's fmax does not propagate NaN: its max accumulators stay scalar (the loads still pack), a sum's not
-    cl = OpenCLRenderer().render("k", linear_kernels(Tensor.empty(1 << 20).max())[0])
+    cl = rendered(OpenCLRenderer(), "k", linear_kernels(Tensor.empty(1 << 20).max())[0])
     assert "float acc0 = (-INFINITY);" in cl and "acc0 = ((acc0>vec0.s0||acc0!=acc0)?acc0:vec0.s0);" in cl
-    assert "float acc0" not in OpenCLRenderer().render("k", linear_kernels(Tensor.empty(1 << 20).sum())[0])
+    assert "float acc0" not in rendered(OpenCLRenderer(), "k", linear_kernels(Tensor.empty(1 << 20).sum())[0])
 
 
 def c_source_of_first(t: Tensor) -> str:
-    return CRenderer().render("k", linear_kernels(t)[0])
+    return rendered(Device["CPU"].renderer, "k", linear_kernels(t)[0])
 
 
 def with_specials(n: int, kind: str) -> np.ndarray:

@@ -109,7 +109,9 @@ def test_digits_model_trains_on_cl_like_on_cpu():
 @pytest.fixture
 def grouped_reductions(monkeypatch):
     # on by default on GPUs only; the kernels below have shapes no other test builds, so none is cached ungrouped
-    monkeypatch.setattr(Device["CL"].renderer, "group_reduce", True)
+    monkeypatch.setattr(
+        Device["CL"].renderer, "capabilities", Device["CL"].renderer.capabilities.replace(group_reduce=True)
+    )
 
 
 def test_reductions_with_few_outputs_split_over_a_work_group(capsys, grouped_reductions):

@@ -7,6 +7,13 @@ import pytest
 from fusegrad import Tensor, dtypes
 from fusegrad.runtime import ops_cuda
 from fusegrad.runtime.device import Device
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nvcc") is None and ops_cuda.libnvrtc() is None, reason="no CUDA compiler (nvcc or NVRTC)"
@@ -74,7 +81,7 @@ def test_every_kernel_compiles_to_ptx_and_cubin(name, monkeypatch):
     assert infos, f"{name}: no kernels lowered"
     renderer, compiler = CUDAKernelRenderer(), ops_cuda.CUDACompiler(ops_cuda.default_arch())
     for info in {i.name + repr(i.lin): i for i in infos}.values():
-        src = renderer.render(info.name, info.lin)
+        src = rendered(renderer, info.name, info.lin)
         assert f"void {info.name}(" in src
         binary = compiler.compile_cached(src, info.name)
         if shutil.which("ptxas"):

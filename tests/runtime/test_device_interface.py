@@ -16,10 +16,9 @@ FRONT_END += [
 ]
 # what the front end may import below itself: the buffer interface and the engine's entry points
 FRONT_END_MAY_IMPORT = ("fusegrad.runtime.buffers", "fusegrad.engine.")
-# the one place left that asks the target, until the panel weight layout is decided below the front end
-FRONT_END_EXCEPTIONS = {
-    "fusegrad/tensor_ops/linalg.py": {"fusegrad.codegen.opt.target", "fusegrad.codegen.opt.target.vector_bytes"}
-}
+# the one place left that asks the target, until the panel weight layout is decided below the front end: through the
+# engine's entry point for the device's renderer capabilities, never codegen or a device
+FRONT_END_TARGET_QUERIES = {"fusegrad/tensor_ops/linalg.py": {"fusegrad.engine.realize.device_capabilities"}}
 
 
 def imported_names(path: str) -> set[str]:
@@ -53,7 +52,15 @@ def test_front_end_imports_below_it_only_buffers_and_engine_entry_points():
             if n.startswith(("fusegrad.schedule", "fusegrad.codegen", "fusegrad.renderer", "fusegrad.runtime"))
             and not n.startswith(FRONT_END_MAY_IMPORT)
         }
-        assert below <= FRONT_END_EXCEPTIONS.get(path, set()), f"{path} imports {sorted(below)}"
+        assert not below, f"{path} imports {sorted(below)}"
+
+
+def test_only_the_panel_layout_asks_the_target_and_through_the_engine():
+    for path in FRONT_END:
+        asks = {n for n in imported_names(str(ROOT / path)) if n.endswith(".device_capabilities")}
+        assert asks == FRONT_END_TARGET_QUERIES.get(path, set()), f"{path} imports {sorted(asks)}"
+    # models/ is on the public API and the engine: no codegen either
+    assert not {n for n in imported_names(str(ROOT / "fusegrad/models/weights.py")) if n.startswith("fusegrad.codegen")}
 
 
 def test_engine_reads_the_buffer_table_from_runtime_buffers():

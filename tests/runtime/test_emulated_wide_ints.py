@@ -8,6 +8,7 @@ import pytest
 
 from fusegrad import Context, Tensor, dtypes
 from fusegrad.codegen.emulate_wide import WideIntError
+from fusegrad.runtime.device import Device
 from test_backend_ops import UNSUPPORTED, _need
 
 DEVICES = ["CPU", pytest.param("LLVM", marks=pytest.mark.slow), pytest.param("CL", marks=pytest.mark.slow)]
@@ -119,7 +120,7 @@ def test_kernels_hold_no_64_bit_type():
     x = Tensor(np.array([2**40, -3], np.int64))
     out = (x * x + 1).sum()
     with Context(EMULATED_DTYPES="long"):
-        lin = lower_to_linear(out.schedule()[-1].ast).lin
+        lin = lower_to_linear(out.schedule()[-1].ast, Device["CPU"].renderer).lin
         assert not {u.dtype for u in lin} & {dtypes.int64, dtypes.uint64}
         assert out.item() == 2**80 % 2**64 + 9 + 2
 

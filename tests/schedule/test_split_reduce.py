@@ -304,7 +304,7 @@ def test_full_sum_partials_keep_vector_lanes_in_accumulators(avx512_target):
     for n in (N_POW2, n_odd_small, 1 << 24):
         items = Tensor.empty(n).sum().schedule_linear()
         assert len(items) == 2 and items[0].buffers[0].size % lanes == 0
-        info = lower_to_linear(items[0].ast)
+        info = lower_to_linear(items[0].ast, avx512_target)
         assert Opt(OptOps.UPCAST, 2, lanes) in info.opts, info.opts
     x = np.random.default_rng(7).uniform(-1, 2, n_odd_small).astype(np.float32)
     for fn, ref in ((lambda t: t.sum(), x.astype(np.float64).sum()), (lambda t: t.max(), x.max())):
@@ -342,7 +342,7 @@ def test_a_full_sum_of_any_length_reads_whole_vectors_and_adds_its_tail_after_th
     assert len(items) == 2 and items[0].buffers[0].size % lanes == 0
     partial = items[0].ast.toposort()
     assert not any(u.op is Ops.PAD for u in partial)
-    assert Opt(OptOps.UPCAST, 2, lanes) in lower_to_linear(items[0].ast).opts
+    assert Opt(OptOps.UPCAST, 2, lanes) in lower_to_linear(items[0].ast, avx512_target).opts
     x = np.random.default_rng(9).standard_normal(n).astype(np.float32)
     x64 = x.astype(np.float64)
     out, kernels = realize_counting(lambda t: t.sum(), x)

@@ -8,6 +8,7 @@ import torch
 from fusegrad import GlobalCounters, Tensor, Variable
 from fusegrad.uop.ops import UOp
 from fusegrad.uop.sint import smul, sym_str
+from fusegrad.runtime.device import Device
 
 VALUES = (1, 3, 4, 7, 10)
 RNG = np.random.default_rng(0)
@@ -222,12 +223,20 @@ def test_opts_never_cut_a_symbolic_axis():
     ast = (a[:vb] @ a).schedule_linear()[-1].ast
     shape = ast.src[0].src[1].shape
     assert isinstance(shape[0], UOp) and shape[1] == 64
-    assert all(o.axis != 0 for o in actions(ast)) and all(o.axis != 0 for o in lower_to_linear(ast).opts)
+    assert all(o.axis != 0 for o in actions(ast, Device["CPU"].renderer.capabilities)) and all(
+        o.axis != 0 for o in lower_to_linear(ast, Device["CPU"].renderer).opts
+    )
     with pytest.raises(OptError, match="symbolic size"):
         check_opts([Opt(OptOps.UPCAST, 0, 4)], shape, reads_output=False)
     # a long sum over a symbolic axis is not blocked (its length is unknown when compiling)
     ast = a.reshape(4096)[: vb * 64].sum().schedule_linear()[-1].ast
-    assert not any(o.op is OptOps.REDUCE_BLOCK for o in (*actions(ast), *lower_to_linear(ast).opts))
+    assert not any(
+        o.op is OptOps.REDUCE_BLOCK
+        for o in (
+            *actions(ast, Device["CPU"].renderer.capabilities),
+            *lower_to_linear(ast, Device["CPU"].renderer).opts,
+        )
+    )
 
 
 def test_replay_with_new_values_through_rebind_buffers():

@@ -6,6 +6,7 @@ import torch
 
 from fusegrad import GlobalCounters, Tensor, dtypes
 from fusegrad.uop.ops import Ops
+from fusegrad.runtime.device import Device
 from reference import check_torch as check
 
 GRAD_ATOL, GRAD_RTOL = 1e-4, 1e-3
@@ -104,7 +105,7 @@ def test_large_matmul_with_a_transposed_weight_copies_it_for_the_register_tiles(
     out = Tensor(xn) @ Tensor(wn).T
     kernels = [item for item in out.schedule_linear() if item.ast.op is Ops.SINK]
     assert len(kernels) == 2  # W.T made contiguous, then the matmul
-    assert any(o.op is OptOps.UPCAST for o in lower_to_linear(kernels[-1].ast).opts)
+    assert any(o.op is OptOps.UPCAST for o in lower_to_linear(kernels[-1].ast, Device["CPU"].renderer).opts)
     np.testing.assert_allclose(out.numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)
     xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
     x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
@@ -331,9 +332,9 @@ def test_python_device_subset():
 
 # a panel is two vectors of the compiler's width: 32 float32 columns with AVX-512, 16 with AVX2
 def _panel_columns() -> int:
-    from fusegrad.codegen.opt.target import vector_bytes
+    from fusegrad.engine.realize import device_capabilities
 
-    return 2 * vector_bytes() // 4
+    return 2 * device_capabilities("CPU").vector_bytes // 4
 
 
 @pytest.fixture

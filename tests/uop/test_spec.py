@@ -172,6 +172,7 @@ def test_stage_list_is_what_lower_to_linear_runs(monkeypatch):
         "block_long_sums",
         "emulate_dtypes",
         "linearize",
+        "pack_vectors",
     ]
     ran = []
     import fusegrad.codegen as codegen
@@ -179,14 +180,14 @@ def test_stage_list_is_what_lower_to_linear_runs(monkeypatch):
     wrapped = tuple(type(s)(s.name, lambda st, s=s: (ran.append(s.name), s.run(st))[1], s.spec) for s in STAGES)
     monkeypatch.setattr(codegen, "STAGES", wrapped)
     _, ast = _ast()
-    info = lower_to_linear(ast, opts=())
+    info = lower_to_linear(ast, Device["CPU"].renderer, opts=())
     assert ran == names and info.opts == ()
 
 
 def test_debug5_names_each_stage_and_spec_passes(capsys):
     out, ast = _ast()
     with Context(DEBUG=5, SPEC=1):
-        lower_to_linear(ast)
+        lower_to_linear(ast, Device["CPU"].renderer)
     text = capsys.readouterr().out
     positions = [text.index(f"after {s.name}\n") for s in STAGES]
     assert positions == sorted(positions)
@@ -200,6 +201,6 @@ def test_spec_error_names_stage_from_lower_to_linear(monkeypatch):
     monkeypatch.setattr(codegen, "STAGES", (*STAGES[:3], bad, *STAGES[4:]))
     _, ast = _ast()
     with Context(SPEC=1), pytest.raises(SpecError, match="after stage 'decompose': MUL .*computed in float32"):
-        lower_to_linear(ast)
+        lower_to_linear(ast, Device["CPU"].renderer)
     with Context(SPEC=0):  # without the checks the bad stage goes through to the next stages
-        lower_to_linear(ast)
+        lower_to_linear(ast, Device["CPU"].renderer)

@@ -1,5 +1,6 @@
 """BEAM search: opts chosen by timing candidate opt lists on the device, each checked against the kernel without opts
 on the same random inputs, the winner cached on disk by kernel AST, device, compiler and the code generator's source.
+The engine hands it the device as a SearchTarget (engine/search_target.py): codegen imports no device.
 The heuristic's opts are a start candidate and the bar: the fastest few are timed again, in turns with the heuristic,
 and one of them replaces it only when it stays faster, so noise in one measurement never crowns a slower list."""
 
@@ -14,17 +15,18 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 import numpy as np
 from fusegrad.dtype import dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG, IGNORE_BEAM_CACHE, NUM_CPU_THREADS, cache_dir
-from fusegrad.codegen import kernel_name, lower_to_linear
+from fusegrad.codegen import KernelInfo, kernel_name, lower_to_linear
 from fusegrad.codegen.lowerer import output_value
 from fusegrad.codegen.opt import Opt, OptError, OptOps, blockable_sum
 from fusegrad.codegen.opt.heuristic import SPARE_REGISTERS
-from fusegrad.codegen.opt.target import vector_bytes, vector_registers
-from fusegrad.runtime.device import Buffer, Device
 from fusegrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+    from fusegrad.renderer import Capabilities, Renderer
 
 # seconds one kernel's search may spend compiling and timing expansions, after the start candidates (the kernel
 # without opts, which is also the reference, and the heuristic's), which are always measured
@@ -60,6 +62,27 @@ FLOAT_TOLERANCE = {dtypes.float16: 2e-2, dtypes.bfloat16: 5e-2}
 DEFAULT_FLOAT_TOLERANCE = 2e-3
 
 
+class SearchTarget(Protocol):
+    """The device BEAM times candidates on, as the engine hands it over."""
+
+    name: str  # the device, as the cache key names it
+
+    @property
+    def renderer(self) -> Renderer: ...
+
+    def identity(self) -> str:
+        """The compiler and device: a winner timed with another is stale."""
+        ...
+
+    def build(self, info: KernelInfo) -> Callable[[list[Any]], None]: ...
+
+    def allocate(self, params: list[UOp]) -> list[Any]:
+        """A buffer (copyin, numpy) of the device per DEFINE_GLOBAL, of its size and dtype."""
+        ...
+
+    def synchronize(self) -> None: ...
+
+
 @dataclass
 class SearchResult:
     opts: tuple[Opt, ...]
@@ -78,7 +101,7 @@ def deadline_clock() -> float:
 run_timer = time.perf_counter
 
 
-def beam_search(ast: UOp, device: str, width: int) -> SearchResult:
+def beam_search(ast: UOp, device: SearchTarget, width: int) -> SearchResult:
     """The cached winner for this kernel on this device, else a search of beam `width` whose winner is cached."""
     path = cache_path(ast, device)
     if not IGNORE_BEAM_CACHE and (opts := _load(path)) is not None and _lowers(ast, device, opts):
@@ -88,21 +111,21 @@ def beam_search(ast: UOp, device: str, width: int) -> SearchResult:
     return result
 
 
-def _lowers(ast: UOp, device: str, opts: tuple[Opt, ...]) -> bool:
+def _lowers(ast: UOp, device: SearchTarget, opts: tuple[Opt, ...]) -> bool:
     # a cache entry written for other code (or edited by hand) may hold opts this kernel rejects: search again
     try:
-        lower_to_linear(ast, opts=opts, parallel_loops=_parallel(device))
+        lower_to_linear(ast, device.renderer, opts=opts)
     except OptError:
         return False
     return True
 
 
-def cache_path(ast: UOp, device: str) -> str:
+def cache_path(ast: UOp, device: SearchTarget) -> str:
     nodes = ast.toposort()
     index = {n: i for i, n in enumerate(nodes)}
     table = repr(tuple((n.op, n.dtype, tuple(index[s] for s in n.src), n.arg) for n in nodes))
     # the threads a kernel is split over change which opts win (and the heuristic's list, the bar)
-    identity = f"{table}|{device}|{_device_identity(device)}|{_codegen_identity()}|threads={NUM_CPU_THREADS.value}"
+    identity = f"{table}|{device.name}|{device.identity()}|{_codegen_identity()}|threads={NUM_CPU_THREADS.value}"
     key = hashlib.sha256(identity.encode()).hexdigest()
     return os.path.join(cache_dir(), "beam", f"{key}.json")
 
@@ -119,16 +142,6 @@ def _codegen_identity() -> str:
                 with open(os.path.join(dirpath, name), "rb") as f:
                     digest.update(name.encode() + b"\0" + f.read())
     return digest.hexdigest()
-
-
-def _device_identity(device: str) -> str:
-    from fusegrad.runtime import ops_cpu
-
-    if isinstance(getattr(Device[device], "compiler", None), ops_cpu.ClangCompiler):
-        return ops_cpu.compiler_identity(ops_cpu.find_compiler())
-    if callable(identity := getattr(Device[device].compiler, "identity", None)):
-        return identity()  # a GPU compiler names its device and driver
-    return type(Device[device]).__name__
 
 
 def _load(path: str) -> tuple[Opt, ...] | None:
@@ -162,34 +175,29 @@ def _store(path: str, opts: tuple[Opt, ...]) -> None:
         )
 
 
-def compile_candidate(ast: UOp, device: str, opts: tuple[Opt, ...]) -> Callable[[list[Buffer]], None]:
-    return Device[device].build(lower_to_linear(ast, opts=opts, parallel_loops=_parallel(device)))
-
-
-def _parallel(device: str) -> bool:
-    return getattr(Device[device].renderer, "parallel_loops", False)
+def compile_candidate(ast: UOp, device: SearchTarget, opts: tuple[Opt, ...]) -> Callable[[list[Any]], None]:
+    return device.build(lower_to_linear(ast, device.renderer, opts=opts))
 
 
 class KernelBench:
     """Random inputs of the kernel's sizes (its own buffers, never the user's), the output reset before each run."""
 
-    def __init__(self, ast: UOp, device: str):
+    def __init__(self, ast: UOp, device: SearchTarget):
         rng = np.random.default_rng(0)
         params = sorted((u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])
-        self.buffers = [Buffer(device, u.arg[1], u.dtype).ensure_allocated() for u in params]
+        self.buffers = device.allocate(params)
         # filled on the host and copied in: a device buffer (CL, CUDA) has no host view
         self.initial = [_random_fill(rng, np.empty(b.size, to_numpy_dtype(b.dtype))) for b in self.buffers]
         for b, values in zip(self.buffers, self.initial):
             b.copyin(values)
         self.device, self.out_dtype = device, params[0].dtype
 
-    def run(self, program: Callable[[list[Buffer]], None]) -> float:
+    def run(self, program: Callable[[list[Any]], None]) -> float:
         # a kernel that reads its output (an assign) starts from the same values every run
         self.buffers[0].copyin(self.initial[0])
         st = run_timer()
         program(self.buffers)
-        if hasattr(dev := Device[self.device], "synchronize"):
-            dev.synchronize()
+        self.device.synchronize()
         return run_timer() - st
 
     def output(self) -> np.ndarray:
@@ -212,11 +220,11 @@ def _random_fill(rng: np.random.Generator, view: np.ndarray) -> np.ndarray:
     return view.copy()
 
 
-def actions(ast: UOp) -> list[Opt]:
+def actions(ast: UOp, caps: Capabilities) -> list[Opt]:
     """One more opt: upcasts, tiles and thread splits of every output axis, blocks of a plain sum's reduce, unrolls
     and paddings of the axes of a kernel's one reduce (an UNROLL whose amount does not divide waits for a PADTO)."""
     value = output_value(ast)
-    width = max(vector_bytes() // max(value.dtype.itemsize, 1), 1)
+    width = caps.lanes(value.dtype)
     out: list[Opt] = []
     for axis, size in enumerate(value.shape):
         if not isinstance(size, int) or size == 1:
@@ -274,7 +282,7 @@ def nearest_first(base: tuple[Opt, ...], moves: list[Opt], width: int) -> list[O
     return [m for _, m in sorted(enumerate(moves), key=rank)]
 
 
-def fits_registers(ast: UOp, opts: tuple[Opt, ...]) -> bool:
+def fits_registers(ast: UOp, opts: tuple[Opt, ...], caps: Capabilities) -> bool:
     """False when a reduce kernel's upcast outputs need more vector registers than the register tile may use even
     packed in full vectors (the heuristic's SPARE_REGISTERS left for loaded vectors): its accumulators would spill
     in the inner loop, so it is not worth compiling. Kernels without a reduce keep no accumulators."""
@@ -282,21 +290,21 @@ def fits_registers(ast: UOp, opts: tuple[Opt, ...]) -> bool:
     if not any(u.op is Ops.REDUCE_AXIS for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL)):
         return True
     lanes = math.prod(o.amount for o in opts if o.op is OptOps.UPCAST and isinstance(o.amount, int))
-    width = max(vector_bytes() // max(value.dtype.itemsize, 1), 1)
-    return -(-lanes // width) <= vector_registers() - SPARE_REGISTERS
+    return -(-lanes // caps.lanes(value.dtype)) <= caps.vector_registers - SPARE_REGISTERS
 
 
-def _search(ast: UOp, device: str, width: int) -> SearchResult:
+def _search(ast: UOp, device: SearchTarget, width: int) -> SearchResult:
     start_time = deadline_clock()
     bench = KernelBench(ast, device)
     # the kernel without opts is the reference every candidate must match, and the first start candidate
     reference_program = compile_candidate(ast, device, ())
     reference_time = bench.run(reference_program)
     reference = bench.output()
-    heuristic = lower_to_linear(ast, parallel_loops=_parallel(device)).opts
+    caps = device.renderer.capabilities
+    heuristic = lower_to_linear(ast, device.renderer).opts
     result = SearchResult(heuristic, from_cache=False)
     timed: dict[tuple[Opt, ...], float] = {}
-    programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]] = {(): reference_program}
+    programs: dict[tuple[Opt, ...], Callable[[list[Any]], None]] = {(): reference_program}
     seen: set[frozenset[Opt]] = set()
 
     def measure(opts: tuple[Opt, ...]) -> None:
@@ -324,8 +332,8 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
         measure(heuristic)
     deadline = deadline_clock() + SEARCH_BUDGET_S
     beam = sorted(timed, key=timed.__getitem__)[:width]
-    moves = actions(ast)
-    lanes = max(vector_bytes() // max(output_value(ast).dtype.itemsize, 1), 1)
+    moves = actions(ast, caps)
+    lanes = caps.lanes(output_value(ast).dtype)
     while deadline_clock() < deadline:
         best_before = timed[beam[0]]
         for base in beam:
@@ -338,7 +346,7 @@ def _search(ast: UOp, device: str, width: int) -> SearchResult:
                     continue
                 if deadline_clock() >= deadline:
                     break
-                if not fits_registers(ast, cand):
+                if not fits_registers(ast, cand, caps):
                     seen.add(frozenset(cand))
                     result.failed.append((cand, "its accumulators exceed the vector registers"))
                     continue
@@ -361,7 +369,7 @@ def _final_choice(
     bench: KernelBench,
     baseline: tuple[Opt, ...],
     timed: dict[tuple[Opt, ...], float],
-    programs: dict[tuple[Opt, ...], Callable[[list[Buffer]], None]],
+    programs: dict[tuple[Opt, ...], Callable[[list[Any]], None]],
 ) -> tuple[tuple[Opt, ...], dict[tuple[Opt, ...], float]]:
     """(the winner, final medians): the FINAL_CANDIDATES fastest lists timed again in turns with the baseline (the
     heuristic's opts), FINAL_RUNS rounds; one replaces the baseline only when its median is MIN_WIN faster and it
@@ -383,6 +391,7 @@ def _final_choice(
 __all__ = [
     "beam_search",
     "SearchResult",
+    "SearchTarget",
     "SEARCH_BUDGET_S",
     "cache_path",
     "actions",

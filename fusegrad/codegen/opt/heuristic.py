@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 import math
+from typing import TYPE_CHECKING
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, prod
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.accumulators import INNER_BLOCK
 from fusegrad.codegen.opt import Opt, OptOps, check_opts, blockable_sum
-from fusegrad.codegen.opt.target import vector_bytes, vector_registers
 from fusegrad.uop.symbolic import linear_terms
+
+if TYPE_CHECKING:
+    from fusegrad.renderer import Capabilities
 
 # accumulators along the output's last dim of a reduce kernel that is not matmul-like (e.g. a column sum)
 COLUMN_UPCASTS = (16, 8, 4)
@@ -68,14 +71,15 @@ def _kept_axes(value: UOp) -> list[int]:
     return [a for a, d in enumerate(value.shape) if d != 1]
 
 
-def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
+def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt]:
     """The register tiles and blocks of `tile_opts`, a full UNROLL of a short innermost reduce in a kernel without
-    upcasts, and a THREAD split of the largest loop when the outermost one would leave threads idle."""
+    upcasts, and a THREAD split of the largest loop when the outermost one would leave threads idle. caps: the
+    target's (the renderer's): the tiles fill its vector registers."""
     opts = (
-        _panel_tile(value, plain, reads_output)
-        or _lane_accumulators(value, plain)
-        or tile_opts(value, plain, reads_output)
-        or _dot_tile(value, plain, reads_output)
+        _panel_tile(value, plain, reads_output, caps)
+        or _lane_accumulators(value, plain, caps)
+        or tile_opts(value, plain, reads_output, caps)
+        or _dot_tile(value, plain, reads_output, caps)
         or _transpose_tile(value, plain)
     )
     if not opts and (window := _unroll_short_window(value)):
@@ -87,7 +91,7 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     return opts
 
 
-def _lane_accumulators(value: UOp, plain: UOp) -> list[Opt]:
+def _lane_accumulators(value: UOp, plain: UOp, caps: Capabilities) -> list[Opt]:
     """UPCAST of the whole last output axis when it is 2..MAX_LANE_VECTORS vectors of lanes that every input the reduce
     walks reads as contiguous rows (a split sum's partial kernel, a column sum of a narrow matrix): each iteration adds
     whole rows into independent vector accumulators, where a partial upcast would walk the input once per group."""
@@ -99,7 +103,7 @@ def _lane_accumulators(value: UOp, plain: UOp) -> list[Opt]:
     kept = _kept_axes(value)
     if not reduces or not kept or (col_r := ranges.get(len(kept) - 1)) is None or col_r.arg[1] != "global":
         return []
-    col, cols, width = kept[-1], value.shape[kept[-1]], _width(value)
+    col, cols, width = kept[-1], value.shape[kept[-1]], _width(value, caps)
     if cols % width or not width < cols <= MAX_LANE_VECTORS * width:
         return []
     inner = max(reduces, key=lambda r: r.arg[0])
@@ -179,7 +183,7 @@ def _thread_split(shape: tuple[int, ...], opts: list[Opt]) -> Opt | None:
     return Opt(OptOps.THREAD, max(even, key=lambda a: trips[a]), threads) if even else None
 
 
-def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
+def tile_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt]:
     """Upcasts for a reduce kernel whose last output axis is contiguous in some input and strided along the reduce:
     a register tile of rows x vectors of columns when another input varies along a row axis (matmul-like), else
     16/8/4 accumulators along the last axis. Elementwise kernels get none: the C compiler vectorizes them itself."""
@@ -204,7 +208,7 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     loads = _reduce_loads(nodes, reduces)
     contiguous = [i for i in loads if coefficient(i, col_r) == 1]
     cols = value.shape[col]
-    width = _width(value)
+    width = _width(value, caps)
     if not contiguous or (cols < width and _reduce_is_contiguous(loads, inner)):
         # a reduce contiguous in every input it walks (a conv's weight gradient) vectorizes best as it is: one
         # accumulator the compiler keeps in a vector; outputs too few to fill a vector would only take that away
@@ -226,19 +230,19 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     symbolic_reduce = any(r.src[0].op is not Ops.CONST for r in reduces)
     if not symbolic_reduce and (block := _reduce_block(value, reduce_size)) is not None:
         # partial sums added in memory read the output: only tiles that divide it
-        opts = _register_tile(value, row, col, block.amount, exact=True)
+        opts = _register_tile(value, row, col, block.amount, True, caps)
         # the loop over blocks runs inside an output loop, which threads split: some axis needs more than one tile
         applied = check_opts(opts, value.shape, reads_output=True)
         counts = [-(-d // applied.upcasts.get(a, 1)) for a, d in enumerate(value.shape)]
         if opts and any(-(-c // applied.tiles.get(a, 1)) > 1 for a, c in enumerate(counts)):
             return opts + [block]
-    return _register_tile(value, row, col, reduce_size, exact=reads_output)
+    return _register_tile(value, row, col, reduce_size, reads_output, caps)
 
 
-def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool) -> list[Opt]:
+def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool, caps: Capabilities) -> list[Opt]:
     """Rows x vectors of columns of outputs in registers, row tiles walked in blocks whose rows of the row input
     (reduce_size elements each) stay in L2."""
-    width = vector_bytes() // value.dtype.itemsize
+    width = caps.vector_bytes // value.dtype.itemsize
     worth: dict[int, float] = {}
     for amount, w in zip((2 * width, width, 8, 4, 2), TILE_WORTH):
         worth.setdefault(amount, w)  # with 8-lane vectors, 8 is worth a vector
@@ -246,7 +250,7 @@ def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool
     if (col_amount := _best_tile(cols, worth, exact)) is None:
         return []
     vectors = max(col_amount // width, 1)
-    max_rows = max(min(MAX_TILE_ROWS, (vector_registers() - SPARE_REGISTERS) // vectors), 1)
+    max_rows = max(min(MAX_TILE_ROWS, (caps.vector_registers - SPARE_REGISTERS) // vectors), 1)
     row_amount = _best_tile(rows, dict.fromkeys(range(max_rows, max(max_rows // 2, 2) - 1, -1), 1.0), exact)
     if row_amount is None:
         return [] if exact else [Opt(OptOps.UPCAST, col, col_amount)]
@@ -264,7 +268,7 @@ def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool
     return opts
 
 
-def _panel_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt] | None:
+def _panel_tile(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt] | None:
     """The register tile of a matmul whose column input is packed in panels (tensor_ops/linalg.py): that input walks
     the reduce one panel row (one or two vectors) after another, whether the output keeps the panels as an axis or
     merges them into its columns (under an epilogue). The panel streams without aliasing, so the reduce is not blocked
@@ -280,7 +284,7 @@ def _panel_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt] | None:
     if not reduces or not kept or any(r is None or r.arg[1] != "global" for r in axis_range.values()):
         return None
     inner, col = max(reduces, key=lambda r: r.arg[0]), kept[-1]
-    col_r, cols, width = axis_range[col], value.shape[col], _width(value)
+    col_r, cols, width = axis_range[col], value.shape[col], _width(value, caps)
     loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
     panel = next(
         (
@@ -311,7 +315,7 @@ def _panel_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt] | None:
     if row is None:
         return None
     vectors = max(cols_per_panel // width, 1)
-    max_rows = max(min(MAX_TILE_ROWS, (vector_registers() - SPARE_REGISTERS) // vectors), 1)
+    max_rows = max(min(MAX_TILE_ROWS, (caps.vector_registers - SPARE_REGISTERS) // vectors), 1)
     rows = value.shape[row]
     row_amount = _best_tile(rows, dict.fromkeys(range(max_rows, max(max_rows // 2, 2) - 1, -1), 1.0), reads_output)
     if row_amount is None:
@@ -332,7 +336,7 @@ def _panel_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt] | None:
     return opts
 
 
-def _dot_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
+def _dot_tile(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt]:
     """A tile of rows x columns of outputs for a matmul whose two inputs are both contiguous along the reduce
     (x @ W.T, the input gradient g @ W.T of x @ W, of the panel layout too): no output axis is contiguous in any
     input, so no vector runs across outputs; each output of the tile keeps its own accumulator, which the C renderer
@@ -349,7 +353,7 @@ def _dot_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
     if not reduces or len(kept) < 2 or any(r is None or r.arg[1] != "global" for r in axis_range.values()):
         return []
     inner = max(reduces, key=lambda r: r.arg[0])
-    if inner.src[0].op is not Ops.CONST or inner.src[0].arg < MIN_DOT_VECTORS * _width(value):
+    if inner.src[0].op is not Ops.CONST or inner.src[0].arg < MIN_DOT_VECTORS * _width(value, caps):
         return []
     loads = _reduce_loads(nodes, reduces)
     if len(loads) != 2 or any(coefficient(i, inner) != 1 for i in loads):
@@ -364,7 +368,7 @@ def _dot_tile(value: UOp, plain: UOp, reads_output: bool) -> list[Opt]:
         return []
     (row,), (col,) = sorted(varying)
     # accumulators and the loaded vectors of both inputs in registers
-    registers = vector_registers() - SPARE_REGISTERS - 2 * MAX_DOT_TILE
+    registers = caps.vector_registers - SPARE_REGISTERS - 2 * MAX_DOT_TILE
     tile = dict.fromkeys(range(MAX_DOT_TILE, 1, -1), 1.0)
     row_amount = _best_tile(value.shape[row], tile, reads_output)
     if row_amount is None:
@@ -402,8 +406,8 @@ def _reduce_loads(nodes: list[UOp], reduces: list[UOp]) -> list[UOp]:
     return [i for i in loads if any(r in i.toposort() for r in reduces)] or loads
 
 
-def _width(value: UOp) -> int:
-    return max(vector_bytes() // value.dtype.itemsize, 1)
+def _width(value: UOp, caps: Capabilities) -> int:
+    return caps.lanes(value.dtype)
 
 
 def _reduce_is_contiguous(loads: list[UOp], inner: UOp) -> bool:

@@ -15,10 +15,21 @@ import fusegrad.codegen.opt.beam as beam
 from fusegrad import Context, Tensor
 from fusegrad.codegen.opt import Opt, OptError, OptOps
 from fusegrad.codegen.opt.heuristic import SPARE_REGISTERS
-from fusegrad.codegen.opt.target import vector_bytes, vector_registers
 from fusegrad.runtime.device import Device
 from fusegrad.runtime.ops_cpu import CompileError
 from fusegrad.schedule import create_schedule
+from fusegrad.engine.search_target import DeviceSearchTarget
+
+# BEAM times its candidates on the CPU device, as the engine hands it over
+CPU = DeviceSearchTarget("CPU")
+
+
+def vector_bytes() -> int:
+    return Device["CPU"].renderer.capabilities.vector_bytes
+
+
+def vector_registers() -> int:
+    return Device["CPU"].renderer.capabilities.vector_registers
 
 
 @pytest.fixture(autouse=True)
@@ -50,36 +61,36 @@ def test_chosen_opts_give_noopt_values(beam_cache):
 
 def test_search_result_is_cached_and_equal_values(beam_cache):
     ast = matmul_ast(16, 32, 24)
-    first = beam.beam_search(ast, "CPU", 2)
+    first = beam.beam_search(ast, CPU, 2)
     assert not first.from_cache and first.tried >= 2
-    with open(beam.cache_path(ast, "CPU")) as f:
+    with open(beam.cache_path(ast, CPU)) as f:
         stored = json.load(f)["opts"]
     assert stored == [[o.op.value, o.axis, o.amount] for o in first.opts]
-    again = beam.beam_search(ast, "CPU", 2)
+    again = beam.beam_search(ast, CPU, 2)
     assert again.from_cache and again.opts == first.opts
     with Context(IGNORE_BEAM_CACHE=1):
-        assert not beam.beam_search(ast, "CPU", 2).from_cache
+        assert not beam.beam_search(ast, CPU, 2).from_cache
 
 
 @pytest.mark.parametrize("damage", [b"", b"{not json", b'{"opts": [["UPCAST", 0]]}', b'{"opts": [["SPIN", 0, 2]]}'])
 def test_damaged_cache_file_is_searched_again(damage):
     ast = matmul_ast(8, 16, 8)
-    path = beam.cache_path(ast, "CPU")
+    path = beam.cache_path(ast, CPU)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(damage)
-    result = beam.beam_search(ast, "CPU", 1)
+    result = beam.beam_search(ast, CPU, 1)
     assert not result.from_cache
-    assert beam.beam_search(ast, "CPU", 1).from_cache
+    assert beam.beam_search(ast, CPU, 1).from_cache
 
 
 def test_cached_opts_the_kernel_rejects_are_searched_again():
     ast = matmul_ast(8, 16, 8)
-    path = beam.cache_path(ast, "CPU")
+    path = beam.cache_path(ast, CPU)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"opts": [["UPCAST", 5, 2]]}, f)  # the output has two axes
-    assert not beam.beam_search(ast, "CPU", 1).from_cache
+    assert not beam.beam_search(ast, CPU, 1).from_cache
 
 
 def test_unwritable_cache_warns_and_still_uses_the_winner(beam_cache, monkeypatch):
@@ -87,7 +98,7 @@ def test_unwritable_cache_warns_and_still_uses_the_winner(beam_cache, monkeypatc
     blocker.write_text("not a directory")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     with pytest.warns(UserWarning, match="not writable"):
-        result = beam.beam_search(matmul_ast(8, 16, 8), "CPU", 1)
+        result = beam.beam_search(matmul_ast(8, 16, 8), CPU, 1)
     assert not result.from_cache and result.tried >= 1
 
 
@@ -95,6 +106,7 @@ SUBPROCESS = """
 import numpy as np
 import fusegrad.codegen.opt.beam as beam
 from fusegrad import Tensor
+
 beam.SEARCH_BUDGET_S = 1.0
 searches = []
 search = beam._search
@@ -142,9 +154,9 @@ def test_failing_candidates_are_skipped(monkeypatch):
         return corrupt
 
     monkeypatch.setattr(beam, "compile_candidate", faulty)
-    monkeypatch.setattr(beam, "actions", lambda ast: [no_compile, wrong, invalid, good])
+    monkeypatch.setattr(beam, "actions", lambda ast, caps: [no_compile, wrong, invalid, good])
     monkeypatch.setattr(beam, "SEARCH_BUDGET_S", 60.0)
-    result = beam.beam_search(ast, "CPU", 4)
+    result = beam.beam_search(ast, CPU, 4)
     reasons = {opts[-1]: why for opts, why in result.failed if opts}
     assert reasons[no_compile].startswith("CompileError") and "injected" in reasons[no_compile]
     assert reasons[wrong] == "wrong values"
@@ -157,7 +169,7 @@ def test_time_bound(monkeypatch):
     ticks = iter(range(10**6))
     monkeypatch.setattr(beam, "deadline_clock", lambda: float(next(ticks)))  # one second per look at the clock
     monkeypatch.setattr(beam, "SEARCH_BUDGET_S", 4.0)
-    result = beam.beam_search(ast, "CPU", 2)
+    result = beam.beam_search(ast, CPU, 2)
     # the empty list and the heuristic's are always run; then one candidate per second of the budget at most
     assert 2 <= result.tried + len(result.failed) <= 2 + 4
 
@@ -165,17 +177,17 @@ def test_time_bound(monkeypatch):
 def test_zero_budget_runs_only_the_start_candidates(monkeypatch):
     ast = matmul_ast(16, 32, 24)
     monkeypatch.setattr(beam, "SEARCH_BUDGET_S", 0.0)
-    result = beam.beam_search(ast, "CPU", 2)
+    result = beam.beam_search(ast, CPU, 2)
     assert result.tried + len(result.failed) == 2
-    assert result.opts in ((), beam.lower_to_linear(ast).opts)
+    assert result.opts in ((), beam.lower_to_linear(ast, Device["CPU"].renderer).opts)
 
 
 def test_debug_prints_one_line_per_searched_kernel(capsys):
     ast = matmul_ast(16, 32, 24)
     capsys.readouterr()
     with Context(DEBUG=2):
-        result = beam.beam_search(ast, "CPU", 2)
-        beam.beam_search(ast, "CPU", 2)  # from the cache: no line
+        result = beam.beam_search(ast, CPU, 2)
+        beam.beam_search(ast, CPU, 2)  # from the cache: no line
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("BEAM ")]
     assert len(lines) == 1 and "r_16_24_32" in lines[0] and f"{result.tried} candidates run" in lines[0]
     assert str(list(result.opts)) in lines[0]
@@ -205,7 +217,7 @@ class FakeClock:
 
 def test_noise_never_crowns_a_list_slower_than_the_heuristic(monkeypatch):
     ast = matmul_ast(16, 32, 24)
-    heuristic = beam.lower_to_linear(ast).opts
+    heuristic = beam.lower_to_linear(ast, Device["CPU"].renderer).opts
     lucky = Opt(OptOps.UPCAST, 1, 2)
 
     def cost(opts, nth):
@@ -215,21 +227,21 @@ def test_noise_never_crowns_a_list_slower_than_the_heuristic(monkeypatch):
             return 0.1  # the runs of the search itself: a burst of noise makes it look ten times faster
         return 2.0 if opts else 50.0
 
-    monkeypatch.setattr(beam, "actions", lambda ast: [lucky, Opt(OptOps.UPCAST, 0, 2)])
+    monkeypatch.setattr(beam, "actions", lambda ast, caps: [lucky, Opt(OptOps.UPCAST, 0, 2)])
     FakeClock(monkeypatch, cost)
-    result = beam.beam_search(ast, "CPU", 2)
+    result = beam.beam_search(ast, CPU, 2)
     assert result.opts == heuristic
     assert result.time_after_s == result.time_before_s == 1.0
 
 
 def test_a_list_timed_faster_than_the_heuristic_wins(monkeypatch):
     ast = matmul_ast(16, 32, 24)
-    heuristic = beam.lower_to_linear(ast).opts
+    heuristic = beam.lower_to_linear(ast, Device["CPU"].renderer).opts
     faster = Opt(OptOps.UNROLL, 2, 4)
-    monkeypatch.setattr(beam, "actions", lambda ast: [Opt(OptOps.UPCAST, 0, 2), faster])
+    monkeypatch.setattr(beam, "actions", lambda ast, caps: [Opt(OptOps.UPCAST, 0, 2), faster])
     # each opt list costs a fixed time; the one with the unroll is the fastest, never by noise
     FakeClock(monkeypatch, lambda opts, nth: 0.5 if faster in opts else 1.0 if opts == heuristic else 3.0)
-    result = beam.beam_search(ast, "CPU", 2)
+    result = beam.beam_search(ast, CPU, 2)
     assert faster in result.opts and result.time_after_s == 0.5 and result.time_before_s == 1.0
 
 
@@ -237,9 +249,9 @@ def test_a_list_faster_in_median_but_not_in_most_rounds_does_not_win(monkeypatch
     """Load that comes and goes: the candidate's median is 10 % better, but it ran after the heuristic's in only 4 of
     the 7 final rounds (the other 3 hit it harder), so a paired round-by-round comparison does not call it faster."""
     ast = matmul_ast(16, 32, 24)
-    heuristic = beam.lower_to_linear(ast).opts
+    heuristic = beam.lower_to_linear(ast, Device["CPU"].renderer).opts
     bursty = Opt(OptOps.UNROLL, 2, 4)
-    monkeypatch.setattr(beam, "actions", lambda ast: [bursty])
+    monkeypatch.setattr(beam, "actions", lambda ast, caps: [bursty])
     final_start = 1 + beam.TIMING_RUNS  # the search's own runs of the list come first
 
     def cost(opts, nth):
@@ -251,33 +263,33 @@ def test_a_list_faster_in_median_but_not_in_most_rounds_does_not_win(monkeypatch
         return 5.0
 
     FakeClock(monkeypatch, cost)
-    result = beam.beam_search(ast, "CPU", 2)
+    result = beam.beam_search(ast, CPU, 2)
     assert statistics.median([0.9, 1.5, 0.9, 1.5, 0.9, 1.5, 0.9]) < 1.0 * (1 - beam.MIN_WIN)
     assert result.opts == heuristic
 
 
 def test_heuristic_is_kept_when_nothing_beats_it(monkeypatch):
     ast = matmul_ast(16, 32, 24)
-    heuristic = beam.lower_to_linear(ast).opts
+    heuristic = beam.lower_to_linear(ast, Device["CPU"].renderer).opts
     monkeypatch.setattr(beam, "actions", beam.actions)
     # every other list ties within noise (1 % faster): not worth replacing the heuristic's opts
     FakeClock(monkeypatch, lambda opts, nth: 1.0 if opts == heuristic else 0.99 if opts else 9.0)
-    assert beam.beam_search(ast, "CPU", 2).opts == heuristic
+    assert beam.beam_search(ast, CPU, 2).opts == heuristic
 
 
 def test_cache_key_names_the_code_generator(monkeypatch):
     ast = matmul_ast(16, 32, 24)
-    before = beam.cache_path(ast, "CPU")
+    before = beam.cache_path(ast, CPU)
     monkeypatch.setattr(beam, "_codegen_identity", lambda: "an older lowerer")
-    assert beam.cache_path(ast, "CPU") != before
+    assert beam.cache_path(ast, CPU) != before
 
 
 def test_cache_key_names_the_thread_count():
     ast = matmul_ast(16, 32, 24)
     with Context(NUM_CPU_THREADS=1):
-        one = beam.cache_path(ast, "CPU")
+        one = beam.cache_path(ast, CPU)
     with Context(NUM_CPU_THREADS=2):
-        assert beam.cache_path(ast, "CPU") != one
+        assert beam.cache_path(ast, CPU) != one
 
 
 # ---- the candidate space of a packed (panel) matmul: row tiles, column vectors, row blocks, the thread split
@@ -329,27 +341,37 @@ def test_register_tiles_past_the_register_file_are_not_compiled(small_panels, mo
     width, usable = vector_bytes() // 4, vector_registers() - SPARE_REGISTERS
     ast = panel_matmul_ast(64, 40, 2 * small_panels)
     cols = small_panels  # two vectors
-    assert beam.fits_registers(ast, (Opt(OptOps.UPCAST, 0, usable * width // cols), Opt(OptOps.UPCAST, 2, cols)))
+    assert beam.fits_registers(
+        ast,
+        (Opt(OptOps.UPCAST, 0, usable * width // cols), Opt(OptOps.UPCAST, 2, cols)),
+        Device["CPU"].renderer.capabilities,
+    )
     assert not beam.fits_registers(
-        ast, (Opt(OptOps.UPCAST, 0, usable * width // cols + 1), Opt(OptOps.UPCAST, 2, cols))
+        ast,
+        (Opt(OptOps.UPCAST, 0, usable * width // cols + 1), Opt(OptOps.UPCAST, 2, cols)),
+        Device["CPU"].renderer.capabilities,
     )
     # a kernel without a reduce keeps no accumulators
     items, _, _ = create_schedule([(Tensor.rand(64, 64).realize() + 1).uop], [Device["CPU"]])
-    assert beam.fits_registers(items[-1].ast, (Opt(OptOps.UPCAST, 0, 64), Opt(OptOps.UPCAST, 1, 64)))
+    assert beam.fits_registers(
+        items[-1].ast, (Opt(OptOps.UPCAST, 0, 64), Opt(OptOps.UPCAST, 1, 64)), Device["CPU"].renderer.capabilities
+    )
     too_many_rows, fitting = Opt(OptOps.UPCAST, 0, usable * width // cols + 1), Opt(OptOps.TILE, 0, 2)
-    monkeypatch.setattr(beam, "actions", lambda ast: [too_many_rows, fitting])
+    monkeypatch.setattr(beam, "actions", lambda ast, caps: [too_many_rows, fitting])
     compiled = []
     compile_candidate = beam.compile_candidate
     monkeypatch.setattr(beam, "compile_candidate", lambda a, d, o: compiled.append(o) or compile_candidate(a, d, o))
-    result = beam.beam_search(ast, "CPU", 2)
+    result = beam.beam_search(ast, CPU, 2)
     # on the heuristic's two vectors of columns the extra rows spill; alone (one lane of columns) they fit
-    assert all(beam.fits_registers(ast, o) for o in compiled) and any(fitting in o for o in compiled)
+    assert all(beam.fits_registers(ast, o, Device["CPU"].renderer.capabilities) for o in compiled) and any(
+        fitting in o for o in compiled
+    )
     assert any(too_many_rows in o and "exceed the vector registers" in why for o, why in result.failed)
 
 
 def test_panel_matmul_candidates_include_its_knobs(small_panels):
     ast = panel_matmul_ast(512, 64, 2 * small_panels)
-    moves = set(beam.actions(ast))
+    moves = set(beam.actions(ast, Device["CPU"].renderer.capabilities))
     for rows in (4, 6, 8, 12):
         assert Opt(OptOps.UPCAST, 0, rows) in moves  # rows per register tile
     for block in (16, 32, 64):
@@ -376,17 +398,17 @@ def test_panel_matmul_candidates_equal_noopt(data, m, k, panels):
         ast = panel_matmul_ast(m, k, panels * 2 * vector_bytes() // 4)
     finally:
         linalg.PANEL_MIN_ROWS, linalg.PANEL_MIN_MACS = saved
-    bench = beam.KernelBench(ast, "CPU")
-    bench.run(beam.compile_candidate(ast, "CPU", ()))
+    bench = beam.KernelBench(ast, CPU)
+    bench.run(beam.compile_candidate(ast, CPU, ()))
     plain = bench.output()
-    opts = beam.lower_to_linear(ast).opts
-    moves = beam.actions(ast)
+    opts = beam.lower_to_linear(ast, Device["CPU"].renderer).opts
+    moves = beam.actions(ast, Device["CPU"].renderer.capabilities)
     for _ in range(data.draw(st.integers(1, 2))):
         move = data.draw(st.sampled_from(moves))
         opts = tuple(move if (o.op, o.axis) == (move.op, move.axis) else o for o in opts)
         opts += () if move in opts else (move,)
     try:
-        program = beam.compile_candidate(ast, "CPU", opts)
+        program = beam.compile_candidate(ast, CPU, opts)
     except OptError:
         return
     bench.run(program)

@@ -14,12 +14,21 @@ from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
 from fusegrad.codegen.opt import Opt, OptError, OptOps, check_opts
 from fusegrad.codegen.opt.packs import find_packs
-from fusegrad.codegen.opt.target import vector_bytes
-from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.schedule import create_schedule
 from fusegrad.runtime.device import Device
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
+from fusegrad.codegen import pack_vectors
+
+
+def rendered(renderer, name: str, lin) -> str:
+    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
+    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+
+
+def vector_bytes() -> int:
+    return Device["CPU"].renderer.capabilities.vector_bytes
+
 
 SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33, 37])
 
@@ -42,7 +51,7 @@ def tile(axis: int, amount: int) -> Opt:
 def forced_opts(opts: list[Opt]):
     """Every kernel compiled inside uses opts instead of the heuristics' choice."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(codegen, "hand_coded_opts", lambda value, plain, reads_output: list(opts))
+        mp.setattr(codegen, "hand_coded_opts", lambda value, plain, reads_output, caps: list(opts))
         yield
 
 
@@ -77,7 +86,7 @@ def test_invalid_opt_raises_opt_error_naming_it(opts, shape, reads_output, messa
 
 def test_invalid_opt_given_to_lower_to_linear_raises():
     with pytest.raises(OptError, match="exceeds the size 5"):
-        lower_to_linear(matmul_ast(5, 3, 4), opts=(upcast(0, 6),))
+        lower_to_linear(matmul_ast(5, 3, 4), Device["CPU"].renderer, opts=(upcast(0, 6),))
 
 
 def test_overlapping_tile_allowed_when_the_output_is_not_read():
@@ -89,7 +98,7 @@ def test_overlapping_tile_allowed_when_the_output_is_not_read():
 
 def test_matmul_gets_a_register_tile_of_rows_and_vectors_of_columns():
     width = vector_bytes() // 4
-    info = lower_to_linear(matmul_ast(64, 64, 64))
+    info = lower_to_linear(matmul_ast(64, 64, 64), Device["CPU"].renderer)
     rows = [o for o in info.opts if o.axis == 0 and o.op is OptOps.UPCAST]
     assert [o for o in info.opts if o.axis == 1] == [upcast(1, 2 * width)]
     assert len(rows) == 1 and 4 <= rows[0].amount <= 8
@@ -100,7 +109,7 @@ def test_matmul_gets_a_register_tile_of_rows_and_vectors_of_columns():
 def test_large_matmul_walks_row_tiles_in_blocks_one_per_thread_at_least():
     width = vector_bytes() // 4
     with Context(NUM_CPU_THREADS=2):
-        info = lower_to_linear(matmul_ast(256, 256, 4 * width))
+        info = lower_to_linear(matmul_ast(256, 256, 4 * width), Device["CPU"].renderer)
     blocks = [o for o in info.opts if o.op is OptOps.TILE]
     assert len(blocks) == 1 and blocks[0].axis == 0
     row_tiles = 256 // next(o.amount for o in info.opts if o.op is OptOps.UPCAST and o.axis == 0)
@@ -109,7 +118,7 @@ def test_large_matmul_walks_row_tiles_in_blocks_one_per_thread_at_least():
 
 def test_noopt_applies_none():
     with Context(NOOPT=1):
-        info = lower_to_linear(matmul_ast(64, 64, 64))
+        info = lower_to_linear(matmul_ast(64, 64, 64), Device["CPU"].renderer)
     assert info.opts == ()
     assert sum(1 for u in info.lin if u.op.name == "STORE") == 1
 
@@ -117,23 +126,23 @@ def test_noopt_applies_none():
 def test_elementwise_kernel_gets_no_opts():
     x = Tensor.rand(64, 64).realize()
     items, _, _ = create_schedule([(x * 2 + 1).uop], [Device["CPU"]])
-    assert lower_to_linear(items[-1].ast).opts == ()
+    assert lower_to_linear(items[-1].ast, Device["CPU"].renderer).opts == ()
 
 
 def test_debug_3_lists_the_opts(capsys):
     with Context(DEBUG=3):
-        lower_to_linear(matmul_ast(16, 8, 16))
+        lower_to_linear(matmul_ast(16, 8, 16), Device["CPU"].renderer)
     assert "r_16_16_8 opts: [Opt(UPCAST, axis=0" in capsys.readouterr().out
 
 
 def test_upcast_kernel_renders_vector_types_and_plain_kernel_does_not():
     width = vector_bytes() // 4
     ast = matmul_ast(32, 16, 2 * width)
-    src = CRenderer().render("k", lower_to_linear(ast).lin)
+    src = rendered(Device["CPU"].renderer, "k", lower_to_linear(ast, Device["CPU"].renderer).lin)
     assert f"typedef float fg_floatx{width} __attribute__((vector_size({vector_bytes()})));" in src
     assert f"fg_floatx{width} vec" in src and "__builtin_memcpy(&vec" in src
     with Context(NOOPT=1):
-        plain = CRenderer().render("k", lower_to_linear(ast).lin)
+        plain = rendered(Device["CPU"].renderer, "k", lower_to_linear(ast, Device["CPU"].renderer).lin)
     assert "vector_size" not in plain and "fg_floatx" not in plain
 
 
@@ -214,7 +223,7 @@ def reduce_block(amount: int, axis: int = 2) -> Opt:
 )
 def test_invalid_reduce_block_raises_opt_error(opts, message):
     with pytest.raises(OptError, match=re.escape(message)):
-        lower_to_linear(matmul_ast(8, 64, 8), opts=tuple(opts))
+        lower_to_linear(matmul_ast(8, 64, 8), Device["CPU"].renderer, opts=tuple(opts))
 
 
 def test_reduce_block_needs_a_plain_sum():
@@ -222,13 +231,15 @@ def test_reduce_block_needs_a_plain_sum():
     # a maximum with another tensor is an epilogue the vectors cannot carry (a relu or a bias now can)
     items, _, _ = create_schedule([(a @ b).maximum(c).uop], [Device["CPU"]])
     with pytest.raises(OptError, match="not a single float sum over one axis"):
-        lower_to_linear(items[-1].ast, opts=(reduce_block(16),))
+        lower_to_linear(items[-1].ast, Device["CPU"].renderer, opts=(reduce_block(16),))
 
 
 def test_long_matmul_reduce_is_blocked_and_short_one_is_not():
-    opts = lower_to_linear(matmul_ast(64, 1024, 64)).opts
+    opts = lower_to_linear(matmul_ast(64, 1024, 64), Device["CPU"].renderer).opts
     assert [o for o in opts if o.op is OptOps.REDUCE_BLOCK] == [reduce_block(64)]
-    assert not [o for o in lower_to_linear(matmul_ast(64, 256, 64)).opts if o.op is OptOps.REDUCE_BLOCK]
+    assert not [
+        o for o in lower_to_linear(matmul_ast(64, 256, 64), Device["CPU"].renderer).opts if o.op is OptOps.REDUCE_BLOCK
+    ]
 
 
 def divisors(n: int) -> list[int]:
@@ -252,7 +263,7 @@ def test_reduce_block_equals_noopt(data, m, k, n):
     with forced_opts(opts):
         if m == amounts[0] and n == amounts[1]:  # one tile: no output loop for the blocks to run inside
             with pytest.raises(OptError, match="needs a loop of more than one tile"):
-                lower_to_linear(matmul_ast(m, k, n), opts=tuple(opts))
+                lower_to_linear(matmul_ast(m, k, n), Device["CPU"].renderer, opts=tuple(opts))
             # as the heuristics' choice, the refused opt is dropped: the values stay right
             np.testing.assert_allclose((Tensor(an) @ Tensor(bn)).numpy(), plain, rtol=1e-5, atol=1e-5)
             return
@@ -266,7 +277,9 @@ def test_reduce_block_changes_no_zero_sign_or_nan():
     an = np.full((16, 512), -0.0, np.float32)
     bn = np.ones((512, 64), np.float32)
     an[3, 300] = np.nan
-    assert any(o.op is OptOps.REDUCE_BLOCK for o in lower_to_linear(matmul_ast(16, 512, 64)).opts)
+    assert any(
+        o.op is OptOps.REDUCE_BLOCK for o in lower_to_linear(matmul_ast(16, 512, 64), Device["CPU"].renderer).opts
+    )
     got = (Tensor(an) @ Tensor(bn)).numpy()
     with Context(NOOPT=1):
         realize._runners.clear()
@@ -353,7 +366,7 @@ def test_tile_rows_read_consecutively_pack_products_along_the_columns():
     a, b = Tensor(an).realize(), Tensor(bn).realize()
     items, _, _ = create_schedule([(a.T @ b).uop], [Device["CPU"]])
     with forced_opts([upcast(0, 8), upcast(1, 2 * width)]):
-        src = CRenderer().render("k", lower_to_linear(items[-1].ast).lin)
+        src = rendered(Device["CPU"].renderer, "k", lower_to_linear(items[-1].ast, Device["CPU"].renderer).lin)
         realize._runners.clear()
         got = (Tensor(an).T @ Tensor(bn)).numpy()
         realize._runners.clear()
@@ -372,7 +385,7 @@ def test_half_width_register_tile_is_vector_c_and_equals_numpy():
     out = a @ b
     items, _, _ = create_schedule([out.uop], [Device["CPU"]])
     with forced_opts([upcast(0, 8), upcast(1, half)]):
-        src = CRenderer().render("k", lower_to_linear(items[-1].ast).lin)
+        src = rendered(Device["CPU"].renderer, "k", lower_to_linear(items[-1].ast, Device["CPU"].renderer).lin)
         realize._runners.clear()
         got = (Tensor(an) @ Tensor(bn.T.copy())).numpy()
         realize._runners.clear()
