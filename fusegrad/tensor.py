@@ -39,11 +39,14 @@ from fusegrad.runtime.buffers import (
 from fusegrad.uop.multi import is_realized_multi, multi_axis, shard_uop
 from fusegrad.tensor_ops import bind_tensor_class
 from fusegrad.tensor_ops.creation import CreationMixin
+from fusegrad.tensor_ops.conv import ConvMixin
 from fusegrad.tensor_ops.elementwise import ElementwiseMixin
 from fusegrad.tensor_ops.indexing import IndexingMixin, view_base
 from fusegrad.tensor_ops.linalg import LinalgMixin
+from fusegrad.tensor_ops.losses import LossMixin
 from fusegrad.tensor_ops.movement import MovementMixin
 from fusegrad.tensor_ops.nn import NNMixin
+from fusegrad.tensor_ops.pool import PoolMixin
 from fusegrad.tensor_ops.pydata import py_data_to_numpy, py_scalar_const
 from fusegrad.tensor_ops.reduce import ReduceMixin
 from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
@@ -55,7 +58,17 @@ Scalar = int | float | bool
 
 
 class Tensor(
-    CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin, SortingMixin
+    CreationMixin,
+    ElementwiseMixin,
+    ReduceMixin,
+    MovementMixin,
+    IndexingMixin,
+    LinalgMixin,
+    ConvMixin,
+    PoolMixin,
+    NNMixin,
+    LossMixin,
+    SortingMixin,
 ):
     """An n-dimensional array on a device, computed lazily."""
 

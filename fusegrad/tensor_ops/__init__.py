@@ -2,9 +2,35 @@
 
 from types import ModuleType
 
-from fusegrad.tensor_ops import creation, elementwise, indexing, linalg, movement, nn, reduce, sorting, unary
+from fusegrad.tensor_ops import (
+    conv,
+    creation,
+    elementwise,
+    indexing,
+    linalg,
+    losses,
+    movement,
+    nn,
+    pool,
+    reduce,
+    sorting,
+    unary,
+)
 
-MODULES: tuple[ModuleType, ...] = (creation, unary, elementwise, reduce, movement, indexing, linalg, nn, sorting)
+MODULES: tuple[ModuleType, ...] = (
+    creation,
+    unary,
+    elementwise,
+    reduce,
+    movement,
+    indexing,
+    linalg,
+    conv,
+    pool,
+    nn,
+    losses,
+    sorting,
+)
 
 
 def bind_tensor_class(cls: type) -> None:
