@@ -37,7 +37,7 @@ from fusegrad.runtime.buffers import (
     read_values,
 )
 from fusegrad.uop.multi import is_realized_multi, multi_axis, shard_uop
-from fusegrad.tensor_ops import bind_tensor_class
+from fusegrad.tensor_ops.base import TensorBase
 from fusegrad.tensor_ops.creation import CreationMixin
 from fusegrad.tensor_ops.conv import ConvMixin
 from fusegrad.tensor_ops.elementwise import ElementwiseMixin
@@ -58,6 +58,7 @@ Scalar = int | float | bool
 
 
 class Tensor(
+    TensorBase,
     CreationMixin,
     ElementwiseMixin,
     ReduceMixin,
@@ -677,9 +678,6 @@ def _scalar(x: Any) -> Scalar:
     if isinstance(x, np.generic):
         return x.item()
     raise TypeError(f"unsupported operand type {type(x).__name__}")
-
-
-bind_tensor_class(Tensor)
 
 
 def tensor_of_uop(u: UOp, device: str | tuple[str, ...]) -> Tensor:

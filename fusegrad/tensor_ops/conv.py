@@ -214,14 +214,15 @@ class ConvMixin:
         out = (win * w).sum(axes, dtype=acc_dtype).reshape((bs, cout) + outs)
         if bias is not None:
             out = out + bias.reshape((1, cout) + (1,) * n)
-        x_uop, w_uop, padded_uop, device = self.uop, weight.uop, padded.uop, self.device
+        x_uop, w_uop, padded_uop, device, tensor_class = self.uop, weight.uop, padded.uop, self.device, type(self)
         bias_dtype = None if bias is None else bias.dtype
 
         def backward(g: Any) -> tuple[Any, ...]:
-            x_in, w_in, grad = Tensor(x_uop, device=device), Tensor(w_uop, device=device), Tensor(g, device=device)
+            x_in, w_in = tensor_class(x_uop, device=device), tensor_class(w_uop, device=device)
+            grad = tensor_class(g, device=device)
             grad = _computed_once(grad)
             dx = grad._conv_input_grad(w_in, groups, stride, dilation, pads, x_in.shape[2:])
-            dw = Tensor(padded_uop, device=device)._conv_weight_grad(grad, groups, stride, dilation, kernel)
+            dw = tensor_class(padded_uop, device=device)._conv_weight_grad(grad, groups, stride, dilation, kernel)
             if bias_dtype is None:
                 return dx.cast(x_in.dtype).uop, dw.cast(w_in.dtype).uop
             db = grad.sum((0,) + tuple(range(2, 2 + n)))

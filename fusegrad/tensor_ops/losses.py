@@ -83,7 +83,7 @@ class LossMixin:
                 f"{self.shape} without its last (class) axis"
             )
         classes, logp = self.shape[-1], self.log_softmax(-1)
-        picked = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)).where(logp, 0).sum(-1)
+        picked = (Y.unsqueeze(-1) == type(self).arange(classes, device=self.device)).where(logp, 0).sum(-1)
         if CHECK_OOB:  # a label outside the classes (other than the ignored one) is an IndexError at realize
             check_index_bounds(_check_as, "classes", (Y == ignore_index).where(0, Y), 0, classes, picked)
         # without smoothing no term of the whole row: 0 * sum(logp) is NaN when a class's logit is -inf (masked)
@@ -135,7 +135,7 @@ class LossMixin:
             raise RuntimeError(f"nll_loss targets must be integer class indices, got {Y.dtype}")
         if weight is not None and weight.shape != (classes,):
             raise RuntimeError(f"nll_loss weight of shape {weight.shape} must have one entry per class ({classes})")
-        hit = Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)
+        hit = Y.unsqueeze(-1) == type(self).arange(classes, device=self.device)
         labels = Y if ignore_index is None else (Y == ignore_index).where(0, Y)
         check_index_bounds("nll_loss", "classes", labels, 0, classes, hit)
         w = hit.where(weight if weight is not None else 1.0, 0.0).cast(self.dtype).sum(-1)

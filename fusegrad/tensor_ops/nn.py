@@ -69,15 +69,15 @@ class NNMixin:
         bits = 0
         while bits < 22 and int(0.5 + weights.max() * (1 << (bits + 1))) < 1 << 15:
             bits += 1
-        quantized = Tensor(np.floor(weights * (1 << bits) + 0.5).astype(np.int64), device=self.device)
+        quantized = type(self)(np.floor(weights * (1 << bits) + 0.5).astype(np.int64), device=self.device)
         mixed = self.unsqueeze(axis) * quantized.reshape((out, size) + trailing)
         return (mixed.sum(axis + 1) + (1 << bits >> 1)) >> bits
 
     def _resample(self, axis: int, out: int, mode: str, align_corners: bool) -> Tensor:
         size, trailing = self.shape[axis], (1,) * (self.ndim - axis - 1)
         compute = dtypes.float64 if self.dtype is dtypes.float64 else dtypes.float32
-        dst = Tensor.arange(out, device=self.device).cast(compute).reshape(out, 1)
-        src = Tensor.arange(size, device=self.device).reshape(1, size)
+        dst = type(self).arange(out, device=self.device).cast(compute).reshape(out, 1)
+        src = type(self).arange(size, device=self.device).reshape(1, size)
         if mode == "linear":
             # torch's source positions: corner-aligned, or pixel centres clamped at 0
             if align_corners:
@@ -92,7 +92,7 @@ class NNMixin:
             return mixed.sum(axis + 1).cast(self.dtype)
         # nearest picks floor(dst * in/out) in float32 like torch;
         # nearest-exact rounds the pixel-centre position instead
-        scale = Tensor(size / out, device=self.device, dtype=dtypes.float32)
+        scale = type(self)(size / out, device=self.device, dtype=dtypes.float32)
         pos = (dst.cast(dtypes.float32) + (0.5 if mode == "nearest-exact" else 0.0)) * scale
         pick = (pos.floor().cast(dtypes.int32).minimum(size - 1) == src).reshape((out, size) + trailing)
         picked = pick.where(self.unsqueeze(axis), 0)
@@ -123,11 +123,11 @@ class NNMixin:
     def dropout(self, p: float = 0.5) -> Tensor:
         if not 0 <= p <= 1:
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-        if not (TRAINING or Tensor.training) or p == 0:
+        if not (TRAINING or type(self).training) or p == 0:
             return self
         if p == 1:
             return self * 0
-        keep = Tensor.rand(self.shape, device=self.device, contiguous=False) >= p
+        keep = type(self).rand(self.shape, device=self.device, contiguous=False) >= p
         return keep.where(self, 0) * (1 / (1 - p))
 
     def scaled_dot_product_attention(
@@ -157,7 +157,7 @@ class NNMixin:
                     f"enable_gqa needs the query heads ({heads}) to be a multiple of the key/value heads "
                     f"({kv_heads}, {value.shape[-3]})"
                 )
-        no_dropout = dropout_p == 0 or not (TRAINING or Tensor.training)
+        no_dropout = dropout_p == 0 or not (TRAINING or type(self).training)
         if no_dropout and uses_flash(self, key, value, attn_mask, enable_gqa):
             return flash_attention(self, key, value, attn_mask, is_causal)
         if enable_gqa and self.ndim >= 3 and key.shape[-3] != self.shape[-3]:
@@ -167,8 +167,8 @@ class NNMixin:
         scores = (self.matmul(key.transpose(-1, -2), dtype=acc) * (1 / math.sqrt(self.shape[-1]))).cast(self.dtype)
         if is_causal:
             rows, cols = (
-                Tensor.arange(self.shape[-2], device=self.device),
-                Tensor.arange(key.shape[-2], device=self.device),
+                type(self).arange(self.shape[-2], device=self.device),
+                type(self).arange(key.shape[-2], device=self.device),
             )
             attn_mask = rows.reshape(-1, 1) >= cols.reshape(1, -1)
         if attn_mask is not None:

@@ -104,7 +104,7 @@ class PoolMixin:
             counts.append([sum(1 for t in range(k) if lo <= j * s + t * d < hi) for j in range(o)])
         if all(c == k for cs, k in zip(counts, kernel) for c in cs):
             return (total / prod(kernel)).cast(x.dtype)
-        per_dim = [Tensor(c, device=self.device, dtype=total.dtype) for c in counts]
+        per_dim = [type(self)(c, device=self.device, dtype=total.dtype) for c in counts]
         divisor = functools.reduce(lambda acc, c: acc.unsqueeze(-1) * c, per_dim[1:], per_dim[0])
         return (total / divisor).cast(x.dtype)
 
@@ -130,7 +130,7 @@ class PoolMixin:
         # the first tap (in input order) holding the window's max, as a flat offset into the input's spatial plane
         spatial = self.shape[-n:]
         plane = prod(spatial)
-        flat = Tensor.arange(plane, device=self.device).reshape(spatial)._pooled_windows(args, plane)
+        flat = type(self).arange(plane, device=self.device).reshape(spatial)._pooled_windows(args, plane)
         hit = win == values.reshape(values.shape + (1,) * n)
         if dtypes.is_float(self.dtype):
             hit = hit | win.ne(win)  # NaN wins, like torch
@@ -143,11 +143,11 @@ class PoolMixin:
         among tied taps (per-element division, a tie count per window) and, through the windows' movement ops, indexes
         the input by division."""
         kernel, _, _, _, outs, _ = args
-        n, x_uop, device = len(kernel), self.uop, self.device
+        n, x_uop, device, tensor_class = len(kernel), self.uop, self.device, type(self)
         lead, taps = self.shape[:-n], prod(kernel)
 
         def backward(g: Any) -> tuple[Any, ...]:
-            x, grad = Tensor(x_uop, device=device), Tensor(g, device=device)
+            x, grad = tensor_class(x_uop, device=device), tensor_class(g, device=device)
             win = x._pooled_windows(args, -math.inf)
             # the forward's maximum (the same node, so the same stored buffer), not a running maximum: a select per
             # tap that the C compiler makes a branch, which random data mispredicts
@@ -155,14 +155,14 @@ class PoolMixin:
             tap = [t.squeeze(-1) for t in win.reshape(lead + outs + (taps,)).split(1, -1)]
             # integer arithmetic, no select: the first tap equal to the maximum (from the last tap back), else (a NaN
             # window) the last NaN
-            chosen = Tensor.zeros(lead + outs, dtype=dtypes.int32, device=device)
+            chosen = tensor_class.zeros(lead + outs, dtype=dtypes.int32, device=device)
             for t in reversed(range(taps)):
                 chosen = chosen + (tap[t] == most).cast(dtypes.int32) * (t - chosen)
             for t in range(taps):
                 chosen = chosen + tap[t].ne(tap[t]).cast(dtypes.int32) * (t - chosen)
             # stored: each of the window's taps reads it; recomputed per tap it would repeat the scan taps times
             chosen = chosen.contiguous().reshape(lead + outs + (1,) * n)
-            number = Tensor.arange(taps, dtype=dtypes.int32, device=device).reshape(kernel)
+            number = tensor_class.arange(taps, dtype=dtypes.int32, device=device).reshape(kernel)
             # times a 0/1 mask, not a select (a branch the data decides, like above), as the plain rule for a max does
             per_tap = grad.reshape(lead + outs + (1,) * n) * (chosen == number).cast(grad.dtype)
             # (..., *out, *kernel) -> (..., out1, k1, out2, k2, ...), stored in that order: its loops index the
@@ -205,7 +205,7 @@ class PoolMixin:
             raise ValueError(f"output_size {tuple(output_size)} must have {n} or {self.ndim} entries")
         plane, count = prod(out_sp), prod(pooled)
         vals = self.reshape(prefix + (count, 1))
-        hit = indices.reshape(prefix + (count, 1)) == Tensor.arange(plane, device=self.device).reshape(1, plane)
+        hit = indices.reshape(prefix + (count, 1)) == type(self).arange(plane, device=self.device).reshape(1, plane)
         check_index_bounds("max_unpool", "output plane", indices, 0, plane, hit)
         # overlapping windows can name one position several times, always with the same max value: the forward averages
         # the copies, and every copy still gets the position's whole gradient (torch's backward gathers it)
