@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from fusegrad import Tensor, dtypes
+from fusegrad.dtype import from_numpy
 
 
 @pytest.mark.parametrize(
@@ -22,7 +23,7 @@ def test_a_constructor_on_the_class_and_on_a_tensor_builds_the_same_values(make,
     for on in (Tensor, Tensor([1.0])):
         out = make(on)
         assert type(out) is Tensor
-        assert out.dtype == dtypes.from_numpy(expected.dtype)
+        assert out.dtype == from_numpy(expected.dtype)
         np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-7)
 
 
