@@ -37,13 +37,16 @@ from fusegrad.runtime.buffers import (
     read_values,
 )
 from fusegrad.uop.multi import is_realized_multi, multi_axis, shard_uop
-from fusegrad.tensor_ops import bind_tensor_class
+from fusegrad.tensor_ops.base import TensorBase
 from fusegrad.tensor_ops.creation import CreationMixin
+from fusegrad.tensor_ops.conv import ConvMixin
 from fusegrad.tensor_ops.elementwise import ElementwiseMixin
 from fusegrad.tensor_ops.indexing import IndexingMixin, view_base
 from fusegrad.tensor_ops.linalg import LinalgMixin
+from fusegrad.tensor_ops.losses import LossMixin
 from fusegrad.tensor_ops.movement import MovementMixin
 from fusegrad.tensor_ops.nn import NNMixin
+from fusegrad.tensor_ops.pool import PoolMixin
 from fusegrad.tensor_ops.pydata import py_data_to_numpy, py_scalar_const
 from fusegrad.tensor_ops.reduce import ReduceMixin
 from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
@@ -55,7 +58,18 @@ Scalar = int | float | bool
 
 
 class Tensor(
-    CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, IndexingMixin, LinalgMixin, NNMixin, SortingMixin
+    TensorBase,
+    CreationMixin,
+    ElementwiseMixin,
+    ReduceMixin,
+    MovementMixin,
+    IndexingMixin,
+    LinalgMixin,
+    ConvMixin,
+    PoolMixin,
+    NNMixin,
+    LossMixin,
+    SortingMixin,
 ):
     """An n-dimensional array on a device, computed lazily."""
 
@@ -664,9 +678,6 @@ def _scalar(x: Any) -> Scalar:
     if isinstance(x, np.generic):
         return x.item()
     raise TypeError(f"unsupported operand type {type(x).__name__}")
-
-
-bind_tensor_class(Tensor)
 
 
 def tensor_of_uop(u: UOp, device: str | tuple[str, ...]) -> Tensor:

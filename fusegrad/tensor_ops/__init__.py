@@ -1,13 +1,3 @@
-"""Tensor methods by group (docs/api.md) as mixins of Tensor; each module gets Tensor bound once it is defined."""
-
-from types import ModuleType
-
-from fusegrad.tensor_ops import creation, elementwise, indexing, linalg, movement, nn, reduce, sorting, unary
-
-MODULES: tuple[ModuleType, ...] = (creation, unary, elementwise, reduce, movement, indexing, linalg, nn, sorting)
-
-
-def bind_tensor_class(cls: type) -> None:
-    """Mixin code refers to `Tensor` by name (constructors, isinstance); bind it once the class exists."""
-    for module in MODULES:
-        module.Tensor = cls  # type: ignore[attr-defined]
+"""Tensor methods by group (docs/api.md), each group a mixin of Tensor (tensor.py). A mixin builds tensors of its own
+class (`type(self)(...)`, `cls.arange(...)`, a helper's tensor argument) and tests for tensors with `TensorBase`
+(base.py), so no module here imports tensor.py."""

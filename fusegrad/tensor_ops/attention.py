@@ -64,11 +64,9 @@ class _Problem:
         q, k = self.q[..., start:end, :], self.k[..., :keys, :]
         s = q.matmul(k.transpose(-1, -2), dtype=dtypes.float32) * self.scale
         if self.causal:
-            from fusegrad.tensor import Tensor
-
             # the offset as an added constant, not arange's start: blocks of one shape then share their kernels
-            row = (Tensor.arange(end - start, device=q.device) + start).reshape(-1, 1)
-            s = (row >= Tensor.arange(keys, device=q.device).reshape(1, -1)).where(s, -math.inf)
+            row = (q.arange(end - start, device=q.device) + start).reshape(-1, 1)
+            s = (row >= q.arange(keys, device=q.device).reshape(1, -1)).where(s, -math.inf)
         elif self.mask is not None:
             m = self.mask[..., start:end, :keys]
             s = m.where(s, -math.inf) if m.dtype is dtypes.bool else s + m.cast(dtypes.float32)
@@ -103,18 +101,14 @@ def _sum_to(t: Tensor, shape: tuple[int, ...]) -> Tensor:
 def _realized(t: Tensor, keep: list[Tensor]) -> Tensor:
     """t computed now, as a lazy tensor over t's graph (so a gradient still finds its inputs); `keep` holds the result
     (a graph node keeps its value only while someone holds it)."""
-    from fusegrad.tensor import Tensor
-
-    lazy = t.uop
-    keep.append(Tensor(lazy, device=t.device).realize())  # a tensor of our own: the caller's keeps its graph
-    return Tensor(lazy, device=t.device)
+    lazy, tensor_class = t.uop, type(t)
+    keep.append(tensor_class(lazy, device=t.device).realize())  # a tensor of our own: the caller's keeps its graph
+    return tensor_class(lazy, device=t.device)
 
 
 def _forward(p: _Problem, blocks: list[tuple[int, int]], each: bool, keep: list[Tensor]) -> tuple[Tensor, Tensor]:
     """The output (float32) and each row's logsumexp, row block by row block; with `each` the blocks are realized one
     at a time (the engine frees a realize's temporaries when it ends)."""
-    from fusegrad.tensor import Tensor
-
     outs, lses = [], []
     for start, end in blocks:
         s = p.scores(start, end).contiguous()
@@ -131,14 +125,12 @@ def _forward(p: _Problem, blocks: list[tuple[int, int]], each: bool, keep: list[
         lses.append(lse)
     if len(blocks) == 1:
         return outs[0], lses[0]
-    return Tensor.cat(*outs, dim=-2), Tensor.cat(*lses, dim=-2)
+    return outs[0].cat(*outs[1:], dim=-2), lses[0].cat(*lses[1:], dim=-2)
 
 
 def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tensor, lse: Tensor, g: Tensor):
     """dq, dk, dv (float32, in p's layouts) from the output gradient g: each block's probabilities are recomputed
     from the saved logsumexp; dk and dv are summed over the row blocks."""
-    from fusegrad.tensor import Tensor
-
     if each:
         g = g.contiguous().realize()
     # D = rowsum(dO * O): the softmax's backward term, one value per row
@@ -169,7 +161,7 @@ def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tenso
             dq, dk, dv = dq.realize(), dk.realize(), dv.realize()
         dqs.append(dq)
     assert dk is not None and dv is not None
-    return (dqs[0] if len(dqs) == 1 else Tensor.cat(*dqs, dim=-2)), dk, dv
+    return (dqs[0] if len(dqs) == 1 else dqs[0].cat(*dqs[1:], dim=-2)), dk, dv
 
 
 def _broadcasts(shape: tuple, target: tuple) -> bool:
@@ -198,9 +190,7 @@ def flash_attention(
 ) -> Tensor:
     """softmax(q·kᵀ/√d + mask)·v over the last two dims, computed in row blocks (module docstring); shapes already
     checked by the caller. k and v may have fewer heads (dim -3) than q when q's heads are a multiple of theirs."""
-    from fusegrad.tensor import Tensor
-
-    device, out_dtype = query.device, query.dtype
+    device, out_dtype, tensor_class = query.device, query.dtype, type(query)
     acc = least_upper_dtype(query.dtype, dtypes.float32)
     q, k, v = query.cast(acc), key.cast(acc), value.cast(acc)
     heads_q = query.shape[-3] if query.ndim >= 3 else 1
@@ -230,8 +220,9 @@ def flash_attention(
     def backward(g: UOp) -> tuple[UOp, ...]:
         out_uop = out_ref()
         assert out_uop is not None, "the attention output died before its gradient was asked for"
-        grad = Tensor(g, device=device).cast(dtypes.float32).reshape(out_uop.shape)
-        grads = _backward(problem, blocks, each, Tensor(out_uop, device=device), Tensor(lse_uop, device=device), grad)
+        grad = tensor_class(g, device=device).cast(dtypes.float32).reshape(out_uop.shape)
+        out_t, lse_t = tensor_class(out_uop, device=device), tensor_class(lse_uop, device=device)
+        grads = _backward(problem, blocks, each, out_t, lse_t, grad)
         _ = keep  # the realized blocks stay computed for as long as the gradient can be asked for
         return tuple(t.reshape(s).cast(dt).uop for t, s, dt in zip(grads, shapes, dtypes_in))
 

@@ -14,6 +14,7 @@ from fusegrad.helpers import argfix, prod
 from fusegrad.runtime.buffers import Buffer, buffer_uop
 from fusegrad.runtime.buffers import canonical_device
 from fusegrad.uop.multi import make_multi, multi_axis, shard_shape
+from fusegrad.tensor_ops.base import TensorBase
 from fusegrad.tensor_ops.pydata import py_scalar_const
 from fusegrad.tensor_ops.shapes import as_index, check_shape, is_index
 from fusegrad.uop.ops import Ops, UOp
@@ -33,7 +34,7 @@ def threefry2x32(counter: Tensor, stream: int | Tensor, key: int) -> Tensor:
     ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
     stream_bits = (
         stream.reshape((1,) * counter.ndim).expand(counter.shape)
-        if isinstance(stream, Tensor)
+        if isinstance(stream, TensorBase)
         else counter.full_like(stream & 0xFFFFFFFF)
     )
     x0, x1 = counter + ks[0], stream_bits + ks[1]
@@ -80,6 +81,11 @@ def _float_dtype(name: str, dtype: DTypeLike | None) -> DType:
     return dt
 
 
+def _rng_home(cls: type) -> Any:
+    """The class that holds the seed and the draw count (Tensor, which the engine reads): a subclass shares them."""
+    return next(c for c in cls.__mro__ if "_rng_calls" in vars(c))
+
+
 def _fan_shape(name: str, shape: tuple) -> tuple[int, ...]:
     s = check_shape(argfix(*shape))
     if not s:
@@ -101,14 +107,15 @@ class CreationMixin:
             out.requires_grad, out.is_param = kwargs["requires_grad"], kwargs["requires_grad"] is not False
         return out
 
-    @staticmethod
-    def _creation_kwargs(name: str, kwargs: dict) -> tuple[str, DType | None]:
-        Tensor._reject_kwargs(name, kwargs, ("device", "dtype", "buffer"))
+    @classmethod
+    def _creation_kwargs(cls, name: str, kwargs: dict) -> tuple[str, DType | None]:
+        cls._reject_kwargs(name, kwargs, ("device", "dtype", "buffer"))
         dt = kwargs.get("dtype")
         return canonical_device(kwargs.get("device")), to_dtype(dt) if dt is not None else None
 
-    @staticmethod
+    @classmethod
     def full(
+        cls,
         shape: int | Sequence[int],
         fill_value: Scalar,
         dtype: DTypeLike | None = None,
@@ -116,41 +123,41 @@ class CreationMixin:
         buffer: bool = True,
         **kwargs: Any,
     ) -> Tensor:
-        Tensor._reject_kwargs("full", kwargs)
+        cls._reject_kwargs("full", kwargs)
         shape = check_shape(argfix(shape))
         value, dt = py_scalar_const(fill_value, to_dtype(dtype) if dtype is not None else None)
-        return Tensor._with_requires_grad(Tensor._filled(shape, value, dt, device), kwargs)
+        return cls._with_requires_grad(cls._filled(shape, value, dt, device), kwargs)
 
-    @staticmethod
-    def _filled(shape: tuple[int, ...], value: Scalar, dt: DType, device: Any) -> Tensor:
+    @classmethod
+    def _filled(cls, shape: tuple[int, ...], value: Scalar, dt: DType, device: Any) -> Tensor:
         """A broadcast constant; value is stored as dt stores it (ints wrap), for callers that already chose dt."""
-        return Tensor(UOp.const(dt, value), device=device).reshape((1,) * len(shape)).expand(shape)
+        return cls(UOp.const(dt, value), device=device).reshape((1,) * len(shape)).expand(shape)
 
-    @staticmethod
-    def zeros(*shape: Any, **kwargs: Any) -> Tensor:
-        device, dt = Tensor._creation_kwargs("zeros", kwargs)
-        out = Tensor.full(argfix(*shape), 0, dtype=dt or dtypes.default_float, device=device)
-        return Tensor._with_requires_grad(out, kwargs)
+    @classmethod
+    def zeros(cls, *shape: Any, **kwargs: Any) -> Tensor:
+        device, dt = cls._creation_kwargs("zeros", kwargs)
+        out = cls.full(argfix(*shape), 0, dtype=dt or dtypes.default_float, device=device)
+        return cls._with_requires_grad(out, kwargs)
 
-    @staticmethod
-    def ones(*shape: Any, **kwargs: Any) -> Tensor:
-        device, dt = Tensor._creation_kwargs("ones", kwargs)
-        out = Tensor.full(argfix(*shape), 1, dtype=dt or dtypes.default_float, device=device)
-        return Tensor._with_requires_grad(out, kwargs)
+    @classmethod
+    def ones(cls, *shape: Any, **kwargs: Any) -> Tensor:
+        device, dt = cls._creation_kwargs("ones", kwargs)
+        out = cls.full(argfix(*shape), 1, dtype=dt or dtypes.default_float, device=device)
+        return cls._with_requires_grad(out, kwargs)
 
-    @staticmethod
-    def empty(*shape: Any, device: str | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
-        Tensor._reject_kwargs("empty", kwargs)
+    @classmethod
+    def empty(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
+        cls._reject_kwargs("empty", kwargs)
         shape = check_shape(argfix(*shape))
         if any(isinstance(d, UOp) for d in shape):
             raise ValueError(f"empty() allocates storage, so its shape must be concrete, got {shape_str(shape)}")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         placement = canonical_device(device)
         if isinstance(placement, tuple):  # replicated: one uninitialized buffer per device
-            shards = [Tensor.empty(shape, device=d, dtype=dt).uop for d in placement]
-            return Tensor(make_multi(shards, None, placement), device=placement)
-        out = Tensor(buffer_uop(Buffer(placement, prod(shape), dt)), device=placement).reshape(shape)
-        return Tensor._with_requires_grad(out, kwargs)
+            shards = [cls.empty(shape, device=d, dtype=dt).uop for d in placement]
+            return cls(make_multi(shards, None, placement), device=placement)
+        out = cls(buffer_uop(Buffer(placement, prod(shape), dt)), device=placement).reshape(shape)
+        return cls._with_requires_grad(out, kwargs)
 
     def _sharded_like(self, make: Any, device: str | None) -> Tensor:
         """make(device) shaped like self; a sharded self is sharded the same way (then device must not be given)."""
@@ -163,10 +170,10 @@ class CreationMixin:
     def full_like(
         self, fill_value: Scalar, dtype: DTypeLike | None = None, device: str | None = None, **kwargs: Any
     ) -> Tensor:
-        Tensor._reject_kwargs("full_like", kwargs)
+        type(self)._reject_kwargs("full_like", kwargs)
         dt = dtype or self.dtype
-        out = self._sharded_like(lambda d: Tensor.full(self.shape, fill_value, dtype=dt, device=d), device)
-        return Tensor._with_requires_grad(out, kwargs)
+        out = self._sharded_like(lambda d: type(self).full(self.shape, fill_value, dtype=dt, device=d), device)
+        return type(self)._with_requires_grad(out, kwargs)
 
     def zeros_like(self, **kwargs: Any) -> Tensor:
         return self.full_like(0, **kwargs)
@@ -177,17 +184,17 @@ class CreationMixin:
     def empty_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
         dt = to_dtype(dtype or self.dtype)
         if not isinstance(self.device, tuple) or device is not None:
-            return Tensor.empty(self.shape, dtype=dt, device=device or self.device)
+            return type(self).empty(self.shape, dtype=dt, device=device or self.device)
         axis = multi_axis(self.uop)
         shape = shard_shape(self.shape, axis, len(self.device))
-        shards = [Tensor.empty(shape, dtype=dt, device=d).uop for d in self.device]
-        return Tensor(make_multi(shards, axis, self.device), device=self.device)
+        shards = [type(self).empty(shape, dtype=dt, device=d).uop for d in self.device]
+        return type(self)(make_multi(shards, axis, self.device), device=self.device)
 
-    @staticmethod
+    @classmethod
     def arange(
-        start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: DTypeLike | None = None, **kwargs: Any
+        cls, start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: DTypeLike | None = None, **kwargs: Any
     ) -> Tensor:
-        Tensor._reject_kwargs("arange", kwargs, ("device",))
+        cls._reject_kwargs("arange", kwargs, ("device",))
         device = canonical_device(kwargs.get("device"))
         if stop is None:
             start, stop = 0, start
@@ -211,13 +218,13 @@ class CreationMixin:
         if dtypes.is_int(dt) and count and not all(dt.min <= v <= dt.max for v in (start, start + step * (count - 1))):
             raise OverflowError(f"arange({start}, {stop}, {step}) does not fit {dt}")
         idx_dt = dtypes.int64 if count >= 2**31 else dtypes.int32
-        idx = Tensor(UOp(Ops.ARANGE, idx_dt, (), count), device=device)
+        idx = cls(UOp(Ops.ARANGE, idx_dt, (), count), device=device)
         out = (idx.cast(dt) * step + start).cast(dt) if (start, step) != (0, 1) or dt is not idx_dt else idx
-        return Tensor._with_requires_grad(out, kwargs)
+        return cls._with_requires_grad(out, kwargs)
 
-    @staticmethod
-    def linspace(start: Scalar, stop: Scalar, steps: int, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
-        Tensor._reject_kwargs("linspace", kwargs, ("device",))
+    @classmethod
+    def linspace(cls, start: Scalar, stop: Scalar, steps: int, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
+        cls._reject_kwargs("linspace", kwargs, ("device",))
         start, stop, steps = _number("linspace", start), _number("linspace", stop), as_index("linspace", steps)
         if steps < 0:
             raise ValueError(f"linspace needs steps >= 0, got {steps}")
@@ -225,120 +232,129 @@ class CreationMixin:
         if dt is dtypes.bool:
             raise ValueError("linspace cannot produce bool values")
         if steps == 1:
-            return Tensor._with_requires_grad(Tensor([start], dtype=dt, device=kwargs.get("device")), kwargs)
-        idx = Tensor.arange(steps, device=kwargs.get("device")).cast(
+            return cls._with_requires_grad(cls([start], dtype=dt, device=kwargs.get("device")), kwargs)
+        idx = cls.arange(steps, device=kwargs.get("device")).cast(
             dtypes.float64 if dt is dtypes.float64 else dtypes.float32
         )
-        return Tensor._with_requires_grad((idx * ((stop - start) / max(steps - 1, 1)) + start).cast(dt), kwargs)
+        return cls._with_requires_grad((idx * ((stop - start) / max(steps - 1, 1)) + start).cast(dt), kwargs)
 
-    @staticmethod
-    def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
-        Tensor._reject_kwargs("eye", kwargs, ("device",))
+    @classmethod
+    def eye(cls, n: int, m: int | None = None, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
+        cls._reject_kwargs("eye", kwargs, ("device",))
         n = as_index("eye", n)
         m = n if m is None else as_index("eye", m)
         if n < 0 or m < 0:
             raise ValueError(f"eye needs non-negative sizes, got n={n}, m={m}")
-        rows = Tensor.arange(n, device=kwargs.get("device")).reshape(n, 1)
-        cols = Tensor.arange(m, device=kwargs.get("device")).reshape(1, m)
-        return Tensor._with_requires_grad((rows == cols).cast(dtype or dtypes.default_float), kwargs)
+        rows = cls.arange(n, device=kwargs.get("device")).reshape(n, 1)
+        cols = cls.arange(m, device=kwargs.get("device")).reshape(1, m)
+        return cls._with_requires_grad((rows == cols).cast(dtype or dtypes.default_float), kwargs)
 
-    @staticmethod
-    def manual_seed(seed: int = 0) -> None:
-        Tensor._seed, Tensor._rng_calls = int(seed), 0
+    @classmethod
+    def manual_seed(cls, seed: int = 0) -> None:
+        home = _rng_home(cls)
+        home._seed, home._rng_calls = int(seed), 0
 
-    @staticmethod
-    def _random_bits(shape: tuple[int, ...], device: str | None) -> Tensor:
+    @classmethod
+    def _random_bits(cls, shape: tuple[int, ...], device: str | None) -> Tensor:
         """uint32 random bits from Threefry-2x32 (20 rounds) over (element index, call number) with the seed as key."""
         if any(isinstance(d, UOp) for d in shape):
             raise NotImplementedError(f"random tensors need a concrete shape, got {shape_str(shape)}; shrink after")
-        Tensor._rng_calls += 1
+        home = _rng_home(cls)
+        home._rng_calls += 1
         n = prod(shape)
         counter = (
-            Tensor.arange(n, device=device, dtype=dtypes.uint32)
+            cls.arange(n, device=device, dtype=dtypes.uint32)
             if n < 2**31
-            else Tensor.arange(n, device=device).cast(dtypes.uint32)
+            else cls.arange(n, device=device).cast(dtypes.uint32)
         )
         # the call number is data (not a constant in the kernel): every dropout mask of a training loop is one kernel;
         # while a TinyJit captures, it comes from the capture's stream buffer, so each replay draws new numbers
         stream = (
-            capturing[-1].rng_stream(counter.device, Tensor._rng_calls)
+            capturing[-1].rng_stream(counter.device, cls._rng_calls)
             if capturing
-            else Tensor(np.array([Tensor._rng_calls & 0xFFFFFFFF], np.uint32), device=device)
+            else cls(np.array([cls._rng_calls & 0xFFFFFFFF], np.uint32), device=device)
         )
-        return threefry2x32(counter, stream, Tensor._seed).reshape(shape)
+        return threefry2x32(counter, stream, cls._seed).reshape(shape)
 
-    @staticmethod
+    @classmethod
     def rand(
-        *shape: Any, device: str | None = None, dtype: DTypeLike | None = None, contiguous: bool = True, **kwargs: Any
+        cls,
+        *shape: Any,
+        device: str | None = None,
+        dtype: DTypeLike | None = None,
+        contiguous: bool = True,
+        **kwargs: Any,
     ) -> Tensor:
-        Tensor._reject_kwargs("rand", kwargs)
+        cls._reject_kwargs("rand", kwargs)
         shape = check_shape(argfix(*shape))
         dt = _float_dtype("rand", dtype)
-        bits = Tensor._random_bits(shape, device)
+        bits = cls._random_bits(shape, device)
         # 23 random mantissa bits under exponent 0 give a float in [1, 2)
         one_to_two = ((bits >> 9) | 0x3F800000).bitcast(dtypes.float32)
         out = _floor_to_precision(one_to_two - 1.0, dt).cast(dt)
-        return Tensor._with_requires_grad(out.contiguous() if contiguous else out, kwargs)
+        return cls._with_requires_grad(out.contiguous() if contiguous else out, kwargs)
 
-    @staticmethod
-    def randn(*shape: Any, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
-        Tensor._reject_kwargs("randn", kwargs, ("device", "contiguous"))
+    @classmethod
+    def randn(cls, *shape: Any, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
+        cls._reject_kwargs("randn", kwargs, ("device", "contiguous"))
         shape = check_shape(argfix(*shape))
         dt = _float_dtype("randn", dtype)
-        u = Tensor.rand(2, *shape, device=kwargs.get("device"), contiguous=False)
+        u = cls.rand(2, *shape, device=kwargs.get("device"), contiguous=False)
         # Box-Muller: 1 - u keeps the log argument in (0, 1]
         z = (((1.0 - u[0]).log() * -2.0).sqrt() * (u[1] * (2 * math.pi)).cos()).cast(dt)
-        return Tensor._with_requires_grad(z.contiguous() if kwargs.get("contiguous", True) else z, kwargs)
+        return cls._with_requires_grad(z.contiguous() if kwargs.get("contiguous", True) else z, kwargs)
 
     def rand_like(self, **kwargs: Any) -> Tensor:
-        Tensor._reject_kwargs("rand_like", kwargs, ("device", "dtype", "contiguous"))
+        type(self)._reject_kwargs("rand_like", kwargs, ("device", "dtype", "contiguous"))
         dt, contiguous = kwargs.get("dtype") or self.dtype, kwargs.get("contiguous", True)
         out = self._sharded_like(
-            lambda d: Tensor.rand(self.shape, device=d, dtype=dt, contiguous=contiguous), kwargs.get("device")
+            lambda d: type(self).rand(self.shape, device=d, dtype=dt, contiguous=contiguous), kwargs.get("device")
         )
-        return Tensor._with_requires_grad(out, kwargs)
+        return type(self)._with_requires_grad(out, kwargs)
 
     def randn_like(self, dtype: DTypeLike | None = None, **kwargs: Any) -> Tensor:
-        Tensor._reject_kwargs("randn_like", kwargs, ("device", "contiguous"))
+        type(self)._reject_kwargs("randn_like", kwargs, ("device", "contiguous"))
         dt, contiguous = dtype or self.dtype, kwargs.get("contiguous", True)
         out = self._sharded_like(
-            lambda d: Tensor.randn(self.shape, dtype=dt, device=d, contiguous=contiguous), kwargs.get("device")
+            lambda d: type(self).randn(self.shape, dtype=dt, device=d, contiguous=contiguous), kwargs.get("device")
         )
-        return Tensor._with_requires_grad(out, kwargs)
+        return type(self)._with_requires_grad(out, kwargs)
 
-    @staticmethod
-    def const(b: Scalar, dtype: DTypeLike | None = None) -> Tensor:
+    @classmethod
+    def const(cls, b: Scalar, dtype: DTypeLike | None = None) -> Tensor:
         """A device-less-looking 0-d constant (it lives on the default device until combined)."""
-        return Tensor(UOp.const(to_dtype(dtype) if dtype is not None else dtypes.from_py(b), b))
+        return cls(UOp.const(to_dtype(dtype) if dtype is not None else dtypes.from_py(b), b))
 
     def const_like(self, b: Scalar, dtype: DTypeLike | None = None) -> Tensor:
-        return Tensor.full(self.shape, b, dtype=dtype or self.dtype, device=self.device)
+        return type(self).full(self.shape, b, dtype=dtype or self.dtype, device=self.device)
 
-    @staticmethod
-    def invalids(*shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> Tensor:
-        return Tensor.empty(*shape, device=device, dtype=dtype)
+    @classmethod
+    def invalids(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> Tensor:
+        return cls.empty(*shape, device=device, dtype=dtype)
 
-    @staticmethod
-    def from_blob(ptr: int, shape: tuple[int, ...], **kwargs: Any) -> Tensor:
+    @classmethod
+    def from_blob(cls, ptr: int, shape: tuple[int, ...], **kwargs: Any) -> Tensor:
         """Wrap external host memory at address ptr without copying or owning it (the caller keeps it alive)."""
-        device, dt = Tensor._creation_kwargs("from_blob", kwargs)
+        device, dt = cls._creation_kwargs("from_blob", kwargs)
         dt = dt or dtypes.default_float
         shape = check_shape(tuple(shape))
         buf = Buffer(device, prod(shape), dt)
         nbytes = max(buf.nbytes, 1)
         buf.use_external(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint8)), shape=(nbytes,)))
-        return Tensor(buffer_uop(buf), device=device).reshape(shape)
+        return cls(buffer_uop(buf), device=device).reshape(shape)
 
-    @staticmethod
-    def from_url(url: str, gunzip: bool = False, **kwargs: Any) -> Tensor:
+    @classmethod
+    def from_url(cls, url: str, gunzip: bool = False, **kwargs: Any) -> Tensor:
         from fusegrad.helpers import fetch
 
-        return Tensor(fetch(url, gunzip=gunzip).read_bytes(), **kwargs)
+        return cls(fetch(url, gunzip=gunzip).read_bytes(), **kwargs)
 
     # ---- random
-    @staticmethod
-    def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, **kwargs: Any) -> Tensor:
-        Tensor._reject_kwargs("randint", kwargs, ("device", "contiguous"))
+    @classmethod
+    def randint(
+        cls, *shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, **kwargs: Any
+    ) -> Tensor:
+        cls._reject_kwargs("randint", kwargs, ("device", "contiguous"))
         dt = to_dtype(dtype)
         if not isinstance(low, int) or not isinstance(high, int):
             raise TypeError(f"randint bounds must be ints, got low={low!r}, high={high!r}")
@@ -350,66 +366,66 @@ class CreationMixin:
             raise RuntimeError(f"randint range [{low}, {high}) does not fit {dt}")
         shape = check_shape(argfix(*shape))
         span = high - low
-        bits = Tensor._random_bits(shape, kwargs.get("device")).cast(dtypes.uint64)
+        bits = cls._random_bits(shape, kwargs.get("device")).cast(dtypes.uint64)
         if span > 2**32:  # 32 random bits would only reach the bottom 2**32 values of a wider range
-            bits = (bits << 32) | Tensor._random_bits(shape, kwargs.get("device")).cast(dtypes.uint64)
+            bits = (bits << 32) | cls._random_bits(shape, kwargs.get("device")).cast(dtypes.uint64)
         # 64-bit arithmetic (wrapping like two's complement) keeps every range of int64/uint64 exact
         offset = bits % span if span < 2**64 else bits
         out = (offset.cast(dtypes.int64) + low).cast(dt)
-        return Tensor._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
+        return cls._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
 
-    @staticmethod
-    def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor:
-        Tensor._reject_kwargs("normal", kwargs, ("device", "dtype", "contiguous"))
+    @classmethod
+    def normal(cls, *shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor:
+        cls._reject_kwargs("normal", kwargs, ("device", "dtype", "contiguous"))
         if std < 0:
             raise ValueError(f"normal needs std >= 0, got {std}")
         dt = _float_dtype("normal", kwargs.get("dtype"))
-        out = (Tensor.randn(*shape, device=kwargs.get("device"), contiguous=False) * std + mean).cast(dt)
-        return Tensor._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
+        out = (cls.randn(*shape, device=kwargs.get("device"), contiguous=False) * std + mean).cast(dt)
+        return cls._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
 
-    @staticmethod
+    @classmethod
     def uniform(
-        *shape: Any, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, **kwargs: Any
+        cls, *shape: Any, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, **kwargs: Any
     ) -> Tensor:
-        Tensor._reject_kwargs("uniform", kwargs, ("device", "contiguous"))
+        cls._reject_kwargs("uniform", kwargs, ("device", "contiguous"))
         if low >= high:
             raise ValueError(f"uniform needs low < high, got low={low}, high={high}")
         dt = _float_dtype("uniform", dtype)
-        out = Tensor.rand(*shape, contiguous=False, device=kwargs.get("device")) * (high - low) + low
+        out = cls.rand(*shape, contiguous=False, device=kwargs.get("device")) * (high - low) + low
         out = _floor_to_precision(out, dt).cast(dt)
-        return Tensor._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
+        return cls._with_requires_grad(out.contiguous() if kwargs.get("contiguous", True) else out, kwargs)
 
-    @staticmethod
-    def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+    @classmethod
+    def scaled_uniform(cls, *shape: Any, **kwargs: Any) -> Tensor:
         s = check_shape(argfix(*shape))
         bound = prod(s) ** -0.5
-        return Tensor.uniform(s, low=-bound, high=bound, **kwargs)
+        return cls.uniform(s, low=-bound, high=bound, **kwargs)
 
-    @staticmethod
-    def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+    @classmethod
+    def glorot_uniform(cls, *shape: Any, **kwargs: Any) -> Tensor:
         s = _fan_shape("glorot_uniform", shape)
         bound = math.sqrt(6 / (s[0] + prod(s[1:])))
-        return Tensor.uniform(s, low=-bound, high=bound, **kwargs)
+        return cls.uniform(s, low=-bound, high=bound, **kwargs)
 
-    @staticmethod
-    def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+    @classmethod
+    def kaiming_uniform(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
         s = _fan_shape("kaiming_uniform", shape)
         bound = math.sqrt(6 / (1 + a * a) / prod(s[1:]))
-        return Tensor.uniform(s, low=-bound, high=bound, **kwargs)
+        return cls.uniform(s, low=-bound, high=bound, **kwargs)
 
-    @staticmethod
-    def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+    @classmethod
+    def kaiming_normal(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
         s = _fan_shape("kaiming_normal", shape)
-        return Tensor.normal(s, std=math.sqrt(2 / (1 + a * a) / prod(s[1:])), **kwargs)
+        return cls.normal(s, std=math.sqrt(2 / (1 + a * a) / prod(s[1:])), **kwargs)
 
-    @staticmethod
-    def randperm(n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32, **kwargs: Any) -> Tensor:
-        Tensor._reject_kwargs("randperm", kwargs)
+    @classmethod
+    def randperm(cls, n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32, **kwargs: Any) -> Tensor:
+        cls._reject_kwargs("randperm", kwargs)
         n = as_index("randperm", n)
         if n < 0:
             raise ValueError(f"randperm needs n >= 0, got {n}")
         # sorting distinct random keys gives a uniform permutation; 31 random bits plus the index break ties
-        keys = Tensor._random_bits((n,), device).cast(dtypes.int64) * max(n, 1) + Tensor.arange(
+        keys = cls._random_bits((n,), device).cast(dtypes.int64) * max(n, 1) + cls.arange(
             n, device=device, dtype=dtypes.int64
         )
-        return Tensor._with_requires_grad(keys.argsort().cast(to_dtype(dtype)), kwargs)
+        return cls._with_requires_grad(keys.argsort().cast(to_dtype(dtype)), kwargs)

@@ -6,6 +6,7 @@ keep their values and the returned tensors hold what the kernel left in them."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 from fusegrad.gradient import register_gradient
+from fusegrad.tensor_ops.base import TensorBase
 from fusegrad.uop.kernel import CustomKernel, KernelInfo, RawKernel
 from fusegrad.uop.ops import Ops, UOp
 
@@ -14,16 +15,14 @@ if TYPE_CHECKING:
 
 
 def custom_kernel(inputs: tuple[Tensor, ...], fxn: Callable[..., Any], grad_fxn: Callable | None) -> list[Tensor]:
-    from fusegrad.tensor import Tensor
-
     if fxn is None or not callable(fxn):
         raise TypeError(f"custom_kernel needs fxn, a function of one placeholder per input, got {fxn!r}")
-    if bad := [type(t).__name__ for t in inputs if not isinstance(t, Tensor)]:
+    if bad := [type(t).__name__ for t in inputs if not isinstance(t, TensorBase)]:
         raise TypeError(f"custom_kernel takes tensors, got {bad}")
     devices = {t.device if isinstance(t.device, str) else tuple(t.device) for t in inputs}
     if len(devices) > 1:
         raise RuntimeError(f"custom_kernel inputs are on different devices {sorted(map(str, devices))}")
-    device = inputs[0].device
+    device, tensor_class = inputs[0].device, type(inputs[0])
     if bad := [t.shape for t in inputs if not all(isinstance(d, int) for d in t.shape)]:
         raise ValueError(f"custom_kernel inputs have concrete shapes, got {bad}")
     # on sharded inputs the kernel runs once per device, on its shards: it is written for the shard shapes
@@ -44,7 +43,7 @@ def custom_kernel(inputs: tuple[Tensor, ...], fxn: Callable[..., Any], grad_fxn:
     )  # compiled now: a bad kernel raises here, before anything runs
     empty = tuple(s for s in written if _is_empty(inputs[s].uop))
     node = UOp(Ops.CUSTOM_KERNEL, src=tuple(t.uop for t in inputs), arg=CustomKernel(kernel, written, grad_fxn, empty))
-    outs = [Tensor(UOp(Ops.AFTER, inputs[s].dtype, (inputs[s].uop, node), s), device=device) for s in written]
+    outs = [tensor_class(UOp(Ops.AFTER, inputs[s].dtype, (inputs[s].uop, node), s), device=device) for s in written]
     _register_backward(node, outs, inputs, written, grad_fxn, device)
     return outs
 
@@ -87,9 +86,7 @@ def _raw_written(kernel: RawKernel, n: int) -> tuple[int, ...]:
 def _register_backward(
     node: UOp, outs: list[Tensor], inputs: tuple[Tensor, ...], written: tuple[int, ...], grad_fxn: Any, device: str
 ) -> None:
-    from fusegrad.tensor import Tensor
-
-    name, input_uops = node.arg.name, tuple(t.uop for t in inputs)
+    name, input_uops, tensor_class = node.arg.name, tuple(t.uop for t in inputs), type(inputs[0])
     # shapes, not the output nodes: the backward must not hold the node it is registered on
     out_types = [(o.shape, o.dtype) for o in outs]
     for k, out in enumerate(outs):
@@ -101,10 +98,10 @@ def _register_backward(
                 raise RuntimeError(f"custom kernel {name!r} has no gradient: pass grad_fxn to custom_kernel")
             # the gradient is linear in the output gradients: each output's share is grad_fxn with the others zero
             grads = [
-                Tensor(g, device=device) if j == k else Tensor.zeros(shape, dtype=dt, device=device)
+                tensor_class(g, device=device) if j == k else tensor_class.zeros(shape, dtype=dt, device=device)
                 for j, (shape, dt) in enumerate(out_types)
             ]
-            res = grad_fxn(grads, *(Tensor(u, device=device) for u in input_uops))
+            res = grad_fxn(grads, *(tensor_class(u, device=device) for u in input_uops))
             res = list(res) if isinstance(res, (list, tuple)) else [res]
             if len(res) != len(input_uops):
                 n = len(input_uops)

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from fusegrad.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from fusegrad.tensor_ops.base import TensorBase
 from fusegrad.tensor_ops.pydata import infer_py_dtype, py_scalar
 from fusegrad.tensor_ops.shapes import broadcast_shape
 from fusegrad.tensor_ops.unary import UnaryMixin, compute_dtype
@@ -73,7 +74,7 @@ class ElementwiseMixin(UnaryMixin):
         src_u, dst_u = _UINT_OF_SIZE[self.dtype.itemsize], _UINT_OF_SIZE[dt.itemsize]
         words = self.bitcast(src_u)
         if dt.itemsize < self.dtype.itemsize:  # split: part k holds bits [8*k*itemsize, 8*(k+1)*itemsize)
-            shifts = Tensor.arange(ratio, device=self.device, dtype=src_u) * (8 * dt.itemsize)
+            shifts = type(self).arange(ratio, device=self.device, dtype=src_u) * (8 * dt.itemsize)
             parts = words.unsqueeze(-1)._binary(Ops.SHR, shifts).cast(dst_u)
             return parts.reshape(self.shape[:-1] + (self.shape[-1] * ratio,)).bitcast(dt)
         n = self.shape[-1] // ratio
@@ -232,7 +233,7 @@ class ElementwiseMixin(UnaryMixin):
 
     def ufix(self, x: Tensor | Scalar) -> Tensor:
         """x as a Tensor combinable with self: a Python scalar becomes a weak constant in self's shape."""
-        return x if isinstance(x, Tensor) else self._operand(x)[1]
+        return x if isinstance(x, TensorBase) else self._operand(x)[1]
 
     # ------------------------------------------------------------------ comparison, logical, bitwise (G10)
     # NaN compares false everywhere except !=
@@ -351,13 +352,13 @@ class ElementwiseMixin(UnaryMixin):
         if (out := self._where_scalar(x, y)) is not None:  # the hot case (relu, clamp): no promotion, no broadcast
             return out
         cond = self.cast(dtypes.bool)
-        if isinstance(x, Tensor):
+        if isinstance(x, TensorBase):
             x, y = x._operand(y)
-        elif isinstance(y, Tensor):
+        elif isinstance(y, TensorBase):
             y, x = y._operand(x)
         else:
             dt = infer_py_dtype([py_scalar(x), py_scalar(y)])  # like Tensor([x, y]): 2**40 needs int64
-            x, y = Tensor(UOp.const(dt, x), device=self.device), Tensor(UOp.const(dt, y), device=self.device)
+            x, y = type(self)(UOp.const(dt, x), device=self.device), type(self)(UOp.const(dt, y), device=self.device)
         shape = broadcast_shape(broadcast_shape(cond.shape, x.shape), y.shape)
         cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
         return cond._alu(Ops.WHERE, x, y, dtype=x.dtype)
@@ -381,15 +382,17 @@ class ElementwiseMixin(UnaryMixin):
 
     def lerp(self, end: Tensor | Scalar, weight: Tensor | Scalar) -> Tensor:
         a, e = self._operand(end)
-        if a.dtype is dtypes.uint8 and isinstance(weight, Tensor):
+        if a.dtype is dtypes.uint8 and isinstance(weight, TensorBase):
             # 7-bit fixed-point weight; a*(128-w) + e*w + 64 fits int32 and rounds the >> 7
             w = (weight * 128).round().cast(dtypes.int32)
             mixed = a.cast(dtypes.int32) * (128 - w) + e.cast(dtypes.int32) * w + 64
             return (mixed >> 7).cast(dtypes.uint8)
-        out_dt = least_upper_float(least_upper_dtype(a.dtype, weight.dtype) if isinstance(weight, Tensor) else a.dtype)
+        out_dt = least_upper_float(
+            least_upper_dtype(a.dtype, weight.dtype) if isinstance(weight, TensorBase) else a.dtype
+        )
         dt = compute_dtype(out_dt)
         a, e = a.cast(dt), e.cast(dt)
-        return (a + (e - a) * (weight.cast(dt) if isinstance(weight, Tensor) else weight)).cast(out_dt)
+        return (a + (e - a) * (weight.cast(dt) if isinstance(weight, TensorBase) else weight)).cast(out_dt)
 
     # ------------------------------------------------------------------ Python operators (G4)
     def __neg__(self):

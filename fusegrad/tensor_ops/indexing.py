@@ -21,6 +21,7 @@ from fusegrad.engine.checks import IndexCheck, register_check
 from fusegrad.gradient import register_gradient
 from fusegrad.helpers import CHECK_OOB, prod
 from fusegrad.runtime.buffers import base_buffer, host_values, is_contiguous_view
+from fusegrad.tensor_ops.base import TensorBase
 from fusegrad.tensor_ops.shapes import broadcast_shape, check_sym
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import sadd, ssub
@@ -76,7 +77,7 @@ def check_index_bounds(op: str, bound: str, index: Tensor, low: int, size: int, 
         return
     i = index.cast(dtypes.int64).reshape(-1)
     # ~min(i) == max(~i): both extremes come from one max reduce, with no overflow at int64's minimum
-    extremes = Tensor.stack(~i, i).max(axis=1)
+    extremes = type(i).stack(~i, i).max(axis=1)
     device = extremes.device[0] if isinstance(extremes.device, tuple) else extremes.device
     check = IndexCheck(op, bound, low, size, extremes.to(device).uop, device)
     register_check(check, *(t.uop for t in guarded))
@@ -88,8 +89,9 @@ def _flat_index(
     """Row-major position in a block of `sizes` addressed by the broadcast indices (of the tensor's `dims`);
     -1 where any index is out of range."""
     big = prod(sizes) >= 2**31 or any(i.dtype.itemsize == 8 or i.dtype is dtypes.uint32 for i in indices)
-    wide, device = dtypes.int64 if big else dtypes.int32, indices[0].device
-    flat, valid = Tensor.zeros(shape, dtype=wide, device=device), Tensor.ones(shape, dtype=dtypes.bool, device=device)
+    wide, device, tensor_class = dtypes.int64 if big else dtypes.int32, indices[0].device, type(indices[0])
+    flat = tensor_class.zeros(shape, dtype=wide, device=device)
+    valid = tensor_class.ones(shape, dtype=dtypes.bool, device=device)
     for index, size in zip(indices, sizes):
         i = index.cast(wide)._broadcast_to(shape)
         valid = valid & (i >= -size) & (i < size)
@@ -104,22 +106,22 @@ def gather_rows(table: Tensor, index: Tensor) -> Tensor:
     """out[i..., j...] = table[index[i...], j...] for an integer index (out of range rows read 0), loaded through the
     index; its gradient adds each output row's gradient into the row it came from (repeated rows accumulate).
     A multi-device or symbolically shaped table takes the one-hot path instead."""
-    from fusegrad.tensor import Tensor
-
     if not dtypes.is_int(index.dtype):
         raise TypeError(f"gather_rows needs integer indices, got {index.dtype}")
     shapes_known = all(isinstance(d, int) for d in table.shape + index.shape)
     if isinstance(table.device, tuple) or isinstance(index.device, tuple) or not shapes_known or table.ndim == 0:
-        hit = index.unsqueeze(-1) == Tensor.arange(table.shape[0], device=index.device)
+        hit = index.unsqueeze(-1) == index.arange(table.shape[0], device=index.device)
         x = table.reshape((1,) * index.ndim + table.shape)
         return _masked_sum(hit.reshape(hit.shape + (1,) * (table.ndim - 1)), x, index.ndim)
     out = table._new(UOp(Ops.GATHER, table.dtype, (table.uop, index.uop)))
     n, rest, device = table.shape[0], table.shape[1:], table.device
-    table_uop, index_uop = table.uop, index.uop
+    table_uop, index_uop, tensor_class = table.uop, index.uop, type(table)
 
     def backward(g: UOp) -> tuple[UOp]:
-        grad, idx = Tensor(g, device=device), Tensor(index_uop, device=device).reshape(-1)
-        hit = (idx.reshape(-1, 1) == Tensor.arange(n, device=device)).reshape((idx.shape[0], n) + (1,) * len(rest))
+        grad, idx = tensor_class(g, device=device), tensor_class(index_uop, device=device).reshape(-1)
+        hit = (idx.reshape(-1, 1) == tensor_class.arange(n, device=device)).reshape(
+            (idx.shape[0], n) + (1,) * len(rest)
+        )
         picked = hit.where(grad.reshape((idx.shape[0], 1) + rest), _const(grad, 0))
         return (picked.sum(0, dtype=grad.dtype).cast(table_uop.dtype).uop,)
 
@@ -130,7 +132,7 @@ def gather_rows(table: Tensor, index: Tensor) -> Tensor:
 
 def _one_hot_axis(index: Tensor, d: int, size: int, op: str) -> Tensor:
     """hit[..., i, k, ...] = (index[..., i, ...] == k): a one-hot axis of length `size` inserted after dim d."""
-    k = Tensor.arange(size, device=index.device).reshape((size,) + (1,) * (index.ndim - d - 1))
+    k = type(index).arange(size, device=index.device).reshape((size,) + (1,) * (index.ndim - d - 1))
     hit = index.unsqueeze(d + 1) == k
     check_index_bounds(op, f"dim {d}", index, 0, size, hit)
     return hit
@@ -142,7 +144,7 @@ def _inclusive_count(flags: Tensor) -> Tensor:
     b = max(math.isqrt(max(n - 1, 0)) + 1, 1)
     a = -(-n // b)
     m = flags.cast(dtypes.int32).pad(((0, a * b - n),)).reshape(a, b)
-    kb, ka = Tensor.arange(b, device=flags.device), Tensor.arange(a, device=flags.device)
+    kb, ka = type(flags).arange(b, device=flags.device), type(flags).arange(a, device=flags.device)
     within = (kb.reshape(1, b, 1) >= kb.reshape(1, 1, b)).where(m.reshape(a, 1, b), 0).sum(2)
     before = (ka.reshape(a, 1) > ka.reshape(1, a)).where(m.sum(1).reshape(1, a), 0).sum(1)
     return (within + before.reshape(a, 1)).reshape(a * b).shrink(((0, n),))
@@ -155,7 +157,7 @@ def _selected(flags: Tensor, size: int | None) -> tuple[Tensor, Tensor]:
         size = int(flags.cast(dtypes.int32).sum().item())
     if size < 0:
         raise ValueError(f"size must be non-negative, got {size}")
-    k = Tensor.arange(size, device=flags.device).reshape(size, 1)
+    k = type(flags).arange(size, device=flags.device).reshape(size, 1)
     hit = flags.reshape(1, -1) & (_inclusive_count(flags).reshape(1, -1) == k + 1)
     return hit, hit.any(1)
 
@@ -262,7 +264,7 @@ class IndexingMixin:
             if i.step == 0:
                 raise ValueError("slice step cannot be zero")
             return i
-        if isinstance(i, Tensor):
+        if isinstance(i, TensorBase):
             if not dtypes.is_int(i.dtype):
                 raise IndexError(f"tensors used as indices must be integer tensors, got {i.dtype} ({NO_MASKS})")
             return i.to(self.device)
@@ -274,7 +276,7 @@ class IndexingMixin:
             if arr.size and arr.dtype.kind not in "iu":
                 raise IndexError(f"list index {i!r} must hold only ints, got {arr.dtype} ({NO_MASKS})")
             small = not arr.size or (arr.min() >= -(2**31) and arr.max() < 2**31)
-            return Tensor(arr.astype(np.int32 if small else np.int64), device=self.device)
+            return type(self)(arr.astype(np.int32 if small else np.int64), device=self.device)
         raise IndexError(f"unsupported index {i!r} of type {type(i).__name__}")
 
     def _index_plan(self, indices: Any) -> _IndexPlan:
@@ -283,7 +285,8 @@ class IndexingMixin:
             isinstance(indices, list)
             and len(indices) < 32
             and any(
-                isinstance(i, (list, tuple, Tensor, slice, np.ndarray)) or i is None or i is Ellipsis for i in indices
+                isinstance(i, (list, tuple, TensorBase, slice, np.ndarray)) or i is None or i is Ellipsis
+                for i in indices
             )
         ):
             indices = tuple(indices)
@@ -302,7 +305,7 @@ class IndexingMixin:
                 view_shape.append(1)
                 continue
             size = self.shape[dim]
-            if isinstance(e, Tensor):
+            if isinstance(e, TensorBase):
                 windows.append((0, size, 1))
                 adv_dims.append(len(view_shape))
                 adv_index.append(e)
@@ -381,12 +384,12 @@ class IndexingMixin:
 
     def __setitem__(self, indices: Any, v: Any) -> None:
         plan = self._index_plan(indices)
-        if isinstance(v, Tensor):
+        if isinstance(v, TensorBase):
             if v.dtype != self.dtype:
                 raise RuntimeError(f"setitem of a {v.dtype} value into a {self.dtype} tensor; cast it first")
             v = v.to(self.device)
         else:
-            v = Tensor(v, device=self.device, dtype=self.dtype)
+            v = type(self)(v, device=self.device, dtype=self.dtype)
         region = self._region_shape(plan)
         if v.ndim > len(region):
             lead = v.shape[: v.ndim - len(region)]
@@ -412,7 +415,7 @@ class IndexingMixin:
         if plan.adv_dims:
             value, written = v._put(plan)
         else:
-            value, written = v, Tensor.ones(plan.view_shape, dtype=dtypes.bool, device=self.device)
+            value, written = v, type(self).ones(plan.view_shape, dtype=dtypes.bool, device=self.device)
         counts = tuple(count for _, count, _ in plan.windows)
         value, written = value.reshape(counts), written.reshape(counts)
         for d, (start, count, step) in enumerate(plan.windows):
@@ -425,11 +428,11 @@ class IndexingMixin:
             # no storage to share: the tensor takes the new value as a graph, so gradients reach v and the rest of self
             self.uop = written.where(value, self).uop
             return
-        target = Tensor(base, device=self.device)
-        new_base = Tensor(_unview(written.uop, views), device=self.device).where(
-            Tensor(_unview(value.uop, views), device=self.device), target
+        target = type(self)(base, device=self.device)
+        new_base = type(self)(_unview(written.uop, views), device=self.device).where(
+            type(self)(_unview(value.uop, views), device=self.device), target
         )
-        Tensor._realize([target.assign(new_base)], keep_old_versions=False)
+        type(self)._realize([target.assign(new_base)], keep_old_versions=False)
 
     def _store_region(self, plan: _IndexPlan, v: Tensor) -> bool:
         """Store v into the part of storage a basic index selects, by a kernel whose loops cover that part only (a KV
@@ -441,7 +444,7 @@ class IndexingMixin:
             return False
         region = _region_view(self._new(stored), plan.windows)
         write = self._new(UOp(Ops.ASSIGN, self.dtype, (region.uop, v.reshape(counts).uop)))
-        Tensor._realize([write], keep_old_versions=False)
+        type(self)._realize([write], keep_old_versions=False)
         return True
 
     def __delitem__(self, indices: Any) -> None:
@@ -466,10 +469,10 @@ class IndexingMixin:
         v = self.permute(_inverse(_adv_order(len(view_shape), dims, len(batch)))).reshape((n_batch, 1) + n_rest)
         flat = _flat_index(plan.adv_index, sizes, batch, "setitem", plan.adv_source_dims).reshape(n_batch)
         # of several writes to one place the last wins: drop a write when a later one hits the same place
-        order = Tensor.arange(n_batch, device=self.device)
+        order = type(self).arange(n_batch, device=self.device)
         same = flat.reshape(n_batch, 1) == flat.reshape(1, n_batch)
         flat = (same & (order.reshape(1, n_batch) > order.reshape(n_batch, 1))).any(1).where(-1, flat)
-        hit = flat.reshape(n_batch, 1) == Tensor.arange(n_pick, device=self.device).reshape(1, n_pick)
+        hit = flat.reshape(n_batch, 1) == type(self).arange(n_pick, device=self.device).reshape(1, n_pick)
         value = _masked_sum(hit.reshape((n_batch, n_pick) + (1,) * len(rest)), v, 0)
         written = hit.any(0).reshape(tuple(sizes) + (1,) * len(rest)).expand(tuple(sizes) + n_rest)
         back = _inverse(list(dims) + rest)
@@ -508,7 +511,7 @@ class IndexingMixin:
 
     # ------------------------------------------------------------------ gather / scatter
     def _check_index(self, name: str, d: int, index: Any, src: Tensor | None = None) -> None:
-        if not isinstance(index, Tensor) or not dtypes.is_int(index.dtype):
+        if not isinstance(index, TensorBase) or not dtypes.is_int(index.dtype):
             got = getattr(index, "dtype", type(index).__name__)
             raise RuntimeError(f"{name}(): index must be an integer Tensor, got {got}")
         if index.ndim != self.ndim:
@@ -532,7 +535,7 @@ class IndexingMixin:
         if region.shape == self.shape:
             return region
         pads = tuple((0, s - r) for r, s in zip(region.shape, self.shape))
-        inside = Tensor.ones(region.shape, dtype=dtypes.bool, device=self.device).pad(pads)
+        inside = type(self).ones(region.shape, dtype=dtypes.bool, device=self.device).pad(pads)
         return inside.where(region.pad(pads), self)
 
     def gather(self, dim: int, index: Tensor) -> Tensor:
@@ -548,8 +551,8 @@ class IndexingMixin:
 
     def _scatter_src(self, name: str, d: int, index: Tensor, src: Tensor | Scalar) -> Tensor:
         """src as a tensor of self's dtype shrunk to index's shape."""
-        if not isinstance(src, Tensor):
-            return Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+        if not isinstance(src, TensorBase):
+            return type(self).full(index.shape, src, dtype=self.dtype, device=self.device)
         if src.dtype != self.dtype:
             raise RuntimeError(f"{name}(): src dtype {src.dtype} must equal the tensor dtype {self.dtype}")
         return src.to(self.device).shrink(tuple((0, n) for n in index.shape))
@@ -558,18 +561,18 @@ class IndexingMixin:
         if reduce is not None:
             if reduce not in ("add", "multiply"):
                 raise TypeError(f"scatter reduce must be 'add' or 'multiply', got {reduce!r}")
-            if isinstance(src, Tensor):
+            if isinstance(src, TensorBase):
                 raise TypeError("scatter with reduce takes a scalar src; use scatter_reduce for a Tensor src")
             return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
         if self.ndim == 0:
             return self._via_1d(dim, index, src, lambda x, i, s: x.scatter(0, i, s))
         d = self._axis(dim)
-        self._check_index("scatter", d, index, src if isinstance(src, Tensor) else None)
+        self._check_index("scatter", d, index, src if isinstance(src, TensorBase) else None)
         index = index.to(self.device)
         src = self._scatter_src("scatter", d, index, src)
         n = index.shape[d]
         hit = _one_hot_axis(index, d, self.shape[d], "scatter")
-        order = Tensor.arange(n, device=self.device)
+        order = type(self).arange(n, device=self.device)
         later = order.reshape((1, n) + (1,) * (self.ndim - d - 1)) > order.reshape((n, 1) + (1,) * (self.ndim - d - 1))
         overwritten = ((index.unsqueeze(d + 1) == index.unsqueeze(d)) & later).any(d + 1)
         if dtypes.is_float(src.dtype):
@@ -588,7 +591,7 @@ class IndexingMixin:
     def _via_1d(self, dim: int, index: Any, src: Any, fn: Any) -> Tensor:
         """0-d gathers and scatters run as 1-element ones."""
         self._axis(dim)
-        as_1d = [t.reshape(1) if isinstance(t, Tensor) else t for t in (index, src)]
+        as_1d = [t.reshape(1) if isinstance(t, TensorBase) else t for t in (index, src)]
         return fn(self.reshape(1), *as_1d).reshape(())
 
     def scatter_reduce(
@@ -599,7 +602,7 @@ class IndexingMixin:
         if self.ndim == 0:
             return self._via_1d(dim, index, src, lambda x, i, s: x.scatter_reduce(0, i, s, reduce, include_self))
         d = self._axis(dim)
-        self._check_index("scatter_reduce", d, index, src if isinstance(src, Tensor) else None)
+        self._check_index("scatter_reduce", d, index, src if isinstance(src, TensorBase) else None)
         index = index.to(self.device)
         src = self._scatter_src("scatter_reduce", d, index, src).unsqueeze(d + 1)
         hit = _one_hot_axis(index, d, self.shape[d], "scatter_reduce")
@@ -633,7 +636,7 @@ class IndexingMixin:
         cand = hit.where(src, _const(src, lowest))
         if include_self:  # self joins the reduce as one more slot along d
             n = cand.shape[d]
-            slot = Tensor.arange(n + 1, device=self.device).reshape((n + 1,) + (1,) * (cand.ndim - d - 1)) == n
+            slot = type(self).arange(n + 1, device=self.device).reshape((n + 1,) + (1,) * (cand.ndim - d - 1)) == n
             own = x.unsqueeze(d).pad(tuple((n, 0) if i == d else (0, 0) for i in range(cand.ndim)))
             cand = slot.where(own, cand.pad(tuple((0, 1) if i == d else (0, 0) for i in range(cand.ndim))))
         out = cand.max(d)
@@ -641,7 +644,7 @@ class IndexingMixin:
 
     # ------------------------------------------------------------------ selection by mask, one-hot
     def masked_select(self, mask: Tensor, size: int | None = None, fill_value: Scalar = 0) -> Tensor:
-        if not isinstance(mask, Tensor) or mask.dtype is not dtypes.bool:
+        if not isinstance(mask, TensorBase) or mask.dtype is not dtypes.bool:
             got = getattr(mask, "dtype", type(mask).__name__)
             raise RuntimeError(f"masked_select: mask must be a bool Tensor, got {got}")
         shape = broadcast_shape(self.shape, mask.shape)
@@ -653,9 +656,11 @@ class IndexingMixin:
     def nonzero(self, size: int | None = None, fill_value: int = 0) -> Tensor:
         hit, valid = _selected((self != 0).reshape(-1), size)
         n = self.numel()
-        position = _masked_sum(hit, Tensor.arange(n, device=self.device).reshape(1, n), 1).reshape(-1, 1)
-        strides = Tensor(np.array([prod(self.shape[d + 1 :]) for d in range(self.ndim)], np.int32), device=self.device)
-        sizes = Tensor(np.array(self.shape, np.int32), device=self.device)
+        position = _masked_sum(hit, type(self).arange(n, device=self.device).reshape(1, n), 1).reshape(-1, 1)
+        strides = type(self)(
+            np.array([prod(self.shape[d + 1 :]) for d in range(self.ndim)], np.int32), device=self.device
+        )
+        sizes = type(self)(np.array(self.shape, np.int32), device=self.device)
         coords = (position // strides.reshape(1, -1)) % sizes.reshape(1, -1)
         return valid.reshape(-1, 1).where(coords, _const(coords, fill_value)).cast(dtypes.int32)
 
@@ -675,7 +680,7 @@ class IndexingMixin:
                 raise ValueError(f"one_hot: class values must be non-negative, got {low}")
             if (high := int(known.max())) >= num_classes:
                 raise ValueError(f"one_hot: class values must be smaller than num_classes={num_classes}, got {high}")
-        hit = self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)
+        hit = self.unsqueeze(-1) == type(self).arange(num_classes, device=self.device)
         out = hit.cast(dtypes.default_int)
         check_index_bounds("one_hot", "num_classes", self, 0, num_classes, hit, out)
         return out

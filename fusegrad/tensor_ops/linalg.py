@@ -188,8 +188,8 @@ class LinalgMixin:
             raise RuntimeError(f"qr needs a tensor of at least 2 dims, got shape {self.shape}")
         m, n = self.shape[-2:]
         r = self.cast(least_upper_float(self.dtype))
-        q = Tensor.eye(m, dtype=r.dtype, device=self.device).expand(self.shape[:-2] + (m, m))
-        rows = Tensor.arange(m, device=self.device).reshape(m, 1)
+        q = type(self).eye(m, dtype=r.dtype, device=self.device).expand(self.shape[:-2] + (m, m))
+        rows = type(self).arange(m, device=self.device).reshape(m, 1)
         for j in range(min(m - 1, n)):
             col, alpha = r[..., :, j : j + 1], r[..., j : j + 1, j : j + 1]
             below = rows > j
@@ -202,7 +202,7 @@ class LinalgMixin:
             v = (rows == j).where(1, below.where(col / done.where(1, alpha - beta), 0))
             r = (r - tau * v * (v * r).sum(-2, keepdim=True)).contiguous().contiguous_backward()
             q = (q - tau * (q @ v) * v.transpose(-1, -2)).contiguous().contiguous_backward()
-        upper = rows <= Tensor.arange(n, device=self.device).reshape(1, n)
+        upper = rows <= type(self).arange(n, device=self.device).reshape(1, n)
         return q, upper.where(r, 0)
 
     def svd(self, full_matrices: bool = True) -> tuple[Tensor, Tensor, Tensor]:
@@ -220,9 +220,11 @@ class LinalgMixin:
             a = a.pad(((0, 0),) * len(batch) + ((0, 0), (0, 1)))  # a zero column pairs with nothing
         width = a.shape[-1]
         # rows of A on top of rows of V (starting as I): one rotation of a column pair updates both
-        work = a.cat(Tensor.eye(width, dtype=dtypes.float64, device=self.device).expand(batch + (width, width)), dim=-2)
+        work = a.cat(
+            type(self).eye(width, dtype=dtypes.float64, device=self.device).expand(batch + (width, width)), dim=-2
+        )
         # circle-method layout: pair i is (column i, column width-1-i), stored as (..., rows, 2, width/2)
-        pairs = Tensor.stack(work[..., : width // 2], work[..., width // 2 :].flip(-1), dim=-2)
+        pairs = type(self).stack(work[..., : width // 2], work[..., width // 2 :].flip(-1), dim=-2)
         for _ in range(_JACOBI_SWEEPS * (width - 1)):
             pairs = _jacobi_round(pairs, m)
         # width-1 rounds of the circle method bring every column back to its starting slot
@@ -231,15 +233,17 @@ class LinalgMixin:
         sigma = g.square().sum(-2).sqrt()
         # sort descending (ties keep column order) with a one-hot permutation
         col, row = sigma.unsqueeze(-1), sigma.unsqueeze(-2)
-        before = (col < row) | ((col == row) & _lower_strict(n, self.device))
+        before = (col < row) | ((col == row) & _lower_strict(type(self), n, self.device))
         rank = before.cast(dtypes.int32).sum(-1).unsqueeze(-1)
-        order = (rank == Tensor.arange(n, device=self.device)).cast(dtypes.float64)
+        order = (rank == type(self).arange(n, device=self.device)).cast(dtypes.float64)
         sigma, g, v = (sigma.unsqueeze(-2) @ order).squeeze(-2), g @ order, v @ order
         u_thin = g / (sigma == 0).where(1, sigma).unsqueeze(-2)
         # an orthonormal basis continuing u_thin (also covering zero singular values):
         # QR of [u_thin | I], signs restored
-        q, r = u_thin.cat(Tensor.eye(m, dtype=dtypes.float64, device=self.device).expand(batch + (m, m)), dim=-1).qr()
-        flips = ((r[..., :n, :n] * Tensor.eye(n, dtype=dtypes.float64, device=self.device)).sum(-1) < 0).where(
+        q, r = u_thin.cat(
+            type(self).eye(m, dtype=dtypes.float64, device=self.device).expand(batch + (m, m)), dim=-1
+        ).qr()
+        flips = ((r[..., :n, :n] * type(self).eye(n, dtype=dtypes.float64, device=self.device)).sum(-1) < 0).where(
             -1.0, 1.0
         )
         u = q * flips.pad(((0, 0),) * len(batch) + ((0, m - n),), value=1.0).unsqueeze(-2)
@@ -275,7 +279,7 @@ def _jacobi_round(pairs: Tensor, rows: int) -> Tensor:
     """Rotate every column pair (top row of `rows` data rows only decides the angle), then move to the next round."""
     data = pairs[..., :rows, :, :]
     p, q = data[..., 0, :], data[..., 1, :]
-    stats = Tensor.stack(p.square(), q.square(), p * q, dim=-2).sum(-3)
+    stats = type(p).stack(p.square(), q.square(), p * q, dim=-2).sum(-3)
     alpha, beta, gamma = stats[..., 0:1, :], stats[..., 1:2, :], stats[..., 2:3, :]
     # the rotation that zeroes the pair's inner product (Golub & Van Loan's symmetric Schur step)
     flat = gamma == 0
@@ -291,12 +295,12 @@ def _jacobi_round(pairs: Tensor, rows: int) -> Tensor:
             top[..., :1].cat(bottom[..., :1], top[..., 1 : half - 1], dim=-1),
             bottom[..., 1:].cat(top[..., half - 1 :], dim=-1),
         )
-    return Tensor.stack(top, bottom, dim=-2).contiguous().contiguous_backward()
+    return type(top).stack(top, bottom, dim=-2).contiguous().contiguous_backward()
 
 
-def _lower_strict(n: int, device: str) -> Tensor:
+def _lower_strict(tensor_class: type[Tensor], n: int, device: str) -> Tensor:
     """[i, j] = j < i: earlier columns win ties."""
-    return Tensor.arange(n, device=device).reshape(1, n) < Tensor.arange(n, device=device).reshape(n, 1)
+    return tensor_class.arange(n, device=device).reshape(1, n) < tensor_class.arange(n, device=device).reshape(n, 1)
 
 
 def _is_transposed_view(w: Tensor) -> bool:
@@ -348,9 +352,8 @@ def _may_be_differentiated(x: Tensor, w: Tensor) -> bool:
     a reduce over (panels, panel columns) that no register tile serves (measured on one thread, 1024^2 forward +
     backward: 0.26x torch with panels, 0.54x with the plain layout), so a matmul that may be differentiated keeps it."""
     from fusegrad.helpers import TRAINING
-    from fusegrad.tensor import Tensor
 
-    if TRAINING or Tensor.training or x.requires_grad or w.requires_grad:
+    if TRAINING or type(x).training or x.requires_grad or w.requires_grad:
         return True
     base = w.uop
     while base.op in (Ops.PERMUTE, Ops.RESHAPE, Ops.EXPAND, Ops.SHRINK, Ops.CAST) and base.src:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusegrad.dtype import dtypes, least_upper_dtype
 from fusegrad.helpers import argfix, prod
+from fusegrad.tensor_ops.base import TensorBase
 from fusegrad.tensor_ops.pydata import check_py_values, py_scalar
 from fusegrad.tensor_ops.shapes import ShapeError, as_index, check_shape, check_sym, is_index, pad_pairs
 from fusegrad.uop.ops import Ops, UOp
@@ -259,8 +260,8 @@ class MovementMixin:
         out = self._new(UOp(Ops.PAD, self.dtype, (self.uop,), pads))
         if value == 0 and math.copysign(1, value) > 0:
             return out  # -0.0 is a value to fill, not PAD's zero
-        inside = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device)._pad_const(pads, 0)
-        return inside._select(out, Tensor._filled(out.shape, value, self.dtype, self.device))
+        inside = type(self).ones(self.shape, dtype=dtypes.bool, device=self.device)._pad_const(pads, 0)
+        return inside._select(out, type(self)._filled(out.shape, value, self.dtype, self.device))
 
     def pad_to(self, shape: Any, *args: Any, value: Scalar = 0) -> Tensor:
         new = argfix(shape, *args)
@@ -331,11 +332,11 @@ class MovementMixin:
         for t in pieces:
             pads = tuple((offset, total - offset - t.shape[d]) if i == d else (0, 0) for i in range(t.ndim))
             placed = t._pad_const(pads, 0)
-            out = (
-                placed
-                if out is None
-                else Tensor.ones(t.shape, dtype=dtypes.bool, device=t.device)._pad_const(pads, 0)._select(placed, out)
-            )
+            if out is None:
+                out = placed
+            else:
+                inside = t.ones(t.shape, dtype=dtypes.bool, device=t.device)._pad_const(pads, 0)
+                out = inside._select(placed, out)
             offset += t.shape[d]
         return out  # type: ignore[return-value]
 
@@ -347,7 +348,9 @@ class MovementMixin:
                     f"stack expects equal shapes, got {tensors[0].shape} at entry 0 and {t.shape} at entry {i}"
                 )
         d = tensors[0]._axis(dim, extra=1)
-        return Tensor.cat(*(t.unsqueeze(d) for t in tensors), dim=d)
+        # self may be the torch form's list (Tensor.stack([a, b])): the first entry is a tensor
+        first, *rest = (t.unsqueeze(d) for t in tensors)
+        return first.cat(*rest, dim=d)
 
     def split(self, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
         d = self._axis(dim)
@@ -494,7 +497,7 @@ class MovementMixin:
         if self.ndim < 2:
             raise RuntimeError(f"{'triu' if upper else 'tril'} needs at least 2 dims, got shape {self.shape}")
         rows, cols = self.shape[-2:]
-        above = Tensor.arange(cols, device=self.device).reshape(1, cols) - Tensor.arange(
+        above = type(self).arange(cols, device=self.device).reshape(1, cols) - type(self).arange(
             rows, device=self.device
         ).reshape(rows, 1)
         keep = (above >= diagonal) if upper else (above <= diagonal)
@@ -525,6 +528,6 @@ def _tensor_list(first: Any, rest: tuple) -> list[Tensor]:
     if not items:
         raise ValueError("expected a non-empty list of Tensors")
     for t in items:
-        if not isinstance(t, Tensor):
+        if not isinstance(t, TensorBase):
             raise TypeError(f"expected Tensors, got {type(t).__name__}")
     return items

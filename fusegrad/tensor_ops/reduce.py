@@ -12,7 +12,7 @@ from fusegrad.uop.ops import Ops, UOp, reduce_identity
 from fusegrad.uop.sint import canonical, sprod, ssub
 
 if TYPE_CHECKING:
-    from fusegrad.tensor import Tensor  # noqa: I001, TC004 (bound at runtime, see tensor_ops/__init__.py)
+    from fusegrad.tensor import Tensor
 
 Scalar = int | float | bool
 Axis = int | Sequence[int] | None
@@ -44,7 +44,7 @@ def _shift_right(t: Tensor, fill: Scalar) -> Tensor:
 def _masked_rows(x: Tensor, fill: Scalar) -> Tensor:
     """(..., n) -> (..., n, n) view whose row i holds x[..., :i+1], then `fill` (no memory: it fuses into a reduce)."""
     n = x.shape[-1]
-    pos = Tensor.arange(n, device=x.device)
+    pos = type(x).arange(n, device=x.device)
     keep = pos.reshape(n, 1) >= pos.reshape(1, n)
     return keep.where(x.unsqueeze(-2).expand(*x.shape[:-1], n, n), fill)
 
@@ -175,7 +175,7 @@ class ReduceMixin:
             return flat.reshape((1,) * self.ndim) if keepdim else flat
         ax = self._axis(axis)
         if self.ndim == 0:
-            return Tensor.zeros((), dtype=dtypes.int32, device=self.device)
+            return type(self).zeros((), dtype=dtypes.int32, device=self.device)
         n = self.shape[ax]
         if n == 0:
             raise IndexError(f"argmax/argmin: dimension {axis} of shape {self.shape} is empty")
@@ -184,7 +184,7 @@ class ReduceMixin:
         if dtypes.is_float(self.dtype):
             hit = hit | self.ne(self)
         # the first hit has the largest n - position
-        from_end = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - ax - 1))
+        from_end = type(self).arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - ax - 1))
         return (n - hit.where(from_end, 0).max(ax, keepdim)).cast(dtypes.int32)
 
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
@@ -253,7 +253,7 @@ class ReduceMixin:
     def cummax(self, axis: int = 0) -> tuple[Tensor, Tensor]:
         values = self._cumulative(axis, SCANS["max"])
         if self.ndim == 0:
-            return values, Tensor.zeros((), dtype=dtypes.int32, device=self.device)
+            return values, type(self).zeros((), dtype=dtypes.int32, device=self.device)
         ax = self._axis(axis)
         n = self.shape[ax]
         along = tuple((0, 0) if i != ax else (1, 0) for i in range(self.ndim))
@@ -262,7 +262,7 @@ class ReduceMixin:
         rises = values != before
         if dtypes.is_float(self.dtype):
             rises = rises & (values.eq(values) | before.eq(before))
-        pos = Tensor.arange(n, device=self.device).reshape((n,) + (1,) * (self.ndim - ax - 1))
+        pos = type(self).arange(n, device=self.device).reshape((n,) + (1,) * (self.ndim - ax - 1))
         return values, rises.where(pos, 0)._cumulative(ax, SCANS["max"])
 
     def cummin(self, axis: int = 0) -> tuple[Tensor, Tensor]:

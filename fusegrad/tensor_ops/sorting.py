@@ -17,7 +17,7 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import Ops
 
 if TYPE_CHECKING:
-    from fusegrad.tensor import Tensor  # noqa: I001, TC004 (bound at runtime, see tensor_ops/__init__.py)
+    from fusegrad.tensor import Tensor
 
 Scalar = int | float | bool
 
@@ -78,7 +78,7 @@ def _sort_state(x: Tensor, descending: bool) -> tuple[list[Tensor], OrderOf]:
     """The tensors a sort moves around, and how to read their order (tensors compared lexicographically): the key
     and the position, so the order is total and ties keep their original order."""
     n = x.shape[-1]
-    position = Tensor.arange(n, device=x.device).reshape((1,) * (x.ndim - 1) + (n,)).expand(x.shape)
+    position = type(x).arange(n, device=x.device).reshape((1,) * (x.ndim - 1) + (n,)).expand(x.shape)
     # no room to pack a 64-bit key with its position: move the values and positions, and key the values on the fly
     if x.dtype.itemsize == 8:
         return [x, position], lambda state: [_order_key(state[0], descending), state[1]]
@@ -103,7 +103,7 @@ def _rank_sort(x: Tensor, descending: bool) -> tuple[Tensor, Tensor]:
     order = order_of(state)
     rank = _precedes([o.unsqueeze(-2) for o in order], [o.unsqueeze(-1) for o in order]).cast(dtypes.int32).sum(-1)
     rank_is = rank.unsqueeze(-2).eq(
-        Tensor.arange(n, device=x.device).reshape(n, 1)
+        type(x).arange(n, device=x.device).reshape(n, 1)
     )  # [..., r, i]: element i has rank r
 
     def pick(t: Tensor) -> Tensor:  # a sum over one selected element (bool adds as or)
@@ -132,7 +132,7 @@ def _compare_exchange(state: list[Tensor], order_of: OrderOf, block: int, mirror
     view = shape[:-1] + (shape[-1] // block, 2, block // 2)
     own = [t.reshape(view) for t in state]
     partner = [t.flip((-2, -1) if mirrored else (-2,)) for t in own]
-    lower = Tensor.arange(2, device=own[0].device).reshape(2, 1).eq(0)
+    lower = type(own[0]).arange(2, device=own[0].device).reshape(2, 1).eq(0)
     take = lower.eq(_precedes(order_of(partner), order_of(own)))
     return [take.where(p, o).reshape(shape) for p, o in zip(partner, own)]
 
@@ -213,22 +213,22 @@ def _keccak(data: Tensor, rate: int, dsbyte: int) -> Tensor:
     (200 - rate) // 2 bytes."""
     if not 0 < rate < 200 or rate % 8:
         raise ValueError(f"keccak rate must be a multiple of 8 in (0, 200), got {rate}")
-    n, lead, dev = data.shape[-1], data.shape[:-1], data.device
+    n, lead, dev, tensor_class = data.shape[-1], data.shape[:-1], data.device, type(data)
     size = (n // rate + 1) * rate
-    pos = Tensor.arange(size, device=dev)
+    pos = tensor_class.arange(size, device=dev)
     padding = pos.eq(n).where(dsbyte, 0).cast(dtypes.uint8) | pos.eq(size - 1).where(0x80, 0).cast(dtypes.uint8)
     blocks = (data.pad(((0, 0),) * len(lead) + ((0, size - n),)) | padding).bitcast(dtypes.uint64)
     blocks = blocks.reshape(lead + (size // rate, rate // 8)).pad(((0, 0),) * (len(lead) + 1) + ((0, 25 - rate // 8),))
     blocks = blocks.contiguous()  # the byte packing once, not inside every round's kernel
     pis = [
-        Tensor([KECCAK_PI_SOURCE[(o + k) % 5 + o // 5 * 5] for o in range(25)], device=dev)
+        tensor_class([KECCAK_PI_SOURCE[(o + k) % 5 + o // 5 * 5] for o in range(25)], device=dev)
         .reshape(25, 1)
-        .eq(Tensor.arange(25, device=dev))
+        .eq(tensor_class.arange(25, device=dev))
         for k in range(3)
     ]
-    rotations = Tensor(KECCAK_ROTATIONS, dtype=dtypes.uint64, device=dev)
-    iotas = [Tensor([rc] + [0] * 24, dtype=dtypes.uint64, device=dev) for rc in KECCAK_ROUND_CONSTANTS]
-    state = Tensor.zeros(lead + (25,), dtype=dtypes.uint64, device=dev)
+    rotations = tensor_class(KECCAK_ROTATIONS, dtype=dtypes.uint64, device=dev)
+    iotas = [tensor_class([rc] + [0] * 24, dtype=dtypes.uint64, device=dev) for rc in KECCAK_ROUND_CONSTANTS]
+    state = tensor_class.zeros(lead + (25,), dtype=dtypes.uint64, device=dev)
     for b in range(size // rate):
         block = blocks.shrink(tuple((0, d) for d in lead) + ((b, b + 1), (0, 25))).reshape(lead + (25,))
         state = (state ^ block).contiguous()
@@ -242,12 +242,12 @@ class SortingMixin:
     def sort(self, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
         ax = self._axis(dim)
         if self.ndim == 0:
-            return self, Tensor.zeros((), dtype=dtypes.int32, device=self.device)
+            return self, type(self).zeros((), dtype=dtypes.int32, device=self.device)
         last = self.ndim - 1
         x = self.transpose(ax, last)
         n = x.shape[-1]
         if n <= 1 or not x.numel():
-            return self, Tensor.zeros(self.shape, dtype=dtypes.int32, device=self.device)
+            return self, type(self).zeros(self.shape, dtype=dtypes.int32, device=self.device)
         values, index = _sort_last(x, descending)
         return values.transpose(ax, last), index.transpose(ax, last)
 
@@ -281,11 +281,11 @@ class SortingMixin:
             # inverse CDF: the sample is the number of cumulative weights at or below a uniform draw
             cdf = weights.cumsum(1)
             cdf = cdf / cdf[:, -1:]
-            draws = Tensor.rand(rows, num_samples, 1, device=self.device)
+            draws = type(self).rand(rows, num_samples, 1, device=self.device)
             picked = (cdf.unsqueeze(1) <= draws).sum(2).minimum(categories - 1)
         else:
             # exponential race: the categories reaching E/w first (E ~ Exp(1)) are a weighted draw without replacement
-            arrival = -(1 - Tensor.rand(rows, categories, device=self.device)).log() / weights
+            arrival = -(1 - type(self).rand(rows, categories, device=self.device)).log() / weights
             picked = arrival.argsort(1)[:, :num_samples]
         return picked.cast(dtypes.int32).reshape(self.shape[:-1] + (num_samples,))
 
@@ -304,7 +304,7 @@ class SortingMixin:
         while data.shape[0] > HASH_CHUNK:
             n = data.shape[0]
             chunks = data.pad(((0, -n % HASH_CHUNK),)).reshape(-1, HASH_CHUNK)
-            length = Tensor(list(n.to_bytes(8, "little")), dtype=dtypes.uint8, device=self.device)
+            length = type(self)(list(n.to_bytes(8, "little")), dtype=dtypes.uint8, device=self.device)
             data = chunks.keccak("shake_128").reshape(-1).cat(length)
         return data.keccak("shake_128")
 
@@ -315,10 +315,10 @@ class SortingMixin:
 
         return threefry2x32(self.cast(dtypes.uint32), 0, seed)
 
-    @staticmethod
-    def random_bits(key: int, counter: int, num: int) -> Tensor:
+    @classmethod
+    def random_bits(cls, key: int, counter: int, num: int) -> Tensor:
         """`num` uint32 random bits for a key, starting at a counter: the primitive under rand/randint."""
-        return (Tensor.arange(num, dtype=dtypes.uint32) + (counter & 0xFFFFFFFF)).threefry(key)
+        return (cls.arange(num, dtype=dtypes.uint32) + (counter & 0xFFFFFFFF)).threefry(key)
 
     def alu(self, op: Ops, *src: Tensor) -> Tensor:
         """One raw elementwise op on broadcast, promoted operands."""

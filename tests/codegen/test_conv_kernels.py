@@ -14,7 +14,7 @@ from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import GroupOp, Ops
 from fusegrad.dtype import dtypes
-import fusegrad.tensor_ops.nn as nn_ops
+import fusegrad.tensor_ops.conv as conv_ops
 from fusegrad.helpers import prod
 
 CASES = [  # input shape, weight shape, conv2d kwargs
@@ -123,10 +123,10 @@ def layout(request, monkeypatch):
     output gradient and the channels-last gradient of large convs are stored first, here for every size (the weight
     gradient summed per sample first, or, past its size limit, over the whole batch at once)."""
     if request.param != "fused":
-        monkeypatch.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
-        monkeypatch.setattr(nn_ops, "CONV_WEIGHT_GRAD_MATMUL_SIZE", 0)
+        monkeypatch.setattr(conv_ops, "CONV_PAD_REALIZE_SIZE", 0)
+        monkeypatch.setattr(conv_ops, "CONV_WEIGHT_GRAD_MATMUL_SIZE", 0)
     if request.param == "stored, whole batch":
-        monkeypatch.setattr(nn_ops, "CONV_PER_SAMPLE_LIMIT", 0)
+        monkeypatch.setattr(conv_ops, "CONV_PER_SAMPLE_LIMIT", 0)
     return request.param
 
 
@@ -269,8 +269,8 @@ def test_conv_of_a_stored_computed_input_reads_it_in_place():
     xn = rng.standard_normal((4, 3, 16, 16), dtype=np.float32)
     w1n, w2n = rng.standard_normal((8, 3, 3, 3), dtype=np.float32), rng.standard_normal((8, 8, 3, 3), dtype=np.float32)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nn_ops, "CONV_PAD_REALIZE_SIZE", 0)
-        mp.setattr(nn_ops, "CONV_WEIGHT_GRAD_MATMUL_SIZE", 0)
+        mp.setattr(conv_ops, "CONV_PAD_REALIZE_SIZE", 0)
+        mp.setattr(conv_ops, "CONV_WEIGHT_GRAD_MATMUL_SIZE", 0)
         ours, h = small_convnet(xn, w1n, w2n, np.zeros(8, np.float32))
         h.sum().backward()
         tensors = [h] + [t.grad for t in ours]
