@@ -174,16 +174,16 @@ def _pack(
                 continue
             if mask_of is not None:
                 add(lanes, mask_of=mask_of)  # type: ignore[arg-type]
-                new += 1
-                continue
-            if lanes[0].op is Ops.ACC_UPDATE:
-                accs = [u.src[0] for u in lanes]
-                if len({a.src[0].arg for a in accs}) != 1 or len({scope[a] for a in accs}) != 1:
-                    continue
-                if any(a in lane_of for a in accs):
-                    continue
-                add(accs)
-            add(lanes)  # type: ignore[arg-type]
+            else:
+                if lanes[0].op is Ops.ACC_UPDATE:
+                    accs = [u.src[0] for u in lanes]
+                    if len({a.src[0].arg for a in accs}) != 1 or len({scope[a] for a in accs}) != 1:
+                        continue
+                    if any(a in lane_of for a in accs):
+                        continue
+                    add(accs)
+                add(lanes)  # type: ignore[arg-type]
+            # a mask that compares columns with their row's value shares that value too: it goes back to a scalar
             if (shared_lane := shares.get(group)) is not None:
                 shared_runs.add(lane_of[shared_lane][0])
             new += 1

@@ -391,3 +391,14 @@ def test_half_width_register_tile_is_vector_c_and_equals_numpy():
         realize._runners.clear()
     assert f"fg_floatx{half} vec" in src and "omp simd" not in src
     np.testing.assert_allclose(got, an @ bn.T, rtol=1e-5)
+
+
+def test_a_row_value_compared_with_its_columns_is_shared_not_read_as_a_vector():
+    # x == rowmax under a 4 x 4 register tile: each compare lane reads the row's one value (the mask pack once read
+    # the row values of four rows as its vector, so max's gradient missed the maxima: found by the fuzzer)
+    x_np = np.random.default_rng(41107).standard_normal((5, 7)).astype(np.float32)
+    x = Tensor(x_np).realize()
+    rowmax = x.max(axis=1, keepdim=True).realize()
+    with forced_opts([upcast(1, 4), upcast(0, 4)]):
+        got = ((x == rowmax).where(x, 0.0) * 3.0).numpy()
+    np.testing.assert_array_equal(got, np.where(x_np == x_np.max(axis=1, keepdims=True), x_np * 3.0, 0.0))
