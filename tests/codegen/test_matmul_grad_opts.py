@@ -16,12 +16,7 @@ from fusegrad.renderer.cstyle import CRenderer
 from fusegrad.schedule import create_schedule
 from fusegrad.runtime.device import Device
 from fusegrad.tensor_ops.linalg import _panel_width
-from fusegrad.codegen import pack_vectors
-
-
-def rendered(renderer, name: str, lin) -> str:
-    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
-    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+from tests.rendering import rendered
 
 
 SHAPES = [(1, 33, 7), (13, 40, 17), (37, 64, 5), (8, 97, 1), (31, 128, 33), (64, 256, 64)]

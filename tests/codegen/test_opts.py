@@ -19,12 +19,7 @@ from fusegrad.codegen.opt.beam import actions
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
-from fusegrad.codegen import pack_vectors
-
-
-def rendered(renderer, name: str, lin) -> str:
-    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
-    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+from tests.rendering import rendered
 
 
 SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33])

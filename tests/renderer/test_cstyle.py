@@ -22,12 +22,7 @@ from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import GroupOp, Ops
 from fusegrad.uop.pattern import PatternMatcher
 from fusegrad.uop.spec import LINEAR_OPS
-from fusegrad.codegen import pack_vectors
-
-
-def rendered(renderer, name: str, lin) -> str:
-    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
-    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+from tests.rendering import rendered
 
 
 def vector_bytes() -> int:

@@ -17,12 +17,7 @@ from fusegrad.runtime import device as device_module, ops_cpu, ops_llvm  # noqa:
 from fusegrad.runtime.device import Device  # noqa: E402
 from fusegrad.schedule import create_schedule  # noqa: E402
 from fusegrad.uop.ops import Ops  # noqa: E402
-from fusegrad.codegen import pack_vectors
-
-
-def rendered(renderer, name: str, lin) -> str:
-    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
-    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+from tests.rendering import rendered
 
 
 FAST_MATH = re.compile(r"\b(fast|nnan|ninf|nsz|arcp|afn|contract)\b")

@@ -15,12 +15,7 @@ from fusegrad.runtime.device import Device
 from fusegrad.runtime.support.amd.codeobj import compile_ir, parse_code_object
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops, UOp
-from fusegrad.codegen import pack_vectors
-
-
-def rendered(renderer, name: str, lin) -> str:
-    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
-    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+from tests.rendering import rendered
 
 
 GOLDEN = Path(__file__).parent / "llvmir_golden"

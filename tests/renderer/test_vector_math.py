@@ -13,12 +13,7 @@ from fusegrad.renderer.cstyle import OpenCLRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
-from fusegrad.codegen import pack_vectors
-
-
-def rendered(renderer, name: str, lin) -> str:
-    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
-    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+from tests.rendering import rendered
 
 
 SPECIAL = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 88.72, 88.73, 89.5, 1e30, -87.3, -95.0, -103.9, -104.5, -1e30]

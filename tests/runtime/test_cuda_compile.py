@@ -7,12 +7,7 @@ import pytest
 from fusegrad import Tensor, dtypes
 from fusegrad.runtime import ops_cuda
 from fusegrad.runtime.device import Device
-from fusegrad.codegen import pack_vectors
-
-
-def rendered(renderer, name: str, lin) -> str:
-    """The renderer's source of lin with the lanes packed for its target, as the pack_vectors stage packs them."""
-    return renderer.render(name, lin, pack_vectors(tuple(lin), renderer.capabilities))
+from tests.rendering import rendered
 
 
 pytestmark = pytest.mark.skipif(
