@@ -59,6 +59,7 @@ def get_runner(device: str, ast: UOp, lowered: Any = None) -> Runner:
         _runners.move_to_end(key)
         return r
     dev = Device[device]
+    dev.check_runs_kernels(ast)
     if isinstance(ast.arg, RawKernel):
         r = _runners[key] = _raw_runner(dev, device, ast)
         GlobalCounters.compile_count += 1

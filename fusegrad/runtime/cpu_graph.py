@@ -295,7 +295,10 @@ class CPUGraph:
         self.slots: dict[Buffer, list[int]] = {}
         for i, b in enumerate(flat_args):
             self.slots.setdefault(b, []).append(i)
-        self._times: ctypes.Array | None = None  # timed()'s table of entry start and end times
+        # timed()'s tables of entry start and end times and of split entries' thread spans, made here so that a timed
+        # run neither allocates nor touches fresh pages inside the time it reports
+        self._times = (ctypes.c_longlong * (2 * self.count))()
+        self._spans = (ctypes.c_longlong * (SPAN_CELLS * self.count))()
         self._call_args = tuple(
             ctypes.addressof(a)
             for a in (self.fns, self.nargs, self.args, self.arg_off, self.bounds, self.bound_off, self.chunks)
@@ -316,17 +319,19 @@ class CPUGraph:
     def __call__(self) -> None:
         self.lib.fg_run_graph(self.count, *self._call_args, self.threads, None, None)
 
-    def timed(self) -> tuple[list[int], list[list[tuple[int, int, int]]]]:
-        """Run the batch as __call__ does; returns each entry's start and end, in perf_counter_ns's clock, and for
-        each entry the (participant, start, end) of every thread that ran chunks of it (participant 0: the caller)."""
-        if (times := self._times) is None:
-            times = self._times = (ctypes.c_longlong * (2 * self.count))()
-            self._spans = (ctypes.c_longlong * (SPAN_CELLS * self.count))()
-        spans = self._spans
-        self.lib.fg_run_graph(self.count, *self._call_args, self.threads, *map(ctypes.addressof, (times, spans)))
-        flat = spans[:]
+    def timed(self) -> None:
+        """Run the batch as __call__ does, recording each entry's start and end and each split entry's thread spans
+        for timings() to read (kept apart so a caller's clock around this call times the batch alone)."""
+        self.lib.fg_run_graph(
+            self.count, *self._call_args, self.threads, *map(ctypes.addressof, (self._times, self._spans))
+        )
+
+    def timings(self) -> tuple[list[int], list[list[tuple[int, int, int]]]]:
+        """The last timed() run: each entry's start and end, in perf_counter_ns's clock, and for each entry the
+        (participant, start, end) of every thread that ran chunks of it (participant 0: the caller)."""
+        flat = self._spans[:]
         per_entry = [
             [(p, flat[i * SPAN_CELLS + 2 * p], flat[i * SPAN_CELLS + 2 * p + 1]) for p in range(SPAN_CELLS // 2)]
             for i in range(self.count)
         ]
-        return times[:], [[span for span in entry if span[1]] for entry in per_entry]
+        return self._times[:], [[span for span in entry if span[1]] for entry in per_entry]

@@ -87,8 +87,8 @@ class DiskDevice(Compiled):
     def plan_copy(self, u: UOp, device: str) -> UOp:
         return copy_off_disk(u, device)
 
-    def build(self, info):
+    def check_runs_kernels(self, ast):
         raise RuntimeError(
-            f"{self.device} cannot run kernels (kernel {info.name}): a file is read whole or in contiguous slices; "
+            f"{self.device} cannot run kernels (a kernel was scheduled on it): a file is read whole or in contiguous slices; "
             "move the tensor with .to('CPU') first, then compute or slice it there"
         )

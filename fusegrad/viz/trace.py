@@ -120,8 +120,9 @@ class Session:
                 )
             if hasattr(step, "graph"):
                 st = clock()
-                times, spans = step.graph.timed()
+                step.graph.timed()
                 events.append((SLICE, "batch", "jit", st, clock(), ident, {"launches": len(meta[1])}, 0))
+                times, spans = step.graph.timings()
                 for i, (lname, device, args) in enumerate(meta[1]):
                     events.append(
                         (LAUNCH, lname, device, times[2 * i] * 1e-9, times[2 * i + 1] * 1e-9, ident, args, parent)
