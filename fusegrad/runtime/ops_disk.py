@@ -89,6 +89,7 @@ class DiskDevice(Compiled):
 
     def refuse_kernels(self):
         raise RuntimeError(
-            f"{self.device} cannot run kernels (a kernel was scheduled on it): a file is read whole or in contiguous slices; "
+            f"{self.device} cannot run kernels (a kernel was scheduled on it): a file is read whole or in "
+            "contiguous slices; "
             "move the tensor with .to('CPU') first, then compute or slice it there"
         )

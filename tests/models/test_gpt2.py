@@ -73,7 +73,9 @@ def test_decode_cache_write_computes_the_new_row_once(tmp_path, monkeypatch):
     _, model = reference(tmp_path, "small")
     prefill(model, [3, 1, 4])
     asts, get_runner = [], realize.get_runner
-    monkeypatch.setattr(realize, "get_runner", lambda device, ast, *rest: asts.append(ast) or get_runner(device, ast, *rest))
+    monkeypatch.setattr(
+        realize, "get_runner", lambda device, ast, *rest: asts.append(ast) or get_runner(device, ast, *rest)
+    )
     with Context(JIT=0):
         model.forward(np.array([5]), 3).numpy()
     assert model._caches is not None

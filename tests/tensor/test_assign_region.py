@@ -21,7 +21,9 @@ def kernels(monkeypatch):
     """The ASTs of the kernels run from here on (each launch, compiled before or not)."""
     asts: list[UOp] = []
     get_runner = realize.get_runner
-    monkeypatch.setattr(realize, "get_runner", lambda device, ast, *rest: asts.append(ast) or get_runner(device, ast, *rest))
+    monkeypatch.setattr(
+        realize, "get_runner", lambda device, ast, *rest: asts.append(ast) or get_runner(device, ast, *rest)
+    )
     return asts
 
 
