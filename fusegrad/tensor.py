@@ -23,7 +23,14 @@ from fusegrad.dtype import (
     to_dtype,
     to_numpy_dtype,
 )
-from fusegrad.engine.realize import bound_variables, capturing, realize_lock, realize_uops, schedule_uops
+from fusegrad.engine.realize import (
+    bound_variables,
+    capturing,
+    realize_leaf,
+    realize_lock,
+    realize_uops,
+    schedule_uops,
+)
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import prod
 from fusegrad.runtime.buffers import (
@@ -220,7 +227,15 @@ class Tensor(
 
     # ------------------------------------------------------------------ realization and data
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
-        Tensor._realize((self, *lst) if lst else (self,), keep_old_versions=True)
+        if lst:
+            Tensor._realize((self, *lst), keep_old_versions=True)
+            return self
+        with realize_lock:
+            # an eager op on realized tensors, as a loop of them asks again and again: the leaf-op memo's schedule
+            if not _pending_assigns and (r := realize_leaf(self._uop, self.device)) is not None:
+                self.uop = r
+            else:
+                Tensor._realize_locked((self,), keep_old_versions=True)
         return self
 
     @staticmethod
