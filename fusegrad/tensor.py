@@ -477,8 +477,9 @@ class Tensor(
         padded = (1,) * (len(shape) - len(self.shape)) + self.shape
         if any(s != d and s != 1 for s, d in zip(padded, shape)):
             raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
-        t = self.reshape(padded) if padded != self.shape else self
-        return t._new(UOp(Ops.EXPAND, t.dtype, (t.uop,), shape)) if padded != shape else t
+        # leading 1s keep the element count: the RESHAPE node without reshape's checks
+        u = self._uop if padded == self.shape else UOp(Ops.RESHAPE, self.dtype, (self._uop,), padded)
+        return tensor_of_uop(UOp(Ops.EXPAND, u.dtype, (u,), shape), self.device) if padded != shape else self._new(u)
 
     def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
         src = (self._uop, srcs[0]._uop) if len(srcs) == 1 else (self._uop, *(s._uop for s in srcs))
