@@ -23,7 +23,14 @@ from fusegrad.dtype import (
     to_dtype,
     to_numpy_dtype,
 )
-from fusegrad.engine.realize import bound_variables, capturing, realize_lock, realize_uops, schedule_uops
+from fusegrad.engine.realize import (
+    bound_variables,
+    capturing,
+    realize_leaf,
+    realize_lock,
+    realize_uops,
+    schedule_uops,
+)
 from fusegrad.gradient import compute_gradient
 from fusegrad.helpers import prod
 from fusegrad.runtime.buffers import (
@@ -220,7 +227,15 @@ class Tensor(
 
     # ------------------------------------------------------------------ realization and data
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
-        Tensor._realize((self, *lst) if lst else (self,), keep_old_versions=True)
+        if lst:
+            Tensor._realize((self, *lst), keep_old_versions=True)
+            return self
+        with realize_lock:
+            # an eager op on realized tensors, as a loop of them asks again and again: the leaf-op memo's schedule
+            if not _pending_assigns and (r := realize_leaf(self._uop, self.device)) is not None:
+                self.uop = r
+            else:
+                Tensor._realize_locked((self,), keep_old_versions=True)
         return self
 
     @staticmethod
@@ -462,8 +477,9 @@ class Tensor(
         padded = (1,) * (len(shape) - len(self.shape)) + self.shape
         if any(s != d and s != 1 for s, d in zip(padded, shape)):
             raise ValueError(f"cannot broadcast shape {self.shape} to {shape}")
-        t = self.reshape(padded) if padded != self.shape else self
-        return t._new(UOp(Ops.EXPAND, t.dtype, (t.uop,), shape)) if padded != shape else t
+        # leading 1s keep the element count: the RESHAPE node without reshape's checks
+        u = self._uop if padded == self.shape else UOp(Ops.RESHAPE, self.dtype, (self._uop,), padded)
+        return tensor_of_uop(UOp(Ops.EXPAND, u.dtype, (u,), shape), self.device) if padded != shape else self._new(u)
 
     def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
         src = (self._uop, srcs[0]._uop) if len(srcs) == 1 else (self._uop, *(s._uop for s in srcs))

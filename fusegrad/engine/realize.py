@@ -8,13 +8,13 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 from fusegrad.helpers import BEAM, DEBUG, EMULATED_DTYPES, NOOPT, SPEC, GlobalCounters, Hooks
 from fusegrad.uop.kernel import RawKernel
-from fusegrad.engine.checks import checks_below
+from fusegrad.engine.checks import checks_below, index_checks
 from fusegrad.runtime.device import Device, copy_buffer, physical_memory
 from fusegrad.engine.copy_on_write import OldVersionReaders
 from fusegrad.runtime.buffers import base_buffer, buffer_of
 from fusegrad.schedule import ScheduleItem, create_schedule, record_realized
 from fusegrad.schedule.variables import bound_vars
-from fusegrad.schedule.cache import cached_schedule, clear_schedule_cache
+from fusegrad.schedule.cache import cached_schedule, clear_schedule_cache, leaf_schedule
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -315,6 +315,22 @@ def bound_variables(roots: list[UOp]) -> dict:
     return bound_vars(roots)
 
 
+def realize_leaf(root: UOp, device: str | tuple[str, ...]) -> UOp | None:
+    """realize_uops([root], [device]) for an eager op on realized tensors whose schedule the leaf-op memo holds (an
+    eager `x + y` in a loop), without the general path's steps that have nothing to do there (no tracer, profiler,
+    index check or copy on write); None, having done nothing, for any other root. The caller holds realize_lock."""
+    if root.op is Ops.MULTI or tracing or Hooks.trace is not None or index_checks:
+        return None  # a MULTI of buffers is realized already; the others need the general path's steps
+    if (leaf := leaf_schedule(root, device)) is None:
+        return None
+    items, result, memo = leaf
+    prep = prepared(items, memo)
+    run_items(items, prep.runners, DEBUG.value, prep)
+    if root is not result:
+        record_realized(root, result)
+    return result
+
+
 def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | None = None) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran.
     With `holders_per_root` (the references the caller holds on each root: its `roots` list, its tensor), an assign
@@ -362,4 +378,13 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
     return results
 
 
-__all__ = ["realize_uops", "compile_schedule", "get_runner", "buffer_of", "realize_lock", "capturing", "tracing"]
+__all__ = [
+    "realize_uops",
+    "realize_leaf",
+    "compile_schedule",
+    "get_runner",
+    "buffer_of",
+    "realize_lock",
+    "capturing",
+    "tracing",
+]

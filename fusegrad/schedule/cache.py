@@ -337,17 +337,8 @@ def cached_schedule(
         return plan.items, plan.results, plan.inner, None
     if (leaf_key := _leaf_key(roots, devices)) is not None and readers is None:
         # an eager op on realized tensors seen before: its sources and template straight from the memo, no GraphShape
-        src = roots[0].src
-        if (hit := _leaf_hit(leaf_key, src)) is not None and (template := hit[4]) is not None:
-            ScheduleCacheStats.hits += 1
-            versions, buffer_nodes = hit[2], hit[3]
-            if len(src) == 2 and len(versions) == 2 and len(buffer_nodes) == 2:  # `x + y`: no comprehensions
-                a, b = src[versions[0]], src[versions[1]]
-                old = [a, b]
-                buffers = [a.buffer, b.buffer] if buffer_nodes == versions else [src[i].buffer for i in buffer_nodes]
-            else:
-                old, buffers = [src[i] for i in versions], [src[i].buffer for i in buffer_nodes]
-            return (*template.bind_parts(buffers, old, [], None), template.launch_memo)
+        if (hit := _leaf_hit(leaf_key, roots[0].src)) is not None and (template := hit[4]) is not None:
+            return (*_bind_leaf(template, hit, roots[0].src), template.launch_memo)
     shape = graph_shape(roots, devices, leaf_key)
     key = shape.key
     if key is None:
@@ -377,6 +368,43 @@ def cached_schedule(
             _remember_leaf_template(shape, template, readers)
         return plan.items, plan.results, plan.inner, template.launch_memo
     return plan.items, plan.results, plan.inner, None
+
+
+def leaf_schedule(root: UOp, device: str | tuple[str, ...]) -> tuple[list[ScheduleItem], UOp, dict] | None:
+    """cached_schedule([root], [device]) without copy on write, when root is an eager op on realized tensors whose
+    template the leaf-op memo holds: (items, the root's result, the template's launch memo); else None."""
+    if not SCHEDULE_CACHE.value or not (src := root.src):
+        return None
+    buffer_op = Ops.BUFFER
+    for s in src:
+        if s.op is not buffer_op:
+            return None
+    arg = root.arg
+    key = (
+        root.op,
+        root.dtype,
+        None if arg is None else _hashable(arg),
+        tuple(map(id, src)),
+        (device,),
+        NUM_CPU_THREADS.value,
+    )  # _leaf_key's, built here without its list arguments
+    if (hit := _leaf_hit(key, src)) is None or (template := hit[4]) is None:
+        return None
+    items, results, _ = _bind_leaf(template, hit, src)
+    return items, results[0], template.launch_memo
+
+
+def _bind_leaf(template: ScheduleTemplate, hit: list, src: tuple[UOp, ...]):
+    """The leaf-op memo's template bound to this op's sources (its versions and buffers by position)."""
+    ScheduleCacheStats.hits += 1
+    versions, buffer_nodes = hit[2], hit[3]
+    if len(src) == 2 and len(versions) == 2 and len(buffer_nodes) == 2:  # `x + y`: no comprehensions
+        a, b = src[versions[0]], src[versions[1]]
+        old = [a, b]
+        buffers = [a.buffer, b.buffer] if buffer_nodes == versions else [src[i].buffer for i in buffer_nodes]
+    else:
+        old, buffers = [src[i] for i in versions], [src[i].buffer for i in buffer_nodes]
+    return template.bind_parts(buffers, old, [], None)
 
 
 def _remember_leaf_template(shape: GraphShape, template: ScheduleTemplate, readers: VersionReaders | None) -> None:

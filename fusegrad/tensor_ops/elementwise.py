@@ -302,6 +302,8 @@ class ElementwiseMixin(UnaryMixin):
         return self.isclose(other, rtol, atol, equal_nan).all()
 
     def _bitwise(self, op: Ops, x: Tensor | Scalar, reverse: bool = False) -> Tensor:
+        if type(x) is type(self) and x.uop.dtype is (dt := self.uop.dtype) and not dtypes.is_float(dt):
+            return self._binary(op, x, reverse)  # two masks of one dtype (`a <= b` is `(a < b) | a.eq(b)`)
         a, b = self._operand(x, reverse)
         if dtypes.is_float(a.dtype):
             raise RuntimeError(f"bitwise {op.name.lower()} needs integer or bool tensors, got {a.dtype}")

@@ -14,7 +14,7 @@ from fusegrad.dtype import dtypes, least_upper_dtype
 from fusegrad.helpers import argfix, prod
 from fusegrad.tensor_ops.base import TensorBase
 from fusegrad.tensor_ops.pydata import check_py_values, py_scalar
-from fusegrad.tensor_ops.shapes import ShapeError, as_index, check_shape, check_sym, is_index, pad_pairs
+from fusegrad.tensor_ops.shapes import MAX_NUMEL, ShapeError, as_index, check_shape, check_sym, is_index, pad_pairs
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.sint import bound_value, canonical, shape_str, smax, smin, sprod, ssub, sym_str
 
@@ -70,6 +70,8 @@ def _bound(x: Any) -> Any:
 class MovementMixin:
     # ------------------------------------------------------------------ G15: shape and layout
     def reshape(self, shape: Any, *args: Any) -> Tensor:
+        if not args and type(shape) is tuple and (fast := self._reshape_sizes(shape)) is not None:
+            return fast
         new = list(argfix(shape, *args))
         if any(d is None for d in new[self.ndim :]):
             raise ValueError(f"None in reshape {tuple(new)} has no dim to keep in {self.shape}")
@@ -97,6 +99,26 @@ class MovementMixin:
                     f"{shape_str(shape_t)}"
                 )
         return self if shape_t == self.shape else self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape_t))
+
+    def _reshape_sizes(self, shape: tuple) -> Tensor | None:
+        """reshape(shape) when shape is non-negative Python ints of the same element count as a concrete self: the
+        check the general path makes, without its parsing (every matmul, broadcast and reduce reshapes); else None."""
+        uop = self.uop
+        if shape == (old := uop.shape):
+            return self
+        numel = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                return None
+            numel *= d
+        old_numel = 1
+        for d in old:
+            if type(d) is not int:
+                return None
+            old_numel *= d
+        if numel != old_numel or numel > MAX_NUMEL:
+            return None  # the general path names the error
+        return self._new(UOp(Ops.RESHAPE, uop.dtype, (uop,), shape))
 
     def view(self, shape: Any, *args: Any) -> Tensor:
         return self.reshape(shape, *args)
