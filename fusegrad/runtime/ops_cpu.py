@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from fusegrad.helpers import CACHELEVEL, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS
 from fusegrad.renderer import Capabilities
-from fusegrad.renderer.cstyle import CRenderer
+from fusegrad.renderer.c import CRenderer
 from fusegrad.runtime import cpu_runner
 from fusegrad.runtime.c_compiler import CompileError, find_compiler
 from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
