@@ -327,8 +327,7 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     if region is not None:
         if region.shape != value.shape:  # output_value went below reshapes: the same elements in the same order
             region = UOp(Ops.RESHAPE, region.dtype, (region,), value.shape)
-        while out.op is not Ops.DEFINE_GLOBAL:
-            out = out.src[0]
+        out = out.peel(GroupOp.Movement)  # the store view's buffer
     # a symbolic shape counts at its largest (UOp.size)
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [u.size for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32
