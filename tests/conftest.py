@@ -43,7 +43,7 @@ def avx512_target(monkeypatch):
     """A C renderer for an AVX-512 CPU (64-byte vectors, 32 registers) whatever this machine has, to pass to
     lower_to_linear and render with: for tests that pin the choices made for one register budget. It is the CPU
     device's renderer meanwhile, so the panel layout and the kernels realized plan for it too."""
-    from fusegrad.renderer.cstyle import CRenderer
+    from fusegrad.renderer.c import CRenderer
     from fusegrad.runtime.device import Device
 
     renderer = CRenderer(CRenderer.capabilities.replace(vector_bytes=64, vector_registers=32))

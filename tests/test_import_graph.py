@@ -1,6 +1,5 @@
 """fusegrad's own import graph, imports inside functions included (TYPE_CHECKING-only ones are not imports): it has
-no cycles but the one listed below, inside the CPU device; codegen imports no device, and tensor_ops never imports
-the Tensor class."""
+no cycles, codegen imports no device, and tensor_ops never imports the Tensor class."""
 
 from __future__ import annotations
 
@@ -8,10 +7,6 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "fusegrad"
-KNOWN_CYCLES = {
-    # inside the CPU device: its batch runner (cpu_graph) runs CPUPrograms, the device registry asks its compiler
-    frozenset({"fusegrad.runtime.cpu_graph", "fusegrad.runtime.device", "fusegrad.runtime.ops_cpu"}),
-}
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -94,12 +89,10 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
     return comps
 
 
-def test_the_import_graph_has_no_cycles_but_the_known_ones():
+def test_the_import_graph_has_no_cycles():
     mods = _modules()
     graph = {name: _imports(name, path, mods) - {name} for name, path in mods.items()}
-    cycles = strongly_connected(graph)
-    unknown = [sorted(c) for c in cycles if frozenset(c) not in KNOWN_CYCLES]
-    assert not unknown, f"import cycles: {unknown}"
+    assert [sorted(c) for c in strongly_connected(graph)] == []
 
 
 def test_tensor_ops_never_imports_the_tensor_class():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 import itertools
+from typing import Callable
 from fusegrad.dtype import dtypes
 from fusegrad.codegen.opt import (
     Opt,
@@ -22,7 +23,8 @@ TRUE = UOp.const(dtypes.bool, True)
 
 
 class Lowerer:
-    """Evaluates each tensor-level node at given per-dimension indices; movement ops become index arithmetic."""
+    """Evaluates each tensor-level node at given per-dimension indices by its rule (LOWERING_RULES below); movement
+    ops become index arithmetic."""
 
     def __init__(self, idx_dtype):
         self.idx_dtype = idx_dtype
@@ -34,31 +36,31 @@ class Lowerer:
         # UNROLL and PADTO: the reduce they apply to and what they do to its axes
         self.reduce_opts: tuple[UOp, ReduceOpts] | None = None
 
-    def sz(self, d: int | UOp) -> UOp:
+    def as_index(self, d: int | UOp) -> UOp:
         """A size or bound as an index-typed UOp: a constant, or a symbolic size over the kernel's variables."""
         return d.cast(self.idx_dtype) if isinstance(d, UOp) else UOp.const(self.idx_dtype, d)
 
     def new_range(self, size: int | UOp, kind: str) -> UOp:
         if isinstance(size, int) and size == 1:
             return UOp.const(self.idx_dtype, 0)
-        r = UOp(Ops.RANGE, self.idx_dtype, (self.sz(size),), (self.next_range, kind))
+        r = UOp(Ops.RANGE, self.idx_dtype, (self.as_index(size),), (self.next_range, kind))
         self.next_range += 1
         return r
 
-    def idx(self, d: int | UOp) -> int | UOp:
+    def index_term(self, d: int | UOp) -> int | UOp:
         """A size or bound to combine with an index: an int as it is, a symbolic one in the index dtype."""
-        return self.sz(d) if isinstance(d, UOp) else d
+        return self.as_index(d) if isinstance(d, UOp) else d
 
-    def smul(self, a: int | UOp, b: int | UOp) -> int | UOp:
+    def stride_times(self, a: int | UOp, b: int | UOp) -> int | UOp:
         # strides stay Python ints until a symbolic size joins them
-        return a * b if isinstance(a, int) and isinstance(b, int) else self.sz(a) * self.sz(b)
+        return a * b if isinstance(a, int) and isinstance(b, int) else self.as_index(a) * self.as_index(b)
 
     def flat_index(self, idxs: tuple[UOp, ...], shape: tuple[int | UOp, ...]) -> UOp:
         out, stride = UOp.const(self.idx_dtype, 0), 1
         for i, d in reversed(list(zip(idxs, shape))):
             if not isinstance(d, int) or d != 1:
                 out = out + i * stride
-            stride = self.smul(stride, d)
+            stride = self.stride_times(stride, d)
         return out
 
     def unflatten(self, flat: UOp, shape: tuple[int | UOp, ...]) -> tuple[UOp, ...]:
@@ -67,8 +69,10 @@ class Lowerer:
             if isinstance(d, int) and d == 1:
                 out.append(UOp.const(self.idx_dtype, 0))
             else:
-                out.append((flat // stride) % (self.sz(d) if isinstance(d, UOp) else d) if j > 0 else flat // stride)
-            stride = self.smul(stride, d)
+                out.append(
+                    (flat // stride) % (self.as_index(d) if isinstance(d, UOp) else d) if j > 0 else flat // stride
+                )
+            stride = self.stride_times(stride, d)
         return tuple(reversed(out))
 
     def store_index(self, view: UOp, idxs: tuple[UOp, ...]) -> UOp:
@@ -80,127 +84,169 @@ class Lowerer:
         return load.src[1]
 
     def lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
-        return run_steps(self._lower_step(u, idxs, valid))
+        return run_steps(self.at(u, idxs, valid))
 
-    def _lower_step(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
-        # a step on run_steps' stack, not Python's: a kernel's value graph can be thousands of nodes deep
+    def at(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+        """u's value at idxs, as a step on run_steps' stack, not Python's: a kernel's value graph can be thousands of
+        nodes deep."""
         key = (u, idxs, valid)
         if (r := self.memo.get(key)) is None:
-            r = self.memo[key] = yield self._lower(u, idxs, valid)
+            if (rule := LOWERING_RULES.get(u.op)) is None:
+                raise NotImplementedError(f"cannot lower {u.op} inside a kernel")
+            step = rule(self, u, idxs, valid)
+            r = self.memo[key] = step if isinstance(step, UOp) else (yield step)
         return r
 
-    def _lower_gather(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
-        """table[index[i...], j...]: the row is a loaded value, clamped into the table so the address stays inside it
-        and gated so an out-of-range index reads 0 (CHECK_OOB checks the indices before the kernel runs)."""
-        table, index = u.src
-        n, k = table.shape[0], len(index.shape)
-        row = (yield self._lower_step(index, idxs[:k], valid)).cast(self.idx_dtype)
-        inside = (row >= 0) & (row < self.idx(n))
-        last = self.sz(n) - 1 if isinstance(n, UOp) else UOp.const(self.idx_dtype, n - 1)
-        clamped = -((-row.maximum(UOp.const(self.idx_dtype, 0))).maximum(-last))  # min(max(row, 0), n - 1)
-        picked = yield self._lower_step(table, (clamped,) + idxs[k:], valid & inside)
-        return inside.where(picked, UOp.const(u.dtype, 0))
 
-    def _lower(self, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
-        op, src = u.op, u.src
-        if op is Ops.DEFINE_GLOBAL:
-            return UOp(Ops.LOAD, u.dtype, (u, idxs[0]) + (() if valid is TRUE else (valid,)))
-        if op is Ops.CONST:
-            return u
-        if op is Ops.DEFINE_VAR:
-            return u  # a bound variable's value used as data (a mean over a symbolic axis divides by it)
-        if op is Ops.ARANGE:
-            return idxs[0].cast(u.dtype)
-        if op is Ops.GATHER:
-            return (yield from self._lower_gather(u, idxs, valid))
-        if op is Ops.RESHAPE and src[0].op is Ops.RESHAPE:
-            # one reshape: the middle shape's dims would be split off by division only to be merged again
-            return (yield self._lower_step(src[0].replace(arg=u.arg), idxs, valid))
-        if op is Ops.RESHAPE:
-            old = src[0].shape
-            if tuple(d for d in old if d != 1) == tuple(d for d in u.arg if d != 1):  # only size-1 dims moved
-                it = iter(i for i, d in zip(idxs, u.arg) if d != 1)
-                return (
-                    yield self._lower_step(
-                        src[0], tuple(UOp.const(self.idx_dtype, 0) if d == 1 else next(it) for d in old), valid
-                    )
-                )
-            return (yield self._lower_step(src[0], self.unflatten(self.flat_index(idxs, u.arg), old), valid))
-        if op is Ops.PERMUTE:
-            old_idxs: list[UOp] = [UOp.const(self.idx_dtype, 0)] * len(idxs)
-            for new_axis, old_axis in enumerate(u.arg):
-                old_idxs[old_axis] = idxs[new_axis]
-            return (yield self._lower_step(src[0], tuple(old_idxs), valid))
-        if op is Ops.EXPAND:
-            expanded = tuple(UOp.const(self.idx_dtype, 0) if o == 1 else i for i, o in zip(idxs, src[0].shape))
-            return (yield self._lower_step(src[0], expanded, valid))
-        if op is Ops.SHRINK:
-            shifted = tuple(i + self.idx(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
-            return (yield self._lower_step(src[0], shifted, valid))
-        if op is Ops.FLIP:
-            flipped = tuple((self.idx(d) - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape))
-            return (yield self._lower_step(src[0], flipped, valid))
-        if op is Ops.PAD:
-            in_bounds = TRUE
-            for i, (b, a), d in zip(idxs, u.arg, src[0].shape):
-                if _nonzero(b):
-                    in_bounds = in_bounds & (i >= self.idx(b))
-                if _nonzero(a):
-                    in_bounds = in_bounds & (
-                        i < (d + b if isinstance(d, int) and isinstance(b, int) else self.sz(d) + self.sz(b))
-                    )
-            unpadded = tuple(i - self.idx(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
-            inner = yield self._lower_step(src[0], unpadded, valid & in_bounds)
-            return in_bounds.where(inner, UOp.const(u.dtype, 0))
-        if op is Ops.REDUCE_AXIS:
-            reduce_op, axes = u.arg
-            # lowerings of one reduce inside the same enclosing reduce loops share their loops, so unrolled copies
-            # accumulate in one loop; inside different enclosing loops (one reduce feeding two reduces) each gets its
-            # own loops
-            key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
-            blocked = self.blocked is not None and self.blocked[0] is u
-            ropts = self.reduce_opts[1] if self.reduce_opts is not None and self.reduce_opts[0] is u else None
-            unroll, padto = (ropts.unroll, ropts.padto) if ropts is not None else ({}, {})
-            if key not in self.reduce_ranges:
-                sizes = [self.blocked[2] if blocked else src[0].shape[a] for a in axes]  # type: ignore[index]
-                sizes = [padto.get(a, d) // unroll.get(a, 1) for a, d in zip(axes, sizes)]
-                self.reduce_ranges[key] = tuple(self.new_range(d, "reduce") for d in sizes)
-            loop_of = dict(zip(axes, self.reduce_ranges[key]))
-            if blocked:
-                loop_of = {a: self.blocked[1] * self.blocked[2] + r for a, r in loop_of.items()}  # type: ignore[index]
-            ranges = tuple(r for r in self.reduce_ranges[key] if r.op is Ops.RANGE)
-            # each unrolled lane is lowered on its own and the lanes are combined before the accumulator; a padded
-            # tail reads nothing and gives the identity
-            lane_values = []
-            for lanes in itertools.product(*(range(unroll.get(a, 1)) for a in axes)):
-                lane_of = dict(zip(axes, lanes))
-                at = {a: r * unroll[a] + lane_of[a] if a in unroll else r for a, r in loop_of.items()}
-                inside = TRUE
-                for a in padto:
-                    inside = inside & (at[a] < src[0].shape[a])
-                new_idxs = tuple(at.get(a, i) for a, i in enumerate(idxs))
-                lane = yield self._lower_step(src[0], new_idxs, valid if inside is TRUE else valid & inside)
-                if inside is not TRUE:
-                    lane = inside.where(lane, UOp.const(u.dtype, identity(reduce_op, u.dtype)))
-                lane_values.append(lane)
-            value = lane_values[0]
-            # bool lanes combine as logic (max is any, product is all), which the simplifier folds with constants
-            combine = (
-                {Ops.MAX: Ops.OR, Ops.MUL: Ops.AND, Ops.ADD: Ops.OR}[reduce_op] if u.dtype is dtypes.bool else reduce_op
+# ---- the lowering rules: each evaluates one tensor-level op at per-dimension indices (idxs) under a load gate (valid):
+# a value, or a step that asks the lowerer for its sources at the indices it reads them (`yield lw.at(src, ...)`)
+
+Rule = Callable[["Lowerer", UOp, tuple[UOp, ...], UOp], "UOp | Step"]
+
+
+def _load(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+    return UOp(Ops.LOAD, u.dtype, (u, idxs[0]) + (() if valid is TRUE else (valid,)))
+
+
+def _itself(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+    # a constant, or a bound variable's value used as data (a mean over a symbolic axis divides by it)
+    return u
+
+
+def _arange(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+    return idxs[0].cast(u.dtype)
+
+
+def _gather(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    """table[index[i...], j...]: the row is a loaded value, clamped into the table so the address stays inside it
+    and gated so an out-of-range index reads 0 (CHECK_OOB checks the indices before the kernel runs)."""
+    table, index = u.src
+    n, k = table.shape[0], len(index.shape)
+    row = (yield lw.at(index, idxs[:k], valid)).cast(lw.idx_dtype)
+    inside = (row >= 0) & (row < lw.index_term(n))
+    last = lw.as_index(n) - 1 if isinstance(n, UOp) else UOp.const(lw.idx_dtype, n - 1)
+    clamped = -((-row.maximum(UOp.const(lw.idx_dtype, 0))).maximum(-last))  # min(max(row, 0), n - 1)
+    picked = yield lw.at(table, (clamped,) + idxs[k:], valid & inside)
+    return inside.where(picked, UOp.const(u.dtype, 0))
+
+
+def _reshape(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    src = u.src[0]
+    if src.op is Ops.RESHAPE:
+        # one reshape: the middle shape's dims would be split off by division only to be merged again
+        return (yield lw.at(src.replace(arg=u.arg), idxs, valid))
+    old = src.shape
+    if tuple(d for d in old if d != 1) == tuple(d for d in u.arg if d != 1):  # only size-1 dims moved
+        it = iter(i for i, d in zip(idxs, u.arg) if d != 1)
+        return (yield lw.at(src, tuple(UOp.const(lw.idx_dtype, 0) if d == 1 else next(it) for d in old), valid))
+    return (yield lw.at(src, lw.unflatten(lw.flat_index(idxs, u.arg), old), valid))
+
+
+def _permute(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    old_idxs: list[UOp] = [UOp.const(lw.idx_dtype, 0)] * len(idxs)
+    for new_axis, old_axis in enumerate(u.arg):
+        old_idxs[old_axis] = idxs[new_axis]
+    return (yield lw.at(u.src[0], tuple(old_idxs), valid))
+
+
+def _expand(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    expanded = tuple(UOp.const(lw.idx_dtype, 0) if o == 1 else i for i, o in zip(idxs, u.src[0].shape))
+    return (yield lw.at(u.src[0], expanded, valid))
+
+
+def _shrink(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    shifted = tuple(i + lw.index_term(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
+    return (yield lw.at(u.src[0], shifted, valid))
+
+
+def _flip(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    flipped = tuple((lw.index_term(d) - 1) - i if f else i for i, f, d in zip(idxs, u.arg, u.shape))
+    return (yield lw.at(u.src[0], flipped, valid))
+
+
+def _pad(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    in_bounds = TRUE
+    for i, (b, a), d in zip(idxs, u.arg, u.src[0].shape):
+        if _nonzero(b):
+            in_bounds = in_bounds & (i >= lw.index_term(b))
+        if _nonzero(a):
+            in_bounds = in_bounds & (
+                i < (d + b if isinstance(d, int) and isinstance(b, int) else lw.as_index(d) + lw.as_index(b))
             )
-            for lane in lane_values[1:]:
-                value = UOp(combine, u.dtype, (value, lane))
-            if src[0].size == 0 or any(src[0].shape[a] == 0 for a in axes):
-                value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
-            return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
-        if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-            lowered_src = []
-            for s in src:
-                lowered_src.append((yield self._lower_step(s, idxs, valid)))
-            return UOp(op, u.dtype, tuple(lowered_src), u.arg)
-        if op in (Ops.CONTIGUOUS, Ops.DETACH):
-            return (yield self._lower_step(src[0], idxs, valid))
-        raise NotImplementedError(f"cannot lower {op} inside a kernel")
+    unpadded = tuple(i - lw.index_term(b) if _nonzero(b) else i for i, (b, _) in zip(idxs, u.arg))
+    inner = yield lw.at(u.src[0], unpadded, valid & in_bounds)
+    return in_bounds.where(inner, UOp.const(u.dtype, 0))
+
+
+def _reduce(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    src, (reduce_op, axes) = u.src[0], u.arg
+    # lowerings of one reduce inside the same enclosing reduce loops share their loops, so unrolled copies accumulate
+    # in one loop; inside different enclosing loops (one reduce feeding two reduces) each gets its own loops
+    key = (u, frozenset(r for i in idxs for r in i.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce"))
+    blocked = lw.blocked is not None and lw.blocked[0] is u
+    ropts = lw.reduce_opts[1] if lw.reduce_opts is not None and lw.reduce_opts[0] is u else None
+    unroll, padto = (ropts.unroll, ropts.padto) if ropts is not None else ({}, {})
+    if key not in lw.reduce_ranges:
+        sizes = [lw.blocked[2] if blocked else src.shape[a] for a in axes]  # type: ignore[index]
+        sizes = [padto.get(a, d) // unroll.get(a, 1) for a, d in zip(axes, sizes)]
+        lw.reduce_ranges[key] = tuple(lw.new_range(d, "reduce") for d in sizes)
+    loop_of = dict(zip(axes, lw.reduce_ranges[key]))
+    if blocked:
+        loop_of = {a: lw.blocked[1] * lw.blocked[2] + r for a, r in loop_of.items()}  # type: ignore[index]
+    ranges = tuple(r for r in lw.reduce_ranges[key] if r.op is Ops.RANGE)
+    # each unrolled lane is lowered on its own and the lanes are combined before the accumulator; a padded tail reads
+    # nothing and gives the identity
+    lane_values = []
+    for lanes in itertools.product(*(range(unroll.get(a, 1)) for a in axes)):
+        lane_of = dict(zip(axes, lanes))
+        at = {a: r * unroll[a] + lane_of[a] if a in unroll else r for a, r in loop_of.items()}
+        inside = TRUE
+        for a in padto:
+            inside = inside & (at[a] < src.shape[a])
+        new_idxs = tuple(at.get(a, i) for a, i in enumerate(idxs))
+        lane = yield lw.at(src, new_idxs, valid if inside is TRUE else valid & inside)
+        if inside is not TRUE:
+            lane = inside.where(lane, UOp.const(u.dtype, identity(reduce_op, u.dtype)))
+        lane_values.append(lane)
+    value = lane_values[0]
+    # bool lanes combine as logic (max is any, product is all), which the simplifier folds with constants
+    combine = {Ops.MAX: Ops.OR, Ops.MUL: Ops.AND, Ops.ADD: Ops.OR}[reduce_op] if u.dtype is dtypes.bool else reduce_op
+    for lane in lane_values[1:]:
+        value = UOp(combine, u.dtype, (value, lane))
+    if src.size == 0 or any(src.shape[a] == 0 for a in axes):
+        value = UOp.const(u.dtype, identity(reduce_op, u.dtype))
+    return UOp(Ops.REDUCE, u.dtype, (value, *ranges), reduce_op) if ranges else value
+
+
+def _elementwise(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    lowered_src = []
+    for s in u.src:
+        lowered_src.append((yield lw.at(s, idxs, valid)))
+    return UOp(u.op, u.dtype, tuple(lowered_src), u.arg)
+
+
+def _source(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
+    return (yield lw.at(u.src[0], idxs, valid))  # a contiguous or detach is its source's value
+
+
+# tensor-level op -> its lowering rule
+LOWERING_RULES: dict[Ops, Rule] = {
+    Ops.DEFINE_GLOBAL: _load,
+    Ops.CONST: _itself,
+    Ops.DEFINE_VAR: _itself,
+    Ops.ARANGE: _arange,
+    Ops.GATHER: _gather,
+    Ops.RESHAPE: _reshape,
+    Ops.PERMUTE: _permute,
+    Ops.EXPAND: _expand,
+    Ops.SHRINK: _shrink,
+    Ops.FLIP: _flip,
+    Ops.PAD: _pad,
+    Ops.REDUCE_AXIS: _reduce,
+    **{op: _elementwise for op in GroupOp.ALU | {Ops.CAST, Ops.BITCAST}},
+    Ops.CONTIGUOUS: _source,
+    Ops.DETACH: _source,
+}
 
 
 def _nonzero(x: int | UOp) -> bool:
@@ -281,8 +327,7 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     if region is not None:
         if region.shape != value.shape:  # output_value went below reshapes: the same elements in the same order
             region = UOp(Ops.RESHAPE, region.dtype, (region,), value.shape)
-        while out.op is not Ops.DEFINE_GLOBAL:
-            out = out.src[0]
+        out = out.peel(GroupOp.Movement)  # the store view's buffer
     # a symbolic shape counts at its largest (UOp.size)
     sizes = [u.arg[1] for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL] + [u.size for u in ast.toposort()]
     idx_dtype = dtypes.int64 if max(sizes, default=0) >= 2**31 - 1 else dtypes.int32

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 from fusegrad.lazy_numpy import np
 from fusegrad.dtype import DType, to_numpy_dtype
 from fusegrad.helpers import CACHELEVEL, CC, CCACHE, DEBUG, DEV, LRU_CACHE_MB, GlobalCounters, Hooks
+from fusegrad.runtime.c_compiler import find_compiler
 from fusegrad.runtime.kernel_cache import KernelCache
 
 # transparent huge page size (x86-64, most arm64 kernels): blocks this large are aligned to it and ask for huge pages,
@@ -489,8 +490,6 @@ class _DeviceRegistry:
 @functools.cache
 def _host_default(cc: str) -> str:
     """CPU where a C compiler is installed; otherwise LLVM (compiles in-process through llvmlite), said once."""
-    from fusegrad.runtime.ops_cpu import find_compiler  # the CPU device's own search, honoring CC
-
     try:
         find_compiler()
         return "CPU"

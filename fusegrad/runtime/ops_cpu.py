@@ -6,20 +6,20 @@ import functools
 import hashlib
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from fusegrad.helpers import CACHELEVEL, CC, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS
+from fusegrad.helpers import CACHELEVEL, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS
 from fusegrad.renderer import Capabilities
-from fusegrad.renderer.cstyle import CRenderer
+from fusegrad.renderer.c import CRenderer
+from fusegrad.runtime import cpu_runner
+from fusegrad.runtime.c_compiler import CompileError, find_compiler
 from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
 from fusegrad.runtime.kernel_cache import KernelCache
 
-COMPILER_CANDIDATES = ("cc", "clang", "gcc")
 # -fopenmp-simd: only the simd pragmas, no OpenMP runtime (signed data arithmetic wraps in the renderer itself). Not
 # -fno-trapping-math: it vectorizes more selects, but the digits convnet's training step ran 20-30 % slower with it
 CFLAGS = (
@@ -35,26 +35,6 @@ CFLAGS = (
     "-Wno-unused-variable",
     "-Wno-unused-but-set-variable",
 )
-
-
-class CompileError(RuntimeError):
-    pass
-
-
-def find_compiler() -> str:
-    return _locate_compiler(CC.value)
-
-
-@functools.cache
-def _locate_compiler(requested: str) -> str:
-    tried = [requested] if requested else list(COMPILER_CANDIDATES)
-    for name in tried:
-        if (path := shutil.which(name)) is not None:
-            return path
-    raise RuntimeError(
-        f"no C compiler found for the CPU device (tried {', '.join(tried)} on PATH); install one, "
-        "e.g. `apt-get install gcc`, or set CC=/path/to/compiler"
-    )
 
 
 def run_compiler(argv: list[str], stdin: str, what: str) -> subprocess.CompletedProcess:
@@ -261,13 +241,11 @@ def thread_pool(workers: int | None = None) -> ThreadPoolExecutor:
 def split_launcher() -> ctypes._CFuncPtr | None:
     """The C runner's `fg_run_one` (a kernel split over its persistent pthread workers in one call), or None where the
     runner does not build or is still building: split kernels then go to the Python pool."""
-    from fusegrad.runtime import cpu_graph  # it imports this module
-
-    lib = cpu_graph.graph_library() if cpu_graph.runner_built() else None
+    lib = cpu_runner.graph_library() if cpu_runner.runner_built() else None
     return None if lib is None else lib.fg_run_one
 
 
-# the C runner switches on the argument count up to this many buffers (cpu_graph.MAX_KERNEL_ARGS)
+# the C runner switches on the argument count up to this many buffers (cpu_runner.MAX_KERNEL_ARGS)
 MAX_C_SPLIT_ARGS = 128
 
 

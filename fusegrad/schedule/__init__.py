@@ -1,34 +1,37 @@
-"""Turns lazy tensor graphs into an ordered list of kernels: decides what is realized into a buffer, fuses the rest."""
+"""Turns lazy tensor graphs into an ordered list of kernels: decides what is realized into a buffer, fuses the rest.
+
+The scheduler is the named PASSES below, run in order on one ScheduleState (DEBUG>=5 prints the state after each; under
+SPEC every kernel AST is checked against uop/spec.py's kernel spec as it is emitted). The planner (planner.py) finds
+the realize points and orders their kernels; kernel_ast.py builds each kernel's AST."""
 
 from __future__ import annotations
-import heapq
-import math
 import weakref
-from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
-from fusegrad.lazy_numpy import np
-from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.helpers import DEBUG
-from fusegrad.runtime.device import Buffer
 
 # the buffer table lives with the buffers (runtime/buffers.py), where the front end reads it
-from fusegrad.runtime.buffers import base_buffer, buffer_of, buffer_uop, is_contiguous_view
-from fusegrad.schedule.custom import custom_needs, emit_custom, is_custom_output
-from fusegrad.schedule.items import ScheduleItem, buffer_view
-from fusegrad.uop.multi import lower_multi
+from fusegrad.runtime.buffers import base_buffer, buffer_of, buffer_uop
+from fusegrad.schedule.items import ScheduleItem
+from fusegrad.schedule.planner import KERNEL_DEPTH_LIMIT, Planner, reads_shifted
 from fusegrad.schedule.split_reduce import split_long_reduces
-from fusegrad.schedule.variables import KernelVars, arg_uops
-from fusegrad.uop.ops import GroupOp, Ops, UOp
-from fusegrad.uop.trampoline import Step, run_steps
+from fusegrad.uop.multi import lower_multi
+from fusegrad.uop.ops import Ops, UOp
 
-# a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead
-RECOMPUTE_LIMIT = 1 << 22
-# a kernel fuses chains of at most this many ops: a node this far above the last buffer is realized into a buffer of
-# its own. The C compiler's optimizer is superlinear in a function's statements (a 100k-statement kernel takes gcc
-# minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
-# Cutting by depth (not by a kernel's node count) cuts every kernel that shares a subgraph at the same nodes
-KERNEL_DEPTH_LIMIT = 1000
+__all__ = [
+    "KERNEL_DEPTH_LIMIT",
+    "Plan",
+    "ScheduleItem",
+    "VersionReaders",
+    "base_buffer",
+    "buffer_of",
+    "buffer_uop",
+    "create_schedule",
+    "plan_schedule",
+    "reads_shifted",
+    "realized_value",
+    "record_realized",
+]
 
 
 # a computed tensor-level uop -> the buffer view holding its value (UOp.realized_ref), so realized work is not redone.
@@ -42,38 +45,6 @@ def realized_value(u: UOp) -> UOp | None:
 
 def record_realized(u: UOp, value: UOp, strong: bool = False) -> None:
     u.realized_ref = value if strong else weakref.ref(value)
-
-
-def new_buffer(device: str, size: int, dtype: DType) -> UOp:
-    return buffer_uop(Buffer(device, size, dtype))
-
-
-def reads_shifted(root: UOp, is_target: Callable[[UOp], bool], is_leaf: Callable[[UOp], bool]) -> bool:
-    """Does `root` read a target through a movement op other than a reshape, or a reduce: another element than the one
-    it writes (an in-place hazard)? The walk does not go past targets and leaves."""
-    stack: list[tuple[UOp, bool]] = [(root, False)]
-    seen: set[tuple[UOp, bool]] = set()
-    while stack:
-        u, moved = stack.pop()
-        if (u, moved) in seen:
-            continue
-        seen.add((u, moved))
-        if is_target(u):
-            if moved:
-                return True
-            continue
-        if is_leaf(u):
-            continue
-        shifts = u.op in GroupOp.Movement and u.op is not Ops.RESHAPE or u.op in (Ops.REDUCE_AXIS, Ops.GATHER)
-        stack.extend((s, moved or shifts) for s in u.src)
-    return False
-
-
-def kernel_value(point: UOp) -> UOp:
-    """What a realize point's kernel computes: an assign's value, a contiguous or copy's source, else the point."""
-    if point.op is Ops.ASSIGN:
-        return point.src[1]
-    return point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.COPY) else point
 
 
 def substitute_realized(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
@@ -98,504 +69,6 @@ class VersionReaders(Protocol):
     def shared(self, kept: set[UOp]) -> set[UOp]: ...
 
 
-class _Planner:
-    """Finds realize points, then emits one ScheduleItem per point in dependency order."""
-
-    def __init__(self, roots: list[UOp], devices: list[str]):
-        self.roots = roots
-        self.copy_on_write: set[UOp] = set()  # assign targets (BUFFER versions) that get a fresh buffer
-        self.points: dict[UOp, str] = {}  # realize point -> device
-        self.result: dict[UOp, UOp] = {}  # realize point -> buffer view of its value
-        self.items: list[ScheduleItem] = []
-        self.vars = KernelVars()  # the value of each bound variable in this schedule
-        # what the schedule made, so a cached copy of it can make the same again for other inputs (schedule/cache.py)
-        self.created: list[Buffer] = []  # fresh buffers, in order of creation
-        self.const_params: dict[Buffer, tuple[DType, float]] = {}  # lifted constant -> (dtype, value)
-        self.const_views: dict[UOp, bool] = {}  # is_lifted_const_view's memo
-        self.custom_outputs: dict[tuple[UOp, int], UOp] = {}  # (CUSTOM_KERNEL, written slot) -> its fresh buffer
-        sink = UOp(Ops.SINK, src=tuple(roots))
-        self.nodes = sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
-        self.cost_memo: dict[UOp, int] = {}
-        self.parents: dict[UOp, list[UOp]] = {}
-        for u in self.nodes:
-            for s in dict.fromkeys(u.src):
-                self.parents.setdefault(s, []).append(u)
-        # buffers overwritten by an assign in this schedule, and the values written into each
-        self.assigned: dict[Buffer, list[UOp]] = {}
-        for u in self.nodes:
-            if u.op is Ops.ASSIGN and (b := base_buffer(u.src[0])) is not None:
-                self.assigned.setdefault(buffer_of[b], []).append(kernel_value(u))
-        self.assigned_reads_memo: dict[UOp, set[Buffer]] = {}
-        # roots computed by a kernel of their own (not views of a buffer), which `plan` runs before any assign of a
-        # buffer they read
-        self.root_set = {r for r in roots if base_buffer(r) is None}
-        self.device_of: dict[UOp, str | None] = {}
-        for u in self.nodes:
-            self.device_of[u] = self._device(u)
-        self.depth_cuts = self._depth_cuts()
-        for r, d in zip(roots, devices):
-            if base_buffer(r) is None:
-                self._mark(r, self.device_of[r] or d)
-        # a reduce fused into several kernels would be computed once per kernel: realize it once instead
-        while shared := self._reduces_in_several_kernels():
-            for u in shared:
-                self._mark(u, self.device_of[u] or self.points[next(iter(self.points))])
-
-    def _depth_cuts(self) -> set[UOp]:
-        """Nodes to realize so no fused chain is longer than KERNEL_DEPTH_LIMIT ops. A node is cut when a user would
-        exceed the limit, so a node read by several users is cut once (not each user: they would recompute it)."""
-        height: dict[UOp, int] = {}  # fused ops from the nearest buffer, constant or cut up to the node
-        cuts: set[UOp] = set()
-        for u in self.nodes:
-            for s in u.src:
-                if height[s] + 1 >= KERNEL_DEPTH_LIMIT:
-                    cuts.add(s)
-                    height[s] = 0
-            always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
-            always_realized = always_realized or u.op is Ops.AFTER
-            height[u] = 0 if always_realized else 1 + max((height[s] for s in u.src), default=-1)
-        return cuts
-
-    def _reduces_in_several_kernels(self) -> list[UOp]:
-        seen_in: dict[UOp, int] = {}
-        for point in self.points:
-            value = kernel_value(point)
-            if value is not point and value in self.points:
-                continue
-            for u in value.toposort(gate=lambda x: x is value or x not in self.points):
-                if u.op is Ops.REDUCE_AXIS and u not in self.points:
-                    seen_in[u] = seen_in.get(u, 0) + 1
-        return [u for u, n in seen_in.items() if n > 1]
-
-    def _device(self, u: UOp) -> str | None:
-        if u.op is Ops.BUFFER:
-            return u.arg[1]
-        if u.op is Ops.COPY:
-            return u.arg
-        if u.op is Ops.SINK:
-            return None  # the roots of one schedule may live on different devices
-        devs = {d for s in u.src if (d := self.device_of[s]) is not None}
-        if len(devs) > 1:
-            raise RuntimeError(f"{u.op} mixes tensors on different devices {sorted(devs)}; move them with .to() first")
-        return devs.pop() if devs else None
-
-    def _mark(self, point: UOp, device: str) -> None:
-        """Make `point` a realize point and walk its kernel to find the points it needs."""
-        run_steps(self._mark_step(point, device))
-
-    def _mark_step(self, point: UOp, device: str) -> Step:
-        # a step on run_steps' stack, not Python's: a chain of realize points can be thousands long
-        if point in self.points:
-            return
-        self.points[point] = device
-        if point.op is Ops.CUSTOM_KERNEL or is_custom_output(point):
-            for u in custom_needs(point):
-                yield self._mark_step(u, self.device_of[u] or device)
-            return
-        value = kernel_value(point)
-        if point.op is Ops.COPY:
-            if not is_contiguous_view(value):
-                yield self._mark_step(value, self.device_of[value] or device)
-            return
-        if point.op is Ops.ASSIGN:
-            target = base_buffer(point.src[0])
-            if target is None or not is_store_view(point.src[0]):
-                raise RuntimeError(
-                    f"assign target must be a realized buffer or a reshape/permute/shrink/flip view of one, got "
-                    f"{point.src[0].op}"
-                )
-            buf = buffer_of[target]
-            if self._reads_shifted(value, buf, point.src[0]) or self._reads_other_assigned(value, buf):
-                yield self._mark_step(value, device)
-        stack: list[tuple[UOp, bool]] = [(value, False)]
-        seen: set[tuple[UOp, bool]] = set()
-        while stack:
-            u, expanded = stack.pop()
-            if (u, expanded) in seen or u.op is Ops.BUFFER:
-                continue
-            seen.add((u, expanded))
-            if u is not point and (
-                u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)
-                and u.arg != "backward"
-                or u.op is Ops.REDUCE_AXIS
-                and expanded
-                or is_custom_output(u)
-            ):
-                yield self._mark_step(u, self.device_of[u] or device)
-                continue
-            if u is not point and u in self.depth_cuts:
-                yield self._mark_step(u, self.device_of[u] or device)
-                continue
-            grows = u.op is Ops.EXPAND and u.size > u.src[0].size
-            if grows and self._recompute_cost(u.src[0]) * (u.size - u.src[0].size) >= RECOMPUTE_LIMIT:
-                # a broadcast would recompute this expression for every copy: compute it once into a buffer instead
-                yield self._mark_step(u.src[0], self.device_of[u.src[0]] or device)
-                continue
-            # a padded element reads nothing, but a reduce below the pad would run its loop there too (only its loads
-            # are gated): a reduce read through a growing pad (a row written into a KV cache, a cat) is realized
-            pads = u.op is Ops.PAD and u.size > u.src[0].size
-            # a gather reads its table at loaded rows: a reduce there would run once per gathered element
-            gathers = u.op is Ops.GATHER
-            stack.extend((s, expanded or grows or pads or gathers) for s in u.src)
-
-    def _recompute_cost(self, u: UOp) -> int:
-        """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is
-        free (the compiler folds or hoists it), and the walk stops at buffers, reduces and realize points."""
-        if (cost := self.cost_memo.get(u)) is None:
-            cost = self.cost_memo[u] = self._count_data_ops(u)
-        return cost
-
-    def _count_data_ops(self, u: UOp) -> int:
-        nodes = u.toposort(gate=lambda x: x is u or not self._stored(x) and x.op is not Ops.REDUCE_AXIS)
-        reads_data: dict[UOp, bool] = {}
-        for n in nodes:
-            reads_data[n] = (
-                n.op is Ops.BUFFER
-                or n.op is Ops.REDUCE_AXIS
-                or (n is not u and self._stored(n))
-                or any(reads_data.get(s, False) for s in n.src)
-            )
-        return sum(1 for n in nodes if n.op in GroupOp.ALU and reads_data[n])
-
-    def _stored(self, u: UOp) -> bool:
-        """A node whose kernel reads it from a buffer: a realize point, or one that will be (a contiguous, copy or
-        assign not yet reached by the marking walk, or a depth cut), so no recompute cost lies past it."""
-        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward" or u.op is Ops.AFTER
-        return u in self.points or u in self.depth_cuts or always_realized
-
-    def _reads_other_assigned(self, value: UOp, target: Buffer) -> bool:
-        """Does `value` read a buffer whose assign in this schedule reads `target`, directly or through further
-        assigns? Then each assign needs the other's old value and no order of kernels gives both: this one is
-        computed into a temporary. Reads without such a cycle are ordered by `plan` (readers before the assign)."""
-        pending = [b for b in self._assigned_reads(value) if b is not target]
-        seen = set(pending)
-        while pending:
-            for v in self.assigned[pending.pop()]:
-                reads = self._assigned_reads(v)
-                if target in reads:
-                    return True
-                pending.extend(b for b in reads if b not in seen)
-                seen.update(reads)
-        return False
-
-    def _assigned_reads(self, value: UOp) -> set[Buffer]:
-        """The buffers assigned in this schedule that `value`'s kernels read, not looking inside other assigns or
-        other roots (a gradient realized with the update): a root is a kernel of its own, which `plan` runs before
-        the assigns of the buffers it reads."""
-        if (reads := self.assigned_reads_memo.get(value)) is None:
-            roots = self.root_set
-            reads = self.assigned_reads_memo[value] = {
-                buf
-                for u in value.toposort(gate=lambda x: x.op is not Ops.ASSIGN and (x is value or x not in roots))
-                if u.op is Ops.BUFFER and (buf := buffer_of[u]) in self.assigned
-            }
-        return reads
-
-    def _reads_shifted(self, value: UOp, buf: Buffer, target: UOp) -> bool:
-        """Does `value` read `buf` anywhere other than at the element it writes into `target` (an in-place hazard)?"""
-
-        def is_leaf(u: UOp) -> bool:
-            # a point or another root (a gradient realized with the step) is a kernel that runs before this assign
-            return u.op is Ops.BUFFER or (u in self.points or u in self.root_set) and u is not value
-
-        if is_contiguous_view(target):
-            return reads_shifted(value, lambda u: u.op is Ops.BUFFER and buffer_of[u] is buf, is_leaf)
-        # a region of buf: only a read through the very view it writes, moved by nothing, is of the element written
-        if reads_shifted(value, lambda u: u is target, is_leaf):
-            return True
-        nodes = value.toposort(gate=lambda u: u is not target and not is_leaf(u))
-        return any(u.op is Ops.BUFFER and buffer_of[u] is buf for u in nodes)
-
-    def _kernel_inputs(self, point: UOp) -> tuple[set[UOp], set[Buffer]]:
-        """The points and the buffers a point's kernel reads (the walk stops at other points)."""
-        value = kernel_value(point)
-        deps: set[UOp] = set()
-        bufs: set[Buffer] = set()
-        if value is not point and value in self.points:
-            return {value}, bufs
-        for u in value.toposort(gate=lambda x: x is value or x not in self.points):
-            if u in self.points and u is not point:
-                deps.add(u)
-            elif u.op is Ops.BUFFER:
-                bufs.add(buffer_of[u])
-        return deps, bufs
-
-    def plan(self) -> list[ScheduleItem]:
-        order = [u for u in self.nodes if u in self.points]
-        inputs = self.inputs = {p: self._kernel_inputs(p) for p in order}
-        # write-after-read: a kernel reading a buffer that an assign overwrites must run before that assign
-        after: dict[UOp, set[UOp]] = {p: set(inputs[p][0]) for p in order}
-        readers_of: dict[Buffer, list[UOp]] = {}  # buffer -> the points whose kernels read it, one pass over all
-        for p in order:
-            for buf in inputs[p][1]:
-                readers_of.setdefault(buf, []).append(p)
-        for a in order:
-            if a.op is not Ops.ASSIGN or base_buffer(a.src[0]) in self.copy_on_write:
-                continue
-            target = buffer_of[base_buffer(a.src[0])]  # type: ignore[index]
-            after[a].update(p for p in readers_of.get(target, ()) if p is not a)
-        # emit the earliest point (in graph order) whose prerequisites are all emitted; a heap keeps this linear-log
-        position = {p: i for i, p in enumerate(order)}
-        waiting_on = {p: len(after[p]) for p in order}
-        unblocks: dict[UOp, list[UOp]] = {}
-        for p in order:
-            for q in after[p]:
-                unblocks.setdefault(q, []).append(p)
-        ready = [position[p] for p in order if not waiting_on[p]]
-        heapq.heapify(ready)
-        emitted = 0
-        while ready:
-            p = order[heapq.heappop(ready)]
-            self._emit(p, self.points[p])
-            emitted += 1
-            for q in unblocks.get(p, ()):
-                waiting_on[q] -= 1
-                if not waiting_on[q]:
-                    heapq.heappush(ready, position[q])
-        if emitted < len(order):
-            raise RuntimeError("cannot order these assigns: a kernel needs both the old and the new value of a buffer")
-        return self.items
-
-    def _emit(self, point: UOp, device: str) -> None:
-        if point.op is Ops.CUSTOM_KERNEL or is_custom_output(point):
-            emit_custom(self, point, device)
-            return
-        if point.op is Ops.COPY:
-            src = self.result.get(point.src[0], point.src[0])
-            src_buf = buffer_of[base_buffer(src)]  # type: ignore[index]
-            out = self._new_buffer(device, point.size, point.dtype)
-            self.items.append(ScheduleItem(point, (buffer_of[out], src_buf), device))
-            self.result[point] = buffer_view(out, point.shape)
-            return
-        if device.startswith("DISK:") and point.op is not Ops.ASSIGN:
-            from fusegrad.runtime.ops_disk import disk_view  # DISK cannot compute: a slice of a file is a view into it
-
-            if (view := disk_view(kernel_value(point), buffer_of)) is not None:
-                self.result[point] = buffer_view(buffer_uop(view), point.shape)
-                return
-        region = None  # an assign into part of a buffer: the view of it that the kernel's stores follow
-        if point.op is Ops.ASSIGN:
-            target = base_buffer(point.src[0])
-            target_buf = buffer_of[target]  # type: ignore[index]
-            # copy on write: the old version keeps its storage for the live graphs that still read it
-            out = self._new_buffer(device, target_buf.size, target_buf.dtype) if target in self.copy_on_write else None
-            if not is_contiguous_view(point.src[0]):
-                region = point.src[0]
-                if out is not None:  # the new version holds the old values outside the region written
-                    self._emit_buffer_copy(out, target_buf, device)
-            out, value = out or buffer_uop(target_buf), point.src[1]
-        else:
-            out, value = (
-                self._new_buffer(device, point.size, point.dtype),
-                point.src[0] if point.op is Ops.CONTIGUOUS else point,
-            )
-        if value in self.result and value is not point:
-            value = self.result[value]
-        params: dict[object, tuple[Buffer, UOp]] = {}
-        out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size if region is None else out.arg[2]))
-        ast_value = self._to_ast(value, params, point, device)
-        store_at = out_param if region is None else self._kernel_view(region, out_param, params, device)
-        ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(store_at, ast_value)), *self.vars.take_kernel_vars()))
-        self.items.append(ScheduleItem(ast, (buffer_of[out], *(buf for buf, _ in params.values())), device))
-        self.result[point] = buffer_view(out, point.shape) if region is None else view_over(region, out)
-
-    def _emit_buffer_copy(self, out: UOp, src: Buffer, device: str) -> None:
-        """A kernel copying every element of src into out's buffer (of src's size and dtype)."""
-        ast = UOp(
-            Ops.SINK,
-            src=(
-                UOp(
-                    Ops.STORE,
-                    src=(
-                        UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, src.size)),
-                        UOp(Ops.DEFINE_GLOBAL, src.dtype, (), (1, src.size)),
-                    ),
-                ),
-            ),
-        )
-        self.items.append(ScheduleItem(ast, (buffer_of[out], src), device))
-
-    def _kernel_view(self, view: UOp, base: UOp, params: dict[object, tuple[Buffer, UOp]], device: str) -> UOp:
-        """view's chain of movement ops rebuilt over base (a DEFINE_GLOBAL), bound variables as kernel parameters."""
-        view, chain = view.peel_chain(GroupOp.Movement)
-        for v in reversed(chain):
-            arg = self.vars.kernel_arg(v, device, lambda buf: kernel_param(params, buf, buf)) if arg_uops(v) else v.arg
-            base = v.replace(src=(base,), arg=arg)
-        return base
-
-    def _new_buffer(self, device: str, size: int, dtype: DType) -> UOp:
-        out = new_buffer(device, size, dtype)
-        self.created.append(buffer_of[out])
-        return out
-
-    def _to_ast(self, value: UOp, params: dict[object, tuple[Buffer, UOp]], point: UOp, device: str) -> UOp:
-        """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers, and
-        data constants are read from one-element parameter buffers, so kernels that differ only in a constant
-        (a learning rate, a scalar in a user's loop) are one AST and one compiled program. Each use of a constant gets
-        a parameter of its own: equal constants (one hash-consed node) then build the same AST as different ones.
-        Float constants are lifted wherever they are used; int ones only as operands of plain arithmetic and
-        comparisons (INT_CONST_OPERAND_OPS): a shift count, a power, a divisor shape the compiled code."""
-        memo: dict[UOp, UOp] = {}
-        const_views = self.const_views
-        shaping: set[UOp] | None = None  # found on the first int constant: most kernels have none
-
-        def lifted(user: UOp | None, s: UOp) -> bool:
-            """Whether s, a source of user (None: the kernel's value itself), is read from a parameter."""
-            nonlocal shaping
-            if not is_lifted_const_view(s, const_views):
-                return False
-            if dtypes.is_float(s.dtype):
-                return True
-            if shaping is None:
-                shaping = feeds_code_shape(value)
-            # an int constant combined only with constants (the squarings of `2 ** t`) stays foldable by the compiler
-            return (
-                user is not None
-                and user not in shaping
-                and (
-                    user.op is Ops.NEG  # `x - k` adds -k
-                    or user.op in INT_CONST_OPERAND_OPS
-                    and any(o is not s and not is_lifted_const_view(o, const_views) for o in user.src)
-                )
-            )
-
-        def param(buf: Buffer, key: object) -> UOp:
-            return kernel_param(params, buf, key)
-
-        def buffer_param(buf: Buffer) -> UOp:
-            return param(buf, buf)
-
-        def const_use(u: UOp) -> UOp:
-            """A lifted constant (under its views) read from a parameter of this use's own."""
-            u, views = u.peel_chain(GroupOp.Movement)
-            self.const_params[buf := const_buffer(device, u.dtype, u.arg)] = (u.dtype, u.arg)
-            # past the cap, uses of one value share a parameter: a kernel's argument list stays short
-            ret = UOp(Ops.RESHAPE, u.dtype, (param(buf, object() if len(params) < MAX_KERNEL_PARAMS else buf),), ())
-            for v in reversed(views):  # a view to a symbolic size reads the variable's kernel parameter too
-                ret = v.replace(src=(ret,), arg=self.vars.kernel_arg(v, device, buffer_param) if arg_uops(v) else v.arg)
-            return ret
-
-        # sources before users, from an explicit stack: a kernel's value graph can be thousands of nodes deep
-        stack: list[tuple[UOp, bool]] = [(value, False)]
-        while stack:
-            u, expanded = stack.pop()
-            if u in memo:
-                continue
-            if u is not point and u in self.result:
-                inner = self.result[u]
-                if not expanded:
-                    stack.extend(((u, True), (inner, False)))
-                    continue
-                ret = memo[inner]
-            elif u.op is Ops.BUFFER:
-                ret = param(buf := buffer_of[u], buf)
-            elif lifted(None, u):
-                ret = const_use(u)
-            elif u.op is Ops.BIND:
-                ret = self.vars.kernel_var(u, device, buffer_param)  # its value is a parameter, not part of the AST
-            elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
-                if not expanded:
-                    stack.extend(((u, True), (u.src[0], False)))
-                    continue
-                ret = memo[u.src[0]]
-            else:
-                if not expanded:
-                    stack.append((u, True))
-                    stack.extend((s, False) for s in reversed(u.src) if not lifted(u, s))
-                    continue
-                new_src = tuple(const_use(s) if lifted(u, s) else memo[s] for s in u.src)
-                if arg_uops(u):
-                    ret = u.replace(src=new_src, arg=self.vars.kernel_arg(u, device, buffer_param))
-                else:
-                    ret = u if new_src == u.src else u.replace(src=new_src)
-            memo[u] = ret
-        return memo[value]
-
-
-def kernel_param(params: dict[object, tuple[Buffer, UOp]], buf: Buffer, key: object) -> UOp:
-    """The DEFINE_GLOBAL that reads buf for `key` in a kernel (numbered after the output, parameter 0)."""
-    if key not in params:
-        params[key] = (buf, UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size)))
-    return params[key][1]
-
-
-# the views an assign may write through: each element of the view is one element of the buffer, so a kernel whose
-# loops cover the view stores every element it writes once, at the view's index into the buffer. A pad only completes
-# a strided slice's last group (setitem's views): the lowerer proves no stored element is a padded one
-STORE_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.PAD})
-
-
-def is_store_view(u: UOp) -> bool:
-    u = u.peel(STORE_VIEW_OPS)
-    return u.op is Ops.BUFFER
-
-
-def view_over(view: UOp, base: UOp) -> UOp:
-    """view's chain of movement ops rebuilt over another node."""
-    view, chain = view.peel_chain(GroupOp.Movement)
-    for v in reversed(chain):
-        base = v.replace(src=(base,))
-    return base
-
-
-def is_lifted_const_view(u: UOp, memo: dict[UOp, bool]) -> bool:
-    """A constant the kernel reads from a parameter, or a view of one (memo: answers for the views, so a long chain
-    of views is walked once)."""
-    chain = []
-    while u.op in GroupOp.Movement and u not in memo:
-        chain.append(u)
-        u = u.src[0]
-    found = memo[u] if u in memo else u.op is Ops.CONST and is_liftable_const(u)
-    for v in chain:
-        memo[v] = found
-    return found
-
-
-# constants the code generator folds by value (x*1, x+0, where(..., 0)) and non-finite masks stay literals
-_FOLDED_CONSTS = (0.0, 1.0, -1.0)
-# dtypes whose values numpy stores exactly as the kernel reads them (unsigned ints stay literals: random bits are
-# made of shifts and masks by them)
-_LIFTED_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64)
-# the ops an int constant is a parameter of (with data as another operand; and NEG); everything else (shifts, pow,
-# division, bit masks, casts) compiles it in
-INT_CONST_OPERAND_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE})
-# ops whose int operands shape the compiled code: a shift count, a divisor, a bit mask
-CODE_SHAPING_OPS = frozenset({Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.POW})
-MAX_CONST_BUFFERS = 4096
-# a kernel gives each use of a constant its own parameter up to this many parameters
-MAX_KERNEL_PARAMS = 64
-# (device, dtype, value) -> a one-element buffer holding it; kernels only read these, so one buffer serves every kernel
-_const_buffers: OrderedDict[tuple[str, DType, float], Buffer] = OrderedDict()
-
-
-def feeds_code_shape(value: UOp) -> set[UOp]:
-    """The nodes of a kernel's value whose result reaches an operand of a CODE_SHAPING_OP through elementwise and
-    movement ops (`x >> where(m, 4, 0)`, a dequantizer's nibble shifts `arange(2) * 4`): int constants they use stay
-    literals the compiler folds."""
-    marked: set[UOp] = set()
-    for u in reversed(value.toposort()):  # every consumer before its sources
-        if u.op in CODE_SHAPING_OPS or u in marked and (u.op in GroupOp.ALU or u.op in GroupOp.Movement):
-            marked.update(u.src)
-    return marked
-
-
-def is_liftable_const(u: UOp) -> bool:
-    return u.dtype in _LIFTED_DTYPES and math.isfinite(u.arg) and u.arg not in _FOLDED_CONSTS
-
-
-def const_buffer(device: str, dtype: DType, value: float) -> Buffer:
-    key = (device, dtype, value)
-    if (buf := _const_buffers.get(key)) is None:
-        buf = _const_buffers[key] = Buffer(device, 1, dtype)
-        # host memory owned by this cache, outside GlobalCounters.mem_used, which counts what tensors hold
-        buf.use_external(np.array([value], to_numpy_dtype(dtype)).view(np.uint8))
-        if len(_const_buffers) > MAX_CONST_BUFFERS:
-            _const_buffers.popitem(last=False)
-    else:
-        _const_buffers.move_to_end(key)
-    return buf
-
-
 @dataclass
 class Plan:
     """A schedule with what its planner decided: `kept` maps the caller's nodes whose value an intermediate buffer
@@ -605,7 +78,7 @@ class Plan:
     results: list[UOp]
     inner: dict[UOp, UOp]
     kept: dict[UOp, UOp]
-    planner: _Planner
+    planner: Planner
 
 
 def create_schedule(
@@ -618,35 +91,106 @@ def create_schedule(
     return plan.items, plan.results, plan.inner
 
 
-def plan_schedule(roots: list[UOp], devices: list, readers: VersionReaders | None = None) -> Plan:
-    """create_schedule, keeping the planner's decisions."""
-    substituted, memo = substitute_realized(roots)
-    lowered = lower_multi(substituted, devices)
-    split, replaced = split_long_reduces(lowered)
+@dataclass
+class ScheduleState:
+    """What the passes read and write: the roots as each pass leaves them, and the planner's decisions."""
+
+    roots: list[UOp]
+    devices: list
+    readers: VersionReaders | None
+    graph: list[UOp] = field(default_factory=list)  # the roots as the last graph pass left them
+    substituted: dict[UOp, UOp] = field(default_factory=dict)  # each caller's node -> its node after substitution
+    unchanged_by_multi: bool = True  # lower_multi kept every root (its nodes are the caller's, substituted)
+    replaced: dict[UOp, UOp] = field(default_factory=dict)  # split_long_reduces' node -> its replacement
+    planner: Planner | None = None
+    kept: set[UOp] = field(default_factory=set)  # points worth keeping after the schedule runs
+    kept_originals: dict[UOp, UOp] = field(default_factory=dict)  # the caller's nodes a kept point computes
+    items: list[ScheduleItem] = field(default_factory=list)
+
+
+def _substitute_realized(s: ScheduleState) -> None:
+    s.graph, s.substituted = substitute_realized(s.roots)
+
+
+def _lower_multi(s: ScheduleState) -> None:
+    lowered = lower_multi(s.graph, s.devices)
+    s.unchanged_by_multi = all(a is b for a, b in zip(lowered, s.graph))
+    s.graph = lowered
+
+
+def _split_long_reduces(s: ScheduleState) -> None:
+    s.graph, s.replaced = split_long_reduces(s.graph)
+
+
+def _find_realize_points(s: ScheduleState) -> None:
     # a multi-device root is realized shard by shard, each on its own device
-    flat = [pair for u, d in zip(split, devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])]
-    planner = _Planner([u for u, _ in flat], [d for _, d in flat])
+    flat = [
+        pair for u, d in zip(s.graph, s.devices) for pair in (zip(u.src, u.arg[1]) if u.op is Ops.MULTI else [(u, d)])
+    ]
+    s.planner = Planner([u for u, _ in flat])
+    s.planner.find_points([d for _, d in flat])
     root_set = {u for u, _ in flat}
-    kept = {
-        p for p in planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CUSTOM_KERNEL)
+    s.kept = {
+        p for p in s.planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CUSTOM_KERNEL)
     }
+
+
+def _copy_on_write(s: ScheduleState) -> None:
     # the caller's nodes whose value a kept point computes (substitution rebuilt the nodes above realized values)
-    kept_originals = (
-        {u: p for u, s in memo.items() if (p := replaced.get(s, s)) in kept}
-        if all(a is b for a, b in zip(lowered, substituted))
-        else {}
-    )
-    if readers is not None:
-        planner.copy_on_write = readers.shared(set(kept_originals))
-    items = planner.plan()
+    if s.unchanged_by_multi:
+        s.kept_originals = {u: p for u, n in s.substituted.items() if (p := s.replaced.get(n, n)) in s.kept}
+    if s.readers is not None:
+        s.planner.copy_on_write = s.readers.shared(set(s.kept_originals))  # type: ignore[union-attr]
+
+
+def _emit_kernels(s: ScheduleState) -> None:
+    s.items = s.planner.plan()  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable[[ScheduleState], None]
+
+
+PASSES: tuple[Pass, ...] = (
+    Pass("substitute_realized", _substitute_realized),  # realized subgraphs become their buffers
+    Pass("lower_multi", _lower_multi),  # multi-device tensors become one graph per shard (uop/multi.py)
+    Pass("split_long_reduces", _split_long_reduces),  # a long reduce becomes two kernels (split_reduce.py)
+    Pass("find_realize_points", _find_realize_points),  # what is realized into a buffer; the rest fuses
+    Pass("copy_on_write", _copy_on_write),  # an assign into a version still read elsewhere writes a fresh buffer
+    Pass("emit_kernels", _emit_kernels),  # one ScheduleItem per point, in dependency order
+)
+
+
+def _show(p: Pass, s: ScheduleState) -> None:
+    print(f"--- schedule after {p.name}")
+    if p.name == "emit_kernels":
+        for i, item in enumerate(s.items):
+            print(f"kernel {i} on {item.device}, {len(item.buffers)} buffer(s):\n{item.ast}")
+    elif s.planner is not None:
+        print(f"{len(s.planner.points)} realize point(s): {[p.op.name for p in s.planner.points]}")
+    else:
+        print(UOp(Ops.SINK, src=tuple(s.graph)))
+
+
+def plan_schedule(roots: list[UOp], devices: list, readers: VersionReaders | None = None) -> Plan:
+    """create_schedule, keeping the planner's decisions: runs PASSES in order."""
+    s = ScheduleState(roots, devices, readers)
+    for p in PASSES:
+        p.run(s)
+        if DEBUG >= 5:
+            _show(p, s)
+    planner = s.planner
+    assert planner is not None
 
     def result(u: UOp) -> UOp:
         return planner.result.get(u, u)
 
-    results = [u.replace(src=tuple(result(s) for s in u.src)) if u.op is Ops.MULTI else result(u) for u in split]
-    inner = {p: planner.result[p] for p in kept if any(planner.inputs[p])}
+    results = [u.replace(src=tuple(result(x) for x in u.src)) if u.op is Ops.MULTI else result(u) for u in s.graph]
+    inner = {p: planner.result[p] for p in s.kept if any(planner.inputs[p])}
     # recorded for the caller's own nodes too: its graphs (a grad, a lazy loss) then read the kept values
-    inner.update({u: planner.result[p] for u, p in kept_originals.items() if any(planner.inputs[p])})
+    inner.update({u: planner.result[p] for u, p in s.kept_originals.items() if any(planner.inputs[p])})
     if DEBUG >= 3:
-        print(f"scheduled {len(items)} kernel(s) for {len(roots)} tensor(s)")
-    return Plan(items, results, inner, kept_originals, planner)
+        print(f"scheduled {len(s.items)} kernel(s) for {len(roots)} tensor(s)")
+    return Plan(s.items, results, inner, s.kept_originals, planner)

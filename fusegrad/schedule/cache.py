@@ -17,15 +17,9 @@ from typing import Any
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, SCHEDULE_CACHE
 from fusegrad.runtime.device import Buffer
-from fusegrad.schedule import (
-    ScheduleItem,
-    VersionReaders,
-    buffer_of,
-    buffer_uop,
-    const_buffer,
-    is_liftable_const,
-    plan_schedule,
-)
+from fusegrad.runtime.buffers import buffer_of, buffer_uop
+from fusegrad.schedule import ScheduleItem, VersionReaders, plan_schedule
+from fusegrad.schedule.kernel_ast import const_buffer, is_liftable_const
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _hashable
 
 MAX_CACHED_SCHEDULES = 512

@@ -9,7 +9,7 @@ from fusegrad.schedule.items import ScheduleItem, buffer_view
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
-    from fusegrad.schedule import _Planner
+    from fusegrad.schedule.planner import Planner
 
 
 def is_custom_output(u: UOp) -> bool:
@@ -30,7 +30,7 @@ def custom_needs(point: UOp) -> list[UOp]:
     return [x for x in point.src if not fills_its_buffer(x)]
 
 
-def emit_custom(planner: _Planner, point: UOp, device: str) -> None:
+def emit_custom(planner: Planner, point: UOp, device: str) -> None:
     if point.op is Ops.AFTER:
         planner.result[point] = buffer_view(planner.custom_outputs[(point.src[1], point.arg)], point.shape)
         return

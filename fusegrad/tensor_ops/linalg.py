@@ -355,9 +355,7 @@ def _may_be_differentiated(x: Tensor, w: Tensor) -> bool:
 
     if TRAINING or type(x).training or x.requires_grad or w.requires_grad:
         return True
-    base = w.uop
-    while base.op in (Ops.PERMUTE, Ops.RESHAPE, Ops.EXPAND, Ops.SHRINK, Ops.CAST) and base.src:
-        base = base.src[0]
+    base = w.uop.peel((Ops.PERMUTE, Ops.RESHAPE, Ops.EXPAND, Ops.SHRINK, Ops.CAST))
     return any((t := ref()) is not None and t.requires_grad for ref in base.holder_refs())
 
 

@@ -1,5 +1,6 @@
-"""What a valid kernel graph is between codegen stages; `check_graph` / `check_linear` raise SpecError on the first
-node that breaks it. The per-node rules are PatternMatchers whose callbacks return the reason a node is invalid."""
+"""What a valid kernel graph is as the scheduler emits it and between codegen stages; `check_kernel_ast`,
+`check_graph` and `check_linear` raise SpecError on the first node that breaks it. The per-node rules are
+PatternMatchers whose callbacks return the reason a node is invalid."""
 
 from __future__ import annotations
 from fusegrad.dtype import NARROW_FLOATS, dtypes
@@ -154,6 +155,58 @@ def check_graph(kernel: UOp, spec: str, stage: str) -> None:
     for u in kernel.toposort():
         if (reason := pm.rewrite(u)) is not None:
             raise SpecError(stage, u, reason)
+
+
+# the nodes of a kernel's AST as the scheduler emits it: tensor-level ops over parameters (what codegen's lowerer has a
+# rule for); the graph's storage (BUFFER, BIND), realize points (ASSIGN, COPY) and devices (MULTI) are gone
+KERNEL_AST_OPS = (
+    GroupOp.Elementwise
+    | GroupOp.Movement
+    | {
+        Ops.SINK,
+        Ops.STORE,
+        Ops.DEFINE_GLOBAL,
+        Ops.DEFINE_VAR,
+        Ops.CONST,
+        Ops.ARANGE,
+        Ops.GATHER,
+        Ops.REDUCE_AXIS,
+        Ops.CONTIGUOUS,
+        Ops.DETACH,
+    }
+)
+
+
+def _kernel_sink_reason(u: UOp) -> str | None:
+    stores = [x for x in u.src if x.op is Ops.STORE]
+    if not stores or any(x.op not in (Ops.STORE, Ops.DEFINE_VAR) for x in u.src):
+        return "a kernel's SINK holds its STOREs and its DEFINE_VARs"
+    return None
+
+
+def _kernel_store_reason(u: UOp) -> str | None:
+    if len(u.src) != 2:
+        return "a kernel's STORE is (target, value)"
+    target = u.src[0].peel(GroupOp.Movement)
+    return None if target.op is Ops.DEFINE_GLOBAL else "a STORE writes a DEFINE_GLOBAL or a view of one"
+
+
+spec_kernel_ast = PatternMatcher(
+    [
+        (UPat(Ops.SINK, name="u"), _kernel_sink_reason),
+        (UPat(Ops.STORE, name="u"), _kernel_store_reason),
+        (UPat(name="u"), lambda u: None if u.op in KERNEL_AST_OPS else "not an op of a scheduled kernel"),
+    ]
+)
+
+
+def check_kernel_ast(ast: UOp) -> None:
+    """A kernel the scheduler emits (SINK(STORE(target, value), *DEFINE_VARs)) holds only what codegen lowers."""
+    if ast.op is not Ops.SINK:
+        raise SpecError("schedule", ast, "a kernel's root is a SINK")
+    for u in ast.toposort():
+        if (reason := spec_kernel_ast.rewrite(u)) is not None:
+            raise SpecError("schedule", u, reason)
 
 
 LINEAR_OPS = (LOWERED_OPS - {Ops.SINK, Ops.REDUCE}) | {Ops.DEFINE_ACC, Ops.ACC_UPDATE, Ops.ENDRANGE}

@@ -12,7 +12,7 @@ from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
 from fusegrad.codegen.opt import Opt, OptOps, blockable_sum
 from fusegrad.codegen.lowerer import output_value
-from fusegrad.renderer.cstyle import CRenderer
+from fusegrad.renderer.c import CRenderer
 from fusegrad.schedule import create_schedule
 from fusegrad.runtime.device import Device
 from fusegrad.tensor_ops.linalg import _panel_width

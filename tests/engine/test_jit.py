@@ -856,9 +856,9 @@ def test_index_checks_are_replayed():
 
 
 def test_replays_kernel_by_kernel_without_the_graph_runner(monkeypatch):
-    from fusegrad.runtime import cpu_graph
+    from fusegrad.runtime import cpu_runner
 
-    monkeypatch.setattr(cpu_graph, "graph_library", lambda: None)  # as where no C compiler builds the runner
+    monkeypatch.setattr(cpu_runner, "graph_library", lambda: None)  # as where no C compiler builds the runner
     w = Tensor(data(4, 4))
     f = TinyJit(lambda x: (x @ w).relu().contiguous() * 2)
     for _ in range(4):

@@ -11,7 +11,9 @@ from fusegrad.codegen import lower_to_linear
 from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.engine.realize import device_capabilities
 from fusegrad.renderer import Capabilities, Renderer
-from fusegrad.renderer.cstyle import CRenderer, CStyleRenderer, CUDARenderer, OpenCLRenderer
+from fusegrad.renderer.c import CRenderer
+from fusegrad.renderer.cstyle import CStyleRenderer
+from fusegrad.renderer.gpu import CUDARenderer, OpenCLRenderer
 from fusegrad.renderer.gpu import CUDAKernelRenderer, OpenCLKernelRenderer
 from fusegrad.renderer.llvmir import LLVMRenderer
 from fusegrad.renderer.llvmir_amdgpu import AMDGPURenderer

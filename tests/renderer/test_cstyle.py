@@ -9,14 +9,9 @@ import pytest
 
 from fusegrad import Context, Tensor, dtypes
 from fusegrad.codegen import lower_to_linear
-from fusegrad.renderer.cstyle import (
-    CODE_FOR_OP,
-    CRenderer,
-    CStyleRenderer,
-    CUDARenderer,
-    OpenCLRenderer,
-    RenderError,
-)
+from fusegrad.renderer.c import CRenderer
+from fusegrad.renderer.cstyle import CODE_FOR_OP, CStyleRenderer, RenderError
+from fusegrad.renderer.gpu import CUDARenderer, OpenCLRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import GroupOp, Ops

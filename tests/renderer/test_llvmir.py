@@ -13,7 +13,7 @@ from fusegrad import Context, Tensor, dtypes  # noqa: E402
 from fusegrad.codegen import lower_to_linear  # noqa: E402
 from fusegrad.renderer.cstyle import RenderError  # noqa: E402
 from fusegrad.renderer.llvmir import LLVMRenderer, render_const  # noqa: E402
-from fusegrad.runtime import device as device_module, ops_cpu, ops_llvm  # noqa: E402
+from fusegrad.runtime import c_compiler, device as device_module, ops_cpu, ops_llvm  # noqa: E402
 from fusegrad.runtime.device import Device  # noqa: E402
 from fusegrad.schedule import create_schedule  # noqa: E402
 from fusegrad.uop.ops import Ops  # noqa: E402
@@ -196,7 +196,7 @@ def test_default_device_falls_back_to_llvm_without_a_c_compiler(monkeypatch, cap
     def no_compiler(requested):
         raise RuntimeError("no C compiler found for the CPU device (tried cc, clang, gcc on PATH)")
 
-    monkeypatch.setattr(ops_cpu, "_locate_compiler", no_compiler)
+    monkeypatch.setattr(c_compiler, "_locate_compiler", no_compiler)
     device_module._host_default.cache_clear()
     try:
         with Context(DEV=""):

@@ -9,7 +9,7 @@ import torch
 import fusegrad.engine.realize as realize
 from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
-from fusegrad.renderer.cstyle import OpenCLRenderer
+from fusegrad.renderer.gpu import OpenCLRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops

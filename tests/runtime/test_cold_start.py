@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fusegrad import Tensor
-from fusegrad.runtime import cpu_graph, ops_cpu
+from fusegrad.runtime import cpu_runner, ops_cpu
 
 
 @pytest.fixture
@@ -30,15 +30,15 @@ def recorded_compiles(monkeypatch) -> list[tuple[str, str]]:
 
 
 def test_runner_builds_in_the_background_while_eager_kernels_launch(cold_cache, monkeypatch):
-    monkeypatch.setattr(cpu_graph, "_built", [])
-    monkeypatch.setattr(cpu_graph, "_build_started", threading.Event())
+    monkeypatch.setattr(cpu_runner, "_built", [])
+    monkeypatch.setattr(cpu_runner, "_build_started", threading.Event())
     calls = recorded_compiles(monkeypatch)
-    assert cpu_graph.runner_built() is False  # not in the new cache: its compile started, nothing waited for it
+    assert cpu_runner.runner_built() is False  # not in the new cache: its compile started, nothing waited for it
     x = np.linspace(-2, 3, 4099, dtype=np.float32)
     got = ((Tensor(x) * 1.3125).exp().sum() + Tensor(x).max()).numpy()  # two kernels, launched without the runner
     np.testing.assert_allclose(got, np.exp(x * np.float32(1.3125)).sum() + x.max(), rtol=1e-5)
-    lib = cpu_graph.graph_library()  # waits for the background build
-    assert lib is not None and cpu_graph.runner_built() is True
+    lib = cpu_runner.graph_library()  # waits for the background build
+    assert lib is not None and cpu_runner.runner_built() is True
     assert ("compiling kernel fg_graph_runner", "fusegrad-runner-build") in calls
 
 

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 from fusegrad import Context, Tensor
-from fusegrad.runtime import cpu_graph, ops_cpu
+from fusegrad.runtime import cpu_runner, ops_cpu
 
 # 64 x 8192 elements: enough work (>= 2 * MIN_OPS_PER_THREAD) for the outer loop of 64 rows to be split
 SHAPE = (64, 8192)
@@ -57,7 +57,7 @@ def test_split_reduce_kernel_values_match_numpy(monkeypatch):
 
 
 def test_python_pool_when_the_runner_does_not_build(monkeypatch):
-    monkeypatch.setattr(cpu_graph, "graph_library", lambda: None)  # as where no C compiler builds the runner
+    monkeypatch.setattr(cpu_runner, "graph_library", lambda: None)  # as where no C compiler builds the runner
     submitted = []
     real = ops_cpu.thread_pool(2)
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 from fusegrad import Context, Device, GlobalCounters, Tensor
-from fusegrad.runtime import ops_cpu
+from fusegrad.runtime import c_compiler
 from fusegrad.runtime.ops_cpu import ClangCompiler, CompileError
 
 
@@ -39,13 +39,13 @@ def test_bad_env_value_is_named():
 
 
 def test_missing_compiler_says_what_was_tried(monkeypatch):
-    monkeypatch.setattr(ops_cpu.shutil, "which", lambda name: None)
-    ops_cpu._locate_compiler.cache_clear()
+    monkeypatch.setattr(c_compiler.shutil, "which", lambda name: None)
+    c_compiler._locate_compiler.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="tried cc, clang, gcc"):
-            ops_cpu.find_compiler()
+            c_compiler.find_compiler()
     finally:
-        ops_cpu._locate_compiler.cache_clear()
+        c_compiler._locate_compiler.cache_clear()
 
 
 def test_compile_error_shows_message_and_source():

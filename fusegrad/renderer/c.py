@@ -1,0 +1,342 @@
+"""C99 with GNU extensions for the CPU device: explicit vectors (GCC vector extensions) where codegen packed lanes,
+simd pragmas on innermost reduce loops, and the outermost global loop split over threads ([core_start, core_end))."""
+
+from __future__ import annotations
+import math
+from collections import Counter
+from typing import Callable
+from fusegrad.codegen.opt.packs import Pack
+from fusegrad.dtype import DType, dtypes
+from fusegrad.renderer import Capabilities
+from fusegrad.renderer.cstyle import INFIX, MASK_INT, CStyleRenderer, KernelText, RenderError, base_rewrite
+from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat
+
+C_PRELUDE = """#include <math.h>
+#include <string.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#define FG_NO_IF_CONVERT __attribute__((optimize("no-tree-loop-if-convert")))
+#else
+#define FG_NO_IF_CONVERT
+#endif
+static inline float fg_bf16_to_f32(unsigned short b) { unsigned int u = (unsigned int)b << 16; \
+float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned short fg_f32_to_bf16(float f) {
+  unsigned int u; memcpy(&u, &f, 4);
+  if (f != f) return 0x7FC0;
+  return (unsigned short)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+static inline float fg_fp8_to_f32(unsigned char b, int mbits, int bias, int has_inf, int fnuz, int nan_bits) {
+  int top = (1 << (7 - mbits)) - 1, e = (b & 0x7F) >> mbits, m = b & ((1 << mbits) - 1);
+  float sign = (b & 0x80) ? -1.0f : 1.0f;
+  if (fnuz ? b == 0x80 : (b & 0x7F) == nan_bits || (has_inf && e == top && m)) return copysignf(NAN, sign);
+  if (has_inf && e == top) return sign * INFINITY;
+  return sign * (e ? ldexpf((float)(m | (1 << mbits)), e - bias - mbits) : ldexpf((float)m, 1 - bias - mbits));
+}
+/* float exp as arithmetic (fg_exp_<vector type> below, lane by lane): libm's expf is a call that no loop vectorizes */
+static inline __attribute__((always_inline)) float fg_expf(float x) {
+  /* the clamps and the NaN guard as bit masks: under trapping math a ?: over a float compare stays a branch, and the
+     loop around it scalar */
+  unsigned int bits, hi = -(unsigned int)(x > 89.0f), lo = -(unsigned int)(x < -104.0f);
+  memcpy(&bits, &x, 4);
+  bits = (bits & ~hi & ~lo) | (0x42b20000u & hi) | (0xc2d00000u & lo); /* 89.0f, -104.0f */
+  memcpy(&x, &bits, 4);
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  unsigned int number = -(unsigned int)(n == n);
+  memcpy(&bits, &n, 4);
+  bits &= number;
+  memcpy(&n, &bits, 4);
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = r * (1.0f / 5040) + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * (r * r) + r + 1.0f;
+  int k = (int)n, h = k >> 1, a = (h + 127) << 23, b = (k - h + 127) << 23;
+  float fa, fb;
+  memcpy(&fa, &a, 4);
+  memcpy(&fb, &b, 4);
+  return p * fa * fb;
+}
+/* float log as arithmetic: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m-1)/(m+1), |s| < 0.172,
+   by its series to s^9 (the next term is under 1e-8 of the result); e ln 2 in two parts as in fg_expf */
+static inline __attribute__((always_inline)) float fg_logf(float x) {
+  int sub = x < 1.17549435e-38f;  /* subnormal (or not positive: replaced at the end) */
+  float xs = x * (1.0f + (float)sub * 8388607.0f);
+  unsigned int u;
+  memcpy(&u, &xs, 4);
+  int e = (int)((u >> 23) & 0xff) - 127 - 23 * sub;
+  unsigned int mu = (u & 0x007fffffu) | 0x3f800000u;
+  float m;
+  memcpy(&m, &mu, 4);
+  int big = m > 1.41421356f;
+  m = m * (1.0f - 0.5f * (float)big);
+  float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  float p = s2 * (1.0f / 9) + 1.0f / 7;
+  p = p * s2 + 1.0f / 5;
+  p = p * s2 + 1.0f / 3;
+  float fe = (float)(e + big);
+  float r = fe * 0.693359375f + (fe * -2.12194440e-4f + (2.0f * s + (2.0f * s) * s2 * p));
+  /* zero -> -inf, inf -> inf, negative or NaN -> NaN, chosen by bit masks: a ?: over the division would be a branch
+     the compiler may not speculate, and the loop would stay scalar */
+  unsigned int bits, normal = -(unsigned int)((x > 0.0f) & (x < INFINITY)), zero = -(unsigned int)(x == 0.0f);
+  unsigned int inf = -(unsigned int)(x == INFINITY);
+  unsigned int special = (0x7fc00000u & ~zero & ~inf) | (0xff800000u & zero) | (0x7f800000u & inf);
+  memcpy(&bits, &r, 4);
+  bits = (bits & normal) | (special & ~normal);
+  memcpy(&r, &bits, 4);
+  return r;
+}
+/* round to nearest even from the double; overflow saturates to max_bits or becomes inf (0x7C) */
+static inline unsigned char fg_f64_to_fp8(double x, int mbits, int bias, int has_inf, int fnuz, int nan_bits,
+                                          int max_bits, double max_value) {
+  unsigned char sign = signbit(x) ? 0x80 : 0;
+  double a = fabs(x);
+  if (a != a) return fnuz ? 0x80 : (sign | nan_bits);
+  if (isinf(a)) return has_inf ? (sign | 0x7C) : fnuz ? 0x80 : (sign | nan_bits);
+  int e, min_e = 1 - bias;
+  frexp(a, &e);
+  e = (a == 0.0 || e - 1 < min_e) ? min_e : e - 1;
+  double q = ldexp(1.0, e - mbits), r = nearbyint(a / q) * q;
+  if (r > max_value) return sign | (has_inf ? 0x7C : max_bits);
+  int bits;
+  if (r < ldexp(1.0, min_e)) {
+    bits = (int)(r / ldexp(1.0, min_e - mbits));
+  } else {
+    frexp(r, &e);
+    bits = ((e - 2 + bias) << mbits) + (int)(r / ldexp(1.0, e - 1 - mbits));
+  }
+  return (fnuz && bits == 0) ? 0 : (sign | bits);
+}
+"""
+
+
+def _innermost_updates(r: UOp, lin: tuple[UOp, ...]) -> list[UOp] | None:
+    """The accumulator updates of loop r, or None when r holds another loop."""
+    body = []
+    for u in lin[lin.index(r) + 1 :]:
+        if u.op is Ops.ENDRANGE and u.src[0] is r:
+            break
+        if u.op is Ops.RANGE:
+            return None
+        body.append(u)
+    return [u for u in body if u.op is Ops.ACC_UPDATE and r in u.src[2:]]
+
+
+def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str], packs: dict) -> str | None:
+    """An innermost sum loop may be vectorized: the pragma allows reassociating only its accumulators. Several
+    accumulators that form no vector (a register tile of outputs whose inputs are both contiguous along the reduce,
+    x @ W.T) are vectorized along the loop, each in its own vector."""
+    if (updates := _innermost_updates(r, lin)) is None:
+        return None
+    # several accumulators are better vectorized across each other (SLP) than along the loop, when they pack
+    if (
+        not updates
+        or (len(updates) > 1 and any(u in packs for u in updates))
+        or any(
+            u.arg is not Ops.ADD or u.dtype not in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64)
+            for u in updates
+        )
+    ):
+        return None
+    accs = ", ".join(names[u.src[0]] for u in updates)
+    return f"#pragma omp simd reduction(+:{accs})"
+
+
+def _simd_max(ctx: KernelText, r: UOp) -> str | None:
+    """An innermost loop that only takes float maxes (a row max) is vectorized too: each accumulator keeps the largest
+    non-NaN value (`max` reassociates those exactly) and a flag of its own records a NaN, which after the loop becomes
+    the result, as the scalar form's NaN wins. Zeros of either sign compare equal: which one a vector keeps may differ
+    from the scalar order."""
+    updates = _innermost_updates(r, ctx.lin)
+    if not updates or any(
+        u.arg is not Ops.MAX or u.dtype not in (dtypes.float32, dtypes.float64) or u in ctx.packs for u in updates
+    ):
+        return None
+    dtypes_of = {ctx.names[u.src[0]]: u.dtype for u in updates}  # each accumulator once, in order
+    flags = [ctx.simd_max.setdefault(acc, ctx.fresh("nan")) for acc in dtypes_of]
+    ctx.after_loop[r] = [
+        f"{acc} = {flag} ? {ctx.renderer.render_const(math.nan, dt)} : {acc};"
+        for (acc, dt), flag in zip(dtypes_of.items(), flags)
+    ]
+    declared = "\n".join(f"int {flag} = 0;" for flag in flags)
+    return f"{declared}\n#pragma omp simd reduction(max:{', '.join(dtypes_of)}) reduction(|:{', '.join(flags)})"
+
+
+def _simd_max_update(ctx: KernelText, x: UOp) -> str | None:
+    if (flag := ctx.simd_max.get(acc := ctx.names[x.src[0]])) is None:
+        return None  # the plain update
+    ctx.names[x] = acc
+    v = ctx.ref(x.src[1])
+    return f"{acc} = ({v}>={acc})?{v}:{acc};\n{flag} |= ({v}!={v});"
+
+
+def _end_simd_max(ctx: KernelText, x: UOp) -> str | None:
+    return None if (after := ctx.after_loop.pop(x.src[0], None)) is None else "\n".join(["}", *after])
+
+
+def _gcc_vector_where(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    # C's conditional needs both arms of the vector type: a scalar arm is broadcast explicitly
+    arms = [ctx.vref_as(s, t) for s in u.src[1:]]
+    if u.src[0] in ctx.packs:  # a mask: bitwise select of the arms' bits (C has no lane-wise ?:)
+        mask = ctx.packs[u.src[0]][0]
+        m, it = ctx.vec_names[mask], ctx.vtype(mask)
+        return f"{t} {vname} = ({t})((({it}){arms[0]} & {m}) | (({it}){arms[1]} & ~{m}));"
+    return f"{t} {vname} = ({ctx.ref(u.src[0])} ? {arms[0]} : {arms[1]});"
+
+
+def _gcc_vector_compare(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    # a comparison of float vectors gives all-ones integer lanes where it holds; a scalar side is broadcast
+    if pack.mask_of is None:
+        raise RenderError(f"a vector {u.op} must produce a mask pack")
+    ft = ctx.vtype(ctx.packs[next(s for s in u.src if s in ctx.packs)][0])
+    sides = [ctx.vref_as(s, ft) for s in u.src]
+    return f"{t} {vname} = ({sides[0]}{INFIX[u.op]}{sides[1]});"
+
+
+def _gcc_vector_load(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    if len(u.src) == 3:  # gated: zeros, and memory is read only where the gate holds
+        gate = ctx.ref(u.src[2])
+        return f"{t} {vname} = {{}};\nif ({gate}) __builtin_memcpy(&{vname}, {ctx.address(u, pack)}, sizeof({vname}));"
+    return f"{t} {vname};\n__builtin_memcpy(&{vname}, {ctx.address(u, pack)}, sizeof({vname}));"
+
+
+# exp of float lanes (C's expf has no vector form): n = round(x / ln 2), r = x - n ln 2 in two parts (Cody-Waite),
+# e^r by its Taylor series to r^7 (|r| <= ln2/2: truncation ~1e-8, under float's ulp), 2^n as two factors so
+# subnormal results and the overflow to inf come out of the multiplies; x is clamped first (n stays a normal
+# exponent) and a NaN lane keeps its NaN
+GCC_VECTOR_EXP = """static inline __attribute__((always_inline)) {t} fg_exp_{t}({t} x) {{
+  {t} top = ({t}){{}} + 89.0f, bottom = ({t}){{}} - 104.0f, magic = ({t}){{}} + 12582912.0f;
+  {it} hi = x > top, lo = x < bottom;
+  x = ({t})((({it})x & ~hi) | (({it})top & hi));
+  x = ({t})((({it})x & ~lo) | (({it})bottom & lo));
+  {t} n = (x * 1.44269504088896341f + magic) - magic;
+  n = ({t})(({it})n & (n == n));
+  {t} r = x - n * 0.693359375f;  // ln 2 = 355/512 (exact in float) - 2.12194440e-4
+  r = r + n * 2.12194440e-4f;
+  {t} p = r * (1.0f / 5040) + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * (r * r) + r + 1.0f;
+  {it} k = __builtin_convertvector(n, {it}), h = k >> 1;
+  return p * ({t})((h + 127) << 23) * ({t})((k - h + 127) << 23);
+}}"""
+
+
+def _gcc_vector_exp(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    it, definition = ctx.renderer.vector_type(dtypes.int32, len(pack.lanes))
+    if definition:
+        ctx.vec_types.setdefault(it, definition)
+    ctx.vec_types.setdefault(f"fg_exp_{t}", GCC_VECTOR_EXP.format(t=t, it=it))
+    return f"{t} {vname} = fg_exp_{t}({ctx.vref(u.src[0])});"
+
+
+def _gcc_vector_max(ctx: KernelText, pack: Pack, dst: str, srcs: tuple[UOp, ...], t: str) -> str:
+    # the scalar _max lane by lane (NaN wins, a tie keeps y): C has no lane-wise ?:, so a bitwise select on the mask
+    x, y = (ctx.vref_as(s, t) for s in srcs)
+    it, definition = ctx.renderer.vector_type(MASK_INT[pack.dtype], len(pack.lanes))
+    if definition:
+        ctx.vec_types.setdefault(it, definition)
+    m = ctx.fresh("vmask")
+    return f"{it} {m} = ({x}>{y}) | ({x}!={x});\n{dst} = ({t})((({it}){x} & {m}) | (({it}){y} & ~{m}));"
+
+
+def _gcc_vector_reciprocal(ctx: KernelText, u: UOp, pack: Pack, vname: str, t: str) -> str:
+    return f"{t} {vname} = ({ctx.renderer.render_const(1.0, pack.dtype)}/{ctx.vref(u.src[0])});"
+
+
+# one vector instruction per pack, in GCC's vector extension: (ctx, first lane, pack, vector name, vector type) -> text
+GCC_VECTOR_RULES: dict[Ops, Callable[[KernelText, UOp, Pack, str, str], str]] = {
+    Ops.LOAD: _gcc_vector_load,
+    Ops.DEFINE_ACC: lambda ctx, u, pack, v, t: f"{t} {v} = ({t}){{}} + {ctx.ref(u.src[0])};",
+    Ops.NEG: lambda ctx, u, pack, v, t: f"{t} {v} = -{ctx.vref(u.src[0])};",
+    Ops.RECIPROCAL: _gcc_vector_reciprocal,
+    Ops.EXP: _gcc_vector_exp,
+    Ops.WHERE: _gcc_vector_where,
+    Ops.MAX: lambda ctx, u, pack, v, t: _gcc_vector_max(ctx, pack, f"{t} {v}", u.src, t),
+    **{op: _gcc_vector_compare for op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE)},
+    # lane-wise infix; AND/OR pack only as masks (all-ones lanes), where bitwise is logical
+    **{
+        op: (lambda op: lambda ctx, u, pack, v, t: f"{t} {v} = ({ctx.vref(u.src[0])}{INFIX[op]}{ctx.vref(u.src[1])});")(
+            op
+        )
+        for op in (Ops.ADD, Ops.MUL, Ops.FDIV, Ops.AND, Ops.OR)
+    },
+}
+
+
+# float32 math the C prelude computes inline, where libm's function is a call per element that no loop vectorizes
+C_INLINE_MATH = {Ops.EXP: "fg_expf", Ops.LOG: "fg_logf"}
+
+
+class CRenderer(CStyleRenderer):
+    """C99 with GNU extensions for the CPU device: explicit vectors (GCC vector extensions) where the opts upcast, and
+    the outermost global loop runs [core_start, core_end) so threads can split it."""
+
+    prelude = C_PRELUDE
+    string_rewrite = (
+        PatternMatcher(
+            [(UPat(Ops.ACC_UPDATE, name="x"), _simd_max_update), (UPat(Ops.ENDRANGE, name="x"), _end_simd_max)]
+        )
+        + base_rewrite
+    )
+    extra_params = ("long long core_start", "long long core_end")
+    type_map = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.bfloat16: "unsigned short"} | {
+        dt: "unsigned char" for dt in dtypes.fp8s
+    }
+    vector_rules = GCC_VECTOR_RULES
+    # SSE2-sized vectors without a device; the CPU device passes its compiler's -march=native values
+    capabilities = Capabilities(
+        vector_types=True,
+        vector_math=frozenset(
+            {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
+            | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}
+        ),
+    )
+
+    def function_attributes(self, lin: tuple[UOp, ...], packs: dict) -> str:
+        # GCC 12's loop vectorizer miscompiles two if-converted loads of one buffer in a loop that strides over them
+        # (an upcast over a padded axis: each lane's gate and offset), reading the wrong elements; such kernels keep
+        # their conditional loads as branches (tests/renderer/test_cstyle.py holds the smallest such kernel)
+        gated = Counter(u.src[0] for u in lin if u.op is Ops.LOAD and len(u.src) == 3 and u not in packs)
+        return "FG_NO_IF_CONVERT " if any(n >= 2 for n in gated.values()) else ""
+
+    def math_function(self, op: Ops, dt: DType) -> str:
+        # float exp and log inline (fg_expf, fg_logf): a loop over them vectorizes; exp's values are the vector exp's
+        if dt is dtypes.float32 and (inline := C_INLINE_MATH.get(op)) is not None:
+            return inline
+        return super().math_function(op, dt)
+
+    def render_range(self, ctx: KernelText, u: UOp) -> str:
+        name, t = ctx.names[u], self.ctype(u.dtype)
+        if u is ctx.outer:
+            return f"for ({t} {name} = core_start; {name} < core_end; {name}++) {{"
+        loop = super().render_range(ctx, u)
+        pragma = _simd_reduction(u, ctx.lin, ctx.names, ctx.packs) or _simd_max(ctx, u)
+        return f"{pragma}\n{loop}" if pragma else loop
+
+    def vector_type(self, dt: DType, n: int) -> tuple[str, str]:
+        name = f"fg_{dt.name.replace(' ', '_')}x{n}"  # one identifier: int64 is "long long"
+        return name, f"typedef {self.ctype(dt)} {name} __attribute__((vector_size({n * dt.itemsize})));"
+
+    def render_vector(self, ctx: KernelText, u: UOp, pack: Pack) -> None:
+        if u.op is Ops.STORE:
+            value = ctx.vec_names[pack] = ctx.vec_names[ctx.packs[u.src[2]][0]]
+            ctx.line(f"__builtin_memcpy({ctx.address(u, pack)}, &{value}, sizeof({value}));")
+        elif u.op is Ops.ACC_UPDATE:
+            acc = ctx.vec_names[pack] = ctx.vec_names[ctx.packs[u.src[0]][0]]
+            if u.arg is Ops.MAX:
+                ctx.line(_gcc_vector_max(ctx, pack, acc, u.src[:2], ctx.vtype(pack)))
+            elif u.arg is Ops.ADD:
+                ctx.line(f"{acc} = {acc} + {ctx.vref(u.src[1])};")
+            else:
+                raise RenderError(f"{type(self).__name__} has no vector accumulator update for {u.arg}")
+        elif (rule := self.vector_rules.get(u.op)) is not None:
+            vname = ctx.vec_names[pack] = ctx.fresh("vec")
+            ctx.line(rule(ctx, u, pack, vname, ctx.vtype(pack)))
+        else:
+            raise RenderError(f"{type(self).__name__} has no vector rule for {u.op}")

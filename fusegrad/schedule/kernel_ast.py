@@ -1,0 +1,177 @@
+"""A kernel's AST from a realize point's value: buffers become numbered DEFINE_GLOBAL parameters, inner realize points
+their buffers, bound variables kernel parameters, and data constants one-element parameter buffers (lifted), so
+kernels that differ only in a constant are one AST and one compiled program."""
+
+from __future__ import annotations
+import math
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+from fusegrad.lazy_numpy import np
+from fusegrad.dtype import DType, dtypes, to_numpy_dtype
+from fusegrad.runtime.buffers import buffer_of
+from fusegrad.runtime.device import Buffer
+from fusegrad.schedule.variables import arg_uops
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+
+if TYPE_CHECKING:
+    from fusegrad.schedule.planner import Planner
+
+
+def kernel_ast_value(
+    planner: Planner, value: UOp, params: dict[object, tuple[Buffer, UOp]], point: UOp, device: str
+) -> UOp:
+    """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers, and
+    data constants are read from one-element parameter buffers, so kernels that differ only in a constant
+    (a learning rate, a scalar in a user's loop) are one AST and one compiled program. Each use of a constant gets
+    a parameter of its own: equal constants (one hash-consed node) then build the same AST as different ones.
+    Float constants are lifted wherever they are used; int ones only as operands of plain arithmetic and
+    comparisons (INT_CONST_OPERAND_OPS): a shift count, a power, a divisor shape the compiled code."""
+    memo: dict[UOp, UOp] = {}
+    const_views = planner.const_views
+    shaping: set[UOp] | None = None  # found on the first int constant: most kernels have none
+
+    def lifted(user: UOp | None, s: UOp) -> bool:
+        """Whether s, a source of user (None: the kernel's value itself), is read from a parameter."""
+        nonlocal shaping
+        if not is_lifted_const_view(s, const_views):
+            return False
+        if dtypes.is_float(s.dtype):
+            return True
+        if shaping is None:
+            shaping = feeds_code_shape(value)
+        # an int constant combined only with constants (the squarings of `2 ** t`) stays foldable by the compiler
+        return (
+            user is not None
+            and user not in shaping
+            and (
+                user.op is Ops.NEG  # `x - k` adds -k
+                or user.op in INT_CONST_OPERAND_OPS
+                and any(o is not s and not is_lifted_const_view(o, const_views) for o in user.src)
+            )
+        )
+
+    def param(buf: Buffer, key: object) -> UOp:
+        return kernel_param(params, buf, key)
+
+    def buffer_param(buf: Buffer) -> UOp:
+        return param(buf, buf)
+
+    def const_use(u: UOp) -> UOp:
+        """A lifted constant (under its views) read from a parameter of this use's own."""
+        u, views = u.peel_chain(GroupOp.Movement)
+        planner.const_params[buf := const_buffer(device, u.dtype, u.arg)] = (u.dtype, u.arg)
+        # past the cap, uses of one value share a parameter: a kernel's argument list stays short
+        ret = UOp(Ops.RESHAPE, u.dtype, (param(buf, object() if len(params) < MAX_KERNEL_PARAMS else buf),), ())
+        for v in reversed(views):  # a view to a symbolic size reads the variable's kernel parameter too
+            ret = v.replace(src=(ret,), arg=planner.vars.kernel_arg(v, device, buffer_param) if arg_uops(v) else v.arg)
+        return ret
+
+    # sources before users, from an explicit stack: a kernel's value graph can be thousands of nodes deep
+    stack: list[tuple[UOp, bool]] = [(value, False)]
+    while stack:
+        u, expanded = stack.pop()
+        if u in memo:
+            continue
+        if u is not point and u in planner.result:
+            inner = planner.result[u]
+            if not expanded:
+                stack.extend(((u, True), (inner, False)))
+                continue
+            ret = memo[inner]
+        elif u.op is Ops.BUFFER:
+            ret = param(buf := buffer_of[u], buf)
+        elif lifted(None, u):
+            ret = const_use(u)
+        elif u.op is Ops.BIND:
+            ret = planner.vars.kernel_var(u, device, buffer_param)  # its value is a parameter, not part of the AST
+        elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
+            if not expanded:
+                stack.extend(((u, True), (u.src[0], False)))
+                continue
+            ret = memo[u.src[0]]
+        else:
+            if not expanded:
+                stack.append((u, True))
+                stack.extend((s, False) for s in reversed(u.src) if not lifted(u, s))
+                continue
+            new_src = tuple(const_use(s) if lifted(u, s) else memo[s] for s in u.src)
+            if arg_uops(u):
+                ret = u.replace(src=new_src, arg=planner.vars.kernel_arg(u, device, buffer_param))
+            else:
+                ret = u if new_src == u.src else u.replace(src=new_src)
+        memo[u] = ret
+    return memo[value]
+
+
+def kernel_view(planner: Planner, view: UOp, base: UOp, params: dict[object, tuple[Buffer, UOp]], device: str) -> UOp:
+    """view's chain of movement ops rebuilt over base (a DEFINE_GLOBAL), bound variables as kernel parameters."""
+    view, chain = view.peel_chain(GroupOp.Movement)
+    for v in reversed(chain):
+        arg = planner.vars.kernel_arg(v, device, lambda buf: kernel_param(params, buf, buf)) if arg_uops(v) else v.arg
+        base = v.replace(src=(base,), arg=arg)
+    return base
+
+
+def kernel_param(params: dict[object, tuple[Buffer, UOp]], buf: Buffer, key: object) -> UOp:
+    """The DEFINE_GLOBAL that reads buf for `key` in a kernel (numbered after the output, parameter 0)."""
+    if key not in params:
+        params[key] = (buf, UOp(Ops.DEFINE_GLOBAL, buf.dtype, (), (len(params) + 1, buf.size)))
+    return params[key][1]
+
+
+def is_lifted_const_view(u: UOp, memo: dict[UOp, bool]) -> bool:
+    """A constant the kernel reads from a parameter, or a view of one (memo: answers for the views, so a long chain
+    of views is walked once)."""
+    chain = []
+    while u.op in GroupOp.Movement and u not in memo:
+        chain.append(u)
+        u = u.src[0]
+    found = memo[u] if u in memo else u.op is Ops.CONST and is_liftable_const(u)
+    for v in chain:
+        memo[v] = found
+    return found
+
+
+# constants the code generator folds by value (x*1, x+0, where(..., 0)) and non-finite masks stay literals
+_FOLDED_CONSTS = (0.0, 1.0, -1.0)
+# dtypes whose values numpy stores exactly as the kernel reads them (unsigned ints stay literals: random bits are
+# made of shifts and masks by them)
+_LIFTED_DTYPES = (dtypes.float16, dtypes.float32, dtypes.float64, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64)
+# the ops an int constant is a parameter of (with data as another operand; and NEG); everything else (shifts, pow,
+# division, bit masks, casts) compiles it in
+INT_CONST_OPERAND_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.WHERE})
+# ops whose int operands shape the compiled code: a shift count, a divisor, a bit mask
+CODE_SHAPING_OPS = frozenset({Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.POW})
+MAX_CONST_BUFFERS = 4096
+# a kernel gives each use of a constant its own parameter up to this many parameters
+MAX_KERNEL_PARAMS = 64
+# (device, dtype, value) -> a one-element buffer holding it; kernels only read these, so one buffer serves every kernel
+_const_buffers: OrderedDict[tuple[str, DType, float], Buffer] = OrderedDict()
+
+
+def feeds_code_shape(value: UOp) -> set[UOp]:
+    """The nodes of a kernel's value whose result reaches an operand of a CODE_SHAPING_OP through elementwise and
+    movement ops (`x >> where(m, 4, 0)`, a dequantizer's nibble shifts `arange(2) * 4`): int constants they use stay
+    literals the compiler folds."""
+    marked: set[UOp] = set()
+    for u in reversed(value.toposort()):  # every consumer before its sources
+        if u.op in CODE_SHAPING_OPS or u in marked and (u.op in GroupOp.ALU or u.op in GroupOp.Movement):
+            marked.update(u.src)
+    return marked
+
+
+def is_liftable_const(u: UOp) -> bool:
+    return u.dtype in _LIFTED_DTYPES and math.isfinite(u.arg) and u.arg not in _FOLDED_CONSTS
+
+
+def const_buffer(device: str, dtype: DType, value: float) -> Buffer:
+    key = (device, dtype, value)
+    if (buf := _const_buffers.get(key)) is None:
+        buf = _const_buffers[key] = Buffer(device, 1, dtype)
+        # host memory owned by this cache, outside GlobalCounters.mem_used, which counts what tensors hold
+        buf.use_external(np.array([value], to_numpy_dtype(dtype)).view(np.uint8))
+        if len(_const_buffers) > MAX_CONST_BUFFERS:
+            _const_buffers.popitem(last=False)
+    else:
+        _const_buffers.move_to_end(key)
+    return buf
