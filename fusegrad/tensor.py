@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import itertools
-import math
 import pathlib
 import weakref
-from collections import OrderedDict
 from typing import Any, Sequence
 
 from fusegrad.lazy_numpy import np
@@ -23,15 +21,10 @@ from fusegrad.dtype import (
     to_dtype,
     to_numpy_dtype,
 )
-from fusegrad.engine.realize import (
-    bound_variables,
-    capturing,
-    realize_leaf,
-    realize_lock,
-    realize_uops,
-    schedule_uops,
-)
+from fusegrad.engine.realize import bound_variables, capturing, realize_leaf, realize_lock
+from fusegrad.engine.realize import realize_uops, schedule_uops
 from fusegrad.gradient import compute_gradient
+from fusegrad.uop.broadcast import broadcast_const, broadcast_uop
 from fusegrad.helpers import prod
 from fusegrad.runtime.buffers import (
     Buffer,
@@ -458,7 +451,7 @@ class Tensor(
             const = x.cast(out_dt) if isinstance(x, UOp) else UOp.const(out_dt, x)
             a = self if self.uop.dtype is out_dt else self.cast(out_dt)
             # a scalar becomes a broadcast constant directly: this is the hot path of elementwise code
-            const = _broadcast_uop(const, a.shape)
+            const = broadcast_uop(const, a.shape)
             b = a._new(const)
             return (b, a) if reverse else (a, b)
         # most operands have the result dtype already: no cast's dtype parsing
@@ -491,7 +484,7 @@ class Tensor(
         uop = self._uop
         if type(x) is float or type(x) is int:  # an int against a float tensor is a constant of its dtype too
             if dtypes.is_float(dt := uop.dtype):
-                const = _broadcast_const(dt, x, shape := uop.shape)
+                const = broadcast_const(dt, x, shape := uop.shape)
                 out = elementwise_uop(op, dtype or dt, (const, uop) if reverse else (uop, const), shape)
                 return tensor_of_uop(out, self.device)
         elif type(x) is Tensor:
@@ -502,9 +495,9 @@ class Tensor(
                     return tensor_of_uop(out, self.device)
                 # a 0-d operand (a learning rate, a step's scalar) broadcast as _operand would, without its checks
                 if not x_shape:
-                    xu = _broadcast_uop(xu, shape)
+                    xu = broadcast_uop(xu, shape)
                 elif not shape:
-                    uop, shape = _broadcast_uop(uop, x_shape), x_shape
+                    uop, shape = broadcast_uop(uop, x_shape), x_shape
                 else:
                     xu = None
                 if xu is not None:
@@ -528,7 +521,7 @@ class Tensor(
             return None
         if (shape := tu.shape) != cond.shape:
             return None
-        const = _broadcast_const(dt, number, shape)
+        const = broadcast_const(dt, number, shape)
         src = (cond, tu, const) if tensor_first else (cond, const, tu)
         return tensor_of_uop(elementwise_uop(Ops.WHERE, dt, src, shape), self.device)
 
@@ -647,28 +640,6 @@ def pending_assign_tensors() -> list[Tensor]:
 
 
 _contiguous_ids = itertools.count()
-
-
-# (dtype, shape, value, sign) -> the constant broadcast to shape; a loop applying the same scalars asks for a few
-_broadcast_consts: OrderedDict[tuple, UOp] = OrderedDict()
-MAX_BROADCAST_CONSTS = 1024
-
-
-def _broadcast_uop(u: UOp, shape: tuple) -> UOp:
-    """A 0-d node broadcast to shape (a reshape to all ones, then an expand)."""
-    return UOp(Ops.EXPAND, u.dtype, (UOp(Ops.RESHAPE, u.dtype, (u,), (1,) * len(shape)),), shape) if shape else u
-
-
-def _broadcast_const(dtype: DType, value: float, shape: tuple[int, ...]) -> UOp:
-    # a zero's sign keeps 0.0 and -0.0 apart (equal as keys otherwise); other values need no sign
-    key = (dtype, shape, value) if value else (dtype, shape, value, math.copysign(1.0, value))
-    if (const := _broadcast_consts.get(key)) is not None:
-        return const
-    const = _broadcast_uop(UOp.const(dtype, value), shape)
-    _broadcast_consts[key] = const
-    if len(_broadcast_consts) > MAX_BROADCAST_CONSTS:
-        _broadcast_consts.popitem(last=False)
-    return const
 
 
 def _pending_assigns_reached(todo: list[Tensor]) -> list[Tensor]:

@@ -8,6 +8,7 @@ import math
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS
+from fusegrad.uop.broadcast import broadcast_const
 from fusegrad.uop.ops import Ops, UOp, reduce_identity
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
@@ -63,13 +64,8 @@ def _pad_with_identity(x: UOp, axis: int, extra: int, identity: bool | int | flo
     padded = UOp(Ops.PAD, x.dtype, (x,), pads)
     if identity == 0:
         return padded
-    inside = UOp(Ops.PAD, dtypes.bool, (_broadcast_const(dtypes.bool, True, x.shape),), pads)
-    return inside.alu(Ops.WHERE, padded, _broadcast_const(x.dtype, identity, padded.shape))
-
-
-def _broadcast_const(dtype: DType, value: bool | int | float, shape: tuple[int, ...]) -> UOp:
-    one = UOp(Ops.RESHAPE, dtype, (UOp.const(dtype, value),), (1,) * len(shape))
-    return UOp(Ops.EXPAND, dtype, (one,), shape)
+    inside = UOp(Ops.PAD, dtypes.bool, (broadcast_const(dtypes.bool, True, x.shape),), pads)
+    return inside.alu(Ops.WHERE, padded, broadcast_const(x.dtype, identity, padded.shape))
 
 
 def split_reduce(reduce: UOp) -> UOp | None:
