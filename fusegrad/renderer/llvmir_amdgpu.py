@@ -102,8 +102,17 @@ def _pow_helpers(ir: str) -> str:
     return "\n".join(out)
 
 
+LDS_BYTES = 65536  # a workgroup's LDS on CDNA3 (gfx950 has 160 KiB; the smaller bound holds for both)
+
+
+def lds_bytes(lin: tuple[UOp, ...], dims: LaunchDims) -> int:
+    """The LDS a split reduction's arrays take: one element per lane for each accumulator, each array 4-byte aligned."""
+    accs = dict.fromkeys(u.src[0] for u in grouped_updates(lin, dims.grouped))  # type: ignore[arg-type]
+    return sum(-(-dims.lanes * a.dtype.itemsize // 4) * 4 for a in accs)
+
+
 def _dims(ctx: IRText) -> LaunchDims:
-    return launch_dims(ctx.lin, ctx.renderer.capabilities.group_reduce)
+    return ctx.renderer.launch_dims(ctx.lin)  # type: ignore[attr-defined]
 
 
 def _intrinsic_i32(ctx: IRText, name: str) -> str:
@@ -244,19 +253,26 @@ class AMDGPURenderer(LLVMRenderer):
                 raise RenderError(f"DEV=AMD cannot compute {op} on {u.dtype}: LLVM has no amdgcn lowering for it")
 
     def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
-        if launch_dims(lin, self.capabilities.group_reduce).grouped is not None:
+        if self.launch_dims(lin).grouped is not None:
             packs = None  # the lanes' accumulators are combined one by one in LDS
         return _pow_helpers(super().render(name, lin, packs))
+
+    def launch_dims(self, lin: tuple[UOp, ...]) -> LaunchDims:
+        """gpu_dims' launch of lin; a split reduction whose LDS arrays would not fit a workgroup's LDS is not split."""
+        dims = launch_dims(lin, self.capabilities.group_reduce)
+        if dims.grouped is not None and lds_bytes(lin, dims) > LDS_BYTES:
+            return launch_dims(lin, group_reduce=False)
+        return dims
 
     def outer_range(self, lin: tuple[UOp, ...]) -> UOp | None:
         return None  # the global loops are work-items (_work_item_range), every other loop runs from 0
 
     def function_attributes(self, lin: tuple[UOp, ...]) -> str:
-        threads = prod(launch_dims(lin, self.capabilities.group_reduce).local_size)
+        threads = prod(self.launch_dims(lin).local_size)
         return f'nounwind "amdgpu-flat-work-group-size"="1,{threads}" !reqd_work_group_size !0 '
 
     def module_trailer(self, lin: tuple[UOp, ...]) -> str:
-        x, y, z = launch_dims(lin, self.capabilities.group_reduce).local_size
+        x, y, z = self.launch_dims(lin).local_size
         return f"!0 = !{{i32 {x}, i32 {y}, i32 {z}}}\n"
 
     def params(self, lin: tuple[UOp, ...]) -> list[str]:

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from fusegrad.codegen.gpu_dims import launch_dims
 from fusegrad.dtype import to_numpy_dtype
 from fusegrad.helpers import AMD_ARCH, AMD_PCI, AMD_SIM, AMD_SIM_TWIN, DEBUG
 from fusegrad.runtime.device import Buffer
@@ -125,7 +124,7 @@ class AmdProgram:
     def __init__(self, device: AmdDevice, info: Any):
         self.device, self.info = device, info
         self.params = sorted((u for u in info.lin if u.op.name == "DEFINE_GLOBAL"), key=lambda u: u.arg[0])
-        self.dims = launch_dims(info.lin, device.renderer.capabilities.group_reduce)  # what the renderer mapped
+        self.dims = device.renderer.launch_dims(info.lin)  # the grid the renderer mapped the loops onto
         ir = device.renderer.render(info.name, info.lin, info.packs)
         if DEBUG >= 4:
             print(ir)

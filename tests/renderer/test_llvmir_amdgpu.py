@@ -151,3 +151,33 @@ def test_amdgpu_dialect_refuses_float64_transcendentals_and_fp8():
     (info,) = kernels(Tensor([1.0, 2.0]).cast(dtypes.fp8e4m3))
     with pytest.raises(RenderError, match="does not support dtypes.fp8e4m3"):
         rendered(AMDGPURenderer(), info.name, info.lin)
+
+
+def many_sums(accs: int, dt=dtypes.float64) -> tuple[UOp, ...]:
+    """out[i * accs + k] = sum over j < 128 of x[j] * (k + 1), for i < 2: `accs` accumulators in one reduce loop."""
+    out, x = UOp(Ops.DEFINE_GLOBAL, dt, (), (0, 2 * accs)), UOp(Ops.DEFINE_GLOBAL, dt, (), (1, 128))
+    i = UOp(Ops.RANGE, dtypes.int32, (const(dtypes.int32, 2),), (0, "global"))
+    defs = [UOp(Ops.DEFINE_ACC, dt, (const(dt, 0.0),), k) for k in range(accs)]
+    j = UOp(Ops.RANGE, dtypes.int32, (const(dtypes.int32, 128),), (1, "reduce"))
+    load = UOp(Ops.LOAD, dt, (x, j))
+    terms = [UOp(Ops.MUL, dt, (load, const(dt, k + 1.0))) for k in range(accs)]
+    updates = [UOp(Ops.ACC_UPDATE, dt, (a, t, j), Ops.ADD) for a, t in zip(defs, terms)]
+    base = UOp(Ops.MUL, dtypes.int32, (i, const(dtypes.int32, accs)))
+    idx = [UOp(Ops.ADD, dtypes.int32, (base, const(dtypes.int32, k))) for k in range(accs)]
+    stores = [UOp(Ops.STORE, dtypes.void, (out, ix, u)) for ix, u in zip(idx, updates)]
+    consts = [c for t in terms for c in t.src[1:]] + [ix.src[1] for ix in idx]
+    return (
+        (out, x, i.src[0], i, *defs, j.src[0], j, load, *terms, *updates, UOp(Ops.ENDRANGE, dtypes.void, (j,)), base)
+        + tuple(consts)
+        + (*idx, *stores, UOp(Ops.ENDRANGE, dtypes.void, (i,)))
+    )
+
+
+def test_a_split_reduction_whose_lds_arrays_would_not_fit_is_not_split():
+    fits, too_big = many_sums(64), many_sums(65)  # 128 lanes * 8 bytes * 64 accumulators = 64 KiB exactly
+    assert launch_dims(fits).grouped is not None and launch_dims(too_big).grouped is not None
+    renderer = AMDGPURenderer()
+    assert renderer.launch_dims(fits).lanes == 128
+    assert renderer.launch_dims(too_big).grouped is None  # one work-item per output, no LDS
+    assert "addrspace(3)" not in rendered(renderer, "k", too_big)
+    assert rendered(renderer, "k", fits).count("addrspace(3) global [128 x double]") == 64
