@@ -411,10 +411,9 @@ class Compiled:
             program,
         )
 
-    def check_runs_kernels(self, ast: Any) -> None:
-        """Raises where this device runs no generated kernels (a device without a renderer says why)."""
-        if self.renderer is None:
-            raise RuntimeError(f"{self.device} cannot run kernels: it has no code generator")
+    def refuse_kernels(self) -> None:
+        """Called for a kernel scheduled on a device without a renderer: says why it runs none."""
+        raise RuntimeError(f"{self.device} cannot run kernels: it has no code generator")
 
     def render(self, info: Any) -> str:
         return self.renderer.render(info.name, info.lin, info.packs)

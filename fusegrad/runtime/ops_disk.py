@@ -87,7 +87,7 @@ class DiskDevice(Compiled):
     def plan_copy(self, u: UOp, device: str) -> UOp:
         return copy_off_disk(u, device)
 
-    def check_runs_kernels(self, ast):
+    def refuse_kernels(self):
         raise RuntimeError(
             f"{self.device} cannot run kernels (a kernel was scheduled on it): a file is read whole or in contiguous slices; "
             "move the tensor with .to('CPU') first, then compute or slice it there"
