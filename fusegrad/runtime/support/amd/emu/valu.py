@@ -312,6 +312,11 @@ VALU: dict[str, tuple[str, tuple[str, ...], object]] = {
     "v_min3_i16": ("i16", ("i16", "i16", "i16"), lambda a, b, c: np.minimum(np.minimum(a, b), c)),
     "v_max3_u16": ("u16", ("u16", "u16", "u16"), lambda a, b, c: np.maximum(np.maximum(a, b), c)),
     "v_min3_u16": ("u16", ("u16", "u16", "u16"), lambda a, b, c: np.minimum(np.minimum(a, b), c)),
+    # the VI forms GFX9 keeps as _legacy: the same math, the result's high half zeroed (as every 16-bit result here)
+    "v_mad_legacy_u16": ("u16", ("u16", "u16", "u16"), lambda a, b, c: a * b + c),
+    "v_mad_legacy_i16": ("i16", ("i16", "i16", "i16"), lambda a, b, c: a * b + c),
+    "v_mad_u16": ("u16", ("u16", "u16", "u16"), lambda a, b, c: a * b + c),
+    "v_mad_i16": ("i16", ("i16", "i16", "i16"), lambda a, b, c: a * b + c),
     # 64-bit integer
     "v_lshlrev_b64": ("u64", ("u32", "u64"), _shift64(np.left_shift)),
     "v_lshrrev_b64": ("u64", ("u32", "u64"), _shift64(np.right_shift)),
