@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import re
 
-from fusegrad.helpers import prod
-
 from fusegrad.dtype import dtypes
+from fusegrad.helpers import prod
 from fusegrad.codegen.gpu_dims import LaunchDims, grouped_updates, launch_dims
 from fusegrad.codegen.opt.packs import Pack
 from fusegrad.renderer import Capabilities
@@ -157,7 +156,7 @@ def _as(ctx: IRText, v: str, t: str) -> str:
     """An i32 id (non-negative) as the loop's integer type."""
     if v == "0" or t == "i32":
         return v
-    return ctx.emit(f"zext i32 {v} to {t}") if t in ("i64",) else ctx.emit(f"trunc i32 {v} to {t}")
+    return ctx.emit(f"zext i32 {v} to {t}") if t == "i64" else ctx.emit(f"trunc i32 {v} to {t}")
 
 
 def _work_item_end(ctx: IRText, x: UOp) -> str | None:
