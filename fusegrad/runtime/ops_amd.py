@@ -248,9 +248,6 @@ class AmdDevice:
             finally:
                 self.pci.close()
 
-    def check_runs_kernels(self, ast: Any) -> None:
-        pass  # every kernel renders for amdgcn (the renderer refuses what LLVM cannot lower)
-
     def build(self, info: Any) -> AmdProgram:
         prog = AmdProgram(self, info)
         self.built.append(prog)
