@@ -86,6 +86,7 @@ class IRText:
     lines: list[str] = field(default_factory=list)
     allocas: list[str] = field(default_factory=list)
     declares: set[str] = field(default_factory=set)
+    globals: list[str] = field(default_factory=list)  # module-level definitions (a dialect's shared arrays)
     vec_names: dict[Pack, str] = field(default_factory=dict)
     slots: dict[UOp | Pack, str] = field(default_factory=dict)  # RANGE, DEFINE_ACC or accumulator pack -> its alloca
     loops: dict[UOp, tuple[str, str, str]] = field(default_factory=dict)  # RANGE -> (value, cond label, exit label)
@@ -187,7 +188,8 @@ def _store(ctx: IRText, x: UOp) -> str:
     return ""
 
 
-def _range(ctx: IRText, x: UOp) -> str:
+def _range(ctx: IRText, x: UOp, first: str = "0") -> str:
+    """A loop from `first` (a dialect's lane id; 0 by default) to its end."""
     t, p = ltype(x.dtype), ctx.renderer.private_ptr
     slot = ctx.slots[x] = ctx.alloca("ctr", t)
     if x is ctx.outer:
@@ -195,7 +197,7 @@ def _range(ctx: IRText, x: UOp) -> str:
         if t != "i64":
             start, end = ctx.emit(f"trunc i64 {start} to {t}"), ctx.emit(f"trunc i64 {end} to {t}")
     else:
-        start, end = "0", ctx.ref(x.src[0])
+        start, end = first, ctx.ref(x.src[0])
     ctx.lines.append(f"  store {t} {start}, {p} {slot}")
     cond, body, done = ctx.fresh("cond"), ctx.fresh("body"), ctx.fresh("exit")
     ctx.lines.append(f"  br label %{cond}")
@@ -208,11 +210,13 @@ def _range(ctx: IRText, x: UOp) -> str:
     return value
 
 
-def _endrange(ctx: IRText, x: UOp) -> str:
+def _endrange(ctx: IRText, x: UOp, step: int = 1) -> str:
     r = x.src[0]
     value, cond, done = ctx.loops[r]
     t = ltype(r.dtype)
-    ctx.lines.append(f"  store {t} {ctx.emit(f'add nsw {t} {value}, 1')}, {ctx.renderer.private_ptr} {ctx.slots[r]}")
+    ctx.lines.append(
+        f"  store {t} {ctx.emit(f'add nsw {t} {value}, {step}')}, {ctx.renderer.private_ptr} {ctx.slots[r]}"
+    )
     ctx.lines.append(f"  br label %{cond}")
     ctx.label(done)
     return ""
@@ -529,11 +533,22 @@ class LLVMRenderer(Renderer):
         body = ["entry:", *ctx.allocas, *ctx.lines, "  ret void"]
         return (
             head
-            + f"define {self.calling_convention}void @{name}({', '.join(self.params(lin))}) nounwind {{\n"
+            + "".join(g + "\n" for g in ctx.globals)
+            + f"define {self.calling_convention}void @{name}({', '.join(self.params(lin))}) "
+            + f"{self.function_attributes(lin)}{{\n"
             + "\n".join(body)
             + "\n}\n"
             + "".join(d + "\n" for d in sorted(ctx.declares))
+            + self.module_trailer(lin)
         )
+
+    def function_attributes(self, lin: tuple[UOp, ...]) -> str:
+        """What follows the parameter list of the definition (attributes, metadata attachments)."""
+        return "nounwind "
+
+    def module_trailer(self, lin: tuple[UOp, ...]) -> str:
+        """Text after the declarations (the metadata nodes the attachments name)."""
+        return ""
 
 
 def _extract_used_lanes(ctx: IRText, pack: Pack, users: dict[UOp, list[UOp]]) -> None:

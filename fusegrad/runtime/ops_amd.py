@@ -34,6 +34,7 @@ from fusegrad.runtime.support.amd.simgpu import SimDispatch, SimFault
 SIM_VRAM_MIB = 4096  # enough for tests; the simulated VRAM is a sparse mapping either way
 SIM_WAIT_S = 600.0
 CODE_ALIGN = 256  # COMPUTE_PGM_LO holds the code address >> 8
+LDS_GRANULE = 512  # bytes per unit of COMPUTE_PGM_RSRC2.LDS_SIZE on gfx9
 
 
 def open_pci():
@@ -123,6 +124,7 @@ class AmdProgram:
     def __init__(self, device: AmdDevice, info: Any):
         self.device, self.info = device, info
         self.params = sorted((u for u in info.lin if u.op.name == "DEFINE_GLOBAL"), key=lambda u: u.arg[0])
+        self.dims = device.renderer.launch_dims(info.lin)  # the grid the renderer mapped the loops onto
         ir = device.renderer.render(info.name, info.lin, info.packs)
         if DEBUG >= 4:
             print(ir)
@@ -192,15 +194,18 @@ class AmdProgram:
             struct.pack_into(f"<{len(vas)}Q", gpu.bar, self.kernarg_paddr, *vas)
             kd, sh = self.kd, lambda name: sh_register(name).dword  # noqa: E731
             user = sh("COMPUTE_USER_DATA_0") + kd.kernarg_user_sgpr
+            # the CP, not the descriptor, sizes a workgroup's LDS: RSRC2.LDS_SIZE in 512-byte granules (gfx9)
+            rsrc2 = kd.rsrc2 & ~(0x1FF << 15) | -(-kd.group_segment // LDS_GRANULE) << 15
             self._launch(
                 [
                     pm4.acquire_mem(),
                     pm4.set_sh_reg(sh("COMPUTE_PGM_LO"), self.code_va >> 8, self.code_va >> 40),
-                    pm4.set_sh_reg(sh("COMPUTE_PGM_RSRC1"), kd.rsrc1, kd.rsrc2),
+                    pm4.set_sh_reg(sh("COMPUTE_PGM_RSRC1"), kd.rsrc1, rsrc2),
                     pm4.set_sh_reg(sh("COMPUTE_TMPRING_SIZE"), 0),
                     pm4.set_sh_reg(user, self.kernarg_va, self.kernarg_va >> 32),
-                    pm4.set_sh_reg(sh("COMPUTE_START_X"), 0, 0, 0, 1, 1, 1),  # START_X..Z, NUM_THREAD_X..Z
-                    pm4.dispatch_direct(1, 1, 1, 1 | 1 << 2),  # COMPUTE_SHADER_EN | FORCE_START_AT_000
+                    pm4.set_sh_reg(sh("COMPUTE_START_X"), 0, 0, 0, *self.dims.local_size),  # START_*, NUM_THREAD_*
+                    # workgroups per dimension; COMPUTE_SHADER_EN | FORCE_START_AT_000
+                    pm4.dispatch_direct(*self.dims.groups, 1 | 1 << 2),
                 ]
             )
 

@@ -49,6 +49,7 @@ def _op_mix():
     h = Tensor(rng.standard_normal(17).astype(np.float16), device="AMD")
     i = Tensor(rng.integers(-50, 50, 23).astype(np.int32), device="AMD")
     d = Tensor(rng.standard_normal(11), device="AMD")
+    wide = Tensor(rng.standard_normal((3, 300)).astype(np.float32), device="AMD")  # reductions split over lanes (LDS)
     outs = [
         (a @ b).relu(),
         a.exp().log().sin(),
@@ -62,6 +63,9 @@ def _op_mix():
         a.cumsum(1),
         (a - 1) ** 2,
         a.cast("uint8").cast("float32"),
+        wide.max(1),
+        wide.cast("float64").max(1),
+        wide.cast("int64").max(1),
     ]
     for o in outs:
         o.numpy()
@@ -93,3 +97,4 @@ def test_every_instruction_decodes_to_llvms_mnemonic(kernels, tmp_path):
             names.add(name)
             checked += 1
     assert checked > 500 and len(names) > 40, (checked, sorted(names))
+    assert {"s_barrier", "ds_write_b32", "ds_write_b64"} <= names  # the split reductions' LDS tree ran through

@@ -269,3 +269,42 @@ def test_bitset_sets_and_clears_one_bit():
         code(sop1(26, 4, 133), sop1(24, 5, 128)), sgprs={4: 0x10, 5: 0xFF}
     )  # s_bitset1 s4, 5; s_bitset0 s5, 0
     assert int(m.S[4]) == 0x30 and int(m.S[5]) == 0xFE
+
+
+def test_agpr_moves_byte_dot_products_and_the_legacy_16_bit_mad():
+    def words(*encodings):  # little-endian bytes as llvm-mc-19 -show-encoding prints them for gfx942
+        return [int.from_bytes(bytes(e[i : i + 4]), "little") for e in encodings for i in range(0, len(e), 4)]
+
+    prog = code(
+        words(
+            [0x03, 0x40, 0xD9, 0xD3, 0x01, 0x01, 0x00, 0x18],  # v_accvgpr_write_b32 a3, v1
+            [0x02, 0x40, 0xD8, 0xD3, 0x03, 0x01, 0x00, 0x18],  # v_accvgpr_read_b32 v2, a3
+            [0x04, 0x40, 0xA9, 0xD3, 0x01, 0x0B, 0x1A, 0x1C],  # v_dot4_u32_u8 v4, v1, v5, v6
+            [0x07, 0x40, 0xA8, 0xD3, 0x01, 0x0B, 0x1A, 0x1C],  # v_dot4_i32_i8 v7, v1, v5, v6
+            [0x08, 0x00, 0xEB, 0xD1, 0x01, 0x0B, 0x1A, 0x04],  # v_mad_legacy_u16 v8, v1, v5, v6
+        )
+    )
+    rng = np.random.default_rng(8)
+    a, b = rng.integers(0, 2**32, 64, dtype=np.uint64), rng.integers(0, 2**32, 64, dtype=np.uint64)
+    c = rng.integers(0, 2**32, 64, dtype=np.uint64)
+    m, _ = run_wave(prog, vgprs={1: a, 5: b, 6: c}, exec_mask=(1 << 64) - 2)  # lane 0 off
+    on = slice(1, None)
+    np.testing.assert_array_equal(m.V[on, 2], a[on].astype(np.uint32))  # through AGPR 3 and back
+    assert int(m.V[0, 2]) == 0 and int(m.V[0, 256 + 3]) == 0
+    ua, ub = a.astype(np.uint32).view(np.uint8).reshape(64, 4), b.astype(np.uint32).view(np.uint8).reshape(64, 4)
+    dot_u = (ua.astype(np.int64) * ub).sum(1) + c.astype(np.int64)
+    np.testing.assert_array_equal(m.V[on, 4], (dot_u % 2**32)[on])
+    sa, sb = ua.view(np.int8).astype(np.int64), ub.view(np.int8).astype(np.int64)
+    dot_s = (sa * sb).sum(1) + c.astype(np.uint32).view(np.int32)
+    np.testing.assert_array_equal(m.V[on, 7], (dot_s % 2**32)[on])
+    mad = (a % 2**16) * (b % 2**16) + c % 2**16
+    np.testing.assert_array_equal(m.V[on, 8], (mad % 2**16)[on])  # the high half zeroed
+
+
+def test_a_float_inline_constant_of_a_64_bit_operand_is_a_double_whatever_the_type():
+    # found by the op suite: v_mov_b64 v[4:5], 1.0 set 0x3F800000 (float32 bits), so a select of 1.0 gave ~5e-315
+    prog = code([0xBE8001F2], [0x7E0870F2], [0x7E0C02F2])  # s_mov_b64 s[0:1], 1.0; v_mov_b64 v[4:5], 1.0; v_mov_b32
+    m, _ = run_wave(prog)
+    assert m.sget64(0) == 0x3FF0000000000000
+    assert (m.V[:, 4:6].copy().view(np.uint64)[:, 0] == 0x3FF0000000000000).all()
+    assert (m.V[:, 6] == 0x3F800000).all()  # a 32-bit operand: the float32 bits

@@ -35,7 +35,7 @@ class WaveState:
     def __init__(self, m: Machine):
         self.S = m.S.copy()
         self.V = m.V.copy()
-        self.scc, self.pc = 0, 0
+        self.scc, self.pc = m.scc, 0
 
     def load(self, m: Machine) -> None:
         m.S[:] = self.S
@@ -49,8 +49,8 @@ class WaveState:
         self.scc, self.pc = m.scc, pc
 
 
-def run_dispatch(m: Machine, program: Program, rsrc2: int, user_data: list[int], groups, block) -> int:
-    """Run every workgroup; the number of instructions executed (all waves)."""
+def run_dispatch(m: Machine, program: Program, rsrc2: int, user_data: list[int], groups, block) -> tuple[int, int]:
+    """Run every workgroup; the number of instructions executed (all waves) and of waves run."""
     fields = rsrc2_fields(rsrc2)
     if fields["scratch"]:
         raise DispatchError("the kernel needs scratch memory (COMPUTE_PGM_RSRC2.SCRATCH_EN), which is not set up")
@@ -63,34 +63,52 @@ def run_dispatch(m: Machine, program: Program, rsrc2: int, user_data: list[int],
     packed = (tid % block[0]) | ((tid // block[0]) % block[1]) << 10 | (tid // (block[0] * block[1])) << 20
     nwaves = -(-threads // LANES)
     lds_bytes = max(fields["lds_blocks"] * 512, 0)
+    n_user = fields["user_sgprs"]
+    user = np.array(user_data[:n_user], np.uint32)
+
+    def start(w: int, ids: tuple[int, int, int]) -> None:
+        """Wave w of the workgroup at ids, in its initial state, in the register file."""
+        m.S[:] = 0
+        m.V[:] = 0
+        m.scc = 0
+        m.S[:n_user] = user
+        n = n_user
+        for axis, gid in enumerate(ids):
+            if fields["tgid"] >> axis & 1:
+                m.S[n] = gid
+                n += 1
+        lanes = packed[w * LANES : (w + 1) * LANES]
+        m.V[: len(lanes), 0] = lanes
+        m.sset64(EXEC, (1 << len(lanes)) - 1)
+        m.exec_changed()
+
     steps = 0
     for gz in range(groups[2]):
         for gy in range(groups[1]):
             for gx in range(groups[0]):
                 m.lds = np.zeros(lds_bytes, np.uint8)
-                states = []
-                for w in range(nwaves):
-                    m.S[:] = 0
-                    m.V[:] = 0
-                    m.scc = 0
-                    n = fields["user_sgprs"]
-                    m.S[:n] = user_data[:n]
-                    for axis, gid in enumerate((gx, gy, gz)):
-                        if fields["tgid"] >> axis & 1:
-                            m.S[n] = gid
-                            n += 1
-                    lanes = packed[w * LANES : (w + 1) * LANES]
-                    m.V[: len(lanes), 0] = lanes
-                    m.sset64(EXEC, (1 << len(lanes)) - 1)
-                    states.append(WaveState(m))
-                steps += _run_group(m, program, states)
-    return steps
+                steps += _run_group(m, program, nwaves, lambda w: start(w, (gx, gy, gz)))  # noqa: B023
+    return steps, groups[0] * groups[1] * groups[2] * nwaves
 
 
-def _run_group(m: Machine, program: Program, states: list[WaveState]) -> int:
-    live, steps = list(states), 0
-    while live:
-        waiting = []
+def _run_group(m: Machine, program: Program, nwaves: int, start) -> int:
+    """Each wave runs until it ends or reaches an s_barrier; the waves at a barrier go on once every wave still
+    running is there. A wave alone (the others ended) passes its barriers without being swapped out."""
+    waiting: list[WaveState] = []
+    steps = 0
+    for w in range(nwaves):
+        start(w)
+        pc, n = _run_wave(m, program, 0)
+        steps += n
+        if pc == BARRIER:
+            if nwaves == 1:
+                steps += _run_alone(m, program)
+                continue
+            st = WaveState(m)
+            st.pc = m.resume  # type: ignore[attr-defined]
+            waiting.append(st)
+    while len(waiting) > 1:
+        live, waiting = waiting, []
         for st in live:
             st.load(m)
             pc, n = _run_wave(m, program, st.pc)
@@ -98,7 +116,19 @@ def _run_group(m: Machine, program: Program, states: list[WaveState]) -> int:
             if pc == BARRIER:
                 st.save(m, m.resume)  # type: ignore[attr-defined]
                 waiting.append(st)
-        live = waiting
+    if waiting:
+        waiting[0].load(m)
+        m.resume = waiting[0].pc  # type: ignore[attr-defined]
+        steps += _run_alone(m, program)
+    return steps
+
+
+def _run_alone(m: Machine, program: Program) -> int:
+    """The only running wave of its workgroup, from the barrier it stopped at to its end."""
+    steps, pc = 0, BARRIER
+    while pc == BARRIER:
+        pc, n = _run_wave(m, program, m.resume)  # type: ignore[attr-defined]
+        steps += n
     return steps
 
 

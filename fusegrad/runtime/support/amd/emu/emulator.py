@@ -9,6 +9,7 @@ import numpy as np
 
 from .decode import DecodeError
 from .dispatch import DispatchError, run_dispatch
+from .lds import LDSFault
 from .machine import Machine
 from .memory import PAGE, VMemory
 from .program import Program, Unimplemented
@@ -25,7 +26,8 @@ class Emulator:
         self.mem = VMemory(np.frombuffer(vram, np.uint8), walk, read, write)
         self.programs: dict[int, tuple[dict[int, bytes], Program]] = {}
         self.instructions = 0  # executed, over all dispatches (for the speed bench)
-        self.lane_instructions = 0
+        self.waves = 0  # run, over all dispatches
+        self.last_dispatch: tuple[tuple[int, int, int], tuple[int, int, int], int] | None = None  # grid, block, waves
         self.seconds = 0.0
 
     def _program(self, entry: int) -> Program:
@@ -70,8 +72,10 @@ class Emulator:
         try:
             prog.inst_at(0)  # the first instruction fetch: unmapped code faults here, before any wave starts
             with np.errstate(all="ignore"):
-                steps = run_dispatch(self.m, prog, rsrc2, user_data, groups, block)
-        except (Unimplemented, DecodeError, DispatchError) as e:
+                steps, waves = run_dispatch(self.m, prog, rsrc2, user_data, groups, block)
+        except (Unimplemented, DecodeError, DispatchError, LDSFault) as e:
             raise EmulatorError(f"kernel {name or 'at ' + hex(entry)}: {e}") from e
         self.seconds += time.perf_counter() - start
         self.instructions += steps
+        self.waves += waves
+        self.last_dispatch = (tuple(groups), tuple(block), waves)

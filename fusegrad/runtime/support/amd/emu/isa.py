@@ -178,27 +178,46 @@ FLAT_OPS = {
     ),
 }
 FLAT_SEGMENTS = ("flat", "scratch", "global")
-DS = {
+DS = {  # the CDNA3 ISA's DS opcode table (each name checked against llvm-mc-19 --disassemble for gfx942)
     **_table(
         0,
         "ds_add_u32 ds_sub_u32 ds_rsub_u32 ds_inc_u32 ds_dec_u32 ds_min_i32 ds_max_i32 ds_min_u32 ds_max_u32 "
-        "ds_and_b32 ds_or_b32 ds_xor_b32 ds_mskor_b32 ds_write_b32 ds_write2_b32 ds_write2st64_b32 ds_cmpst_b32 "
-        "ds_cmpst_f32 ds_min_f32 ds_max_f32 ds_nop ds_add_f32",
+        "ds_and_b32 ds_or_b32 ds_xor_b32 ds_mskor_b32 ds_write_b32 ds_write2_b32 ds_write2st64_b32 "
+        "ds_cmpst_b32 ds_cmpst_f32 ds_min_f32 ds_max_f32 ds_nop ds_add_f32",
     ),
-    30: "ds_write_b8",
-    31: "ds_write_b16",
+    23: "ds_pk_add_f16",
+    24: "ds_pk_add_bf16",
+    29: "ds_write_addtid_b32",
     **_table(
-        32,
-        "ds_add_rtn_u32 ds_sub_rtn_u32 ds_rsub_rtn_u32 ds_inc_rtn_u32 ds_dec_rtn_u32 ds_min_rtn_i32 ds_max_rtn_i32 "
-        "ds_min_rtn_u32 ds_max_rtn_u32 ds_and_rtn_b32 ds_or_rtn_b32 ds_xor_rtn_b32 ds_mskor_rtn_b32 "
-        "ds_wrxchg_rtn_b32 ds_wrxchg2_rtn_b32 ds_wrxchg2st64_rtn_b32 ds_cmpst_rtn_b32 ds_cmpst_rtn_f32 "
-        "ds_min_rtn_f32 ds_max_rtn_f32 ds_wrap_rtn_b32 ds_add_rtn_f32 ds_read_b32 ds_read2_b32 ds_read2st64_b32 "
-        "ds_read_i8 ds_read_u8 ds_read_i16 ds_read_u16 ds_swizzle_b32 ds_permute_b32 ds_bpermute_b32",
+        30,
+        "ds_write_b8 ds_write_b16 ds_add_rtn_u32 ds_sub_rtn_u32 ds_rsub_rtn_u32 ds_inc_rtn_u32 ds_dec_rtn_u32 "
+        "ds_min_rtn_i32 ds_max_rtn_i32 ds_min_rtn_u32 ds_max_rtn_u32 ds_and_rtn_b32 ds_or_rtn_b32 "
+        "ds_xor_rtn_b32 ds_mskor_rtn_b32 ds_wrxchg_rtn_b32 ds_wrxchg2_rtn_b32 ds_wrxchg2st64_rtn_b32 "
+        "ds_cmpst_rtn_b32 ds_cmpst_rtn_f32 ds_min_rtn_f32 ds_max_rtn_f32 ds_wrap_rtn_b32 ds_add_rtn_f32 "
+        "ds_read_b32 ds_read2_b32 ds_read2st64_b32 ds_read_i8 ds_read_u8 ds_read_i16 ds_read_u16 "
+        "ds_swizzle_b32 ds_permute_b32 ds_bpermute_b32",
     ),
-    77: "ds_write_b64",
-    78: "ds_write2_b64",
-    118: "ds_read_b64",
-    119: "ds_read2_b64",
+    **_table(
+        64,
+        "ds_add_u64 ds_sub_u64 ds_rsub_u64 ds_inc_u64 ds_dec_u64 ds_min_i64 ds_max_i64 ds_min_u64 ds_max_u64 "
+        "ds_and_b64 ds_or_b64 ds_xor_b64 ds_mskor_b64 ds_write_b64 ds_write2_b64 ds_write2st64_b64 "
+        "ds_cmpst_b64 ds_cmpst_f64 ds_min_f64 ds_max_f64 ds_write_b8_d16_hi ds_write_b16_d16_hi "
+        "ds_read_u8_d16 ds_read_u8_d16_hi ds_read_i8_d16 ds_read_i8_d16_hi ds_read_u16_d16 ds_read_u16_d16_hi "
+        "ds_add_f64",
+    ),
+    **_table(
+        96,
+        "ds_add_rtn_u64 ds_sub_rtn_u64 ds_rsub_rtn_u64 ds_inc_rtn_u64 ds_dec_rtn_u64 ds_min_rtn_i64 "
+        "ds_max_rtn_i64 ds_min_rtn_u64 ds_max_rtn_u64 ds_and_rtn_b64 ds_or_rtn_b64 ds_xor_rtn_b64 "
+        "ds_mskor_rtn_b64 ds_wrxchg_rtn_b64 ds_wrxchg2_rtn_b64 ds_wrxchg2st64_rtn_b64 ds_cmpst_rtn_b64 "
+        "ds_cmpst_rtn_f64 ds_min_rtn_f64 ds_max_rtn_f64",
+    ),
+    **_table(118, "ds_read_b64 ds_read2_b64 ds_read2st64_b64"),
+    124: "ds_add_rtn_f64",
+    126: "ds_condxchg32_rtn_b64",
+    **_table(182, "ds_read_addtid_b32 ds_pk_add_rtn_f16 ds_pk_add_rtn_bf16"),
+    189: "ds_consume",
+    190: "ds_append",
     0xDE: "ds_write_b96",
     0xDF: "ds_write_b128",
     0xFE: "ds_read_b96",

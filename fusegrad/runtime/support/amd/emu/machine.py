@@ -52,13 +52,13 @@ def inline_constant(code: int, ty: str, literal: int | None) -> int:
         return v & ((1 << width) - 1)
     if code in _INLINE_F:
         kind = {16: "f16", 32: "f32", 64: "f64"}[width]
-        if ty not in FLOATS:  # a float inline constant used as an integer operand is the float32 bit pattern
-            kind = "f32" if width != 16 else "f16"
+        if ty not in FLOATS and width != 64:  # a float constant as a 32/16-bit integer operand: float32/16 bits
+            kind = "f32" if width != 16 else "f16"  # (a 64-bit operand of any type gets the float64 bits)
         return int(
             np.array(_INLINE_F[code], NP[kind]).view({"f16": np.uint16, "f32": np.uint32, "f64": np.uint64}[kind])
         )
     if code == 248:
-        return INV_2PI["f64" if width == 64 and ty in FLOATS else "f16" if width == 16 else "f32"]
+        return INV_2PI["f64" if width == 64 else "f16" if width == 16 else "f32"]
     if code == LITERAL:
         if literal is None:
             raise Unsupported("literal operand without a literal dword")

@@ -14,6 +14,21 @@ U32 = np.uint32
 _PK32 = {"v_pk_fma_f32": (3, fma32), "v_pk_mul_f32": (2, np.multiply), "v_pk_add_f32": (2, np.add)}
 
 
+def _dot4(signed: bool):
+    """sum over the 4 bytes of a * b, plus c (32-bit wrap-around; clamp is refused)."""
+    t = np.int8 if signed else np.uint8
+
+    def dot(a, b, c):
+        x = np.broadcast_to(a, (64,)).astype(U32).view(t).reshape(64, 4).astype(np.int64)
+        y = np.broadcast_to(b, (64,)).astype(U32).view(t).reshape(64, 4).astype(np.int64)
+        return ((x * y).sum(1) + np.broadcast_to(c, (64,)).astype(U32).view(np.int32 if signed else U32)).astype(U32)
+
+    return dot
+
+
+_DOT = {"v_dot4_i32_i8": _dot4(True), "v_dot4_u32_u8": _dot4(False)}
+
+
 def _halves32(m: Machine, code: int):
     if code >= VGPR_BASE:
         r = code - VGPR_BASE
@@ -68,6 +83,29 @@ def compile_vop3p(m: Machine, inst, nxt: int):
             return nxt
 
         return run
+    if name in _DOT:
+        if f["clamp"]:
+            raise Unsupported("clamp on a dot product")
+        fn = _DOT[name]
+        a, b, c = (m.source(code, "u32", inst.literal) for code in codes)
+        dst = m.vview(f["vdst"], "u32")
+
+        def dot():
+            _masked(m, dst, fn(a, b, c))
+            return nxt
+
+        return dot
+    if name in ("v_accvgpr_read_b32", "v_accvgpr_write_b32"):
+        # write: AGPR vdst from a VGPR or constant; read: VGPR vdst from the AGPR src0 names (its code 256 + n is
+        # AGPR n's column in the register file, 256 + n)
+        src = m.V[:, codes[0]] if name.endswith("read_b32") else m.source(codes[0], "u32", inst.literal)
+        dst = m.vview(f["vdst"] + (256 if name.endswith("write_b32") else 0), "u32")
+
+        def move():
+            _masked(m, dst, np.broadcast_to(src, (64,)).copy())
+            return nxt
+
+        return move
     if name.startswith("v_fma_mix"):
         return _mix(m, inst, codes, opsel, opsel_hi, neg, neg_hi, nxt)
     if name.startswith("v_pk_"):

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import salu
 from .decode import Inst, decode
+from .lds import compile_ds
 from .machine import EXEC, LITERAL, M0, VCC, VGPR_BASE, Machine, Unsupported, inline_constant, mask_of
 from .memory import VMemory
 from .packed import compile_vop3p
@@ -244,49 +245,6 @@ def compile_flat(m: Machine, inst: Inst, mem: VMemory, nxt: int):
             return nxt
 
         return store
-    raise Unsupported(name)
-
-
-def compile_ds(m: Machine, inst: Inst, nxt: int):
-    f, name = inst.f, inst.name
-    off = f["offset0"] | f["offset1"] << 8
-    addr, d0, vdst = f["addr"], f["data0"], f["vdst"]
-    sizes = {"ds_write_b32": 4, "ds_write_b64": 8, "ds_write_b128": 16, "ds_write_b8": 1, "ds_write_b16": 2}
-    reads = {"ds_read_b32": 4, "ds_read_b64": 8, "ds_read_b128": 16, "ds_read_u8": 1, "ds_read_u16": 2}
-    V = m.V
-
-    def where(ln, n):
-        a = V[ln, addr].astype(np.int64) + off
-        if (a + n > m.lds.size).any():
-            raise Unsupported(f"LDS access beyond the {m.lds.size}-byte allocation")
-        return a[:, None] + np.arange(n)
-
-    def lanes():
-        return np.flatnonzero(m.exec_mask)
-
-    if name in sizes:
-        n = sizes[name]
-
-        def write():
-            ln = lanes()
-            raw = np.ascontiguousarray(V[ln, d0 : d0 + max(n // 4, 1)]).view(np.uint8)[:, :n]
-            m.lds[where(ln, n)] = raw
-            return nxt
-
-        return write
-    if name in reads:
-        n = reads[name]
-
-        def read():
-            ln = lanes()
-            data = m.lds[where(ln, n)]
-            if n >= 4:
-                V[ln, vdst : vdst + n // 4] = np.ascontiguousarray(data).view(U32)
-            else:
-                V[ln, vdst] = np.ascontiguousarray(data).view(np.uint8 if n == 1 else np.uint16)[:, 0]
-            return nxt
-
-        return read
     raise Unsupported(name)
 
 

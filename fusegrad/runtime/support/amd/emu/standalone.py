@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dispatch import _run_wave
+from .dispatch import _run_wave, run_dispatch
 from .machine import EXEC, Machine
 from .memory import PAGE, VMemory
 from .program import ENDPGM, Program
@@ -66,4 +66,17 @@ def run_wave(
         pc, steps = _run_wave(m, prog, 0)
     if pc != ENDPGM:
         raise RuntimeError(f"the wave stopped at a barrier (offset {pc:#x}), which one wave alone cannot pass")
+    return m, steps
+
+
+def run_workgroup(code: bytes, threads: int, lds_bytes: int, memory: FlatMemory | None = None) -> tuple[Machine, int]:
+    """Run `code` as one workgroup of `threads` work-items (ceil(threads / 64) waves sharing an LDS of lds_bytes, a
+    multiple of 512), started as a dispatch starts them: v0 holds each lane's work-item id; no user SGPRs."""
+    m = Machine()
+    mem = memory or FlatMemory(PAGE)
+    padded = code + b"\0" * 16
+    prog = Program(m, lambda off, n: padded[off : off + n], mem, mem.read)
+    rsrc2 = (lds_bytes // 512) << 15
+    with np.errstate(all="ignore"):
+        steps, _ = run_dispatch(m, prog, rsrc2, [], (1, 1, 1), (threads, 1, 1))
     return m, steps

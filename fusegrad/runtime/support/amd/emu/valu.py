@@ -60,6 +60,15 @@ def _bfe_i(x, off, width):
     return np.where(width == 0, 0, (v ^ sign) - sign).astype(I32)
 
 
+def _u24(x):
+    return (x & U32(0xFFFFFF)).astype(np.int64)
+
+
+def _i24(x):
+    """The low 24 bits as a signed integer (the *_i24 multiplies)."""
+    return ((x & U32(0xFFFFFF)).astype(np.int64) ^ 0x800000) - 0x800000
+
+
 def _shift64(op):
     return lambda s, x: op(x, (s & U32(63)).astype(U64))
 
@@ -104,6 +113,19 @@ def _ffbh_u32(x):
     return n
 
 
+def _ffbh_i32(x):
+    """Leading bits equal to the sign bit, counted from bit 31; -1 when every bit is the sign (0 and -1)."""
+    x = np.atleast_1d(x).astype(U32)
+    return _ffbh_u32(np.where(x >> U32(31), ~x, x).astype(U32))
+
+
+def _ffbl_b32(x):
+    """Trailing zeros (the lowest set bit's position); -1 when x is 0."""
+    x = np.atleast_1d(x).astype(U32)
+    low = (x & (~x + U32(1))).astype(U32)
+    return np.where(x == 0, U32(0xFFFFFFFF), (31 - _ffbh_u32(low)).astype(U32)).astype(U32)
+
+
 def _bfrev(x):
     x = x.astype(U32)
     out = np.zeros_like(x)
@@ -132,6 +154,8 @@ VALU: dict[str, tuple[str, tuple[str, ...], object]] = {
     "v_not_b32": ("u32", ("u32",), np.invert),
     "v_bfrev_b32": ("u32", ("u32",), _bfrev),
     "v_ffbh_u32": ("u32", ("u32",), _ffbh_u32),
+    "v_ffbh_i32": ("u32", ("u32",), _ffbh_i32),
+    "v_ffbl_b32": ("u32", ("u32",), _ffbl_b32),
     "v_bcnt_u32_b32": ("u32", ("u32", "u32"), lambda a, b: np.bitwise_count(a).astype(U32) + b),
     # float32 arithmetic
     "v_add_f32": ("f32", ("f32", "f32"), np.add),
@@ -233,6 +257,12 @@ VALU: dict[str, tuple[str, tuple[str, ...], object]] = {
         lambda a, b: ((a.astype(np.int64) * b.astype(np.int64)) >> np.int64(32)).astype(I32),
     ),
     "v_mul_u32_u24": ("u32", ("u32", "u32"), lambda a, b: (a & U32(0xFFFFFF)) * (b & U32(0xFFFFFF))),
+    "v_mul_hi_u32_u24": ("u32", ("u32", "u32"), lambda a, b: (_u24(a) * _u24(b) >> 32).astype(U32)),
+    "v_mul_i32_i24": ("u32", ("u32", "u32"), lambda a, b: (_i24(a) * _i24(b)).astype(U32)),
+    "v_mul_hi_i32_i24": ("u32", ("u32", "u32"), lambda a, b: (_i24(a) * _i24(b) >> 32).astype(U32)),
+    "v_mad_u32_u24": ("u32", ("u32", "u32", "u32"), lambda a, b, c: (_u24(a) * _u24(b) + c).astype(U32)),
+    "v_mad_i32_i24": ("u32", ("u32", "u32", "u32"), lambda a, b, c: (_i24(a) * _i24(b) + c.view(I32)).astype(U32)),
+    "v_mad_u32_u16": ("u32", ("u32", "u32", "u32"), lambda a, b, c: (a & U32(0xFFFF)) * (b & U32(0xFFFF)) + c),
     "v_min_i32": ("i32", ("i32", "i32"), np.minimum),
     "v_max_i32": ("i32", ("i32", "i32"), np.maximum),
     "v_min_u32": ("u32", ("u32", "u32"), np.minimum),
@@ -282,6 +312,11 @@ VALU: dict[str, tuple[str, tuple[str, ...], object]] = {
     "v_min3_i16": ("i16", ("i16", "i16", "i16"), lambda a, b, c: np.minimum(np.minimum(a, b), c)),
     "v_max3_u16": ("u16", ("u16", "u16", "u16"), lambda a, b, c: np.maximum(np.maximum(a, b), c)),
     "v_min3_u16": ("u16", ("u16", "u16", "u16"), lambda a, b, c: np.minimum(np.minimum(a, b), c)),
+    # the VI forms GFX9 keeps as _legacy: the same math, the result's high half zeroed (as every 16-bit result here)
+    "v_mad_legacy_u16": ("u16", ("u16", "u16", "u16"), lambda a, b, c: a * b + c),
+    "v_mad_legacy_i16": ("i16", ("i16", "i16", "i16"), lambda a, b, c: a * b + c),
+    "v_mad_u16": ("u16", ("u16", "u16", "u16"), lambda a, b, c: a * b + c),
+    "v_mad_i16": ("i16", ("i16", "i16", "i16"), lambda a, b, c: a * b + c),
     # 64-bit integer
     "v_lshlrev_b64": ("u64", ("u32", "u64"), _shift64(np.left_shift)),
     "v_lshrrev_b64": ("u64", ("u32", "u64"), _shift64(np.right_shift)),
