@@ -109,24 +109,44 @@ def sample(logits: np.ndarray, params: Sampling, rng: np.random.Generator) -> in
 class CausalLM(Protocol):
     max_context: int
 
-    def forward(self, ids: np.ndarray, pos: int) -> Tensor:
-        """Logits (chunk, vocab) of a chunk of token ids placed at positions pos.. (writes the KV cache)."""
+    def forward(self, ids: np.ndarray, pos: int, row: int | None = None) -> Tensor:
+        """Logits (chunk, vocab) of a chunk of token ids placed at positions pos.. (writes the KV cache); with row,
+        only that row's logits (1, vocab)."""
         ...
 
 
-def prefill(model: CausalLM, ids: list[int], start: int = 0, chunk: int = 32) -> np.ndarray:
-    """Runs ids through the model from position `start` in fixed-size chunks; returns the last token's logits."""
+# prefill chunk sizes: each chunk reads every weight once (a quantized one is dequantized once per chunk), so long
+# prompts take large chunks; the smallest bounds the padding of a short prompt or a prompt's tail
+PREFILL_CHUNKS = (512, 128, 32)
+
+
+def prefill_chunks(n: int, sizes: tuple[int, ...] = PREFILL_CHUNKS) -> list[int]:
+    """Chunk sizes for n tokens: the largest size that the tokens left fill, else the smallest (padded)."""
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"prefill chunk sizes must be positive, got {sizes}")
+    out, left = [], n
+    while left > 0:
+        size = max((s for s in sizes if s <= left), default=min(sizes))
+        out.append(size)
+        left -= size
+    return out
+
+
+def prefill(model: CausalLM, ids: list[int], start: int = 0, chunks: tuple[int, ...] = PREFILL_CHUNKS) -> np.ndarray:
+    """Runs ids through the model from position `start` in chunks of the given sizes (prefill_chunks); returns the
+    last token's logits (each chunk computes only its last token's)."""
     if start + len(ids) > model.max_context:
         raise ValueError(
             f"{start + len(ids)} tokens exceed the model's context of {model.max_context} (prompt of {len(ids)})"
         )
-    last = None
-    for i in range(0, len(ids), chunk):
+    last, i = None, 0
+    for chunk in prefill_chunks(len(ids), chunks):
         part = ids[i : i + chunk]
         size = chunk if start + i + chunk <= model.max_context else len(part)  # no padding row past the cache
         padded = np.zeros(size, np.int32)
         padded[: len(part)] = part
-        last = model.forward(padded, start + i)[len(part) - 1].numpy()
+        last = model.forward(padded, start + i, row=len(part) - 1)[0].numpy()
+        i += chunk
     assert last is not None, "prefill needs at least one token"
     return last
 
