@@ -75,3 +75,20 @@ def test_prefill_chunks_take_the_largest_size_the_tokens_fill(n, want):
 def test_prefill_chunks_refuse_bad_sizes():
     with pytest.raises(ValueError, match=r"positive, got \(0, 8\)"):
         prefill_chunks(5, (0, 8))
+
+
+def test_forward_row_gives_that_rows_logits(tmp_path):
+    """forward(ids, pos, row=r) (a prefill chunk's last token) equals row r of the whole chunk's logits."""
+    pytest.importorskip("transformers", reason="the test extra installs transformers")
+    from gguf_models import make_model, write_gguf
+
+    from fusegrad.models.llama import Llama
+
+    write_gguf(make_model("llama"), "llama", tmp_path / "m.gguf", "Q8_0")
+    model, _ = Llama.from_gguf(tmp_path / "m.gguf", progress=False)
+    ids = np.arange(6) * 7 % 128
+    whole = model.forward(ids, 0).numpy()
+    for r in (5, 2):  # one capture serves every row
+        np.testing.assert_allclose(model.forward(ids, 0, row=r).numpy(), whole[r : r + 1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="row 6 is outside the chunk of 6 tokens"):
+        model.forward(ids, 0, row=6)
