@@ -53,7 +53,10 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> T
     grouped = q.reshape(b, kv_heads, rep * t, hd).contiguous()
     scores = grouped @ keys.transpose(-1, -2) * (1 / math.sqrt(hd))
     if mask is not None:
-        scores = mask.where(scores.reshape(b, kv_heads, rep, t, slots), -math.inf).reshape(b, kv_heads, rep * t, slots)
+        # the mask is repeated to the grouped rows, not the scores split into (rep, t): a split of rows whose stride
+        # is the symbolic slot count divides by it at every element
+        grouped_mask = mask.reshape(1, 1, 1, t, slots).expand(b, kv_heads, rep, t, slots)
+        scores = grouped_mask.reshape(b, kv_heads, rep * t, slots).where(scores, -math.inf)
     # realized once: fused into the product with the values, each exp would be recomputed for every head dim
     probs = scores.softmax(-1).contiguous()
     return (probs @ values).reshape(b, heads, t, hd)
