@@ -56,19 +56,18 @@ def test_quantized_gemm_refuses_bad_shapes():
 
 
 @pytest.mark.parametrize(
-    "n, want",
+    "n, want, sizes",
     [
-        (1, [32]),
-        (32, [32]),
-        (33, [32, 32]),
-        (128, [128]),
-        (200, [128, 32, 32, 32]),
-        (512, [512]),
-        (700, [512, 128, 32, 32]),
+        (1, [32], (128, 32)),
+        (32, [32], (128, 32)),
+        (33, [32, 32], (128, 32)),
+        (128, [128], (128, 32)),
+        (200, [128, 32, 32, 32], (128, 32)),
+        (700, [512, 128, 32, 32], (512, 128, 32)),
     ],
 )
-def test_prefill_chunks_take_the_largest_size_the_tokens_fill(n, want):
-    assert prefill_chunks(n) == want
+def test_prefill_chunks_take_the_largest_size_the_tokens_fill(n, want, sizes):
+    assert prefill_chunks(n, sizes) == want
     assert sum(want) - n < 32  # padding only in the last chunk, less than the smallest size
 
 
