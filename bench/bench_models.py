@@ -4,8 +4,10 @@
 - BERT (all-MiniLM-L6-v2): sentences/s for batches of 32; the two encoders run in turns, 7 rounds.
 - GPT-2 small-shaped random model (12 layers, 768 wide): prefill tokens/s (a 128-token prompt) and decode tokens/s;
   the four cases run interleaved, 5 rounds.
-- ~100M-parameter random LLaMA in Q8_0 and Q4_K: prefill and decode tokens/s; transformers runs the same dequantized
-  weights in float32; the four cases run interleaved, 5 rounds.
+- ~100M-parameter random LLaMA in Q8_0 and Q4_K: prefill (prompts of 128 and 512 tokens) and decode tokens/s;
+  transformers runs the same dequantized weights in float32; the six cases run interleaved, 5 rounds.
+A prefill is timed to the last token's logits, which is all a generation needs: fusegrad computes that row's alone
+and transformers is asked for it alone (logits_to_keep=1), so both do the same work.
 - First-token latency of fusegrad-llm serve on the tiny test model (streaming, over the loopback).
 torch runs on as many threads as fusegrad's CPU backend. Each figure is a median; the ratio is fusegrad / reference
 (>1 means fusegrad is faster)."""
@@ -51,14 +53,16 @@ def bench_bert() -> None:
     row("BERT MiniLM-L6, batch of 32", "sent/s", ours_rate, ref_rate)
 
 
-def decode_rates(model, ref, vocab: int, interleave: bool = False) -> tuple[float, float, float, float]:
-    """(prefill, decode) tokens/s of fusegrad and of the transformers model on the same random prompt; interleave
-    runs the four cases in turn (interleaved_rates) instead of one after another."""
-    prompt = np.random.default_rng(0).integers(0, vocab, PROMPT).tolist()
+def decode_rates(
+    model, ref, vocab: int, interleave: bool = False, prompts: tuple[int, ...] = (PROMPT,)
+) -> tuple[float, ...]:
+    """(prefill per prompt length..., decode) tokens/s of fusegrad, then the same of the transformers model, on the
+    same random prompt; interleave runs the cases in turn (interleaved_rates) instead of one after another."""
+    prompt = np.random.default_rng(0).integers(0, vocab, max(prompts)).tolist()
 
-    def ours_prefill():
+    def ours_prefill(n: int):
         model.reset()
-        prefill(model, prompt)
+        prefill(model, prompt[:n])
 
     def ours_decode():
         model.reset()
@@ -66,9 +70,9 @@ def decode_rates(model, ref, vocab: int, interleave: bool = False) -> tuple[floa
 
     ids = torch.tensor([prompt])
 
-    def ref_prefill():
+    def ref_prefill(n: int):
         with torch.no_grad():
-            ref(ids)
+            ref(ids[:, :n], logits_to_keep=1)
 
     def ref_decode():  # greedy with the KV cache, by hand: faster here than transformers' generate()
         with torch.no_grad():
@@ -77,12 +81,13 @@ def decode_rates(model, ref, vocab: int, interleave: bool = False) -> tuple[floa
                 token = out.logits[:, -1:].argmax(-1)
                 out = ref(token, past_key_values=out.past_key_values, use_cache=True)
 
-    cases = ((ours_prefill, PROMPT), (ref_prefill, PROMPT), (ours_decode, DECODE), (ref_decode, DECODE))
+    cases = [(lambda n=n, f=f: f(n), n) for n in prompts for f in (ours_prefill, ref_prefill)]
+    cases += [(ours_decode, DECODE), (ref_decode, DECODE)]
     if interleave:
         rates = interleaved_rates(cases, rounds=5)
     else:
         rates = [n / median_time(fn, repeats=3) for fn, n in cases]
-    return rates[0], rates[2], rates[1], rates[3]
+    return (*rates[0::2], *rates[1::2])
 
 
 def interleaved_rates(cases, rounds: int) -> list[float]:
@@ -128,16 +133,19 @@ def bench_llama() -> None:
         num_hidden_layers=12,
         num_attention_heads=12,
         num_key_value_heads=4,
-        max_position_embeddings=256,
+        max_position_embeddings=640,
     )
     for qtype in ("Q8_0", "Q4_K"):
         ref = make_model("llama", std=0.02, **shape)
         with tempfile.TemporaryDirectory() as d:
             write_gguf(ref, "llama", Path(d) / "m.gguf", qtype)
             model, _ = Llama.from_gguf(Path(d) / "m.gguf")
-            p, dcd, rp, rd = decode_rates(model, ref, shape["vocab_size"], interleave=True)
+            p128, p512, dcd, rp128, rp512, rd = decode_rates(
+                model, ref, shape["vocab_size"], interleave=True, prompts=(128, 512)
+            )
         params = sum(p.numel() for p in ref.parameters()) / 1e6
-        row(f"LLaMA {params:.0f}M {qtype} prefill 128", "tok/s", p, rp)
+        row(f"LLaMA {params:.0f}M {qtype} prefill 128", "tok/s", p128, rp128)
+        row(f"LLaMA {params:.0f}M {qtype} prefill 512", "tok/s", p512, rp512)
         row(f"LLaMA {params:.0f}M {qtype} decode", "tok/s", dcd, rd)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusegrad import Tensor, TinyJit, function, nn
+from fusegrad import Tensor, TinyJit, dtypes, function, nn
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
 from fusegrad.models.layer_math import layer_norm, panel_linear
 from fusegrad.models.weights import PanelLinear, load_into, panel_matmul, to_panels
@@ -128,7 +128,8 @@ class GPT2:
         self.h = [Block(cfg) for _ in range(cfg.n_layer)]
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self._caches: list[KVCache] | None = None
-        self._steps: dict[int, TinyJit] = {}  # one captured step per chunk size (prefill chunks, decode tokens)
+        # one captured step per chunk size (prefill chunks, decode tokens) and whether it gives one row's logits
+        self._steps: dict[tuple[int, bool], TinyJit] = {}
         self._lm_head: Tensor | None = None  # wte transposed into panels (to_panels): x @ W runs faster than x @ W.T
 
     @staticmethod
@@ -149,7 +150,8 @@ class GPT2:
         """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
         current position are never read, and a new sequence writes every slot before it reads it."""
 
-    def forward(self, ids: np.ndarray, pos: int) -> Tensor:
+    def forward(self, ids: np.ndarray, pos: int, row: int | None = None) -> Tensor:
+        """Logits (chunk, vocab) of the ids at positions pos..; with `row`, only that row's (1, vocab)."""
         ids = np.asarray(ids, np.int32).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab_size):
             raise ValueError(
@@ -162,17 +164,33 @@ class GPT2:
             self._caches = [KVCache(1, self.cfg.n_head, self.max_context, hd) for _ in self.h]
         if self._lm_head is None:
             self._lm_head = to_panels(self.wte.weight.T).contiguous().realize()
-        step = self._steps.setdefault(len(ids), TinyJit(self._step))
+        if row is not None and not 0 <= row < len(ids):
+            raise ValueError(f"row {row} is outside the chunk of {len(ids)} tokens")
         places = np.arange(pos, pos + len(ids), dtype=np.int32)
-        return step(Tensor(ids).realize(), Tensor(places).realize(), start_position(pos, len(ids), self.max_context))
+        args = (Tensor(ids).realize(), Tensor(places).realize(), start_position(pos, len(ids), self.max_context))
+        if row is None:
+            return self._steps.setdefault((len(ids), False), TinyJit(self._step))(*args)
+        # the row is an input of the capture (an index tensor), so one capture serves every row
+        step = self._steps.setdefault((len(ids), True), TinyJit(self._step_row))
+        return step(*args, Tensor([row], dtype=dtypes.int32))
 
-    def _step(self, ids: Tensor, places: Tensor, start: UOp) -> Tensor:
-        """Logits of a chunk's token ids at positions `places` starting at start (a bound Variable): the same kernels
-        for every start. The embedding rows are loaded through the ids inside the step's first kernel."""
+    def _hidden(self, ids: Tensor, places: Tensor, start: UOp) -> Tensor:
+        """The last block's output for a chunk's token ids at positions `places` starting at start (a bound
+        Variable): the same kernels for every start. The embedding rows are loaded through the ids inside the step's
+        first kernel."""
         assert self._caches is not None
         x = (self.wte(ids) + self.wpe(places)).contiguous()  # one small kernel, not a gather inside each reader
         mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.h, self._caches):
             x = block(x, cache, start, mask)
+        return x
+
+    def _logits(self, x: Tensor) -> Tensor:
         assert self._lm_head is not None
         return panel_matmul(self.ln_f(x), self._lm_head, self.cfg.vocab_size).realize()
+
+    def _step(self, ids: Tensor, places: Tensor, start: UOp) -> Tensor:
+        return self._logits(self._hidden(ids, places, start))
+
+    def _step_row(self, ids: Tensor, places: Tensor, start: UOp, row: Tensor) -> Tensor:
+        return self._logits(self._hidden(ids, places, start)[row])

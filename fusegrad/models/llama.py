@@ -108,8 +108,9 @@ MATVEC_MAX_ROWS = 2
 
 class QuantLinear:
     """y = x @ W.T (+ b). A quantized W (out, in) becomes a QuantizedMatrix: a few rows of x (a decode step) read
-    it in one kernel; a longer chunk (a prefill) dequantizes it into a float buffer first, once for all its rows,
-    and runs the float matmul. A float W is kept transposed, (in, out), which the C backend runs faster than x @ W.T."""
+    it in one kernel (matvec); a longer chunk (a prefill) dequantizes it into float panels once for all its rows and
+    runs the panel matmul (matmul). A float W is kept transposed, (in, out), which the C backend runs faster than
+    x @ W.T."""
 
     def __init__(self, weight: Weight, bias: Tensor | None = None):
         self.bias = bias
@@ -122,8 +123,7 @@ class QuantLinear:
     def __call__(self, x: Tensor) -> Tensor:
         w = self.weight
         if isinstance(w, QuantizedMatrix):
-            # a chunk's weight is realized (in, out) on its own: scheduled with the matmul it would be copied again
-            y = w.matvec(x) if x.shape[0] <= MATVEC_MAX_ROWS else x @ w.dequantize().T.contiguous().realize()
+            y = w.matvec(x) if x.shape[0] <= MATVEC_MAX_ROWS else w.matmul(x)
         else:
             y = x @ w
         return y if self.bias is None else y + self.bias.cast(dtypes.float32)
@@ -216,7 +216,12 @@ class FeedForward:
         self.gate, self.up, self.down = QuantLinear(gate), QuantLinear(up), QuantLinear(down)
 
     def __call__(self, x: Tensor) -> Tensor:
-        return self.down(self.gate(x).silu() * self.up(x))
+        if x.shape[0] <= MATVEC_MAX_ROWS:
+            return self.down(self.gate(x).silu() * self.up(x))
+        # a chunk: each product realized on its own, so each runs as one register-tiled matmul (fused, the two
+        # reduces share a kernel no tile serves, and the down matmul would recompute silu for every output panel)
+        gate, up = self.gate(x).contiguous(), self.up(x).contiguous()
+        return self.down((gate.silu() * up).contiguous())
 
     def float_weights(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """gate, up and down as (in, out) float tensors, when none is quantized."""
@@ -316,7 +321,8 @@ class Llama:
         self._cos, self._sin = cos[: self.max_context], sin[: self.max_context]
         self._caches: list[KVCache] | None = None
         self._embed_rows = self._embedding_table()
-        self._steps: dict[int, TinyJit] = {}  # one captured step per chunk size (prefill chunks, decode tokens)
+        # one captured step per chunk size (prefill chunks, decode tokens) and whether it gives one row's logits
+        self._steps: dict[tuple[int, bool], TinyJit] = {}
 
     @staticmethod
     def from_gguf(path: str | Path, max_context: int | None = None, progress: bool = True) -> tuple[Llama, dict]:
@@ -357,7 +363,9 @@ class Llama:
         """Start a new sequence. The cache keeps its buffers (the captured steps write into them): slots past the
         current position are never read, and a new sequence writes every slot before it reads it."""
 
-    def forward(self, ids: np.ndarray, pos: int) -> Tensor:
+    def forward(self, ids: np.ndarray, pos: int, row: int | None = None) -> Tensor:
+        """Logits (chunk, vocab) of the ids at positions pos..; with `row`, only that row's (1, vocab): a prefill
+        chunk needs its last token's alone, and the output matmul over the vocabulary is a large part of a chunk."""
         cfg = self.cfg
         ids = np.asarray(ids, np.int32).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
@@ -367,17 +375,31 @@ class Llama:
         if self._caches is None:
             self._caches = [KVCache(1, cfg.n_kv_heads, self.max_context, cfg.head_dim) for _ in self.blocks]
         t = len(ids)
+        if row is not None and not 0 <= row < t:
+            raise ValueError(f"row {row} is outside the chunk of {t} tokens")
         cos, sin = Tensor(self._cos[pos : pos + t]), Tensor(self._sin[pos : pos + t])
-        step = self._steps.setdefault(t, TinyJit(self._step))
         start = start_position(pos, t, self.max_context)
-        return step(Tensor(ids).realize(), start, cos.realize(), sin.realize())
+        args = (Tensor(ids).realize(), start, cos.realize(), sin.realize())
+        if row is None:
+            return self._steps.setdefault((t, False), TinyJit(self._step))(*args)
+        # the row is an input of the capture (an index tensor), so one capture serves every row
+        return self._steps.setdefault((t, True), TinyJit(self._step_row))(*args, Tensor([row], dtype=dtypes.int32))
 
-    def _step(self, ids: Tensor, start: UOp, cos: Tensor, sin: Tensor) -> Tensor:
-        """Logits of a chunk's token ids at position start (a bound Variable) with its rope angles: the same
-        kernels for every start."""
+    def _hidden(self, ids: Tensor, start: UOp, cos: Tensor, sin: Tensor) -> Tensor:
+        """The last block's output for a chunk's token ids at position start (a bound Variable) with its rope
+        angles: the same kernels for every start."""
         assert self._caches is not None
         x = self.embed(ids).contiguous()  # one small kernel: fused, every matmul reading x would gather it again
         mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.blocks, self._caches):
             x = block(x, cache, start, mask, cos, sin)
+        return x
+
+    def _logits(self, x: Tensor) -> Tensor:
         return self.output(rms_norm(x, self.output_norm, self.cfg.norm_eps)).realize()
+
+    def _step(self, ids: Tensor, start: UOp, cos: Tensor, sin: Tensor) -> Tensor:
+        return self._logits(self._hidden(ids, start, cos, sin))
+
+    def _step_row(self, ids: Tensor, start: UOp, cos: Tensor, sin: Tensor, row: Tensor) -> Tensor:
+        return self._logits(self._hidden(ids, start, cos, sin)[row])

@@ -5,7 +5,9 @@
 row in order (int8, or packed nibbles and bits) and, per 16 or 32 values, a scale (and an offset) that needs no
 arithmetic to read (float16 as stored, or float32 where a K-quant multiplies two scales). A matvec over it is one
 kernel whose inner loop runs over contiguous lanes of a group (up to MAX_PARTS parts unrolled in it, each with its
-scale held in a register), summed over the groups outside it."""
+scale held in a register), summed over the groups outside it. A chunk of many rows (a prefill) multiplies by the
+matrix dequantized once per call into panels of float32 columns (`matmul`), which a register tile of the matmul walks:
+every row of the chunk shares that one pass over the quantized bytes."""
 
 from __future__ import annotations
 
@@ -321,6 +323,29 @@ class QuantizedMatrix:
         if self.format.columns is not None:
             w = self.format.columns(w)
         return w.reshape(self.shape)
+
+    def panels(self) -> Tensor:
+        """W dequantized into (ceil(rows / panel), cols, panel) float32 panels: panel p holds W rows p*panel ..
+        p*panel+panel-1 as columns, contiguous over cols (zero columns pad the last), written in one kernel."""
+        from fusegrad.engine.realize import device_capabilities  # the engine entry point the tensor has loaded
+
+        panel = max(2 * device_capabilities(self.planes[0].device).vector_bytes // 4, 1)
+        w = self.dequantize()
+        if pad := -self.shape[0] % panel:
+            w = w.pad(((0, pad), (0, 0)))
+        return w.reshape(-1, panel, self.shape[1]).permute(0, 2, 1).contiguous()
+
+    def matmul(self, x: Tensor) -> Tensor:
+        """x (n, cols) @ W.T -> (n, rows) for a chunk of many rows: W is dequantized once into panels (`panels`), and
+        a register tile of rows of x by one panel's columns walks each panel down its contiguous cols."""
+        if x.ndim != 2 or x.shape[1] != self.shape[1]:
+            raise ValueError(f"{self.name}: x of shape {x.shape} cannot multiply a weight of shape {self.shape}")
+        panels = self.panels()
+        count, k, panel = panels.shape
+        out = (x.cast(dtypes.float32).reshape(-1, 1, 1, k) * panels.permute(0, 2, 1)).sum(-1)
+        if count * panel != self.shape[0]:  # padded panels: the sum is realized whole (a narrower store loses the tile)
+            out = out.contiguous()
+        return out.reshape(-1, count * panel)[:, : self.shape[0]]
 
     def matvec(self, x: Tensor) -> Tensor:
         """x (n, cols) @ W.T -> (n, rows): per row and group, each lane's parts dequantized and multiplied by x,

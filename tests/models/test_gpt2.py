@@ -54,7 +54,7 @@ def test_decode_replays_one_capture_for_every_position(tmp_path):
     _, model = reference(tmp_path, "small")
     tokens = generate(model, [3, 1, 4, 1, 5], 20)
     first = [next(tokens) for _ in range(4)]  # prefill, then decode steps run eagerly and captured
-    decode_step = model._steps[1]
+    decode_step = model._steps[(1, False)]
     captured, compiled = decode_step.captured, GlobalCounters.compile_count
     assert captured is not None
     rest = list(tokens)

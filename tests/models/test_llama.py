@@ -89,7 +89,7 @@ def test_decode_replays_one_capture_for_every_position(tmp_path):
     model, _ = Llama.from_gguf(tmp_path / "m.gguf", progress=False)
     tokens = generate(model, [3, 1, 4, 1, 5], 20)
     first = [next(tokens) for _ in range(4)]  # prefill, then decode steps run eagerly and captured
-    decode_step = model._steps[1]
+    decode_step = model._steps[(1, False)]
     captured, compiled = decode_step.captured, GlobalCounters.compile_count
     assert captured is not None
     assert len(first + list(tokens)) == 20

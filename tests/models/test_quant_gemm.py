@@ -1,0 +1,93 @@
+"""The quantized GEMM of prefill chunks (QuantizedMatrix.matmul: the weight dequantized once into float panels, then
+the panel matmul) against numpy's dequantize-then-matmul, and the chunking of a prefill."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf", reason="the test extra installs gguf")
+
+from gguf import GGMLQuantizationType  # noqa: E402
+from gguf.quants import GGML_QUANT_SIZES, dequantize  # noqa: E402
+from gguf_models import _stored  # noqa: E402
+
+from fusegrad import Tensor  # noqa: E402
+from fusegrad.models.generate import prefill_chunks  # noqa: E402
+from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix  # noqa: E402
+
+
+def _quantized(qtype: str, rows: int, cols: int, seed: int = 0) -> tuple[QuantizedMatrix, np.ndarray]:
+    """(QuantizedMatrix of random values, the float weight gguf.quants dequantizes its blocks to)."""
+    qt = GGMLQuantizationType[qtype]
+    rng = np.random.default_rng(seed)
+    raw, meant = _stored(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qt, rng)
+    np.testing.assert_array_equal(meant, dequantize(raw, qt))
+    blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1])).realize()
+    return QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (rows, cols), blocks)), meant
+
+
+# odd row counts of x and of W (the last panel padded), one and several blocks per row
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("n, rows, blocks", [(3, 37, 1), (67, 45, 3), (33, 96, 2)])
+def test_quantized_gemm_equals_numpy_dequantize_then_matmul(qtype, n, rows, blocks):
+    cols = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0] * blocks
+    q, meant = _quantized(qtype, rows, cols, seed=n + rows)
+    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+    want = x.astype(np.float64) @ meant.T.astype(np.float64)
+    got = q.matmul(Tensor(x)).numpy()
+    assert got.shape == (n, rows)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q6_K"])
+def test_quantized_gemm_panels_hold_the_dequantized_rows(qtype):
+    q, meant = _quantized(qtype, 37, 256)
+    panels = q.panels().numpy()
+    count, cols, width = panels.shape
+    assert cols == 256 and count == -(-37 // width)
+    flat = panels.transpose(0, 2, 1).reshape(count * width, cols)
+    np.testing.assert_array_equal(flat[:37], meant)
+    np.testing.assert_array_equal(flat[37:], 0)  # zero rows pad the last panel
+
+
+def test_quantized_gemm_refuses_bad_shapes():
+    q, _ = _quantized("Q8_0", 4, 64)
+    with pytest.raises(ValueError, match=r"x of shape \(5, 32\) cannot multiply a weight of shape \(4, 64\)"):
+        q.matmul(Tensor.zeros(5, 32))
+
+
+@pytest.mark.parametrize(
+    "n, want, sizes",
+    [
+        (1, [32], (128, 32)),
+        (32, [32], (128, 32)),
+        (33, [32, 32], (128, 32)),
+        (128, [128], (128, 32)),
+        (200, [128, 32, 32, 32], (128, 32)),
+        (700, [512, 128, 32, 32], (512, 128, 32)),
+    ],
+)
+def test_prefill_chunks_take_the_largest_size_the_tokens_fill(n, want, sizes):
+    assert prefill_chunks(n, sizes) == want
+    assert sum(want) - n < 32  # padding only in the last chunk, less than the smallest size
+
+
+def test_prefill_chunks_refuse_bad_sizes():
+    with pytest.raises(ValueError, match=r"positive, got \(0, 8\)"):
+        prefill_chunks(5, (0, 8))
+
+
+def test_forward_row_gives_that_rows_logits(tmp_path):
+    """forward(ids, pos, row=r) (a prefill chunk's last token) equals row r of the whole chunk's logits."""
+    pytest.importorskip("transformers", reason="the test extra installs transformers")
+    from gguf_models import make_model, write_gguf
+
+    from fusegrad.models.llama import Llama
+
+    write_gguf(make_model("llama"), "llama", tmp_path / "m.gguf", "Q8_0")
+    model, _ = Llama.from_gguf(tmp_path / "m.gguf", progress=False)
+    ids = np.arange(6) * 7 % 128
+    whole = model.forward(ids, 0).numpy()
+    for r in (5, 2):  # one capture serves every row
+        np.testing.assert_allclose(model.forward(ids, 0, row=r).numpy(), whole[r : r + 1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="row 6 is outside the chunk of 6 tokens"):
+        model.forward(ids, 0, row=6)
