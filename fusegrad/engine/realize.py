@@ -305,6 +305,12 @@ def device_capabilities(device: str) -> Capabilities:
     return Device[device].renderer.capabilities
 
 
+def panel_columns(device: str, itemsize: int = 4) -> int:
+    """Columns of a packed weight panel on device: two of its vectors of itemsize-byte elements (the register tile's
+    width). The front end's panel layouts (float and quantized weights) ask this, not the target itself."""
+    return max(2 * device_capabilities(device).vector_bytes // itemsize, 1)
+
+
 def schedule_uops(roots: list[UOp], devices: list[str]) -> list[ScheduleItem]:
     """The kernels that would realize roots (nothing runs): Tensor.schedule's entry point."""
     return create_schedule(roots, devices)[0]

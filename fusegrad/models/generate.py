@@ -8,6 +8,7 @@ written so far."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Iterator
@@ -114,7 +115,8 @@ class CausalLM(Protocol):
 
     def forward(self, ids: np.ndarray, pos: int, row: int | None = None) -> Tensor:
         """Logits (chunk, vocab) of a chunk of token ids placed at positions pos.. (writes the KV cache); with row,
-        only that row's logits (1, vocab)."""
+        only that row's logits (1, vocab). `row` is optional: a model without it gives all rows and prefill takes
+        the last."""
         ...
 
 
@@ -137,6 +139,14 @@ def prefill_chunks(n: int, sizes: tuple[int, ...] = PREFILL_CHUNKS) -> list[int]
     return out
 
 
+def _last_logits(model: CausalLM, ids: np.ndarray, pos: int, row: int) -> np.ndarray:
+    """Row `row`'s logits of a chunk: asked of the model alone where its forward takes `row` (fusegrad's models do),
+    taken from the whole chunk's logits for a model written to the protocol without it."""
+    if "row" in inspect.signature(model.forward).parameters:
+        return model.forward(ids, pos, row=row)[0].numpy()
+    return model.forward(ids, pos)[row].numpy()
+
+
 def prefill(model: CausalLM, ids: list[int], start: int = 0, chunks: tuple[int, ...] = PREFILL_CHUNKS) -> np.ndarray:
     """Runs ids through the model from position `start` in chunks of the given sizes (prefill_chunks); returns the
     last token's logits (each chunk computes only its last token's)."""
@@ -150,7 +160,7 @@ def prefill(model: CausalLM, ids: list[int], start: int = 0, chunks: tuple[int, 
         size = chunk if start + i + chunk <= model.max_context else len(part)  # no padding row past the cache
         padded = np.zeros(size, np.int32)
         padded[: len(part)] = part
-        last = model.forward(padded, start + i, row=len(part) - 1)[0].numpy()
+        last = _last_logits(model, padded, start + i, len(part) - 1)
         i += chunk
     assert last is not None, "prefill needs at least one token"
     return last

@@ -41,9 +41,9 @@ class PanelLinear:
 
 def panel_width() -> int:
     """Columns per panel: two of the CPU device's vectors of float32 (the register tile's width)."""
-    from fusegrad.engine.realize import device_capabilities
+    from fusegrad.engine.realize import panel_columns
 
-    return max(2 * device_capabilities("CPU").vector_bytes // 4, 1)
+    return panel_columns("CPU")
 
 
 def to_panels(w: Tensor, panel: int | None = None) -> Tensor:

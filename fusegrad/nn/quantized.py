@@ -327,9 +327,9 @@ class QuantizedMatrix:
     def panels(self) -> Tensor:
         """W dequantized into (ceil(rows / panel), cols, panel) float32 panels: panel p holds W rows p*panel ..
         p*panel+panel-1 as columns, contiguous over cols (zero columns pad the last), written in one kernel."""
-        from fusegrad.engine.realize import device_capabilities  # the engine entry point the tensor has loaded
+        from fusegrad.engine.realize import panel_columns  # the engine entry point the tensor has loaded
 
-        panel = max(2 * device_capabilities(self.planes[0].device).vector_bytes // 4, 1)
+        panel = panel_columns(self.planes[0].device)
         w = self.dequantize()
         if pad := -self.shape[0] % panel:
             w = w.pad(((0, pad), (0, 0)))

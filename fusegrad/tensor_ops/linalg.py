@@ -337,9 +337,9 @@ def _panel_width(x: Tensor, w: Tensor) -> int | None:
         return None
     if w.dtype not in (dtypes.float32, dtypes.float64) or x.dtype != w.dtype or _may_be_differentiated(x, w):
         return None
-    from fusegrad.engine.realize import device_capabilities  # the engine, which the tensor has loaded already
+    from fusegrad.engine.realize import panel_columns  # the engine, which the tensor has loaded already
 
-    panel = 2 * device_capabilities(w.device).vector_bytes // w.dtype.itemsize
+    panel = panel_columns(w.device, w.dtype.itemsize)
     k, n = w.shape
     rows = prod(x.shape[:-1])
     if n % panel or n == panel or rows < PANEL_MIN_ROWS or rows * k * n < PANEL_MIN_MACS:

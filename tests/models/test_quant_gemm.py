@@ -91,3 +91,27 @@ def test_forward_row_gives_that_rows_logits(tmp_path):
         np.testing.assert_allclose(model.forward(ids, 0, row=r).numpy(), whole[r : r + 1], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="row 6 is outside the chunk of 6 tokens"):
         model.forward(ids, 0, row=6)
+
+
+class ShiftLM:
+    """A CausalLM written to the protocol without `row`: the logits of token t put their largest entry at t + 1,
+    and each call records the chunk it was given."""
+
+    max_context = 300
+
+    def __init__(self):
+        self.chunks: list[int] = []
+
+    def forward(self, ids: np.ndarray, pos: int) -> Tensor:
+        self.chunks.append(len(ids))
+        return Tensor(np.eye(512, dtype=np.float32)[(ids + 1) % 512])
+
+
+def test_prefill_takes_the_last_row_from_a_model_without_row():
+    from fusegrad.models.generate import prefill
+
+    model = ShiftLM()
+    ids = list(range(1, 141))  # a chunk of 128, then 12 tokens padded to 32: the last real row is 11, not 31
+    last = prefill(model, ids)
+    assert model.chunks == [128, 32]
+    assert int(np.argmax(last)) == ids[-1] + 1 and last.shape == (512,)

@@ -16,9 +16,10 @@ FRONT_END += [
 ]
 # what the front end may import below itself: the buffer interface and the engine's entry points
 FRONT_END_MAY_IMPORT = ("fusegrad.runtime.buffers", "fusegrad.engine.")
-# the one place left that asks the target, until the panel weight layout is decided below the front end: through the
-# engine's entry point for the device's renderer capabilities, never codegen or a device
-FRONT_END_TARGET_QUERIES = {"fusegrad/tensor_ops/linalg.py": {"fusegrad.engine.realize.device_capabilities"}}
+# the places left that ask the target (the panel layouts of float and quantized weights), until that layout is decided
+# below the front end: the engine entry point for a panel's width from the renderer's capabilities, never codegen
+PANEL_QUERY = {"fusegrad.engine.realize.panel_columns"}
+FRONT_END_TARGET_QUERIES = {"fusegrad/tensor_ops/linalg.py": PANEL_QUERY, "fusegrad/nn/quantized.py": PANEL_QUERY}
 
 
 def imported_names(path: str) -> set[str]:
@@ -57,7 +58,7 @@ def test_front_end_imports_below_it_only_buffers_and_engine_entry_points():
 
 def test_only_the_panel_layout_asks_the_target_and_through_the_engine():
     for path in FRONT_END:
-        asks = {n for n in imported_names(str(ROOT / path)) if n.endswith(".device_capabilities")}
+        asks = {n for n in imported_names(str(ROOT / path)) if n.endswith((".device_capabilities", ".panel_columns"))}
         assert asks == FRONT_END_TARGET_QUERIES.get(path, set()), f"{path} imports {sorted(asks)}"
     # models/ is on the public API and the engine: no codegen either
     assert not {n for n in imported_names(str(ROOT / "fusegrad/models/weights.py")) if n.startswith("fusegrad.codegen")}
