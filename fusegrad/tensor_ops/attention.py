@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from fusegrad.dtype import dtypes, least_upper_dtype
 from fusegrad.gradient import register_gradient
 from fusegrad.uop.ops import UOp
+from fusegrad.uop.sint import Variable, sint
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -62,10 +63,11 @@ class _Problem:
         step = -(-max(CAUSAL_KEY_STEP, -(-keys // 8)) // 64) * 64  # whole panels of kᵀ
         return min(-(-row_end // step) * step, keys) if self.causal else keys
 
-    def scores(self, start: int, end: int) -> Tensor:
-        """Scaled and masked float32 scores of rows [start, end) against their visible keys."""
-        keys = self.visible_keys(end)
-        q = self.q[..., start:end, :]
+    def scores(self, start: int, end: int, at: sint | None = None) -> Tensor:
+        """Scaled and masked float32 scores of rows [start, end) against their visible keys; `at` is start or a
+        Variable bound to it (_block_start)."""
+        keys, at = self.visible_keys(end), start if at is None else at
+        q = _rows(self.q, at, end - start)
         if self.k_panels is not None and keys % self.panel == 0:
             # the register tile walks one panel's d rows, 'panel' keys each, contiguous: kᵀ's rows (M floats apart)
             # would alias in L1 (seq 4096: 5 GFLOPS against ~80 for the panels)
@@ -75,10 +77,10 @@ class _Problem:
             s = q.matmul(self.k[..., :keys, :].transpose(-1, -2), dtype=dtypes.float32) * self.scale
         if self.causal:
             # the offset as an added constant, not arange's start: blocks of one shape then share their kernels
-            row = (q.arange(end - start, device=q.device) + start).reshape(-1, 1)
+            row = (q.arange(end - start, device=q.device) + at).reshape(-1, 1)
             s = (row >= q.arange(keys, device=q.device).reshape(1, -1)).where(s, -math.inf)
         elif self.mask is not None:
-            m = self.mask[..., start:end, :keys]
+            m = _rows(self.mask, at, end - start)[..., :keys]
             s = m.where(s, -math.inf) if m.dtype is dtypes.bool else s + m.cast(dtypes.float32)
         return s
 
@@ -132,9 +134,23 @@ def _realized(t: Tensor, keep: list[Tensor]) -> Tensor:
     return tensor_class(lazy, device=t.device)
 
 
-def _block(p: _Problem, start: int, end: int) -> tuple[Tensor, Tensor]:
+def _rows(t: Tensor, at: sint, size: int) -> Tensor:
+    """Rows [at, at + size) of t (dim -2); `at` may be a bound Variable."""
+    return t.shrink((None,) * (t.ndim - 2) + ((at, at + size), None))
+
+
+def _block_start(blocks: list[tuple[int, int]], start: int, end: int) -> sint:
+    """A full-size block's start as a Variable bound to it: the realized blocks then share their kernels (one
+    lowering, not one per block: seq 4096's 171 blocks took minutes to lower); the shorter last block keeps its int."""
+    size = blocks[0][1] - blocks[0][0]
+    if end - start != size or len(blocks) == 1:
+        return start
+    return Variable("flash_row", 0, blocks[-1][1] - size).bind(start)
+
+
+def _block(p: _Problem, start: int, end: int, at: sint | None = None) -> tuple[Tensor, Tensor]:
     """Rows [start, end)'s output (float32) and logsumexp, lazily."""
-    s = p.scores(start, end).contiguous()
+    s = p.scores(start, end, at).contiguous()
     row_max = s.max(-1, keepdim=True)
     # a row that sees no key has max -inf: subtracting 0 keeps its probabilities 0 (its output 0/0, as torch's)
     row_max = (row_max == -math.inf).where(0.0, row_max)
@@ -152,7 +168,7 @@ def _forward(p: _Problem, blocks: list[tuple[int, int]], each: bool, keep: list[
         return _cat_rows(list(outs)), _cat_rows(list(lses))
     outs, lses = _Gathered(len(blocks), keep), _Gathered(len(blocks), keep)
     for start, end in blocks:
-        out, lse = _block(p, start, end)
+        out, lse = _block(p, start, end, _block_start(blocks, start, end))
         outs.add(out)
         lses.add(lse)
     return outs.result(), lses.result()
@@ -161,22 +177,24 @@ def _forward(p: _Problem, blocks: list[tuple[int, int]], each: bool, keep: list[
 class _Gathered:
     """Row blocks realized one by one, every ~√n of them gathered into one realized group whose blocks are then freed:
     a cat of all n blocks at once selects among n sources per element (seq 4096, 171 blocks: 1.8 s), two levels of
-    √n cost two copies. `keep` holds the groups."""
+    √n cost two copies. `keep` holds the groups; without it (gradients, which no graph needs to reach through) the
+    blocks and groups are plain realized tensors."""
 
-    def __init__(self, n: int, keep: list[Tensor]):
+    def __init__(self, n: int, keep: list[Tensor] | None):
         self.size, self.keep = math.isqrt(max(n - 1, 0)) + 1, keep
         self.groups: list[Tensor] = []
         self.blocks: list[Tensor] = []
         self.held: list[Tensor] = []
 
     def add(self, block: Tensor) -> None:
-        self.blocks.append(_realized(block, self.held))
+        self.blocks.append(block.realize() if self.keep is None else _realized(block, self.held))
         if len(self.blocks) == self.size:
             self._close()
 
     def _close(self) -> None:
         if self.blocks:
-            self.groups.append(_realized(_cat_rows(self.blocks), self.keep))
+            group = _cat_rows(self.blocks)
+            self.groups.append(group.realize() if self.keep is None else _realized(group, self.keep))
             self.blocks, self.held = [], []
 
     def result(self) -> Tensor:
@@ -201,18 +219,19 @@ def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tenso
     held: list[Tensor] = []
     if each and p.k_panels is not None:  # the forward's panels were freed (the peak memory): packed again, once
         p = dataclasses.replace(p, k_panels=_realized(p.k_panels, held))
-    dqs: list[Tensor] | _Gathered = _Gathered(len(blocks), held) if each else []
+    dqs: list[Tensor] | _Gathered = _Gathered(len(blocks), None) if each else []
     dk: Tensor | None = None
     dv: Tensor | None = None
     for start, end in blocks:
         seen = p.visible_keys(end)
         # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
-        prob = (p.scores(start, end).contiguous() - lse[..., start:end, :]).exp().contiguous()
-        g_block = g[..., start:end, :]
+        at = _block_start(blocks, start, end) if each else start
+        prob = (p.scores(start, end, at).contiguous() - _rows(lse, at, end - start)).exp().contiguous()
+        g_block = _rows(g, at, end - start)
         dprob = g_block.matmul(p.v[..., :seen, :].transpose(-1, -2), dtype=dtypes.float32)
-        dscore = (prob * (dprob - delta[..., start:end, :])).contiguous()
+        dscore = (prob * (dprob - _rows(delta, at, end - start))).contiguous()
         dq = dscore.matmul(p.k[..., :seen, :], dtype=dtypes.float32) * p.scale
-        dk_part = dscore.transpose(-1, -2).matmul(p.q[..., start:end, :], dtype=dtypes.float32) * p.scale
+        dk_part = dscore.transpose(-1, -2).matmul(_rows(p.q, at, end - start), dtype=dtypes.float32) * p.scale
         dv_part = prob.transpose(-1, -2).matmul(g_block, dtype=dtypes.float32)
         dk_part, dv_part = _sum_to(dk_part, p.k[..., :seen, :].shape), _sum_to(dv_part, p.v[..., :seen, :].shape)
         if seen < keys:
