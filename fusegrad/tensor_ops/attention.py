@@ -98,7 +98,9 @@ def _panel_width(k: Tensor) -> int:
 
 def _packed(k: Tensor, panel: int) -> Tensor:
     """k (..., M, d) as panels of kᵀ: (..., M/panel, d, panel), one contiguous copy."""
-    return k.reshape(k.shape[:-2] + (k.shape[-2] // panel, panel, k.shape[-1])).transpose(-1, -2).contiguous()
+    return _internal(
+        k.reshape(k.shape[:-2] + (k.shape[-2] // panel, panel, k.shape[-1])).transpose(-1, -2).contiguous()
+    )
 
 
 def _row_blocks(p: _Problem, heads: int) -> tuple[list[tuple[int, int]], bool]:
@@ -131,7 +133,14 @@ def _realized(t: Tensor, keep: list[Tensor]) -> Tensor:
     (a graph node keeps its value only while someone holds it)."""
     lazy, tensor_class = t.uop, type(t)
     keep.append(tensor_class(lazy, device=t.device).realize())  # a tensor of our own: the caller's keeps its graph
-    return tensor_class(lazy, device=t.device)
+    return _internal(tensor_class(lazy, device=t.device))
+
+
+def _internal(t: Tensor) -> Tensor:
+    """t marked as no gradient target: a live tensor inside the op's graph that is one would make backward take the
+    plain rules through every block instead of the registered gradient (10x the kernels)."""
+    t.requires_grad = False
+    return t
 
 
 def _rows(t: Tensor, at: sint, size: int) -> Tensor:
