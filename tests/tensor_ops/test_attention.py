@@ -181,3 +181,21 @@ def test_realized_blocks_under_tinyjit_against_torch(small_blocks):
         ref = F.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)), is_causal=True)
         out = step(Tensor(q).realize(), Tensor(k).realize(), Tensor(v).realize())
         np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=ATOL, rtol=ATOL)
+
+
+def _gradient_kernels(use_backward: bool) -> int:
+    q, k, v = _inputs((1, 2, 64, 32))  # 64 keys fill whole panels of kᵀ: the packed copy is inside the graph
+    out = q.scaled_dot_product_attention(k, v)
+    before = GlobalCounters.kernel_count
+    if use_backward:
+        out.backward(Tensor.ones(out.shape))
+        Tensor.realize(q.grad, k.grad, v.grad)
+    else:
+        Tensor.realize(*out.gradient(q, k, v, gradient=Tensor.ones(out.shape)))
+    return GlobalCounters.kernel_count - before
+
+
+def test_backward_takes_the_registered_gradient():
+    # backward() takes every live tensor in the graph as a target: the op's own (the packed kᵀ) must not be one, or
+    # the plain rules run through the blocks (the same values, many more kernels)
+    assert _gradient_kernels(True) == _gradient_kernels(False)
