@@ -9,6 +9,7 @@ key/value heads broadcast over the group: k and v are never repeated in memory."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from fusegrad.dtype import dtypes, least_upper_dtype
 from fusegrad.gradient import register_gradient
 from fusegrad.uop.ops import UOp
+from fusegrad.uop.sint import Variable, sint
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -46,6 +48,9 @@ class _Problem:
     mask: Tensor | None
     scale: float
     causal: bool
+    # k's rows packed into panels of `panel` keys, each contiguous over d ((..., M/panel, d, panel)), or None
+    k_panels: Tensor | None = None
+    panel: int = 0
 
     @property
     def rows(self) -> int:
@@ -55,22 +60,47 @@ class _Problem:
         """Keys a block of rows ending at row_end reads (causal: the block's last row sees keys 0..row_end-1)."""
         keys = self.k.shape[-2]
         # rounded up to a step (the causal mask hides the extra keys): blocks share kernel shapes, at most 8 of them
-        step = max(CAUSAL_KEY_STEP, -(-keys // 8))
+        step = -(-max(CAUSAL_KEY_STEP, -(-keys // 8)) // 64) * 64  # whole panels of kᵀ
         return min(-(-row_end // step) * step, keys) if self.causal else keys
 
-    def scores(self, start: int, end: int) -> Tensor:
-        """Scaled and masked float32 scores of rows [start, end) against their visible keys."""
-        keys = self.visible_keys(end)
-        q, k = self.q[..., start:end, :], self.k[..., :keys, :]
-        s = q.matmul(k.transpose(-1, -2), dtype=dtypes.float32) * self.scale
+    def scores(self, start: int, end: int, at: sint | None = None) -> Tensor:
+        """Scaled and masked float32 scores of rows [start, end) against their visible keys; `at` is start or a
+        Variable bound to it (_block_start)."""
+        keys, at = self.visible_keys(end), start if at is None else at
+        q = _rows(self.q, at, end - start)
+        if self.k_panels is not None and keys % self.panel == 0:
+            # the register tile walks one panel's d rows, 'panel' keys each, contiguous: kᵀ's rows (M floats apart)
+            # would alias in L1 (seq 4096: 5 GFLOPS against ~80 for the panels)
+            kp = self.k_panels[..., : keys // self.panel, :, :].transpose(-1, -2).unsqueeze(-4)
+            s = (q.unsqueeze(-2).unsqueeze(-2) * kp).sum(-1, dtype=dtypes.float32).flatten(-2) * self.scale
+        else:
+            s = q.matmul(self.k[..., :keys, :].transpose(-1, -2), dtype=dtypes.float32) * self.scale
         if self.causal:
             # the offset as an added constant, not arange's start: blocks of one shape then share their kernels
-            row = (q.arange(end - start, device=q.device) + start).reshape(-1, 1)
+            row = (q.arange(end - start, device=q.device) + at).reshape(-1, 1)
             s = (row >= q.arange(keys, device=q.device).reshape(1, -1)).where(s, -math.inf)
         elif self.mask is not None:
-            m = self.mask[..., start:end, :keys]
+            m = _rows(self.mask, at, end - start)[..., :keys]
             s = m.where(s, -math.inf) if m.dtype is dtypes.bool else s + m.cast(dtypes.float32)
         return s
+
+
+def _panel_width(k: Tensor) -> int:
+    """Keys per panel of kᵀ (two vectors: the register tile's width) on the devices whose kernels run the CPU register
+    tiles, when the keys fill whole panels; else 0 (the plain matmul)."""
+    if not isinstance(k.device, str) or k.device.split(":")[0] not in ("CPU", "LLVM"):
+        return 0
+    from fusegrad.engine.realize import device_capabilities  # the engine, which the tensor has loaded already
+
+    panel = 2 * device_capabilities(k.device).vector_bytes // 4
+    return panel if k.shape[-2] % panel == 0 and k.shape[-2] > panel else 0
+
+
+def _packed(k: Tensor, panel: int) -> Tensor:
+    """k (..., M, d) as panels of kᵀ: (..., M/panel, d, panel), one contiguous copy."""
+    return _internal(
+        k.reshape(k.shape[:-2] + (k.shape[-2] // panel, panel, k.shape[-1])).transpose(-1, -2).contiguous()
+    )
 
 
 def _row_blocks(p: _Problem, heads: int) -> tuple[list[tuple[int, int]], bool]:
@@ -103,29 +133,86 @@ def _realized(t: Tensor, keep: list[Tensor]) -> Tensor:
     (a graph node keeps its value only while someone holds it)."""
     lazy, tensor_class = t.uop, type(t)
     keep.append(tensor_class(lazy, device=t.device).realize())  # a tensor of our own: the caller's keeps its graph
-    return tensor_class(lazy, device=t.device)
+    return _internal(tensor_class(lazy, device=t.device))
+
+
+def _internal(t: Tensor) -> Tensor:
+    """t marked as no gradient target: a live tensor inside the op's graph that is one would make backward take the
+    plain rules through every block instead of the registered gradient (10x the kernels)."""
+    t.requires_grad = False
+    return t
+
+
+def _rows(t: Tensor, at: sint, size: int) -> Tensor:
+    """Rows [at, at + size) of t (dim -2); `at` may be a bound Variable."""
+    return t.shrink((None,) * (t.ndim - 2) + ((at, at + size), None))
+
+
+def _block_start(blocks: list[tuple[int, int]], start: int, end: int) -> sint:
+    """A full-size block's start as a Variable bound to it: the realized blocks then share their kernels (one
+    lowering, not one per block: seq 4096's 171 blocks took minutes to lower); the shorter last block keeps its int."""
+    size = blocks[0][1] - blocks[0][0]
+    if end - start != size or len(blocks) == 1:
+        return start
+    return Variable("flash_row", 0, blocks[-1][1] - size).bind(start)
+
+
+def _block(p: _Problem, start: int, end: int, at: sint | None = None) -> tuple[Tensor, Tensor]:
+    """Rows [start, end)'s output (float32) and logsumexp, lazily."""
+    s = p.scores(start, end, at).contiguous()
+    row_max = s.max(-1, keepdim=True)
+    # a row that sees no key has max -inf: subtracting 0 keeps its probabilities 0 (its output 0/0, as torch's)
+    row_max = (row_max == -math.inf).where(0.0, row_max)
+    prob = (s - row_max).exp().contiguous()
+    total = prob.sum(-1, keepdim=True)
+    out = prob.matmul(p.v[..., : p.visible_keys(end), :], dtype=dtypes.float32) / total
+    return out, row_max + total.log()
 
 
 def _forward(p: _Problem, blocks: list[tuple[int, int]], each: bool, keep: list[Tensor]) -> tuple[Tensor, Tensor]:
     """The output (float32) and each row's logsumexp, row block by row block; with `each` the blocks are realized one
-    at a time (the engine frees a realize's temporaries when it ends)."""
-    outs, lses = [], []
+    at a time (the engine frees a realize's temporaries when it ends) and gathered (_Gathered)."""
+    if not each:
+        outs, lses = zip(*(_block(p, start, end) for start, end in blocks))
+        return _cat_rows(list(outs)), _cat_rows(list(lses))
+    outs, lses = _Gathered(len(blocks), keep), _Gathered(len(blocks), keep)
     for start, end in blocks:
-        s = p.scores(start, end).contiguous()
-        row_max = s.max(-1, keepdim=True)
-        # a row that sees no key has max -inf: subtracting 0 keeps its probabilities 0 (its output 0/0, as torch's)
-        row_max = (row_max == -math.inf).where(0.0, row_max)
-        prob = (s - row_max).exp().contiguous()
-        total = prob.sum(-1, keepdim=True)
-        out = prob.matmul(p.v[..., : p.visible_keys(end), :], dtype=dtypes.float32) / total
-        lse = row_max + total.log()
-        if each:
-            out, lse = _realized(out, keep), _realized(lse, keep)
-        outs.append(out)
-        lses.append(lse)
-    if len(blocks) == 1:
-        return outs[0], lses[0]
-    return outs[0].cat(*outs[1:], dim=-2), lses[0].cat(*lses[1:], dim=-2)
+        out, lse = _block(p, start, end, _block_start(blocks, start, end))
+        outs.add(out)
+        lses.add(lse)
+    return outs.result(), lses.result()
+
+
+class _Gathered:
+    """Row blocks realized one by one, every ~√n of them gathered into one realized group whose blocks are then freed:
+    a cat of all n blocks at once selects among n sources per element (seq 4096, 171 blocks: 1.8 s), two levels of
+    √n cost two copies. `keep` holds the groups; without it (gradients, which no graph needs to reach through) the
+    blocks and groups are plain realized tensors."""
+
+    def __init__(self, n: int, keep: list[Tensor] | None):
+        self.size, self.keep = math.isqrt(max(n - 1, 0)) + 1, keep
+        self.groups: list[Tensor] = []
+        self.blocks: list[Tensor] = []
+        self.held: list[Tensor] = []
+
+    def add(self, block: Tensor) -> None:
+        self.blocks.append(block.realize() if self.keep is None else _realized(block, self.held))
+        if len(self.blocks) == self.size:
+            self._close()
+
+    def _close(self) -> None:
+        if self.blocks:
+            group = _cat_rows(self.blocks)
+            self.groups.append(group.realize() if self.keep is None else _realized(group, self.keep))
+            self.blocks, self.held = [], []
+
+    def result(self) -> Tensor:
+        self._close()
+        return _cat_rows(self.groups)
+
+
+def _cat_rows(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-2)
 
 
 def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tensor, lse: Tensor, g: Tensor):
@@ -138,18 +225,22 @@ def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tenso
     if each:
         delta = delta.realize()
     keys = p.k.shape[-2]
-    dqs: list[Tensor] = []
+    held: list[Tensor] = []
+    if each and p.k_panels is not None:  # the forward's panels were freed (the peak memory): packed again, once
+        p = dataclasses.replace(p, k_panels=_realized(p.k_panels, held))
+    dqs: list[Tensor] | _Gathered = _Gathered(len(blocks), None) if each else []
     dk: Tensor | None = None
     dv: Tensor | None = None
     for start, end in blocks:
         seen = p.visible_keys(end)
         # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
-        prob = (p.scores(start, end).contiguous() - lse[..., start:end, :]).exp().contiguous()
-        g_block = g[..., start:end, :]
+        at = _block_start(blocks, start, end) if each else start
+        prob = (p.scores(start, end, at).contiguous() - _rows(lse, at, end - start)).exp().contiguous()
+        g_block = _rows(g, at, end - start)
         dprob = g_block.matmul(p.v[..., :seen, :].transpose(-1, -2), dtype=dtypes.float32)
-        dscore = (prob * (dprob - delta[..., start:end, :])).contiguous()
+        dscore = (prob * (dprob - _rows(delta, at, end - start))).contiguous()
         dq = dscore.matmul(p.k[..., :seen, :], dtype=dtypes.float32) * p.scale
-        dk_part = dscore.transpose(-1, -2).matmul(p.q[..., start:end, :], dtype=dtypes.float32) * p.scale
+        dk_part = dscore.transpose(-1, -2).matmul(_rows(p.q, at, end - start), dtype=dtypes.float32) * p.scale
         dv_part = prob.transpose(-1, -2).matmul(g_block, dtype=dtypes.float32)
         dk_part, dv_part = _sum_to(dk_part, p.k[..., :seen, :].shape), _sum_to(dv_part, p.v[..., :seen, :].shape)
         if seen < keys:
@@ -157,11 +248,13 @@ def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tenso
             dk_part, dv_part = dk_part.pad(pads), dv_part.pad(pads)
         dk = dk_part if dk is None else dk + dk_part
         dv = dv_part if dv is None else dv + dv_part
-        if each:
-            dq, dk, dv = dq.realize(), dk.realize(), dv.realize()
-        dqs.append(dq)
+        if isinstance(dqs, _Gathered):
+            dk, dv = dk.realize(), dv.realize()
+            dqs.add(dq)
+        else:
+            dqs.append(dq)
     assert dk is not None and dv is not None
-    return (dqs[0] if len(dqs) == 1 else dqs[0].cat(*dqs[1:], dim=-2)), dk, dv
+    return (dqs.result() if isinstance(dqs, _Gathered) else _cat_rows(dqs)), dk, dv
 
 
 def _broadcasts(shape: tuple, target: tuple) -> bool:
@@ -203,11 +296,17 @@ def flash_attention(
             mask = mask.reshape(mask.shape[:-3] + (kv_heads, group) + mask.shape[-2:])
         q = q.reshape(q.shape[:-3] + (kv_heads, group) + q.shape[-2:])
         k, v = (t.reshape(t.shape[:-3] + (kv_heads, 1) + t.shape[-2:]) for t in (k, v))
-    problem = _Problem(q, k, v, mask, 1 / math.sqrt(query.shape[-1]), is_causal)
+    panel = _panel_width(k)
+    k_panels = _packed(k, panel) if panel else None
+    problem = _Problem(q, k, v, mask, 1 / math.sqrt(query.shape[-1]), is_causal, k_panels, panel)
     blocks, each = _row_blocks(problem, math.prod(q.shape[:-2]))
     keep: list[Tensor] = []
-    if each:  # q, k, v are read by every block's realize: computed once, not once per block
-        problem = _Problem(*(_realized(t, keep) for t in (q, k, v)), mask, problem.scale, is_causal)
+    # the forward's panels only, freed when this returns: the output's groups are gathered after it (the peak)
+    panels_held: list[Tensor] = []
+    if each:  # q, k, v and k's panels are read by every block's realize: computed once, not once per block
+        q, k, v = (_realized(t, keep) for t in (q, k, v))
+        k_panels = None if k_panels is None else _realized(k_panels, panels_held)
+        problem = _Problem(q, k, v, mask, problem.scale, is_causal, k_panels, panel)
     out, lse = _forward(problem, blocks, each, keep)
     result = out.reshape(query.shape[:-1] + (value.shape[-1],)).cast(out_dtype)
     inputs = (query.uop, key.uop, value.uop)

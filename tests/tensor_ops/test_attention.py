@@ -156,3 +156,46 @@ def test_peak_memory_at_seq_8192_is_under_twice_the_inputs(monkeypatch):
     Tensor.realize(*grads)
     # the backward's own state (the output, its gradient, dq/dk/dv) is O(N·d) too
     assert log.peak < 4 * inputs, (log.peak, inputs)
+
+
+def _compiles(seq: int, d: int) -> int:
+    before = GlobalCounters.compile_count
+    q, k, v = _inputs((1, 2, seq, d))
+    out = q.scaled_dot_product_attention(k, v, is_causal=True)
+    Tensor.realize(out, *out.gradient(q, k, v, gradient=Tensor.ones(out.shape)))
+    return GlobalCounters.compile_count - before
+
+
+def test_realized_blocks_share_their_kernels(small_blocks):
+    # a head dim no other test uses, so each count starts from an empty kernel cache for these shapes
+    few, many = _compiles(32, 24), _compiles(64, 40)  # 8 and 16 blocks of 4 rows
+    assert many <= few + 4, (few, many)
+
+
+def test_realized_blocks_under_tinyjit_against_torch(small_blocks):
+    from fusegrad import TinyJit
+
+    step = TinyJit(lambda q, k, v: q.scaled_dot_product_attention(k, v, is_causal=True).realize())
+    for seed in range(4):  # capture, then replays on new values: every block's start is bound again
+        q, k, v = arrays([(1, 2, 18, 32)] * 3, seed=seed)
+        ref = F.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)), is_causal=True)
+        out = step(Tensor(q).realize(), Tensor(k).realize(), Tensor(v).realize())
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=ATOL, rtol=ATOL)
+
+
+def _gradient_kernels(use_backward: bool) -> int:
+    q, k, v = _inputs((1, 2, 64, 32))  # 64 keys fill whole panels of kᵀ: the packed copy is inside the graph
+    out = q.scaled_dot_product_attention(k, v)
+    before = GlobalCounters.kernel_count
+    if use_backward:
+        out.backward(Tensor.ones(out.shape))
+        Tensor.realize(q.grad, k.grad, v.grad)
+    else:
+        Tensor.realize(*out.gradient(q, k, v, gradient=Tensor.ones(out.shape)))
+    return GlobalCounters.kernel_count - before
+
+
+def test_backward_takes_the_registered_gradient():
+    # backward() takes every live tensor in the graph as a target: the op's own (the packed kᵀ) must not be one, or
+    # the plain rules run through the blocks (the same values, many more kernels)
+    assert _gradient_kernels(True) == _gradient_kernels(False)
