@@ -143,9 +143,12 @@ def _conv_forward(
     return _windows_times_weight(win, weight, groups, acc_dtype, bias)
 
 
-def _windows_times_weight(win: Tensor, weight: Tensor, groups: int, acc_dtype: Any, bias: Tensor | None) -> Tensor:
+def _windows_times_weight(
+    win: Tensor, weight: Tensor, groups: int, acc_dtype: Any, bias: Tensor | None, store: bool = False
+) -> Tensor:
     """(N, C_in, *out, *kernel) windows (any number of output axes) times the (C_out, C_in/groups, *kernel) weight,
-    summed over the taps and the input channels: (N, C_out, *out), the bias added."""
+    summed over the taps and the input channels: (N, C_out, *out), the bias added; stored when `store`, and a large
+    grouped conv's always."""
     n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
     bs, outs = win.shape[0], win.shape[2 : win.ndim - n]
     m = len(outs)
@@ -154,8 +157,15 @@ def _windows_times_weight(win: Tensor, weight: Tensor, groups: int, acc_dtype: A
     win = win.permute((0, 1, 2) + tuple(range(4 + m, 4 + m + n)) + (3,) + tuple(range(4, 4 + m)))
     w = weight.reshape((1, groups, cout // groups, cin_g) + kernel).permute((0, 1, 2) + tuple(range(4, 4 + n)) + (3,))
     w = w.reshape(w.shape + (1,) * m)
-    out = (win * w).sum(tuple(range(3, 4 + n)), dtype=acc_dtype).reshape((bs, cout) + outs)
-    return out if bias is None else out + bias.reshape((1, cout) + (1,) * m)
+    out = (win * w).sum(tuple(range(3, 4 + n)), dtype=acc_dtype).reshape((bs, groups, cout // groups) + outs)
+    if bias is not None:
+        out = out + bias.reshape((1, groups, cout // groups) + (1,) * m)
+    if store or (groups > 1 and cout > groups and cin_g * prod(kernel) >= CONV_RELAYOUT_MIN_REDUCE):
+        # stored with the groups as their own axis: merged into the channels, the input's index would divide the
+        # channel by the group's size, and no axis would be left for the register tile's rows (AlexNet's grouped
+        # 5x5 conv, batch 1: no opts at all, 0.2 GFLOPS)
+        out = out.contiguous()
+    return out.reshape((bs, cout) + outs)
 
 
 def _flat_conv(
@@ -181,7 +191,7 @@ def _flat_conv(
         x = x.permute(tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
     positions = x.shape[-1]  # every position whose window stays inside the input
     win = x.permute((0, 1, x.ndim - 1) + tuple(range(2, x.ndim - 1))).reshape(padded.shape[:2] + (positions,) + kernel)
-    out = _windows_times_weight(win, weight, groups, acc_dtype, bias).contiguous()  # (N, C_out, positions)
+    out = _windows_times_weight(win, weight, groups, acc_dtype, bias, store=True)  # (N, C_out, positions)
     # the positions as rows of the padded input, padded to whole rows, each cropped to the output's width
     out = out.pad(((0, 0), (0, 0), (0, outs[0] * row[0] - positions))).reshape((bs, cout, outs[0]) + spatial[1:])
     return out.shrink((None, None, None) + tuple((0, o) for o in outs[1:]))

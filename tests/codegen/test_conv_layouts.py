@@ -20,12 +20,13 @@ CASES = [  # input shape, weight shape, conv2d kwargs: every one sums at least C
     ((1, 16, 7, 7), (24, 16, 3, 3), {"padding": 1}),  # flat positions (ResNet's 7x7 stage)
     ((2, 8, 9, 6), (12, 8, 3, 3), {"padding": (2, 1), "dilation": (2, 1)}),  # flat, dilated
     ((1, 64, 5, 5), (32, 64, 1, 1), {}),  # flat 1x1: no position dropped
-    ((1, 12, 6, 7), (8, 6, 3, 3), {"groups": 2, "padding": 1}),  # flat, grouped
+    ((1, 16, 6, 7), (8, 8, 3, 3), {"groups": 2, "padding": 1}),  # flat, grouped
     ((1, 8, 4, 5, 6), (6, 8, 2, 3, 3), {"padding": (1, 0, 1)}),  # flat, 3-D
     ((1, 64, 10, 10), (16, 64, 1, 1), {"stride": 2}),  # strided 1x1: one phase (a subsampled input)
     ((1, 3, 23, 21), (8, 3, 7, 7), {"stride": 2, "padding": 3}),  # a stem conv: 4 phases of 4x4 taps
     ((2, 8, 9, 9), (8, 8, 3, 3), {"stride": 2, "padding": 1}),  # 3x3 stride 2, odd input
-    ((1, 16, 8, 11), (8, 8, 3, 2), {"stride": (2, 3), "groups": 2, "padding": (1, 0)}),  # mixed strides, grouped
+    ((1, 24, 8, 11), (8, 12, 3, 2), {"stride": (2, 3), "groups": 2, "padding": (1, 0)}),  # mixed strides, grouped
+    ((2, 16, 33, 33), (12, 8, 3, 3), {"groups": 2, "padding": 1}),  # grouped, wide rows: windowed, stored by group
     ((1, 16, 17), (4, 16, 5), {"stride": 3, "padding": 2}),  # 1-D strided
 ]
 
@@ -90,7 +91,7 @@ def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, position
     assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
     lanes = Device["CPU"].renderer.capabilities.lanes(Tensor.empty(1).dtype)
     ups = {o.axis: o.amount for o in info.opts if o.op is OptOps.UPCAST}
-    assert ups.get(1, 1) > 1 and ups.get(2, 1) >= lanes, info.opts
+    assert ups.get(2, 1) > 1 and ups.get(3, 1) >= lanes, info.opts  # (N, groups, channels, positions)
 
 
 def test_strided_stem_conv_runs_stride_1_over_phases_in_vector_tiles():
@@ -106,3 +107,13 @@ def test_short_reduce_keeps_the_windowed_conv():
     """A conv summing fewer than CONV_RELAYOUT_MIN_REDUCE products per output keeps its one kernel."""
     (info,) = forward_reduce_kernels((4, 2, 7, 7), (8, 2, 3, 3), {"stride": 2})
     assert info.name == "r_4_8_3_3_3_3_2", info.name
+
+
+@pytest.mark.parametrize("xs", [(1, 16, 7, 7), (1, 16, 40, 40)])
+def test_grouped_conv_keeps_its_groups_axis_and_a_register_tile(xs):
+    """A grouped conv's output is stored with the groups as an axis of their own: its channels per group are the
+    register tile's rows (merged with the groups, the input's index would divide by the group's size)."""
+    (info,) = forward_reduce_kernels(xs, (32, 8, 3, 3), {"groups": 2, "padding": 1})
+    assert info.name.startswith("r_2_16_"), info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    assert any(o.op is OptOps.UPCAST and o.axis == 2 and o.amount > 1 for o in info.opts), info.opts
