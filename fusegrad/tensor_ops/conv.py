@@ -24,6 +24,14 @@ CONV_PAD_REALIZE_SIZE = 2**12
 CONV_WEIGHT_GRAD_MATMUL_SIZE = 2**16
 # a large conv's weight gradient is summed per sample first while the partials (batch x weight) stay this small
 CONV_PER_SAMPLE_LIMIT = 2**24
+# a stride-1 conv whose output rows are shorter than this runs over the flat positions of its padded input
+# (`_flat_conv`): tiles along an output row this short do not fill the vectors (ResNet-50's 3x3 convs at 7x7, 14x14
+# and 28x28, batch 1: 2-11x faster measured per kernel)
+FLAT_CONV_MAX_WIDTH = 32
+# ... and a strided conv runs as a stride-1 conv over its input's stride phases (`_stride_phase_split`), when each
+# output sums at least this many products: then the passes these layouts add (the flat result's crop, the phases'
+# copy) cost little next to the conv (the small convs of tests and of the digits convnet keep their one kernel)
+CONV_RELAYOUT_MIN_REDUCE = 64
 
 
 def _check_conv(x: Tensor, weight: Tensor, groups: int, in_channels: int) -> int:
@@ -108,6 +116,119 @@ def _swapped_channels(weight: Tensor, groups: int) -> Tensor:
     """(A, B, *kernel) -> (groups*B, A/groups, *kernel): in/out channels swapped per group, taps in place."""
     a, b, kernel = weight.shape[0] // groups, weight.shape[1], weight.shape[2:]
     return weight.reshape((groups, a, b) + kernel).transpose(1, 2).reshape((groups * b, a) + kernel)
+
+
+def _conv_forward(
+    padded: Tensor,
+    weight: Tensor,
+    groups: int,
+    stride: tuple[int, ...],
+    dilation: tuple[int, ...],
+    acc_dtype: Any,
+    bias: Tensor | None,
+) -> Tensor:
+    """(N, C_in, *padded spatial) -> (N, C_out, *out) with the bias added: a strided conv as a stride-1 conv over the
+    input's stride phases, a stride-1 conv with short output rows over the input's flat positions, else the padded
+    input's windowed view times the weight."""
+    n, kernel = weight.ndim - 2, weight.shape[2:]
+    outs = tuple((i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(padded.shape[2:], kernel, stride, dilation))
+    long_reduce = weight.shape[1] * prod(kernel) >= CONV_RELAYOUT_MIN_REDUCE
+    if long_reduce and any(s > 1 for s in stride) and all(d == 1 for d in dilation):
+        x, w = _stride_phase_split(padded, weight, stride, outs)
+        out = _conv_forward(x, w, groups, (1,) * n, dilation, acc_dtype, bias)
+        return out.shrink((None, None) + tuple((0, o) for o in outs))
+    if long_reduce and n >= 2 and all(s == 1 for s in stride) and outs[-1] < FLAT_CONV_MAX_WIDTH:
+        return _flat_conv(padded, weight, groups, dilation, acc_dtype, bias, outs)
+    win = padded._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)
+    return _windows_times_weight(win, weight, groups, acc_dtype, bias)
+
+
+def _windows_times_weight(
+    win: Tensor, weight: Tensor, groups: int, acc_dtype: Any, bias: Tensor | None, store: bool = False
+) -> Tensor:
+    """(N, C_in, *out, *kernel) windows (any number of output axes) times the (C_out, C_in/groups, *kernel) weight,
+    summed over the taps and the input channels: (N, C_out, *out), the bias added; stored when `store`, and a large
+    grouped conv's always."""
+    n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
+    bs, outs = win.shape[0], win.shape[2 : win.ndim - n]
+    m = len(outs)
+    # the kernel taps before the input channels: the channels are the innermost, longest reduce loop
+    win = win.reshape((bs, groups, 1, cin_g) + outs + kernel)
+    win = win.permute((0, 1, 2) + tuple(range(4 + m, 4 + m + n)) + (3,) + tuple(range(4, 4 + m)))
+    w = weight.reshape((1, groups, cout // groups, cin_g) + kernel).permute((0, 1, 2) + tuple(range(4, 4 + n)) + (3,))
+    w = w.reshape(w.shape + (1,) * m)
+    out = (win * w).sum(tuple(range(3, 4 + n)), dtype=acc_dtype).reshape((bs, groups, cout // groups) + outs)
+    if bias is not None:
+        out = out + bias.reshape((1, groups, cout // groups) + (1,) * m)
+    if store or (groups > 1 and cout > groups and cin_g * prod(kernel) >= CONV_RELAYOUT_MIN_REDUCE):
+        # stored with the groups as their own axis: merged into the channels, the input's index would divide the
+        # channel by the group's size, and no axis would be left for the register tile's rows (AlexNet's grouped
+        # 5x5 conv, batch 1: no opts at all, 0.2 GFLOPS)
+        out = out.contiguous()
+    return out.reshape((bs, cout) + outs)
+
+
+def _flat_conv(
+    padded: Tensor,
+    weight: Tensor,
+    groups: int,
+    dilation: tuple[int, ...],
+    acc_dtype: Any,
+    bias: Tensor | None,
+    outs: tuple[int, ...],
+) -> Tensor:
+    """A stride-1 conv computed at every flat position of the padded input (tap offsets are sums of row strides), the
+    positions past each output row's end computed too and dropped: one long output axis contiguous in the input,
+    which the register tiles run along (a 7x7 output's rows are too short for a vector). The flat result is stored,
+    or the kernel's loops would follow the cropped (N, C_out, *out) shape again."""
+    n, kernel, spatial = weight.ndim - 2, weight.shape[2:], padded.shape[2:]
+    cout, bs = weight.shape[0], padded.shape[0]
+    x = padded if _reads_in_place(padded) else padded.contiguous()
+    x = x.reshape(padded.shape[:2] + (prod(spatial),))
+    row = [prod(spatial[i + 1 :]) for i in range(n)]
+    for k, d, r in zip(kernel, dilation, row):
+        x = x._windows((k,), (1,), (d * r,))  # (N, C, *taps so far, positions, k)
+        x = x.permute(tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
+    positions = x.shape[-1]  # every position whose window stays inside the input
+    win = x.permute((0, 1, x.ndim - 1) + tuple(range(2, x.ndim - 1))).reshape(padded.shape[:2] + (positions,) + kernel)
+    out = _windows_times_weight(win, weight, groups, acc_dtype, bias, store=True)  # (N, C_out, positions)
+    # the positions as rows of the padded input, padded to whole rows, each cropped to the output's width
+    out = out.pad(((0, 0), (0, 0), (0, outs[0] * row[0] - positions))).reshape((bs, cout, outs[0]) + spatial[1:])
+    return out.shrink((None, None, None) + tuple((0, o) for o in outs[1:]))
+
+
+def _reads_in_place(x: Tensor) -> bool:
+    """Whether x is a stored buffer or values computed elementwise from stored buffers read in their own order (no
+    movement but reshapes): then its flat view indexes without division."""
+    nodes = x.uop.toposort(gate=_not_stored)
+    return not any(u.op in GroupOp.Movement and u.op is not Ops.RESHAPE for u in nodes)
+
+
+def _stride_phase_split(
+    padded: Tensor, weight: Tensor, stride: tuple[int, ...], outs: tuple[int, ...]
+) -> tuple[Tensor, Tensor]:
+    """A strided conv as a stride-1 one: input position q*s + r of a dim is phase r's position q, and tap j = a*s + r
+    reads phase r at q + a. The input's phases become channels (C_in * phases, *(out + taps - 1)), stored, and the
+    weight (C_out, C_in/groups * phases, *ceil(k/s)), stored too, holds zeros for the taps past k. Only phases some
+    tap reads are kept (a 1x1 strided conv keeps one: a subsampled input)."""
+    n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
+    taps = tuple(ceildiv(k, s) for k, s in zip(kernel, stride))
+    phases = tuple(min(k, s) for k, s in zip(kernel, stride))
+    lead = padded.shape[:2]
+    # each dim cut or zero-filled to s * (out + taps - 1): positions no output reads are never read
+    sizes = tuple(s * (o + t - 1) for s, o, t in zip(stride, outs, taps))
+    x = padded.shrink((None, None) + tuple((0, min(i, z)) for i, z in zip(padded.shape[2:], sizes)))
+    x = x.pad(((0, 0), (0, 0)) + tuple((0, max(z - i, 0)) for i, z in zip(padded.shape[2:], sizes)))
+    x = x.reshape(lead + flat_tuple((z // s, s) for z, s in zip(sizes, stride)))
+    x = x.shrink((None, None) + flat_tuple((None, (0, p)) for p in phases))
+    x = x.permute((0, 1) + tuple(3 + 2 * i for i in range(n)) + tuple(2 + 2 * i for i in range(n)))
+    x = x.reshape((lead[0], lead[1] * prod(phases)) + tuple(z // s for z, s in zip(sizes, stride))).contiguous()
+    w = weight.pad(((0, 0), (0, 0)) + tuple((0, t * s - k) for t, s, k in zip(taps, stride, kernel)))
+    w = w.reshape((cout, cin_g) + flat_tuple((t, s) for t, s in zip(taps, stride)))
+    w = w.shrink((None, None) + flat_tuple((None, (0, p)) for p in phases))
+    w = w.permute((0, 1) + tuple(3 + 2 * i for i in range(n)) + tuple(2 + 2 * i for i in range(n)))
+    # stored: read through its padding and phase split, every tap's index would divide by the stride
+    return x, w.reshape((cout, cin_g * prod(phases)) + taps).contiguous()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -195,25 +316,13 @@ class ConvMixin:
         acc_dtype: Any,
         bias: Tensor | None = None,
     ) -> Tensor:
-        """(N, C_in, *spatial) -> (N, C_out, *out): the padded input's windowed view times the weight, one reduce,
-        plus the bias when given. Its gradient is registered as two convolutions of the same windowed form (input: the
-        transposed convolution of the output gradient; weight: the input's windows times it), whose kernels index
-        without division, and the bias's sum of the output gradient."""
-        n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
+        """(N, C_in, *spatial) -> (N, C_out, *out): the padded input times the weight, one reduce (laid out by
+        `_conv_forward`), plus the bias when given. Its gradient is registered as two convolutions of the windowed
+        form (input: the transposed convolution of the output gradient; weight: the input's windows times it), whose
+        kernels index without division, and the bias's sum of the output gradient."""
+        n, kernel = weight.ndim - 2, weight.shape[2:]
         padded = self._conv_padded(pads)
-        win = padded._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)
-        bs, outs = self.shape[0], win.shape[2 : 2 + n]
-        # the kernel taps before the input channels: the channels are the innermost, longest reduce loop
-        win = win.reshape((bs, groups, 1, cin_g) + outs + kernel)
-        win = win.permute((0, 1, 2) + tuple(range(4 + n, 4 + 2 * n)) + (3,) + tuple(range(4, 4 + n)))
-        w = weight.reshape((1, groups, cout // groups, cin_g) + kernel).permute(
-            (0, 1, 2) + tuple(range(4, 4 + n)) + (3,)
-        )
-        w = w.reshape(w.shape + (1,) * n)
-        axes = tuple(range(3, 4 + n))
-        out = (win * w).sum(axes, dtype=acc_dtype).reshape((bs, cout) + outs)
-        if bias is not None:
-            out = out + bias.reshape((1, cout) + (1,) * n)
+        out = _conv_forward(padded, weight, groups, stride, dilation, acc_dtype, bias)
         x_uop, w_uop, padded_uop, device, tensor_class = self.uop, weight.uop, padded.uop, self.device, type(self)
         bias_dtype = None if bias is None else bias.dtype
 

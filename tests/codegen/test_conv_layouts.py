@@ -1,0 +1,141 @@
+"""Convolution forward layouts (tensor_ops/conv.py): a stride-1 conv with short output rows runs over the padded
+input's flat positions, a strided one over its input's stride phases. Values (forward, and the gradients of input,
+weight and bias) equal torch's; the reduce kernels index without division and get a register tile along one long
+contiguous axis."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusegrad import Tensor
+from fusegrad.codegen import lower_to_linear
+from fusegrad.codegen.opt import OptOps
+from fusegrad.runtime.device import Device
+from fusegrad.schedule import create_schedule
+from fusegrad.uop.ops import Ops
+import fusegrad.tensor_ops.conv as conv_ops
+
+CASES = [  # input shape, weight shape, conv2d kwargs: every one sums at least CONV_RELAYOUT_MIN_REDUCE products
+    ((1, 16, 7, 7), (24, 16, 3, 3), {"padding": 1}),  # flat positions (ResNet's 7x7 stage)
+    ((2, 8, 9, 6), (12, 8, 3, 3), {"padding": (2, 1), "dilation": (2, 1)}),  # flat, dilated
+    ((1, 64, 5, 5), (32, 64, 1, 1), {}),  # flat 1x1: no position dropped
+    ((1, 16, 6, 7), (8, 8, 3, 3), {"groups": 2, "padding": 1}),  # flat, grouped
+    ((1, 8, 4, 5, 6), (6, 8, 2, 3, 3), {"padding": (1, 0, 1)}),  # flat, 3-D
+    ((1, 64, 10, 10), (16, 64, 1, 1), {"stride": 2}),  # strided 1x1: one phase (a subsampled input)
+    ((1, 3, 23, 21), (8, 3, 7, 7), {"stride": 2, "padding": 3}),  # a stem conv: 4 phases of 4x4 taps
+    ((2, 8, 9, 9), (8, 8, 3, 3), {"stride": 2, "padding": 1}),  # 3x3 stride 2, odd input
+    ((1, 24, 8, 11), (8, 12, 3, 2), {"stride": (2, 3), "groups": 2, "padding": (1, 0)}),  # mixed strides, grouped
+    ((2, 16, 33, 33), (12, 8, 3, 3), {"groups": 2, "padding": 1}),  # grouped, wide rows: windowed, stored by group
+    ((1, 16, 17), (4, 16, 5), {"stride": 3, "padding": 2}),  # 1-D strided
+]
+
+
+def run_case(xs, ws, kw, seed=0, view=None):
+    rng = np.random.default_rng(seed)
+    xn, wn = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+    bn = rng.standard_normal(ws[0], dtype=np.float32)
+    x, w, b = (Tensor(a, requires_grad=True).realize() for a in (xn, wn, bn))
+    out = (view(x) if view else x).conv2d(w, b, **kw).relu()
+    gn = rng.standard_normal(out.shape, dtype=np.float32)
+    out.backward(Tensor(gn))
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (xn, wn, bn))
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(ws)]
+    ref = conv(view(tx) if view else tx, tw, tb, **kw).relu()
+    ref.backward(torch.tensor(gn))
+    for ours, theirs in ((out, ref), (x.grad, tx.grad), (w.grad, tw.grad), (b.grad, tb.grad)):
+        assert ours.shape == tuple(theirs.shape)
+        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(params=["fused", "stored"])
+def padding_layout(request, monkeypatch):
+    """fused: the padding read in place (a view the flat layout stores first); stored: every padded input stored."""
+    monkeypatch.setattr(conv_ops, "CONV_PAD_REALIZE_SIZE", 2**30 if request.param == "fused" else 0)
+    return request.param
+
+
+@pytest.mark.parametrize("xs,ws,kw", CASES)
+def test_relaid_conv_forward_and_backward_equal_torch(xs, ws, kw, padding_layout):
+    run_case(xs, ws, kw)
+
+
+def test_flat_conv_of_a_permuted_input_equals_torch():
+    """An input read across its rows (a transposed view) is stored before its flat view."""
+    run_case((1, 16, 7, 7), (8, 16, 3, 3), {"padding": 1}, view=lambda t: t.transpose(2, 3))
+
+
+def forward_reduce_kernels(xs, ws, kw):
+    x, w = Tensor.empty(*xs), Tensor.empty(*ws)
+    items, _, _ = create_schedule([x.conv2d(w, **kw).uop], [Device["CPU"]])
+    return [
+        lower_to_linear(item.ast, Device["CPU"].renderer)
+        for item in items
+        if item.ast.op is Ops.SINK and any(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort())
+    ]
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw,positions",
+    [
+        ((1, 64, 7, 7), (64, 64, 3, 3), {"padding": 1}, 7 * 9 - 2),  # up to the last output's window
+        ((1, 64, 7, 7), (64, 64, 1, 1), {}, 49),
+        ((1, 64, 14, 14), (64, 64, 1, 1), {"stride": 2}, 49),  # one phase, then flat
+    ],
+)
+def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, positions):
+    """The conv's one reduce kernel has the flat positions as its output's last axis, indexes without division, and
+    gets a register tile of output channels x whole vectors of positions."""
+    (info,) = forward_reduce_kernels(xs, ws, kw)
+    assert info.name.startswith(f"r_64_{positions}_"), info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    lanes = Device["CPU"].renderer.capabilities.lanes(Tensor.empty(1).dtype)
+    ups = {o.axis: o.amount for o in info.opts if o.op is OptOps.UPCAST}
+    assert ups.get(2, 1) > 1 and ups.get(3, 1) >= lanes, info.opts  # (N, groups, channels, positions)
+
+
+def test_strided_stem_conv_runs_stride_1_over_phases_in_vector_tiles():
+    """A 7x7 stride-2 conv (ResNet's first) reads four phases of its input as channels: its reduce kernel walks
+    4x4 taps of 12 channels along contiguous rows, in a register tile, without division."""
+    (info,) = forward_reduce_kernels((1, 3, 64, 64), (16, 3, 7, 7), {"stride": 2, "padding": 3})
+    assert info.name.startswith("r_16_32_32_4_4_12"), info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    assert any(o.op is OptOps.UPCAST and o.axis == 3 and o.amount >= 8 for o in info.opts), info.opts
+
+
+def test_short_reduce_keeps_the_windowed_conv():
+    """A conv summing fewer than CONV_RELAYOUT_MIN_REDUCE products per output keeps its one kernel."""
+    (info,) = forward_reduce_kernels((4, 2, 7, 7), (8, 2, 3, 3), {"stride": 2})
+    assert info.name == "r_4_8_3_3_3_3_2", info.name
+
+
+@pytest.mark.parametrize("xs", [(1, 16, 7, 7), (1, 16, 40, 40)])
+def test_grouped_conv_keeps_its_groups_axis_and_a_register_tile(xs):
+    """A grouped conv's output is stored with the groups as an axis of their own: its channels per group are the
+    register tile's rows (merged with the groups, the input's index would divide by the group's size)."""
+    (info,) = forward_reduce_kernels(xs, (32, 8, 3, 3), {"groups": 2, "padding": 1})
+    assert info.name.startswith("r_2_16_"), info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    assert any(o.op is OptOps.UPCAST and o.axis == 2 and o.amount > 1 for o in info.opts), info.opts
+
+
+def test_conv_output_is_stored_before_a_max_pool():
+    """A large conv output is stored before a max pool reads its windows: no kernel runs the conv's sum inside the
+    pool's max (there it lost its register tile); values and gradients equal torch's."""
+    rng = np.random.default_rng(5)
+    xn, wn = (
+        rng.standard_normal((1, 16, 32, 32), dtype=np.float32),
+        rng.standard_normal((64, 16, 3, 3), dtype=np.float32),
+    )
+    x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+    out = x.conv2d(w, padding=1).relu().max_pool2d(2)
+    items, _, _ = create_schedule([out.uop], [Device["CPU"]])
+    for item in items:
+        assert sum(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort()) <= 1
+    gn = rng.standard_normal(out.shape, dtype=np.float32)
+    out.backward(Tensor(gn))
+    tx, tw = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    ref = F.max_pool2d(F.conv2d(tx, tw, padding=1).relu(), 2)
+    ref.backward(torch.tensor(gn))
+    for ours, theirs in ((out, ref), (x.grad, tx.grad), (w.grad, tw.grad)):
+        np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), atol=1e-4, rtol=1e-4)
