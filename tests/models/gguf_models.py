@@ -9,17 +9,19 @@ import transformers
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import GGML_QUANT_SIZES, dequantize, quantize
 
+# kind -> (transformers' config and model class names, GGUF architecture); the classes are looked up when a model is
+# made: importing them all costs every test worker seconds at collection
 KINDS = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, "llama"),
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, "qwen2"),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, "qwen3"),
-    "qwen3moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, "qwen3moe"),
-    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, "llama"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "qwen3"),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "qwen3moe"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", "llama"),
 }
 
 
 def make_model(kind: str, seed: int = 0, std: float = 0.25, **cfg) -> torch.nn.Module:
-    config_cls, model_cls, _ = KINDS[kind]
+    config_cls, model_cls = (getattr(transformers, name) for name in KINDS[kind][:2])
     base = dict(
         vocab_size=128,
         hidden_size=64,

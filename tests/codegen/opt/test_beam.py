@@ -34,6 +34,11 @@ def vector_registers() -> int:
 
 @pytest.fixture(autouse=True)
 def beam_cache(tmp_path, monkeypatch):
+    """A BEAM cache of the test's own; the compiled candidates stay in the run's kernel cache, where the tests that
+    search the same kernel find them."""
+    kernels = Device["CPU"].compiler.cache
+    home = kernels.home()
+    monkeypatch.setattr(kernels, "home", lambda: home)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(beam, "SEARCH_BUDGET_S", 1.0)
     return tmp_path
