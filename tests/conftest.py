@@ -1,7 +1,6 @@
 """The suite checks every kernel it compiles against the codegen spec (fusegrad/uop/spec.py) after each stage;
 SPEC=0 in the environment turns the checks off. Subprocesses (examples, cache tests) inherit the setting."""
 
-import gc
 import os
 
 os.environ.setdefault("SPEC", "1")
@@ -54,13 +53,6 @@ def avx512_target(monkeypatch):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long test (multi-process, conformance suites); CI or FUSEGRAD_SLOW=1")
-
-
-def pytest_collection_finish(session):
-    # the collected modules (torch, transformers, onnx's cases: ~860k objects in a worker of the full run) live to the
-    # end: frozen, the collector's full passes skip them, and so does TinyJit's scan of live tensors (gc.get_objects),
-    # which cost each capture about a second in a worker of the full run (0.3 s per scan, several per capture)
-    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
