@@ -148,7 +148,12 @@ MAX_LEAF_OP_SHAPES = 256
 
 def _leaf_key(roots: list[UOp], devices: list) -> tuple | None:
     """The leaf-op memo's key when the only root is one op straight on BUFFER nodes, else None."""
-    if len(roots) != 1 or not (src := (root := roots[0]).src):
+    return _leaf_key_of(roots[0], tuple(devices)) if len(roots) == 1 else None
+
+
+def _leaf_key_of(root: UOp, devices: tuple) -> tuple | None:
+    """_leaf_key of the one root, its devices given as a tuple (the eager fast path builds no lists)."""
+    if not (src := root.src):
         return None
     buffer_op = Ops.BUFFER
     for s in src:
@@ -160,7 +165,7 @@ def _leaf_key(roots: list[UOp], devices: list) -> tuple | None:
         root.dtype,
         None if arg is None else _hashable(arg),
         tuple(map(id, src)),
-        tuple(devices),
+        devices,
         NUM_CPU_THREADS.value,
     )
 
@@ -367,21 +372,9 @@ def cached_schedule(
 def leaf_schedule(root: UOp, device: str | tuple[str, ...]) -> tuple[list[ScheduleItem], UOp, dict] | None:
     """cached_schedule([root], [device]) without copy on write, when root is an eager op on realized tensors whose
     template the leaf-op memo holds: (items, the root's result, the template's launch memo); else None."""
-    if not SCHEDULE_CACHE.value or not (src := root.src):
+    if not SCHEDULE_CACHE.value or (key := _leaf_key_of(root, (device,))) is None:
         return None
-    buffer_op = Ops.BUFFER
-    for s in src:
-        if s.op is not buffer_op:
-            return None
-    arg = root.arg
-    key = (
-        root.op,
-        root.dtype,
-        None if arg is None else _hashable(arg),
-        tuple(map(id, src)),
-        (device,),
-        NUM_CPU_THREADS.value,
-    )  # _leaf_key's, built here without its list arguments
+    src = root.src
     if (hit := _leaf_hit(key, src)) is None or (template := hit[4]) is None:
         return None
     items, results, _ = _bind_leaf(template, hit, src)

@@ -90,9 +90,9 @@ def _panel_width(k: Tensor) -> int:
     tiles, when the keys fill whole panels; else 0 (the plain matmul)."""
     if not isinstance(k.device, str) or k.device.split(":")[0] not in ("CPU", "LLVM"):
         return 0
-    from fusegrad.engine.realize import device_capabilities  # the engine, which the tensor has loaded already
+    from fusegrad.engine.realize import panel_columns  # the engine, which the tensor has loaded already
 
-    panel = 2 * device_capabilities(k.device).vector_bytes // 4
+    panel = panel_columns(k.device)
     return panel if k.shape[-2] % panel == 0 and k.shape[-2] > panel else 0
 
 

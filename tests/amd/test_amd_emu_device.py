@@ -9,21 +9,12 @@ import numpy as np
 import pytest
 
 from fusegrad import Tensor
-from fusegrad.helpers import AMD_SIM, Context
+from fusegrad.helpers import Context
 from fusegrad.runtime import ops_amd
-from fusegrad.runtime.support.amd.codeobj import ToolchainError, find_llvm
 from fusegrad.runtime.support.amd.errors import GPUFault
 
 
-@pytest.fixture(scope="module", autouse=True)
-def simulated_amd():
-    try:
-        find_llvm()
-    except ToolchainError as e:
-        pytest.skip(str(e))
-    old, AMD_SIM.value = AMD_SIM.value, 1
-    yield
-    AMD_SIM.value = old
+pytestmark = pytest.mark.usefixtures("simulated_amd")
 
 
 def _emu():

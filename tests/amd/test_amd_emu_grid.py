@@ -9,21 +9,11 @@ import pytest
 
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import to_numpy_dtype
-from fusegrad.helpers import AMD_SIM
-from fusegrad.runtime.support.amd.codeobj import ToolchainError, find_llvm
 
 SENTINEL = 0xAB
 
 
-@pytest.fixture(scope="module", autouse=True)
-def simulated_amd():
-    try:
-        find_llvm()
-    except ToolchainError as e:
-        pytest.skip(str(e))
-    old, AMD_SIM.value = AMD_SIM.value, 1
-    yield
-    AMD_SIM.value = old
+pytestmark = pytest.mark.usefixtures("simulated_amd")
 
 
 def _device():

@@ -4,19 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fusegrad import Tensor
-from fusegrad.helpers import AMD_SIM
-from fusegrad.runtime.support.amd.codeobj import ToolchainError, find_llvm
 
 
-@pytest.fixture(scope="module", autouse=True)
-def simulated_amd():
-    try:
-        find_llvm()
-    except ToolchainError as e:
-        pytest.skip(str(e))
-    old, AMD_SIM.value = AMD_SIM.value, 1
-    yield
-    AMD_SIM.value = old
+pytestmark = pytest.mark.usefixtures("simulated_amd")
 
 
 def test_elementwise_example():

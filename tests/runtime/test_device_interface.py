@@ -16,10 +16,12 @@ FRONT_END += [
 ]
 # what the front end may import below itself: the buffer interface and the engine's entry points
 FRONT_END_MAY_IMPORT = ("fusegrad.runtime.buffers", "fusegrad.engine.")
-# the places left that ask the target (the panel layouts of float and quantized weights), until that layout is decided
-# below the front end: the engine entry point for a panel's width from the renderer's capabilities, never codegen
+# the places left that ask the target (the panel layouts of float and quantized weights, attention's kᵀ panels), until
+# that layout is decided below the front end: the engine entry point for a panel's width, never codegen or a device
 PANEL_QUERY = {"fusegrad.engine.realize.panel_columns"}
-FRONT_END_TARGET_QUERIES = {"fusegrad/tensor_ops/linalg.py": PANEL_QUERY, "fusegrad/nn/quantized.py": PANEL_QUERY}
+FRONT_END_TARGET_QUERIES = {
+    f"fusegrad/{path}": PANEL_QUERY for path in ("tensor_ops/linalg.py", "tensor_ops/attention.py", "nn/quantized.py")
+}
 
 
 def imported_names(path: str) -> set[str]:
