@@ -307,8 +307,11 @@ def device_capabilities(device: str) -> Capabilities:
 
 def panel_columns(device: str, itemsize: int = 4) -> int:
     """Columns of a packed weight panel on device: two of its vectors of itemsize-byte elements (the register tile's
-    width). The front end's panel layouts (float and quantized weights) ask this, not the target itself."""
-    return max(2 * device_capabilities(device).vector_bytes // itemsize, 1)
+    width); 0 where the device's kernels do not gain from panels (its renderer's `weight_panels`). A plain matmul's
+    panels are the scheduler's choice (schedule/panels.py); the layouts models store or build themselves (quantized
+    weights dequantized into panels, attention's packed keys) ask this, not the target itself."""
+    caps = device_capabilities(device)
+    return max(2 * caps.vector_bytes // itemsize, 1) if caps.weight_panels else 0
 
 
 def schedule_uops(roots: list[UOp], devices: list[str]) -> list[ScheduleItem]:

@@ -27,7 +27,7 @@ class PanelLinear:
     ([out/panel][in][panel], zero columns padding the last): a register tile then walks one panel's rows one after
     another, where rows of a plain (in, out) weight lie out * 4 bytes apart (for a few hundred rows of x each load
     misses, and strides of 4 KiB alias in L1). Packed once when the model loads (see to_panels), not on every call
-    as tensor_ops/linalg.py does for large matmuls."""
+    as the scheduler does for a plain large matmul (schedule/panels.py)."""
 
     def __init__(self, d_in: int, d_out: int, bias: bool = True):
         self.d_out, self.panel = d_out, panel_width()
@@ -40,10 +40,11 @@ class PanelLinear:
 
 
 def panel_width() -> int:
-    """Columns per panel: two of the CPU device's vectors of float32 (the register tile's width)."""
+    """Columns per panel: two of the host CPU's vectors of float32 (the register tile's width). A stored layout, so
+    it is the host's, whichever device the model later runs on."""
     from fusegrad.engine.realize import panel_columns
 
-    return panel_columns("CPU")
+    return panel_columns("CPU") or 1
 
 
 def to_panels(w: Tensor, panel: int | None = None) -> Tensor:

@@ -329,7 +329,7 @@ class QuantizedMatrix:
         p*panel+panel-1 as columns, contiguous over cols (zero columns pad the last), written in one kernel."""
         from fusegrad.engine.realize import panel_columns  # the engine entry point the tensor has loaded
 
-        panel = panel_columns(self.planes[0].device)
+        panel = panel_columns(self.planes[0].device) or 1  # 1: a target without panel tiles gets the plain Wᵀ
         w = self.dequantize()
         if pad := -self.shape[0] % panel:
             w = w.pad(((0, pad), (0, 0)))

@@ -292,6 +292,7 @@ class CRenderer(CStyleRenderer):
     # SSE2-sized vectors without a device; the CPU device passes its compiler's -march=native values
     capabilities = Capabilities(
         vector_types=True,
+        weight_panels=True,
         vector_math=frozenset(
             {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
             | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}

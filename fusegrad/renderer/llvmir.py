@@ -480,7 +480,7 @@ class LLVMRenderer(Renderer):
     private_ptr = "ptr"  # type of a pointer to an alloca
     alloca_suffix = ""  # e.g. ", addrspace(5)"
     calling_convention = ""  # e.g. "amdgpu_kernel "
-    capabilities = Capabilities(vector_types=True)
+    capabilities = Capabilities(vector_types=True, weight_panels=True)
 
     def __init__(self, capabilities: Capabilities | None = None, triple: str = "", data_layout: str = ""):
         super().__init__(capabilities)

@@ -14,6 +14,7 @@ from fusegrad.helpers import DEBUG
 from fusegrad.runtime.buffers import base_buffer, buffer_of, buffer_uop
 from fusegrad.schedule.items import ScheduleItem
 from fusegrad.schedule.planner import KERNEL_DEPTH_LIMIT, Planner, reads_shifted
+from fusegrad.schedule.panels import PanelTarget, pack_weight_panels
 from fusegrad.schedule.split_reduce import split_long_reduces
 from fusegrad.uop.multi import lower_multi
 from fusegrad.uop.ops import Ops, UOp
@@ -118,8 +119,25 @@ def _lower_multi(s: ScheduleState) -> None:
     s.graph = lowered
 
 
+def _pack_weight_panels(s: ScheduleState) -> None:
+    s.graph, s.replaced = pack_weight_panels(s.graph, panel_target(s.devices))
+
+
 def _split_long_reduces(s: ScheduleState) -> None:
-    s.graph, s.replaced = split_long_reduces(s.graph)
+    s.graph, split = split_long_reduces(s.graph)
+    # the caller's nodes -> their node after both passes (the split's keys are the panel pass's results)
+    s.replaced = {u: split.get(v, v) for u, v in s.replaced.items()} | split
+
+
+def panel_target(devices: list) -> PanelTarget | None:
+    """The panel pass's view of the target: one device whose renderer's register tiles gain from weight panels."""
+    if not devices or any(d != devices[0] for d in devices) or isinstance(devices[0], tuple):
+        return None
+    from fusegrad.runtime.device import Device  # the device registry, loaded by whoever realizes
+
+    device = Device[devices[0]] if isinstance(devices[0], str) else devices[0]
+    caps = getattr(getattr(device, "renderer", None), "capabilities", None)
+    return PanelTarget(caps.vector_bytes) if caps is not None and caps.weight_panels else None
 
 
 def _find_realize_points(s: ScheduleState) -> None:
@@ -156,6 +174,7 @@ class Pass:
 PASSES: tuple[Pass, ...] = (
     Pass("substitute_realized", _substitute_realized),  # realized subgraphs become their buffers
     Pass("lower_multi", _lower_multi),  # multi-device tensors become one graph per shard (uop/multi.py)
+    Pass("pack_weight_panels", _pack_weight_panels),  # a big matmul reads its weight in panels (panels.py)
     Pass("split_long_reduces", _split_long_reduces),  # a long reduce becomes two kernels (split_reduce.py)
     Pass("find_realize_points", _find_realize_points),  # what is realized into a buffer; the rest fuses
     Pass("copy_on_write", _copy_on_write),  # an assign into a version still read elsewhere writes a fresh buffer

@@ -11,6 +11,7 @@ from fusegrad.helpers import NUM_CPU_THREADS
 from fusegrad.uop.broadcast import broadcast_const
 from fusegrad.uop.ops import Ops, UOp, reduce_identity
 from fusegrad.uop.pattern import PatternMatcher, UPat
+from fusegrad.schedule.panels import rewrite_once
 
 # below this many elements per output one thread finishes in tens of microseconds, about what a second kernel costs
 REDUCE_SPLIT_MIN_LENGTH = 1 << 16
@@ -141,16 +142,8 @@ pm_split_reduces = PatternMatcher([(UPat(Ops.REDUCE_AXIS, name="reduce"), split_
 
 
 def split_long_reduces(roots: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
-    """The roots with every long reduce into few outputs split in two; also each changed node's replacement, so the
-    scheduler can tell which of the caller's nodes a kernel computes. One pass, so the two reduces a split makes are
-    never split again."""
-    nodes = UOp(Ops.SINK, src=tuple(roots)).toposort()
-    if not any(u.op is Ops.REDUCE_AXIS for u in nodes):
+    """The roots with every long reduce into few outputs split in two; also each changed node's replacement. One pass,
+    so the two reduces a split makes are never split again."""
+    if not any(u.op is Ops.REDUCE_AXIS for u in UOp(Ops.SINK, src=tuple(roots)).toposort()):
         return roots, {}
-    replaced: dict[UOp, UOp] = {}
-    for u in nodes:
-        new_src = tuple(replaced.get(s, s) for s in u.src)
-        rebuilt = u if new_src == u.src else u.replace(src=new_src)
-        if (new := pm_split_reduces.rewrite(rebuilt) or rebuilt) is not u:
-            replaced[u] = new
-    return [replaced.get(r, r) for r in roots], replaced
+    return rewrite_once(roots, pm_split_reduces)

@@ -86,14 +86,14 @@ class _Problem:
 
 
 def _panel_width(k: Tensor) -> int:
-    """Keys per panel of kᵀ (two vectors: the register tile's width) on the devices whose kernels run the CPU register
-    tiles, when the keys fill whole panels; else 0 (the plain matmul)."""
-    if not isinstance(k.device, str) or k.device.split(":")[0] not in ("CPU", "LLVM"):
+    """Keys per panel of kᵀ (two vectors: the register tile's width) where the target's tiles gain from panels and
+    the keys fill whole panels; else 0 (the plain matmul)."""
+    if not isinstance(k.device, str):
         return 0
     from fusegrad.engine.realize import panel_columns  # the engine, which the tensor has loaded already
 
     panel = panel_columns(k.device)
-    return panel if k.shape[-2] % panel == 0 and k.shape[-2] > panel else 0
+    return panel if panel and k.shape[-2] % panel == 0 and k.shape[-2] > panel else 0
 
 
 def _packed(k: Tensor, panel: int) -> Tensor:

@@ -90,8 +90,6 @@ class LinalgMixin:
             # products are formed in the accumulation dtype when it is the wider one, like torch's upcast inputs
             wide = least_upper_dtype(x.dtype, w.dtype, to_dtype(dtype))
             x, w = x.cast(wide), w.cast(wide)
-        if (panel := _panel_width(x, w)) is not None:
-            return _panel_matmul(x, w, panel, dtype)
         if w.ndim >= 2 and _is_transposed_view(w) and _copy_pays(x.shape, w.shape):
             # x @ W.T (every nn.Linear) reads W across rows, where no register tile applies: a copy of W.T costs one
             # pass over W and turns the matmul into the row-contiguous kind the tiles serve
@@ -320,53 +318,3 @@ def _copy_pays(x_shape: tuple, w_shape: tuple) -> bool:
         return False  # a symbolic size: the matmul's cost is not known when the graph is built
     rows = prod(x_shape[:-1])
     return rows >= COPY_MIN_ROWS and rows * w_shape[-1] * w_shape[-2] >= COPY_MIN_MACS
-
-
-# a matmul this big reads its weight in panels (_panel_matmul): below, the copy costs more than the panels save
-# (measured on one thread: 1024^2 and up gain 10-20 %, 768^2 and smaller lose to the copy)
-PANEL_MIN_ROWS, PANEL_MIN_MACS = 64, 1 << 29
-# devices whose kernels run the register tiles of the CPU renderers (their renderers' vector registers)
-PANEL_DEVICES = ("CPU", "LLVM")
-
-
-def _panel_width(x: Tensor, w: Tensor) -> int | None:
-    """Columns per panel of w (two vectors: the register tile's width), when x @ w is big enough to pack w."""
-    if w.ndim != 2 or x.ndim < 2 or not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
-        return None  # batched weights and symbolic sizes keep the plain matmul
-    if not isinstance(w.device, str) or w.device.split(":")[0] not in PANEL_DEVICES:
-        return None
-    if w.dtype not in (dtypes.float32, dtypes.float64) or x.dtype != w.dtype or _may_be_differentiated(x, w):
-        return None
-    from fusegrad.engine.realize import panel_columns  # the engine, which the tensor has loaded already
-
-    panel = panel_columns(w.device, w.dtype.itemsize)
-    k, n = w.shape
-    rows = prod(x.shape[:-1])
-    if n % panel or n == panel or rows < PANEL_MIN_ROWS or rows * k * n < PANEL_MIN_MACS:
-        return None
-    return panel
-
-
-def _may_be_differentiated(x: Tensor, w: Tensor) -> bool:
-    """Training mode, or x, w or the tensor w is a view of marked requires_grad: the panel layout's input gradient is
-    a reduce over (panels, panel columns) that no register tile serves (measured on one thread, 1024^2 forward +
-    backward: 0.26x torch with panels, 0.54x with the plain layout), so a matmul that may be differentiated keeps it."""
-    from fusegrad.helpers import TRAINING
-
-    if TRAINING or type(x).training or x.requires_grad or w.requires_grad:
-        return True
-    base = w.uop.peel((Ops.PERMUTE, Ops.RESHAPE, Ops.EXPAND, Ops.SHRINK, Ops.CAST))
-    return any((t := ref()) is not None and t.requires_grad for ref in base.holder_refs())
-
-
-def _panel_matmul(x: Tensor, w: Tensor, panel: int, dtype: DTypeLike | None) -> Tensor:
-    """x @ w with w first copied into panels of `panel` columns, each contiguous over k ([n/panel][k][panel]): a
-    register tile walks one panel's rows one after another instead of rows of w n elements apart, which alias in L1
-    and defeat the prefetcher. The output (..., n/panel, panel) is the (..., n) result in the same memory order."""
-    k, n = w.shape
-    # the weight's gradient is made in the panel layout too (then copied back): fused into one kernel, its loads and
-    # stores would cross the two layouts with no tile that fits both
-    packed = w.reshape(k, n // panel, panel).permute(1, 0, 2).contiguous().contiguous_backward()
-    products = x.reshape(x.shape[:-1] + (1, 1, k)) * packed.permute(0, 2, 1)
-    out = products.sum(-1, dtype=to_dtype(dtype)) if dtype is not None else products.sum(-1).cast(products.dtype)
-    return out.reshape(x.shape[:-1] + (n,))

@@ -346,11 +346,11 @@ def test_pool_window_is_fully_unrolled_and_equals_noopt_and_torch(shape, k, stri
 
 @contextlib.contextmanager
 def panels_for_any_size():
-    import fusegrad.tensor_ops.linalg as linalg
+    import fusegrad.schedule.panels as panels_pass
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(linalg, "PANEL_MIN_ROWS", 1)
-        mp.setattr(linalg, "PANEL_MIN_MACS", 1)
+        mp.setattr(panels_pass, "PANEL_MIN_ROWS", 1)
+        mp.setattr(panels_pass, "PANEL_MIN_MACS", 1)
         yield
 
 

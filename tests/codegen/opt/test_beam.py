@@ -303,10 +303,10 @@ def test_cache_key_names_the_thread_count():
 @pytest.fixture
 def small_panels(monkeypatch):
     """Every matmul of at least one row and 2 panels of columns packs its weight, however small."""
-    import fusegrad.tensor_ops.linalg as linalg
+    import fusegrad.schedule.panels as panels_pass
 
-    monkeypatch.setattr(linalg, "PANEL_MIN_ROWS", 1)
-    monkeypatch.setattr(linalg, "PANEL_MIN_MACS", 1)
+    monkeypatch.setattr(panels_pass, "PANEL_MIN_ROWS", 1)
+    monkeypatch.setattr(panels_pass, "PANEL_MIN_MACS", 1)
     return 2 * vector_bytes() // 4  # float32 columns per panel
 
 
@@ -395,14 +395,14 @@ def test_panel_matmul_candidates_include_its_knobs(small_panels):
 def test_panel_matmul_candidates_equal_noopt(data, m, k, panels):
     """Any list a search can reach from the heuristic's (one or two moves, the nearest first or any) computes the
     values of the kernel without opts, or is refused with an OptError."""
-    import fusegrad.tensor_ops.linalg as linalg
+    import fusegrad.schedule.panels as panels_pass
 
-    saved = linalg.PANEL_MIN_ROWS, linalg.PANEL_MIN_MACS
-    linalg.PANEL_MIN_ROWS, linalg.PANEL_MIN_MACS = 1, 1
+    saved = panels_pass.PANEL_MIN_ROWS, panels_pass.PANEL_MIN_MACS
+    panels_pass.PANEL_MIN_ROWS, panels_pass.PANEL_MIN_MACS = 1, 1
     try:
         ast = panel_matmul_ast(m, k, panels * 2 * vector_bytes() // 4)
     finally:
-        linalg.PANEL_MIN_ROWS, linalg.PANEL_MIN_MACS = saved
+        panels_pass.PANEL_MIN_ROWS, panels_pass.PANEL_MIN_MACS = saved
     bench = beam.KernelBench(ast, CPU)
     bench.run(beam.compile_candidate(ast, CPU, ()))
     plain = bench.output()

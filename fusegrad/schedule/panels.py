@@ -1,0 +1,124 @@
+"""Reads a big matmul's weight in panels: x @ w with w a row-major (k, n) matrix reads w's columns n elements apart,
+rows that alias in L1 and defeat the prefetcher. Where the target's register tiles gain from it (the renderer's
+`weight_panels` capability), w is first copied into panels of `panel` columns, each contiguous over k
+([n/panel][k][panel]), and the matmul's register tile walks one panel's rows one after another. The output keeps its
+memory order: (..., n/panel, panel) is (..., n).
+
+The front end builds every matmul the same way (the broadcast product of x's rows and wᵀ, summed over k); this pass
+decides the layout, so no front-end code asks which device it runs on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import prod
+from fusegrad.uop.ops import Ops, UOp, elementwise_uop
+from fusegrad.uop.pattern import PatternMatcher, UPat
+
+# a matmul this big reads its weight in panels: below, the copy costs more than the panels save (measured on one
+# thread: 1024^2 and up gain 10-20 %, 768^2 and smaller lose to the copy)
+PANEL_MIN_ROWS, PANEL_MIN_MACS = 64, 1 << 29
+
+
+@dataclass
+class PanelTarget:
+    """What the pass needs of the target: the width of one vector register (a panel is two of them); and of the graph,
+    the sums and copies read by one node only."""
+
+    vector_bytes: int
+    single_reader: set[UOp] = field(default_factory=set)
+
+    def columns(self, itemsize: int) -> int:
+        return max(2 * self.vector_bytes // itemsize, 1)
+
+
+def _weight(cols: UOp, n: int, k: int, single_reader: set[UOp]) -> UOp | None:
+    """The (k, n) matrix w when cols is wᵀ broadcast to (..., n, k): EXPAND(RESHAPE(PERMUTE(w, (1, 0)))), the
+    expand absent when nothing broadcasts, the reshapes adding leading ones. A copy of w that only this matmul reads
+    (the front end's contiguous Wᵀ for x @ W.T) is skipped: the panels are copied from w's view at once."""
+    if cols.op is Ops.EXPAND:
+        cols = cols.src[0]
+    if cols.shape[-2:] != (n, k) or prod(cols.shape) != n * k:
+        return None
+    while cols.op is Ops.RESHAPE:
+        cols = cols.src[0]
+    if cols.op is not Ops.PERMUTE or cols.arg != (1, 0) or cols.src[0].shape != (k, n):
+        return None
+    w = cols.src[0]
+    return w.src[0] if w.op is Ops.CONTIGUOUS and type(w.arg) is int and w in single_reader else w
+
+
+def _rows(rows: UOp, n: int, k: int) -> UOp | None:
+    """x's rows (..., m, 1, k) when rows is them broadcast over n: EXPAND(x viewed as (..., m, 1, k))."""
+    if rows.op is not Ops.EXPAND or rows.src[0].shape[-2:] != (1, k):
+        return None
+    return rows.src[0]
+
+
+def pack_weight(view: UOp, reduce: UOp, ctx: PanelTarget) -> UOp | None:
+    """sum_k x[..., m, k] * w[k, n], viewed as (..., m, n), as (x's rows) x (w in panels), when the matmul is big
+    enough to pay for the copy and the view is the sum's only reader (else the sum would be computed twice)."""
+    if reduce not in ctx.single_reader:
+        return None
+    op, axes = reduce.arg
+    shape = reduce.src[0].shape
+    if op is not Ops.ADD or axes != (len(shape) - 1,) or len(shape) < 3 or not all(type(d) is int for d in shape):
+        return None
+    mul = reduce.src[0]
+    if mul.op is not Ops.MUL or mul.dtype not in (dtypes.float32, dtypes.float64) or reduce.dtype is not mul.dtype:
+        return None
+    *lead, n, k = shape
+    for a, b in ((0, 1), (1, 0)):
+        if (w := _weight(mul.src[b], n, k, ctx.single_reader)) is not None and (
+            x := _rows(mul.src[a], n, k)
+        ) is not None:
+            break
+    else:
+        return None
+    panel, rows = ctx.columns(mul.dtype.itemsize), prod(lead)
+    if n % panel or n == panel or rows < PANEL_MIN_ROWS or rows * k * n < PANEL_MIN_MACS:
+        return None
+    dt = mul.dtype
+    packed = UOp(Ops.PERMUTE, dt, (UOp(Ops.RESHAPE, dt, (w,), (k, n // panel, panel)),), (1, 0, 2))
+    packed = UOp(Ops.CONTIGUOUS, dt, (packed,), "weight_panels")  # (n/panel, k, panel)
+    full = (*lead, n // panel, panel, k)
+    cols = UOp(Ops.PERMUTE, dt, (packed,), (0, 2, 1))
+    cols = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (cols,), (*(1,) * len(lead), *full[-3:])),), full)
+    xs = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (x,), (*lead, 1, 1, k)),), full)
+    products = elementwise_uop(Ops.MUL, dt, (xs, cols) if a == 0 else (cols, xs), full)
+    summed = UOp(Ops.REDUCE_AXIS, dt, (products,), (Ops.ADD, (len(full) - 1,)))
+    # through the (..., n/panel, panel) view: the kernel's output axes are then rows, panels and a panel's columns
+    return UOp(Ops.RESHAPE, dt, (UOp(Ops.RESHAPE, dt, (summed,), full[:-1]),), view.arg)
+
+
+pm_weight_panels = PatternMatcher(
+    [(UPat(Ops.RESHAPE, src=(UPat(Ops.REDUCE_AXIS, name="reduce"),), name="view"), pack_weight)]
+)
+
+
+def rewrite_once(roots: list[UOp], pm: PatternMatcher, ctx: object = None) -> tuple[list[UOp], dict[UOp, UOp]]:
+    """The roots with pm applied once to each node (sources first; what a rule returns is not rewritten again), and
+    each changed node's replacement, so the scheduler can tell which of the caller's nodes a kernel computes."""
+    replaced: dict[UOp, UOp] = {}
+    for u in UOp(Ops.SINK, src=tuple(roots)).toposort():
+        new_src = tuple(replaced.get(s, s) for s in u.src)
+        rebuilt = u if new_src == u.src else u.replace(src=new_src)
+        if (new := pm.rewrite(rebuilt, ctx) or rebuilt) is not u:
+            replaced[u] = new
+    return [replaced.get(r, r) for r in roots], replaced
+
+
+def pack_weight_panels(roots: list[UOp], target: PanelTarget | None) -> tuple[list[UOp], dict[UOp, UOp]]:
+    """The roots with every big matmul's weight read in panels (no target: the device's kernels do not gain)."""
+    if target is None:
+        return roots, {}
+    readers: dict[UOp, int] = {}
+    for u in UOp(Ops.SINK, src=tuple(roots)).toposort():
+        for s in u.src:
+            if s.op is Ops.REDUCE_AXIS or s.op is Ops.CONTIGUOUS:
+                readers[s] = readers.get(s, 0) + 1
+    if not readers:
+        return roots, {}
+    target.single_reader = {r for r, n in readers.items() if n == 1}
+    return rewrite_once(roots, pm_weight_panels, target)
