@@ -5,6 +5,7 @@ kernels that differ only in a constant are one AST and one compiled program."""
 from __future__ import annotations
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from fusegrad.lazy_numpy import np
 from fusegrad.dtype import DType, dtypes, to_numpy_dtype
@@ -12,95 +13,123 @@ from fusegrad.runtime.buffers import buffer_of
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule.variables import arg_uops
 from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 if TYPE_CHECKING:
     from fusegrad.schedule.planner import Planner
 
 
-def kernel_ast_value(
-    planner: Planner, value: UOp, params: dict[object, tuple[Buffer, UOp]], point: UOp, device: str
-) -> UOp:
-    """The kernel's value graph: buffers become numbered DEFINE_GLOBALs, inner points become their buffers, and
-    data constants are read from one-element parameter buffers, so kernels that differ only in a constant
-    (a learning rate, a scalar in a user's loop) are one AST and one compiled program. Each use of a constant gets
-    a parameter of its own: equal constants (one hash-consed node) then build the same AST as different ones.
-    Float constants are lifted wherever they are used; int ones only as operands of plain arithmetic and
-    comparisons (INT_CONST_OPERAND_OPS): a shift count, a power, a divisor shape the compiled code."""
-    memo: dict[UOp, UOp] = {}
-    const_views = planner.const_views
-    shaping: set[UOp] | None = None  # found on the first int constant: most kernels have none
+@dataclass
+class KernelBuild:
+    """What the kernel-AST rules read and fill: the planner's decisions, the kernel's parameters so far, the realize
+    point it computes and its device."""
 
-    def lifted(user: UOp | None, s: UOp) -> bool:
-        """Whether s, a source of user (None: the kernel's value itself), is read from a parameter."""
-        nonlocal shaping
-        if not is_lifted_const_view(s, const_views):
+    planner: Planner
+    value: UOp
+    params: dict[object, tuple[Buffer, UOp]]
+    point: UOp
+    device: str
+    shaping: set[UOp] | None = None  # found on the first int constant: most kernels have none
+    original: set[UOp] | None = None  # the value's own nodes, found with `shaping`
+
+    def lifted(self, user: UOp | None, s: UOp) -> bool:
+        """Whether s, a source of user (None: standing alone), is read from a parameter. Float constants are lifted
+        wherever they are used; int ones only as operands of plain arithmetic and comparisons
+        (INT_CONST_OPERAND_OPS): a shift count, a power, a divisor shape the compiled code."""
+        if not is_lifted_const_view(s, self.planner.const_views):
             return False
         if dtypes.is_float(s.dtype):
             return True
-        if shaping is None:
-            shaping = feeds_code_shape(value)
-        # an int constant combined only with constants (the squarings of `2 ** t`) stays foldable by the compiler
+        if self.shaping is None:
+            self.shaping, self.original = feeds_code_shape(self.value), set(self.value.toposort())
+        # decided at the value's own node (the rewrite asks again for the node rebuilt over rewritten sources, which
+        # the shaping set does not know); an int constant combined only with constants (the squarings of `2 ** t`)
+        # stays foldable by the compiler
         return (
             user is not None
-            and user not in shaping
+            and user in self.original  # type: ignore[operator]
+            and user not in self.shaping
             and (
                 user.op is Ops.NEG  # `x - k` adds -k
                 or user.op in INT_CONST_OPERAND_OPS
-                and any(o is not s and not is_lifted_const_view(o, const_views) for o in user.src)
+                and any(o is not s and not is_lifted_const_view(o, self.planner.const_views) for o in user.src)
             )
         )
 
-    def param(buf: Buffer, key: object) -> UOp:
-        return kernel_param(params, buf, key)
+    def param(self, buf: Buffer, key: object) -> UOp:
+        return kernel_param(self.params, buf, key)
 
-    def buffer_param(buf: Buffer) -> UOp:
-        return param(buf, buf)
+    def buffer_param(self, buf: Buffer) -> UOp:
+        return self.param(buf, buf)
 
-    def const_use(u: UOp) -> UOp:
+    def const_use(self, u: UOp) -> UOp:
         """A lifted constant (under its views) read from a parameter of this use's own."""
         u, views = u.peel_chain(GroupOp.Movement)
-        planner.const_params[buf := const_buffer(device, u.dtype, u.arg)] = (u.dtype, u.arg)
+        self.planner.const_params[buf := const_buffer(self.device, u.dtype, u.arg)] = (u.dtype, u.arg)
         # past the cap, uses of one value share a parameter: a kernel's argument list stays short
-        ret = UOp(Ops.RESHAPE, u.dtype, (param(buf, object() if len(params) < MAX_KERNEL_PARAMS else buf),), ())
+        key = object() if len(self.params) < MAX_KERNEL_PARAMS else buf
+        ret = UOp(Ops.RESHAPE, u.dtype, (self.param(buf, key),), ())
         for v in reversed(views):  # a view to a symbolic size reads the variable's kernel parameter too
-            ret = v.replace(src=(ret,), arg=planner.vars.kernel_arg(v, device, buffer_param) if arg_uops(v) else v.arg)
+            arg = self.planner.vars.kernel_arg(v, self.device, self.buffer_param) if arg_uops(v) else v.arg
+            ret = v.replace(src=(ret,), arg=arg)
         return ret
 
-    # sources before users, from an explicit stack: a kernel's value graph can be thousands of nodes deep
-    stack: list[tuple[UOp, bool]] = [(value, False)]
-    while stack:
-        u, expanded = stack.pop()
-        if u in memo:
-            continue
-        if u is not point and u in planner.result:
-            inner = planner.result[u]
-            if not expanded:
-                stack.extend(((u, True), (inner, False)))
-                continue
-            ret = memo[inner]
-        elif u.op is Ops.BUFFER:
-            ret = param(buf := buffer_of[u], buf)
-        elif lifted(None, u):
-            ret = const_use(u)
-        elif u.op is Ops.BIND:
-            ret = planner.vars.kernel_var(u, device, buffer_param)  # its value is a parameter, not part of the AST
-        elif u.op is Ops.DETACH or u.op is Ops.CONTIGUOUS and u.arg == "backward":
-            if not expanded:
-                stack.extend(((u, True), (u.src[0], False)))
-                continue
-            ret = memo[u.src[0]]
-        else:
-            if not expanded:
-                stack.append((u, True))
-                stack.extend((s, False) for s in reversed(u.src) if not lifted(u, s))
-                continue
-            new_src = tuple(const_use(s) if lifted(u, s) else memo[s] for s in u.src)
-            if arg_uops(u):
-                ret = u.replace(src=new_src, arg=planner.vars.kernel_arg(u, device, buffer_param))
-            else:
-                ret = u if new_src == u.src else u.replace(src=new_src)
-        memo[u] = ret
-    return memo[value]
+
+def _inner_point(ctx: KernelBuild, u: UOp) -> UOp | None:
+    """A value an earlier kernel of the schedule stores: read from its buffer."""
+    return ctx.planner.result.get(u) if u is not ctx.point else None
+
+
+def _buffer(ctx: KernelBuild, u: UOp) -> UOp:
+    return ctx.param(buf := buffer_of[u], buf)
+
+
+def _lifted_alone(ctx: KernelBuild, u: UOp) -> UOp | None:
+    """A float constant standing alone (the kernel's whole value, or below a DETACH) is read from a parameter."""
+    return ctx.const_use(u) if ctx.lifted(None, u) else None
+
+
+def _bind(ctx: KernelBuild, u: UOp) -> UOp:
+    return ctx.planner.vars.kernel_var(u, ctx.device, ctx.buffer_param)  # its value is a parameter, not in the AST
+
+
+def _has_bind(u: UOp) -> bool:
+    return any(n.op is Ops.BIND for a in arg_uops(u) for n in a.toposort())
+
+
+def _operands(ctx: KernelBuild, u: UOp) -> UOp | None:
+    """Lifted constant operands read from parameters, one per use; bound variables in a view's arg become the
+    kernel's variables."""
+    lifted = [ctx.lifted(u, s) for s in u.src]
+    binds = _has_bind(u)
+    if not any(lifted) and not binds:
+        return None
+    src = tuple(ctx.const_use(s) if lift else s for s, lift in zip(u.src, lifted))
+    return u.replace(src=src, arg=ctx.planner.vars.kernel_arg(u, ctx.device, ctx.buffer_param) if binds else u.arg)
+
+
+# the kernel's value graph, top down: buffers become numbered DEFINE_GLOBALs, inner points their buffers, bound
+# variables kernel parameters and data constants one-element parameter buffers, so kernels that differ only in a
+# constant (a learning rate, a scalar in a user's loop) are one AST and one compiled program. Each use of a constant
+# gets a parameter of its own: equal constants (one hash-consed node) then build the same AST as different ones.
+pm_kernel_ast = PatternMatcher(
+    [
+        (UPat(tuple(Ops), name="u"), _inner_point),  # first, for every op
+        (UPat(Ops.BUFFER, name="u"), _buffer),
+        (UPat(Ops.BIND, name="u"), _bind),
+        (UPat(Ops.DETACH, src=(UPat(name="x"),)), lambda x: x),
+        (UPat(Ops.CONTIGUOUS, arg="backward", src=(UPat(name="x"),)), lambda x: x),
+        (UPat(GroupOp.Movement | {Ops.CONST}, name="u"), _lifted_alone),
+        (UPat(name="u"), _operands),
+    ]
+)
+
+
+def kernel_ast_value(
+    planner: Planner, value: UOp, params: dict[object, tuple[Buffer, UOp]], point: UOp, device: str
+) -> UOp:
+    """The kernel's value graph (pm_kernel_ast): one top-down graph_rewrite."""
+    return graph_rewrite(value, pm_kernel_ast, KernelBuild(planner, value, params, point, device), bottom_up=False)
 
 
 def kernel_view(planner: Planner, view: UOp, base: UOp, params: dict[object, tuple[Buffer, UOp]], device: str) -> UOp:

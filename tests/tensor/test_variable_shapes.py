@@ -250,7 +250,8 @@ def test_replay_with_new_values_through_rebind_buffers():
     out = t[:, : v.bind(3)].sum(1) * v.bind(3)
     assert bound_vars([out.uop]) == {v: 3}
     items = out.schedule_linear()
-    assert [var_params(i.ast) for i in items if var_params(i.ast)] == [{2: v}]
+    slots = [var_params(i.ast) for i in items if var_params(i.ast)]
+    assert len(slots) == 1 and list(slots[0].values()) == [v]  # one kernel reads v, from one parameter
     for val in (5, 9, 1):
         for item in items:
             run_item(ScheduleItem(item.ast, rebind_buffers(item.ast, item.buffers, item.device, {v: val}), item.device))

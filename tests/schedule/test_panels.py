@@ -1,0 +1,71 @@
+"""The pack_weight_panels pass (schedule/panels.py): which matmuls read their weight in panels, and that the values
+do not change."""
+
+import numpy as np
+import pytest
+
+import fusegrad.schedule.panels as panels_pass
+from fusegrad.engine.realize import panel_columns
+from fusegrad.schedule import panel_target
+from fusegrad.tensor import Tensor
+from fusegrad.uop.ops import Ops
+
+
+@pytest.fixture
+def any_size(monkeypatch):
+    monkeypatch.setattr(panels_pass, "PANEL_MIN_ROWS", 1)
+    monkeypatch.setattr(panels_pass, "PANEL_MIN_MACS", 1)
+    return panel_columns("CPU")
+
+
+def kernels(*roots: Tensor) -> list:
+    return [i.ast for i in Tensor.schedule_linear(*roots) if i.ast.op is Ops.SINK]
+
+
+def copies(asts: list) -> int:
+    """Kernels that store a weight in panels: its (k, n/panel, panel) view permuted to (n/panel, k, panel)."""
+    return sum(1 for a in asts if (v := a.src[0].src[1]).op is Ops.PERMUTE and v.arg == (1, 0, 2))
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_the_target_decides(any_size):
+    assert panel_target(["CPU"]).columns(4) == any_size
+    assert panel_target(["CPU"]).columns(8) == any_size // 2
+    assert panel_target(["PYTHON"]) is None  # its renderer has no register tiles
+    assert panel_target(["CPU", "PYTHON"]) is None  # one device at a time
+    assert panel_target([("CPU:0", "CPU:1")]) is None
+
+
+def test_a_matmul_and_its_transposed_weight_pack_once(any_size):
+    x, w = rand(5, 7), rand(7, 2 * any_size, seed=1)
+    out = Tensor(x).realize() @ Tensor(w).realize()
+    assert copies(kernels(out)) == 1
+    np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5, atol=1e-5)
+    # x @ W.T: the front end's contiguous Wᵀ is not copied again, the panels are read from W's view
+    wt = Tensor(np.ascontiguousarray(w.T)).realize()
+    out = Tensor(x).realize() @ wt.T
+    asts = kernels(out)
+    assert len(asts) == 2 and copies(asts) == 1
+    np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_sum_read_twice_is_not_rewritten(any_size):
+    """A matmul whose sum another node reads besides its view would otherwise be computed twice."""
+    x, w = Tensor(rand(4, 3)).realize(), Tensor(rand(3, 2 * any_size, seed=1)).realize()
+    summed = (x.reshape(4, 1, 3) * w.T.reshape(1, 2 * any_size, 3)).sum(-1, keepdim=True)
+    out = summed.reshape(4, 2 * any_size) + summed.max()
+    assert copies(kernels(out)) == 0
+    want = x.numpy() @ w.numpy()
+    np.testing.assert_allclose(out.numpy(), want + want.max(), rtol=1e-5, atol=1e-5)
+
+
+def test_one_weight_two_matmuls_one_copy(any_size):
+    w = Tensor(rand(6, 2 * any_size, seed=1)).realize()
+    a, b = Tensor(rand(3, 6)).realize(), Tensor(rand(5, 6, seed=2)).realize()
+    ya, yb = a @ w, b @ w
+    assert copies(kernels(ya, yb)) == 1  # the packed weight is one node: one kernel writes it
+    np.testing.assert_allclose(ya.numpy(), a.numpy() @ w.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(yb.numpy(), b.numpy() @ w.numpy(), rtol=1e-5, atol=1e-5)
