@@ -272,7 +272,9 @@ class AMDGPURenderer(LLVMRenderer):
 
     def module_trailer(self, lin: tuple[UOp, ...]) -> str:
         x, y, z = self.launch_dims(lin).local_size
-        return f"!0 = !{{i32 {x}, i32 {y}, i32 {z}}}\n"
+        # code object v5 (LLVM 19's default; LLVM 22 would write v6, which the MI300/MI350 stacks need not load)
+        v5 = '!llvm.module.flags = !{!1}\n!1 = !{i32 1, !"amdhsa_code_object_version", i32 500}\n'
+        return f"!0 = !{{i32 {x}, i32 {y}, i32 {z}}}\n" + v5
 
     def params(self, lin: tuple[UOp, ...]) -> list[str]:
         bufs = sorted((u for u in lin if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])

@@ -1,6 +1,7 @@
 """The AMD device: buffers in VRAM through the GPU VM, uploads through SDMA, kernels on the compute queue.
 
-Kernels are LLVM IR for amdgcn-amd-amdhsa (renderer/llvmir_amdgpu.py), compiled to a code object by the installed LLVM.
+Kernels are LLVM IR for amdgcn-amd-amdhsa (renderer/llvmir_amdgpu.py), compiled to a code object for AMD_ARCH (gfx950
+by default) by llvmlite's LLVM in-process, or by the installed LLVM's tools with AMD_LLVM=external.
 `AMD_SIM=1` runs everything on the simulated MI350X VF, whose command processor executes each dispatch's machine
 code in the CDNA3 wave emulator over simulated VRAM; `AMD_SIM_TWIN=1` also runs the kernel's PYTHON-device twin after
 it and compares every buffer. The AMD parts sit behind a small interface (`AmdAllocator`,
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fusegrad.dtype import to_numpy_dtype
-from fusegrad.helpers import AMD_ARCH, AMD_PCI, AMD_SIM, AMD_SIM_TWIN, DEBUG
+from fusegrad.helpers import AMD_ARCH, AMD_LLVM, AMD_PCI, AMD_SIM, AMD_SIM_TWIN, DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.runtime.ops_python import PythonProgram
 from fusegrad.runtime.support.amd import pm4
@@ -125,10 +126,10 @@ class AmdProgram:
         self.device, self.info = device, info
         self.params = sorted((u for u in info.lin if u.op.name == "DEFINE_GLOBAL"), key=lambda u: u.arg[0])
         self.dims = device.renderer.launch_dims(info.lin)  # the grid the renderer mapped the loops onto
-        ir = device.renderer.render(info.name, info.lin, info.packs)
+        self.ir = ir = device.renderer.render(info.name, info.lin, info.packs)  # kept: the decoder tests rebuild it
         if DEBUG >= 4:
             print(ir)
-        self.elf = compile_ir(ir, device.arch)
+        self.elf = compile_ir(ir, device.arch, AMD_LLVM.value)
         self.kd = parse_code_object(self.elf, info.name)
         if self.kd.private_segment:
             raise RuntimeError(
@@ -233,7 +234,7 @@ class AmdDevice:
         # the simulator emulates every instruction: a long kernel may take minutes where the GPU takes microseconds
         self.gpu = AMDGPU(self.pci, wait_s=SIM_WAIT_S if AMD_SIM.value else 10.0)
         self.lock = threading.RLock()
-        self.arch = pick_target(AMD_ARCH.value)
+        self.arch = pick_target(AMD_ARCH.value, AMD_LLVM.value)
         self.allocator = AmdAllocator(self.gpu, self.lock)
         self.renderer, self.compiler = AMDGPURenderer(), None
         self.built: list[AmdProgram] = []  # every program compiled, in order (the decoder tests read their code)

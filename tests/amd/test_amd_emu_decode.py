@@ -1,4 +1,6 @@
-"""The emulator's decoder agrees with LLVM's disassembler on every instruction of the kernels DEV=AMD compiles."""
+"""The emulator's decoder agrees with LLVM on every instruction of the kernels DEV=AMD compiles: with llvm-objdump's
+disassembly for gfx942, and for gfx950 (which no installed disassembler knows) with the assembly llvmlite's LLVM prints
+for the very module whose object it emits."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import pytest
 
 from fusegrad import Tensor
 from fusegrad.helpers import AMD_SIM
+from fusegrad.runtime.support.amd import inproc
+from fusegrad.runtime.support.amd.codeobj import compile_ir, parse_code_object
 from fusegrad.runtime.support.amd.emu import decode_all
 from fusegrad.runtime.support.amd.emu.elf import text
 
@@ -83,12 +87,14 @@ def kernels():
 
 
 def test_every_instruction_decodes_to_llvms_mnemonic(kernels, tmp_path):
+    """gfx942: each kernel's IR built for gfx942, its .text decoded, against llvm-objdump-19 --mcpu=gfx942."""
     assert len(kernels) >= 12
     checked, names = 0, set()
     for prog in kernels:
-        want = _objdump(prog.elf, tmp_path)
-        addr, code = text(prog.elf)
-        start = prog.kd.entry_offset - addr
+        elf = compile_ir(prog.ir, "gfx942")
+        want = _objdump(elf, tmp_path)
+        addr, code = text(elf)
+        start = parse_code_object(elf, prog.info.name).entry_offset - addr
         got = {addr + off: inst.name for off, inst in decode_all(code, start)}
         for pc, name in want.items():
             if pc < addr + start:
@@ -98,3 +104,40 @@ def test_every_instruction_decodes_to_llvms_mnemonic(kernels, tmp_path):
             checked += 1
     assert checked > 500 and len(names) > 40, (checked, sorted(names))
     assert {"s_barrier", "ds_write_b32", "ds_write_b64"} <= names  # the split reductions' LDS tree ran through
+
+
+ASM = re.compile(r"^\s+([a-z][a-z_0-9]*)\b")
+
+
+def _asm_mnemonics(asm: str, name: str) -> list[str]:
+    """The instructions of kernel `name` in LLVM's assembly output, in order (directives, labels, comments skipped)."""
+    body = asm[asm.index(f"\n{name}:") : asm.index(".Lfunc_end")]
+    out = []
+    for line in body.splitlines()[1:]:
+        if (m := ASM.match(line.split(";")[0])) is not None:
+            mnemonic = m.group(1)
+            for suffix in ("_e32", "_e64", "_sdwa", "_dpp"):
+                mnemonic = mnemonic.removesuffix(suffix)
+            out.append(mnemonic)
+    return out
+
+
+def test_gfx950_code_decodes_to_the_assembly_llvm_printed(kernels):
+    """gfx950: the object's .text decodes, instruction by instruction, to the mnemonics LLVM 22 printed as assembly
+    for the same optimized module (a round trip through LLVM's own printer, not a disassembler: no installed
+    llvm-objdump knows gfx950)."""
+    if not inproc.available() or inproc.llvm_version()[0] < 20:
+        pytest.skip("llvmlite with an LLVM that knows gfx950 (20+) is not installed")
+    checked, names = 0, set()
+    for prog in kernels:
+        asm, obj = inproc.assembly_and_object(prog.ir, "gfx950")
+        elf = inproc.link(obj)
+        addr, code = text(elf)
+        start = parse_code_object(elf, prog.info.name).entry_offset - addr
+        got = [inst.name for _, inst in decode_all(code, start)]
+        want = _asm_mnemonics(asm, prog.info.name)
+        got = got[: len(want)]  # the code is padded to its section's end with s_code_end-style fill
+        assert got == want, f"{prog.info.name}: decoder {got} vs LLVM's assembly {want}"
+        checked += len(want)
+        names |= set(want)
+    assert checked > 500 and len(names) > 40, (checked, sorted(names))
