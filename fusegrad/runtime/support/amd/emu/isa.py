@@ -154,8 +154,14 @@ VOP3P = {
         "v_mfma_i32_4x4x4_16b_i8 - - - v_mfma_i32_32x32x16_i8 v_mfma_i32_16x16x32_i8",
     ),
     **_table(0x5D, "v_mfma_f32_32x32x4_2b_bf16 v_mfma_f32_16x16x4_4b_bf16 v_mfma_f32_4x4x4_16b_bf16"),
+    **_table(0x60, "v_mfma_f32_32x32x8_bf16 v_mfma_f32_16x16x16_bf16"),
     0x58: "v_accvgpr_read_b32",
     0x59: "v_accvgpr_write_b32",
+    # CDNA4 (gfx950) additions at opcodes CDNA3 leaves free, read off the objects LLVM 22 emits for the intrinsics
+    0x35: "v_mfma_f32_16x16x32_bf16",
+    0x37: "v_mfma_f32_32x32x16_bf16",
+    0x54: "v_mfma_f32_16x16x32_f16",
+    0x55: "v_mfma_f32_32x32x16_f16",
 }
 FLAT_OPS = {
     **_table(
