@@ -25,6 +25,7 @@ class Capabilities:
     pack_bytes: int | None = None  # the widest vector type upcast lanes are packed into; None: vector_bytes
     parallel_loops: bool = False  # every global loop runs in parallel work items (lower_to_linear refuses REDUCE_BLOCK)
     group_reduce: bool = False  # a reduce with few outputs is split over a work group's lanes, combined in local memory
+    matrix_cores: bool = False  # a plain matmul (codegen/opt/matrix_tile.py) gets no opts: the renderer tiles it itself
 
     def lanes(self, dtype: DType) -> int:
         """Elements of dtype in one vector register (at least 1)."""

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fusegrad.dtype import to_numpy_dtype
-from fusegrad.helpers import AMD_ARCH, AMD_LLVM, AMD_PCI, AMD_SIM, AMD_SIM_TWIN, DEBUG
+from fusegrad.helpers import AMD_ARCH, AMD_LLVM, AMD_MFMA, AMD_PCI, AMD_SIM, AMD_SIM_TWIN, DEBUG
 from fusegrad.runtime.device import Buffer
 from fusegrad.runtime.ops_python import PythonProgram
 from fusegrad.runtime.support.amd import pm4
@@ -236,7 +236,8 @@ class AmdDevice:
         self.lock = threading.RLock()
         self.arch = pick_target(AMD_ARCH.value, AMD_LLVM.value)
         self.allocator = AmdAllocator(self.gpu, self.lock)
-        self.renderer, self.compiler = AMDGPURenderer(), None
+        caps = AMDGPURenderer.capabilities.replace(matrix_cores=bool(AMD_MFMA.value))
+        self.renderer, self.compiler = AMDGPURenderer(caps), None
         self.built: list[AmdProgram] = []  # every program compiled, in order (the decoder tests read their code)
         atexit.register(self.close)  # teardown takes a short access window; the PF should not have to time it out
 

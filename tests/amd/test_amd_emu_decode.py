@@ -54,6 +54,11 @@ def _op_mix():
     i = Tensor(rng.integers(-50, 50, 23).astype(np.int32), device="AMD")
     d = Tensor(rng.standard_normal(11), device="AMD")
     wide = Tensor(rng.standard_normal((3, 300)).astype(np.float32), device="AMD")  # reductions split over lanes (LDS)
+    # matmuls on the matrix cores (v_mfma_*, tiles in LDS)
+    t1 = Tensor(rng.standard_normal((32, 64)).astype(np.float32), device="AMD")
+    t2 = Tensor(rng.standard_normal((64, 32)).astype(np.float32), device="AMD")
+    h1, h2 = t1.cast("float16").realize(), t2.cast("float16").realize()
+    g1, g2 = t1.cast("bfloat16").realize(), t2.cast("bfloat16").realize()
     outs = [
         (a @ b).relu(),
         a.exp().log().sin(),
@@ -70,6 +75,9 @@ def _op_mix():
         wide.max(1),
         wide.cast("float64").max(1),
         wide.cast("int64").max(1),
+        t1 @ t2,
+        h1 @ h2,
+        g1 @ g2,
     ]
     for o in outs:
         o.numpy()
@@ -104,6 +112,7 @@ def test_every_instruction_decodes_to_llvms_mnemonic(kernels, tmp_path):
             checked += 1
     assert checked > 500 and len(names) > 40, (checked, sorted(names))
     assert {"s_barrier", "ds_write_b32", "ds_write_b64"} <= names  # the split reductions' LDS tree ran through
+    assert {"v_mfma_f32_32x32x2_f32", "v_mfma_f32_32x32x8_f16", "v_mfma_f32_32x32x8_bf16"} <= names
 
 
 ASM = re.compile(r"^\s+([a-z][a-z_0-9]*)\b")
@@ -141,3 +150,4 @@ def test_gfx950_code_decodes_to_the_assembly_llvm_printed(kernels):
         checked += len(want)
         names |= set(want)
     assert checked > 500 and len(names) > 40, (checked, sorted(names))
+    assert {"v_mfma_f32_32x32x2_f32", "v_mfma_f32_32x32x8_f16", "v_mfma_f32_32x32x8_bf16"} <= names
