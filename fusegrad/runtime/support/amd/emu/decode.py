@@ -118,7 +118,10 @@ def decode(code: bytes, offset: int = 0) -> Inst:
         op = _bits(w, 25, 16)
         f = {"vdst": _bits(w, 7, 0), "clamp": _bits(w, 15, 15), "src0": _bits(d, 8, 0), "src1": _bits(d, 17, 9)}
         f |= {"src2": _bits(d, 26, 18), "omod": _bits(d, 28, 27), "neg": d >> 29}
-        if op in isa.VOP3B:
+        if op in isa.BITOP3:  # the truth table sits in the abs [10:8], omod [60:59] and neg [63:61] bits
+            f = {k: f[k] for k in ("vdst", "src0", "src1", "src2")} | {"opsel": _bits(w, 14, 11)}
+            f["bitop3"] = _bits(w, 10, 8) << 3 | _bits(d, 28, 27) << 6 | d >> 29
+        elif op in isa.VOP3B:
             f |= {"sdst": _bits(w, 14, 8), "abs": 0, "opsel": 0}
         else:
             f |= {"abs": _bits(w, 10, 8), "opsel": _bits(w, 14, 11)}

@@ -132,7 +132,11 @@ VOP3_ONLY = {
         "v_cvt_pkrtz_f16_f32 v_cvt_pk_u16_u32 v_cvt_pk_i16_i32 v_cvt_pknorm_i16_f16 v_cvt_pknorm_u16_f16 - "
         "v_add_i32 v_sub_i32 v_add_i16 v_sub_i16 v_pack_b32_f16 v_mul_legacy_f32",
     ),
+    # CDNA4 (gfx950): three-input bitwise ops of an 8-bit truth table (opcodes read off LLVM 22's gfx950 objects)
+    0x233: "v_bitop3_b16",
+    0x234: "v_bitop3_b32",
 }
+BITOP3 = frozenset({0x233, 0x234})
 # VOP3 opcodes whose encoding has an SGPR-pair destination in bits 14:8 (the "VOP3b" form)
 VOP3B = frozenset({0x119, 0x11A, 0x11B, 0x11C, 0x11D, 0x11E, 0x1E0, 0x1E1, 0x1E8, 0x1E9})
 VOP3P = {
