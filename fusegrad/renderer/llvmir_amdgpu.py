@@ -249,8 +249,9 @@ class AMDGPURenderer(LLVMRenderer):
         matrix_cores=True,
     )
 
-    def __init__(self, capabilities: Capabilities | None = None):
+    def __init__(self, capabilities: Capabilities | None = None, arch: str = "gfx950"):
         super().__init__(capabilities, TRIPLE)  # opt fills in the target's data layout
+        self.arch = arch  # the matrix-core shapes differ (gfx950 has the 32x32x16 16-bit ones)
         self.string_rewrite = amdgpu_rewrite
 
     def check(self, lin: tuple[UOp, ...]) -> None:
@@ -265,7 +266,7 @@ class AMDGPURenderer(LLVMRenderer):
 
     def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
         if (mm := self.matmul(lin)) is not None:
-            return render_mfma(name, mm, self.params(lin))
+            return render_mfma(name, mm, self.params(lin), self.arch)
         if self.launch_dims(lin).grouped is not None:
             packs = None  # the lanes' accumulators are combined one by one in LDS
         return _pow_helpers(super().render(name, lin, packs))

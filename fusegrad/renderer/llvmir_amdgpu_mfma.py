@@ -6,10 +6,11 @@ LDS (16 elements of each per lane), waits at `s_barrier`, then runs KT / K_STEP 
 from LDS, accumulating the 16 floats per lane the instruction keeps (LLVM puts them in AGPRs or VGPRs), and waits
 again before the next block overwrites the tiles. C is stored from the accumulators, rounded once to its dtype.
 
-The intrinsics are LLVM's `llvm.amdgcn.mfma.*` (AMDGPUUsage); they are CDNA3 shapes, which CDNA4 (gfx950) runs too.
+The intrinsics are LLVM's `llvm.amdgcn.mfma.*` (AMDGPUUsage).
 Lane layouts (CDNA3 ISA, matrix cores): lane l holds A[l % 32][k0 + (l / 32) * per + v] and B[k0 + (l / 32) * per +
 v][l % 32] for v < per, and accumulator r of lane l is C[(r / 4) * 8 + (l / 32) * 4 + r % 4][l % 32]. Float32 inputs
-use 32x32x2 (per = 1), float16 32x32x8 (per = 4), bfloat16 32x32x8 on i16 lanes (per = 4). Accumulation is in
+use 32x32x2 (per = 1), float16 32x32x8 (per = 4), bfloat16 32x32x8 on i16 lanes (per = 4); on gfx950 the 16-bit
+inputs use CDNA4's 32x32x16 (per = 8) instead. Accumulation is in
 float32 for every input dtype (the generic path rounds a float16 product to float16 first).
 """
 
@@ -26,6 +27,11 @@ SHAPES = {
     dtypes.float32: ("float", "llvm.amdgcn.mfma.f32.32x32x2f32", "float", 2, 1),
     dtypes.float16: ("half", "llvm.amdgcn.mfma.f32.32x32x8f16", "<4 x half>", 8, 4),
     dtypes.bfloat16: ("i16", "llvm.amdgcn.mfma.f32.32x32x8bf16.1k", "<4 x i16>", 8, 4),
+}
+# CDNA4 doubles the K of the 16-bit shapes (v_mfma_f32_32x32x16_f16/bf16, 8 values per lane): half the instructions
+SHAPES_GFX950 = SHAPES | {
+    dtypes.float16: ("half", "llvm.amdgcn.mfma.f32.32x32x16.f16", "<8 x half>", 16, 8),
+    dtypes.bfloat16: ("i16", "llvm.amdgcn.mfma.f32.32x32x16.bf16", "<8 x bfloat>", 16, 8),
 }
 
 
@@ -85,10 +91,10 @@ def _operand(ir: _IR, t: str, op_t: str, lds: str, per: int, kbase: str, a_side:
         vals.append(ir.emit(f"load {t}, ptr addrspace(3) {p}"))
     if per == 1:
         return vals[0]
-    vec = "poison"
+    vec, vec_t = "poison", f"<{per} x {t}>"
     for v, x in enumerate(vals):
-        vec = ir.emit(f"insertelement {op_t} {vec}, {t} {x}, i32 {v}")
-    return vec
+        vec = ir.emit(f"insertelement {vec_t} {vec}, {t} {x}, i32 {v}")
+    return vec if vec_t == op_t else ir.emit(f"bitcast {vec_t} {vec} to {op_t}")  # i16 lanes as bfloat
 
 
 def _to_bf16(ir: _IR, v: str) -> str:
@@ -102,8 +108,8 @@ def _to_bf16(ir: _IR, v: str) -> str:
     return ir.emit(f"trunc i32 {ir.emit(f'select i1 {isnan}, i32 {nan}, i32 {rounded}')} to i16")
 
 
-def render_mfma(name: str, mm: Matmul, params: list[str]) -> str:
-    t, intrinsic, op_t, k_step, per = SHAPES[mm.dtype]
+def render_mfma(name: str, mm: Matmul, params: list[str], arch: str = "gfx950") -> str:
+    t, intrinsic, op_t, k_step, per = (SHAPES_GFX950 if arch == "gfx950" else SHAPES)[mm.dtype]
     out_t = SHAPES[mm.out][0]
     ir = _IR()
     a_buf, b_buf, c_buf = (f"%data{o.buffer}" for o in (mm.a, mm.b, mm.c))

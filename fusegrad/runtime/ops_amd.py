@@ -237,7 +237,7 @@ class AmdDevice:
         self.arch = pick_target(AMD_ARCH.value, AMD_LLVM.value)
         self.allocator = AmdAllocator(self.gpu, self.lock)
         caps = AMDGPURenderer.capabilities.replace(matrix_cores=bool(AMD_MFMA.value))
-        self.renderer, self.compiler = AMDGPURenderer(caps), None
+        self.renderer, self.compiler = AMDGPURenderer(caps, self.arch), None
         self.built: list[AmdProgram] = []  # every program compiled, in order (the decoder tests read their code)
         atexit.register(self.close)  # teardown takes a short access window; the PF should not have to time it out
 

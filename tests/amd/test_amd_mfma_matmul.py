@@ -14,6 +14,7 @@ from fusegrad.runtime.support.amd.emu import decode_all
 from fusegrad.runtime.support.amd.emu.elf import text
 
 pytestmark = pytest.mark.usefixtures("simulated_amd")
+_SUFFIX = {dtypes.float32: "f32", dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
 TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3, dtypes.bfloat16: 1e-2}  # relative, of the output's dtype
 
 
@@ -45,6 +46,7 @@ def _rounded(x: np.ndarray, dt) -> np.ndarray:
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
 def test_matmul_on_the_matrix_cores_equals_numpy(device, monkeypatch, arch, dt):
     monkeypatch.setattr(device, "arch", arch)
+    monkeypatch.setattr(device.renderer, "arch", arch)
     rng = np.random.default_rng(7)
     m, k, n = (64, 96, 32) if arch == "gfx950" else (32, 64, 96)  # distinct shapes: each arch compiles its own
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
@@ -53,7 +55,8 @@ def test_matmul_on_the_matrix_cores_equals_numpy(device, monkeypatch, arch, dt):
     (prog,) = progs
     assert "llvm.amdgcn.mfma.f32.32x32x" in prog.ir and prog.dims.local_size == (64, 1, 1)
     names = _instructions(prog)
-    assert any(x.startswith("v_mfma_f32_32x32x") for x in names), sorted(names)
+    k = 2 if dt is dtypes.float32 else 16 if arch == "gfx950" else 8  # gfx950's 32x32x16 for 16-bit inputs
+    assert f"v_mfma_f32_32x32x{k}_{_SUFFIX[dt]}" in names, sorted(names)
     # the tiles go through LDS (one wave per group: LLVM needs no s_barrier between its own LDS accesses)
     assert any(x.startswith("ds_read") for x in names) and any(x.startswith("ds_write") for x in names)
     assert prog.kd.group_segment >= 2 * 32 * 32 * dt.itemsize  # the A and B tiles in LDS
