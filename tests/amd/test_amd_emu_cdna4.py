@@ -50,3 +50,23 @@ def test_a_gfx950_kernel_with_bitop3_runs_on_the_simulated_gpu(simulated_amd, mo
         names |= {inst.name for _, inst in decode_all(code, start)}
     if "v_bitop3_b32" not in names:
         pytest.fail(f"LLVM emitted no v_bitop3_b32 for a ^ (~b & c) on gfx950: {sorted(names)}")
+
+
+def test_cvt_pk_rounds_two_floats_into_halves():
+    # v_cvt_pk_f16_f32 v2, v4, v5 and v_cvt_pk_bf16_f32 v3, v4, v5 (LLVM 22's gfx950 words)
+    prog = struct.pack("<QQI", 0x20B04D2670002, 0x20B04D2680003, ENDPGM)
+    assert [decode(prog, o).name for o in (0, 8)] == ["v_cvt_pk_f16_f32", "v_cvt_pk_bf16_f32"]
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(64).astype(np.float32) * 1e3
+    y = np.concatenate([[np.nan, np.inf, -0.0, 1 + 2**-8, 1 + 3 * 2**-8, 65520.0], rng.standard_normal(58)])
+    y = y.astype(np.float32)
+    m, _ = run_wave(prog, vgprs={4: x, 5: y})
+    halves = m.V[:, 2].copy().view(np.float16).reshape(64, 2)
+    np.testing.assert_array_equal(halves[:, 0], x.astype(np.float16))
+    with np.errstate(over="ignore"):  # 65520 rounds to inf in float16, as the instruction does
+        np.testing.assert_array_equal(halves[:, 1], y.astype(np.float16))  # NaN matches NaN in array_equal
+    bf = m.V[:, 3].copy().view(np.uint16).reshape(64, 2).astype(np.uint32) << 16
+    got = bf.view(np.float32)
+    assert got[1, 1] == np.inf and np.isnan(got[0, 1]) and np.signbit(got[2, 1])
+    assert got[3, 1] == 1.0 and got[4, 1] == 1 + 2**-6  # ties to even: 1+2^-8 -> 1, 1+3*2^-8 -> 1+2^-6
+    np.testing.assert_allclose(got[:, 0], x, rtol=2**-8)

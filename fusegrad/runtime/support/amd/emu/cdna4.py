@@ -5,6 +5,9 @@ table, bit (s0 << 2 | s1 << 1 | s2) of the table being the result for those sour
 over the VOP3 fields CDNA3 uses for modifiers: table[5:3] in ABS [10:8], table[7:6] in OMOD [60:59], table[2:0] in
 NEG [63:61] (as LLVM's gfx950 assembler encodes `bitop3:0x9c`: checked by the decoder test against its printed
 assembly and by the op suite running LLVM's code).
+
+`v_cvt_pk_f16_f32` / `v_cvt_pk_bf16_f32` (VOP3 0x267 / 0x268): two float32 sources rounded to nearest even into the
+low (src0) and high (src1) halves of one VGPR; a NaN stays a quiet NaN.
 """
 
 from __future__ import annotations
@@ -12,7 +15,36 @@ from __future__ import annotations
 import numpy as np
 
 from .machine import Machine, Unsupported
-from .vector import writer
+from .vector import _masked, writer
+
+U32 = np.uint32
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (as uint32), rounded to nearest even; NaN quieted."""
+    b = np.ascontiguousarray(np.broadcast_to(x, (64,)), np.float32).view(U32)
+    rounded = (b + U32(0x7FFF) + ((b >> U32(16)) & U32(1))) >> U32(16)
+    return np.where(np.isnan(b.view(np.float32)), (b >> U32(16)) | U32(0x40), rounded)
+
+
+def compile_cvt_pk(m: Machine, inst, nxt: int):
+    f = inst.f
+    if f["abs"] or f["neg"] or f["omod"] or f["clamp"] or f["opsel"]:
+        raise Unsupported(f"modifiers on {inst.name}")
+    lo, hi = m.source(f["src0"], "f32", inst.literal), m.source(f["src1"], "f32", inst.literal)
+    dst = m.vview(f["vdst"], "u32")
+    bf16 = inst.name.endswith("bf16_f32")
+
+    def half(x):
+        if bf16:
+            return _bf16_bits(x)
+        return np.broadcast_to(x, (64,)).astype(np.float16).view(np.uint16).astype(U32)
+
+    def run():
+        _masked(m, dst, half(lo) | half(hi) << U32(16))
+        return nxt
+
+    return run
 
 
 def compile_bitop3(m: Machine, inst, nxt: int):

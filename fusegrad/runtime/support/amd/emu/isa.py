@@ -135,6 +135,8 @@ VOP3_ONLY = {
     # CDNA4 (gfx950): three-input bitwise ops of an 8-bit truth table (opcodes read off LLVM 22's gfx950 objects)
     0x233: "v_bitop3_b16",
     0x234: "v_bitop3_b32",
+    0x267: "v_cvt_pk_f16_f32",
+    0x268: "v_cvt_pk_bf16_f32",
 }
 BITOP3 = frozenset({0x233, 0x234})
 # VOP3 opcodes whose encoding has an SGPR-pair destination in bits 14:8 (the "VOP3b" form)
