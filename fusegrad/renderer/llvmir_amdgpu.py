@@ -252,6 +252,7 @@ class AMDGPURenderer(LLVMRenderer):
     def __init__(self, capabilities: Capabilities | None = None, arch: str = "gfx950"):
         super().__init__(capabilities, TRIPLE)  # opt fills in the target's data layout
         self.arch = arch  # the matrix-core shapes differ (gfx950 has the 32x32x16 16-bit ones)
+        self._matmul_of: tuple[tuple[UOp, ...] | None, Matmul | None] = (None, None)
         self.string_rewrite = amdgpu_rewrite
 
     def check(self, lin: tuple[UOp, ...]) -> None:
@@ -261,8 +262,15 @@ class AMDGPURenderer(LLVMRenderer):
                 raise RenderError(f"DEV=AMD cannot compute {op} on {u.dtype}: LLVM has no amdgcn lowering for it")
 
     def matmul(self, lin: tuple[UOp, ...]) -> Matmul | None:
-        """The plain matmul lin computes, when this renderer puts it on the matrix cores (llvmir_amdgpu_mfma.py)."""
-        return match_matmul(lin) if self.capabilities.matrix_cores else None
+        """The plain matmul lin computes, when this renderer puts it on the matrix cores (llvmir_amdgpu_mfma.py).
+        Remembered for the last lin: launch_dims asks at every loop of the kernel being rendered."""
+        if not self.capabilities.matrix_cores:
+            return None
+        seen, mm = self._matmul_of  # one read: kernels may be rendered on several threads at once
+        if seen is not lin:
+            mm = match_matmul(lin)
+            self._matmul_of = (lin, mm)
+        return mm
 
     def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
         if (mm := self.matmul(lin)) is not None:
