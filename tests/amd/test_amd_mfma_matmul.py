@@ -107,3 +107,19 @@ def test_the_matcher_wants_a_plain_product_of_two_buffers():
     assert match_matmul(lin((x @ y).relu())) is None  # an epilogue: not plain
     assert match_matmul(lin(x.T @ x)) is None  # one buffer twice
     assert match_matmul(lin((x * 2).sum(1))) is None
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_the_python_twin_checks_a_matrix_core_kernel_within_its_dtype(device, dt):
+    """AMD_SIM_TWIN=1 on an MFMA kernel: the twin sums in another order (and rounds float16 products), so C is
+    compared within the output dtype's rounding relative to its magnitude, not to 1e-5."""
+    from fusegrad.helpers import Context
+
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)
+    with Context(AMD_SIM_TWIN=1):
+        ta, tb = Tensor(a, device="AMD").cast(dt).realize(), Tensor(b, device="AMD").cast(dt).realize()
+        out, progs = _built(device, lambda: (ta @ tb).numpy())
+    assert any(p.mfma is not None for p in progs)
+    want = _rounded(a, dt) @ _rounded(b, dt)
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=TOL[dt], atol=TOL[dt] * np.abs(want).max())
