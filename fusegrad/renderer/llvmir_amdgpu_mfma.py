@@ -19,6 +19,7 @@ from __future__ import annotations
 from fusegrad.codegen.gpu_dims import LaunchDims
 from fusegrad.codegen.opt.matrix_tile import TILE, Matmul
 from fusegrad.dtype import dtypes
+from fusegrad.renderer.llvmir import _f32_to_bf16
 
 KT = 32  # reduce steps per LDS block
 WAVE = 64
@@ -97,17 +98,6 @@ def _operand(ir: _IR, t: str, op_t: str, lds: str, per: int, kbase: str, a_side:
     return vec if vec_t == op_t else ir.emit(f"bitcast {vec_t} {vec} to {op_t}")  # i16 lanes as bfloat
 
 
-def _to_bf16(ir: _IR, v: str) -> str:
-    """float32 -> bfloat16 bits, rounded to nearest even, NaN kept quiet."""
-    b = ir.emit(f"bitcast float {v} to i32")
-    high = ir.emit(f"lshr i32 {b}, 16")
-    bias = ir.emit(f"add i32 {ir.emit(f'and i32 {high}, 1')}, 32767")
-    rounded = ir.emit(f"lshr i32 {ir.emit(f'add i32 {b}, {bias}')}, 16")
-    nan = ir.emit(f"or i32 {high}, 64")
-    isnan = ir.emit(f"fcmp uno float {v}, 0.000000e+00")
-    return ir.emit(f"trunc i32 {ir.emit(f'select i1 {isnan}, i32 {nan}, i32 {rounded}')} to i16")
-
-
 def render_mfma(name: str, mm: Matmul, params: list[str], arch: str = "gfx950") -> str:
     t, intrinsic, op_t, k_step, per = (SHAPES_GFX950 if arch == "gfx950" else SHAPES)[mm.dtype]
     out_t = SHAPES[mm.out][0]
@@ -157,7 +147,7 @@ def render_mfma(name: str, mm: Matmul, params: list[str], arch: str = "gfx950") 
         if mm.out is dtypes.float16:
             v = ir.emit(f"fptrunc float {v} to half")
         elif mm.out is dtypes.bfloat16:
-            v = _to_bf16(ir, v)
+            v = _f32_to_bf16(ir, v)  # type: ignore[arg-type]  # the LLVM renderer's rounding, on this emitter
         at = ir.index(mm.c.offset, i, mm.c.strides[0], j, mm.c.strides[1])
         g = ir.emit(f"getelementptr inbounds {out_t}, ptr addrspace(1) {c_buf}, i64 {at}")
         ir.lines.append(f"  store {out_t} {v}, ptr addrspace(1) {g}")
