@@ -1,7 +1,11 @@
 """Speed of the CDNA3 wave emulator: lane-instructions per second on a VALU/SALU loop with all 64 lanes on, and on
 a real DEV=AMD kernel (compiled by LLVM, run by the simulator).
 
-    PYTHONPATH=. python bench/bench_amd_emu.py [--iters 20000] [--repeats 5]
+    PYTHONPATH=. python bench/bench_amd_emu.py [--iters 20000] [--repeats 5] [--matmul 256]
+
+It also runs a float32 and a float16 matmul (--matmul N: N x N x N) with the matrix cores (v_mfma_*, LDS tiles) and
+without them (the capability off: the vector-ALU kernel the heuristics tile), interleaved in this one process:
+instructions the waves executed and the emulator's seconds, median of --repeats.
 
 The loop body, hand-assembled (CDNA3 encodings): v_fma_f32 v1, v2, v3, v1; v_add_f32 v2, 1.0, v2;
 v_mul_f32 v3, v3, v4; v_xor_b32 v5, v5, v6; v_add_u32 v6, 3, v6; s_sub_u32 s0, s0, 1; s_cmp_lg_u32 s0, 0;
@@ -65,11 +69,47 @@ def bench_kernel(n: int) -> tuple[float, float, float, tuple]:
     return di / ds, di * 64 / ds, di * 64 / dc, emu.last_dispatch
 
 
+def bench_matmul(n: int, repeats: int) -> list[tuple[str, int, int, float, float]]:
+    """(dtype, wave-instructions with MFMA, without, emulator seconds with, without) per dtype: the kernel lowered
+    for the renderer with and without matrix cores, both built, then run in turns on the same buffers."""
+    from fusegrad import Tensor, dtypes
+    from fusegrad.codegen import lower_to_linear
+    from fusegrad.helpers import AMD_SIM
+    from fusegrad.renderer.llvmir_amdgpu import AMDGPURenderer
+    from fusegrad.runtime.device import Device
+    from fusegrad.schedule import create_schedule
+
+    AMD_SIM.value = 1
+    dev = Device["AMD"]
+    emu, on = dev.pci.sim.gpu.emu, dev.renderer.capabilities
+    rng = np.random.default_rng(0)
+    rows = []
+    for dt in (dtypes.float32, dtypes.float16):
+        a = Tensor(rng.standard_normal((n, n)).astype(np.float32), device="AMD").cast(dt).realize()
+        b = Tensor(rng.standard_normal((n, n)).astype(np.float32), device="AMD").cast(dt).realize()
+        items, _, _ = create_schedule([(a @ b).uop], ["AMD"])
+        item = items[-1]
+        progs = {
+            mfma: dev.build(lower_to_linear(item.ast, AMDGPURenderer(on.replace(matrix_cores=mfma), dev.arch)))
+            for mfma in (True, False)
+        }
+        runs: dict[bool, list[tuple[int, float]]] = {True: [], False: []}
+        for _ in range(repeats):
+            for mfma, prog in progs.items():  # interleaved
+                i0, s0 = emu.instructions, emu.seconds
+                prog(list(item.buffers))
+                runs[mfma].append((emu.instructions - i0, emu.seconds - s0))
+        med = {k: (statistics.median(i for i, _ in v), statistics.median(s for _, s in v)) for k, v in runs.items()}
+        rows.append((dt.name, int(med[True][0]), int(med[False][0]), med[True][1], med[False][1]))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--kernel-elements", type=int, default=65536)
+    p.add_argument("--matmul", type=int, default=256)
     a = p.parse_args()
     rate, cpu_rate, steps = bench_loop(a.iters, a.repeats)
     print(
@@ -82,6 +122,11 @@ def main() -> None:
         f"{inst_rate / 1e6:.3f} M instructions/s, {lane_rate / 1e6:.1f} M lane-instructions/s; per CPU second of "
         f"this process {lane_cpu / 1e6:.1f} M (compiling excluded, the driver's own work included)"
     )
+    for name, i_on, i_off, s_on, s_off in bench_matmul(a.matmul, a.repeats):
+        print(
+            f"matmul {a.matmul}^3 {name}: matrix cores {i_on} wave-instructions in {s_on:.2f} s, vector ALUs "
+            f"{i_off} in {s_off:.2f} s: {i_off / i_on:.1f}x fewer instructions, {s_off / s_on:.1f}x less emulator time"
+        )
 
 
 if __name__ == "__main__":

@@ -176,6 +176,8 @@ AMD_SIM = ContextVar("AMD_SIM", 0)  # 1: DEV=AMD runs on the simulated MI350X VF
 AMD_SIM_TWIN = ContextVar("AMD_SIM_TWIN", 0)  # 1: each simulated dispatch also runs the kernel's PYTHON twin, compared
 AMD_PCI = ContextVar("AMD_PCI", "")  # PCI address of the AMD function DEV=AMD opens ("": the first AMD GPU)
 AMD_ARCH = ContextVar("AMD_ARCH", "gfx950")  # kernel target; gfx942 when the installed LLVM lacks it
+AMD_MFMA = ContextVar("AMD_MFMA", 1)  # 0: DEV=AMD matmuls stay on the vector ALUs (no matrix cores)
+AMD_LLVM = ContextVar("AMD_LLVM", "")  # "external": compile AMD kernels with opt/llc/ld.lld, not llvmlite in-process
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0 plans every realize's schedule again instead of reusing one
 SPEC = ContextVar("SPEC", 0)  # 1 checks scheduled kernel ASTs and every codegen stage (uop/spec.py)
 JIT = ContextVar("JIT", 1)  # 0: TinyJit runs the function every call; 2: replays kernel by kernel, not batched

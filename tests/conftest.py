@@ -29,10 +29,10 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="session")
 def amdgpu_target():
     """The AMD GPU LLVM builds code objects for (gfx950, or gfx942 where LLVM lacks it); skips without LLVM."""
-    from fusegrad.runtime.support.amd.codeobj import ToolchainError, find_llvm, pick_target
+    from fusegrad.runtime.support.amd.codeobj import ToolchainError, check_toolchain, pick_target
 
     try:
-        find_llvm()
+        check_toolchain()
     except ToolchainError as e:
         pytest.skip(str(e))
     return pick_target("gfx950")

@@ -27,6 +27,7 @@ class Capabilities:
     group_reduce: bool = False  # a reduce with few outputs is split over a work group's lanes, combined in local memory
     # the kernels' register tiles gain from a big matmul's weight copied into panels first (schedule/panels.py)
     weight_panels: bool = False
+    matrix_cores: bool = False  # a plain matmul (codegen/opt/matrix_tile.py) gets no opts: the renderer tiles it itself
 
     def lanes(self, dtype: DType) -> int:
         """Elements of dtype in one vector register (at least 1)."""

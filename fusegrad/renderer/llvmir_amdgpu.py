@@ -28,9 +28,11 @@ import re
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.codegen.gpu_dims import LaunchDims, grouped_updates, launch_dims
+from fusegrad.codegen.opt.matrix_tile import Matmul, match_matmul
 from fusegrad.codegen.opt.packs import Pack
 from fusegrad.renderer import Capabilities
 from fusegrad.renderer.cstyle import RenderError
+from fusegrad.renderer.llvmir_amdgpu_mfma import mfma_dims, render_mfma
 from fusegrad.renderer.llvmir import INTRINSICS, IRText, LLVMRenderer, _alu, _endrange, _range, llvm_rewrite, ltype
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
@@ -236,13 +238,21 @@ class AMDGPURenderer(LLVMRenderer):
 
     # fixed values, as the device has no query: register tiles planned as for AVX2's 32-byte vectors and 16
     # registers (what the GPU devices' tiles were tuned with), lanes packed into 16 bytes; every global loop is a
-    # work-item, and a reduce with few outputs is split over a work group
+    # work-item, a reduce with few outputs is split over a work group, and a plain matmul goes to the matrix cores
     capabilities = Capabilities(
-        vector_bytes=32, vector_registers=16, vector_types=True, pack_bytes=16, parallel_loops=True, group_reduce=True
+        vector_bytes=32,
+        vector_registers=16,
+        vector_types=True,
+        pack_bytes=16,
+        parallel_loops=True,
+        group_reduce=True,
+        matrix_cores=True,
     )
 
-    def __init__(self, capabilities: Capabilities | None = None):
+    def __init__(self, capabilities: Capabilities | None = None, arch: str = "gfx950"):
         super().__init__(capabilities, TRIPLE)  # opt fills in the target's data layout
+        self.arch = arch  # the matrix-core shapes differ (gfx950 has the 32x32x16 16-bit ones)
+        self._matmul_of: tuple[tuple[UOp, ...] | None, Matmul | None] = (None, None)
         self.string_rewrite = amdgpu_rewrite
 
     def check(self, lin: tuple[UOp, ...]) -> None:
@@ -251,13 +261,29 @@ class AMDGPURenderer(LLVMRenderer):
                 op = u.op.name.lower()
                 raise RenderError(f"DEV=AMD cannot compute {op} on {u.dtype}: LLVM has no amdgcn lowering for it")
 
+    def matmul(self, lin: tuple[UOp, ...]) -> Matmul | None:
+        """The plain matmul lin computes, when this renderer puts it on the matrix cores (llvmir_amdgpu_mfma.py).
+        Remembered for the last lin: launch_dims asks at every loop of the kernel being rendered."""
+        if not self.capabilities.matrix_cores:
+            return None
+        seen, mm = self._matmul_of  # one read: kernels may be rendered on several threads at once
+        if seen is not lin:
+            mm = match_matmul(lin)
+            self._matmul_of = (lin, mm)
+        return mm
+
     def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
+        if (mm := self.matmul(lin)) is not None:
+            return render_mfma(name, mm, self.params(lin), self.arch)
         if self.launch_dims(lin).grouped is not None:
             packs = None  # the lanes' accumulators are combined one by one in LDS
         return _pow_helpers(super().render(name, lin, packs))
 
     def launch_dims(self, lin: tuple[UOp, ...]) -> LaunchDims:
-        """gpu_dims' launch of lin; a split reduction whose LDS arrays would not fit a workgroup's LDS is not split."""
+        """gpu_dims' launch of lin (a wave per 32 x 32 tile for the matrix cores); a split reduction whose LDS arrays
+        would not fit a workgroup's LDS is not split."""
+        if (mm := self.matmul(lin)) is not None:
+            return mfma_dims(mm)
         dims = launch_dims(lin, self.capabilities.group_reduce)
         if dims.grouped is not None and lds_bytes(lin, dims) > LDS_BYTES:
             return launch_dims(lin, group_reduce=False)
@@ -272,7 +298,9 @@ class AMDGPURenderer(LLVMRenderer):
 
     def module_trailer(self, lin: tuple[UOp, ...]) -> str:
         x, y, z = self.launch_dims(lin).local_size
-        return f"!0 = !{{i32 {x}, i32 {y}, i32 {z}}}\n"
+        # code object v5 (LLVM 19's default; LLVM 22 would write v6, which the MI300/MI350 stacks need not load)
+        v5 = '!llvm.module.flags = !{!1}\n!1 = !{i32 1, !"amdhsa_code_object_version", i32 500}\n'
+        return f"!0 = !{{i32 {x}, i32 {y}, i32 {z}}}\n" + v5
 
     def params(self, lin: tuple[UOp, ...]) -> list[str]:
         bufs = sorted((u for u in lin if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg[0])

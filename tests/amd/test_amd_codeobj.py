@@ -9,9 +9,13 @@ from fusegrad.schedule import create_schedule
 from fusegrad.runtime.support.amd.codeobj import (
     ToolchainError,
     compile_ir,
+    find_llvm,
+    in_process,
     load_image,
     parse_code_object,
+    pick_target,
 )
+from fusegrad.runtime.support.amd import inproc
 from fusegrad.renderer.cstyle import RenderError
 from fusegrad.renderer.llvmir_amdgpu import AMDGPURenderer
 from fusegrad.runtime.device import Device
@@ -77,5 +81,48 @@ def test_other_dtypes_compile(amdgpu_target):
 
 
 def test_broken_ir_reports_the_tool_and_its_message(amdgpu_target):
-    with pytest.raises(ToolchainError, match="opt failed"):
+    with pytest.raises(ToolchainError, match="opt failed" if not in_process() else "llvmlite .* failed"):
         compile_ir('target triple = "amdgcn-amd-amdhsa"\ndefine void @f() {\n  ret i32 0\n}\n', amdgpu_target)
+
+
+MACH = {"gfx942": 0x4C, "gfx950": 0x4F}  # EF_AMDGPU_MACH_AMDGCN_* (LLVM AMDGPUUsage, "ELF Header")
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_llvmlite_builds_a_v5_code_object_like_ld_lld(arch):
+    """The in-process path (llvmlite + the small linker) gives what opt/llc/ld.lld give: an ET_DYN for the arch,
+    HSA ABI version 3 (code object v5), the same descriptor fields and the same code bytes."""
+    if not inproc.available():
+        pytest.skip("llvmlite without the amdgcn target")
+    (info,) = kernels(Tensor.ones(4, 8).sum(axis=1))
+    elf = inproc.link(inproc.compile_object(render(info.name, info.lin), arch))
+    assert struct.unpack_from("<HH", elf, 0x10) == (3, 224) and elf[7:9] == bytes([64, 3])  # DYN, AMDGPU, HSA, v5
+    assert struct.unpack_from("<I", elf, 0x30)[0] & 0xFF == MACH[arch]
+    kd = parse_code_object(elf, info.name)
+    image = load_image(elf)
+    assert kd.entry_offset % 256 == 0 and kd.kernarg_size == 8 * info.nparams and kd.properties >> 3 & 1
+    assert struct.unpack_from("<q", image, kd.kd_offset + 16)[0] == kd.entry_offset - kd.kd_offset
+    assert kd.vgprs >= 8 and kd.sgprs >= 8 and kd.accum_offset >= 4 and kd.group_segment >= 4
+    try:
+        find_llvm()
+    except ToolchainError:
+        return
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:  # ld.lld on the same object: the same descriptor and code
+        with open(f"{d}/k.o", "wb") as f:
+            f.write(inproc.compile_object(render(info.name, info.lin), arch))
+        subprocess.run([find_llvm()["ld.lld"], "-shared", "-o", f"{d}/k.so", f"{d}/k.o"], check=True)
+        with open(f"{d}/k.so", "rb") as f:
+            lld = f.read()
+    kd2, image2 = parse_code_object(lld, info.name), load_image(lld)
+    assert (kd2.rsrc1, kd2.rsrc2, kd2.rsrc3, kd2.properties, kd2.group_segment) == (
+        kd.rsrc1, kd.rsrc2, kd.rsrc3, kd.properties, kd.group_segment
+    )  # fmt: skip
+    assert image2[kd2.entry_offset : kd2.entry_offset + 64] == image[kd.entry_offset : kd.entry_offset + 64]
+
+
+def test_unknown_arch_is_refused_by_name():
+    with pytest.raises(ToolchainError, match="gfx1100"):
+        pick_target("gfx1100")

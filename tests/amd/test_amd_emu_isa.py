@@ -231,8 +231,8 @@ def test_fma_and_division_sequence_match_float32_division():
 
 
 def test_an_unimplemented_opcode_names_itself_and_its_encoding():
-    with pytest.raises(Unimplemented, match=r"v_mfma_f32_32x32x8_f16 \(VOP3P opcode 0x4c\) at offset 0x0"):
-        run_wave(code([0xD3CC0000, 0x04020100]))
+    with pytest.raises(Unimplemented, match=r"v_mfma_f32_32x32x4_2b_f16 \(VOP3P opcode 0x48\) at offset 0x0"):
+        run_wave(code([0xD3C80000, 0x04020100]))  # a two-block MFMA (the single-block ones run)
     with pytest.raises(Unimplemented, match=r"vop1 opcode 0x7f"):
         run_wave(code(vop1(0x7F, 0, V)))
 

@@ -8,6 +8,7 @@ from fusegrad.helpers import NUM_CPU_THREADS, prod
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.accumulators import INNER_BLOCK
 from fusegrad.codegen.opt import Opt, OptOps, check_opts, blockable_sum
+from fusegrad.codegen.opt.matrix_tile import match_matmul
 from fusegrad.uop.symbolic import linear_terms
 
 if TYPE_CHECKING:
@@ -74,7 +75,10 @@ def _kept_axes(value: UOp) -> list[int]:
 def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt]:
     """The register tiles and blocks of `tile_opts`, a full UNROLL of a short innermost reduce in a kernel without
     upcasts, and a THREAD split of the largest loop when the outermost one would leave threads idle. caps: the
-    target's (the renderer's): the tiles fill its vector registers."""
+    target's (the renderer's): the tiles fill its vector registers. A plain matmul on a target with matrix cores gets
+    none: its renderer tiles it for them."""
+    if caps.matrix_cores and match_matmul(plain.toposort()) is not None:
+        return []
     opts = (
         _panel_tile(value, plain, reads_output, caps)
         or _lane_accumulators(value, plain, caps)

@@ -1,4 +1,7 @@
-"""AMDGPU code objects: compile LLVM IR with the installed LLVM (opt, llc, ld.lld) and read the kernel descriptor.
+"""AMDGPU code objects: compile LLVM IR and read the kernel descriptor.
+
+The compiler is llvmlite's LLVM, in-process (inproc.py), where it is installed with the amdgcn target; otherwise, or
+with AMD_LLVM=external, the installed LLVM's opt, llc and ld.lld.
 
 The 64-byte kernel descriptor (`<kernel>.kd`) layout is AMDGPU's public ABI (LLVM AMDGPUUsage): group segment size
 at 0, private segment size at 4, kernarg size at 8, kernel_code_entry_byte_offset (i64) at 16, COMPUTE_PGM_RSRC3 at
@@ -14,6 +17,8 @@ import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
+
+from . import inproc
 
 LLVM_DIRS = ("/usr/lib/llvm-20/bin", "/usr/lib/llvm-19/bin", "/usr/lib/llvm-18/bin", "/usr/lib/llvm-17/bin")
 # user SGPRs the kernel_code_properties bits enable, in the order the hardware loads them (bit, count)
@@ -40,15 +45,38 @@ def find_llvm() -> dict[str, str]:
     )
 
 
+def in_process(compiler: str = "") -> bool:
+    """Compile with llvmlite (the default where it has amdgcn), not the external tools (compiler="external")."""
+    if compiler not in ("", "llvmlite", "external"):
+        raise ToolchainError(f"AMD_LLVM={compiler!r}: expected 'llvmlite', 'external' or unset")
+    return compiler != "external" and inproc.available()
+
+
 @functools.cache
-def supported_targets() -> frozenset[str]:
+def _external_targets() -> frozenset[str]:
     out = subprocess.run([find_llvm()["llc"], "-march=amdgcn", "-mcpu=help"], capture_output=True, text=True)
     return frozenset(w for w in (out.stdout + out.stderr).split() if w.startswith("gfx"))
 
 
-def pick_target(wanted: str) -> str:
-    """`wanted` when this LLVM knows it, else gfx942 (same gfx9 family; LLVM 19 has no gfx950)."""
-    known = supported_targets()
+def supported_targets(compiler: str = "") -> frozenset[str]:
+    """The CDNA targets the compiler in use knows (llvmlite's LLVM has gfx942 from 17 on and gfx950 from 20 on)."""
+    if in_process(compiler):
+        v = inproc.llvm_version()[0]
+        return frozenset(t for t, since in (("gfx942", 17), ("gfx950", 20)) if v >= since)
+    return _external_targets()
+
+
+def check_toolchain(compiler: str = "") -> None:
+    """Raises ToolchainError when no compiler for amdgcn is available (neither llvmlite nor opt/llc/ld.lld)."""
+    if not in_process(compiler):
+        find_llvm()
+
+
+def pick_target(wanted: str, compiler: str = "") -> str:
+    """`wanted` when the compiler knows it, else gfx942 (same gfx9 family; LLVM 19 has no gfx950)."""
+    known = supported_targets(compiler)
+    if wanted not in ("gfx942", "gfx950"):
+        raise ToolchainError(f"AMD_ARCH={wanted!r}: DEV=AMD builds for gfx950 (MI350X) or gfx942 (MI300X)")
     if wanted in known:
         return wanted
     if "gfx942" in known:
@@ -63,8 +91,14 @@ def _run(argv: list[str], what: str, stdin: bytes | None = None) -> bytes:
     return p.stdout
 
 
-def compile_ir(ir: str, target: str) -> bytes:
-    """LLVM IR -> optimized -> relocatable object -> linked code object (an ELF shared object)."""
+def compile_ir(ir: str, target: str, compiler: str = "") -> bytes:
+    """LLVM IR -> optimized -> relocatable object -> linked code object (an ELF shared object); compiler is AMD_LLVM's
+    value ("external": opt/llc/ld.lld even where llvmlite could)."""
+    if in_process(compiler):
+        try:
+            return inproc.link(inproc.compile_object(ir, target))
+        except RuntimeError as e:
+            raise ToolchainError(f"llvmlite ({target}) failed: {str(e)[-2000:]}") from None
     tools = find_llvm()
     with tempfile.TemporaryDirectory(prefix="fusegrad-amd-") as d:
         opt_bc = _run([tools["opt"], "-O2", "-mtriple=amdgcn-amd-amdhsa", f"-mcpu={target}", "-"], "opt", ir.encode())
@@ -103,6 +137,11 @@ class KernelDescriptor:
     @property
     def vgprs(self) -> int:
         return ((self.rsrc1 & 0x3F) + 1) * 8  # gfx90a+/gfx94x allocate VGPRs in granules of 8
+
+    @property
+    def accum_offset(self) -> int:
+        """The first AGPR-backed register of the unified file (gfx90a+: RSRC3.ACCUM_OFFSET, in units of 4)."""
+        return ((self.rsrc3 & 0x3F) + 1) * 4
 
     @property
     def sgprs(self) -> int:

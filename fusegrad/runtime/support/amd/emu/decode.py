@@ -109,11 +109,19 @@ def decode(code: bytes, offset: int = 0) -> Inst:
             f = {"vdst": _bits(w, 7, 0), "neg_hi": _bits(w, 10, 8), "opsel": _bits(w, 13, 11)}
             f |= {"opsel_hi2": _bits(w, 14, 14), "clamp": _bits(w, 15, 15), "src0": _bits(d, 8, 0)}
             f |= {"src1": _bits(d, 17, 9), "src2": _bits(d, 26, 18), "opsel_hi": _bits(d, 28, 27), "neg": d >> 29}
-            return Inst("VOP3P", op, isa.VOP3P.get(op, ""), 8, f)
+            name = isa.VOP3P.get(op, "")
+            if name.startswith("v_mfma"):  # VOP3P-MAI: the same bits, named as the matrix ops use them
+                f = {"vdst": f["vdst"], "src0": f["src0"], "src1": f["src1"], "src2": f["src2"]}
+                f |= {"cbsz": _bits(w, 10, 8), "abid": _bits(w, 14, 11), "acc_cd": _bits(w, 15, 15)}
+                f |= {"acc": _bits(d, 28, 27), "blgp": d >> 29}
+            return Inst("VOP3P", op, name, 8, f)
         op = _bits(w, 25, 16)
         f = {"vdst": _bits(w, 7, 0), "clamp": _bits(w, 15, 15), "src0": _bits(d, 8, 0), "src1": _bits(d, 17, 9)}
         f |= {"src2": _bits(d, 26, 18), "omod": _bits(d, 28, 27), "neg": d >> 29}
-        if op in isa.VOP3B:
+        if op in isa.BITOP3:  # the truth table sits in the abs [10:8], omod [60:59] and neg [63:61] bits
+            f = {k: f[k] for k in ("vdst", "src0", "src1", "src2")} | {"opsel": _bits(w, 14, 11)}
+            f["bitop3"] = _bits(w, 10, 8) << 3 | _bits(d, 28, 27) << 6 | d >> 29
+        elif op in isa.VOP3B:
             f |= {"sdst": _bits(w, 14, 8), "abs": 0, "opsel": 0}
         else:
             f |= {"abs": _bits(w, 10, 8), "opsel": _bits(w, 14, 11)}

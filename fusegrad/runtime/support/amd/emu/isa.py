@@ -132,7 +132,13 @@ VOP3_ONLY = {
         "v_cvt_pkrtz_f16_f32 v_cvt_pk_u16_u32 v_cvt_pk_i16_i32 v_cvt_pknorm_i16_f16 v_cvt_pknorm_u16_f16 - "
         "v_add_i32 v_sub_i32 v_add_i16 v_sub_i16 v_pack_b32_f16 v_mul_legacy_f32",
     ),
+    # CDNA4 (gfx950): three-input bitwise ops of an 8-bit truth table (opcodes read off LLVM 22's gfx950 objects)
+    0x233: "v_bitop3_b16",
+    0x234: "v_bitop3_b32",
+    0x267: "v_cvt_pk_f16_f32",
+    0x268: "v_cvt_pk_bf16_f32",
 }
+BITOP3 = frozenset({0x233, 0x234})
 # VOP3 opcodes whose encoding has an SGPR-pair destination in bits 14:8 (the "VOP3b" form)
 VOP3B = frozenset({0x119, 0x11A, 0x11B, 0x11C, 0x11D, 0x11E, 0x1E0, 0x1E1, 0x1E8, 0x1E9})
 VOP3P = {
@@ -154,8 +160,14 @@ VOP3P = {
         "v_mfma_i32_4x4x4_16b_i8 - - - v_mfma_i32_32x32x16_i8 v_mfma_i32_16x16x32_i8",
     ),
     **_table(0x5D, "v_mfma_f32_32x32x4_2b_bf16 v_mfma_f32_16x16x4_4b_bf16 v_mfma_f32_4x4x4_16b_bf16"),
+    **_table(0x60, "v_mfma_f32_32x32x8_bf16 v_mfma_f32_16x16x16_bf16"),
     0x58: "v_accvgpr_read_b32",
     0x59: "v_accvgpr_write_b32",
+    # CDNA4 (gfx950) additions at opcodes CDNA3 leaves free, read off the objects LLVM 22 emits for the intrinsics
+    0x35: "v_mfma_f32_16x16x32_bf16",
+    0x37: "v_mfma_f32_32x32x16_bf16",
+    0x54: "v_mfma_f32_16x16x32_f16",
+    0x55: "v_mfma_f32_32x32x16_f16",
 }
 FLAT_OPS = {
     **_table(

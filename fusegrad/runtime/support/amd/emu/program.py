@@ -11,6 +11,8 @@ from .decode import Inst, decode
 from .lds import compile_ds
 from .machine import EXEC, LITERAL, M0, VCC, VGPR_BASE, Machine, Unsupported, inline_constant, mask_of
 from .memory import VMemory
+from .cdna4 import compile_bitop3, compile_cvt_pk
+from .mfma import compile_accvgpr_mov, compile_mfma
 from .packed import compile_vop3p
 from .vector import compile_valu
 
@@ -281,8 +283,16 @@ class Program:
                 fn = compile_sopp(m, inst, pc, nxt)
             elif fmt == "SMEM":
                 fn = compile_smem(m, inst, self.mem_read, nxt)
+            elif inst.name.startswith("v_bitop3"):
+                fn = compile_bitop3(m, inst, nxt)
+            elif inst.name in ("v_cvt_pk_f16_f32", "v_cvt_pk_bf16_f32"):
+                fn = compile_cvt_pk(m, inst, nxt)
+            elif inst.name == "v_accvgpr_mov_b32":
+                fn = compile_accvgpr_mov(m, inst, nxt)
             elif fmt in ("VOP1", "VOP2", "VOPC", "VOP3"):
                 fn = compile_valu(m, inst, nxt)
+            elif inst.name.startswith("v_mfma"):
+                fn = compile_mfma(m, inst, nxt)
             elif fmt == "VOP3P":
                 fn = compile_vop3p(m, inst, nxt)
             elif fmt == "FLAT":
