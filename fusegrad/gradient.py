@@ -100,13 +100,29 @@ def _multi_grad(node: UOp, g: UOp) -> tuple[UOp, ...]:
     return tuple(out)
 
 
+def without_layout_copy(u: UOp) -> UOp:
+    """u with a layout copy under its views (CONTIGUOUS "layout": a copy a matmul made only to tile its forward)
+    replaced by the value it copies: equal values, and the gradients tile better reading the original layout."""
+    base, views = u.peel_chain(GroupOp.Movement)
+    if base.op is not Ops.CONTIGUOUS or base.arg != "layout":
+        return u
+    out = base.src[0]
+    for v in reversed(views):
+        out = v.replace(src=(out,))
+    return out
+
+
+def _mul_grad(n: UOp, g: UOp) -> tuple[UOp, UOp]:
+    return _alu(Ops.MUL, g, without_layout_copy(n.src[1])), _alu(Ops.MUL, g, without_layout_copy(n.src[0]))
+
+
 def _inverse_permutation(order: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(range(len(order)), key=lambda i: order[i]))
 
 
 GRAD_RULES: dict[Ops, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {
     Ops.ADD: lambda n, g: (g, g),
-    Ops.MUL: lambda n, g: (_alu(Ops.MUL, g, n.src[1]), _alu(Ops.MUL, g, n.src[0])),
+    Ops.MUL: _mul_grad,
     Ops.NEG: lambda n, g: (_alu(Ops.NEG, g),),
     Ops.FDIV: lambda n, g: (_alu(Ops.FDIV, g, n.src[1]), _alu(Ops.NEG, _alu(Ops.FDIV, _alu(Ops.MUL, g, n), n.src[1]))),
     Ops.RECIPROCAL: lambda n, g: (_alu(Ops.NEG, _alu(Ops.MUL, g, _alu(Ops.MUL, n, n))),),

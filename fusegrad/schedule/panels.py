@@ -46,7 +46,8 @@ def _weight(cols: UOp, n: int, k: int, single_reader: set[UOp]) -> UOp | None:
     if cols.op is not Ops.PERMUTE or cols.arg != (1, 0) or cols.src[0].shape != (k, n):
         return None
     w = cols.src[0]
-    return w.src[0] if w.op is Ops.CONTIGUOUS and type(w.arg) is int and w in single_reader else w
+    copy = w.op is Ops.CONTIGUOUS and (type(w.arg) is int or w.arg == "layout")
+    return w.src[0] if copy and w in single_reader else w
 
 
 def _rows(rows: UOp, n: int, k: int) -> UOp | None:

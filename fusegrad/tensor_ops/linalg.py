@@ -93,7 +93,8 @@ class LinalgMixin:
         if w.ndim >= 2 and _is_transposed_view(w) and _copy_pays(x.shape, w.shape):
             # x @ W.T (every nn.Linear) reads W across rows, where no register tile applies: a copy of W.T costs one
             # pass over W and turns the matmul into the row-contiguous kind the tiles serve
-            w = w.contiguous()
+            # (a "layout" copy: the gradients read W itself, in whose natural layout they tile better)
+            w = w._new(UOp(Ops.CONTIGUOUS, w.dtype, (w.uop,), "layout"))
         if dtype is None and (out := _plain_matmul(x, w)) is not None:
             return out
         if w.ndim == 1:

@@ -392,3 +392,19 @@ def test_large_matmul_packs_its_weight_and_small_does_not():
     assert not _packs(Tensor.empty(512, 512), Tensor.empty(512, 512))
     # the decision is the target's (its renderer's weight_panels), not the front end's
     assert not _packs(Tensor.empty(1024, 1024, device="PYTHON"), Tensor.empty(1024, 1024, device="PYTHON"))
+
+
+def test_the_forward_copy_of_a_transposed_weight_is_not_what_gradients_read():
+    """x @ W.T copies W.T for the forward's tiles (a "layout" copy); x's gradient reads W itself, where it tiles
+    better, and equals torch's."""
+    xn, wn = rand(64, 96), rand(80, 96, seed=1)
+    x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+    out = x @ w.T
+    assert any(u.op is Ops.CONTIGUOUS and u.arg == "layout" for u in out.uop.toposort())
+    gn = rand(64, 80, seed=2)
+    (out * Tensor(gn)).sum().backward()
+    assert not any(u.op is Ops.CONTIGUOUS and u.arg == "layout" for u in x.grad.uop.toposort())
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    ((xt @ wt.T) * torch.tensor(gn)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-5, atol=1e-5)
