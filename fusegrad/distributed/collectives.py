@@ -69,6 +69,11 @@ class Collective:
         self.w.calls += 1
         self.pending = (req, [out, src], [dst, inp])  # the arrays stay alive while MPI reads and writes them
 
+    def progress(self) -> None:
+        """Let MPI move this collective's data now (it completes it when it can; finish() still waits)."""
+        if self.pending is not None:
+            self.pending[0].Test()
+
     def finish(self) -> None:
         assert self.pending is not None, f"{self.what}: finish() without start()"
         req, bufs, arrays = self.pending
@@ -82,13 +87,16 @@ class Collective:
 
 
 class Start:
-    """The first half of a nonblocking collective as a recorded launch: the wait comes later in the step."""
+    """The first half of a nonblocking collective as a recorded launch: the wait comes later in the step. It also
+    lets the collectives started before it progress (MPI moves their data only inside an MPI call)."""
 
-    def __init__(self, coll: Collective):
-        self.coll = coll
+    def __init__(self, coll: Collective, earlier: list[Collective] | None = None):
+        self.coll, self.earlier = coll, earlier or []
 
     def __call__(self, buffers: list[Buffer]) -> None:
         self.coll.start(buffers)
+        for c in self.earlier:
+            c.progress()
 
 
 class Finish:
