@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from fusegrad.helpers import DIST_TIMEOUT
 
 PROBE_TAG = 7301  # the tag of the "where are you" messages ranks exchange after a timeout
+SPIN_S = 5e-5  # a wait tests without pause this long (an allreduce of up to ~1 MB over shared memory)
+YIELD_S = 2e-3  # then yields the core between tests this long, then sleeps 0.2 ms between them
 
 
 class DistributedError(RuntimeError):
@@ -34,17 +36,28 @@ class World:
 
     def wait(self, requests: list[Any], what: str) -> None:
         """Complete `requests`, or raise DistributedError naming the ranks that never arrived within the timeout."""
-        test_all, st, spins = self.mpi.Request.Testall, time.monotonic(), 0
-        deadline = st + float(DIST_TIMEOUT.value)
-        self.where = what
-        while not test_all(requests):
-            spins += 1
-            if spins > 200:  # a long wait yields the core: ranks share cores when oversubscribed
-                time.sleep(min(1e-3, 1e-6 * spins))
-                if time.monotonic() > deadline:
+        clock = time.perf_counter
+        st = clock()
+        test = requests[0].Test if len(requests) == 1 else lambda: self.mpi.Request.Testall(requests)
+        if not test():
+            self.where = what
+            self._wait_slowly(test, what, st)
+            self.where = ""
+        self.waited_s += clock() - st
+
+    def _wait_slowly(self, test: Callable[[], bool], what: str, st: float) -> None:
+        """Spin for SPIN_S (a peer a few microseconds behind), then yield the core between tests: ranks share cores
+        when oversubscribed, and a sleeping rank answers late."""
+        clock, deadline = time.perf_counter, st + float(DIST_TIMEOUT.value)
+        while not test():
+            now = clock()
+            if now - st > SPIN_S:
+                if now - st < YIELD_S:
+                    os.sched_yield()
+                else:
+                    time.sleep(2e-4)
+                if now > deadline:
                     raise self.stuck(what)
-        self.where = ""
-        self.waited_s += time.monotonic() - st
 
     def stuck(self, what: str) -> DistributedError:
         """After a timeout: ask every rank where it is; the ones that answer are waiting too, the rest hang or died."""
