@@ -10,8 +10,9 @@ from typing import Any, Callable
 from fusegrad.helpers import DIST_TIMEOUT
 
 PROBE_TAG = 7301  # the tag of the "where are you" messages ranks exchange after a timeout
-SPIN_S = 5e-5  # a wait tests without pause this long (an allreduce of up to ~1 MB over shared memory)
-YIELD_S = 2e-3  # then yields the core between tests this long, then sleeps 0.2 ms between them
+SPIN_S = 5e-5  # a wait tests without pause this long (a peer a few microseconds behind)
+YIELD_S = 2e-4  # then yields the core between tests up to this long (a message's protocol needs both sides' tests)
+NAP_S = 2e-4  # then sleeps between tests a quarter of the time waited so far, up to this long
 
 
 class DistributedError(RuntimeError):
@@ -46,18 +47,17 @@ class World:
         self.waited_s += clock() - st
 
     def _wait_slowly(self, test: Callable[[], bool], what: str, st: float) -> None:
-        """Spin for SPIN_S (a peer a few microseconds behind), then yield the core between tests: ranks share cores
-        when oversubscribed, and a sleeping rank answers late."""
+        """Spin for SPIN_S, yield the core between tests until YIELD_S, then sleep between them: a peer descheduled
+        on a loaded or oversubscribed machine needs the core, and a rendezvous message needs our tests to move."""
         clock, deadline = time.perf_counter, st + float(DIST_TIMEOUT.value)
         while not test():
-            now = clock()
-            if now - st > SPIN_S:
-                if now - st < YIELD_S:
-                    os.sched_yield()
-                else:
-                    time.sleep(2e-4)
-                if now > deadline:
+            waited = clock() - st
+            if waited > YIELD_S:
+                time.sleep(min(NAP_S, 0.25 * waited))
+                if waited > deadline - st:
                     raise self.stuck(what)
+            elif waited > SPIN_S:
+                os.sched_yield()
 
     def stuck(self, what: str) -> DistributedError:
         """After a timeout: ask every rank where it is; the ones that answer are waiting too, the rest hang or died."""
