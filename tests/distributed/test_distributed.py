@@ -182,6 +182,19 @@ def test_metadata_rows_describe_the_call():
     assert describe(row) == "broadcast(root=2) of int16 (3, 5) as collective #5"
     long = np.array(encode(0, "all_reduce", "sum", 0, dtypes.float32, (2,) * 10))
     assert describe(long).startswith("all_reduce(sum) of float32 (2, 2, 2, 2, 2, 2, 2, 8)")
+    # a parameter check's first row (as long as a collective's, so the two meet in one all-gather) names its count
+    header = np.array(encode(6, "parameters", "", -1, dtypes.int64, (3,)))
+    assert describe(header) == "a check of 3 tensors as collective #7"
+
+
+def test_differing_rows_name_the_first_rank_and_tensor():
+    from fusegrad.distributed.metadata import check_table
+
+    rows = [encode(0, "parameters", "", 0, dtypes.float32, s) for s in ((4, 3), (3,))]
+    table = np.array([rows, rows, [rows[0], encode(0, "parameters", "", 0, dtypes.float32, (2,))]])
+    check_table(table[:2], "x", lambda i: "")  # equal: nothing raised
+    with pytest.raises(dist.DistributedError, match=r"in x on 'b': rank 0 calls parameters of float32 \(3,\).*rank 2"):
+        check_table(table, "x", lambda i: f" on {'ab'[i]!r}")
 
 
 def test_zero_optimizer_of_one_rank_steps_like_its_optimizer():
