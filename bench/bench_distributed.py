@@ -2,7 +2,9 @@
 training throughput of 2 ranks against 1, all on loopback.
 
 Run: python bench/bench_distributed.py   (it starts `mpirun --oversubscribe -n 2` and `-n 4` itself; env: MAX_MB,
-REPS, STEPS). Each size runs every peer in the same processes, medians of REPS calls."""
+REPS, STEPS, ROUNDS, BUCKET_MB, ONLY=allreduce|train). Each size runs every peer in the same processes, medians of REPS
+calls. Training runs 1 rank and 2 ranks alternately ROUNDS times (separate processes: they cannot share one run) and
+reports the medians, each round's ratio and the load average, since the cores are shared."""
 
 from __future__ import annotations
 import json
@@ -35,7 +37,7 @@ def allreduce_sizes(max_mb: int) -> list[int]:
     sizes, n = [], 4
     while n <= max_mb * 2**20:
         sizes.append(n)
-        n *= 16 if n < 2**20 else 4
+        n *= 16 if n < 1024 else 4
     return sizes
 
 
@@ -54,19 +56,25 @@ def worker_allreduce(out: str) -> None:
     rows = []
     for nbytes in allreduce_sizes(int(os.environ.get("MAX_MB", "256"))):
         count = nbytes // 4
-        reps = max(3, min(int(os.environ.get("REPS", "50")), int(2e8 // nbytes)))
+        small = nbytes <= 2**20  # latency-bound: more calls, and the peers alternate in rounds
+        reps = max(3, min(int(os.environ.get("REPS", "500" if small else "50")), int(2e8 // nbytes)))
         a, b = np.ones(count, np.float32), np.empty(count, np.float32)
-        t_mpi = median_time(lambda: comm.Allreduce(a, b), reps, comm.Barrier)
-        x = Tensor(a).realize()
-        t_eager = median_time(lambda: dist.all_reduce(x).realize(), reps, comm.Barrier)
+        x, tt = Tensor(a).realize(), torch.ones(count)
         for _ in range(3):
             jitted(x)  # captured on the second call
-        t_jit = median_time(lambda: jitted(x), reps, comm.Barrier)
         assert np.all(jitted(x).numpy() == n), "fusegrad's allreduce result is wrong"
-        tt = torch.ones(count)
-        t_gloo = median_time(lambda: tdist.all_reduce(tt), reps, comm.Barrier)
+        peers = {
+            "mpi4py": lambda: comm.Allreduce(a, b),
+            "eager": lambda: dist.all_reduce(x).realize(),
+            "jit": lambda: jitted(x),
+            "gloo": lambda: tdist.all_reduce(tt),
+        }
+        times: dict[str, list[float]] = {k: [] for k in peers}
+        for _ in range(3 if small else 1):
+            for k, fn in peers.items():
+                times[k].append(median_time(fn, reps, comm.Barrier))
         jitted.reset()
-        rows.append({"bytes": nbytes, "mpi4py": t_mpi, "eager": t_eager, "jit": t_jit, "gloo": t_gloo})
+        rows.append({"bytes": nbytes, **{k: statistics.median(v) for k, v in times.items()}})
     tdist.destroy_process_group()
     if r == 0:
         with open(out, "w") as f:
@@ -93,12 +101,12 @@ def worker_train(out: str) -> None:
     dist.init()
     X, Y, _, _ = digits()
     X = X.float() / 16.0
-    batch, steps, rows = 128, int(os.environ.get("STEPS", "30")), {}
+    batch, steps, rows = 128, int(os.environ.get("STEPS", "100")), {}
     for name, make in (("mlp", MLP), ("digits convnet", ConvNet)):
         model = make()
         params = get_parameters(model)
         dist.broadcast_parameters(params)
-        opt = dist.DistributedOptimizer(Adam(params, lr=1e-3))
+        opt = dist.DistributedOptimizer(Adam(params, lr=1e-3), bucket_mb=float(os.environ.get("BUCKET_MB", "4")))
         sampler = dist.DistributedSampler(int(Y.shape[0]))
 
         @TinyJit
@@ -116,13 +124,23 @@ def worker_train(out: str) -> None:
         w = dist.comm.world()
         waited = w.waited_s if w else 0.0
         dist.barrier()
-        st = time.perf_counter()
+        st, cpu, times = time.perf_counter(), time.process_time(), []
         for _ in range(steps):
+            t0 = time.perf_counter()
             step(idx).realize()
+            times.append(time.perf_counter() - t0)
         dist.barrier()
-        elapsed = time.perf_counter() - st
+        elapsed, cpu = time.perf_counter() - st, time.process_time() - cpu
         comm_s = (w.waited_s - waited) if w else 0.0
-        rows[name] = {"samples_per_s": dist.size() * batch * steps / elapsed, "comm_fraction": comm_s / elapsed}
+        # every rank's step ends at the same allreduce, so rank 0's median step is the group's; the CPU seconds a rank
+        # used per step (its waits spin only briefly) say what a core of its own would give
+        cpu_step = w.mpi.COMM_WORLD.allreduce(cpu / steps, op=w.mpi.MAX) if w else cpu / steps
+        rows[name] = {
+            "samples_per_s": dist.size() * batch / statistics.median(times),
+            "mean_samples_per_s": dist.size() * batch * steps / elapsed,
+            "cpu_samples_per_s": dist.size() * batch / cpu_step,
+            "comm_fraction": comm_s / elapsed,
+        }
     if dist.rank() == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
@@ -156,7 +174,15 @@ def fit_ring(rows: dict[int, list[dict]], peer: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    tmp = tempfile.mkdtemp(prefix="bench_distributed-")
+    tmp, only = tempfile.mkdtemp(prefix="bench_distributed-"), os.environ.get("ONLY", "allreduce,train").split(",")
+    if "allreduce" in only:
+        allreduce_tables(tmp)
+    if "train" in only:
+        train_scaling(tmp)
+    shutil.rmtree(tmp)
+
+
+def allreduce_tables(tmp: str) -> None:
     tables: dict[int, list[dict]] = {}
     for ranks in (2, 4):
         out = os.path.join(tmp, f"allreduce{ranks}.json")
@@ -179,18 +205,33 @@ def main() -> None:
     for peer in ("mpi4py", "jit", "gloo"):
         alpha, bw = fit_ring(tables, peer)
         print(f"{peer:>8s}: alpha = {alpha * 1e6:8.2f} us, B = {bw / 1e9:6.2f} GB/s")
-    one, two = os.path.join(tmp, "train1.json"), os.path.join(tmp, "train2.json")
-    launch(1, "train", one)
-    launch(2, "train", two)
-    print("\ntraining throughput (Adam, batch 128 per rank, jitted steps, 1 thread per rank)")
-    r1, r2 = json.load(open(one)), json.load(open(two))
-    for name in r1:
-        print(
-            f"{name:>15s}: 1 rank {r1[name]['samples_per_s']:8.0f} samples/s, 2 ranks {r2[name]['samples_per_s']:8.0f}"
-            f" samples/s = {r2[name]['samples_per_s'] / r1[name]['samples_per_s']:.2f}x, "
-            f"{r2[name]['comm_fraction'] * 100:.0f}% of the 2-rank step waiting on communication"
-        )
-    shutil.rmtree(tmp)
+
+
+def train_scaling(tmp: str) -> None:
+    rounds, runs, loads = int(os.environ.get("ROUNDS", "3")), {1: [], 2: []}, []  # type: ignore[var-annotated]
+    for _ in range(rounds):
+        loads.append(os.getloadavg()[0])
+        for ranks in (1, 2):
+            out = os.path.join(tmp, f"train{ranks}.json")
+            launch(ranks, "train", out)
+            runs[ranks].append(json.load(open(out)))
+    loads.append(os.getloadavg()[0])
+    bucket = os.environ.get("BUCKET_MB", "4")
+    print(f"\ntraining throughput (Adam, batch 128 per rank, jitted steps, 1 thread per rank, {bucket} MB buckets),")
+    print(f"medians of {rounds} alternating rounds; 1-minute load average {', '.join(f'{x:.1f}' for x in loads)}")
+    for name in runs[1][0]:
+        print(f"{name}, 2 ranks vs 1 (medians over rounds; each round's ratio in brackets):")
+        for key, what in (
+            ("samples_per_s", "median step"),
+            ("mean_samples_per_s", "mean step"),
+            ("cpu_samples_per_s", "CPU time per step"),
+        ):
+            one = statistics.median(r[name][key] for r in runs[1])
+            two = statistics.median(r[name][key] for r in runs[2])
+            ratios = ", ".join(f"{b[name][key] / a[name][key]:.2f}" for a, b in zip(runs[1], runs[2]))
+            print(f"  {what:>18s}: 1 rank {one:8.0f}, 2 ranks {two:8.0f} samples/s = {two / one:.2f}x [{ratios}]")
+        comm = statistics.median(r[name]["comm_fraction"] for r in runs[2])
+        print(f"  {comm * 100:.0f}% of the 2-rank wall time waiting on communication (median over rounds)")
 
 
 if __name__ == "__main__":

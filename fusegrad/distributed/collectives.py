@@ -3,7 +3,8 @@ MPI reads and writes host memory in place through the buffer protocol (device me
 Inside a TinyJit capture the call is recorded among the step's kernels, so a replay runs it at the same place."""
 
 from __future__ import annotations
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 
@@ -41,39 +42,56 @@ class Collective:
     def __init__(self, w: World, kind: str, op: str, root: int, what: str, dtype: DType):
         self.w, self.kind, self.root, self.what, self.dtype = w, kind, root, what, dtype
         self.op = mpi_op(w, op, dtype) if kind in ("all_reduce", "reduce_scatter") else None
-        self.pending: tuple[Any, list[Buffer], list[np.ndarray]] | None = None
-        self.cache: tuple[Any, Any, np.ndarray, np.ndarray] | None = None
+        self.pending: Any = None  # the MPI request in flight
+        # (output memory, input memory, what starts the collective on their numpy views): a replay's small path
+        self.cache: tuple[Any, Any, Callable[[], Any]] | None = None
+        self.keep: Any = None  # the views MPI reads and writes, alive while it does
+        self.back: tuple[Buffer, np.ndarray] | None = None  # a device output: its host copy, copied in after the wait
 
-    def arrays(self, out: Buffer, src: Buffer) -> tuple[np.ndarray, np.ndarray]:
-        """The numpy views MPI reads and writes: made once per memory (a replay reuses them) when both are host."""
-        cached = self.cache
-        if cached is not None and cached[0] is out._mem and cached[1] is src._mem:
-            return cached[2], cached[3]
-        dst, inp = host_array(out.ensure_allocated()), host_array(src.ensure_allocated())
-        self.cache = (out._mem, src._mem, dst, inp) if out.is_host and src.is_host else None
-        return dst, inp
+    def starter(self, dst: np.ndarray, inp: np.ndarray) -> Callable[[], Any]:
+        """The call that starts this collective on these arrays (bound once: a replay's call is just this)."""
+        comm = self.w.data
+        if self.kind == "all_reduce":
+            return partial(comm.Iallreduce, inp, dst, self.op)
+        if self.kind == "all_gather":
+            return partial(comm.Iallgather, inp, dst)
+        if self.kind == "reduce_scatter":
+            return partial(comm.Ireduce_scatter_block, inp, dst, self.op)
+        if self.w.rank != self.root:
+            return partial(comm.Ibcast, dst, root=self.root)
+
+        def root_bcast() -> Any:
+            dst[:] = inp
+            return comm.Ibcast(dst, root=self.root)
+
+        return root_bcast
 
     def start(self, buffers: list[Buffer]) -> None:
         out, src = buffers[0], buffers[1]
-        (dst, inp), comm = self.arrays(out, src), self.w.data
-        if self.kind == "all_reduce":
-            req = comm.Iallreduce(inp, dst, self.op)
-        elif self.kind == "broadcast":
-            if self.w.rank == self.root:
-                dst[:] = inp
-            req = comm.Ibcast(dst, root=self.root)
-        elif self.kind == "all_gather":
-            req = comm.Iallgather(inp, dst)
+        cached = self.cache
+        if cached is not None and cached[0] is out._mem and cached[1] is src._mem:
+            self.pending = cached[2]()
         else:
-            req = comm.Ireduce_scatter_block(inp, dst, self.op)
+            dst, inp = host_array(out.ensure_allocated()), host_array(src.ensure_allocated())
+            go = self.starter(dst, inp)
+            # host memory is shared with MPI, so the same views serve every call on it; device memory is copied
+            self.cache = (out._mem, src._mem, go) if out.is_host and src.is_host else None
+            self.keep, self.back = go, None if out.is_host else (out, dst)
+            self.pending = go()
         self.w.calls += 1
-        self.pending = (req, [out, src], [dst, inp])  # the arrays stay alive while MPI reads and writes them
+
+    def progress(self) -> None:
+        """Let MPI move this collective's data now (it completes it when it can; finish() still waits)."""
+        if self.pending is not None:
+            self.pending.Test()
 
     def finish(self) -> None:
-        assert self.pending is not None, f"{self.what}: finish() without start()"
-        req, bufs, arrays = self.pending
-        self.w.wait([req], f"{self.what} (collective #{self.w.calls})")
-        store(bufs[0], arrays[0])
+        req = self.pending
+        assert req is not None, f"{self.what}: finish() without start()"
+        if not req.Test():
+            self.w.wait([req], f"{self.what} (collective #{self.w.calls})")
+        if self.back is not None:
+            store(*self.back)
         self.pending = None
 
     def __call__(self, buffers: list[Buffer]) -> None:
@@ -82,13 +100,16 @@ class Collective:
 
 
 class Start:
-    """The first half of a nonblocking collective as a recorded launch: the wait comes later in the step."""
+    """The first half of a nonblocking collective as a recorded launch: the wait comes later in the step. It also
+    lets the collectives started before it progress (MPI moves their data only inside an MPI call)."""
 
-    def __init__(self, coll: Collective):
-        self.coll = coll
+    def __init__(self, coll: Collective, earlier: list[Collective] | None = None):
+        self.coll, self.earlier = coll, earlier or []
 
     def __call__(self, buffers: list[Buffer]) -> None:
         self.coll.start(buffers)
+        for c in self.earlier:
+            c.progress()
 
 
 class Finish:

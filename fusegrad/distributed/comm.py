@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from fusegrad.helpers import DIST_TIMEOUT
 
 PROBE_TAG = 7301  # the tag of the "where are you" messages ranks exchange after a timeout
+SPIN_S = 5e-5  # a wait tests without pause this long (a peer a few microseconds behind)
+YIELD_S = 2e-4  # then yields the core between tests up to this long (a message's protocol needs both sides' tests)
+NAP_S = 2e-4  # then sleeps between tests a quarter of the time waited so far, up to this long
 
 
 class DistributedError(RuntimeError):
@@ -34,17 +37,27 @@ class World:
 
     def wait(self, requests: list[Any], what: str) -> None:
         """Complete `requests`, or raise DistributedError naming the ranks that never arrived within the timeout."""
-        test_all, st, spins = self.mpi.Request.Testall, time.monotonic(), 0
-        deadline = st + float(DIST_TIMEOUT.value)
-        self.where = what
-        while not test_all(requests):
-            spins += 1
-            if spins > 200:  # a long wait yields the core: ranks share cores when oversubscribed
-                time.sleep(min(1e-3, 1e-6 * spins))
-                if time.monotonic() > deadline:
+        clock = time.perf_counter
+        st = clock()
+        test = requests[0].Test if len(requests) == 1 else lambda: self.mpi.Request.Testall(requests)
+        if not test():
+            self.where = what
+            self._wait_slowly(test, what, st)
+            self.where = ""
+        self.waited_s += clock() - st
+
+    def _wait_slowly(self, test: Callable[[], bool], what: str, st: float) -> None:
+        """Spin for SPIN_S, yield the core between tests until YIELD_S, then sleep between them: a peer descheduled
+        on a loaded or oversubscribed machine needs the core, and a rendezvous message needs our tests to move."""
+        clock, deadline = time.perf_counter, st + float(DIST_TIMEOUT.value)
+        while not test():
+            waited = clock() - st
+            if waited > YIELD_S:
+                time.sleep(min(NAP_S, 0.25 * waited))
+                if waited > deadline - st:
                     raise self.stuck(what)
-        self.where = ""
-        self.waited_s += time.monotonic() - st
+            elif waited > SPIN_S:
+                os.sched_yield()
 
     def stuck(self, what: str) -> DistributedError:
         """After a timeout: ask every rank where it is; the ones that answer are waiting too, the rest hang or died."""

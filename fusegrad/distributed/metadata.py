@@ -26,6 +26,8 @@ def encode(call: int, kind: str, op: str, root: int, dtype: DType, shape: tuple[
 def describe(row: np.ndarray) -> str:
     call, kind, op, root, dt, ndim = (int(x) for x in row[:6])
     shape = tuple(int(d) for d in row[6 : 6 + min(ndim, MAX_DIMS)])
+    if KINDS[kind] == "parameters" and root == -1:  # compare()'s first row
+        return f"a check of {shape[0]} tensors as collective #{call + 1}"
     how = f"({OPS[op]})" if OPS[op] else f"(root={root})" if KINDS[kind] == "broadcast" else ""
     return f"{KINDS[kind]}{how} of {str(dtypes.all[dt]).removeprefix('dtypes.')} {shape} as collective #{call + 1}"
 
@@ -39,13 +41,22 @@ def gather_rows(w: World, rows: np.ndarray, what: str) -> np.ndarray:
 
 def compare(w: World, rows: np.ndarray, what: str, label: Callable[[int], str]) -> None:
     """Raise on every rank alike when some rank's rows differ from rank 0's; label(i) names row i's tensor (or is
-    empty for a single row)."""
-    counts = gather_rows(w, np.array([len(rows)], np.int64), what).reshape(-1)
-    if (bad := np.flatnonzero(counts != counts[0])).size:
+    empty for a single row). A first row of the same size as a collective's says how many rows follow."""
+    header = np.array([encode(w.calls, "parameters", "", -1, dtypes.int64, (len(rows),))], np.int64)
+    heads = gather_rows(w, header, what)
+    counts = heads[:, 0, 6]
+    if (heads[:, 0, 1] == KINDS.index("parameters")).all() and (bad := np.flatnonzero(counts != counts[0])).size:
         r = int(bad[0])
         raise DistributedError(f"ranks disagree in {what}: rank 0 has {counts[0]} tensors, rank {r} has {counts[r]}")
-    table = gather_rows(w, rows, what)
-    for r in range(1, w.size):
+    check_table(heads, what, lambda i: "")
+    check_table(gather_rows(w, rows, what), what, label)
+
+
+def check_table(table: np.ndarray, what: str, label: Callable[[int], str]) -> None:
+    """table (size, n, ROW): every rank's rows; raise naming the first rank and row that differ from rank 0's."""
+    if (table == table[0]).all():
+        return
+    for r in range(1, len(table)):
         if (diff := np.flatnonzero((table[r] != table[0]).any(axis=1))).size:
             i = int(diff[0])
             raise DistributedError(
@@ -54,11 +65,20 @@ def compare(w: World, rows: np.ndarray, what: str, label: Callable[[int], str]) 
             )
 
 
+_rows: dict[tuple, np.ndarray] = {}  # (kind, op, root, dtype, shape) -> its encoded row, the call number left 0
+
+
 def check_collective(w: World, kind: str, op: str, root: int, t: Any, what: str) -> None:
-    """Before an eager collective (a TinyJit replay repeats a checked capture): one small all-gather of metadata, so
-    ranks that called different collectives, or a different number of them, fail instead of mixing data."""
-    if int(DIST_CHECK.value):
-        compare(w, np.array([encode(w.calls, kind, op, root, t.dtype, t.shape)]), what, lambda i: "")
+    """Before an eager collective (a TinyJit replay repeats a checked capture): one small all-gather of one row per
+    rank, so ranks that called different collectives, or a different number of them, fail instead of mixing data."""
+    if not int(DIST_CHECK.value):
+        return
+    key = (kind, op, root, t.dtype, t.shape)
+    if (row := _rows.get(key)) is None:
+        row = _rows[key] = np.array([encode(0, kind, op, root, t.dtype, t.shape)], np.int64)
+    row = row.copy()
+    row[0, 0] = w.calls
+    check_table(gather_rows(w, row, what), what, lambda i: "")
 
 
 def check_parameters(w: World, tensors: list[Any], what: str, names: list[str] | None = None) -> None:

@@ -3,10 +3,12 @@ the others' before each step (DistributedOptimizer), so every rank takes the sam
 the batches of all ranks together."""
 
 from __future__ import annotations
-from typing import Any
+from typing import Any, Callable
 
 from fusegrad.distributed.collectives import Collective, Finish, Start, broadcast, launch, output_like, realized_buffer
-from fusegrad.distributed.comm import World, world
+from fusegrad.distributed.comm import world
+from fusegrad.engine.realize import when_written
+from fusegrad.runtime.buffers import Buffer, view_buffer
 from fusegrad.distributed.metadata import check_parameters
 from fusegrad.helpers import Context
 from fusegrad.tensor import Tensor
@@ -82,25 +84,41 @@ class DistributedOptimizer:
         if not self.checked:
             check_parameters(w, self.params, "DistributedOptimizer's parameters")
             self.checked = True
-        # one schedule for every bucket: backward's shared intermediates are computed once
         # a sharded parameter's gradient meets the others' on its first device: local devices first, then MPI, then back
         flats = [Tensor.cat(*[one_device(self.params[i].grad).flatten() for i in b]) for b in self.buckets]  # type: ignore[arg-type]
-        Tensor.realize(*flats)
-        started = [self._start(w, k, flat) for k, flat in enumerate(flats)]
-        launch([(Finish(coll), bufs) for coll, bufs, _ in started])
-        for bucket, (_, _, out) in zip(self.buckets, started):
+        outs = [output_like(flat.shape, flat) for flat in flats]
+        colls = [
+            Collective(w, "all_reduce", "sum", 0, f"all_reduce(sum) of gradient bucket {k}", flat.dtype)
+            for k, flat in enumerate(flats)
+        ]
+        started: list[Buffer | None] = [None] * len(flats)  # each bucket's input, once its allreduce started
+
+        def start(k: int, src: Buffer) -> None:
+            # the earlier buckets' transfers progress at every start: MPI moves data only inside its calls
+            launch([(Start(colls[k], colls[:k]), [outs[k][1], src])])
+            started[k] = src
+
+        def hook(k: int) -> Callable[[Buffer | None], None]:
+            return lambda buf: start(k, buf) if buf is not None and buf.size == flats[k].numel() else None
+
+        for k, flat in enumerate(flats):  # a bucket whose gradients are computed already goes first
+            if (buf := view_buffer(flat.uop)) is not None and buf.size == flat.numel():
+                start(k, buf)
+        # one schedule for every bucket (backward's shared intermediates are computed once); each bucket's allreduce
+        # starts as soon as its gradients are written, while backward computes the earlier layers' buckets
+        with when_written({flat.uop: hook(k) for k, flat in enumerate(flats) if started[k] is None}):
+            Tensor.realize(*flats)
+        for k, flat in enumerate(flats):
+            if started[k] is None:  # realized outside the schedule's hooks (a view, or the one-root fast path)
+                start(k, realized_buffer(flat)[1])
+        # the input stays among the wait's buffers: a TinyJit's memory plan must not reuse it while MPI reads it
+        launch([(Finish(coll), [out_buf, src]) for coll, (_, out_buf), src in zip(colls, outs, started)])  # type: ignore[misc]
+        for bucket, (out, _) in zip(self.buckets, outs):
             mean, offset = out * (1.0 / w.size), 0
             for i in bucket:
                 p = self.params[i]
                 p.grad = placed_like(mean[offset : offset + p.numel()].reshape(p.shape), p)
                 offset += p.numel()
-
-    def _start(self, w: World, k: int, flat: Tensor) -> tuple[Collective, list, Tensor]:
-        _, src_buf = realized_buffer(flat)
-        out, out_buf = output_like(flat.shape, flat)
-        coll = Collective(w, "all_reduce", "sum", 0, f"all_reduce(sum) of gradient bucket {k}", flat.dtype)
-        launch([(Start(coll), [out_buf, src_buf])])
-        return coll, [out_buf, src_buf], out
 
 
 def broadcast_parameters(params: Any, root: int = 0) -> None:

@@ -5,7 +5,8 @@ import atexit
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 from fusegrad.helpers import BEAM, DEBUG, EMULATED_DTYPES, NOOPT, SPEC, GlobalCounters, Hooks
 from fusegrad.uop.kernel import RawKernel
 from fusegrad.engine.checks import checks_below, index_checks
@@ -340,6 +341,44 @@ def realize_leaf(root: UOp, device: str | tuple[str, ...]) -> UOp | None:
     return result
 
 
+# root -> what to call once its buffer is written, for realizes inside `when_written` (the innermost one counts)
+written_hooks: list[dict[UOp, Callable[[Any], None]]] = []
+
+
+@contextmanager
+def when_written(hooks: dict[UOp, Callable[[Any], None]]) -> Iterator[None]:
+    """Inside: a realize of several roots calls hooks[root](its Buffer) as soon as the kernel writing that root's
+    buffer ran, while the rest of its schedule still has to run (a gradient bucket's allreduce starts during
+    backward). Hooks are called in the order of the roots, each no earlier than the ones before it."""
+    written_hooks.append(hooks)
+    try:
+        yield
+    finally:
+        written_hooks.pop()
+
+
+def hook_points(roots: list[UOp], results: list[UOp], items: list[ScheduleItem], hooks: dict) -> list[tuple]:
+    """(number of items to run first, hook, the root's Buffer) for each hooked root, in root order: after the item
+    writing its buffer and after every earlier hooked root's point."""
+    writer = {id(item.buffers[0]): i for i, item in enumerate(items)}  # the last item writing each buffer
+    points, at = [], 0
+    for root, res in zip(roots, results):
+        if (hook := hooks.get(root)) is not None:
+            buf = buffer_of.get(base_buffer(res))  # type: ignore[arg-type]
+            at = max(at, writer.get(id(buf), -1) + 1)
+            points.append((at, hook, buf))
+    return points
+
+
+def run_with_hooks(items: list[ScheduleItem], runners: list[Runner | None], debug: int, points: list) -> None:
+    done = 0
+    for at, hook, buf in points:
+        run_items(items[done:at], runners[done:at], debug, None)
+        done = at
+        hook(buf)
+    run_items(items[done:], runners[done:], debug, None)
+
+
 def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | None = None) -> list[UOp]:
     """Compute roots; returns each root's buffer view. Nothing is recorded as realized unless every kernel ran.
     With `holders_per_root` (the references the caller holds on each root: its `roots` list, its tensor), an assign
@@ -375,7 +414,10 @@ def realize_uops(roots: list[UOp], devices: list[str], holders_per_root: int | N
                 if capturing:
                     capturing[-1].record_check(check, buf)
             items, runners, results = items[split:], runners[split:], results[len(checks) :]
-        run_items(items, runners, debug, prep)
+        if written_hooks and (points := hook_points(roots, results, items, written_hooks[-1])):
+            run_with_hooks(items, runners, debug, points)
+        else:
+            run_items(items, runners, debug, prep)
         for r, res in zip(roots, results):
             if r is not res:
                 # a graph holding an assign node means the value it wrote, for as long as that graph lives
@@ -396,4 +438,5 @@ __all__ = [
     "realize_lock",
     "capturing",
     "tracing",
+    "when_written",
 ]

@@ -179,6 +179,48 @@ def training(out: str, batch: int, steps: int) -> None:
     print(f"rank {dist.rank()}: trained {len(CONFIGS)} configs, jit == eager", flush=True)
 
 
+def overlap(out: str) -> None:
+    """Each gradient bucket's allreduce starts while backward still computes the earlier layers' buckets: in an eager
+    step (kernels run between the starts) and in a TinyJit capture (kernel launches recorded between them)."""
+    from fusegrad import GlobalCounters
+    from fusegrad.distributed import collectives
+
+    starts: list[int] = []
+    plain_start = collectives.Start.__call__
+
+    def counting_start(self: Any, buffers: list) -> None:
+        starts.append(GlobalCounters.kernel_count)
+        plain_start(self, buffers)
+
+    collectives.Start.__call__ = counting_start  # type: ignore[method-assign]
+    X, Y, _, _ = digits()
+    model = MLP()
+    params = get_parameters(model)
+    dist.broadcast_parameters(params)
+    opt = dist.DistributedOptimizer(SGD(params, lr=0.1), bucket_mb=1e-4)  # 3 buckets: l2, l1.bias, l1.weight
+
+    def step(idx: Tensor) -> Tensor:
+        with Context(TRAINING=1):
+            opt.zero_grad()
+            loss = model(X[idx].float() / 16.0).sparse_categorical_crossentropy(Y[idx])
+            loss.backward()
+            opt.step()
+        return loss
+
+    idx = Tensor(np.arange(dist.rank() * 16, dist.rank() * 16 + 16, dtype=np.int32))
+    step(idx).realize()
+    assert len(starts) == len(opt.buckets) == 3, (starts, opt.buckets)
+    assert starts == sorted(starts) and starts[0] < starts[-1], f"no kernel ran between the bucket starts: {starts}"
+    jitted = TinyJit(step)
+    for _ in range(3):
+        jitted(idx).realize()
+    names = {collectives.Start: "start", collectives.Finish: "wait"}
+    kinds = [names.get(type(la.runner), "kernel") for la in jitted.captured.launches]  # type: ignore[union-attr]
+    first, last = kinds.index("start"), len(kinds) - 1 - kinds[::-1].index("start")
+    assert "kernel" in kinds[first:last] and kinds.index("wait") > last, kinds
+    print(f"rank {dist.rank()}: eager starts after kernels {starts}; captured {' '.join(kinds[first : last + 2])}")
+
+
 def fault(kind: str) -> None:
     """A rank misbehaves at the third collective; the others must fail with an error naming it."""
     r = dist.rank()
@@ -203,6 +245,8 @@ def main() -> None:
     dist.init()
     if scenario == "collectives":
         collectives(out)
+    elif scenario == "overlap":
+        overlap(out)
     elif scenario == "train":
         training(out, int(os.environ.get("BATCH", "8")), int(os.environ.get("STEPS", "20")))
     else:

@@ -117,6 +117,29 @@ def test_buckets_hold_one_dtype_last_parameters_first():
     assert buckets_of(params, 4096) == [[3, 1, 0], [2]]
 
 
+def test_hooks_run_as_soon_as_their_root_is_written():
+    # the schedule runs in pieces: each hook sees its root's values written while later kernels have not run yet
+    from fusegrad import GlobalCounters
+    from fusegrad.engine.realize import when_written
+
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize()
+    first = (x * 2).sum(axis=1)
+    second = (x.exp() @ x.T).relu().sum(axis=0)
+    seen: list[tuple[str, np.ndarray, int]] = []
+
+    def hook(name):
+        return lambda buf: seen.append((name, buf.numpy().copy(), GlobalCounters.kernel_count))
+
+    GlobalCounters.reset()
+    with when_written({first.uop: hook("first"), second.uop: hook("second")}):
+        Tensor.realize(first, second)
+    xs = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert [name for name, _, _ in seen] == ["first", "second"]
+    np.testing.assert_allclose(seen[0][1], (xs * 2).sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(seen[1][1], np.maximum(np.exp(xs) @ xs.T, 0).sum(axis=0), rtol=1e-5)
+    assert seen[0][2] < seen[1][2] <= GlobalCounters.kernel_count
+
+
 def test_distributed_optimizer_of_one_rank_steps_like_its_optimizer():
     def run(wrap):
         Tensor.manual_seed(0)
@@ -159,6 +182,19 @@ def test_metadata_rows_describe_the_call():
     assert describe(row) == "broadcast(root=2) of int16 (3, 5) as collective #5"
     long = np.array(encode(0, "all_reduce", "sum", 0, dtypes.float32, (2,) * 10))
     assert describe(long).startswith("all_reduce(sum) of float32 (2, 2, 2, 2, 2, 2, 2, 8)")
+    # a parameter check's first row (as long as a collective's, so the two meet in one all-gather) names its count
+    header = np.array(encode(6, "parameters", "", -1, dtypes.int64, (3,)))
+    assert describe(header) == "a check of 3 tensors as collective #7"
+
+
+def test_differing_rows_name_the_first_rank_and_tensor():
+    from fusegrad.distributed.metadata import check_table
+
+    rows = [encode(0, "parameters", "", 0, dtypes.float32, s) for s in ((4, 3), (3,))]
+    table = np.array([rows, rows, [rows[0], encode(0, "parameters", "", 0, dtypes.float32, (2,))]])
+    check_table(table[:2], "x", lambda i: "")  # equal: nothing raised
+    with pytest.raises(dist.DistributedError, match=r"in x on 'b': rank 0 calls parameters of float32 \(3,\).*rank 2"):
+        check_table(table, "x", lambda i: f" on {'ab'[i]!r}")
 
 
 def test_zero_optimizer_of_one_rank_steps_like_its_optimizer():

@@ -70,6 +70,12 @@ def test_data_parallel_training_equals_one_process(one_process, tmp_path, ranks)
         assert rel < 1e-6, f"{k}: relative difference {rel:.3g} from one process"
 
 
+def test_bucket_allreduces_start_during_backward(tmp_path):
+    proc, _ = mpirun(2, "overlap", str(tmp_path / "x"), timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert all(f"rank {r}: eager starts after kernels" in proc.stdout for r in range(2)), proc.stdout
+
+
 def test_hung_rank_is_named_within_the_timeout(tmp_path):
     proc, wall = mpirun(3, "hang", str(tmp_path / "x"), timeout=100, FUSEGRAD_DIST_TIMEOUT="3")
     assert proc.returncode != 0
