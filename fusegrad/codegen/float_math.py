@@ -9,11 +9,13 @@ ln m = 2 atanh(f), f = (m-1)/(m+1), from the odd series. sin/cos: x = k pi/2 + r
 Taylor series of sin or cos by the quadrant k mod 4. Below 2^19, pi/2 in three parts of 33, 33 and 53 bits
 (Cody-Waite); above, x 2/pi mod 4 from 2/pi's bits in 24-bit chunks: each chunk times a 26- or 27-bit half of x
 is an exact float64 product, and its value mod 4 is exact too (a Payne-Hanek reduction without integer tables).
-pow(x, y) is exp2(y log2 |x|) with C's special cases. The constants are computed here from integer series.
+log2 and pow(x, y) = 2^(y log2|x|) carry log2 x and the product in double-double (hi + lo, with Knuth's exact sum
+and Dekker's exact product), so a large exponent keeps its fractional bits; pow has C's special cases. The
+constants are computed here from integer series.
 
-Accuracy, float64, against numpy: exp/exp2/log/log2 within a few ulp over the normal and subnormal range; sin/cos
-within ~1e-16 absolute below 2^19 and ~1e-15 absolute up to the largest double; pow within |y log2 x| * 4e-16
-relative (the product is rounded once). A float32 sin/cos is computed through the float64 path."""
+Accuracy, float64, against numpy (tests/codegen/test_float_math.py): exp, exp2, log, log2 and pow within 2 ulp over
+the normal range, a subnormal result within one step; sin/cos within ~2e-16 absolute below 2^19 and 4e-15 up to the
+largest double. A float32 sin/cos goes through the float64 path and rounds once."""
 
 from __future__ import annotations
 import functools
@@ -58,7 +60,7 @@ def _ln2_fixed(bits: int) -> int:
     return (2 * total) >> 16
 
 
-def _split(v: Fraction, bits: int) -> float:
+def _leading_bits(v: Fraction, bits: int) -> float:
     """v's leading `bits` significant bits (truncated) as a float: a product with a small integer stays exact."""
     e = v.numerator.bit_length() - v.denominator.bit_length()
     scale = Fraction(2) ** (bits - 1 - e)
@@ -69,10 +71,11 @@ _BITS = 1300
 _PI = Fraction(_pi_fixed(_BITS), 1 << _BITS)
 _LN2 = Fraction(_ln2_fixed(_BITS), 1 << _BITS)
 LN2, LOG2E, PI_2, TWO_OVER_PI = float(_LN2), float(1 / _LN2), float(_PI / 2), float(2 / _PI)
-LN2_HI = _split(_LN2, 32)  # k * LN2_HI is exact for |k| < 2^20
+LN2_HI = _leading_bits(_LN2, 32)  # k * LN2_HI is exact for |k| < 2^20
 LN2_LO = float(_LN2 - Fraction(LN2_HI))
-PIO2_1 = _split(_PI / 2, 33)  # k * PIO2_i is exact for |k| < 2^20
-PIO2_2 = _split(_PI / 2 - Fraction(PIO2_1), 33)
+LOG2E_LO = float(1 / _LN2 - Fraction(LOG2E))
+PIO2_1 = _leading_bits(_PI / 2, 33)  # k * PIO2_i is exact for |k| < 2^20
+PIO2_2 = _leading_bits(_PI / 2 - Fraction(PIO2_1), 33)
 PIO2_3 = float(_PI / 2 - Fraction(PIO2_1) - Fraction(PIO2_2))
 CODY_WAITE_LIMIT = 2.0**19
 # 2/pi in 24-bit chunks: 2/pi = sum_j c_j 2^(-24(j+1)); 46 chunks cover the largest double's fractional bits
@@ -138,6 +141,30 @@ def _pow2(k: UOp) -> UOp:
 _FACT = [float(Fraction(1, math.factorial(n))) for n in range(24)]
 
 
+# ---- error-free sums and products (Knuth, Dekker)
+
+
+def _split(a: UOp) -> tuple[UOp, UOp]:
+    """a = hi + lo, hi with 26 significant bits, lo with at most 27: by masking, not Veltkamp's a * (2^27 + 1),
+    which a compiler contracting a*b - c into an fma (gcc's default) would break."""
+    hi = _float(_bits(a) & _u(~((1 << 27) - 1) & ((1 << 64) - 1)))
+    return hi, a - hi
+
+
+def _two_prod(a: UOp, b: UOp) -> tuple[UOp, UOp]:
+    """(p, e) with p = a*b rounded and p + e = a*b exactly (Dekker)."""
+    p = a * b
+    (ah, al), (bh, bl) = _split(a), _split(b)
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def _two_sum(a: UOp, b: UOp) -> tuple[UOp, UOp]:
+    """(s, e) with s = a+b rounded and s + e = a+b exactly (Knuth)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
 # ---- exp, exp2
 
 
@@ -169,21 +196,46 @@ def exp(x: UOp) -> UOp:
 # ---- log, log2
 
 
-def _log_parts(x: UOp) -> tuple[UOp, UOp]:
-    """(e, ln m) with x = 2^e m, m in [sqrt(1/2), sqrt(2)), for finite x > 0 (garbage, never poison, elsewhere)."""
+def _exponent_mantissa(x: UOp) -> tuple[UOp, UOp]:
+    """(e, m) with x = 2^e m, m in [sqrt(1/2), sqrt(2)), for finite x > 0 (garbage, never poison, elsewhere)."""
     sub = x < 2.0**-1022
     a = sub.where(x * 2.0**54, x)
     b = _bits(a)
     e = (b.alu(Ops.SHR, _u(52)) & _u(0x7FF)).cast(F64) - sub.where(_c(1023.0 + 54), _c(1023.0))
     m = _float((b & _u((1 << 52) - 1)) | _u(1023 << 52))  # in [1, 2)
     big = _c(2.0**0.5) < m
-    m, e = big.where(m * 0.5, m), big.where(e + 1.0, e)
+    return big.where(e + 1.0, e), big.where(m * 0.5, m)
+
+
+def _atanh_series(s: UOp) -> UOp:
+    """(atanh(f) - f) / f^3 for s = f^2 <= 0.03: 1/3 + s/5 + s^2/7 + ..., to s^10 (the rest is below 1e-19)."""
+    return _horner(s, [1.0 / (2 * n + 3) for n in range(11)])
+
+
+def _log_parts(x: UOp) -> tuple[UOp, UOp]:
+    """(e, ln m) with x = 2^e m as in _exponent_mantissa; ln m = 2 atanh f, f = (m-1)/(m+1), |f| <= 0.172."""
+    e, m = _exponent_mantissa(x)
     f = (m - 1.0) * (m + 1.0).alu(Ops.RECIPROCAL)
     s = f * f
-    # ln m = 2 atanh f = 2 (f + f^3/3 + f^5/5 + ...), |f| <= 0.172: to s^11 the rest is below 1e-19
-    series = _horner(s, [1.0 / (2 * n + 3) for n in range(11)])
     two_f = f * 2.0
-    return e, two_f + two_f * s * series
+    return e, two_f + two_f * s * _atanh_series(s)
+
+
+def _log2_dd(x: UOp) -> tuple[UOp, UOp]:
+    """log2 x as an unevaluated sum hi + lo, good to ~2^-100 relative, for finite x > 0: pow's y log2 x keeps its
+    fractional bits even when the integer part is large."""
+    e, m = _exponent_mantissa(x)
+    num, den = m - 1.0, m + 1.0
+    den_lo = m - (den - 1.0)  # m + 1 = den + den_lo exactly
+    f = num.alu(Ops.FDIV, den)
+    p, p_lo = _two_prod(f, den)
+    f_lo = (((num - p) - p_lo) - f * den_lo).alu(Ops.FDIV, den)  # f + f_lo = (m-1)/(m+1) to ~2^-106
+    ln_hi, ln_lo = _two_sum(f * 2.0, f * 2.0 * (f * f) * _atanh_series(f * f))
+    ln_lo = ln_lo + f_lo * 2.0
+    t_hi, t_lo = _two_prod(ln_hi, _c(LOG2E))
+    t_lo = t_lo + (ln_hi * LOG2E_LO + ln_lo * LOG2E)
+    hi, lo = _two_sum(e, t_hi)
+    return hi, lo + t_lo
 
 
 def _log_edges(x: UOp, v: UOp) -> UOp:
@@ -195,8 +247,8 @@ def _log_edges(x: UOp, v: UOp) -> UOp:
 
 
 def log2(x: UOp) -> UOp:
-    e, lnm = _log_parts(x)
-    return _log_edges(x, e + lnm * LOG2E)
+    hi, lo = _log2_dd(x)  # ln m * log2(e) rounded once more would cost up to 3 ulp near 1
+    return _log_edges(x, hi + lo)
 
 
 def log(x: UOp) -> UOp:
@@ -214,10 +266,8 @@ def _mod4(t: UOp) -> UOp:
 
 def _quarter_turns(a: UOp, chunks: int, halves: bool) -> UOp:
     """a 2/pi mod 4 for finite a >= 0, from `chunks` chunks of 2/pi; halves: a has more than 26 bits (a float64)."""
-    parts = [a]
-    if halves:  # a = hi + lo, hi with 26 significant bits and lo with at most 27: each part times a chunk is exact
-        hi = _float(_bits(a) & _u(~((1 << 27) - 1) & ((1 << 64) - 1)))
-        parts = [hi, a - hi]
+    # a float64 as hi + lo, 26 and at most 27 significant bits: each part times a chunk is exact
+    parts = list(_split(a)) if halves else [a]
     acc = _c(0.0)
     for j in reversed(range(chunks)):  # the small terms first
         shift = min(24 * j, 1000)  # the part scaled down and the chunk up, so neither leaves the float range
@@ -263,10 +313,19 @@ def _sin_or_cos(x: UOp, cos: bool, chunks: int, halves: bool) -> UOp:
 
 
 def pow_(x: UOp, y: UOp) -> UOp:
-    """C's pow: exp2(y log2|x|), the sign of an odd integer y put back for a negative x (-0 and -inf included),
-    NaN for a finite negative x and a non-integer y, 1 for y = 0 or x = 1 (NaN or not), and 1 for (-1) ** +-inf."""
+    """C's pow: 2^(y log2|x|) with the product in double-double, the sign of an odd integer y put back for a negative
+    x (-0 and -inf included), NaN for a finite negative x and a non-integer y, 1 for y = 0 or x = 1 (NaN or not), and
+    1 for (-1) ** +-inf."""
     ax = _abs(x)
-    r = exp2(y * log2(ax))
+    regular = (0.0 < ax) & (ax < float("inf"))
+    l_hi, l_lo = _log2_dd(regular.where(ax, _c(1.0)))
+    l_hi = regular.where(l_hi, _log_edges(ax, _c(0.0)))  # +-inf or NaN for 0, inf and NaN
+    z_hi, z_lo = _two_prod(y, l_hi)
+    z_lo = z_lo + y * l_lo
+    z_lo = (_abs(z_hi) < 1100.0).where(z_lo, _c(0.0))  # also drops the NaN of an inf's split
+    zc = _clamp(z_hi, 1100.0)
+    k = _round(zc)
+    r = _isnan(z_hi).where(z_hi, _scaled_exp(k, ((zc - k) + z_lo) * LN2))
     integral = _trunc(y).eq(y)
     half = y * 0.5
     odd = integral & _trunc(half).ne(half)

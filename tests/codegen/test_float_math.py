@@ -70,7 +70,7 @@ def test_exp_log_float64_within_ulps(no_math, name):
     got = run(getattr(Tensor, name), x)
     err = ulps(got, want)
     normal = np.abs(want) >= 2.2250738585072014e-308
-    assert err[normal].max() <= 4, (x[np.argmax(np.where(normal, err, 0))], err[normal].max())
+    assert err[normal].max() <= 2, (x[np.argmax(np.where(normal, err, 0))], err[normal].max())
     # a subnormal result (exp far below 0) rounds once, to within 1 of the smallest step
     assert err[~normal].max() <= 1, x[np.argmax(np.where(~normal, err, 0))]
     assert np.array_equal(np.signbit(got[want == 0]), np.signbit(want[want == 0]))
@@ -107,9 +107,7 @@ def test_pow_float64_special_cases_like_numpy(no_math):
     with np.errstate(all="ignore"):
         want = np.power(x, y)
     got = run(lambda a, b: a**b, x, y)
-    with np.errstate(all="ignore"):
-        bound = 4 + 2 * np.nan_to_num(np.abs(y * np.log2(np.abs(x))))
-    bad = ulps(got, want) > bound
+    bad = ulps(got, want) > 4
     assert not bad.any(), list(zip(x[bad], y[bad], got[bad], want[bad]))[:5]
     assert np.array_equal(np.signbit(got[want == 0]), np.signbit(want[want == 0]))
 
@@ -119,8 +117,8 @@ def test_pow_float64_accuracy(no_math):
     x, y = rng.uniform(0, 50, 3000), rng.uniform(-40, 40, 3000)
     want = np.power(x, y)
     got = run(lambda a, b: a**b, x, y)
-    # exp2 of y log2 x, the product rounded once: the error grows with |y log2 x| (at most ~226 here)
-    assert (ulps(got, want) <= 4 + 2 * np.abs(y * np.log2(x))).all()
+    # y log2 x in double-double: the large exponents (|y log2 x| up to ~226 here) lose no fractional bits
+    assert ulps(got, want).max() <= 2
 
 
 def test_float32_sin_cos_of_large_arguments(no_math):
