@@ -135,7 +135,7 @@ def _lower_for_target(s: CodegenState, opts: tuple[Opt, ...]) -> UOp:
 
 
 def _decompose(s: CodegenState) -> None:
-    s.kernel = decompose_for_device(s.kernel)
+    s.kernel = decompose_for_device(s.kernel, s.capabilities)
 
 
 def _block_long_sums(s: CodegenState) -> None:

@@ -1,7 +1,10 @@
-"""Rewrites a lowered kernel into what a backend computes directly: narrow floats are computed in float32."""
+"""Rewrites a lowered kernel into what a backend computes directly: narrow floats are computed in float32, and the
+math a target lacks (Capabilities.float64_math, sin_reduction) is written out in plain arithmetic (float_math.py)."""
 
 from __future__ import annotations
 from fusegrad.dtype import NARROW_FLOATS, dtypes
+from fusegrad.codegen.float_math import decompose_math
+from fusegrad.renderer import Capabilities
 from fusegrad.uop.alu import cast_value
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
@@ -54,5 +57,7 @@ pm_narrow_floats = PatternMatcher(
 )
 
 
-def decompose_for_device(kernel: UOp) -> UOp:
-    return graph_rewrite(kernel, pm_narrow_floats)
+def decompose_for_device(kernel: UOp, capabilities: Capabilities = Capabilities()) -> UOp:
+    # narrow floats first: a half sin is a float32 sin by then, which the math rewrite may write out
+    kernel = graph_rewrite(kernel, pm_narrow_floats)
+    return decompose_math(kernel, capabilities.float64_math, capabilities.sin_reduction)

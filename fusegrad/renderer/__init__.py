@@ -28,6 +28,10 @@ class Capabilities:
     # the kernels' register tiles gain from a big matmul's weight copied into panels first (schedule/panels.py)
     weight_panels: bool = False
     matrix_cores: bool = False  # a plain matmul (codegen/opt/matrix_tile.py) gets no opts: the renderer tiles it itself
+    # the target computes float64 exp/log/sin/cos/pow; off: codegen/float_math.py writes them out in float arithmetic
+    float64_math: bool = True
+    # the target's float32 sin/cos reduce large arguments; off: computed through float_math.py's float64 reduction
+    sin_reduction: bool = True
 
     def lanes(self, dtype: DType) -> int:
         """Elements of dtype in one vector register (at least 1)."""

@@ -38,7 +38,8 @@ from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
 TRIPLE = "amdgcn-amd-amdhsa"
-# LLVM has no amdgcn lowering for these on float64 (no libm on the device): llc fails on them
+# LLVM has no amdgcn lowering for these on float64 (no libm on the device): llc fails on them, so codegen writes them
+# out unless a test turns the capability float64_math on
 NO_FLOAT64 = frozenset(INTRINSICS) - {Ops.SQRT, Ops.TRUNC}
 
 
@@ -238,7 +239,8 @@ class AMDGPURenderer(LLVMRenderer):
 
     # fixed values, as the device has no query: register tiles planned as for AVX2's 32-byte vectors and 16
     # registers (what the GPU devices' tiles were tuned with), lanes packed into 16 bytes; every global loop is a
-    # work-item, a reduce with few outputs is split over a work group, and a plain matmul goes to the matrix cores
+    # work-item, a reduce with few outputs is split over a work group, and a plain matmul goes to the matrix cores;
+    # amdgcn has no float64 libm and v_sin_f32 no range reduction: codegen writes that math out (float_math.py)
     capabilities = Capabilities(
         vector_bytes=32,
         vector_registers=16,
@@ -247,6 +249,8 @@ class AMDGPURenderer(LLVMRenderer):
         parallel_loops=True,
         group_reduce=True,
         matrix_cores=True,
+        float64_math=False,
+        sin_reduction=False,
     )
 
     def __init__(self, capabilities: Capabilities | None = None, arch: str = "gfx950"):
