@@ -75,7 +75,8 @@ class Recording:
         return i
 
     def root_after(self, i: int, k: int) -> int:
-        """The rewrite's graph after its first k steps: the input with each of those replacements made, bottom up.
+        """The rewrite's graph after its first k steps: the input with each of those replacements made, bottom up (a
+        node the steps replace as it is, before its sources: what a top-down rewrite does).
         A node replaced at step j is replaced wherever it appears from step j on, also where the walk meets it again
         later (a rebuilt node equal to one already replaced is that node): the view can run a step or two ahead."""
         rw = self.data["rewrites"][i]
@@ -89,6 +90,14 @@ class Recording:
                 raise RuntimeError(f"rebuilding rewrite {i} at step {k} does not settle")
             x = stack[-1]
             if x in memo:
+                stack.pop()
+                continue
+            # a top-down rewrite (the scheduler's kernel AST) replaces a node before its sources: that node as it is
+            if (t := subst.get(x)) is not None and t != x:
+                if t not in memo:
+                    stack.append(t)
+                    continue
+                memo[x] = memo[t]
                 stack.pop()
                 continue
             src = self.nodes[x][2]
