@@ -210,6 +210,10 @@ class OnnxRunner:
             except Exception as e:
                 e.add_note(f"while running ONNX {st.node}")
                 raise
+            finally:
+                # dropped after the call: a kept env holds every intermediate tensor alive, and TinyJit's capture
+                # realizes each live lazy tensor, a second, unfused pass over the whole model (VGG-19: 132 kernels)
+                st.node.env = {}
             out = out if isinstance(out, tuple) else (out,)  # a tuple is several outputs; a list is a sequence
             for name, v in zip(st.outputs, out):
                 if name:

@@ -212,6 +212,23 @@ def test_runner_under_tinyjit():
         np.testing.assert_allclose(step(Tensor(x)).numpy(), _mlp_ref(x), rtol=1e-6, atol=1e-6)
 
 
+def test_runner_under_tinyjit_captures_the_plain_calls_kernels():
+    """The runner keeps no intermediate tensor alive after a call: TinyJit's capture realizes every lazy tensor left
+    alive, which would add an unfused pass over the graph to each replay."""
+    from fusegrad import GlobalCounters, TinyJit
+
+    runner = OnnxRunner(_mlp())
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    runner({"x": x})["y"].realize()
+    GlobalCounters.reset()
+    runner({"x": x})["y"].realize()
+    plain = GlobalCounters.kernel_count
+    step = TinyJit(lambda t: runner({"x": t})["y"].realize())
+    for _ in range(3):
+        np.testing.assert_allclose(step(Tensor(x)).numpy(), _mlp_ref(x), rtol=1e-6, atol=1e-6)
+    assert len(step.captured.launches) == plain, (len(step.captured.launches), plain)
+
+
 def test_det_against_numpy():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5, 5])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
