@@ -119,23 +119,24 @@ def test_grouped_conv_keeps_its_groups_axis_and_a_register_tile(xs):
     assert any(o.op is OptOps.UPCAST and o.axis == 2 and o.amount > 1 for o in info.opts), info.opts
 
 
-def test_conv_output_is_stored_before_a_max_pool():
-    """A large conv output is stored before a max pool reads its windows: no kernel runs the conv's sum inside the
-    pool's max (there it lost its register tile); values and gradients equal torch's."""
+@pytest.mark.parametrize("pool", ["max_pool2d", "avg_pool2d"])
+def test_conv_output_is_stored_before_a_pool(pool):
+    """A large conv output is stored before a max or average pool reads its windows: no kernel runs the conv's sum
+    inside the pool's reduce (there it lost its register tile); values and gradients equal torch's."""
     rng = np.random.default_rng(5)
     xn, wn = (
         rng.standard_normal((1, 16, 32, 32), dtype=np.float32),
         rng.standard_normal((64, 16, 3, 3), dtype=np.float32),
     )
     x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
-    out = x.conv2d(w, padding=1).relu().max_pool2d(2)
+    out = getattr(x.conv2d(w, padding=1).relu(), pool)(2)
     items, _, _ = create_schedule([out.uop], [Device["CPU"]])
     for item in items:
         assert sum(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort()) <= 1
     gn = rng.standard_normal(out.shape, dtype=np.float32)
     out.backward(Tensor(gn))
     tx, tw = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
-    ref = F.max_pool2d(F.conv2d(tx, tw, padding=1).relu(), 2)
+    ref = getattr(F, pool)(F.conv2d(tx, tw, padding=1).relu(), 2)
     ref.backward(torch.tensor(gn))
     for ours, theirs in ((out, ref), (x.grad, tx.grad), (w.grad, tw.grad)):
         np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), atol=1e-4, rtol=1e-4)
