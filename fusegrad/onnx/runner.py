@@ -38,6 +38,7 @@ class Step:
     fold: Any
     inputs: list[str]
     outputs: list[str]
+    store: bool = False  # outputs stored when computed (`_stored_when_shared`)
 
 
 @dataclass
@@ -71,6 +72,14 @@ def _value_spec(v: onnx.ValueInfoProto, where: str) -> InputSpec:
         return InputSpec(v.name, dt, None)
     dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
     return InputSpec(v.name, dt, dims)
+
+
+def _stored_when_shared(n: onnx.NodeProto, readers: dict[str, int]) -> bool:
+    """A Concat read by more than one node is stored once: left lazy, each reader selects every element from its
+    pieces again, and a chain of them (DenseNet's concat of the last concat and the new features, 24 deep) makes
+    every reader's element a select through the whole chain (DenseNet-121's BN + ReLU of a 992-channel concat,
+    196k elements: 11.5 ms)."""
+    return n.op_type == "Concat" and any(readers.get(o, 0) > 1 for o in n.output)
 
 
 def _out(v: Any) -> Any:
@@ -118,6 +127,10 @@ class OnnxRunner:
         consts = {t.name: to_numpy(t, self.base) for t in g.initializer} if where != "graph" else {}
         known = outer | {v.name for v in g.input} | {t.name for t in g.initializer}
         steps = []
+        readers: dict[str, int] = {}
+        for n in g.node:
+            for x in set(n.input):
+                readers[x] = readers.get(x, 0) + 1
         for n in topo_order(g, known, where):
             label = f"node {n.name or n.op_type!r} ({n.domain + '::' if n.domain else ''}{n.op_type})"
             domain = "" if n.domain == "ai.onnx" else n.domain
@@ -141,7 +154,8 @@ class OnnxRunner:
                 attrs[a.name] = v
             opset = self.opsets.get(domain, 1)
             node = Node(n, attrs, opset, self)
-            steps.append(Step(node, fn, FOLD.get((domain, n.op_type)), list(n.input), list(n.output)))
+            store = _stored_when_shared(n, readers)
+            steps.append(Step(node, fn, FOLD.get((domain, n.op_type)), list(n.input), list(n.output), store))
             known |= set(n.output)
         return Graph(steps, [v.name for v in g.input], [o.name for o in g.output], consts)
 
@@ -217,5 +231,5 @@ class OnnxRunner:
             out = out if isinstance(out, tuple) else (out,)  # a tuple is several outputs; a list is a sequence
             for name, v in zip(st.outputs, out):
                 if name:
-                    env[name] = v
+                    env[name] = v.contiguous() if st.store and isinstance(v, Tensor) else v
         return [env[o] for o in graph.outputs]

@@ -215,7 +215,7 @@ def test_runner_under_tinyjit():
 def test_runner_under_tinyjit_captures_the_plain_calls_kernels():
     """The runner keeps no intermediate tensor alive after a call: TinyJit's capture realizes every lazy tensor left
     alive, which would add an unfused pass over the graph to each replay."""
-    from fusegrad import GlobalCounters, TinyJit
+    from fusegrad import TinyJit
 
     runner = OnnxRunner(_mlp())
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -227,6 +227,30 @@ def test_runner_under_tinyjit_captures_the_plain_calls_kernels():
     for _ in range(3):
         np.testing.assert_allclose(step(Tensor(x)).numpy(), _mlp_ref(x), rtol=1e-6, atol=1e-6)
     assert len(step.captured.launches) == plain, (len(step.captured.launches), plain)
+
+
+def test_a_concat_read_twice_is_stored_once():
+    """A Concat that several nodes read (DenseNet's chain: each concat is read by the next one and by a layer) is
+    stored when computed, so its readers load it instead of selecting through the chain; one read once stays lazy."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 3, 3])
+    nodes = [helper.make_node("Neg", ["x"], ["r0"])]
+    for k in range(1, 4):  # c_k = Concat(c_{k-1}, Neg(c_{k-1})), c_0 = x
+        prev = "x" if k == 1 else f"c{k - 1}"
+        if k > 1:
+            nodes.append(helper.make_node("Neg", [prev], [f"r{k - 1}"]))
+        nodes.append(helper.make_node("Concat", [prev, f"r{k - 1}"], [f"c{k}"], axis=1))
+    nodes.append(helper.make_node("Relu", ["c3"], ["y"]))
+    runner = OnnxRunner(_model(nodes, [x], [y]))
+    assert [s.store for s in runner.graph.steps if s.node.op_type == "Concat"] == [True, True, False]
+    xn = np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3) - 9
+    ref = xn
+    for _ in range(3):
+        ref = np.concatenate([ref, -ref], axis=1)
+    runner({"x": xn})["y"].realize()
+    GlobalCounters.reset()
+    np.testing.assert_array_equal(runner({"x": xn})["y"].numpy(), np.maximum(ref, 0))
+    assert GlobalCounters.kernel_count == 3  # c1, c2 stored; c3 computed inside the output's kernel
 
 
 def test_det_against_numpy():
