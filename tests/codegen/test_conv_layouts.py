@@ -103,8 +103,44 @@ def test_strided_stem_conv_runs_stride_1_over_phases_in_vector_tiles():
     assert any(o.op is OptOps.UPCAST and o.axis == 3 and o.amount >= 8 for o in info.opts), info.opts
 
 
+SHORT_LARGE_CASES = [  # sum 16 to 63 products: relaid only when the conv is large (values checked with a small one)
+    # a 3-channel 3x3 stride-2 stem: 2x2 taps over 4 phases of 3 channels, at flat positions
+    ((1, 3, 20, 18), (8, 3, 3, 3), {"stride": 2, "padding": 1}, "r_8_10_9_3_3_3", "r_8_99_2_2_12"),
+    # a grouped 1x1 conv of few channels per group: flat positions, the groups as an axis
+    ((1, 64, 9, 9), (64, 16, 1, 1), {"groups": 4}, "r_64_9_9_16", "r_4_16_81_16"),
+    ((2, 2, 9, 9), (4, 2, 3, 3), {"padding": 1}, "r_2_4_9_9_3_3_2", "r_2_4_97_3_3_2"),  # a 2-channel 3x3 conv: flat
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw,small,large", SHORT_LARGE_CASES)
+def test_short_reduce_of_a_large_conv_is_relaid_and_equals_torch(xs, ws, kw, small, large, monkeypatch):
+    (windowed,) = forward_reduce_kernels(xs, ws, kw)  # a small conv keeps the windowed layout
+    assert windowed.name == small, windowed.name
+    monkeypatch.setattr(conv_ops, "CONV_RELAYOUT_LARGE_OUTPUT", 1)  # as if it were large
+    (info,) = forward_reduce_kernels(xs, ws, kw)
+    assert info.name == large, info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    run_case(xs, ws, kw, seed=3)
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw,name",
+    [
+        ((1, 3, 224, 224), (24, 3, 3, 3), {"stride": 2, "padding": 1}, "r_24_112_112_2_2_12"),  # ShuffleNet's stem
+        ((1, 136, 28, 28), (136, 34, 1, 1), {"groups": 4}, "r_4_34_784_34"),  # its grouped 1x1 conv at 28x28
+    ],
+)
+def test_short_reduce_of_a_large_conv_runs_in_vector_tiles(xs, ws, kw, name):
+    """A conv summing 16 to 63 products per output with at least CONV_RELAYOUT_LARGE_OUTPUT outputs gets the long-
+    reduce layouts: stride phases as channels, flat positions, the groups as an axis; a register tile, no division."""
+    (info,) = forward_reduce_kernels(xs, ws, kw)
+    assert info.name.startswith(name), info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    assert any(o.op is OptOps.UPCAST and o.amount >= 8 for o in info.opts), info.opts
+
+
 def test_short_reduce_keeps_the_windowed_conv():
-    """A conv summing fewer than CONV_RELAYOUT_MIN_REDUCE products per output keeps its one kernel."""
+    """A small conv summing fewer than CONV_RELAYOUT_MIN_REDUCE products per output keeps its one kernel."""
     (info,) = forward_reduce_kernels((4, 2, 7, 7), (8, 2, 3, 3), {"stride": 2})
     assert info.name == "r_4_8_3_3_3_3_2", info.name
 
