@@ -28,6 +28,10 @@ CONV_PER_SAMPLE_LIMIT = 2**24
 # (`_flat_conv`): tiles along an output row this short do not fill the vectors (ResNet-50's 3x3 convs at 7x7, 14x14
 # and 28x28, batch 1: 2-11x faster measured per kernel)
 FLAT_CONV_MAX_WIDTH = 32
+# ... and so does one whose rows are shorter than this and not whole 32-wide tiles: the last tile of a row overlaps the
+# one before it (a 56-wide row runs 64 columns); the flat positions waste only the padding columns (ResNet-50's 1x1
+# and 3x3 convs at 56x56, batch 1: about 5-15 % faster per kernel, min of 7 calls, loaded)
+FLAT_CONV_MAX_PARTIAL_WIDTH, CONV_ROW_TILE = 64, 32
 # ... and a strided conv runs as a stride-1 conv over its input's stride phases (`_stride_phase_split`), when each
 # output sums at least this many products: then the passes these layouts add (the flat result's crop, the phases'
 # copy) cost little next to the conv (the small convs of tests and of the digits convnet keep their one kernel)
@@ -144,7 +148,10 @@ def _conv_forward(
         x, w = _stride_phase_split(padded, weight, stride, outs)
         out = _conv_forward(x, w, groups, (1,) * n, dilation, acc_dtype, bias)
         return out.shrink((None, None) + tuple((0, o) for o in outs))
-    if long_reduce and n >= 2 and all(s == 1 for s in stride) and outs[-1] < FLAT_CONV_MAX_WIDTH:
+    short_rows = outs[-1] < FLAT_CONV_MAX_WIDTH or (
+        outs[-1] < FLAT_CONV_MAX_PARTIAL_WIDTH and outs[-1] % CONV_ROW_TILE != 0
+    )
+    if long_reduce and n >= 2 and all(s == 1 for s in stride) and short_rows:
         return _flat_conv(padded, weight, groups, dilation, acc_dtype, bias, outs)
     win = padded._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)
     return _windows_times_weight(win, weight, groups, acc_dtype, bias)

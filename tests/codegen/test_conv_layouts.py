@@ -20,6 +20,7 @@ CASES = [  # input shape, weight shape, conv2d kwargs: every one sums at least C
     ((1, 16, 7, 7), (24, 16, 3, 3), {"padding": 1}),  # flat positions (ResNet's 7x7 stage)
     ((2, 8, 9, 6), (12, 8, 3, 3), {"padding": (2, 1), "dilation": (2, 1)}),  # flat, dilated
     ((1, 64, 5, 5), (32, 64, 1, 1), {}),  # flat 1x1: no position dropped
+    ((2, 16, 5, 40), (8, 16, 3, 3), {"padding": 1}),  # flat: 40-wide rows are not whole 32-wide tiles
     ((1, 16, 6, 7), (8, 8, 3, 3), {"groups": 2, "padding": 1}),  # flat, grouped
     ((1, 8, 4, 5, 6), (6, 8, 2, 3, 3), {"padding": (1, 0, 1)}),  # flat, 3-D
     ((1, 64, 10, 10), (16, 64, 1, 1), {"stride": 2}),  # strided 1x1: one phase (a subsampled input)
@@ -81,6 +82,8 @@ def forward_reduce_kernels(xs, ws, kw):
         ((1, 64, 7, 7), (64, 64, 3, 3), {"padding": 1}, 7 * 9 - 2),  # up to the last output's window
         ((1, 64, 7, 7), (64, 64, 1, 1), {}, 49),
         ((1, 64, 14, 14), (64, 64, 1, 1), {"stride": 2}, 49),  # one phase, then flat
+        ((1, 64, 56, 56), (64, 64, 3, 3), {"padding": 1}, 58 * 55 + 56),  # 56-wide rows: not whole 32-wide tiles
+        ((1, 64, 56, 56), (64, 64, 1, 1), {}, 56 * 56),
     ],
 )
 def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, positions):
@@ -92,6 +95,13 @@ def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, position
     lanes = Device["CPU"].renderer.capabilities.lanes(Tensor.empty(1).dtype)
     ups = {o.axis: o.amount for o in info.opts if o.op is OptOps.UPCAST}
     assert ups.get(2, 1) > 1 and ups.get(3, 1) >= lanes, info.opts  # (N, groups, channels, positions)
+
+
+@pytest.mark.parametrize("width", [32, 64])
+def test_rows_of_whole_tiles_keep_the_row_layout(width):
+    """A conv whose output rows are whole 32-wide tiles keeps its rows (no crop pass)."""
+    (info,) = forward_reduce_kernels((1, 16, width, width), (16, 16, 3, 3), {"padding": 1})
+    assert info.name.startswith(f"r_16_{width}_{width}_3_3_16"), info.name
 
 
 def test_strided_stem_conv_runs_stride_1_over_phases_in_vector_tiles():
