@@ -74,12 +74,19 @@ def _value_spec(v: onnx.ValueInfoProto, where: str) -> InputSpec:
     return InputSpec(v.name, dt, dims)
 
 
+# ops whose output is a view of their input (or a constant): stored, they would only add a copy
+VIEW_OPS = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Expand", "Slice", "Split"}
+VIEW_OPS |= {"Shape", "Size", "Constant", "ConstantOfShape"}
+# a shared computed output this small stays lazy: its recomputation costs less than a kernel launch
+SHARED_STORE_MIN_SIZE = 2**12
+
+
 def _stored_when_shared(n: onnx.NodeProto, readers: dict[str, int]) -> bool:
-    """A Concat read by more than one node is stored once: left lazy, each reader selects every element from its
-    pieces again, and a chain of them (DenseNet's concat of the last concat and the new features, 24 deep) makes
-    every reader's element a select through the whole chain (DenseNet-121's BN + ReLU of a 992-channel concat,
-    196k elements: 11.5 ms)."""
-    return n.op_type == "Concat" and any(readers.get(o, 0) > 1 for o in n.output)
+    """A computed output read by more than one node is stored once. Left lazy, each reader computes it again, and a
+    chain of them compounds: DenseNet's concat of the last concat and the new features (24 deep: a BN + ReLU of a
+    992-channel concat, 196k elements, 11.5 ms), ShuffleNet's residual ReLU(Sum) read by the next unit's conv and its
+    Sum (the 9th unit's Sum recomputed all 8 before it: 20 -> 360 us)."""
+    return n.op_type not in VIEW_OPS and any(readers.get(o, 0) > 1 for o in n.output)
 
 
 def _out(v: Any) -> Any:
@@ -231,5 +238,6 @@ class OnnxRunner:
             out = out if isinstance(out, tuple) else (out,)  # a tuple is several outputs; a list is a sequence
             for name, v in zip(st.outputs, out):
                 if name:
-                    env[name] = v.contiguous() if st.store and isinstance(v, Tensor) else v
+                    stored = st.store and isinstance(v, Tensor) and v.numel() >= SHARED_STORE_MIN_SIZE
+                    env[name] = v.contiguous() if stored else v
         return [env[o] for o in graph.outputs]
