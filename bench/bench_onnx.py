@@ -46,13 +46,16 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _median_ms(fn, runs: int) -> float:
-    times = []
+def _median_ms(fns, runs: int) -> list[float]:
+    """Each fn's median time over `runs` rounds, the fns interleaved in every round (a shared machine's load moves
+    all of them alike)."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(runs):
-        st = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - st)
-    return statistics.median(times) * 1e3
+        for fn, ts in zip(fns, times):
+            st = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - st)
+    return [statistics.median(ts) * 1e3 for ts in times]
 
 
 def bench(name: str, runs: int, folder: str) -> None:
@@ -86,9 +89,7 @@ def bench(name: str, runs: int, folder: str) -> None:
     for _ in range(3):
         jit_out = fg_jit()
     err_jit = max(float(np.abs(a - b).max()) for a, b in zip(ref, jit_out))
-    t_fg = _median_ms(fg, runs)
-    t_jit = _median_ms(fg_jit, runs)
-    t_ort = _median_ms(lambda: sess.run(None, feeds), runs)
+    t_ort, t_fg, t_jit = _median_ms([lambda: sess.run(None, feeds), fg, fg_jit], runs)
     print(
         f"{name:14s} onnxruntime {t_ort:8.2f} ms | fusegrad {t_fg:9.2f} ms ({t_ort / t_fg:4.2f}x) | "
         f"TinyJit {t_jit:9.2f} ms ({t_ort / t_jit:4.2f}x) | kernels {kernels:4d} | max|diff| {max(err, err_jit):.1e}",

@@ -28,10 +28,18 @@ CONV_PER_SAMPLE_LIMIT = 2**24
 # (`_flat_conv`): tiles along an output row this short do not fill the vectors (ResNet-50's 3x3 convs at 7x7, 14x14
 # and 28x28, batch 1: 2-11x faster measured per kernel)
 FLAT_CONV_MAX_WIDTH = 32
+# ... and so does one whose rows are shorter than this and not whole 32-wide tiles: the last tile of a row overlaps the
+# one before it (a 56-wide row runs 64 columns); the flat positions waste only the padding columns (ResNet-50's 1x1
+# and 3x3 convs at 56x56, batch 1: about 5-15 % faster per kernel, min of 7 calls, loaded)
+FLAT_CONV_MAX_PARTIAL_WIDTH, CONV_ROW_TILE = 64, 32
 # ... and a strided conv runs as a stride-1 conv over its input's stride phases (`_stride_phase_split`), when each
 # output sums at least this many products: then the passes these layouts add (the flat result's crop, the phases'
 # copy) cost little next to the conv (the small convs of tests and of the digits convnet keep their one kernel)
 CONV_RELAYOUT_MIN_REDUCE = 64
+# ... or at least this many when the conv has this many outputs: a large conv's windowed layout costs far more than the
+# passes (ShuffleNet's 3x3 stride-2 stem of 3 channels, 27 products: 1.0 -> 0.38 ms; its grouped 1x1 convs of 34
+# channels per group at 28x28: 0.40 -> 0.08 ms), while a small one keeps its one kernel
+CONV_RELAYOUT_MIN_REDUCE_LARGE, CONV_RELAYOUT_LARGE_OUTPUT = 16, 2**16
 
 
 def _check_conv(x: Tensor, weight: Tensor, groups: int, in_channels: int) -> int:
@@ -132,12 +140,18 @@ def _conv_forward(
     input's windowed view times the weight."""
     n, kernel = weight.ndim - 2, weight.shape[2:]
     outs = tuple((i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(padded.shape[2:], kernel, stride, dilation))
-    long_reduce = weight.shape[1] * prod(kernel) >= CONV_RELAYOUT_MIN_REDUCE
+    reduce, outputs = weight.shape[1] * prod(kernel), padded.shape[0] * weight.shape[0] * prod(outs)
+    long_reduce = reduce >= CONV_RELAYOUT_MIN_REDUCE or (
+        reduce >= CONV_RELAYOUT_MIN_REDUCE_LARGE and outputs >= CONV_RELAYOUT_LARGE_OUTPUT
+    )
     if long_reduce and any(s > 1 for s in stride) and all(d == 1 for d in dilation):
         x, w = _stride_phase_split(padded, weight, stride, outs)
         out = _conv_forward(x, w, groups, (1,) * n, dilation, acc_dtype, bias)
         return out.shrink((None, None) + tuple((0, o) for o in outs))
-    if long_reduce and n >= 2 and all(s == 1 for s in stride) and outs[-1] < FLAT_CONV_MAX_WIDTH:
+    short_rows = outs[-1] < FLAT_CONV_MAX_WIDTH or (
+        outs[-1] < FLAT_CONV_MAX_PARTIAL_WIDTH and outs[-1] % CONV_ROW_TILE != 0
+    )
+    if long_reduce and n >= 2 and all(s == 1 for s in stride) and short_rows:
         return _flat_conv(padded, weight, groups, dilation, acc_dtype, bias, outs)
     win = padded._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)
     return _windows_times_weight(win, weight, groups, acc_dtype, bias)

@@ -20,6 +20,7 @@ CASES = [  # input shape, weight shape, conv2d kwargs: every one sums at least C
     ((1, 16, 7, 7), (24, 16, 3, 3), {"padding": 1}),  # flat positions (ResNet's 7x7 stage)
     ((2, 8, 9, 6), (12, 8, 3, 3), {"padding": (2, 1), "dilation": (2, 1)}),  # flat, dilated
     ((1, 64, 5, 5), (32, 64, 1, 1), {}),  # flat 1x1: no position dropped
+    ((2, 16, 5, 40), (8, 16, 3, 3), {"padding": 1}),  # flat: 40-wide rows are not whole 32-wide tiles
     ((1, 16, 6, 7), (8, 8, 3, 3), {"groups": 2, "padding": 1}),  # flat, grouped
     ((1, 8, 4, 5, 6), (6, 8, 2, 3, 3), {"padding": (1, 0, 1)}),  # flat, 3-D
     ((1, 64, 10, 10), (16, 64, 1, 1), {"stride": 2}),  # strided 1x1: one phase (a subsampled input)
@@ -81,6 +82,8 @@ def forward_reduce_kernels(xs, ws, kw):
         ((1, 64, 7, 7), (64, 64, 3, 3), {"padding": 1}, 7 * 9 - 2),  # up to the last output's window
         ((1, 64, 7, 7), (64, 64, 1, 1), {}, 49),
         ((1, 64, 14, 14), (64, 64, 1, 1), {"stride": 2}, 49),  # one phase, then flat
+        ((1, 64, 56, 56), (64, 64, 3, 3), {"padding": 1}, 58 * 55 + 56),  # 56-wide rows: not whole 32-wide tiles
+        ((1, 64, 56, 56), (64, 64, 1, 1), {}, 56 * 56),
     ],
 )
 def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, positions):
@@ -94,6 +97,13 @@ def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, position
     assert ups.get(2, 1) > 1 and ups.get(3, 1) >= lanes, info.opts  # (N, groups, channels, positions)
 
 
+@pytest.mark.parametrize("width", [32, 64])
+def test_rows_of_whole_tiles_keep_the_row_layout(width):
+    """A conv whose output rows are whole 32-wide tiles keeps its rows (no crop pass)."""
+    (info,) = forward_reduce_kernels((1, 16, width, width), (16, 16, 3, 3), {"padding": 1})
+    assert info.name.startswith(f"r_16_{width}_{width}_3_3_16"), info.name
+
+
 def test_strided_stem_conv_runs_stride_1_over_phases_in_vector_tiles():
     """A 7x7 stride-2 conv (ResNet's first) reads four phases of its input as channels: its reduce kernel walks
     4x4 taps of 12 channels along contiguous rows, in a register tile, without division."""
@@ -103,8 +113,44 @@ def test_strided_stem_conv_runs_stride_1_over_phases_in_vector_tiles():
     assert any(o.op is OptOps.UPCAST and o.axis == 3 and o.amount >= 8 for o in info.opts), info.opts
 
 
+SHORT_LARGE_CASES = [  # sum 16 to 63 products: relaid only when the conv is large (values checked with a small one)
+    # a 3-channel 3x3 stride-2 stem: 2x2 taps over 4 phases of 3 channels, at flat positions
+    ((1, 3, 20, 18), (8, 3, 3, 3), {"stride": 2, "padding": 1}, "r_8_10_9_3_3_3", "r_8_99_2_2_12"),
+    # a grouped 1x1 conv of few channels per group: flat positions, the groups as an axis
+    ((1, 64, 9, 9), (64, 16, 1, 1), {"groups": 4}, "r_64_9_9_16", "r_4_16_81_16"),
+    ((2, 2, 9, 9), (4, 2, 3, 3), {"padding": 1}, "r_2_4_9_9_3_3_2", "r_2_4_97_3_3_2"),  # a 2-channel 3x3 conv: flat
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw,small,large", SHORT_LARGE_CASES)
+def test_short_reduce_of_a_large_conv_is_relaid_and_equals_torch(xs, ws, kw, small, large, monkeypatch):
+    (windowed,) = forward_reduce_kernels(xs, ws, kw)  # a small conv keeps the windowed layout
+    assert windowed.name == small, windowed.name
+    monkeypatch.setattr(conv_ops, "CONV_RELAYOUT_LARGE_OUTPUT", 1)  # as if it were large
+    (info,) = forward_reduce_kernels(xs, ws, kw)
+    assert info.name == large, info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    run_case(xs, ws, kw, seed=3)
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw,name",
+    [
+        ((1, 3, 224, 224), (24, 3, 3, 3), {"stride": 2, "padding": 1}, "r_24_112_112_2_2_12"),  # ShuffleNet's stem
+        ((1, 136, 28, 28), (136, 34, 1, 1), {"groups": 4}, "r_4_34_784_34"),  # its grouped 1x1 conv at 28x28
+    ],
+)
+def test_short_reduce_of_a_large_conv_runs_in_vector_tiles(xs, ws, kw, name):
+    """A conv summing 16 to 63 products per output with at least CONV_RELAYOUT_LARGE_OUTPUT outputs gets the long-
+    reduce layouts: stride phases as channels, flat positions, the groups as an axis; a register tile, no division."""
+    (info,) = forward_reduce_kernels(xs, ws, kw)
+    assert info.name.startswith(name), info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    assert any(o.op is OptOps.UPCAST and o.amount >= 8 for o in info.opts), info.opts
+
+
 def test_short_reduce_keeps_the_windowed_conv():
-    """A conv summing fewer than CONV_RELAYOUT_MIN_REDUCE products per output keeps its one kernel."""
+    """A small conv summing fewer than CONV_RELAYOUT_MIN_REDUCE products per output keeps its one kernel."""
     (info,) = forward_reduce_kernels((4, 2, 7, 7), (8, 2, 3, 3), {"stride": 2})
     assert info.name == "r_4_8_3_3_3_3_2", info.name
 
@@ -119,23 +165,24 @@ def test_grouped_conv_keeps_its_groups_axis_and_a_register_tile(xs):
     assert any(o.op is OptOps.UPCAST and o.axis == 2 and o.amount > 1 for o in info.opts), info.opts
 
 
-def test_conv_output_is_stored_before_a_max_pool():
-    """A large conv output is stored before a max pool reads its windows: no kernel runs the conv's sum inside the
-    pool's max (there it lost its register tile); values and gradients equal torch's."""
+@pytest.mark.parametrize("pool", ["max_pool2d", "avg_pool2d"])
+def test_conv_output_is_stored_before_a_pool(pool):
+    """A large conv output is stored before a max or average pool reads its windows: no kernel runs the conv's sum
+    inside the pool's reduce (there it lost its register tile); values and gradients equal torch's."""
     rng = np.random.default_rng(5)
     xn, wn = (
         rng.standard_normal((1, 16, 32, 32), dtype=np.float32),
         rng.standard_normal((64, 16, 3, 3), dtype=np.float32),
     )
     x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
-    out = x.conv2d(w, padding=1).relu().max_pool2d(2)
+    out = getattr(x.conv2d(w, padding=1).relu(), pool)(2)
     items, _, _ = create_schedule([out.uop], [Device["CPU"]])
     for item in items:
         assert sum(u.op is Ops.REDUCE_AXIS for u in item.ast.toposort()) <= 1
     gn = rng.standard_normal(out.shape, dtype=np.float32)
     out.backward(Tensor(gn))
     tx, tw = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
-    ref = F.max_pool2d(F.conv2d(tx, tw, padding=1).relu(), 2)
+    ref = getattr(F, pool)(F.conv2d(tx, tw, padding=1).relu(), 2)
     ref.backward(torch.tensor(gn))
     for ours, theirs in ((out, ref), (x.grad, tx.grad), (w.grad, tw.grad)):
         np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), atol=1e-4, rtol=1e-4)

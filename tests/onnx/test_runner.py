@@ -212,6 +212,78 @@ def test_runner_under_tinyjit():
         np.testing.assert_allclose(step(Tensor(x)).numpy(), _mlp_ref(x), rtol=1e-6, atol=1e-6)
 
 
+def test_runner_under_tinyjit_captures_the_plain_calls_kernels():
+    """The runner keeps no intermediate tensor alive after a call: TinyJit's capture realizes every lazy tensor left
+    alive, which would add an unfused pass over the graph to each replay."""
+    from fusegrad import TinyJit
+
+    runner = OnnxRunner(_mlp())
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    runner({"x": x})["y"].realize()
+    GlobalCounters.reset()
+    runner({"x": x})["y"].realize()
+    plain = GlobalCounters.kernel_count
+    step = TinyJit(lambda t: runner({"x": t})["y"].realize())
+    for _ in range(3):
+        np.testing.assert_allclose(step(Tensor(x)).numpy(), _mlp_ref(x), rtol=1e-6, atol=1e-6)
+    assert len(step.captured.launches) == plain, (len(step.captured.launches), plain)
+
+
+def test_a_computed_output_read_twice_is_stored_once():
+    """An output several nodes read (DenseNet's concat chain: each concat is read by the next one and by a layer) is
+    stored when computed, so its readers load it instead of computing it again through the chain; one read once, or
+    a view (a Reshape), stays lazy."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 48, 48])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 48, 48])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 2304])
+    shape = numpy_helper.from_array(np.array([2, 2304], dtype=np.int64), "shape")
+    nodes = [helper.make_node("Neg", ["x"], ["r0"])]
+    for k in range(1, 4):  # c_k = Concat(c_{k-1}, Neg(c_{k-1})), c_0 = x
+        prev = "x" if k == 1 else f"c{k - 1}"
+        if k > 1:
+            nodes.append(helper.make_node("Neg", [prev], [f"r{k - 1}"]))
+        nodes.append(helper.make_node("Concat", [prev, f"r{k - 1}"], [f"c{k}"], axis=1))
+    nodes.append(helper.make_node("Relu", ["c3"], ["y"]))
+    nodes.append(helper.make_node("Reshape", ["x", "shape"], ["flat"]))  # read twice, a view
+    nodes.append(helper.make_node("Add", ["flat", "flat"], ["z"]))
+    runner = OnnxRunner(_model(nodes, [x], [y, z], [shape]))
+    assert [(s.node.op_type, s.store) for s in runner.graph.steps if s.store] == [("Concat", True)] * 2
+    xn = np.arange(2 * 48 * 48, dtype=np.float32).reshape(1, 2, 48, 48) - 2000
+    ref = xn
+    for _ in range(3):
+        ref = np.concatenate([ref, -ref], axis=1)
+    Tensor.realize(*runner({"x": xn}).values())
+    GlobalCounters.reset()
+    out = runner({"x": xn})
+    Tensor.realize(*out.values())
+    np.testing.assert_array_equal(out["y"].numpy(), np.maximum(ref, 0))
+    np.testing.assert_array_equal(out["z"].numpy(), 2 * xn.reshape(2, 2304))
+    assert GlobalCounters.kernel_count == 4  # c1, c2 stored; c3 inside y's kernel; z
+
+
+def test_a_residual_chain_stores_each_shared_sum():
+    """ShuffleNet's units: h_k = Relu(Sum(f(h_{k-1}), h_{k-1})) is read by the next unit's f and its Sum; each is
+    stored, or the k-th Sum would compute every unit before it again."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])
+    nodes = []
+    for k in range(1, 5):
+        prev = "x" if k == 1 else f"h{k - 1}"
+        nodes.append(helper.make_node("Sigmoid", [prev], [f"f{k}"]))
+        nodes.append(helper.make_node("Sum", [f"f{k}", prev], [f"s{k}"]))
+        nodes.append(helper.make_node("Relu", [f"s{k}"], ["y" if k == 4 else f"h{k}"]))
+    runner = OnnxRunner(_model(nodes, [x], [y]))
+    assert [s.node.op_type for s in runner.graph.steps if s.store] == ["Relu"] * 3
+    xn = np.linspace(-3, 3, 64 * 64, dtype=np.float32).reshape(64, 64)
+    ref = xn
+    for _ in range(4):
+        ref = np.maximum(1 / (1 + np.exp(-ref)) + ref, 0)
+    runner({"x": xn})["y"].realize()
+    GlobalCounters.reset()
+    np.testing.assert_allclose(runner({"x": xn})["y"].numpy(), ref, rtol=1e-6, atol=1e-6)
+    assert GlobalCounters.kernel_count == 4
+
+
 def test_det_against_numpy():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5, 5])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
