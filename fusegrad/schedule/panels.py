@@ -28,12 +28,17 @@ class PanelTarget:
 
     vector_bytes: int
     single_reader: set[UOp] = field(default_factory=set)
+    origin: dict[UOp, UOp] = field(default_factory=dict)  # a node rebuilt over rewritten sources -> the graph's own
+
+    def read_once(self, u: UOp) -> bool:
+        """Whether one node reads u in the graph the pass was given (u, or the node it was rebuilt from)."""
+        return self.origin.get(u, u) in self.single_reader
 
     def columns(self, itemsize: int) -> int:
         return max(2 * self.vector_bytes // itemsize, 1)
 
 
-def _weight(cols: UOp, n: int, k: int, single_reader: set[UOp]) -> UOp | None:
+def _weight(cols: UOp, n: int, k: int, ctx: PanelTarget) -> UOp | None:
     """The (k, n) matrix w when cols is wᵀ broadcast to (..., n, k): EXPAND(RESHAPE(PERMUTE(w, (1, 0)))), the
     expand absent when nothing broadcasts, the reshapes adding leading ones. A copy of w that only this matmul reads
     (the front end's contiguous Wᵀ for x @ W.T) is skipped: the panels are copied from w's view at once."""
@@ -47,7 +52,7 @@ def _weight(cols: UOp, n: int, k: int, single_reader: set[UOp]) -> UOp | None:
         return None
     w = cols.src[0]
     copy = w.op is Ops.CONTIGUOUS and (type(w.arg) is int or w.arg == "layout")
-    return w.src[0] if copy and w in single_reader else w
+    return w.src[0] if copy and ctx.read_once(w) else w
 
 
 def _rows(rows: UOp, n: int, k: int) -> UOp | None:
@@ -60,7 +65,7 @@ def _rows(rows: UOp, n: int, k: int) -> UOp | None:
 def pack_weight(view: UOp, reduce: UOp, ctx: PanelTarget) -> UOp | None:
     """sum_k x[..., m, k] * w[k, n], viewed as (..., m, n), as (x's rows) x (w in panels), when the matmul is big
     enough to pay for the copy and the view is the sum's only reader (else the sum would be computed twice)."""
-    if reduce not in ctx.single_reader:
+    if not ctx.read_once(reduce):
         return None
     op, axes = reduce.arg
     shape = reduce.src[0].shape
@@ -71,9 +76,7 @@ def pack_weight(view: UOp, reduce: UOp, ctx: PanelTarget) -> UOp | None:
         return None
     *lead, n, k = shape
     for a, b in ((0, 1), (1, 0)):
-        if (w := _weight(mul.src[b], n, k, ctx.single_reader)) is not None and (
-            x := _rows(mul.src[a], n, k)
-        ) is not None:
+        if (w := _weight(mul.src[b], n, k, ctx)) is not None and (x := _rows(mul.src[a], n, k)) is not None:
             break
     else:
         return None
@@ -98,13 +101,18 @@ pm_weight_panels = PatternMatcher(
 )
 
 
-def rewrite_once(roots: list[UOp], pm: PatternMatcher, ctx: object = None) -> tuple[list[UOp], dict[UOp, UOp]]:
+def rewrite_once(
+    roots: list[UOp], pm: PatternMatcher, ctx: object = None, origin: dict[UOp, UOp] | None = None
+) -> tuple[list[UOp], dict[UOp, UOp]]:
     """The roots with pm applied once to each node (sources first; what a rule returns is not rewritten again), and
-    each changed node's replacement, so the scheduler can tell which of the caller's nodes a kernel computes."""
+    each changed node's replacement, so the scheduler can tell which of the caller's nodes a kernel computes.
+    `origin`, when given, gets each node rebuilt over rewritten sources -> the node it was rebuilt from."""
     replaced: dict[UOp, UOp] = {}
     for u in UOp(Ops.SINK, src=tuple(roots)).toposort():
         new_src = tuple(replaced.get(s, s) for s in u.src)
         rebuilt = u if new_src == u.src else u.replace(src=new_src)
+        if origin is not None and rebuilt is not u:
+            origin[rebuilt] = u
         if (new := pm.rewrite(rebuilt, ctx) or rebuilt) is not u:
             replaced[u] = new
     return [replaced.get(r, r) for r in roots], replaced
@@ -122,4 +130,4 @@ def pack_weight_panels(roots: list[UOp], target: PanelTarget | None) -> tuple[li
     if not readers:
         return roots, {}
     target.single_reader = {r for r, n in readers.items() if n == 1}
-    return rewrite_once(roots, pm_weight_panels, target)
+    return rewrite_once(roots, pm_weight_panels, target, target.origin)

@@ -69,3 +69,13 @@ def test_one_weight_two_matmuls_one_copy(any_size):
     assert copies(kernels(ya, yb)) == 1  # the packed weight is one node: one kernel writes it
     np.testing.assert_allclose(ya.numpy(), a.numpy() @ w.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(yb.numpy(), b.numpy() @ w.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_matmul_reading_an_earlier_packed_matmul_packs_too(any_size):
+    """The second matmul's sum is rebuilt over the first's rewritten output: still read by one node, so it packs."""
+    n = 2 * any_size
+    x, w1, w2 = Tensor(rand(4, n)).realize(), Tensor(rand(n, n, seed=4)).realize(), Tensor(rand(n, n, seed=3)).realize()
+    out = (x @ w1).relu() @ w2
+    assert copies(kernels(out)) == 2
+    want = np.maximum(x.numpy() @ w1.numpy(), 0) @ w2.numpy()
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
