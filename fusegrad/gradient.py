@@ -7,7 +7,7 @@ import math
 import weakref
 from typing import Callable
 from fusegrad.dtype import NARROW_FLOATS, dtypes
-from fusegrad.uop.ops import GroupOp, Ops, UOp, device_of
+from fusegrad.uop.ops import GroupOp, Ops, UOp, device_of, view_over
 
 
 def _full(like: UOp, value: float) -> UOp:
@@ -103,13 +103,8 @@ def _multi_grad(node: UOp, g: UOp) -> tuple[UOp, ...]:
 def without_layout_copy(u: UOp) -> UOp:
     """u with a layout copy under its views (CONTIGUOUS "layout": a copy a matmul made only to tile its forward)
     replaced by the value it copies: equal values, and the gradients tile better reading the original layout."""
-    base, views = u.peel_chain(GroupOp.Movement)
-    if base.op is not Ops.CONTIGUOUS or base.arg != "layout":
-        return u
-    out = base.src[0]
-    for v in reversed(views):
-        out = v.replace(src=(out,))
-    return out
+    base = u.peel(GroupOp.Movement)
+    return view_over(u, base.src[0]) if base.op is Ops.CONTIGUOUS and base.arg == "layout" else u
 
 
 def _mul_grad(n: UOp, g: UOp) -> tuple[UOp, UOp]:

@@ -8,7 +8,7 @@ import numpy as np
 from fusegrad.helpers import prod
 from fusegrad.runtime.buffers import DiskBuffer, buffer_of
 from fusegrad.runtime.device import Allocator, Buffer, Compiled
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, view_over
 
 
 def disk_view(u: UOp, table: Mapping[UOp, Buffer] = buffer_of) -> DiskBuffer | None:
@@ -35,17 +35,10 @@ def copy_off_disk(u: UOp, device: str) -> UOp:
     """`u` (on DISK) copied to `device`: one copy of the bytes it reads when that is a contiguous range of a file; for
     any other view (strided slices, transposes) the viewed tensor is copied and the view is taken on `device`. Compute
     is not moved: DISK never runs it, so `(t + 1).to("CPU")` still fails when realized."""
-    views = []
-    base = u
-    while base.op in GroupOp.Movement:
-        views.append(base)
-        base = base.src[0]
-    if base.op is not Ops.BUFFER or not views or disk_view(u) is not None:
+    base = u.peel(GroupOp.Movement)
+    if base.op is not Ops.BUFFER or base is u or disk_view(u) is not None:
         return UOp(Ops.COPY, u.dtype, (u,), device)
-    out = UOp(Ops.COPY, base.dtype, (base,), device)
-    for view in reversed(views):
-        out = view.replace(src=(out,))
-    return out
+    return view_over(u, UOp(Ops.COPY, base.dtype, (base,), device))
 
 
 class DiskAllocator(Allocator):

@@ -64,15 +64,13 @@ class KernelBuild:
 
     def const_use(self, u: UOp) -> UOp:
         """A lifted constant (under its views) read from a parameter of this use's own."""
-        u, views = u.peel_chain(GroupOp.Movement)
-        self.planner.const_params[buf := const_buffer(self.device, u.dtype, u.arg)] = (u.dtype, u.arg)
+        c = u.peel(GroupOp.Movement)
+        self.planner.const_params[buf := const_buffer(self.device, c.dtype, c.arg)] = (c.dtype, c.arg)
         # past the cap, uses of one value share a parameter: a kernel's argument list stays short
         key = object() if len(self.params) < MAX_KERNEL_PARAMS else buf
-        ret = UOp(Ops.RESHAPE, u.dtype, (self.param(buf, key),), ())
-        for v in reversed(views):  # a view to a symbolic size reads the variable's kernel parameter too
-            arg = self.planner.vars.kernel_arg(v, self.device, self.buffer_param) if arg_uops(v) else v.arg
-            ret = v.replace(src=(ret,), arg=arg)
-        return ret
+        base = UOp(Ops.RESHAPE, c.dtype, (self.param(buf, key),), ())
+        # a view to a symbolic size reads the variable's kernel parameter too
+        return kernel_view(self.planner, u, base, self.params, self.device)
 
 
 def _inner_point(ctx: KernelBuild, u: UOp) -> UOp | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.uop.ops import Ops, UOp, elementwise_uop
-from fusegrad.uop.pattern import PatternMatcher, UPat
+from fusegrad.uop.pattern import PatternMatcher, UPat, rewrite_once
 
 # a matmul this big reads its weight in panels: below, the copy costs more than the panels save (measured on one
 # thread: 1024^2 and up gain 10-20 %, 768^2 and smaller lose to the copy)
@@ -99,23 +99,6 @@ def pack_weight(view: UOp, reduce: UOp, ctx: PanelTarget) -> UOp | None:
 pm_weight_panels = PatternMatcher(
     [(UPat(Ops.RESHAPE, src=(UPat(Ops.REDUCE_AXIS, name="reduce"),), name="view"), pack_weight)]
 )
-
-
-def rewrite_once(
-    roots: list[UOp], pm: PatternMatcher, ctx: object = None, origin: dict[UOp, UOp] | None = None
-) -> tuple[list[UOp], dict[UOp, UOp]]:
-    """The roots with pm applied once to each node (sources first; what a rule returns is not rewritten again), and
-    each changed node's replacement, so the scheduler can tell which of the caller's nodes a kernel computes.
-    `origin`, when given, gets each node rebuilt over rewritten sources -> the node it was rebuilt from."""
-    replaced: dict[UOp, UOp] = {}
-    for u in UOp(Ops.SINK, src=tuple(roots)).toposort():
-        new_src = tuple(replaced.get(s, s) for s in u.src)
-        rebuilt = u if new_src == u.src else u.replace(src=new_src)
-        if origin is not None and rebuilt is not u:
-            origin[rebuilt] = u
-        if (new := pm.rewrite(rebuilt, ctx) or rebuilt) is not u:
-            replaced[u] = new
-    return [replaced.get(r, r) for r in roots], replaced
 
 
 def pack_weight_panels(roots: list[UOp], target: PanelTarget | None) -> tuple[list[UOp], dict[UOp, UOp]]:

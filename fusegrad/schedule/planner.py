@@ -12,7 +12,7 @@ from fusegrad.schedule.custom import custom_needs, emit_custom, is_custom_output
 from fusegrad.schedule.items import ScheduleItem, buffer_view
 from fusegrad.schedule.kernel_ast import kernel_ast_value, kernel_view
 from fusegrad.schedule.variables import KernelVars
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, view_over
 from fusegrad.uop.spec import check_kernel_ast
 from fusegrad.uop.trampoline import Step, run_steps
 
@@ -395,11 +395,3 @@ STORE_VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.
 def is_store_view(u: UOp) -> bool:
     u = u.peel(STORE_VIEW_OPS)
     return u.op is Ops.BUFFER
-
-
-def view_over(view: UOp, base: UOp) -> UOp:
-    """view's chain of movement ops rebuilt over another node."""
-    view, chain = view.peel_chain(GroupOp.Movement)
-    for v in reversed(chain):
-        base = v.replace(src=(base,))
-    return base

@@ -10,8 +10,7 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS
 from fusegrad.uop.broadcast import broadcast_const
 from fusegrad.uop.ops import Ops, UOp, reduce_identity
-from fusegrad.uop.pattern import PatternMatcher, UPat
-from fusegrad.schedule.panels import rewrite_once
+from fusegrad.uop.pattern import PatternMatcher, UPat, rewrite_once
 
 # below this many elements per output one thread finishes in tens of microseconds, about what a second kernel costs
 REDUCE_SPLIT_MIN_LENGTH = 1 << 16

@@ -230,6 +230,14 @@ def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple) -
     return u
 
 
+def view_over(view: UOp, base: UOp) -> UOp:
+    """view's chain of movement ops rebuilt over another node."""
+    view, chain = view.peel_chain(GroupOp.Movement)
+    for v in reversed(chain):
+        base = v.replace(src=(base,))
+    return base
+
+
 class UOp(KernelBuilder, metaclass=UOpMeta):
     __slots__ = (
         "op",

@@ -212,3 +212,20 @@ def graph_rewrite(
 
 # graph_rewrite frame stages: check the node, rebuild it from rewritten sources, take the rewrite's result
 _ENTER, _SOURCES, _TAKE_RESULT = "enter", "sources", "take result"
+
+
+def rewrite_once(
+    roots: list[UOp], pm: PatternMatcher, ctx: object = None, origin: dict[UOp, UOp] | None = None
+) -> tuple[list[UOp], dict[UOp, UOp]]:
+    """The roots with pm applied once to each node (sources first; what a rule returns is not rewritten again), and
+    each changed node's replacement, so the scheduler can tell which of the caller's nodes a kernel computes.
+    `origin`, when given, gets each node rebuilt over rewritten sources -> the node it was rebuilt from."""
+    replaced: dict[UOp, UOp] = {}
+    for u in UOp(Ops.SINK, src=tuple(roots)).toposort():
+        new_src = tuple(replaced.get(s, s) for s in u.src)
+        rebuilt = u if new_src == u.src else u.replace(src=new_src)
+        if origin is not None and rebuilt is not u:
+            origin[rebuilt] = u
+        if (new := pm.rewrite(rebuilt, ctx) or rebuilt) is not u:
+            replaced[u] = new
+    return [replaced.get(r, r) for r in roots], replaced
