@@ -8,109 +8,10 @@ from typing import Callable
 from fusegrad.codegen.opt.packs import Pack
 from fusegrad.dtype import DType, dtypes
 from fusegrad.renderer import Capabilities
+from fusegrad.renderer.c_prelude import c_prelude
 from fusegrad.renderer.cstyle import INFIX, MASK_INT, CStyleRenderer, KernelText, RenderError, base_rewrite
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
-
-C_PRELUDE = """#include <math.h>
-#include <string.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#define FG_NO_IF_CONVERT __attribute__((optimize("no-tree-loop-if-convert")))
-#else
-#define FG_NO_IF_CONVERT
-#endif
-static inline float fg_bf16_to_f32(unsigned short b) { unsigned int u = (unsigned int)b << 16; \
-float f; memcpy(&f, &u, 4); return f; }
-static inline unsigned short fg_f32_to_bf16(float f) {
-  unsigned int u; memcpy(&u, &f, 4);
-  if (f != f) return 0x7FC0;
-  return (unsigned short)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-static inline float fg_fp8_to_f32(unsigned char b, int mbits, int bias, int has_inf, int fnuz, int nan_bits) {
-  int top = (1 << (7 - mbits)) - 1, e = (b & 0x7F) >> mbits, m = b & ((1 << mbits) - 1);
-  float sign = (b & 0x80) ? -1.0f : 1.0f;
-  if (fnuz ? b == 0x80 : (b & 0x7F) == nan_bits || (has_inf && e == top && m)) return copysignf(NAN, sign);
-  if (has_inf && e == top) return sign * INFINITY;
-  return sign * (e ? ldexpf((float)(m | (1 << mbits)), e - bias - mbits) : ldexpf((float)m, 1 - bias - mbits));
-}
-/* float exp as arithmetic (fg_exp_<vector type> below, lane by lane): libm's expf is a call that no loop vectorizes */
-static inline __attribute__((always_inline)) float fg_expf(float x) {
-  /* the clamps and the NaN guard as bit masks: under trapping math a ?: over a float compare stays a branch, and the
-     loop around it scalar */
-  unsigned int bits, hi = -(unsigned int)(x > 89.0f), lo = -(unsigned int)(x < -104.0f);
-  memcpy(&bits, &x, 4);
-  bits = (bits & ~hi & ~lo) | (0x42b20000u & hi) | (0xc2d00000u & lo); /* 89.0f, -104.0f */
-  memcpy(&x, &bits, 4);
-  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  unsigned int number = -(unsigned int)(n == n);
-  memcpy(&bits, &n, 4);
-  bits &= number;
-  memcpy(&n, &bits, 4);
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = r * (1.0f / 5040) + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * (r * r) + r + 1.0f;
-  int k = (int)n, h = k >> 1, a = (h + 127) << 23, b = (k - h + 127) << 23;
-  float fa, fb;
-  memcpy(&fa, &a, 4);
-  memcpy(&fb, &b, 4);
-  return p * fa * fb;
-}
-/* float log as arithmetic: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m-1)/(m+1), |s| < 0.172,
-   by its series to s^9 (the next term is under 1e-8 of the result); e ln 2 in two parts as in fg_expf */
-static inline __attribute__((always_inline)) float fg_logf(float x) {
-  int sub = x < 1.17549435e-38f;  /* subnormal (or not positive: replaced at the end) */
-  float xs = x * (1.0f + (float)sub * 8388607.0f);
-  unsigned int u;
-  memcpy(&u, &xs, 4);
-  int e = (int)((u >> 23) & 0xff) - 127 - 23 * sub;
-  unsigned int mu = (u & 0x007fffffu) | 0x3f800000u;
-  float m;
-  memcpy(&m, &mu, 4);
-  int big = m > 1.41421356f;
-  m = m * (1.0f - 0.5f * (float)big);
-  float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
-  float p = s2 * (1.0f / 9) + 1.0f / 7;
-  p = p * s2 + 1.0f / 5;
-  p = p * s2 + 1.0f / 3;
-  float fe = (float)(e + big);
-  float r = fe * 0.693359375f + (fe * -2.12194440e-4f + (2.0f * s + (2.0f * s) * s2 * p));
-  /* zero -> -inf, inf -> inf, negative or NaN -> NaN, chosen by bit masks: a ?: over the division would be a branch
-     the compiler may not speculate, and the loop would stay scalar */
-  unsigned int bits, normal = -(unsigned int)((x > 0.0f) & (x < INFINITY)), zero = -(unsigned int)(x == 0.0f);
-  unsigned int inf = -(unsigned int)(x == INFINITY);
-  unsigned int special = (0x7fc00000u & ~zero & ~inf) | (0xff800000u & zero) | (0x7f800000u & inf);
-  memcpy(&bits, &r, 4);
-  bits = (bits & normal) | (special & ~normal);
-  memcpy(&r, &bits, 4);
-  return r;
-}
-/* round to nearest even from the double; overflow saturates to max_bits or becomes inf (0x7C) */
-static inline unsigned char fg_f64_to_fp8(double x, int mbits, int bias, int has_inf, int fnuz, int nan_bits,
-                                          int max_bits, double max_value) {
-  unsigned char sign = signbit(x) ? 0x80 : 0;
-  double a = fabs(x);
-  if (a != a) return fnuz ? 0x80 : (sign | nan_bits);
-  if (isinf(a)) return has_inf ? (sign | 0x7C) : fnuz ? 0x80 : (sign | nan_bits);
-  int e, min_e = 1 - bias;
-  frexp(a, &e);
-  e = (a == 0.0 || e - 1 < min_e) ? min_e : e - 1;
-  double q = ldexp(1.0, e - mbits), r = nearbyint(a / q) * q;
-  if (r > max_value) return sign | (has_inf ? 0x7C : max_bits);
-  int bits;
-  if (r < ldexp(1.0, min_e)) {
-    bits = (int)(r / ldexp(1.0, min_e - mbits));
-  } else {
-    frexp(r, &e);
-    bits = ((e - 2 + bias) << mbits) + (int)(r / ldexp(1.0, e - 1 - mbits));
-  }
-  return (fnuz && bits == 0) ? 0 : (sign | bits);
-}
-"""
 
 
 def _innermost_updates(r: UOp, lin: tuple[UOp, ...]) -> list[UOp] | None:
@@ -277,7 +178,6 @@ class CRenderer(CStyleRenderer):
     """C99 with GNU extensions for the CPU device: explicit vectors (GCC vector extensions) where the opts upcast, and
     the outermost global loop runs [core_start, core_end) so threads can split it."""
 
-    prelude = C_PRELUDE
     string_rewrite = (
         PatternMatcher(
             [(UPat(Ops.ACC_UPDATE, name="x"), _simd_max_update), (UPat(Ops.ENDRANGE, name="x"), _end_simd_max)]
@@ -298,6 +198,9 @@ class CRenderer(CStyleRenderer):
             | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}
         ),
     )
+
+    def render_prelude(self, lin: tuple[UOp, ...], kernel: str) -> str:
+        return c_prelude(kernel)
 
     def function_attributes(self, lin: tuple[UOp, ...], packs: dict) -> str:
         # GCC 12's loop vectorizer miscompiles two if-converted loads of one buffer in a loop that strides over them

@@ -239,7 +239,8 @@ class CStyleRenderer(Renderer):
     def lane(self, vector: str, i: int) -> str:
         return f"{vector}[{i}]"
 
-    def render_prelude(self, lin: tuple[UOp, ...]) -> str:
+    def render_prelude(self, lin: tuple[UOp, ...], kernel: str) -> str:
+        """What comes before `kernel` (its typedefs and function): includes and helpers."""
         return self.prelude
 
     def function_attributes(self, lin: tuple[UOp, ...], packs: dict) -> str:
@@ -337,6 +338,12 @@ class CStyleRenderer(Renderer):
     # ---- the driver
 
     def render(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
+        """The kernel's whole source: its prelude, then render_kernel's text."""
+        kernel = self.render_kernel(name, lin, packs)
+        return self.render_prelude(lin, kernel) + kernel
+
+    def render_kernel(self, name: str, lin: tuple[UOp, ...], packs: dict[UOp, tuple[Pack, int]] | None = None) -> str:
+        """The kernel's vector typedefs and helpers, then its function."""
         for u in lin:
             if u.dtype in self.unsupported:
                 raise RenderError(f"{type(self).__name__} cannot render {u.dtype} (kernel {name}, {u.op})")
@@ -381,8 +388,7 @@ class CStyleRenderer(Renderer):
         typedefs = "".join(t + "\n" for t in ctx.vec_types.values())
         params = ", ".join(self.render_params(lin))
         return (
-            self.render_prelude(lin)
-            + typedefs
+            typedefs
             + f"{self.kernel_prefix}{self.function_attributes(lin, packs)}void {name}({params}) {{\n"
             + "\n".join(ctx.lines)
             + "\n}\n"

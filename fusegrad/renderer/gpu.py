@@ -58,7 +58,7 @@ class OpenCLRenderer(CStyleRenderer):
     def buffer_type(self, dt: DType) -> str:
         return "uchar" if dt is dtypes.bool else self.ctype(dt)
 
-    def render_prelude(self, lin: tuple[UOp, ...]) -> str:
+    def render_prelude(self, lin: tuple[UOp, ...], kernel: str) -> str:
         half = "#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n" if _uses(lin, dtypes.float16) else ""
         fp64 = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if _uses(lin, dtypes.float64) else ""
         return half + fp64 + (OPENCL_BF16 if _uses(lin, dtypes.bfloat16) else "")

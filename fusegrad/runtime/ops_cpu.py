@@ -15,6 +15,7 @@ from typing import Any
 from fusegrad.helpers import CACHELEVEL, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS
 from fusegrad.renderer import Capabilities
 from fusegrad.renderer.c import CRenderer
+from fusegrad.renderer.c_prelude import c_unit
 from fusegrad.runtime import cpu_runner
 from fusegrad.runtime.c_compiler import CompileError, find_compiler
 from fusegrad.runtime.device import Buffer, Compiled, HostAllocator
@@ -184,6 +185,23 @@ class ClangCompiler:
         key = _source_key(cc, flags, src)
         if CACHELEVEL >= 1 and CCACHE and (path := self.cache.lookup(key)) is not None:
             return path
+        return self._build(cc, flags, src, name, [key])
+
+    def compile_together(self, unit: str, srcs: list[str], name: str) -> bool:
+        """Compile `unit`, one translation unit holding the kernels of `srcs` (c_unit), once, and cache the shared
+        object under each source's key, where compile(src) finds it. False, and nothing cached, when the unit does not
+        compile cleanly: each kernel is then compiled alone, and its own error names it."""
+        cc = find_compiler()
+        flags = kernel_flags(cc, unit)
+        if any(kernel_flags(cc, src) != flags for src in srcs):
+            raise ValueError(f"kernels compiled together in {name} need the same compiler flags")
+        try:
+            self._build(cc, flags, unit, name, [_source_key(cc, flags, src) for src in srcs])
+        except CompileError:
+            return False
+        return True
+
+    def _build(self, cc: str, flags: tuple[str, ...], src: str, name: str, keys: list[str]) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "kernel.so")
             proc = run_compiler([cc, *flags, "-x", "c", "-", "-o", out, "-lm"], src, f"compiling kernel {name}")
@@ -195,7 +213,7 @@ class ClangCompiler:
                 )
             if not os.path.exists(out) or os.path.getsize(out) == 0:
                 raise CompileError(f"C compiler {cc} exited 0 on kernel {name} but wrote no shared object to {out}")
-            path = self.cache.store(key, out)
+            path = [self.cache.store(key, out) for key in keys][0]
         if DEBUG >= 3:
             print(f"compiled {path}")
         return path
@@ -332,27 +350,53 @@ class CPUProgram:
             f.result()
 
 
+# kernels per translation unit in compile_ahead: more share one compiler run, fewer leave cores to parallel units
+KERNELS_PER_UNIT = 8
+
+
 class CpuDevice(Compiled):
     def __init__(self, name: str):
         super().__init__(name, HostAllocator(), CRenderer(host_capabilities()), None, CPUProgram)
         self.compiler = ClangCompiler()  # its binaries are shared objects on disk, loaded from their path
 
     def compile_ahead(self, infos: list) -> None:
-        """Compile the kernels the disk cache lacks on parallel compiler processes, so the builds that follow load
-        them: a cold schedule waits for its slowest compile rather than for their sum."""
-        self._rendered = {id(info): (info, self.render(info)) for info in infos}
-        todo = [(src, info.name) for info, src in self._rendered.values() if not self.compiler.is_cached(src)]
-        if len(todo) < 2:
+        """Compile the kernels the disk cache lacks before the builds that follow load them: up to KERNELS_PER_UNIT
+        in one translation unit (a compiler run costs about the same for one small kernel as for eight), the units on
+        parallel compiler processes."""
+        self._rendered = {}
+        todo: dict[tuple[str, ...], list[list[tuple[str, str, str]]]] = {}
+        cc = find_compiler() if infos else ""
+        for info in infos:
+            kernel = self.renderer.render_kernel(info.name, info.lin, info.packs)
+            src = self.renderer.render_prelude(info.lin, kernel) + kernel
+            self._rendered[id(info)] = (info, src)
+            if self.compiler.is_cached(src):
+                continue
+            units = todo.setdefault(kernel_flags(cc, src), [[]])
+            # a unit takes one function of each name (two kernels may share a name and differ in body)
+            if len(units[-1]) == KERNELS_PER_UNIT or any(n == info.name for n, _, _ in units[-1]):
+                units.append([])
+            units[-1].append((info.name, kernel, src))
+        jobs = [unit for units in todo.values() for unit in units]
+        if sum(len(unit) for unit in jobs) < 2:
             return
 
-        def compile_quietly(job: tuple[str, str]) -> None:
-            try:
-                self.compiler.compile(*job)
-            except CompileError:
-                pass  # build() compiles it again and raises, naming the kernel, where it would have anyway
+        def compile_quietly(unit: list[tuple[str, str, str]]) -> None:
+            if len(unit) > 1:
+                try:
+                    text = c_unit([(name, kernel) for name, kernel, _ in unit])
+                except ValueError:
+                    text = None  # a kernel text of another shape: each compiles alone
+                if text is not None and self.compiler.compile_together(text, [src for _, _, src in unit], unit[0][0]):
+                    return
+            for name, _, src in unit:
+                try:
+                    self.compiler.compile(src, name)
+                except CompileError:
+                    pass  # build() compiles it again and raises, naming the kernel, where it would have anyway
 
-        with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1), thread_name_prefix="fusegrad-cc") as pool:
-            list(pool.map(compile_quietly, todo))
+        with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1), thread_name_prefix="fusegrad-cc") as pool:
+            list(pool.map(compile_quietly, jobs))
 
     def build(self, info) -> CPUProgram:
         ahead = getattr(self, "_rendered", {}).pop(id(info), None)
