@@ -41,7 +41,9 @@ class KernelBuild:
         if dtypes.is_float(s.dtype):
             return True
         if self.shaping is None:
-            self.shaping, self.original = feeds_code_shape(self.value), set(self.value.toposort())
+            # the kernel's own nodes: the walk stops at values earlier kernels store (a long chain is many kernels)
+            own = self.value.toposort(lambda n: n is self.point or n not in self.planner.result)
+            self.shaping, self.original = feeds_code_shape(own), set(own)
         # decided at the value's own node (the rewrite asks again for the node rebuilt over rewritten sources, which
         # the shaping set does not know); an int constant combined only with constants (the squarings of `2 ** t`)
         # stays foldable by the compiler
@@ -176,12 +178,12 @@ MAX_KERNEL_PARAMS = 64
 _const_buffers: OrderedDict[tuple[str, DType, float], Buffer] = OrderedDict()
 
 
-def feeds_code_shape(value: UOp) -> set[UOp]:
-    """The nodes of a kernel's value whose result reaches an operand of a CODE_SHAPING_OP through elementwise and
-    movement ops (`x >> where(m, 4, 0)`, a dequantizer's nibble shifts `arange(2) * 4`): int constants they use stay
-    literals the compiler folds."""
+def feeds_code_shape(nodes: list[UOp]) -> set[UOp]:
+    """Of a kernel's value's nodes (in toposort order), those whose result reaches an operand of a CODE_SHAPING_OP
+    through elementwise and movement ops (`x >> where(m, 4, 0)`, a dequantizer's nibble shifts `arange(2) * 4`): int
+    constants they use stay literals the compiler folds."""
     marked: set[UOp] = set()
-    for u in reversed(value.toposort()):  # every consumer before its sources
+    for u in reversed(nodes):  # every consumer before its sources
         if u.op in CODE_SHAPING_OPS or u in marked and (u.op in GroupOp.ALU or u.op in GroupOp.Movement):
             marked.update(u.src)
     return marked
