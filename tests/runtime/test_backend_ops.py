@@ -34,6 +34,8 @@ except (ImportError, RuntimeError):
 BACKENDS = ["CPU", "LLVM", "PYTHON", "CL"]  # another runnable backend is one more entry here
 UNSUPPORTED: dict[str, tuple[DType, ...]] = {"CPU": (), "LLVM": dtypes.fp8s, "PYTHON": (), "CL": CL_UNSUPPORTED or ()}
 SUBSET_ONLY = {"PYTHON"}  # interpreters: only the QUICK cases
+# a new OpenCL kernel costs PoCL about ten times a C compile: outside the QUICK cases CL runs with the slow tests (CI)
+SLOW_BEYOND_QUICK = {"CL"}
 
 FLOATS = (dtypes.float32, dtypes.float16, dtypes.bfloat16, dtypes.float64)
 INTS = (dtypes.int32, dtypes.int8)
@@ -181,11 +183,11 @@ def _params(devices: list[str]):
     for device in devices:
         for case in CASES.values():
             for dt in case.dtypes:
-                if device in SUBSET_ONLY and not (
-                    case.name in QUICK and dt in (dtypes.float32, dtypes.int32, dtypes.bool)
-                ):
+                quick = case.name in QUICK and dt in (dtypes.float32, dtypes.int32, dtypes.bool)
+                if device in SUBSET_ONLY and not quick:
                     continue
-                yield pytest.param(device, case.name, dt, id=f"{device}-{case.name}-{short(dt)}")
+                marks = pytest.mark.slow if device in SLOW_BEYOND_QUICK and not quick else ()
+                yield pytest.param(device, case.name, dt, id=f"{device}-{case.name}-{short(dt)}", marks=marks)
 
 
 def _need(device: str) -> None:
@@ -286,7 +288,9 @@ def _cast_params(devices: list[str]):
         for src, dst in CASTS:
             if device in SUBSET_ONLY and dtypes.float16 in (src, dst):
                 continue
-            yield pytest.param(device, src, dst, id=f"{device}-{short(src)}-to-{short(dst)}")
+            quick = {src, dst} <= {dtypes.float32, dtypes.int32, dtypes.bool}
+            marks = pytest.mark.slow if device in SLOW_BEYOND_QUICK and not quick else ()
+            yield pytest.param(device, src, dst, id=f"{device}-{short(src)}-to-{short(dst)}", marks=marks)
 
 
 @pytest.mark.parametrize("device, src, dst", list(_cast_params(BACKENDS)))
@@ -327,6 +331,7 @@ def test_unsupported_dtypes_raise_a_clear_error(device: str, dt: DType):
     )
 
 
+@pytest.mark.slow  # the LLVM op suite above runs every op of the model; this is the whole training loop (CI)
 def test_the_digits_model_trains_on_llvm_like_on_cpu():
     """A few Adam steps of the digits demo's convnet on DEV=LLVM follow the CPU run's losses."""
     if not HAVE_LLVM:

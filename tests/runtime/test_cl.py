@@ -100,6 +100,7 @@ def test_half_without_cl_khr_fp16_is_a_clear_error():
         (Tensor([1.0, 2.0], dtype=dtypes.float16).to("CL") + 1).realize()
 
 
+@pytest.mark.slow  # a new PoCL kernel costs about ten C compiles; the CL op suites run the model's ops (CI)
 def test_digits_model_trains_on_cl_like_on_cpu():
     (cpu, _), (cl, _) = train_digits_steps("CPU", 4), train_digits_steps("CL", 4)
     np.testing.assert_allclose(cl, cpu, rtol=1e-4)

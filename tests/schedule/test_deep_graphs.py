@@ -1,4 +1,5 @@
-"""Graphs 100,000 ops deep (and 10,000 wide): build, schedule, rewrite, differentiate, print, pickle and free them.
+"""Graphs 20,000 to 100,000 ops deep (and 10,000 wide): build, schedule, rewrite, differentiate, print, pickle and
+free them.
 
 Each case runs in a fresh interpreter at Python's default recursion limit, so any recursive walk fails with a
 RecursionError and a C stack overflow (a segfault) fails the test instead of killing pytest."""
@@ -13,6 +14,9 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DEPTH = 100_000
+# chains that run as kernels: 20 times the recursion limit, so a recursive walk still fails, at a fifth of the compile
+# and run time; the graph-only cases (print, pickle, free, UOp rewrites) keep DEPTH
+RUN_DEPTH = 20_000
 
 
 def run_isolated(body: str, env: dict[str, str] | None = None) -> tuple[object, str]:
@@ -45,25 +49,25 @@ def test_add_chain_forward_exact():
         from fusegrad.helpers import GlobalCounters
         from fusegrad.schedule import KERNEL_DEPTH_LIMIT
         x = Tensor([1.0, 2.0, -3.5])
-        for _ in range({DEPTH}):
+        for _ in range({RUN_DEPTH}):
             x = x + 1
         value = x.numpy().tolist()
         result = {{"value": value, "kernels": GlobalCounters.kernel_count, "limit": KERNEL_DEPTH_LIMIT}}
     """)
-    assert result["value"] == [DEPTH + 1.0, DEPTH + 2.0, DEPTH - 3.5]
+    assert result["value"] == [RUN_DEPTH + 1.0, RUN_DEPTH + 2.0, RUN_DEPTH - 3.5]
     # the chain is cut into kernels of at most KERNEL_DEPTH_LIMIT ops (each add is one op above the previous cut)
-    assert DEPTH // result["limit"] <= result["kernels"] <= DEPTH // result["limit"] + 2
+    assert RUN_DEPTH // result["limit"] <= result["kernels"] <= RUN_DEPTH // result["limit"] + 2
 
 
 def test_int_add_chain_forward_exact():
     result, _ = run_isolated(f"""
         from fusegrad import Tensor, dtypes
         x = Tensor([1, -2], dtype=dtypes.int32)
-        for _ in range({DEPTH}):
+        for _ in range({RUN_DEPTH}):
             x = x + 3
         result = x.numpy().tolist()
     """)
-    assert result == [1 + 3 * DEPTH, -2 + 3 * DEPTH]
+    assert result == [1 + 3 * RUN_DEPTH, -2 + 3 * RUN_DEPTH]
 
 
 def mixed_reference(start: list[float], depth: int) -> np.ndarray:
@@ -87,7 +91,7 @@ def test_mixed_ops_chain_matches_numpy():
     result, _ = run_isolated(f"""
         from fusegrad import Tensor
         x = Tensor([0.5, 1.5, -7.0])
-        for i in range({DEPTH}):
+        for i in range({RUN_DEPTH}):
             k = i % 5
             if k == 0:
                 x = x * 0.5
@@ -101,22 +105,22 @@ def test_mixed_ops_chain_matches_numpy():
                 x = x / 2
         result = x.numpy().tolist()
     """)
-    np.testing.assert_array_equal(np.array(result, dtype=np.float32), mixed_reference([0.5, 1.5, -7.0], DEPTH))
+    np.testing.assert_array_equal(np.array(result, dtype=np.float32), mixed_reference([0.5, 1.5, -7.0], RUN_DEPTH))
 
 
 def test_chain_backward_matches_closed_form():
-    # x_{k+1} = x_k * c + 0.5 over DEPTH ops: d sum(x_N) / d x_0 = c ** (DEPTH / 2); c is exact in float32
+    # x_{k+1} = x_k * c + 0.5 over RUN_DEPTH ops: d sum(x_N) / d x_0 = c ** (RUN_DEPTH / 2); c is exact in float32
     result, _ = run_isolated(f"""
         from fusegrad import Tensor
         c = 1.0 + 2.0 ** -17
         x0 = Tensor([1.0, -2.0], requires_grad=True)
         x = x0
-        for _ in range({DEPTH // 2}):
+        for _ in range({RUN_DEPTH // 2}):
             x = x * c + 0.5
         x.sum().backward()
         result = {{"grad": x0.grad.numpy().tolist(), "value": x.numpy().tolist()}}
     """)
-    c, steps = 1.0 + 2.0**-17, DEPTH // 2
+    c, steps = 1.0 + 2.0**-17, RUN_DEPTH // 2
     np.testing.assert_allclose(result["grad"], [c**steps] * 2, rtol=1e-4)
     # the same recurrence in float32 rounds like the kernels do
     grad = np.float32(1.0)
@@ -132,19 +136,19 @@ def test_movement_chain_matches_numpy():
         import numpy as np
         from fusegrad import Tensor
         x = Tensor(np.arange(24, dtype=np.float32).reshape(4, 6))
-        for i in range({DEPTH}):
+        for i in range({RUN_DEPTH}):
             x = x.permute(1, 0) if i % 3 == 0 else x.reshape(4, 6) if i % 3 == 1 else x.reshape(3, 8)
         result = {{"shape": list(x.shape), "value": x.numpy().tolist()}}
     """)
     ref = np.arange(24, dtype=np.float32).reshape(4, 6)
-    for i in range(DEPTH):
+    for i in range(RUN_DEPTH):
         ref = ref.transpose(1, 0) if i % 3 == 0 else ref.reshape(4, 6) if i % 3 == 1 else ref.reshape(3, 8)
     assert result["shape"] == list(ref.shape)
     np.testing.assert_array_equal(np.array(result["value"], dtype=np.float32), ref)
 
 
 def test_where_nesting_matches_numpy():
-    levels = DEPTH // 4  # a compare, two adds and a where per level
+    levels = RUN_DEPTH // 4  # a compare, two adds and a where per level
     result, _ = run_isolated(f"""
         from fusegrad import Tensor
         x = Tensor([1.0, -2.0, 3.0, 0.25])
@@ -206,13 +210,13 @@ def test_debug_output_of_a_deep_chain():
         f"""
         from fusegrad import Tensor
         x = Tensor([1.0, 2.0])
-        for _ in range({DEPTH}):
+        for _ in range({RUN_DEPTH}):
             x = x + 1
         result = x.numpy().tolist()
     """,
         env={"DEBUG": "4"},
     )
-    assert result == [DEPTH + 1.0, DEPTH + 2.0]
+    assert result == [RUN_DEPTH + 1.0, RUN_DEPTH + 2.0]
     assert "SINK" in out and "void" in out  # the kernel ASTs (DEBUG>=3) and their C source (DEBUG>=4) were printed
 
 
