@@ -226,7 +226,8 @@ class Tensor(
         with realize_lock:
             # an eager op on realized tensors, as a loop of them asks again and again: the leaf-op memo's schedule
             if not _pending_assigns and (r := realize_leaf(self._uop, self.device)) is not None:
-                self.uop = r
+                self._uop = r  # the uop setter's work, inline
+                r.add_holder(self._ref)
             else:
                 Tensor._realize_locked((self,), keep_old_versions=True)
         return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 import atexit
 import threading
+import weakref
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -335,7 +336,8 @@ def realize_leaf(root: UOp, device: str | tuple[str, ...]) -> UOp | None:
     """realize_uops([root], [device]) for an eager op on realized tensors whose schedule the leaf-op memo holds (an
     eager `x + y` in a loop), without the general path's steps that have nothing to do there (no tracer, profiler,
     index check or copy on write); None, having done nothing, for any other root. The caller holds realize_lock."""
-    if root.op is Ops.MULTI or tracing or Hooks.trace is not None or index_checks:
+    # index_checks' own dict: a WeakKeyDictionary's len() is a Python call (an entry dying now only costs the fast path)
+    if root.op is Ops.MULTI or tracing or Hooks.trace is not None or index_checks.data:
         return None  # a MULTI of buffers is realized already; the others need the general path's steps
     if (leaf := leaf_template(root, device)) is None:
         return None
@@ -352,7 +354,7 @@ def realize_leaf(root: UOp, device: str | tuple[str, ...]) -> UOp | None:
         run_items(items, prep.runners, debug, prep)
         result = results[0]
     if root is not result:
-        record_realized(root, result)
+        root.realized_ref = weakref.ref(result)  # record_realized's weak record, inline
     return result
 
 

@@ -318,9 +318,17 @@ class _Entry:
 _cache: OrderedDict[tuple, _Entry] = OrderedDict()
 
 
-class ScheduleCacheStats:
-    hits: int = 0
-    misses: int = 0
+class _ScheduleCacheStats:
+    """Hits and misses of the schedule cache: the one instance ScheduleCacheStats (an instance attribute's update
+    costs a third of a class attribute's, and every eager op counts one)."""
+
+    __slots__ = ("hits", "misses")
+
+    def __init__(self):
+        self.hits = self.misses = 0
+
+
+ScheduleCacheStats = _ScheduleCacheStats()
 
 
 _NO_SLOTS: frozenset[int] = frozenset()
@@ -388,8 +396,11 @@ def leaf_template(root: UOp, device: str | tuple[str, ...]) -> tuple[ScheduleTem
     order. Counted as a schedule cache hit: the caller binds it. Else None."""
     if not SCHEDULE_CACHE.value or (key := _leaf_key_of(root, (device,))) is None:
         return None
-    if (hit := _leaf_hit(key, root.src)) is None or (template := hit[4]) is None:
+    if (hit := _leaf_op_shapes.get(key)) is None or (template := hit[4]) is None:
         return None
+    for r, s in zip(hit[0], root.src):  # _leaf_hit's check, inline: every eager op asks
+        if r() is not s:
+            return None
     ScheduleCacheStats.hits += 1
     return template, hit
 

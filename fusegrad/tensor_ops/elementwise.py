@@ -400,11 +400,12 @@ class ElementwiseMixin(UnaryMixin):
     def __neg__(self):
         return self.neg()
 
+    # add and mul are _binary: the operators call it straight (an eager op's frames)
     def __add__(self, x):
-        return self.add(x)
+        return self._binary(Ops.ADD, x)
 
     def __radd__(self, x):
-        return self.add(x, True)
+        return self._binary(Ops.ADD, x, True)
 
     def __sub__(self, x):
         return self.sub(x)
@@ -413,10 +414,10 @@ class ElementwiseMixin(UnaryMixin):
         return self.sub(x, True)
 
     def __mul__(self, x):
-        return self.mul(x)
+        return self._binary(Ops.MUL, x)
 
     def __rmul__(self, x):
-        return self.mul(x, True)
+        return self._binary(Ops.MUL, x, True)
 
     def __truediv__(self, x):
         return self.div(x)

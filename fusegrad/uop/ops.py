@@ -192,6 +192,25 @@ class UOpMeta(type):
         return ret
 
     @staticmethod
+    def new_buffer(dtype: DType, arg: tuple, buf: Any) -> UOp:
+        """UOp(Ops.BUFFER, dtype, (), arg) holding buf, for an arg whose id no node has had (a new version): __call__'s
+        steps for a node without sources, without its general ones. Every realize makes one per result."""
+        key = (_BUFFER_ID, id(dtype), (), arg)
+        cache = UOpMeta.cache
+        if (ref := cache.get(key)) is not None and ref() is not None:  # an unpickled graph's id: the general way
+            ret = UOp(_BUFFER, dtype, (), arg)
+            ret._buf = buf
+            return ret
+        ret = object.__new__(UOp)
+        ret.op, ret.dtype, ret.src, ret.arg, ret._buf = _BUFFER, dtype, (), arg, buf
+        ret._readers, ret.holders, ret.realized_ref = [], None, None
+        ref = cache[key] = _CacheRef(ret, _drop_dead_entry)
+        ref.key = key
+        if len(cache) > UOpMeta.sweep_at:
+            UOpMeta.sweep()
+        return ret
+
+    @staticmethod
     def sweep() -> None:
         """Drop the entries of dead nodes that their callbacks missed; the next sweep comes when the table has doubled
         again."""
@@ -220,6 +239,7 @@ def _hashable(arg: Any) -> Any:
 
 
 _BUFFER, _RESHAPE, _EXPAND = Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND
+_BUFFER_ID = id(_BUFFER)
 
 
 def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple) -> UOp:
