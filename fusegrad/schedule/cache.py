@@ -164,7 +164,7 @@ def _leaf_key_of(root: UOp, devices: tuple) -> tuple | None:
         root.op,
         root.dtype,
         None if arg is None else _hashable(arg),
-        tuple(map(id, src)),
+        (id(src[0]), id(src[1])) if len(src) == 2 else tuple(map(id, src)),  # `x + y`: without map's iterator
         devices,
         NUM_CPU_THREADS.value,
     )
