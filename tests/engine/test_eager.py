@@ -96,3 +96,19 @@ def test_tinyjit_captures_an_eager_op_served_by_the_memo():
         a, b = Tensor(x_np + i).realize(), Tensor(y_np).realize()
         np.testing.assert_allclose(step(a, b).numpy(), x_np + i + y_np, rtol=1e-6)
     assert len(step.captured.launches) == 1
+
+
+def test_global_counters_reset_keeps_memory_in_use():
+    x = Tensor(f32(16)).realize()
+    for _ in range(3):
+        (x + x).realize()
+    kept = (x + x).realize()
+    assert GlobalCounters.kernel_count > 0 and GlobalCounters.time_sum_s > 0
+    used, per_device = GlobalCounters.mem_used, dict(GlobalCounters.mem_used_per_device)
+    GlobalCounters.reset()
+    assert (GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem) == (0, 0, 0)
+    assert (GlobalCounters.time_sum_s, GlobalCounters.compile_count) == (0.0, 0)
+    assert GlobalCounters.mem_used == used and GlobalCounters.mem_used_per_device == per_device
+    (x + x).realize()
+    assert GlobalCounters.kernel_count == 1 and GlobalCounters.global_mem == 2 * 64  # the output and x, one argument
+    del kept
