@@ -200,7 +200,7 @@ class UOpMeta(type):
         if (ref := cache.get(key)) is None or (ret := ref()) is None:
             ret = object.__new__(UOp)
             ret.op, ret.dtype, ret.src, ret.arg, ret._readers = _BUFFER, dtype, (), arg, []
-            ret.holders = ret.realized_ref = None
+            ret.holders, ret.realized_ref, ret._shape = None, None, (arg[2],)  # _infer_shape's, known now
             ref = cache[key] = _CacheRef(ret, _drop_dead_entry)
             ref.key = key
         ret._buf = buf  # a live node with that arg (an unpickled graph's id) gets it, as after UOp()
@@ -237,10 +237,10 @@ def _hashable(arg: Any) -> Any:
 _BUFFER, _RESHAPE, _EXPAND = Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND
 
 
-def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple) -> UOp:
-    """UOp(op, dtype, src) for a tensor-level elementwise op over sources of `shape`, with its shape recorded at once:
-    the next op asks for it, and finding it missing costs an exception."""
-    u = UOp(op, dtype, src)
+def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, arg: Any = None) -> UOp:
+    """UOp(op, dtype, src, arg) for a tensor-level elementwise op over sources of `shape`, with its shape recorded at
+    once: the next op asks for it, and finding it missing costs an exception."""
+    u = UOp(op, dtype, src, arg)
     u._shape = shape
     return u
 
