@@ -112,3 +112,38 @@ def test_global_counters_reset_keeps_memory_in_use():
     (x + x).realize()
     assert GlobalCounters.kernel_count == 1 and GlobalCounters.global_mem == 2 * 64  # the output and x, one argument
     del kept
+
+
+def test_shapes_recorded_by_an_eager_training_step_are_the_inferred_ones(monkeypatch):
+    """The nodes of a training step record their shapes when built (gradients take their source's): a step asks no
+    shape that has to be inferred, and each recorded shape is the one inference gives."""
+    from fusegrad import nn
+    from fusegrad.nn.optim import SGD
+    from fusegrad.uop import ops
+
+    l1, l2 = nn.Linear(12, 8), nn.Linear(8, 3)
+    opt = SGD([l1.weight, l1.bias, l2.weight, l2.bias], lr=0.1)
+    x, y = Tensor(f32(5, 12)).realize(), Tensor(np.array([0, 2, 1, 1, 0], np.int32)).realize()
+    inferred = []
+    infer = ops._infer_shape
+
+    def step():
+        opt.zero_grad()
+        loss = l2(l1(x).relu()).sparse_categorical_crossentropy(y)
+        loss.backward()
+        updates = opt.schedule_step()  # what opt.step() realizes, seen before it does
+        nodes = ops.UOp(ops.Ops.SINK, src=tuple(t.uop for t in updates)).toposort()
+        Tensor.realize(*updates, *[p.grad for p in opt.params])
+        return loss.item(), nodes
+
+    with Context(TRAINING=1):
+        for _ in range(5):  # planned, then re-bound: later steps plan nothing (planning asks every shape)
+            step()
+        monkeypatch.setattr(ops, "_infer_shape", lambda u: inferred.append(u.op) or infer(u))
+        losses = [step()[0] for _ in range(2)]
+        assert inferred == [], inferred
+        _, nodes = step()
+    for u in nodes:
+        if hasattr(u, "_shape"):
+            assert infer(u) == u._shape, u.op
+    assert losses[1] < losses[0]
