@@ -219,5 +219,15 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], nodes: list[U
         for src, sg in zip(node.src, rule(node, g)):
             if sg is None or src not in on_path or not dtypes.is_float(src.dtype):
                 continue
-            grads[src] = sg if src not in grads else _alu(Ops.ADD, grads[src], sg)
+            grads[src] = sg = sg if src not in grads else _alu(Ops.ADD, grads[src], sg)
+            _same_shape(sg, src)
     return grads
+
+
+def _same_shape(grad: UOp, src: UOp) -> None:
+    # a gradient has its source's shape: recorded now, where the update reading it would infer it node by node (each
+    # missing shape an exception, a step's gradients about a tenth of its Python time)
+    try:
+        grad._shape = src._shape
+    except AttributeError:
+        pass  # a source whose shape nobody asked yet: left to the usual inference

@@ -354,21 +354,32 @@ class _Progress:
         sys.stderr.write("\n")
 
 
-class GlobalCounters:
-    """Process-wide counters of launched work."""
+class _GlobalCounters:
+    """Process-wide counters of launched work: the one instance GlobalCounters (an instance's attribute is updated at a
+    third of a class attribute's cost, and every launch and allocation updates several)."""
 
-    global_ops: int = 0
-    global_mem: int = 0
-    time_sum_s: float = 0.0
-    kernel_count: int = 0
-    compile_count: int = 0  # kernels lowered and built into a loaded program (from the disk cache or the compiler)
-    mem_used: int = 0
-    mem_used_per_device: dict[str, int] = {}
+    __slots__ = (
+        "global_ops",
+        "global_mem",
+        "time_sum_s",
+        "kernel_count",
+        "compile_count",
+        "mem_used",
+        "mem_used_per_device",
+    )
 
-    @staticmethod
-    def reset() -> None:
-        GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s = 0, 0, 0.0
-        GlobalCounters.kernel_count, GlobalCounters.compile_count = 0, 0
+    def __init__(self):
+        self.global_ops, self.global_mem, self.time_sum_s, self.kernel_count = 0, 0, 0.0, 0
+        self.compile_count = 0  # kernels lowered and built into a loaded program (from the disk cache or the compiler)
+        self.mem_used = 0
+        self.mem_used_per_device: dict[str, int] = {}
+
+    def reset(self) -> None:
+        self.global_ops, self.global_mem, self.time_sum_s = 0, 0, 0.0
+        self.kernel_count, self.compile_count = 0, 0
+
+
+GlobalCounters = _GlobalCounters()
 
 
 class Timing(contextlib.ContextDecorator):

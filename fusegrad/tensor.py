@@ -226,7 +226,8 @@ class Tensor(
         with realize_lock:
             # an eager op on realized tensors, as a loop of them asks again and again: the leaf-op memo's schedule
             if not _pending_assigns and (r := realize_leaf(self._uop, self.device)) is not None:
-                self.uop = r
+                self._uop = r  # the uop setter's work, inline
+                r.add_holder(self._ref)
             else:
                 Tensor._realize_locked((self,), keep_old_versions=True)
         return self
@@ -394,7 +395,7 @@ class Tensor(
         return out
 
     def detach(self) -> Tensor:
-        return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+        return self._new(elementwise_uop(Ops.DETACH, self.dtype, (self._uop,), self.shape))  # its shape recorded
 
     def assign(self, x: Any) -> Tensor:
         if not isinstance(x, Tensor):
@@ -476,7 +477,13 @@ class Tensor(
 
     def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
         src = (self._uop, srcs[0]._uop) if len(srcs) == 1 else (self._uop, *(s._uop for s in srcs))
-        return self._new(UOp(op, dtype or self._uop.dtype, src))
+        u = UOp(op, dtype or self._uop.dtype, src)
+        # the sources' one shape (_operand broadcast them), recorded: asked later, a chain of new nodes without one is
+        # inferred node by node, an exception each; sources without a known equal shape leave it to that inference
+        shape = getattr(src[0], "_shape", None)
+        if shape is not None and all(getattr(s, "_shape", None) == shape for s in src[1:]):
+            u._shape = shape
+        return self._new(u)
 
     def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
         # the hot paths of elementwise code, one tensor for the result only: a float tensor and a Python float, and two

@@ -3,6 +3,7 @@
 from __future__ import annotations
 import atexit
 import threading
+import weakref
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -15,7 +16,8 @@ from fusegrad.engine.copy_on_write import OldVersionReaders
 from fusegrad.runtime.buffers import base_buffer, buffer_of
 from fusegrad.schedule import ScheduleItem, create_schedule, record_realized
 from fusegrad.schedule.variables import bound_vars
-from fusegrad.schedule.cache import cached_schedule, clear_schedule_cache, leaf_schedule
+from fusegrad.schedule.cache import bind_leaf, cached_schedule, clear_schedule_cache, leaf_template
+from fusegrad.engine.eager import eager_launch
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -217,7 +219,7 @@ class Prepared:
     schedule a template binds (same kernels, same buffer sizes), so a template's memo keeps one per NOOPT, BEAM and
     EMULATED_DTYPES."""
 
-    __slots__ = ("runners", "kernels", "ops", "mem", "graph")
+    __slots__ = ("runners", "kernels", "ops", "mem", "graph", "eager")
 
     def __init__(self, items: list[ScheduleItem]):
         self.runners = compile_schedule(items)
@@ -226,6 +228,7 @@ class Prepared:
         self.ops = sum(r.info.ops_estimate for _, r in launched)
         self.mem = sum(b.nbytes for it, _ in launched for b in it.buffers)
         self.graph: Any = None  # the kernels as one batch (built at the first run; False: they cannot be batched)
+        self.eager: Any = None  # a leaf-op template's EagerLaunch (set at its first run; False: not of that form)
 
     def batch(self, items: list[ScheduleItem]) -> Any:
         """The schedule's kernels as one CPU graph launched by one C call, when there are several and the CPU device's
@@ -253,11 +256,15 @@ def prepared(items: list[ScheduleItem], memo: dict | None) -> Prepared:
     the same kernels and sizes, so the same memory bound, as the one it was planned for."""
     if memo is None:
         return Prepared(items)
-    noopt = int(NOOPT.value)
-    key = (noopt, 0 if noopt else int(BEAM.value), EMULATED_DTYPES.value)
-    if (prep := memo.get(key)) is None:
+    if (prep := memo.get(key := _prepared_key())) is None:
         prep = memo[key] = Prepared(items)
     return prep
+
+
+def _prepared_key() -> tuple[int, int, str]:
+    # what changes the program built from an AST: NOOPT, BEAM (unless NOOPT), EMULATED_DTYPES
+    noopt = int(NOOPT.value)
+    return (noopt, 0 if noopt else int(BEAM.value), EMULATED_DTYPES.value)
 
 
 def run_items(items: list[ScheduleItem], runners: list[Runner | None], debug: int, prep: Prepared | None) -> None:
@@ -329,15 +336,25 @@ def realize_leaf(root: UOp, device: str | tuple[str, ...]) -> UOp | None:
     """realize_uops([root], [device]) for an eager op on realized tensors whose schedule the leaf-op memo holds (an
     eager `x + y` in a loop), without the general path's steps that have nothing to do there (no tracer, profiler,
     index check or copy on write); None, having done nothing, for any other root. The caller holds realize_lock."""
-    if root.op is Ops.MULTI or tracing or Hooks.trace is not None or index_checks:
+    # index_checks' own dict: a WeakKeyDictionary's len() is a Python call (an entry dying now only costs the fast path)
+    if root.op is Ops.MULTI or tracing or Hooks.trace is not None or index_checks.data:
         return None  # a MULTI of buffers is realized already; the others need the general path's steps
-    if (leaf := leaf_schedule(root, device)) is None:
+    if (leaf := leaf_template(root, device)) is None:
         return None
-    items, result, memo = leaf
-    prep = prepared(items, memo)
-    run_items(items, prep.runners, DEBUG.value, prep)
+    template, hit = leaf
+    src, memo = root.src, template.launch_memo
+    debug = DEBUG.value
+    if (prep := memo.get(_prepared_key())) is not None and (fast := prep.eager) and debug < 2 and not capturing:
+        result = fast.run([src[i]._buf for i in hit[3]])  # one kernel: launched without schedule items
+    else:
+        items, results, _ = bind_leaf(template, hit, src)
+        prep = prepared(items, memo)
+        if prep.eager is None:
+            prep.eager = eager_launch(template, prep.runners, prep.ops, prep.mem) or False
+        run_items(items, prep.runners, debug, prep)
+        result = results[0]
     if root is not result:
-        record_realized(root, result)
+        root.realized_ref = weakref.ref(result)  # record_realized's weak record, inline
     return result
 
 

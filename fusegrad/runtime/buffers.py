@@ -8,7 +8,7 @@ from fusegrad.lazy_numpy import np
 from typing import Sequence
 from fusegrad.dtype import DType
 from fusegrad.runtime.device import Buffer, Device
-from fusegrad.uop.ops import GroupOp, Ops, UOp, is_contiguous_view
+from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMeta, is_contiguous_view
 
 __all__ = [
     "Buffer",
@@ -81,9 +81,7 @@ def next_buffer_id() -> int:
 
 def buffer_uop(buf: Buffer) -> UOp:
     """A fresh BUFFER node (a new version) for an existing Buffer."""
-    u = UOp(Ops.BUFFER, buf.dtype, (), (next(_unique), buf.device, buf.size))
-    u.buffer = buf
-    return u
+    return UOpMeta.new_buffer(buf.dtype, (next(_unique), buf.device, buf.size), buf)
 
 
 def base_buffer(u: UOp) -> UOp | None:

@@ -33,6 +33,8 @@ def physical_memory() -> int:
 def host_cache_limit() -> int:
     """Bytes of freed host buffers kept for reuse: LRU_CACHE_MB MiB, or an eighth of physical memory when it is -1."""
     mb = LRU_CACHE_MB.value
+    if type(mb) is int and mb >= 0:  # the usual case first: every allocation and free asks
+        return mb << 20
     if mb == -1:
         return physical_memory() // 8
     if not isinstance(mb, int) or mb < 0:
@@ -64,11 +66,12 @@ class HostBufferCache:
 
     def take_addressed(self, nbytes: int, limit: int) -> tuple[np.ndarray, int] | None:
         """take(), with the block's address when a buffer over it asked for it (else 0)."""
-        self._lock.acquire()  # not `with self._held()`: a generator per allocation costs more than the rest here
+        lock = self._lock
+        lock.acquire()  # not `with self._held()`: a generator per allocation costs more than the rest here
         try:
             if self.nbytes > limit:
                 self._evict(limit)  # a bound lowered since the last free applies from now
-            while (blocks := self._blocks.get(nbytes)) is not None:
+            while blocks := self._blocks.get(nbytes):  # an emptied size's list is dropped at once
                 mem, address = blocks.pop()  # unpacked at once: the reference count check sees no tuple holding mem
                 self.nbytes -= nbytes
                 if not blocks:
@@ -79,12 +82,40 @@ class HostBufferCache:
                     return mem, address
             return None
         finally:
-            self._file_returned_and_release()
+            if self._returned:
+                self._file_returned_and_release()
+            else:  # _file_returned_and_release's case of nothing queued, without its call
+                lock.release()
+                if self._returned and lock.acquire(False):
+                    self._file_returned_and_release()
 
     def give_back(self, mem: np.ndarray, address: int = 0) -> None:
-        self._returned.append((mem, address))
-        if self._lock.acquire(blocking=False):
+        lock = self._lock
+        if not lock.acquire(False):  # its holder (maybe a frame of this thread) files the queue
+            self._returned.append((mem, address))
+            if lock.acquire(False):  # released since: nobody may look at the queue again
+                self._file_returned_and_release()
+            return
+        # the usual case, free: filed at once, without the queue
+        try:
+            limit = host_cache_limit()
+        except ValueError:
+            limit = 0  # a bad LRU_CACHE_MB is reported by the next allocation; a finalizer cannot raise it
+        if (nbytes := mem.nbytes) <= limit:
+            if (blocks := self._blocks.get(nbytes)) is None:
+                self._blocks[nbytes] = [(mem, address)]  # a new size goes last, as move_to_end puts a known one
+            else:
+                blocks.append((mem, address))
+                self._blocks.move_to_end(nbytes)
+            self.nbytes += nbytes
+            if self.nbytes > limit:
+                self._evict(limit)
+        if self._returned:
             self._file_returned_and_release()
+        else:
+            lock.release()
+            if self._returned and lock.acquire(False):
+                self._file_returned_and_release()
 
     def flush(self) -> None:
         with self._held():
@@ -100,22 +131,27 @@ class HostBufferCache:
             self._file_returned_and_release()
 
     def _file_returned_and_release(self) -> None:
+        returned, blocks_of = self._returned, self._blocks
         while True:
-            if self._returned:  # nothing queued: take() has applied the bound already
+            if returned:  # nothing queued: take() has applied the bound already
                 try:
                     limit = host_cache_limit()
                 except ValueError:
                     limit = 0  # a bad LRU_CACHE_MB is reported by the next allocation; a finalizer cannot raise it
-                while self._returned:
-                    block = self._returned.popleft()
+                while returned:
+                    block = returned.popleft()
                     if (nbytes := block[0].nbytes) <= limit:
-                        self._blocks.setdefault(nbytes, []).append(block)
-                        self._blocks.move_to_end(nbytes)
+                        if (blocks := blocks_of.get(nbytes)) is None:
+                            blocks_of[nbytes] = [block]  # a new size goes last, as move_to_end puts a known one
+                        else:
+                            blocks.append(block)
+                            blocks_of.move_to_end(nbytes)
                         self.nbytes += nbytes
-                self._evict(limit)
+                if self.nbytes > limit:
+                    self._evict(limit)
             self._lock.release()
             # a block queued after the last look by a finalizer that found the lock taken is filed by us, or by it
-            if not self._returned or not self._lock.acquire(blocking=False):
+            if not returned or not self._lock.acquire(False):
                 return
 
     def _evict(self, limit: int) -> None:
@@ -233,6 +269,7 @@ class Buffer:
     allocator's opaque handle; only buffers of host devices expose it as numpy (`host_view`)."""
 
     _owner: Allocator | None = None  # the allocator _mem came from, which gets it back when the buffer dies
+    _spare: list | None = None  # where its host memory goes when it dies, if that list is empty (allocate_spare)
 
     def __init__(self, device: str, size: int, dtype: DType, initial: np.ndarray | None = None):
         self.device, self.size, self.dtype = device, size, dtype
@@ -277,6 +314,29 @@ class Buffer:
                 self._initial = None
         return self
 
+    def allocate_spare(self, spare: list, allocator: HostAllocator) -> Buffer:
+        """ensure_allocated for a buffer of a host device whose memory goes to `spare` when it dies, if that list is
+        empty then (else to the allocator's cache): the block the list holds when there is one, taken without the
+        cache's lock and bookkeeping. An eager op's outputs die and are made one after another at one size: its list
+        keeps one small block for the next one (LRU_CACHE_MB=0 keeps none)."""
+        self._spare = spare
+        if spare and self._mem is None:
+            mem, address = spare.pop()  # unpacked at once: the reference count check sees no tuple holding mem
+            if type(mb := LRU_CACHE_MB.value) is not int or not (mb > 0 or mb == -1):
+                spare.clear()  # nothing is to be kept: ensure_allocated applies (or refuses) the bound
+            elif _reference_counts(mem) == _unshared_counts():  # no view of the old output outlived it
+                self._mem, self._owner, nbytes = mem, allocator, self.nbytes
+                if address:
+                    self._address = (mem, address)
+                GlobalCounters.mem_used += nbytes
+                per_device = GlobalCounters.mem_used_per_device
+                per_device[self.device] = per_device.get(self.device, 0) + nbytes
+                if (hook := Hooks.trace) is not None:
+                    hook.memory(self.device)
+                return self
+            del mem
+        return self.ensure_allocated()
+
     def __del__(self) -> None:
         # the memory goes back to its allocator (a __del__ costs a fraction of a weakref.finalize per buffer); at exit
         # nothing is worth giving back
@@ -289,9 +349,11 @@ class Buffer:
                 hook.memory(self.device)
             if type(owner) is HostAllocator:  # the block keeps its address for the next buffer over it
                 cached = self._address
-                HostAllocator.cache.give_back(
-                    self._mem, cached[1] if cached is not None and cached[0] is self._mem else 0
-                )
+                address = cached[1] if cached is not None and cached[0] is self._mem else 0
+                if (spare := self._spare) is not None and not spare:
+                    spare.append((self._mem, address))  # the next output of the same eager op takes it
+                else:
+                    HostAllocator.cache.give_back(self._mem, address)
             else:
                 owner.free(self._mem)
 

@@ -317,6 +317,12 @@ class CPUProgram:
                     break
         return [self.outer_size * i // n for i in range(n + 1)]
 
+    def address_launch(self) -> tuple[Any, tuple[int, int]] | None:
+        """(the C function, what follows the buffers' addresses in its call) when every launch is that one call on
+        this thread, whatever NUM_CPU_THREADS says (too little work to split): an eager op calls it with the
+        addresses, skipping __call__'s checks. Else None."""
+        return (self.fn, (0, self.outer_size)) if self.one_chunk else None
+
     def __call__(self, buffers: list[Buffer]) -> None:
         if len(buffers) != self.nparams:
             raise RuntimeError(f"kernel takes {self.nparams} buffers, got {len(buffers)}")

@@ -164,7 +164,7 @@ def _leaf_key_of(root: UOp, devices: tuple) -> tuple | None:
         root.op,
         root.dtype,
         None if arg is None else _hashable(arg),
-        tuple(map(id, src)),
+        (id(src[0]), id(src[1])) if len(src) == 2 else tuple(map(id, src)),  # `x + y`: without map's iterator
         devices,
         NUM_CPU_THREADS.value,
     )
@@ -254,6 +254,18 @@ class ScheduleTemplate:
         assert nodes is not None
         return items, results, {nodes[i]: _view(recipe, old, versions) for i, recipe in self.inner}
 
+    def one_kernel(self) -> tuple | None:
+        """(gather, (device, size, dtype), chain) when the template is one kernel writing one new buffer, reading only
+        the caller's buffers, whose result is a view of that buffer (an eager op), once bound: gather(the input buffers
+        in slot order + [the new buffer]) gives the kernel's arguments, chain the result's movement ops (op, dtype, arg)
+        over the new buffer's node. Else None."""
+        if self._gathers is None or self._extra_refs or len(self.kernels) != 1 or len(self.new_buffers) != 1:
+            return None
+        if self.inner or len(self.results) != 1 or self.new_versions != [("new", 0)]:
+            return None
+        (kind, slot), chain = self.results[0]
+        return (self._gathers[0][2], self.new_buffers[0], chain) if kind == "new" and slot == 0 else None
+
     # bind's plan of arguments, made at the first bind (class attributes: not dataclass fields)
     _gathers = None
     _gathers_for = -1
@@ -306,9 +318,17 @@ class _Entry:
 _cache: OrderedDict[tuple, _Entry] = OrderedDict()
 
 
-class ScheduleCacheStats:
-    hits: int = 0
-    misses: int = 0
+class _ScheduleCacheStats:
+    """Hits and misses of the schedule cache: the one instance ScheduleCacheStats (an instance attribute's update
+    costs a third of a class attribute's, and every eager op counts one)."""
+
+    __slots__ = ("hits", "misses")
+
+    def __init__(self):
+        self.hits = self.misses = 0
+
+
+ScheduleCacheStats = _ScheduleCacheStats()
 
 
 _NO_SLOTS: frozenset[int] = frozenset()
@@ -337,7 +357,8 @@ def cached_schedule(
     if (leaf_key := _leaf_key(roots, devices)) is not None and readers is None:
         # an eager op on realized tensors seen before: its sources and template straight from the memo, no GraphShape
         if (hit := _leaf_hit(leaf_key, roots[0].src)) is not None and (template := hit[4]) is not None:
-            return (*_bind_leaf(template, hit, roots[0].src), template.launch_memo)
+            ScheduleCacheStats.hits += 1
+            return (*bind_leaf(template, hit, roots[0].src), template.launch_memo)
     shape = graph_shape(roots, devices, leaf_key)
     key = shape.key
     if key is None:
@@ -369,21 +390,35 @@ def cached_schedule(
     return plan.items, plan.results, plan.inner, None
 
 
+def leaf_template(root: UOp, device: str | tuple[str, ...]) -> tuple[ScheduleTemplate, list] | None:
+    """When root is an eager op on realized tensors whose template (without copy on write) the leaf-op memo holds: that
+    template and the memo's entry, whose [3] says which of root's sources are the template's input buffers, in slot
+    order. Counted as a schedule cache hit: the caller binds it. Else None."""
+    if not SCHEDULE_CACHE.value or (key := _leaf_key_of(root, (device,))) is None:
+        return None
+    if (hit := _leaf_op_shapes.get(key)) is None or (template := hit[4]) is None:
+        return None
+    for r, s in zip(hit[0], root.src):  # _leaf_hit's check, inline: every eager op asks
+        if r() is not s:
+            return None
+    ScheduleCacheStats.hits += 1
+    return template, hit
+
+
 def leaf_schedule(root: UOp, device: str | tuple[str, ...]) -> tuple[list[ScheduleItem], UOp, dict] | None:
     """cached_schedule([root], [device]) without copy on write, when root is an eager op on realized tensors whose
     template the leaf-op memo holds: (items, the root's result, the template's launch memo); else None."""
-    if not SCHEDULE_CACHE.value or (key := _leaf_key_of(root, (device,))) is None:
+    if (leaf := leaf_template(root, device)) is None:
         return None
-    src = root.src
-    if (hit := _leaf_hit(key, src)) is None or (template := hit[4]) is None:
-        return None
-    items, results, _ = _bind_leaf(template, hit, src)
+    template, hit = leaf
+    items, results, _ = bind_leaf(template, hit, root.src)
     return items, results[0], template.launch_memo
 
 
-def _bind_leaf(template: ScheduleTemplate, hit: list, src: tuple[UOp, ...]):
+def bind_leaf(
+    template: ScheduleTemplate, hit: list, src: tuple[UOp, ...]
+) -> tuple[list[ScheduleItem], list[UOp], dict]:
     """The leaf-op memo's template bound to this op's sources (its versions and buffers by position)."""
-    ScheduleCacheStats.hits += 1
     versions, buffer_nodes = hit[2], hit[3]
     if len(src) == 2 and len(versions) == 2 and len(buffer_nodes) == 2:  # `x + y`: no comprehensions
         a, b = src[versions[0]], src[versions[1]]

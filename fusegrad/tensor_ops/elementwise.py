@@ -11,7 +11,7 @@ from fusegrad.tensor_ops.base import TensorBase
 from fusegrad.tensor_ops.pydata import infer_py_dtype, py_scalar
 from fusegrad.tensor_ops.shapes import broadcast_shape
 from fusegrad.tensor_ops.unary import UnaryMixin, compute_dtype
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import Ops, UOp, elementwise_uop
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -44,7 +44,7 @@ class ElementwiseMixin(UnaryMixin):
         dt = to_dtype(dtype)
         if dt == self.dtype:
             return self
-        direct = self._new(UOp(Ops.CAST, dt, (self.uop,)))
+        direct = self._new(elementwise_uop(Ops.CAST, dt, (self._uop,), self.shape))  # its shape recorded
         if not (dtypes.is_float(self.dtype) and dt in (dtypes.uint32, dtypes.uint64)):
             return direct
         # C leaves negative float -> unsigned conversions undefined; torch wraps them like a conversion through int64
@@ -400,11 +400,12 @@ class ElementwiseMixin(UnaryMixin):
     def __neg__(self):
         return self.neg()
 
+    # add and mul are _binary: the operators call it straight (an eager op's frames)
     def __add__(self, x):
-        return self.add(x)
+        return self._binary(Ops.ADD, x)
 
     def __radd__(self, x):
-        return self.add(x, True)
+        return self._binary(Ops.ADD, x, True)
 
     def __sub__(self, x):
         return self.sub(x)
@@ -413,10 +414,10 @@ class ElementwiseMixin(UnaryMixin):
         return self.sub(x, True)
 
     def __mul__(self, x):
-        return self.mul(x)
+        return self._binary(Ops.MUL, x)
 
     def __rmul__(self, x):
-        return self.mul(x, True)
+        return self._binary(Ops.MUL, x, True)
 
     def __truediv__(self, x):
         return self.div(x)

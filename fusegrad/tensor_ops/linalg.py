@@ -65,8 +65,11 @@ def _plain_matmul(x: Tensor, w: Tensor) -> Tensor | None:
         return None
     full = (m, n, k)
     rows = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (x.uop,), (m, 1, k)),), full)
-    cols = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (UOp(Ops.PERMUTE, dt, (w.uop,), (1, 0)),), (1, n, k)),), full)
+    w_t = UOp(Ops.PERMUTE, dt, (w.uop,), (1, 0))
+    cols = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (w_t,), (1, n, k)),), full)
     summed = UOp(Ops.REDUCE_AXIS, dt, (elementwise_uop(Ops.MUL, dt, (rows, cols), full),), (Ops.ADD, (2,)))
+    # shapes known here, recorded: the gradient asks both, and an unknown one is inferred through an exception
+    w_t._shape, summed._shape = (n, k), (m, n, 1)
     return x._new(UOp(Ops.RESHAPE, dt, (summed,), (m, n)))
 
 
@@ -94,7 +97,7 @@ class LinalgMixin:
             # x @ W.T (every nn.Linear) reads W across rows, where no register tile applies: a copy of W.T costs one
             # pass over W and turns the matmul into the row-contiguous kind the tiles serve
             # (a "layout" copy: the gradients read W itself, in whose natural layout they tile better)
-            w = w._new(UOp(Ops.CONTIGUOUS, w.dtype, (w.uop,), "layout"))
+            w = w._new(elementwise_uop(Ops.CONTIGUOUS, w.dtype, (w.uop,), w.shape, "layout"))
         if dtype is None and (out := _plain_matmul(x, w)) is not None:
             return out
         if w.ndim == 1:

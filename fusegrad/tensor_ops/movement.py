@@ -62,6 +62,13 @@ def _rearrange_side(side: str) -> list[list[str] | str]:
     return items
 
 
+def permuted(u: UOp, order: tuple[int, ...], shape: tuple) -> UOp:
+    """PERMUTE of u (of `shape`) by order, its shape recorded: a matmul's transposed weight is asked it at once."""
+    out = UOp(Ops.PERMUTE, u.dtype, (u,), order)
+    out._shape = tuple(shape[i] for i in order)
+    return out
+
+
 def _bound(x: Any) -> Any:
     """A shrink bound: an int, or a symbolic one (a bound Variable expression) in canonical form."""
     return canonical(check_sym("shrink", x)) if isinstance(x, UOp) else int(x)
@@ -137,11 +144,7 @@ class MovementMixin:
         order_t = tuple(self._axis(a) for a in argfix(order, *args))
         if sorted(order_t) != list(range(self.ndim)):
             raise RuntimeError(f"permute order {argfix(order, *args)} is not a permutation of {self.ndim} dims")
-        return (
-            self
-            if order_t == tuple(range(self.ndim))
-            else self._new(UOp(Ops.PERMUTE, self.dtype, (self.uop,), order_t))
-        )
+        return self if order_t == tuple(range(self.ndim)) else self._new(permuted(self.uop, order_t, self.shape))
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
         a, b = self._axis(dim0), self._axis(dim1)

@@ -166,7 +166,8 @@ class UOpMeta(type):
         # a BUFFER's arg (id, device, size) is ints and a string, as _hashable leaves them: every realize makes one.
         # Ops members and dtypes are singletons compared by identity: their ids make a key of plain values, which the
         # GC stops tracking at its first pass, so a graph's live keys never reach its old generation
-        key = (id(op), id(dtype), tuple(map(id, src)), arg if arg is None or op is _BUFFER else _hashable(arg))
+        ids = (id(src[0]), id(src[1])) if (n := len(src)) == 2 else (id(src[0]),) if n == 1 else tuple(map(id, src))
+        key = (id(op), id(dtype), ids, arg if arg is None or op is _BUFFER else _hashable(arg))
         cache = UOpMeta.cache
         if (ref := cache.get(key)) is not None and (ret := ref()) is not None:
             return ret
@@ -189,6 +190,20 @@ class UOpMeta(type):
                     readers.append(weakref.ref(ret))
                 else:
                     s.add_reader(ret)
+        return ret
+
+    @staticmethod
+    def new_buffer(dtype: DType, arg: tuple, buf: Any) -> UOp:
+        """UOp(Ops.BUFFER, dtype, (), arg) holding buf, for a new version's arg, without __call__'s general steps (and
+        its sweep, which the nodes made with __call__ run): every realize makes one per result."""
+        key, cache = (id(_BUFFER), id(dtype), (), arg), UOpMeta.cache
+        if (ref := cache.get(key)) is None or (ret := ref()) is None:
+            ret = object.__new__(UOp)
+            ret.op, ret.dtype, ret.src, ret.arg, ret._readers = _BUFFER, dtype, (), arg, []
+            ret.holders, ret.realized_ref, ret._shape = None, None, (arg[2],)  # _infer_shape's, known now
+            ref = cache[key] = _CacheRef(ret, _drop_dead_entry)
+            ref.key = key
+        ret._buf = buf  # a live node with that arg (an unpickled graph's id) gets it, as after UOp()
         return ret
 
     @staticmethod
@@ -222,10 +237,10 @@ def _hashable(arg: Any) -> Any:
 _BUFFER, _RESHAPE, _EXPAND = Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND
 
 
-def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple) -> UOp:
-    """UOp(op, dtype, src) for a tensor-level elementwise op over sources of `shape`, with its shape recorded at once:
-    the next op asks for it, and finding it missing costs an exception."""
-    u = UOp(op, dtype, src)
+def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, arg: Any = None) -> UOp:
+    """UOp(op, dtype, src, arg) for a tensor-level elementwise op over sources of `shape`, with its shape recorded at
+    once: the next op asks for it, and finding it missing costs an exception."""
+    u = UOp(op, dtype, src, arg)
     u._shape = shape
     return u
 

@@ -321,3 +321,22 @@ def test_is_realized_multi_needs_every_shard_a_reshaped_buffer():
     assert is_realized_multi((sharded + 1).uop) is False
     lazy = Tensor.arange(8).shard(("CPU", "CPU:1"), 0)
     assert lazy.uop.op is Ops.MULTI and is_realized_multi(lazy.uop) is False
+
+
+def test_new_buffer_node_is_the_node_uop_gives_for_its_parts():
+    """UOpMeta.new_buffer (a realize's new version) hash-conses like UOp(): the node UOp() makes of the same parts is
+    that node, its entry leaves the table when it dies, and a live node with the arg gets the buffer."""
+    import gc
+    from fusegrad.runtime.buffers import next_buffer_id
+    from fusegrad.runtime.device import Buffer
+    from fusegrad.uop.ops import UOpMeta
+
+    buf, other = Buffer("CPU", 4, dtypes.float32), Buffer("CPU", 4, dtypes.float32)
+    arg = (next_buffer_id(), "CPU", 4)
+    node = UOpMeta.new_buffer(dtypes.float32, arg, buf)
+    assert UOp(Ops.BUFFER, dtypes.float32, (), arg) is node and node.buffer is buf and node.shape == (4,)
+    assert UOpMeta.new_buffer(dtypes.float32, arg, other) is node and node.buffer is other
+    key = next(k for k, r in UOpMeta.cache.items() if r() is node)
+    del node
+    gc.collect()
+    assert key not in UOpMeta.cache

@@ -1,0 +1,149 @@
+"""engine/eager.py: an eager op on realized tensors whose one-kernel schedule the leaf-op memo holds launches straight
+from its first run's program, into an output that reuses the previous output's memory when that died; values,
+counters, DEBUG lines and TinyJit captures stay those of the general path."""
+
+import gc
+import numpy as np
+from fusegrad import Context, GlobalCounters, Tensor, TinyJit
+from fusegrad.runtime.buffers import base_buffer, buffer_of
+from fusegrad.runtime.device import HostAllocator
+
+rng = np.random.default_rng(0)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_repeated_eager_ops_match_numpy_and_count_every_launch():
+    x_np, y_np = f32(16), f32(16)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    for _ in range(3):  # planned, then served by the memo's launch
+        np.testing.assert_allclose((x + y).realize().numpy(), x_np + y_np, rtol=1e-6)
+    kernels, mem, ops = GlobalCounters.kernel_count, GlobalCounters.global_mem, GlobalCounters.global_ops
+    outs = [(x * y).realize() for _ in range(4)]  # kept alive: four distinct outputs
+    for out in outs:
+        np.testing.assert_allclose(out.numpy(), x_np * y_np, rtol=1e-6)
+    assert len({id(buffer_of[base_buffer(o.uop)]) for o in outs}) == 4
+    assert GlobalCounters.kernel_count == kernels + 4
+    assert GlobalCounters.global_mem == mem + 4 * 3 * 16 * 4  # output and two inputs, float32
+    assert GlobalCounters.global_ops > ops
+    for a, b in ((y, x), (x, x)):  # other argument orders get their own kernels' results
+        for _ in range(3):
+            np.testing.assert_allclose((a - b).realize().numpy(), a.numpy() - b.numpy(), rtol=1e-6)
+
+
+def test_an_output_dies_and_the_next_one_reuses_its_memory():
+    x_np = f32(16)
+    x = Tensor(x_np).realize()
+    for _ in range(3):
+        (x + x).realize()
+    before = GlobalCounters.mem_used
+    first = (x + x).realize()
+    address = buffer_of[base_buffer(first.uop)].address()
+    assert GlobalCounters.mem_used == before + 64
+    del first
+    assert GlobalCounters.mem_used == before  # the memory counts as used only while a buffer holds it
+    second = (x + x).realize()
+    assert buffer_of[base_buffer(second.uop)].address() == address
+    np.testing.assert_allclose(second.numpy(), x_np * 2, rtol=1e-6)
+
+
+def test_a_view_of_a_dead_output_keeps_its_values():
+    x_np = f32(16)
+    x = Tensor(x_np).realize()
+    for _ in range(3):
+        (x * x).realize()
+    out = (x * x).realize()
+    view = buffer_of[base_buffer(out.uop)].host_view()  # outlives the buffer: its memory must not be reused
+    del out
+    y = Tensor(x_np + 1).realize()
+    for _ in range(3):
+        np.testing.assert_allclose((y * y).realize().numpy(), (x_np + 1) ** 2, rtol=1e-6)
+        np.testing.assert_allclose((x * x).realize().numpy(), x_np**2, rtol=1e-6)
+    np.testing.assert_allclose(view, x_np**2, rtol=1e-6)
+
+
+def test_lru_cache_mb_0_keeps_no_spare_output():
+    x = Tensor(f32(16)).realize()
+    for _ in range(3):
+        (x + x).realize()
+    with Context(LRU_CACHE_MB=0):
+        (x + x).realize()  # takes the spare block and keeps none
+        gc.collect()
+        assert HostAllocator.cache.sizes() == {} and HostAllocator.cache.nbytes == 0
+        np.testing.assert_allclose((x + x).realize().numpy(), x.numpy() * 2, rtol=1e-6)
+
+
+def test_debug_2_prints_each_eager_launch(capsys):
+    x = Tensor(f32(16)).realize()
+    for _ in range(3):
+        (x + x).realize()
+    capsys.readouterr()
+    with Context(DEBUG=2):
+        for _ in range(2):
+            (x + x).realize()
+    assert len([ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("*** CPU")]) == 2
+
+
+def test_tinyjit_captures_an_eager_op_served_by_the_memo():
+    x_np, y_np = f32(16), f32(16)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    for _ in range(3):
+        (x + y).realize()
+    step = TinyJit(lambda a, b: (a + b).realize())
+    for i in range(4):
+        a, b = Tensor(x_np + i).realize(), Tensor(y_np).realize()
+        np.testing.assert_allclose(step(a, b).numpy(), x_np + i + y_np, rtol=1e-6)
+    assert len(step.captured.launches) == 1
+
+
+def test_global_counters_reset_keeps_memory_in_use():
+    x = Tensor(f32(16)).realize()
+    for _ in range(3):
+        (x + x).realize()
+    kept = (x + x).realize()
+    assert GlobalCounters.kernel_count > 0 and GlobalCounters.time_sum_s > 0
+    used, per_device = GlobalCounters.mem_used, dict(GlobalCounters.mem_used_per_device)
+    GlobalCounters.reset()
+    assert (GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem) == (0, 0, 0)
+    assert (GlobalCounters.time_sum_s, GlobalCounters.compile_count) == (0.0, 0)
+    assert GlobalCounters.mem_used == used and GlobalCounters.mem_used_per_device == per_device
+    (x + x).realize()
+    assert GlobalCounters.kernel_count == 1 and GlobalCounters.global_mem == 2 * 64  # the output and x, one argument
+    del kept
+
+
+def test_shapes_recorded_by_an_eager_training_step_are_the_inferred_ones(monkeypatch):
+    """The nodes of a training step record their shapes when built (gradients take their source's): a step asks no
+    shape that has to be inferred, and each recorded shape is the one inference gives."""
+    from fusegrad import nn
+    from fusegrad.nn.optim import SGD
+    from fusegrad.uop import ops
+
+    l1, l2 = nn.Linear(12, 8), nn.Linear(8, 3)
+    opt = SGD([l1.weight, l1.bias, l2.weight, l2.bias], lr=0.1)
+    x, y = Tensor(f32(5, 12)).realize(), Tensor(np.array([0, 2, 1, 1, 0], np.int32)).realize()
+    inferred = []
+    infer = ops._infer_shape
+
+    def step():
+        opt.zero_grad()
+        loss = l2(l1(x).relu()).sparse_categorical_crossentropy(y)
+        loss.backward()
+        updates = opt.schedule_step()  # what opt.step() realizes, seen before it does
+        nodes = ops.UOp(ops.Ops.SINK, src=tuple(t.uop for t in updates)).toposort()
+        Tensor.realize(*updates, *[p.grad for p in opt.params])
+        return loss.item(), nodes
+
+    with Context(TRAINING=1):
+        for _ in range(5):  # planned, then re-bound: later steps plan nothing (planning asks every shape)
+            step()
+        monkeypatch.setattr(ops, "_infer_shape", lambda u: inferred.append(u.op) or infer(u))
+        losses = [step()[0] for _ in range(2)]
+        assert inferred == [], inferred
+        _, nodes = step()
+    for u in nodes:
+        if hasattr(u, "_shape"):
+            assert infer(u) == u._shape, u.op
+    assert losses[1] < losses[0]
