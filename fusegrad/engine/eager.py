@@ -40,8 +40,9 @@ class EagerLaunch:
         self.spare: list | None = [] if small else None
         # the C function itself where a launch is one call on this thread (a small CPU kernel)
         direct = getattr(program, "address_launch", None)
+        launch = direct() if direct is not None else None
         self.call: Callable | None
-        self.call, self.tail = direct() if direct is not None and direct() is not None else (None, ())
+        self.call, self.tail = launch if launch is not None else (None, ())
 
     def run(self, inputs: list[Buffer]) -> UOp:
         """Launch on `inputs` (the template's input buffers in slot order; the new buffer is appended) and count it."""
