@@ -293,6 +293,7 @@ class CRenderer(CStyleRenderer):
     capabilities = Capabilities(
         vector_types=True,
         weight_panels=True,
+        loop_vectorizer=True,
         vector_math=frozenset(
             {(Ops.RECIPROCAL, dtypes.float32), (Ops.RECIPROCAL, dtypes.float64), (Ops.EXP, dtypes.float32)}
             | {(Ops.MAX, dtypes.float32), (Ops.MAX, dtypes.float64)}
