@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from fusegrad import Context, Tensor
 from fusegrad.codegen import lower_to_linear
-from fusegrad.codegen.opt import OptOps
+from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.renderer.gpu import OpenCLRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
@@ -26,13 +26,15 @@ def conv_ast(c: int, size: int, stride: int):
     return items[-1].ast  # the padded input is stored by a kernel before
 
 
-@pytest.mark.parametrize("c, size, stride", [(136, 28, 1), (272, 14, 1), (24, 112, 2), (544, 7, 1)])
+@pytest.mark.parametrize("c, size, stride", [(136, 28, 1), (272, 14, 1), (24, 112, 2), (544, 7, 1), (112, 57, 2)])
 def test_window_is_unrolled_and_the_row_left_to_the_compiler(avx512_target, c, size, stride):
     with Context(NUM_CPU_THREADS=2):
         info = lower_to_linear(conv_ast(c, size, stride), avx512_target)
     unrolled = sorted(o.amount for o in info.opts if o.op is OptOps.UNROLL)
     assert unrolled == [3, 3], info.opts
     assert not [o for o in info.opts if o.op is OptOps.UPCAST and o.axis == 3], "no upcast along the output row"
+    # an even number of rows is walked in pairs, which share the loads of the input rows both windows cover
+    assert [o for o in info.opts if o.op is OptOps.UPCAST] == ([] if size % 2 else [Opt(OptOps.UPCAST, 2, 2)])
     # the 9 weight loads of a channel stay scalars: a vector of them read lane by lane keeps GCC from vectorizing
     # the row's loop
     assert "fg_floatx" not in rendered(avx512_target, "k", info.lin)

@@ -87,7 +87,7 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabiliti
         or _transpose_tile(value, plain)
     )
     if not opts and (window := _unroll_short_window(value)):
-        opts.extend(window)
+        opts.extend(window + _window_rows(value, plain))
     elif not opts and (unroll := _unroll_short_reduce(value)) is not None:
         opts.append(unroll)
     if (thread := _thread_split(value.shape, opts)) is not None:
@@ -169,6 +169,28 @@ def _unroll_short_window(value: UOp) -> list[Opt]:
     return (
         [Opt(OptOps.UNROLL, a, shape[a]) for a in window] if prod(shape[a] for a in window) <= MAX_WINDOW_UNROLL else []
     )
+
+
+def _window_rows(value: UOp, plain: UOp) -> list[Opt]:
+    """UPCAST by 2 of the output axis outside the innermost one, when it has an even size and the windows of
+    neighbouring outputs along it overlap (a 3x3 conv's rows at stride 1 or 2): the pair shares the loads of the rows
+    both read (depthwise 3x3 at 28x28: 74 -> 57 us)."""
+    kept = _kept_axes(value)
+    if len(kept) < 2 or not isinstance(size := value.shape[kept[-2]], int) or size % 2:
+        return []
+    nodes = plain.toposort()
+    ranges = _loops(nodes)
+    row_r = ranges.get(len(kept) - 2)
+    if row_r is None or row_r.arg[1] != "global":
+        return []
+    taps = [r for r in ranges.values() if r.arg[1] == "reduce" and r.src[0].op is Ops.CONST]
+    for index in (u.src[1] for u in nodes if u.op is Ops.LOAD):
+        step = coefficient(index, row_r)
+        for tap in taps:
+            per_tap = coefficient(index, tap)
+            if step and per_tap and step % per_tap == 0 and step < per_tap * tap.src[0].arg:
+                return [Opt(OptOps.UPCAST, kept[-2], 2)]
+    return []
 
 
 def _thread_split(shape: tuple[int, ...], opts: list[Opt]) -> Opt | None:
