@@ -300,6 +300,13 @@ class CRenderer(CStyleRenderer):
         ),
     )
 
+    def render_params(self, lin: tuple[UOp, ...]) -> list[str]:
+        # a written buffer shares no memory with the kernel's other buffers (the scheduler stores a value that reads
+        # its own target shifted into a temporary first; the JIT's memory plan overlaps no two buffers of a launch),
+        # and buffers only read may overlap under `restrict`: with it GCC vectorizes a gated load (a pad's) as a masked
+        # load, which it cannot version for aliasing
+        return [p.replace("* data", "* restrict data", 1) for p in super().render_params(lin)]
+
     def function_attributes(self, lin: tuple[UOp, ...], packs: dict) -> str:
         # GCC 12's loop vectorizer miscompiles two if-converted loads of one buffer in a loop that strides over them
         # (an upcast over a padded axis: each lane's gate and offset), reading the wrong elements; such kernels keep
