@@ -106,10 +106,13 @@ Rule = Callable[["Lowerer", UOp, tuple[UOp, ...], UOp], "UOp | Step"]
 
 def _load(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
     # a gate says where the element is padding (a pad, a gather or a PADTO selects 0 or the identity there itself); a
-    # load whose index is inside its buffer everywhere reads without it (a batch norm's per-channel scale under a
-    # conv's padding): one gated load less for the C compiler to if-convert
-    if valid is not TRUE and isinstance(size := u.arg[1], int) and 0 <= idxs[0].vmin and idxs[0].vmax < size:
-        valid = TRUE
+    # load whose index, a function of the loops alone, is inside its buffer everywhere reads without it (a batch norm's
+    # per-channel scale under a conv's padding): one gated load less for the C compiler to if-convert. An index read
+    # from data keeps its gate: GCC turned BERT's gathered mask loads, ungated, into slower vector gathers (2x)
+    index = idxs[0]
+    if valid is not TRUE and isinstance(size := u.arg[1], int) and 0 <= index.vmin and index.vmax < size:
+        if not any(x.op is Ops.LOAD for x in index.toposort()):
+            valid = TRUE
     return UOp(Ops.LOAD, u.dtype, (u, idxs[0]) + (() if valid is TRUE else (valid,)))
 
 
