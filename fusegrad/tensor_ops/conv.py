@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 # through the padding, each lane of a register tile has its own bounds check, so no load of the tile is a vector (the
 # digits convnet's first conv, 128x1x10x10 padded: 340 us gated, 30 us + a 10 us copy stored)
 CONV_PAD_REALIZE_SIZE = 2**12
-# ... unless it is this many elementwise ops or fewer over stored buffers: the padding pass computes them
-PAD_FUSED_ALU_OPS = 16
 # a conv's weight gradient from an output gradient this large is computed with the output channels last (a matmul)
 CONV_WEIGHT_GRAD_MATMUL_SIZE = 2**16
 # a large conv's weight gradient is summed per sample first while the partials (batch x weight) stay this small
@@ -104,16 +102,6 @@ def _computed_once(grad: Tensor) -> Tensor:
     # a gradient made of constants alone (a sum's) is cheaper recomputed than read
     reads_data = any(not _not_stored(u) for u in nodes)
     return grad.contiguous() if computes and reads_data else grad
-
-
-def _cheap_elementwise(x: Tensor) -> bool:
-    """x is at most PAD_FUSED_ALU_OPS elementwise ops per element over stored buffers (no reduce to recompute), read
-    through no pad of their own: a second gate on the padding pass's loads (a flat conv's output cropped to its rows,
-    VGG-19's 256x56x56) made it slower than the two passes (1.1 ms vs 0.65)."""
-    nodes = x.uop.toposort(gate=_not_stored)
-    if any(u.op in (Ops.REDUCE_AXIS, Ops.GATHER, Ops.PAD) for u in nodes):
-        return False
-    return sum(u.op in GroupOp.ALU for u in nodes) <= PAD_FUSED_ALU_OPS
 
 
 def _tiles_without_padding(args: tuple[tuple[int, ...], ...]) -> bool:
@@ -374,11 +362,9 @@ class ConvMixin:
         if prod(self.shape[:2]) * prod(i + a + b for i, (a, b) in zip(self.shape[2:], pads)) < CONV_PAD_REALIZE_SIZE:
             return self.pad(((0, 0), (0, 0)) + pads)
         # a computed input (a ReLU of the previous conv) is stored as it is first: its pass vectorizes, where the
-        # padding pass, a bounds check per element, computing it too costs twice as much; but a few elementwise ops
-        # over stored buffers (a batch norm and ReLU after a stored conv) are computed by the padding pass itself,
-        # which saves a pass over memory (ShuffleNet's 136x28x28 input: 2 kernels, 14 + 34 us -> one of 42 us)
-        x = self if _cheap_elementwise(self) else _computed_once(self)
-        return x.pad(((0, 0), (0, 0)) + pads).contiguous()
+        # padding pass, a bounds check per element, computing it too costs twice as much (even a batch norm and ReLU
+        # after a stored 1x1 conv: GCC vectorizes the gated loads as gathers; ResNet-50 52 -> 65 ms computed there)
+        return _computed_once(self).pad(((0, 0), (0, 0)) + pads).contiguous()
 
     def _conv_input_grad(
         self,

@@ -1,6 +1,6 @@
-"""A conv's padded input computed in the padding pass (a batch norm, ReLU and channel shuffle after a stored conv):
-one kernel instead of two, its index arithmetic without divisions, its per-channel loads ungated, its buffers
-`restrict` in C, and its values equal torch's."""
+"""A padded copy of a computed value (a batch norm, ReLU and channel shuffle of a stored buffer, as a conv's padded
+input would be): its index arithmetic without divisions by the row width, its per-channel loads ungated, its buffers
+`restrict` in C, and its values equal torch's. A conv's own padding pass still stores such an input first."""
 
 import numpy as np
 import torch
@@ -13,7 +13,7 @@ from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
 from tests.rendering import rendered
 
-C, G, H = 24, 3, 14  # the padded input (24x16x16) is past CONV_PAD_REALIZE_SIZE: stored
+C, G, H = 24, 3, 14
 
 
 def shuffled_bn_relu(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
@@ -32,16 +32,16 @@ def arrays(seed: int = 0):
     )
 
 
-def depthwise_of_shuffled(xn, wn, sn, tn) -> Tensor:
-    x, w, s, t = (Tensor(a).realize() for a in (xn, wn, sn, tn))
-    return shuffled_bn_relu(x, s, t).conv2d(w, padding=1, groups=C)
+def padded_shuffled(xn, sn, tn) -> Tensor:
+    x, s, t = (Tensor(a).realize() for a in (xn, sn, tn))
+    return shuffled_bn_relu(x, s, t).pad(((0, 0), (0, 0), (1, 1), (1, 1))).contiguous()
 
 
-def test_padding_pass_computes_the_elementwise_input():
-    out = depthwise_of_shuffled(*arrays())
-    items, _, _ = create_schedule([out.uop], [Device["CPU"]])
+def test_padded_shuffle_indexes_rows_and_columns_as_they_are():
+    xn, _, sn, tn = arrays()
+    items, _, _ = create_schedule([padded_shuffled(xn, sn, tn).uop], [Device["CPU"]])
     kernels = [i for i in items if i.ast.op is Ops.SINK]
-    assert len(kernels) == 2, "one padding pass (batch norm, ReLU, shuffle and pad) and the conv"
+    assert len(kernels) == 1
     src = rendered(Device["CPU"].renderer, "k", lower_to_linear(kernels[0].ast, Device["CPU"].renderer).lin)
     # the reshapes keep the rows and columns as they are: only the channel is split into group and channel
     assert f"/{H})" not in src and f"%{H})" not in src, src
@@ -52,9 +52,13 @@ def test_padding_pass_computes_the_elementwise_input():
 
 def test_values_equal_torch():
     xn, wn, sn, tn = arrays(1)
-    got = depthwise_of_shuffled(xn, wn, sn, tn).numpy()
     y = torch.relu(torch.tensor(xn) * torch.tensor(sn).reshape(1, C, 1, 1) + torch.tensor(tn).reshape(1, C, 1, 1))
     y = y.reshape(1, G, C // G, H, H).transpose(1, 2).reshape(1, C, H, H)
+    np.testing.assert_allclose(
+        padded_shuffled(xn, sn, tn).numpy(), F.pad(y, (1, 1, 1, 1)).numpy(), rtol=1e-5, atol=1e-6
+    )
+    x, w, s, t = (Tensor(a).realize() for a in (xn, wn, sn, tn))
+    got = shuffled_bn_relu(x, s, t).conv2d(w, padding=1, groups=C).numpy()
     np.testing.assert_allclose(got, F.conv2d(y, torch.tensor(wn), padding=1, groups=C).numpy(), rtol=1e-5, atol=1e-5)
 
 
