@@ -166,7 +166,9 @@ def _pack_vectors(s: CodegenState) -> None:
 def pack_vectors(lin: tuple[UOp, ...], caps: Capabilities) -> dict[UOp, tuple[Pack, int]]:
     """The upcast lanes of lin that run as one vector of the target's (find_packs, up to caps.packed_bytes wide and
     with its vector_math); none where the target prints no vector types."""
-    return find_packs(lin, caps.packed_bytes, caps.vector_math) if caps.vector_types else {}
+    if not caps.vector_types:
+        return {}
+    return find_packs(lin, caps.packed_bytes, caps.vector_math, caps.loop_vectorizer)
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,14 @@ Rule = Callable[["Lowerer", UOp, tuple[UOp, ...], UOp], "UOp | Step"]
 
 
 def _load(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> UOp:
+    # a gate says where the element is padding (a pad, a gather or a PADTO selects 0 or the identity there itself); a
+    # load whose index, a function of the loops alone, is inside its buffer everywhere reads without it (a batch norm's
+    # per-channel scale under a conv's padding): one gated load less for the C compiler to if-convert. An index read
+    # from data keeps its gate: GCC turned BERT's gathered mask loads, ungated, into slower vector gathers (2x)
+    index = idxs[0]
+    if valid is not TRUE and isinstance(size := u.arg[1], int) and 0 <= index.vmin and index.vmax < size:
+        if not any(x.op is Ops.LOAD for x in index.toposort()):
+            valid = TRUE
     return UOp(Ops.LOAD, u.dtype, (u, idxs[0]) + (() if valid is TRUE else (valid,)))
 
 
@@ -139,7 +147,24 @@ def _reshape(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
     if tuple(d for d in old if d != 1) == tuple(d for d in u.arg if d != 1):  # only size-1 dims moved
         it = iter(i for i, d in zip(idxs, u.arg) if d != 1)
         return (yield lw.at(src, tuple(UOp.const(lw.idx_dtype, 0) if d == 1 else next(it) for d in old), valid))
-    return (yield lw.at(src, lw.unflatten(lw.flat_index(idxs, u.arg), old), valid))
+    # dims both shapes share at the start and at the end keep their indices; only those between are flattened and split
+    # again: a padded view's index may step outside its dims, where the divisions of a whole flat index would not fold
+    # (a channel shuffle read through a conv's padding)
+    new, n = u.arg, min(len(u.arg), len(old))
+    end = 0
+    while end < n and _same_dim(new[-1 - end], old[-1 - end]):
+        end += 1
+    start = 0
+    while start < n - end and _same_dim(new[start], old[start]):
+        start += 1
+    middle = lw.unflatten(
+        lw.flat_index(idxs[start : len(new) - end], new[start : len(new) - end]), old[start : len(old) - end]
+    )
+    return (yield lw.at(src, idxs[:start] + middle + idxs[len(new) - end :], valid))
+
+
+def _same_dim(a: int | UOp, b: int | UOp) -> bool:
+    return a is b or (isinstance(a, int) and isinstance(b, int) and a == b)
 
 
 def _permute(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:

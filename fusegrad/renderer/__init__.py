@@ -24,6 +24,9 @@ class Capabilities:
     vector_types: bool = False  # the dialect prints vector types: codegen's pack_vectors stage packs upcast lanes
     pack_bytes: int | None = None  # the widest vector type upcast lanes are packed into; None: vector_bytes
     parallel_loops: bool = False  # every global loop runs in parallel work items (lower_to_linear refuses REDUCE_BLOCK)
+    # the target's compiler vectorizes loops itself (GCC, clang): pack_vectors leaves it the runs of loads no pack
+    # reads as a vector
+    loop_vectorizer: bool = False
     group_reduce: bool = False  # a reduce with few outputs is split over a work group's lanes, combined in local memory
     # the kernels' register tiles gain from a big matmul's weight copied into panels first (schedule/panels.py)
     weight_panels: bool = False

@@ -47,7 +47,10 @@ def split_index(index: UOp) -> tuple[UOp, int]:
 
 
 def find_packs(
-    lin: tuple[UOp, ...], vector_bytes: int, vector_math: frozenset[tuple[Ops, DType]] = frozenset()
+    lin: tuple[UOp, ...],
+    vector_bytes: int,
+    vector_math: frozenset[tuple[Ops, DType]] = frozenset(),
+    loop_vectorizer: bool = False,
 ) -> dict[UOp, tuple[Pack, int]]:
     """{scalar instruction: (its pack, its lane)} for every instruction that is part of a vector. Gated loads pack
     when one gate guards every lane. vector_math: the (op, dtype) pairs the renderer also has a vector rule for
@@ -55,14 +58,22 @@ def find_packs(
 
     A register tile whose rows are read consecutively (`A.T @ B`, a weight gradient) loads its row values as a run
     too: its products pack along the columns with each row's value as the scalar all lanes share, and that run goes
-    back to scalar loads (which the renderer broadcasts), unless another pack reads it lane by lane."""
+    back to scalar loads (which the renderer broadcasts), unless another pack reads it lane by lane.
+
+    loop_vectorizer: the target's compiler vectorizes loops itself (a CPU's C compiler); a run of loads no pack reads
+    as a vector then goes back to scalar loads too."""
     no_share: set[tuple[UOp, ...]] = set()
     while True:
         lane_of, shared_runs = _pack(lin, vector_bytes, vector_math, no_share)
         if not (conflicts := {p.lanes for p in shared_runs & _read_lane_by_lane(lane_of)}):
             break
         no_share |= conflicts
-    for pack in shared_runs:
+    # a run of loads no pack reads as a vector (every lane used as a scalar: a conv's unrolled taps of one weight row)
+    # goes back to scalar loads too: one vector load and its lane extracts inside a loop keep the C compiler from
+    # vectorizing that loop itself (a depthwise 3x3 conv at 28x28: 4x slower)
+    read = _read_lane_by_lane(lane_of) if loop_vectorizer else set()
+    unread = {p for p, _ in lane_of.values() if loop_vectorizer and p.lanes[0].op is Ops.LOAD and p not in read}
+    for pack in shared_runs | unread:
         for u in pack.lanes:
             del lane_of[u]
     written = {u.src[0] for u in lin if u.op is Ops.STORE}
