@@ -81,6 +81,7 @@ def test_a_split_reduction_combines_two_waves_in_lds(dtype):
     np.testing.assert_allclose((t * 2).sum(1).numpy(), x.sum(1) * 2, rtol=1e-6)
 
 
+@pytest.mark.slow  # the emulator runs every wave of a matmul and its gradient: CI
 def test_a_matmul_and_its_gradient_on_the_grid():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((33, 90)).astype(np.float32)

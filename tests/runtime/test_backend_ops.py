@@ -34,8 +34,9 @@ except (ImportError, RuntimeError):
 BACKENDS = ["CPU", "LLVM", "PYTHON", "CL"]  # another runnable backend is one more entry here
 UNSUPPORTED: dict[str, tuple[DType, ...]] = {"CPU": (), "LLVM": dtypes.fp8s, "PYTHON": (), "CL": CL_UNSUPPORTED or ()}
 SUBSET_ONLY = {"PYTHON"}  # interpreters: only the QUICK cases
-# a new OpenCL kernel costs PoCL about ten times a C compile: outside the QUICK cases CL runs with the slow tests (CI)
-SLOW_BEYOND_QUICK = {"CL"}
+# outside the QUICK cases these run with the slow tests (CI): a new OpenCL kernel costs PoCL about ten C compiles,
+# and the CPU backend runs every case; the QUICK ones keep each renderer in the fast run
+SLOW_BEYOND_QUICK = {"CL", "LLVM"}
 
 FLOATS = (dtypes.float32, dtypes.float16, dtypes.bfloat16, dtypes.float64)
 INTS = (dtypes.int32, dtypes.int8)

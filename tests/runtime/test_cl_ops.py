@@ -7,6 +7,9 @@ import pytest
 from fusegrad import Tensor, dtypes
 from fusegrad.runtime.device import Device
 
+# each op compiles its own PoCL kernels (about ten C compiles each): with the slow tests, in CI; test_cl.py and the
+# op suite's quick CL cases run in the fast suite
+pytestmark = pytest.mark.slow
 pytest.importorskip("pyopencl")
 try:
     Device["CL"]
