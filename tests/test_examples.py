@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 import numpy as np
+import pytest
 from fusegrad import Context, Tensor
 from fusegrad.nn.optim import Adam
 from fusegrad.nn.state import get_parameters
@@ -30,6 +31,7 @@ def test_hello_demo_matches_numpy():
     assert out.returncode == 0 and "matches numpy: True" in out.stdout and "void r_" in out.stdout
 
 
+@pytest.mark.slow  # three Adam steps of a full-size convnet, compiled cold: CI (train_digits stays)
 def test_mnist_model_trains_a_step():
     sys.path.insert(0, str(EXAMPLES))
     from beautiful_mnist import Model

@@ -420,6 +420,7 @@ def test_packed_matmul_past_l2_keeps_its_reduce_blocks():
     assert any(o.op is OptOps.REDUCE_BLOCK for o in opts)
 
 
+@pytest.mark.slow  # each example runs on the PYTHON interpreter device: CI
 @settings(max_examples=8, deadline=None)  # each example compiles 6 kernels and runs 3 on the PYTHON device
 @given(m=SIZES, k=SIZES, panels=st.sampled_from([2, 3]))
 def test_packed_matmul_heuristics_equal_noopt_and_python_device(m, k, panels):

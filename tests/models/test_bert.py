@@ -58,6 +58,7 @@ def test_bad_token_ids_raise(encoder):
         encoder.model(ids, np.ones_like(ids))
 
 
+@pytest.mark.slow  # the example in a process of its own; the model is checked above: CI
 def test_embed_example_prints_the_cosine_similarity(encoder):
     import subprocess
     import sys

@@ -204,7 +204,7 @@ def test_sort_kernel_counts(monkeypatch):
 # topk
 
 
-@pytest.mark.parametrize("n", [SHORT, LONG])
+@pytest.mark.parametrize("n", [SHORT, pytest.param(LONG, marks=pytest.mark.slow)])  # LONG: a bitonic sort per k, CI
 def test_topk_against_torch(n):
     a = np.random.default_rng(6).standard_normal((3, n)).astype(np.float32)
     cases = ((1, -1, True), (4, 1, False), (n, 1, True), (2, 0, True), (0, 1, True))
@@ -353,6 +353,7 @@ def test_hash_of_long_data(monkeypatch):
 # the PYTHON interpreter device (tiny tensors)
 
 
+@pytest.mark.slow  # the PYTHON interpreter device: CI
 def test_python_device_subset():
     a = np.array([[3, -1, 2, 2, np.nan, 0], [1, 1, 1, -5, 4, 0]], np.float32)
     t, tt = Tensor(a, device="PYTHON"), torch.tensor(a)

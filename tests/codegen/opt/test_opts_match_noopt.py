@@ -241,6 +241,7 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(2, n + 1) if n % d == 0]
 
 
+@pytest.mark.slow  # 20 examples of three compiles each: CI (the other opts-vs-noopt cases stay)
 @settings(max_examples=20, deadline=None)
 @given(data=st.data(), m=SIZES, k=st.sampled_from([4, 6, 12, 30, 64]), n=SIZES)
 def test_reduce_block_equals_noopt(data, m, k, n):
