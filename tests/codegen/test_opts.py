@@ -182,6 +182,7 @@ def test_heuristics_unroll_a_short_reduce_and_keep_matmul_tiles(avx512_target):
     assert not [o for o in opts if o.op in (OptOps.UNROLL, OptOps.THREAD, OptOps.PADTO)]
 
 
+@pytest.mark.slow  # 15 examples, each run on the PYTHON interpreter device: CI
 @settings(max_examples=15, deadline=None)
 @given(m=SIZES, k=SIZES, n=SIZES)
 def test_heuristic_choices_equal_noopt_and_python_device(m, k, n):
@@ -247,6 +248,7 @@ def test_every_reduce_block_under_an_epilogue_equals_noopt(data, m, n, k):
     check_opts_values(lambda a, b, c: -(a @ b) * 2 + c, arrays, opts, atol=1e-4)
 
 
+@pytest.mark.slow  # a full blocked matmul per sign case: CI (the bias epilogue case stays)
 def test_relu_epilogue_is_blocked_in_vectors_and_keeps_nan_and_zero_sign():
     rng = np.random.default_rng(6)
     an, bn, cn = (rng.standard_normal(s, dtype=np.float32) for s in ((16, 512), (512, 64), (64,)))

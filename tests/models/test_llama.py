@@ -61,11 +61,16 @@ CASES = {
 }
 
 
-# CI only: qwen3moe-q6_k compiles a 256-wide MoE model of its own, and the fast cases cover its parts (the MoE in
-# qwen3moe-f32, a K-quant model in llama-q4_k, Q6_K's values in the quantized-matrix tests below); mixtral's MoE and
-# Q4_0 are qwen3moe-f32's and qwen2-bias-q4_0's, linear RoPE the simplest of the scalings the fast cases run, and
-# yarn with betas is llama-yarn-rope's scaling with two more numbers
-SLOW_CASES = {"qwen3moe-q6_k", "mixtral-q4_0", "llama-linear-rope-q8_0", "qwen2-yarn-rope-betas-q8_0"}
+# CI only, each covered in the fast run by its parts: qwen3moe-q6_k (the MoE in qwen3moe-f32, K-quants in llama-q4_k,
+# Q6_K's values in the quantized-matrix tests below), mixtral-q4_0 (the MoE again; Q4_0's values below), the linear and
+# betas-yarn RoPE scalings (llama3 and yarn rope run fast) and qwen2-bias-q4_0 (qwen3's attention, Q4_0's values)
+SLOW_CASES = {
+    "qwen3moe-q6_k",
+    "mixtral-q4_0",
+    "llama-linear-rope-q8_0",
+    "qwen2-yarn-rope-betas-q8_0",
+    "qwen2-bias-q4_0",
+}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c for c in CASES])

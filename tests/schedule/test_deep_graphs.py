@@ -14,8 +14,8 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DEPTH = 100_000
-# chains that run as kernels: 20 times the recursion limit, so a recursive walk still fails, at a fifth of the compile
-# and run time; the graph-only cases (print, pickle, free, UOp rewrites) keep DEPTH
+# chains that run as kernels and UOp-level rewrites: 20 times the recursion limit, so a recursive walk still fails, at a
+# fifth of the time; printing, pickling and freeing (C code that may recurse) keep DEPTH
 RUN_DEPTH = 20_000
 
 
@@ -227,13 +227,13 @@ CHAIN_OF_ADDS = textwrap.dedent(f"""
     from fusegrad.uop.symbolic import simplify
     i = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 10),), (0, "global"))
     chain = i
-    for _ in range({DEPTH}):
+    for _ in range({RUN_DEPTH}):
         chain = UOp(Ops.ADD, dtypes.int32, (chain, UOp.const(dtypes.int32, 1)))
 """)
 
 
 def test_uop_level_rewrite_bottom_up():
-    result, _ = run_isolated(CHAIN_OF_ADDS + f"result = simplify(chain) is i + {DEPTH}")
+    result, _ = run_isolated(CHAIN_OF_ADDS + f"result = simplify(chain) is i + {RUN_DEPTH}")
     assert result is True  # the symbolic rules fold the whole chain into one add
 
 
@@ -248,7 +248,7 @@ result = {"ops": sorted({u.op.name for u in top_down.toposort()}), "nodes": len(
 """
     )
     assert result["ops"] == ["CONST", "MAX", "RANGE"]
-    assert result["nodes"] == DEPTH + 3  # the chain, RANGE, its bound 10 and the shared constant 1
+    assert result["nodes"] == RUN_DEPTH + 3  # the chain, RANGE, its bound 10 and the shared constant 1
 
 
 def test_uop_level_value_range_and_gradient():
@@ -258,17 +258,17 @@ def test_uop_level_value_range_and_gradient():
         from fusegrad.uop.ops import Ops, UOp
         i = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 10),), (0, "global"))
         chain = i
-        for _ in range({DEPTH}):
+        for _ in range({RUN_DEPTH}):
             chain = UOp(Ops.ADD, dtypes.int32, (chain, UOp.const(dtypes.int32, 1)))
         bounds = [chain.vmin, chain.vmax]
         two = UOp.const(dtypes.float32, 2.0)
         x = UOp(Ops.BUFFER, dtypes.float32, (), (0, "CPU", 1))
         y = x
-        for _ in range({DEPTH}):
+        for _ in range({RUN_DEPTH}):
             y = UOp(Ops.MUL, dtypes.float32, (y, two))
         grads = compute_gradient(y, UOp.const(dtypes.float32, 1.0), {{x}})
         muls_by_two = sum(1 for u in grads[x].toposort() if u.op is Ops.MUL and u.src[1] is two)
         result = {{"bounds": bounds, "muls_by_two": muls_by_two}}
     """)
-    assert result["bounds"] == [DEPTH, 9 + DEPTH]
-    assert result["muls_by_two"] == DEPTH  # d y / d x = 2 ** DEPTH as one multiply per op of the chain
+    assert result["bounds"] == [RUN_DEPTH, 9 + RUN_DEPTH]
+    assert result["muls_by_two"] == RUN_DEPTH  # d y / d x = 2 ** RUN_DEPTH as one multiply per op of the chain

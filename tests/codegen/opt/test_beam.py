@@ -273,6 +273,7 @@ def test_a_list_faster_in_median_but_not_in_most_rounds_does_not_win(monkeypatch
     assert result.opts == heuristic
 
 
+@pytest.mark.slow  # a whole BEAM search that finds nothing better: CI
 def test_heuristic_is_kept_when_nothing_beats_it(monkeypatch):
     ast = matmul_ast(16, 32, 24)
     heuristic = beam.lower_to_linear(ast, Device["CPU"].renderer).opts

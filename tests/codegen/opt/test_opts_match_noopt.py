@@ -149,6 +149,7 @@ def run_matmul(an: np.ndarray, bn: np.ndarray, device: str = "CPU") -> np.ndarra
     return (Tensor(an, device=device) @ Tensor(bn, device=device)).relu().numpy()
 
 
+@pytest.mark.slow  # 25 examples, each run on the PYTHON interpreter device: CI
 @settings(max_examples=25, deadline=None)
 @given(m=SIZES, k=SIZES, n=SIZES, seed=st.integers(0, 2**31 - 1))
 def test_heuristic_opts_equal_noopt_and_python_device(m, k, n, seed):
