@@ -477,13 +477,12 @@ class Tensor(
 
     def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
         src = (self._uop, srcs[0]._uop) if len(srcs) == 1 else (self._uop, *(s._uop for s in srcs))
-        u = UOp(op, dtype or self._uop.dtype, src)
         # the sources' one shape (_operand broadcast them), recorded: asked later, a chain of new nodes without one is
         # inferred node by node, an exception each; sources without a known equal shape leave it to that inference
         shape = getattr(src[0], "_shape", None)
         if shape is not None and all(getattr(s, "_shape", None) == shape for s in src[1:]):
-            u._shape = shape
-        return self._new(u)
+            return self._new(elementwise_uop(op, dtype or self._uop.dtype, src, shape))
+        return self._new(UOp(op, dtype or self._uop.dtype, src))
 
     def _binary(self, op: Ops, x: Tensor | Scalar, reverse: bool = False, dtype: DType | None = None) -> Tensor:
         # the hot paths of elementwise code, one tensor for the result only: a float tensor and a Python float, and two

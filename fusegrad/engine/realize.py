@@ -3,7 +3,6 @@
 from __future__ import annotations
 import atexit
 import threading
-import weakref
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -354,7 +353,7 @@ def realize_leaf(root: UOp, device: str | tuple[str, ...]) -> UOp | None:
         run_items(items, prep.runners, debug, prep)
         result = results[0]
     if root is not result:
-        root.realized_ref = weakref.ref(result)  # record_realized's weak record, inline
+        record_realized(root, result)
     return result
 
 

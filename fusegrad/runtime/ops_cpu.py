@@ -371,7 +371,7 @@ class CpuDevice(Compiled):
         parallel compiler processes."""
         self._rendered = {}
         todo: dict[tuple[str, ...], list[list[tuple[str, str, str]]]] = {}
-        cc = find_compiler() if infos else ""
+        cc = find_compiler()
         for info in infos:
             kernel = self.renderer.render_kernel(info.name, info.lin, info.packs)
             src = self.renderer.render_prelude(info.lin, kernel) + kernel

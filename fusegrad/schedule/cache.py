@@ -396,23 +396,10 @@ def leaf_template(root: UOp, device: str | tuple[str, ...]) -> tuple[ScheduleTem
     order. Counted as a schedule cache hit: the caller binds it. Else None."""
     if not SCHEDULE_CACHE.value or (key := _leaf_key_of(root, (device,))) is None:
         return None
-    if (hit := _leaf_op_shapes.get(key)) is None or (template := hit[4]) is None:
+    if (hit := _leaf_hit(key, root.src)) is None or (template := hit[4]) is None:
         return None
-    for r, s in zip(hit[0], root.src):  # _leaf_hit's check, inline: every eager op asks
-        if r() is not s:
-            return None
     ScheduleCacheStats.hits += 1
     return template, hit
-
-
-def leaf_schedule(root: UOp, device: str | tuple[str, ...]) -> tuple[list[ScheduleItem], UOp, dict] | None:
-    """cached_schedule([root], [device]) without copy on write, when root is an eager op on realized tensors whose
-    template the leaf-op memo holds: (items, the root's result, the template's launch memo); else None."""
-    if (leaf := leaf_template(root, device)) is None:
-        return None
-    template, hit = leaf
-    items, results, _ = bind_leaf(template, hit, root.src)
-    return items, results[0], template.launch_memo
 
 
 def bind_leaf(

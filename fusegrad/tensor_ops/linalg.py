@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from fusegrad.helpers import prod
+from fusegrad.tensor_ops.movement import permuted
 from fusegrad.tensor_ops.reduce import _acc_dtype
 from fusegrad.uop.ops import Ops, UOp, elementwise_uop
 
@@ -65,11 +66,10 @@ def _plain_matmul(x: Tensor, w: Tensor) -> Tensor | None:
         return None
     full = (m, n, k)
     rows = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (x.uop,), (m, 1, k)),), full)
-    w_t = UOp(Ops.PERMUTE, dt, (w.uop,), (1, 0))
-    cols = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (w_t,), (1, n, k)),), full)
+    cols = UOp(Ops.EXPAND, dt, (UOp(Ops.RESHAPE, dt, (permuted(w.uop, (1, 0), (k, n)),), (1, n, k)),), full)
     summed = UOp(Ops.REDUCE_AXIS, dt, (elementwise_uop(Ops.MUL, dt, (rows, cols), full),), (Ops.ADD, (2,)))
-    # shapes known here, recorded: the gradient asks both, and an unknown one is inferred through an exception
-    w_t._shape, summed._shape = (n, k), (m, n, 1)
+    # the sum's shape known here, recorded: the gradient asks it, and an unknown one is inferred through an exception
+    summed._shape = (m, n, 1)
     return x._new(UOp(Ops.RESHAPE, dt, (summed,), (m, n)))
 
 

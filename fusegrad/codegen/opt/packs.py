@@ -65,13 +65,13 @@ def find_packs(
     no_share: set[tuple[UOp, ...]] = set()
     while True:
         lane_of, shared_runs = _pack(lin, vector_bytes, vector_math, no_share)
-        if not (conflicts := {p.lanes for p in shared_runs & _read_lane_by_lane(lane_of)}):
+        read = _read_lane_by_lane(lane_of)
+        if not (conflicts := {p.lanes for p in shared_runs & read}):
             break
         no_share |= conflicts
     # a run of loads no pack reads as a vector (every lane used as a scalar: a conv's unrolled taps of one weight row)
     # goes back to scalar loads too: one vector load and its lane extracts inside a loop keep the C compiler from
     # vectorizing that loop itself (a depthwise 3x3 conv at 28x28: 4x slower)
-    read = _read_lane_by_lane(lane_of) if loop_vectorizer else set()
     unread = {p for p, _ in lane_of.values() if loop_vectorizer and p.lanes[0].op is Ops.LOAD and p not in read}
     for pack in shared_runs | unread:
         for u in pack.lanes:
