@@ -1,0 +1,205 @@
+"""fusegrad against llama.cpp (through llama-cpp-python) on the same GGUF files, in one process:
+`python bench/bench_llamacpp.py [speed] [accuracy] [--formats F32,Q8_0,Q4_K]`.
+
+- speed: a ~110M-parameter random LLaMA (12 layers of 768, SwiGLU 2048, 12 heads / 4 kv heads, vocabulary 32000)
+  written once per format; prefill of 128 and 512 tokens (timed to the last token's logits) and greedy decode of
+  128 tokens after a 4-token prompt, tokens/s. The cases run in turns, 3 rounds, medians.
+- accuracy: the summed log-probability of a 512-token random text under F32 (fusegrad, llama.cpp, transformers) and
+  under Q8_0 and Q4_K files made from the F32 file by llama.cpp's own quantizer (fusegrad, llama.cpp), with each
+  format's drift against F32 on each side. (The speed files' K-quant blocks are random: any bytes time the same.)
+Both sides run on NUM_CPU_THREADS threads (llama.cpp's n_threads and n_threads_batch). llama-cpp-python is a
+bench-only dependency: `pip install llama-cpp-python` builds llama.cpp from source (a few minutes on 2 cores).
+The files carry no tokenizer (`tokenizer.ggml.model = no_vocab`): both sides read token ids."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "models"))  # the GGUF model maker
+
+from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
+from fusegrad.models.generate import Sampling, generate, prefill  # noqa: E402
+
+SHAPE = dict(
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    max_position_embeddings=640,
+)
+PROMPTS, DECODE, TEXT = (128, 512), 128, 512
+
+
+def write_model(folder: str, qtype: str):
+    """(path of the GGUF file, the transformers model holding the file's weights dequantized)."""
+    from gguf_models import make_model, write_gguf
+
+    ref = make_model("llama", std=0.02, **SHAPE)
+    path = Path(folder) / f"llama-{qtype}.gguf"
+    write_gguf(ref, "llama", path, None if qtype == "F32" else qtype, tokenizer={"add_tokenizer_model": "no_vocab"})
+    return path, ref
+
+
+def load_llamacpp(path: Path, logits_all: bool = False):
+    import llama_cpp
+
+    threads = NUM_CPU_THREADS.value
+    return llama_cpp.Llama(
+        str(path),
+        n_ctx=max(PROMPTS),  # the longest prompt and the text fit; llama.cpp pads a context to 256s
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=logits_all,
+        verbose=False,
+    )
+
+
+def llamacpp_last_logits(llm) -> np.ndarray:
+    import llama_cpp
+
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(llm.n_vocab(),))
+
+
+def rates(cases, rounds: int) -> list[float]:
+    """Items/s of each (fn, items) case: a warm-up, then `rounds` rounds that run every case once in turn, medians."""
+    times: list[list[float]] = [[] for _ in cases]
+    for fn, _ in cases:
+        fn()
+    for _ in range(rounds):
+        for i, (fn, _) in enumerate(cases):
+            st = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - st)
+    return [n / statistics.median(t) for (_, n), t in zip(cases, times)]
+
+
+def bench_speed(formats: list[str]) -> None:
+    from fusegrad.models.llama import Llama
+
+    prompt = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], max(PROMPTS)).tolist()
+    print(f"{'case':36s} {'fusegrad':>10s} {'llama.cpp':>10s} {'unit':6s} {'ratio':>7s}")
+    for qtype in formats:
+        with tempfile.TemporaryDirectory() as d:
+            path, _ = write_model(d, qtype)
+            model, _ = Llama.from_gguf(path, progress=False)
+            llm = load_llamacpp(path)
+
+            def ours_prefill(n: int):
+                model.reset()
+                prefill(model, prompt[:n])
+
+            def ours_decode():
+                model.reset()
+                list(generate(model, prompt[:4], DECODE, Sampling()))
+
+            def theirs_prefill(n: int):
+                llm.reset()
+                llm.eval(prompt[:n])
+                llamacpp_last_logits(llm)
+
+            def theirs_decode():  # greedy, one token at a time through the KV cache, as generate() does
+                llm.reset()
+                llm.eval(prompt[:4])
+                for _ in range(DECODE - 1):
+                    llm.eval([int(llamacpp_last_logits(llm).argmax())])
+
+            cases = [(lambda n=n, f=f: f(n), n) for n in PROMPTS for f in (ours_prefill, theirs_prefill)]
+            cases += [(ours_decode, DECODE), (theirs_decode, DECODE)]
+            got = rates(cases, rounds=3)
+            names = [f"prefill {n}" for n in PROMPTS] + [f"decode {DECODE}"]
+            for name, ours, theirs in zip(names, got[0::2], got[1::2]):
+                print(
+                    f"{'LLaMA 110M ' + qtype + ' ' + name:36s} {ours:10.1f} {theirs:10.1f} {'tok/s':6s} "
+                    f"{ours / theirs:6.2f}x",
+                    flush=True,
+                )
+
+
+def log_prob(logits: np.ndarray, text: list[int]) -> float:
+    """Summed log-probability of text[1:] given each row of logits (row i predicts token i + 1)."""
+    x = logits[:-1].astype(np.float64)
+    x -= x.max(-1, keepdims=True)
+    lse = np.log(np.exp(x).sum(-1))
+    return float((x[np.arange(len(text) - 1), text[1:]] - lse).sum())
+
+
+def quantize_with_llamacpp(src: Path, dst: Path, qtype: str) -> None:
+    """llama.cpp's own quantizer, every matrix in qtype (`pure`): the file the accuracy check compares holds the
+    F32 file's weights as llama.cpp quantizes them, so the drift against F32 is the format's, not another model's."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = {"Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "Q4_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_S}[qtype]
+    params.pure = True
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {src} to {qtype}")
+
+
+def bench_accuracy(formats: list[str]) -> None:
+    from fusegrad.models.llama import Llama
+
+    text = np.random.default_rng(1).integers(0, SHAPE["vocab_size"], TEXT).tolist()
+    print(
+        f"{'format':8s} {'fusegrad':>14s} {'llama.cpp':>14s} {'fg/llama.cpp - 1':>17s} {'fg drift vs F32':>16s} "
+        f"{'llama.cpp drift':>16s}"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        f32_path, ref = write_model(d, "F32")
+        with torch.no_grad():
+            hf = log_prob(ref(torch.tensor([text])).logits[0].float().numpy(), text)
+        base: tuple[float, float] | None = None
+        for qtype in ["F32"] + [f for f in formats if f != "F32"]:
+            path = f32_path if qtype == "F32" else Path(d) / f"llama-{qtype}-llamacpp.gguf"
+            if qtype != "F32":
+                quantize_with_llamacpp(f32_path, path, qtype)
+            model, _ = Llama.from_gguf(path, progress=False)
+            model.reset()
+            chunks = [model.forward(np.array(text[i : i + 128], np.int32), i).numpy() for i in range(0, TEXT, 128)]
+            ours = log_prob(np.concatenate(chunks), text)
+            llm = load_llamacpp(path, logits_all=True)
+            llm.reset()
+            llm.eval(text)
+            theirs = log_prob(np.array(llm.scores[:TEXT], np.float32), text)
+            del llm, model
+            base = base or (ours, theirs)
+            drift = "" if qtype == "F32" else f"{ours / base[0] - 1:16.2e} {theirs / base[1] - 1:16.2e}"
+            print(f"{qtype:8s} {ours:14.4f} {theirs:14.4f} {ours / theirs - 1:17.2e} {drift}", flush=True)
+    print(f"transformers, F32 weights: {hf:.4f} (fusegrad F32 / transformers - 1 = {base[0] / hf - 1:.2e})")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    formats = ["F32", "Q8_0", "Q4_K"]
+    if "--formats" in args:
+        i = args.index("--formats")
+        formats = args[i + 1].split(",")
+        del args[i : i + 2]
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        sys.exit("this bench needs llama-cpp-python: pip install llama-cpp-python (builds llama.cpp from source)")
+    torch.set_num_threads(NUM_CPU_THREADS.value)
+    print(f"threads: {NUM_CPU_THREADS.value} each side, machine load average {os.getloadavg()[0]:.1f}")
+    cases = {"speed": bench_speed, "accuracy": bench_accuracy}
+    for name in args or list(cases):
+        if name not in cases:
+            sys.exit(f"unknown case {name!r}; cases: {', '.join(cases)}")
+        cases[name](formats)
+
+
+if __name__ == "__main__":
+    main()
