@@ -10,11 +10,11 @@ import numpy as np
 
 from fusegrad.dtype import NARROW_FLOATS, DType, dtypes
 from fusegrad.engine.realize import capturing
-from fusegrad.helpers import DIST_BLOCKING, DIST_TIMEOUT
+from fusegrad.helpers import DIST_BLOCKING, DIST_TIMEOUT, prod
 from fusegrad.distributed.comm import World, world
 from fusegrad.distributed.metadata import check_collective
-from fusegrad.runtime.buffers import Buffer, view_buffer
-from fusegrad.tensor import Tensor
+from fusegrad.runtime.buffers import Buffer, buffer_uop, view_buffer
+from fusegrad.tensor import Tensor, tensor_of_uop
 
 OPS = ("sum", "mean", "max", "min")
 
@@ -212,10 +212,11 @@ def realized_buffer(t: Tensor) -> tuple[Tensor, Buffer]:
 
 
 def output_like(shape: tuple[int, ...], t: Tensor) -> tuple[Tensor, Buffer]:
-    out = Tensor.empty(*shape, dtype=t.dtype, device=t.device)
-    buf = view_buffer(out.uop)
-    assert buf is not None
-    return out, buf.ensure_allocated()
+    """An uninitialized tensor of `shape` on t's (one, canonical) device and dtype: Tensor.empty's result without its
+    argument checks, which cost an eager collective more than the MPI call."""
+    buf = Buffer(t.device, prod(shape), t.dtype).ensure_allocated()  # type: ignore[arg-type]
+    out = tensor_of_uop(buffer_uop(buf), t.device)
+    return (out if len(shape) == 1 else out.reshape(shape)), buf
 
 
 def launch(calls: list[tuple[Any, list[Buffer]]]) -> None:
