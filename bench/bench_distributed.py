@@ -3,8 +3,10 @@ training throughput of 2 ranks against 1, all on loopback.
 
 Run: python bench/bench_distributed.py   (it starts `mpirun --oversubscribe -n 2` and `-n 4` itself; env: MAX_MB,
 REPS, STEPS, ROUNDS, BUCKET_MB, ONLY=allreduce|train). Each size runs every peer in the same processes, medians of REPS
-calls. Training runs 1 rank and 2 ranks alternately ROUNDS times (separate processes: they cannot share one run) and
-reports the medians, each round's ratio and the load average, since the cores are shared."""
+calls: raw mpi4py, the jitted replay's collective call alone ("call"), the jitted all_reduce, eager, gloo, and the
+jitted and eager ones again with FUSEGRAD_DIST_BLOCKING=0 ("nb": every collective nonblocking, the earlier path).
+Training runs 1 rank and 2 ranks alternately ROUNDS times (separate processes: they cannot share one run) and reports
+the medians, each round's ratio and the load average, since the cores are shared."""
 
 from __future__ import annotations
 import json
@@ -71,10 +73,12 @@ def worker_allreduce(out: str) -> None:
             with Context(FUSEGRAD_DIST_BLOCKING=0):
                 nonblocking(x)
         assert np.all(jitted(x).numpy() == n) and np.all(nonblocking(x).numpy() == n), "wrong allreduce result"
+        call = jitted.captured.launches[0]  # type: ignore[union-attr]  # the replay's collective call alone
         peers = {
             "mpi4py": lambda: comm.Allreduce(a, b),
             "eager": lambda: dist.all_reduce(x).realize(),
             "eager_nb": eager_nb,
+            "call": lambda: call.runner(call.buffers),
             "jit": lambda: jitted(x),
             "jit_nb": lambda: nonblocking(x),
             "gloo": lambda: tdist.all_reduce(tt),
@@ -200,7 +204,7 @@ def allreduce_tables(tmp: str) -> None:
         launch(ranks, "allreduce", out)
         print(f"\nallreduce of float32 on {ranks} ranks (loopback), median latency and bus bandwidth 2(p-1)/p*n/t")
         print(
-            f"{'size':>8s} {'mpi4py':>10s} {'jit':>10s} {'jit nb':>10s} {'eager':>10s} {'gloo':>10s}  "
+            f"{'size':>8s} {'mpi4py':>10s} {'call':>10s} {'jit':>10s} {'jit nb':>10s} {'eager':>10s} {'gloo':>10s}  "
             f"{'mpi GB/s':>8s} {'jit GB/s':>8s}  {'jit/mpi':>7s} {'nb/mpi':>7s} {'jit/gloo':>8s} {'eager/mpi':>9s} "
             f"{'nb/mpi':>9s}"
         )
@@ -208,7 +212,8 @@ def allreduce_tables(tmp: str) -> None:
         for row in tables[ranks]:
             bus = 2 * (ranks - 1) / ranks * row["bytes"] / 1e9
             print(
-                f"{fmt_bytes(row['bytes']):>8s} {row['mpi4py'] * 1e6:8.1f}us {row['jit'] * 1e6:8.1f}us "
+                f"{fmt_bytes(row['bytes']):>8s} {row['mpi4py'] * 1e6:8.1f}us {row['call'] * 1e6:8.1f}us "
+                f"{row['jit'] * 1e6:8.1f}us "
                 f"{row['jit_nb'] * 1e6:8.1f}us {row['eager'] * 1e6:8.1f}us {row['gloo'] * 1e6:8.1f}us  "
                 f"{bus / row['mpi4py']:8.3f} {bus / row['jit']:8.3f}  {row['mpi4py'] / row['jit']:6.2f}x "
                 f"{row['mpi4py'] / row['jit_nb']:6.2f}x {row['gloo'] / row['jit']:7.2f}x "
