@@ -3,6 +3,7 @@ Each scenario checks its results against numpy on every rank, and rank 0 writes 
 into OUT (an .npz)."""
 
 from __future__ import annotations
+import itertools
 import os
 import signal
 import sys
@@ -234,12 +235,17 @@ def fastpath(out: str) -> None:
         "broadcast": lambda x: dist.broadcast(x, root=n - 1),
         "reduce_scatter(max)": lambda x: dist.reduce_scatter(x, "max"),
     }
-    for count in (1, 1000, int(DIST_BLOCKING.value) // 4 // n + 5):  # the last one is past the blocking limit
+    limit = int(DIST_BLOCKING.value)
+    # the input a jit argument (its memory changes per call) or the step's own buffer (x + 1: the large ones replay as
+    # persistent requests)
+    for count, owned in itertools.product((1, 1000, limit // 4 // n + 5), (False, True)):
         for name, fn in fns.items():
-            jitted, inputs = TinyJit(fn), {}
+            step = (lambda x, fn=fn: fn(x + 1)) if owned else fn
+            jitted, inputs = TinyJit(step), {}
             for call in (0, 1, 2, 2, 3):  # warm-up, capture, replays: a new input, the same one again, another
                 xs = [values(k, "float32", count * n) + call for k in range(n)]
                 x = inputs.setdefault(call, Tensor(xs[r]))
+                xs = [v + 1 for v in xs] if owned else xs
                 want = {
                     "all_reduce(sum)": reference("sum", xs),
                     "all_reduce(mean)": reference("mean", xs),
@@ -248,8 +254,10 @@ def fastpath(out: str) -> None:
                     "reduce_scatter(max)": reference("max", xs)[r * count : (r + 1) * count],
                 }[name]
                 check(jitted(x).numpy(), want, f"jitted {name} of {count * n} call {call}")
-                check(fn(x).numpy(), want, f"eager {name} of {count * n} call {call}")
+                check(step(x).numpy(), want, f"eager {name} of {count * n} call {call}")
                 checked += 2
+            bound = [la.runner.persistent for la in jitted.captured.launches if hasattr(la.runner, "persistent")]  # type: ignore[union-attr]
+            assert (bound[0] is not None) == (owned and count * n * 4 > limit), f"{name} of {count * n}: {bound}"
     print(f"rank {r}: {checked} jitted and eager collectives match numpy", flush=True)
 
 
