@@ -47,7 +47,7 @@ class World:
         self.busy: Any = None
         # blocking calls need a second thread to bound them, and that thread may call MPI only at THREAD_MULTIPLE
         self.can_block = mpi.Query_thread() == mpi.THREAD_MULTIPLE
-        if self.can_block:
+        if self.can_block and self.size > 1:
             threading.Thread(target=self._watch, name="fusegrad-dist-watchdog", daemon=True).start()
 
     def call(self, fn: Callable[[], Any], what: str) -> None:
