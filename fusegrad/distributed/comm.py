@@ -4,6 +4,7 @@ Every wait is bounded by FUSEGRAD_DIST_TIMEOUT; a rank that does not arrive is n
 from __future__ import annotations
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -13,10 +14,18 @@ PROBE_TAG = 7301  # the tag of the "where are you" messages ranks exchange after
 SPIN_S = 5e-5  # a wait tests without pause this long (a peer a few microseconds behind)
 YIELD_S = 2e-4  # then yields the core between tests up to this long (a message's protocol needs both sides' tests)
 NAP_S = 2e-4  # then sleeps between tests a quarter of the time waited so far, up to this long
+WATCH_S = 0.5  # the watchdog looks at the blocking call in progress this often (or 8 times per timeout, if shorter)
 
 
 class DistributedError(RuntimeError):
     """A collective that cannot complete: a rank died, hangs, or disagrees on what it communicates."""
+
+
+class Watched:
+    """What a blocking MPI call tells the watchdog: its name and how long it may take."""
+
+    def __init__(self, what: str, timeout: float):
+        self.what, self.timeout = what, timeout
 
 
 class World:
@@ -33,7 +42,42 @@ class World:
         self.local_rank = _local_rank(world, mpi)
         self.calls = 0  # collectives issued so far: in the error text, so ranks that diverged can be told apart
         self.where = ""  # what this rank waits in now (the probe reports it)
-        self.waited_s = 0.0  # time spent waiting for collectives to complete (a step's communication share)
+        self.waited_s = 0.0  # time spent waiting for nonblocking collectives (gradient buckets) to complete
+        # the blocking call in progress (an object with .what and .timeout), or None: set around each blocking call
+        self.busy: Any = None
+        # blocking calls need a second thread to bound them, and that thread may call MPI only at THREAD_MULTIPLE
+        self.can_block = mpi.Query_thread() == mpi.THREAD_MULTIPLE
+        if self.can_block and self.size > 1:
+            threading.Thread(target=self._watch, name="fusegrad-dist-watchdog", daemon=True).start()
+
+    def call(self, fn: Callable[[], Any], what: str) -> None:
+        """Run one blocking MPI call, bounded by the timeout through the watchdog."""
+        self.busy = Watched(what, float(DIST_TIMEOUT.value))
+        try:
+            fn()
+        finally:
+            self.busy = None
+
+    def _watch(self) -> None:
+        """The watchdog: a blocking MPI call cannot be interrupted, so when one outlasts its timeout (the same call,
+        seen at the same collective count all along), this thread names the missing ranks and ends the job."""
+        last: Any = None
+        since = 0.0
+        while True:
+            busy, calls, now = self.busy, self.calls, time.monotonic()
+            if busy is None or last is None or busy is not last[0] or calls != last[1]:
+                last, since = (busy, calls), now  # another call (or none) since the last look
+            elif now - since >= busy.timeout:
+                self._abort(busy, calls)
+            timeout = busy.timeout if busy is not None else float(DIST_TIMEOUT.value)
+            time.sleep(min(WATCH_S, 0.125 * timeout))
+
+    def _abort(self, busy: Any, calls: int) -> None:
+        """No exception can reach a thread blocked in MPI: print the error the wait would raise, then end the job."""
+        err = self.stuck(f"{busy.what} (collective #{calls})", busy.timeout)
+        sys.stderr.write(f"{type(err).__module__}.DistributedError (in a blocking MPI call): {err}\n")
+        sys.stderr.flush()
+        self.mpi.COMM_WORLD.Abort(1)
 
     def wait(self, requests: list[Any], what: str) -> None:
         """Complete `requests`, or raise DistributedError naming the ranks that never arrived within the timeout."""
@@ -55,13 +99,13 @@ class World:
             if waited > YIELD_S:
                 time.sleep(min(NAP_S, 0.25 * waited))
                 if waited > deadline - st:
-                    raise self.stuck(what)
+                    raise self.stuck(what, float(DIST_TIMEOUT.value))
             elif waited > SPIN_S:
                 os.sched_yield()
 
-    def stuck(self, what: str) -> DistributedError:
+    def stuck(self, what: str, timeout: float) -> DistributedError:
         """After a timeout: ask every rank where it is; the ones that answer are waiting too, the rest hang or died."""
-        me, grace = f"{self.rank} in {what}", min(10.0, max(1.0, 0.1 * float(DIST_TIMEOUT.value)))
+        me, grace = f"{self.rank} in {what}", min(10.0, max(1.0, 0.1 * timeout))
         sends = []
         for r in range(self.size):
             if r != self.rank:
@@ -80,7 +124,7 @@ class World:
         waiting = "; ".join(f"rank {heard[r]}" for r in sorted(heard)) or "no other rank answered"
         lost = f"rank(s) {missing} did not answer (dead or hung)" if missing else "every rank answered"
         return DistributedError(
-            f"rank {self.rank}: {what} did not complete within FUSEGRAD_DIST_TIMEOUT={float(DIST_TIMEOUT.value):g}s: "
+            f"rank {self.rank}: {what} did not complete within FUSEGRAD_DIST_TIMEOUT={timeout:g}s: "
             f"{lost}; waiting: {waiting}"
         )
 

@@ -175,6 +175,7 @@ class TinyJit:
         before = live_tensor_buffers()
         nodes_before = live_tensor_nodes()
         recorder = Recorder()
+        recorder.inputs = {buffer_of[u] for b in bases for u in b}
         if (hook := Hooks.trace) is not None:
             token = hook.open(f"jit capture {self._name()}", "jit")
         capturing.append(recorder)

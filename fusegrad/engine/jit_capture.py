@@ -22,6 +22,8 @@ class Recorder:
         self.launches: list[tuple[Any, tuple[Buffer, ...], UOp]] = []
         self.rng_start = Tensor._rng_calls
         self.rng_base: dict[str, Tensor] = {}  # device -> uint32 (1,) buffer holding rng_start, advanced per replay
+        # the capture's input buffers: each replay swaps in its call's, so a host call must not bind to their memory
+        self.inputs: set[Buffer] = set()
 
     def rng_stream(self, device: str, call: int) -> Tensor:
         """The random stream number of rand call `call` as a kernel input: base buffer + offset in this step."""

@@ -76,8 +76,22 @@ def test_bucket_allreduces_start_during_backward(tmp_path):
     assert all(f"rank {r}: eager starts after kernels" in proc.stdout for r in range(2)), proc.stdout
 
 
-def test_hung_rank_is_named_within_the_timeout(tmp_path):
-    proc, wall = mpirun(3, "hang", str(tmp_path / "x"), timeout=100, FUSEGRAD_DIST_TIMEOUT="3")
+def test_jitted_collectives_match_numpy_and_eager(tmp_path):
+    # small ones replay as one blocking MPI call, the largest as a nonblocking call and its wait (a persistent request
+    # when the step owns its buffers)
+    proc, _ = mpirun(2, "fastpath", str(tmp_path / "x"), timeout=200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in range(2):
+        assert f"rank {r}: 300 jitted and eager collectives match numpy" in proc.stdout, proc.stdout
+
+
+# eager calls (blocking, bounded by the watchdog thread; nonblocking with FUSEGRAD_DIST_BLOCKING=0, bounded by the
+# wait) and a TinyJit replay's blocking call
+@pytest.mark.parametrize("scenario, blocking", [("hang", "262144"), ("hang", "0"), ("hang_jit", "262144")])
+def test_hung_rank_is_named_within_the_timeout(tmp_path, scenario, blocking):
+    proc, wall = mpirun(
+        3, scenario, str(tmp_path / "x"), timeout=100, FUSEGRAD_DIST_TIMEOUT="3", FUSEGRAD_DIST_BLOCKING=blocking
+    )
     assert proc.returncode != 0
     assert "DistributedError" in proc.stderr and "rank(s) [1] did not answer" in proc.stderr, proc.stderr
     assert "FUSEGRAD_DIST_TIMEOUT=3s" in proc.stderr
