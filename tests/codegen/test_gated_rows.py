@@ -1,6 +1,7 @@
 """Kernels without a reduce that read through a gate the same for a whole row (a concat's select) get their output
-row in vectors on a target whose compiler vectorizes loops; the scalar float max has no branch; values equal numpy's and
-torch's, NaN included."""
+row in vectors on a target whose compiler vectorizes loops; a scalar gated load along the innermost loop (a padding
+pass's) gets a 64-bit loop counter; the scalar float max has no branch; values equal numpy's and torch's, NaN
+included."""
 
 import numpy as np
 import pytest
@@ -46,16 +47,29 @@ def test_no_upcast_without_a_gate_a_loop_vectorizer_or_a_vector_of_row():
     avx512 = CRenderer(CRenderer.capabilities.replace(vector_bytes=64, vector_registers=32))
     assert not lower_to_linear(last_ast((a + b).relu()), avx512).opts, "ungated: the C compiler vectorizes it"
     assert not lower_to_linear(last_ast(concat_relu(a, b)), OpenCLRenderer()).opts, "a work item per output"
-    narrow = Tensor.rand(1, 8, 9, 9).realize()
-    assert not lower_to_linear(last_ast(concat_relu(narrow, narrow)), avx512).opts, "a row shorter than a vector"
+    narrow = Tensor.rand(1, 8, 3, 3).realize()
+    assert not lower_to_linear(last_ast(concat_relu(narrow, narrow)), avx512).opts, "a row shorter than 4 lanes"
 
 
-@pytest.mark.parametrize("c, size", [(5, 55), (3, 17), (4, 16), (2, 40)])
+@pytest.mark.parametrize("size, amount", [(14, 8), (7, 4), (9, 8)])
+def test_a_row_shorter_than_a_vector_takes_a_narrower_one(avx512_target, size, amount):
+    # an Inception module's concat at 14x14, each branch's batch norm read per channel under the branch's gate
+    a, b = Tensor.rand(1, 8, size, size).realize(), Tensor.rand(1, 4, size, size).realize()
+    scale = Tensor.rand(1, 8, 1, 1).realize()
+    info = lower_to_linear(last_ast((a * scale + 1).relu().cat(b.relu(), dim=1)), avx512_target)
+    assert list(info.opts) == [Opt(OptOps.UPCAST, 3, amount)], info.opts
+
+
+@pytest.mark.parametrize("c, size", [(5, 55), (3, 17), (4, 16), (2, 40), (6, 14), (3, 7), (2, 9)])
 def test_concat_and_pad_values_equal_numpy(c, size):
     rng = np.random.default_rng(c * size)
     an, bn = (rng.standard_normal((1, c, size, size), dtype=np.float32) for _ in range(2))
     got = concat_relu(Tensor(an), Tensor(bn)).numpy()
     np.testing.assert_array_equal(got, np.concatenate([np.maximum(an, 0), np.maximum(bn, 0)], axis=1))
+    sn = rng.standard_normal((1, c, 1, 1), dtype=np.float32)
+    got = (Tensor(an) * Tensor(sn) + 1).relu().cat(Tensor(bn).relu(), Tensor(an), dim=1).numpy()
+    want = np.concatenate([np.maximum(an * sn + 1, 0), np.maximum(bn, 0), an], axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     padded = Tensor(an).relu().pad((1, 1, 1, 1)).numpy()
     np.testing.assert_array_equal(padded, np.pad(np.maximum(an, 0), ((0, 0), (0, 0), (1, 1), (1, 1))))
 
@@ -87,3 +101,32 @@ def test_maximum_nan_either_side_and_ties():
     b = np.array([1.0, np.nan, np.nan, 0.0, 2.0, np.nan, -np.inf, -1.0], np.float32)
     got = Tensor(a).maximum(Tensor(b)).numpy()
     np.testing.assert_array_equal(got, np.maximum(a, b))
+
+
+def pool_padding(x: Tensor, s: Tensor) -> Tensor:
+    # a max pool's -inf padding pass (ceil mode) of a batch norm and ReLU: a gated load along the row
+    return (x * s + s).relu().pad((0, 1, 0, 1), value=float("-inf"))
+
+
+def test_a_gated_scalar_load_along_the_innermost_loop_gets_a_64_bit_counter():
+    # GCC 12 vectorized the load as a gather with a 32-bit index of the loop, as a masked load with a 64-bit one
+    x, s = Tensor.rand(1, 8, 40, 40).realize(), Tensor.rand(1, 8, 1, 1).realize()
+    src = rendered(CRenderer(), "k", lower_to_linear(last_ast(pool_padding(x, s)), CRenderer()).lin)
+    loops = [line.strip() for line in src.splitlines() if line.strip().startswith("for (")]
+    assert loops[-1].startswith("for (long long"), loops
+    assert all(not loop.startswith("for (long long") for loop in loops[:-1]), loops
+    plain = lower_to_linear(last_ast((x * s + s).relu()), CRenderer())
+    assert "long long gidx" not in rendered(CRenderer(), "k", plain.lin), "no gated load: 32-bit counters"
+
+
+@pytest.mark.parametrize("c, size", [(3, 40), (2, 17), (4, 112)])
+def test_pool_padding_and_pool_values_equal_torch(c, size):
+    rng = np.random.default_rng(size)
+    xn = rng.standard_normal((1, c, size, size), dtype=np.float32)
+    sn = rng.standard_normal((1, c, 1, 1), dtype=np.float32)
+    padded = pool_padding(Tensor(xn), Tensor(sn))
+    want = np.pad(np.maximum(xn * sn + sn, 0), ((0, 0), (0, 0), (0, 1), (0, 1)), constant_values=-np.inf)
+    np.testing.assert_allclose(padded.numpy(), want, rtol=1e-6, atol=1e-6)
+    got = padded.max_pool2d((3, 3), stride=2).numpy()
+    ref = F.max_pool2d(torch.tensor(want), 3, stride=2).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
