@@ -1,24 +1,28 @@
-"""Per-kernel times of an ONNX light model's TinyJit replay: `python bench/bench_onnx_kernels.py MODEL [--replays N]`.
+"""Per-kernel times of an ONNX model's TinyJit replay: `python bench/bench_onnx_kernels.py MODEL [--replays N]`.
 
-Each kernel's time is the C runner's clock around its launch inside the replay's batch (fusegrad.profile()), the
-minimum over N replays; prints the sum of those minimums, onnxruntime's median time (2 threads) over the same number
-of runs interleaved with the replays, and the kernels taking the most time with their GFLOPS (--top K)."""
+MODEL: a light model's name, or bert for bench_onnx.py's encoder. Each kernel's time is the C runner's clock around
+its launch inside the replay's batch (fusegrad.profile()), the minimum over N replays; prints the sum of those
+minimums, onnxruntime's median time (2 threads) over the same number of runs interleaved with the replays, and the
+kernels taking the most time with their GFLOPS (--top K)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 
 from fusegrad import Tensor, TinyJit, profile
 from fusegrad.onnx import OnnxRunner
 from fusegrad.viz.trace import LAUNCH
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_onnx import _bert, _feeds  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
@@ -29,14 +33,14 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
-    path = os.path.join(LIGHT, f"light_{args.model}.onnx")
-    model = onnx.load(path)
-    inits = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for v in model.graph.input:
-        if v.name not in inits:
-            shape = [d.dim_value or 1 for d in v.type.tensor_type.shape.dim]
-            feeds[v.name] = (np.arange(int(np.prod(shape))) / np.prod(shape)).astype(np.float32).reshape(shape)
+    folder = tempfile.mkdtemp()
+    if args.model == "bert":  # bench_onnx.py's BERT-style encoder
+        path, feeds = _bert(folder)
+        model = onnx.load(path)
+    else:
+        path = os.path.join(LIGHT, f"light_{args.model}.onnx")
+        model = onnx.load(path)
+        feeds = _feeds(model)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
