@@ -63,8 +63,9 @@ MATH_FUNCTIONS = {
 
 def _max(r: CStyleRenderer, dt: DType, a: list[str], srcs: tuple[UOp, ...]) -> str:
     x, y = a
-    # NaN wins like torch.maximum; integers compare plainly
-    return f"(({x}>{y}||{x}!={x})?{x}:{y})" if dtypes.is_float(dt) else f"(({x}>{y})?{x}:{y})"
+    # NaN wins like torch.maximum, a tie keeps y; integers compare plainly. The NaN test comes first, as its own
+    # select: `x>y||x!=x` short-circuits into a branch per element in GCC's scalar code (a max pool's row tail)
+    return f"(({x}!={x})?{x}:(({x}>{y})?{x}:{y}))" if dtypes.is_float(dt) else f"(({x}>{y})?{x}:{y})"
 
 
 def _division(op: Ops) -> Callable[[CStyleRenderer, DType, list[str], tuple[UOp, ...]], str]:

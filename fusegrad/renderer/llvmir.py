@@ -292,7 +292,7 @@ def _alu(
         lt = "slt" if dtypes.is_int(sdt) and not dtypes.is_unsigned(sdt) else "ult"
         return ctx.emit(f"icmp {dict({Ops.CMPLT: lt, Ops.CMPNE: 'ne', Ops.CMPEQ: 'eq'})[op]} {st} {a[0]}, {a[1]}")
     if op is Ops.MAX:
-        if is_float:  # NaN wins, like the C renderer's (a>b||a!=a)?a:b
+        if is_float:  # NaN wins, like the C renderer's (a!=a)?a:((a>b)?a:b)
             greater = ctx.emit(f"fcmp ogt {t} {a[0]}, {a[1]}")
             take = ctx.emit(f"or i1 {greater}, {ctx.emit(f'fcmp uno {t} {a[0]}, {a[0]}')}")
         else:

@@ -40,6 +40,10 @@ CONV_RELAYOUT_MIN_REDUCE = 64
 # passes (ShuffleNet's 3x3 stride-2 stem of 3 channels, 27 products: 1.0 -> 0.38 ms; its grouped 1x1 convs of 34
 # channels per group at 28x28: 0.40 -> 0.08 ms), while a small one keeps its one kernel
 CONV_RELAYOUT_MIN_REDUCE_LARGE, CONV_RELAYOUT_LARGE_OUTPUT = 16, 2**16
+# ... unless its phases would compute this many times its products (a 3x3 stride-2 conv's 2x2 taps over 4 phases:
+# 16/9; the taps past the kernel multiply zeros) and its windows copied side by side (`_window_columns`) hold at most
+# this many elements: then the copy and a plain matmul of the weight as it is over it cost less
+CONV_PHASE_WASTE, CONV_WINDOW_COLUMNS_MAX = 1.5, 2**22
 
 
 def _check_conv(x: Tensor, weight: Tensor, groups: int, in_channels: int) -> int:
@@ -145,6 +149,10 @@ def _conv_forward(
         reduce >= CONV_RELAYOUT_MIN_REDUCE_LARGE and outputs >= CONV_RELAYOUT_LARGE_OUTPUT
     )
     if long_reduce and any(s > 1 for s in stride) and all(d == 1 for d in dilation):
+        taps = prod(ceildiv(k, s) * min(k, s) for k, s in zip(kernel, stride))
+        columns = outputs // weight.shape[0] * reduce  # the window columns' elements
+        if groups == 1 and taps >= CONV_PHASE_WASTE * prod(kernel) and columns <= CONV_WINDOW_COLUMNS_MAX:
+            return _window_columns(padded, weight, stride, acc_dtype, bias, outs)
         x, w = _stride_phase_split(padded, weight, stride, outs)
         out = _conv_forward(x, w, groups, (1,) * n, dilation, acc_dtype, bias)
         return out.shrink((None, None) + tuple((0, o) for o in outs))
@@ -209,6 +217,23 @@ def _flat_conv(
     # the positions as rows of the padded input, padded to whole rows, each cropped to the output's width
     out = out.pad(((0, 0), (0, 0), (0, outs[0] * row[0] - positions))).reshape((bs, cout, outs[0]) + spatial[1:])
     return out.shrink((None, None, None) + tuple((0, o) for o in outs[1:]))
+
+
+def _window_columns(
+    padded: Tensor, weight: Tensor, stride: tuple[int, ...], acc_dtype: Any, bias: Tensor | None, outs: tuple[int, ...]
+) -> Tensor:
+    """A strided conv as a matmul: every output position's window is copied into a column (N, C_in * taps,
+    positions), stored, and the weight as it is, (C_out, C_in * taps), times it sums each column, a register tile of
+    output channels x positions running along the contiguous columns."""
+    kernel, (bs, cin) = weight.shape[2:], padded.shape[:2]
+    win = padded._windows(kernel, stride, (1,) * len(kernel))  # (N, C_in, *out, *kernel)
+    n = len(kernel)
+    win = win.permute((0, 1) + tuple(range(2 + n, 2 + 2 * n)) + tuple(range(2, 2 + n))).contiguous()
+    cols = win.reshape((bs, cin * prod(kernel), prod(outs), 1))
+    w = weight.reshape((weight.shape[0], cin * prod(kernel), 1))
+    # stored flat, or the kernel's loops would follow the (N, C_out, *out) shape again (a 7-wide row in the tile)
+    out = _windows_times_weight(cols, w, 1, acc_dtype, bias, store=True)
+    return out.reshape((bs, weight.shape[0]) + outs)
 
 
 def _reads_in_place(x: Tensor) -> bool:

@@ -114,8 +114,8 @@ def test_strided_stem_conv_runs_stride_1_over_phases_in_vector_tiles():
 
 
 SHORT_LARGE_CASES = [  # sum 16 to 63 products: relaid only when the conv is large (values checked with a small one)
-    # a 3-channel 3x3 stride-2 stem: 2x2 taps over 4 phases of 3 channels, at flat positions
-    ((1, 3, 20, 18), (8, 3, 3, 3), {"stride": 2, "padding": 1}, "r_8_10_9_3_3_3", "r_8_99_2_2_12"),
+    # a 3-channel 3x3 stride-2 stem: its windows copied into columns, 27 products each
+    ((1, 3, 20, 18), (8, 3, 3, 3), {"stride": 2, "padding": 1}, "r_8_10_9_3_3_3", "r_8_90_27"),
     # a grouped 1x1 conv of few channels per group: flat positions, the groups as an axis
     ((1, 64, 9, 9), (64, 16, 1, 1), {"groups": 4}, "r_64_9_9_16", "r_4_16_81_16"),
     ((2, 2, 9, 9), (4, 2, 3, 3), {"padding": 1}, "r_2_4_9_9_3_3_2", "r_2_4_97_3_3_2"),  # a 2-channel 3x3 conv: flat
@@ -136,17 +136,56 @@ def test_short_reduce_of_a_large_conv_is_relaid_and_equals_torch(xs, ws, kw, sma
 @pytest.mark.parametrize(
     "xs,ws,kw,name",
     [
-        ((1, 3, 224, 224), (24, 3, 3, 3), {"stride": 2, "padding": 1}, "r_24_112_112_2_2_12"),  # ShuffleNet's stem
+        ((1, 3, 224, 224), (24, 3, 3, 3), {"stride": 2, "padding": 1}, "r_24_12544_27"),  # ShuffleNet's stem
         ((1, 136, 28, 28), (136, 34, 1, 1), {"groups": 4}, "r_4_34_784_34"),  # its grouped 1x1 conv at 28x28
     ],
 )
 def test_short_reduce_of_a_large_conv_runs_in_vector_tiles(xs, ws, kw, name):
     """A conv summing 16 to 63 products per output with at least CONV_RELAYOUT_LARGE_OUTPUT outputs gets the long-
-    reduce layouts: stride phases as channels, flat positions, the groups as an axis; a register tile, no division."""
+    reduce layouts: window columns, flat positions, the groups as an axis; a register tile, no division."""
     (info,) = forward_reduce_kernels(xs, ws, kw)
     assert info.name.startswith(name), info.name
     assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
     assert any(o.op is OptOps.UPCAST and o.amount >= 8 for o in info.opts), info.opts
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw,name",
+    [
+        ((1, 128, 56, 56), (128, 128, 3, 3), {"stride": 2, "padding": 1}, "r_128_784_1152"),  # ResNet-50's stages
+        ((1, 512, 14, 14), (512, 512, 3, 3), {"stride": 2, "padding": 1}, "r_512_49_4608"),
+        ((2, 16, 9, 12), (32, 16, 3, 3), {"stride": 2}, "r_2_32_20_144"),  # batch 2
+    ],
+)
+def test_strided_conv_whose_phases_waste_products_runs_as_a_matmul_over_window_columns(xs, ws, kw, name):
+    """A strided conv whose phases would multiply zeros for many taps (a 3x3 stride 2: 16 for 9) copies each output's
+    window into a column and runs a plain matmul of the weight as it is over them: one long axis of positions in a
+    register tile, no division, no per-call copy of the weight into phases."""
+    x, w = Tensor.empty(*xs), Tensor.empty(*ws)
+    items, _, _ = create_schedule([x.conv2d(w, **kw).uop], [Device["CPU"]])
+    weight = w.uop.base.buffer
+    reading_weight = [i for i in items if i.ast.op is Ops.SINK and any(b is weight for b in i.buffers)]
+    assert len(reading_weight) == 1, "the matmul reads the weight as it is: no copy of it into phases"
+    (info,) = forward_reduce_kernels(xs, ws, kw)
+    assert info.name.startswith(name), info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    lanes = Device["CPU"].renderer.capabilities.lanes(Tensor.empty(1).dtype)
+    ups = {o.axis: o.amount for o in info.opts if o.op is OptOps.UPCAST}
+    assert ups.get(2, 1) > 1 and ups.get(3, 1) >= min(lanes, 8), info.opts  # (N, groups, channels, positions)
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw",
+    [
+        ((2, 5, 13, 10), (6, 5, 3, 3), {"stride": 2, "padding": 1}),
+        ((1, 4, 9, 7), (3, 4, 3, 3), {"stride": (2, 3), "padding": (0, 1)}),
+        ((1, 3, 7, 6, 8), (4, 3, 3, 3, 3), {"stride": 2, "padding": 1}),  # 3-D: 64 phase taps for 27
+        ((2, 6, 21), (5, 6, 3), {"stride": 2}),  # 1-D
+    ],
+)
+def test_window_columns_forward_and_backward_equal_torch(xs, ws, kw, padding_layout, monkeypatch):
+    monkeypatch.setattr(conv_ops, "CONV_RELAYOUT_MIN_REDUCE", 1)  # small shapes take the large convs' layout
+    run_case(xs, ws, kw, seed=7)
 
 
 def test_short_reduce_keeps_the_windowed_conv():
