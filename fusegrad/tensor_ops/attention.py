@@ -51,43 +51,56 @@ class _Problem:
     # k's rows packed into panels of `panel` keys, each contiguous over d ((..., M/panel, d, panel)), or None
     k_panels: Tensor | None = None
     panel: int = 0
+    # the problem seen from the keys (the backward's key blocks): rows are keys, "keys" are queries, and causal
+    # means a row sees the columns at or after it
+    transposed: bool = False
 
     @property
     def rows(self) -> int:
         return self.q.shape[-2]
 
-    def visible_keys(self, row_end: int) -> int:
-        """Keys a block of rows ending at row_end reads (causal: the block's last row sees keys 0..row_end-1)."""
+    def visible(self, start: int, end: int) -> tuple[int, int]:
+        """The [lo, hi) keys a block of rows [start, end) reads: all of them, or under causal the keys up to the
+        block's last row (transposed: from its first row on)."""
         keys = self.k.shape[-2]
-        # rounded up to a step (the causal mask hides the extra keys): blocks share kernel shapes, at most 8 of them
+        if not self.causal:
+            return 0, keys
+        # rounded to a step (the causal mask hides the extra keys): blocks share kernel shapes, at most 8 of them
         step = -(-max(CAUSAL_KEY_STEP, -(-keys // 8)) // 64) * 64  # whole panels of kᵀ
-        return min(-(-row_end // step) * step, keys) if self.causal else keys
+        if self.transposed:
+            return min(start // step * step, keys), keys
+        return 0, min(-(-end // step) * step, keys)
 
     def scores(self, start: int, end: int, at: sint | None = None) -> Tensor:
         """Scaled and masked float32 scores of rows [start, end) against their visible keys; `at` is start or a
         Variable bound to it (_block_start)."""
-        keys, at = self.visible_keys(end), start if at is None else at
+        (lo, hi), at = self.visible(start, end), start if at is None else at
         q = _rows(self.q, at, end - start)
-        if self.k_panels is not None and keys % self.panel == 0:
-            # the register tile walks one panel's d rows, 'panel' keys each, contiguous: kᵀ's rows (M floats apart)
-            # would alias in L1 (seq 4096: 5 GFLOPS against ~80 for the panels)
-            kp = self.k_panels[..., : keys // self.panel, :, :].transpose(-1, -2).unsqueeze(-4)
-            s = (q.unsqueeze(-2).unsqueeze(-2) * kp).sum(-1, dtype=dtypes.float32).flatten(-2) * self.scale
-        else:
-            s = q.matmul(self.k[..., :keys, :].transpose(-1, -2), dtype=dtypes.float32) * self.scale
+        s = _times_t(q, self.k, self.k_panels, self.panel, lo, hi) * self.scale
         if self.causal:
             # the offset as an added constant, not arange's start: blocks of one shape then share their kernels
             row = (q.arange(end - start, device=q.device) + at).reshape(-1, 1)
-            s = (row >= q.arange(keys, device=q.device).reshape(1, -1)).where(s, -math.inf)
+            col = (q.arange(hi - lo, device=q.device) + lo).reshape(1, -1)
+            s = (col >= row if self.transposed else row >= col).where(s, -math.inf)
         elif self.mask is not None:
-            m = _rows(self.mask, at, end - start)[..., :keys]
+            m = _rows(self.mask, at, end - start)[..., lo:hi]
             s = m.where(s, -math.inf) if m.dtype is dtypes.bool else s + m.cast(dtypes.float32)
         return s
 
 
+def _times_t(a: Tensor, b: Tensor, panels: Tensor | None, panel: int, lo: int, hi: int) -> Tensor:
+    """a·b[..., lo:hi, :]ᵀ in float32, through b's panels ((..., rows/panel, d, panel)) when the range fills whole
+    panels: the register tile then walks one panel's d rows, `panel` columns each, contiguous, where bᵀ's rows (a
+    row of b apart) would alias in L1 (seq 4096: 5 GFLOPS against ~80 for the panels)."""
+    if panels is not None and lo % panel == 0 and hi % panel == 0:
+        bp = panels[..., lo // panel : hi // panel, :, :].transpose(-1, -2).unsqueeze(-4)
+        return (a.unsqueeze(-2).unsqueeze(-2) * bp).sum(-1, dtype=dtypes.float32).flatten(-2)
+    return a.matmul(b[..., lo:hi, :].transpose(-1, -2), dtype=dtypes.float32)
+
+
 def _panel_width(k: Tensor) -> int:
-    """Keys per panel of kᵀ (two vectors: the register tile's width) where the target's tiles gain from panels and
-    the keys fill whole panels; else 0 (the plain matmul)."""
+    """Rows of k per panel of kᵀ (two vectors: the register tile's width) where the target's tiles gain from panels
+    and k's rows fill whole panels; else 0 (the plain matmul)."""
     if not isinstance(k.device, str):
         return 0
     from fusegrad.engine.realize import panel_columns  # the engine, which the tensor has loaded already
@@ -165,7 +178,8 @@ def _block(p: _Problem, start: int, end: int, at: sint | None = None) -> tuple[T
     row_max = (row_max == -math.inf).where(0.0, row_max)
     prob = (s - row_max).exp().contiguous()
     total = prob.sum(-1, keepdim=True)
-    out = prob.matmul(p.v[..., : p.visible_keys(end), :], dtype=dtypes.float32) / total
+    lo, hi = p.visible(start, end)
+    out = prob.matmul(p.v[..., lo:hi, :], dtype=dtypes.float32) / total
     return out, row_max + total.log()
 
 
@@ -215,32 +229,24 @@ def _cat_rows(parts: list[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-2)
 
 
-def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tensor, lse: Tensor, g: Tensor):
-    """dq, dk, dv (float32, in p's layouts) from the output gradient g: each block's probabilities are recomputed
-    from the saved logsumexp; dk and dv are summed over the row blocks."""
-    if each:
-        g = g.contiguous().realize()
+def _backward(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tensor, g: Tensor):
+    """dq, dk, dv (float32, in p's layouts) from the output gradient g under the block threshold, as one lazy graph:
+    each block's probabilities are recomputed from the saved logsumexp; dk and dv are summed over the row blocks."""
     # D = rowsum(dO * O): the softmax's backward term, one value per row
     delta = (g * out).sum(-1, keepdim=True)
-    if each:
-        delta = delta.realize()
     keys = p.k.shape[-2]
-    held: list[Tensor] = []
-    if each and p.k_panels is not None:  # the forward's panels were freed (the peak memory): packed again, once
-        p = dataclasses.replace(p, k_panels=_realized(p.k_panels, held))
-    dqs: list[Tensor] | _Gathered = _Gathered(len(blocks), None) if each else []
+    dqs: list[Tensor] = []
     dk: Tensor | None = None
     dv: Tensor | None = None
     for start, end in blocks:
-        seen = p.visible_keys(end)
+        seen = p.visible(start, end)[1]
         # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
-        at = _block_start(blocks, start, end) if each else start
-        prob = (p.scores(start, end, at).contiguous() - _rows(lse, at, end - start)).exp().contiguous()
-        g_block = _rows(g, at, end - start)
+        prob = (p.scores(start, end).contiguous() - _rows(lse, start, end - start)).exp().contiguous()
+        g_block = _rows(g, start, end - start)
         dprob = g_block.matmul(p.v[..., :seen, :].transpose(-1, -2), dtype=dtypes.float32)
-        dscore = (prob * (dprob - _rows(delta, at, end - start))).contiguous()
-        dq = dscore.matmul(p.k[..., :seen, :], dtype=dtypes.float32) * p.scale
-        dk_part = dscore.transpose(-1, -2).matmul(_rows(p.q, at, end - start), dtype=dtypes.float32) * p.scale
+        dscore = (prob * (dprob - _rows(delta, start, end - start))).contiguous()
+        dqs.append(dscore.matmul(p.k[..., :seen, :], dtype=dtypes.float32) * p.scale)
+        dk_part = dscore.transpose(-1, -2).matmul(_rows(p.q, start, end - start), dtype=dtypes.float32) * p.scale
         dv_part = prob.transpose(-1, -2).matmul(g_block, dtype=dtypes.float32)
         dk_part, dv_part = _sum_to(dk_part, p.k[..., :seen, :].shape), _sum_to(dv_part, p.v[..., :seen, :].shape)
         if seen < keys:
@@ -248,13 +254,62 @@ def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tenso
             dk_part, dv_part = dk_part.pad(pads), dv_part.pad(pads)
         dk = dk_part if dk is None else dk + dk_part
         dv = dv_part if dv is None else dv + dv_part
-        if isinstance(dqs, _Gathered):
-            dk, dv = dk.realize(), dv.realize()
-            dqs.add(dq)
-        else:
-            dqs.append(dq)
     assert dk is not None and dv is not None
-    return (dqs.result() if isinstance(dqs, _Gathered) else _cat_rows(dqs)), dk, dv
+    return _cat_rows(dqs), dk, dv
+
+
+def _packed_if(t: Tensor, held: list[Tensor]) -> tuple[Tensor | None, int]:
+    """t's panels (_packed, realized into `held`) and their width where t's rows fill whole panels, else (None, 0)."""
+    panel = _panel_width(t)
+    return (_realized(_packed(t, panel), held), panel) if panel else (None, 0)
+
+
+def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tensor, g: Tensor):
+    """dq, dk, dv (float32, in p's layouts) past the block threshold, in two passes that both recompute the block
+    probabilities from the saved logsumexp: row blocks give dq = dS·K, key blocks (the problem transposed: kᵀ's rows
+    against all the queries they meet) give dk = dSᵀ·Q and dv = Pᵀ·dO. Each block writes its own rows of one gradient,
+    so nothing is summed through memory block by block; the price is the scores and dP computed twice."""
+    g = g.contiguous().realize()
+    # D = rowsum(dO * O): the softmax's backward term, one value per row
+    delta, lse = (g * out).sum(-1, keepdim=True).realize(), lse.contiguous().realize()
+    held: list[Tensor] = []
+    v_panels, v_panel = _packed_if(p.v, held)
+    if p.k_panels is not None:  # the forward's panels were freed (the peak memory): packed again, once
+        p = dataclasses.replace(p, k_panels=_realized(p.k_panels, held))
+    dqs = _Gathered(len(blocks), None)
+    for start, end in blocks:
+        at, size = _block_start(blocks, start, end), end - start
+        lo, hi = p.visible(start, end)
+        # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
+        prob = (p.scores(start, end, at).contiguous() - _rows(lse, at, size)).exp().contiguous()
+        dprob = _times_t(_rows(g, at, size), p.v, v_panels, v_panel, lo, hi)
+        dscore = (prob * (dprob - _rows(delta, at, size))).contiguous()
+        dqs.add(dscore.matmul(p.k[..., lo:hi, :], dtype=dtypes.float32) * p.scale)
+    dq, held = dqs.result(), []  # the pass's panels freed
+    # the key blocks' problem: k's rows (broadcast over the GQA group) against q, the mask transposed
+    q_panels, q_panel = _packed_if(p.q, held)
+    g_panels, g_panel = _packed_if(g, held)
+    mask = None if p.mask is None else p.mask.transpose(-1, -2)
+    pt = _Problem(p.k, p.q, p.v, mask, p.scale, p.causal, q_panels, q_panel, transposed=True)
+    key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]))[0]
+    lse_t, delta_t = lse.transpose(-1, -2), delta.transpose(-1, -2)
+    dks, dvs = _Gathered(len(key_blocks), None), _Gathered(len(key_blocks), None)
+    for start, end in key_blocks:
+        at, size = _block_start(key_blocks, start, end), end - start
+        lo, hi = pt.visible(start, end)
+        k_rows, v_rows = _rows(p.k, at, size), _rows(p.v, at, size)
+        if lo == hi:  # keys past every query's causal reach: no gradient
+            dk, dv = k_rows.zeros_like(), v_rows.zeros_like()
+        else:
+            prob = (pt.scores(start, end, at).contiguous() - lse_t[..., lo:hi]).exp().contiguous()
+            dprob = _times_t(v_rows, g, g_panels, g_panel, lo, hi)
+            dscore = (prob * (dprob - delta_t[..., lo:hi])).contiguous()
+            dk = _sum_to(dscore.matmul(p.q[..., lo:hi, :], dtype=dtypes.float32) * p.scale, k_rows.shape)
+            dv = _sum_to(prob.matmul(g[..., lo:hi, :], dtype=dtypes.float32), v_rows.shape)
+        dk.realize(dv)  # one schedule: the block's P and dS are computed once for both
+        dks.add(dk)
+        dvs.add(dv)
+    return dq, dks.result(), dvs.result()
 
 
 def _broadcasts(shape: tuple, target: tuple) -> bool:
@@ -321,7 +376,10 @@ def flash_attention(
         assert out_uop is not None, "the attention output died before its gradient was asked for"
         grad = tensor_class(g, device=device).cast(dtypes.float32).reshape(out_uop.shape)
         out_t, lse_t = tensor_class(out_uop, device=device), tensor_class(lse_uop, device=device)
-        grads = _backward(problem, blocks, each, out_t, lse_t, grad)
+        if each:
+            grads = _backward_blocked(problem, blocks, out_t, lse_t, grad)
+        else:
+            grads = _backward(problem, blocks, out_t, lse_t, grad)
         _ = keep  # the realized blocks stay computed for as long as the gradient can be asked for
         return tuple(t.reshape(s).cast(dt).uop for t, s, dt in zip(grads, shapes, dtypes_in))
 
