@@ -276,7 +276,7 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
     v_panels, v_panel = _packed_if(p.v, held)
     if p.k_panels is not None:  # the forward's panels were freed (the peak memory): packed again, once
         p = dataclasses.replace(p, k_panels=_realized(p.k_panels, held))
-    dqs = _Gathered(len(blocks), None)
+    dq = _empty_like(p.q)
     for start, end in blocks:
         at, size = _block_start(blocks, start, end), end - start
         lo, hi = p.visible(start, end)
@@ -284,8 +284,8 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
         prob = (p.scores(start, end, at).contiguous() - _rows(lse, at, size)).exp().contiguous()
         dprob = _times_t(_rows(g, at, size), p.v, v_panels, v_panel, lo, hi)
         dscore = (prob * (dprob - _rows(delta, at, size))).contiguous()
-        dqs.add(dscore.matmul(p.k[..., lo:hi, :], dtype=dtypes.float32) * p.scale)
-    dq, held = dqs.result(), []  # the pass's panels freed
+        dq[..., at : at + size, :] = dscore.matmul(p.k[..., lo:hi, :], dtype=dtypes.float32) * p.scale
+    held = []  # the pass's panels freed
     # the key blocks' problem: k's rows (broadcast over the GQA group) against q, the mask transposed
     q_panels, q_panel = _packed_if(p.q, held)
     g_panels, g_panel = _packed_if(g, held)
@@ -293,23 +293,29 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
     pt = _Problem(p.k, p.q, p.v, mask, p.scale, p.causal, q_panels, q_panel, transposed=True)
     key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]))[0]
     lse_t, delta_t = lse.transpose(-1, -2), delta.transpose(-1, -2)
-    dks, dvs = _Gathered(len(key_blocks), None), _Gathered(len(key_blocks), None)
+    dk, dv = _empty_like(p.k), _empty_like(p.v)
     for start, end in key_blocks:
         at, size = _block_start(key_blocks, start, end), end - start
         lo, hi = pt.visible(start, end)
         k_rows, v_rows = _rows(p.k, at, size), _rows(p.v, at, size)
         if lo == hi:  # keys past every query's causal reach: no gradient
-            dk, dv = k_rows.zeros_like(), v_rows.zeros_like()
-        else:
-            prob = (pt.scores(start, end, at).contiguous() - lse_t[..., lo:hi]).exp().contiguous()
-            dprob = _times_t(v_rows, g, g_panels, g_panel, lo, hi)
-            dscore = (prob * (dprob - delta_t[..., lo:hi])).contiguous()
-            dk = _sum_to(dscore.matmul(p.q[..., lo:hi, :], dtype=dtypes.float32) * p.scale, k_rows.shape)
-            dv = _sum_to(prob.matmul(g[..., lo:hi, :], dtype=dtypes.float32), v_rows.shape)
-        dk.realize(dv)  # one schedule: the block's P and dS are computed once for both
-        dks.add(dk)
-        dvs.add(dv)
-    return dq, dks.result(), dvs.result()
+            dk[..., at : at + size, :], dv[..., at : at + size, :] = 0.0, 0.0
+            continue
+        prob = (pt.scores(start, end, at).contiguous() - lse_t[..., lo:hi]).exp()
+        dprob = _times_t(v_rows, g, g_panels, g_panel, lo, hi)
+        dscore = prob * (dprob - delta_t[..., lo:hi])
+        prob, dscore = prob.contiguous(), dscore.contiguous()
+        prob.realize(dscore)  # one schedule, then read by both stores
+        dk[..., at : at + size, :] = (
+            _sum_to(dscore.matmul(p.q[..., lo:hi, :], dtype=dtypes.float32), k_rows.shape) * p.scale
+        )
+        dv[..., at : at + size, :] = _sum_to(prob.matmul(g[..., lo:hi, :], dtype=dtypes.float32), v_rows.shape)
+    return dq, dk, dv
+
+
+def _empty_like(t: Tensor) -> Tensor:
+    """Float32 storage of t's shape that the blocks write their rows into (no gather of realized blocks)."""
+    return type(t).empty(*t.shape, dtype=dtypes.float32, device=t.device).contiguous().realize()
 
 
 def _broadcasts(shape: tuple, target: tuple) -> bool:
