@@ -91,22 +91,25 @@ class _Problem:
 def _times_t(a: Tensor, b: Tensor, panels: Tensor | None, panel: int, lo: int, hi: int) -> Tensor:
     """a·b[..., lo:hi, :]ᵀ in float32, through b's panels ((..., rows/panel, d, panel)) when the range fills whole
     panels: the register tile then walks one panel's d rows, `panel` columns each, contiguous, where bᵀ's rows (a
-    row of b apart) would alias in L1 (seq 4096: 5 GFLOPS against ~80 for the panels)."""
+    row of b apart) would alias in L1 (seq 4096: 5 GFLOPS against ~80 for the panels). With panel 0, `panels` is bᵀ
+    stored whole ((..., d, rows)): a plain matmul over its columns, not a transposed copy of b made per block."""
+    if panels is not None and not panel:
+        return a.matmul(panels[..., lo:hi], dtype=dtypes.float32)
     if panels is not None and lo % panel == 0 and hi % panel == 0:
         bp = panels[..., lo // panel : hi // panel, :, :].transpose(-1, -2).unsqueeze(-4)
         return (a.unsqueeze(-2).unsqueeze(-2) * bp).sum(-1, dtype=dtypes.float32).flatten(-2)
     return a.matmul(b[..., lo:hi, :].transpose(-1, -2), dtype=dtypes.float32)
 
 
-def _panel_width(k: Tensor) -> int:
+def _panel_width(k: Tensor, any_rows: bool = False) -> int:
     """Rows of k per panel of kᵀ (two vectors: the register tile's width) where the target's tiles gain from panels
-    and k's rows fill whole panels; else 0 (the plain matmul)."""
+    and k's rows fill whole panels (any_rows: whatever k's rows); else 0 (the plain matmul)."""
     if not isinstance(k.device, str):
         return 0
     from fusegrad.engine.realize import panel_columns  # the engine, which the tensor has loaded already
 
     panel = panel_columns(k.device)
-    return panel if panel and k.shape[-2] % panel == 0 and k.shape[-2] > panel else 0
+    return panel if panel and (any_rows or k.shape[-2] % panel == 0 and k.shape[-2] > panel) else 0
 
 
 def _packed(k: Tensor, panel: int) -> Tensor:
@@ -259,9 +262,14 @@ def _backward(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tens
 
 
 def _packed_if(t: Tensor, held: list[Tensor]) -> tuple[Tensor | None, int]:
-    """t's panels (_packed, realized into `held`) and their width where t's rows fill whole panels, else (None, 0)."""
-    panel = _panel_width(t)
-    return (_realized(_packed(t, panel), held), panel) if panel else (None, 0)
+    """t's panels (_packed) and their width where t's rows fill whole panels; on a target without panels tᵀ stored
+    whole and width 0 (else the scheduler copies a transposed operand per block: CL); else (None, 0). Realized into
+    `held`."""
+    if panel := _panel_width(t):
+        return _realized(_packed(t, panel), held), panel
+    if isinstance(t.device, str) and not _panel_width(t, any_rows=True):
+        return _realized(t.transpose(-1, -2).contiguous(), held), 0
+    return None, 0
 
 
 def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tensor, g: Tensor):
@@ -366,7 +374,7 @@ def flash_attention(
     panels_held: list[Tensor] = []
     if each:  # q, k, v and k's panels are read by every block's realize: computed once, not once per block
         q, k, v = (_realized(t, keep) for t in (q, k, v))
-        k_panels = None if k_panels is None else _realized(k_panels, panels_held)
+        k_panels, panel = _packed_if(k, panels_held)
         problem = _Problem(q, k, v, mask, problem.scale, is_causal, k_panels, panel)
     out, lse = _forward(problem, blocks, each, keep)
     result = out.reshape(query.shape[:-1] + (value.shape[-1],)).cast(out_dtype)
