@@ -1,11 +1,12 @@
 """Blocked ("flash") scaled dot-product attention: softmax(q·kᵀ·scale + mask)·v without the N x M scores.
 
-The queries are cut into row blocks. Each block meets only the keys it can see (causal: the keys up to its last row;
-the blocks above the diagonal are never computed), so one block's scores are Bq x M' and the whole N x M matrix never
-exists. The forward saves the output and each row's logsumexp; the backward recomputes every block's probabilities
-from the logsumexp (FlashAttention-2's formulation) and sums the key/value gradients block by block, so training is
-O(N·d) in memory past the block threshold. Grouped-query attention views the query heads as (kv heads, group) against
-key/value heads broadcast over the group: k and v are never repeated in memory."""
+The queries are cut into row blocks. Each block meets only the keys it can see (causal: the keys up to its last row; the
+blocks above the diagonal are never computed), so one block's scores are Bq x M' and the whole N x M matrix never
+exists. The forward saves the output and each row's logsumexp; the backward recomputes every block's probabilities from
+the logsumexp (FlashAttention-2's formulation): past the block threshold row blocks give dq and key blocks (the problem
+transposed) give dk and dv, each block storing its own rows, so training is O(N·d) in memory there. Grouped-query
+attention views the query heads as (kv heads, group) against key/value heads broadcast over the group: k and v are never
+repeated in memory."""
 
 from __future__ import annotations
 
@@ -51,49 +52,65 @@ class _Problem:
     # k's rows packed into panels of `panel` keys, each contiguous over d ((..., M/panel, d, panel)), or None
     k_panels: Tensor | None = None
     panel: int = 0
+    # the problem seen from the keys (the backward's key blocks): rows are keys, "keys" are queries, and causal
+    # means a row sees the columns at or after it
+    transposed: bool = False
 
     @property
     def rows(self) -> int:
         return self.q.shape[-2]
 
-    def visible_keys(self, row_end: int) -> int:
-        """Keys a block of rows ending at row_end reads (causal: the block's last row sees keys 0..row_end-1)."""
+    def visible(self, start: int, end: int) -> tuple[int, int]:
+        """The [lo, hi) keys a block of rows [start, end) reads: all of them, or under causal the keys up to the
+        block's last row (transposed: from its first row on)."""
         keys = self.k.shape[-2]
-        # rounded up to a step (the causal mask hides the extra keys): blocks share kernel shapes, at most 8 of them
+        if not self.causal:
+            return 0, keys
+        # rounded to a step (the causal mask hides the extra keys): blocks share kernel shapes, at most 8 of them
         step = -(-max(CAUSAL_KEY_STEP, -(-keys // 8)) // 64) * 64  # whole panels of kᵀ
-        return min(-(-row_end // step) * step, keys) if self.causal else keys
+        if self.transposed:
+            return min(start // step * step, keys), keys
+        return 0, min(-(-end // step) * step, keys)
 
     def scores(self, start: int, end: int, at: sint | None = None) -> Tensor:
         """Scaled and masked float32 scores of rows [start, end) against their visible keys; `at` is start or a
         Variable bound to it (_block_start)."""
-        keys, at = self.visible_keys(end), start if at is None else at
+        (lo, hi), at = self.visible(start, end), start if at is None else at
         q = _rows(self.q, at, end - start)
-        if self.k_panels is not None and keys % self.panel == 0:
-            # the register tile walks one panel's d rows, 'panel' keys each, contiguous: kᵀ's rows (M floats apart)
-            # would alias in L1 (seq 4096: 5 GFLOPS against ~80 for the panels)
-            kp = self.k_panels[..., : keys // self.panel, :, :].transpose(-1, -2).unsqueeze(-4)
-            s = (q.unsqueeze(-2).unsqueeze(-2) * kp).sum(-1, dtype=dtypes.float32).flatten(-2) * self.scale
-        else:
-            s = q.matmul(self.k[..., :keys, :].transpose(-1, -2), dtype=dtypes.float32) * self.scale
+        s = _times_t(q, self.k, self.k_panels, self.panel, lo, hi) * self.scale
         if self.causal:
             # the offset as an added constant, not arange's start: blocks of one shape then share their kernels
             row = (q.arange(end - start, device=q.device) + at).reshape(-1, 1)
-            s = (row >= q.arange(keys, device=q.device).reshape(1, -1)).where(s, -math.inf)
+            col = (q.arange(hi - lo, device=q.device) + lo).reshape(1, -1)
+            s = (col >= row if self.transposed else row >= col).where(s, -math.inf)
         elif self.mask is not None:
-            m = _rows(self.mask, at, end - start)[..., :keys]
+            m = _rows(self.mask, at, end - start)[..., lo:hi]
             s = m.where(s, -math.inf) if m.dtype is dtypes.bool else s + m.cast(dtypes.float32)
         return s
 
 
-def _panel_width(k: Tensor) -> int:
-    """Keys per panel of kᵀ (two vectors: the register tile's width) where the target's tiles gain from panels and
-    the keys fill whole panels; else 0 (the plain matmul)."""
+def _times_t(a: Tensor, b: Tensor, panels: Tensor | None, panel: int, lo: int, hi: int) -> Tensor:
+    """a·b[..., lo:hi, :]ᵀ in float32, through b's panels ((..., rows/panel, d, panel)) when the range fills whole
+    panels: the register tile then walks one panel's d rows, `panel` columns each, contiguous, where bᵀ's rows (a
+    row of b apart) would alias in L1 (seq 4096: 5 GFLOPS against ~80 for the panels). With panel 0, `panels` is bᵀ
+    stored whole ((..., d, rows)): a plain matmul over its columns, not a transposed copy of b made per block."""
+    if panels is not None and not panel:
+        return a.matmul(panels[..., lo:hi], dtype=dtypes.float32)
+    if panels is not None and lo % panel == 0 and hi % panel == 0:
+        bp = panels[..., lo // panel : hi // panel, :, :].transpose(-1, -2).unsqueeze(-4)
+        return (a.unsqueeze(-2).unsqueeze(-2) * bp).sum(-1, dtype=dtypes.float32).flatten(-2)
+    return a.matmul(b[..., lo:hi, :].transpose(-1, -2), dtype=dtypes.float32)
+
+
+def _panel_width(k: Tensor, any_rows: bool = False) -> int:
+    """Rows of k per panel of kᵀ (two vectors: the register tile's width) where the target's tiles gain from panels
+    and k's rows fill whole panels (any_rows: whatever k's rows); else 0 (the plain matmul)."""
     if not isinstance(k.device, str):
         return 0
     from fusegrad.engine.realize import panel_columns  # the engine, which the tensor has loaded already
 
     panel = panel_columns(k.device)
-    return panel if panel and k.shape[-2] % panel == 0 and k.shape[-2] > panel else 0
+    return panel if panel and (any_rows or k.shape[-2] % panel == 0 and k.shape[-2] > panel) else 0
 
 
 def _packed(k: Tensor, panel: int) -> Tensor:
@@ -165,7 +182,8 @@ def _block(p: _Problem, start: int, end: int, at: sint | None = None) -> tuple[T
     row_max = (row_max == -math.inf).where(0.0, row_max)
     prob = (s - row_max).exp().contiguous()
     total = prob.sum(-1, keepdim=True)
-    out = prob.matmul(p.v[..., : p.visible_keys(end), :], dtype=dtypes.float32) / total
+    lo, hi = p.visible(start, end)
+    out = prob.matmul(p.v[..., lo:hi, :], dtype=dtypes.float32) / total
     return out, row_max + total.log()
 
 
@@ -215,32 +233,24 @@ def _cat_rows(parts: list[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-2)
 
 
-def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tensor, lse: Tensor, g: Tensor):
-    """dq, dk, dv (float32, in p's layouts) from the output gradient g: each block's probabilities are recomputed
-    from the saved logsumexp; dk and dv are summed over the row blocks."""
-    if each:
-        g = g.contiguous().realize()
+def _backward(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tensor, g: Tensor):
+    """dq, dk, dv (float32, in p's layouts) from the output gradient g under the block threshold, as one lazy graph:
+    each block's probabilities are recomputed from the saved logsumexp; dk and dv are summed over the row blocks."""
     # D = rowsum(dO * O): the softmax's backward term, one value per row
     delta = (g * out).sum(-1, keepdim=True)
-    if each:
-        delta = delta.realize()
     keys = p.k.shape[-2]
-    held: list[Tensor] = []
-    if each and p.k_panels is not None:  # the forward's panels were freed (the peak memory): packed again, once
-        p = dataclasses.replace(p, k_panels=_realized(p.k_panels, held))
-    dqs: list[Tensor] | _Gathered = _Gathered(len(blocks), None) if each else []
+    dqs: list[Tensor] = []
     dk: Tensor | None = None
     dv: Tensor | None = None
     for start, end in blocks:
-        seen = p.visible_keys(end)
+        seen = p.visible(start, end)[1]
         # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
-        at = _block_start(blocks, start, end) if each else start
-        prob = (p.scores(start, end, at).contiguous() - _rows(lse, at, end - start)).exp().contiguous()
-        g_block = _rows(g, at, end - start)
+        prob = (p.scores(start, end).contiguous() - _rows(lse, start, end - start)).exp().contiguous()
+        g_block = _rows(g, start, end - start)
         dprob = g_block.matmul(p.v[..., :seen, :].transpose(-1, -2), dtype=dtypes.float32)
-        dscore = (prob * (dprob - _rows(delta, at, end - start))).contiguous()
-        dq = dscore.matmul(p.k[..., :seen, :], dtype=dtypes.float32) * p.scale
-        dk_part = dscore.transpose(-1, -2).matmul(_rows(p.q, at, end - start), dtype=dtypes.float32) * p.scale
+        dscore = (prob * (dprob - _rows(delta, start, end - start))).contiguous()
+        dqs.append(dscore.matmul(p.k[..., :seen, :], dtype=dtypes.float32) * p.scale)
+        dk_part = dscore.transpose(-1, -2).matmul(_rows(p.q, start, end - start), dtype=dtypes.float32) * p.scale
         dv_part = prob.transpose(-1, -2).matmul(g_block, dtype=dtypes.float32)
         dk_part, dv_part = _sum_to(dk_part, p.k[..., :seen, :].shape), _sum_to(dv_part, p.v[..., :seen, :].shape)
         if seen < keys:
@@ -248,13 +258,73 @@ def _backward(p: _Problem, blocks: list[tuple[int, int]], each: bool, out: Tenso
             dk_part, dv_part = dk_part.pad(pads), dv_part.pad(pads)
         dk = dk_part if dk is None else dk + dk_part
         dv = dv_part if dv is None else dv + dv_part
-        if isinstance(dqs, _Gathered):
-            dk, dv = dk.realize(), dv.realize()
-            dqs.add(dq)
-        else:
-            dqs.append(dq)
     assert dk is not None and dv is not None
-    return (dqs.result() if isinstance(dqs, _Gathered) else _cat_rows(dqs)), dk, dv
+    return _cat_rows(dqs), dk, dv
+
+
+def _packed_if(t: Tensor, held: list[Tensor]) -> tuple[Tensor | None, int]:
+    """t's panels (_packed) and their width where t's rows fill whole panels; on a target without panels tᵀ stored
+    whole and width 0 (else the scheduler copies a transposed operand per block: CL); else (None, 0). Realized into
+    `held`."""
+    if panel := _panel_width(t):
+        return _realized(_packed(t, panel), held), panel
+    if isinstance(t.device, str) and not _panel_width(t, any_rows=True):
+        return _realized(t.transpose(-1, -2).contiguous(), held), 0
+    return None, 0
+
+
+def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tensor, g: Tensor):
+    """dq, dk, dv (float32, in p's layouts) past the block threshold, in two passes that both recompute the block
+    probabilities from the saved logsumexp: row blocks give dq = dS·K, key blocks (the problem transposed: kᵀ's rows
+    against all the queries they meet) give dk = dSᵀ·Q and dv = Pᵀ·dO. Each block writes its own rows of one gradient,
+    so nothing is summed through memory block by block; the price is the scores and dP computed twice."""
+    g = g.contiguous().realize()
+    # D = rowsum(dO * O): the softmax's backward term, one value per row
+    delta, lse = (g * out).sum(-1, keepdim=True).realize(), lse.contiguous().realize()
+    held: list[Tensor] = []
+    v_panels, v_panel = _packed_if(p.v, held)
+    if p.k_panels is not None:  # the forward's panels were freed (the peak memory): packed again, once
+        p = dataclasses.replace(p, k_panels=_realized(p.k_panels, held))
+    dq = _empty_like(p.q)
+    for start, end in blocks:
+        at, size = _block_start(blocks, start, end), end - start
+        lo, hi = p.visible(start, end)
+        # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
+        prob = (p.scores(start, end, at).contiguous() - _rows(lse, at, size)).exp().contiguous()
+        dprob = _times_t(_rows(g, at, size), p.v, v_panels, v_panel, lo, hi)
+        dscore = (prob * (dprob - _rows(delta, at, size))).contiguous()
+        dq[..., at : at + size, :] = dscore.matmul(p.k[..., lo:hi, :], dtype=dtypes.float32) * p.scale
+    held = []  # the pass's panels freed
+    # the key blocks' problem: k's rows (broadcast over the GQA group) against q, the mask transposed
+    q_panels, q_panel = _packed_if(p.q, held)
+    g_panels, g_panel = _packed_if(g, held)
+    mask = None if p.mask is None else p.mask.transpose(-1, -2)
+    pt = _Problem(p.k, p.q, p.v, mask, p.scale, p.causal, q_panels, q_panel, transposed=True)
+    key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]))[0]
+    lse_t, delta_t = lse.transpose(-1, -2), delta.transpose(-1, -2)
+    dk, dv = _empty_like(p.k), _empty_like(p.v)
+    for start, end in key_blocks:
+        at, size = _block_start(key_blocks, start, end), end - start
+        lo, hi = pt.visible(start, end)
+        k_rows, v_rows = _rows(p.k, at, size), _rows(p.v, at, size)
+        if lo == hi:  # keys past every query's causal reach: no gradient
+            dk[..., at : at + size, :], dv[..., at : at + size, :] = 0.0, 0.0
+            continue
+        prob = (pt.scores(start, end, at).contiguous() - lse_t[..., lo:hi]).exp()
+        dprob = _times_t(v_rows, g, g_panels, g_panel, lo, hi)
+        dscore = prob * (dprob - delta_t[..., lo:hi])
+        prob, dscore = prob.contiguous(), dscore.contiguous()
+        prob.realize(dscore)  # one schedule, then read by both stores
+        dk[..., at : at + size, :] = (
+            _sum_to(dscore.matmul(p.q[..., lo:hi, :], dtype=dtypes.float32), k_rows.shape) * p.scale
+        )
+        dv[..., at : at + size, :] = _sum_to(prob.matmul(g[..., lo:hi, :], dtype=dtypes.float32), v_rows.shape)
+    return dq, dk, dv
+
+
+def _empty_like(t: Tensor) -> Tensor:
+    """Float32 storage of t's shape that the blocks write their rows into (no gather of realized blocks)."""
+    return type(t).empty(*t.shape, dtype=dtypes.float32, device=t.device).contiguous().realize()
 
 
 def _broadcasts(shape: tuple, target: tuple) -> bool:
@@ -305,7 +375,7 @@ def flash_attention(
     panels_held: list[Tensor] = []
     if each:  # q, k, v and k's panels are read by every block's realize: computed once, not once per block
         q, k, v = (_realized(t, keep) for t in (q, k, v))
-        k_panels = None if k_panels is None else _realized(k_panels, panels_held)
+        k_panels, panel = _packed_if(k, panels_held)
         problem = _Problem(q, k, v, mask, problem.scale, is_causal, k_panels, panel)
     out, lse = _forward(problem, blocks, each, keep)
     result = out.reshape(query.shape[:-1] + (value.shape[-1],)).cast(out_dtype)
@@ -321,7 +391,10 @@ def flash_attention(
         assert out_uop is not None, "the attention output died before its gradient was asked for"
         grad = tensor_class(g, device=device).cast(dtypes.float32).reshape(out_uop.shape)
         out_t, lse_t = tensor_class(out_uop, device=device), tensor_class(lse_uop, device=device)
-        grads = _backward(problem, blocks, each, out_t, lse_t, grad)
+        if each:
+            grads = _backward_blocked(problem, blocks, out_t, lse_t, grad)
+        else:
+            grads = _backward(problem, blocks, out_t, lse_t, grad)
         _ = keep  # the realized blocks stay computed for as long as the gradient can be asked for
         return tuple(t.reshape(s).cast(dt).uop for t, s, dt in zip(grads, shapes, dtypes_in))
 

@@ -200,3 +200,63 @@ def test_backward_takes_the_registered_gradient():
     # backward() takes every live tensor in the graph as a target: the op's own (the packed kᵀ) must not be one, or
     # the plain rules run through the blocks (the same values, many more kernels)
     assert _gradient_kernels(True) == _gradient_kernels(False)
+
+
+@pytest.fixture
+def blocks_of(monkeypatch):
+    """Every problem in realized row blocks of the given number of rows."""
+
+    def set_rows(rows: int) -> None:
+        monkeypatch.setattr(attention, "FLASH_SCORE_BYTES", 0)
+        monkeypatch.setattr(attention, "FLASH_BLOCK_BYTES", 1)
+        monkeypatch.setattr(attention, "FLASH_MIN_BLOCK_ROWS", rows)
+
+    return set_rows
+
+
+# odd lengths, GQA and more keys than queries through both passes of the blocked backward (row blocks for dq, key
+# blocks for dk and dv)
+@pytest.mark.parametrize(
+    "qs,kv_len,kv_heads,kw",
+    [
+        ((1, 2, 129, 64), 129, 2, {}),
+        ((1, 2, 129, 64), 129, 2, {"is_causal": True}),
+        ((1, 4, 129, 32), 100, 2, {"enable_gqa": True}),
+        ((1, 4, 100, 32), 129, 2, {"is_causal": True, "enable_gqa": True}),
+        ((1, 1, 1, 32), 129, 1, {"is_causal": True}),
+    ],
+)
+def test_blocked_backward_odd_lengths_against_torch(qs, kv_len, kv_heads, kw, blocks_of):
+    blocks_of(16)
+    check(*_case_arrays(qs, kv_len, kv_heads, qs[-1]), **kw)
+
+
+def test_blocked_backward_keys_no_query_sees(blocks_of):
+    # causal with 300 keys for 256 queries: the key blocks past the last query (whole causal steps of 256) are zeros
+    blocks_of(32)
+    check(*arrays([(1, 1, 256, 32), (1, 1, 300, 32), (1, 1, 300, 32)]), is_causal=True)
+
+
+def _full_size_allocations(seq: int, monkeypatch) -> int:
+    """Buffers at least as big as q that computing q, k and v's gradients allocates."""
+    q, k, v = _inputs((1, 2, seq, 32))
+    out = q.scaled_dot_product_attention(k, v)
+    sizes: list[int] = []
+    allocate = Buffer.ensure_allocated
+
+    def logged(buf):
+        if buf._mem is None:
+            sizes.append(buf.nbytes)
+        return allocate(buf)
+
+    monkeypatch.setattr(Buffer, "ensure_allocated", logged)
+    Tensor.realize(*out.gradient(q, k, v, gradient=Tensor.ones(out.shape)))
+    monkeypatch.setattr(Buffer, "ensure_allocated", allocate)
+    return sum(s >= q.nbytes() for s in sizes)
+
+
+def test_blocked_backward_sums_no_gradient_through_memory(blocks_of, monkeypatch):
+    # each row block writes its own rows of dq and each key block its own rows of dk and dv: the buffers the size of
+    # a whole gradient do not grow with the number of blocks (a dk and dv summed block by block would be 2 per block)
+    blocks_of(16)
+    assert _full_size_allocations(128, monkeypatch) == _full_size_allocations(512, monkeypatch)
