@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "models"))  # the GGUF model maker
 
+from bench_models import interleaved_rates  # noqa: E402  (this script's folder is on the path)
 from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
 from fusegrad.models.generate import Sampling, generate, prefill  # noqa: E402
 
@@ -74,19 +73,6 @@ def llamacpp_last_logits(llm) -> np.ndarray:
     return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(llm.n_vocab(),))
 
 
-def rates(cases, rounds: int) -> list[float]:
-    """Items/s of each (fn, items) case: a warm-up, then `rounds` rounds that run every case once in turn, medians."""
-    times: list[list[float]] = [[] for _ in cases]
-    for fn, _ in cases:
-        fn()
-    for _ in range(rounds):
-        for i, (fn, _) in enumerate(cases):
-            st = time.perf_counter()
-            fn()
-            times[i].append(time.perf_counter() - st)
-    return [n / statistics.median(t) for (_, n), t in zip(cases, times)]
-
-
 def bench_speed(formats: list[str]) -> None:
     from fusegrad.models.llama import Llama
 
@@ -119,7 +105,7 @@ def bench_speed(formats: list[str]) -> None:
 
             cases = [(lambda n=n, f=f: f(n), n) for n in PROMPTS for f in (ours_prefill, theirs_prefill)]
             cases += [(ours_decode, DECODE), (theirs_decode, DECODE)]
-            got = rates(cases, rounds=3)
+            got = interleaved_rates(cases, rounds=3)
             names = [f"prefill {n}" for n in PROMPTS] + [f"decode {DECODE}"]
             for name, ours, theirs in zip(names, got[0::2], got[1::2]):
                 print(

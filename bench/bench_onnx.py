@@ -58,7 +58,8 @@ def _median_ms(fns, runs: int) -> list[float]:
     return [statistics.median(ts) * 1e3 for ts in times]
 
 
-def bench(name: str, runs: int, folder: str) -> None:
+def load(name: str, folder: str):
+    """(model, its feeds, an onnxruntime session on 2 threads) of a light model or "bert" (exported into folder)."""
     if name == "bert":
         path, feeds = _bert(folder)
         model = onnx.load(path)
@@ -68,7 +69,11 @@ def bench(name: str, runs: int, folder: str) -> None:
         feeds = _feeds(model)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    return model, feeds, ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def bench(name: str, runs: int, folder: str) -> None:
+    model, feeds, sess = load(name, folder)
     runner = OnnxRunner(model)
     names = list(feeds)
 

@@ -14,17 +14,13 @@ import sys
 import tempfile
 import time
 
-import onnx
-import onnxruntime as ort
 
 from fusegrad import Tensor, TinyJit, profile
 from fusegrad.onnx import OnnxRunner
 from fusegrad.viz.trace import LAUNCH
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_onnx import _bert, _feeds  # noqa: E402
-
-LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+from bench_onnx import load  # noqa: E402
 
 
 def main() -> None:
@@ -34,16 +30,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
     folder = tempfile.mkdtemp()
-    if args.model == "bert":  # bench_onnx.py's BERT-style encoder
-        path, feeds = _bert(folder)
-        model = onnx.load(path)
-    else:
-        path = os.path.join(LIGHT, f"light_{args.model}.onnx")
-        model = onnx.load(path)
-        feeds = _feeds(model)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    model, feeds, sess = load(args.model, folder)  # bert: bench_onnx.py's BERT-style encoder
     runner, names = OnnxRunner(model), list(feeds)
     step = TinyJit(lambda *xs: [t.realize() for t in runner(dict(zip(names, xs))).values()])
     xs = [Tensor(v).realize() for v in feeds.values()]
