@@ -24,19 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "models"))  # the GGUF model maker
 
-from bench_models import interleaved_rates  # noqa: E402  (this script's folder is on the path)
+from bench_models import LLAMA_SHAPE, interleaved_rates  # noqa: E402  (this script's folder is on the path)
 from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
 from fusegrad.models.generate import Sampling, generate, prefill  # noqa: E402
 
-SHAPE = dict(
-    vocab_size=32000,
-    hidden_size=768,
-    intermediate_size=2048,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    num_key_value_heads=4,
-    max_position_embeddings=640,
-)
 PROMPTS, DECODE, TEXT = (128, 512), 128, 512
 
 
@@ -44,7 +35,7 @@ def write_model(folder: str, qtype: str):
     """(path of the GGUF file, the transformers model holding the file's weights dequantized)."""
     from gguf_models import make_model, write_gguf
 
-    ref = make_model("llama", std=0.02, **SHAPE)
+    ref = make_model("llama", std=0.02, **LLAMA_SHAPE)
     path = Path(folder) / f"llama-{qtype}.gguf"
     write_gguf(ref, "llama", path, None if qtype == "F32" else qtype, tokenizer={"add_tokenizer_model": "no_vocab"})
     return path, ref
@@ -76,7 +67,7 @@ def llamacpp_last_logits(llm) -> np.ndarray:
 def bench_speed(formats: list[str]) -> None:
     from fusegrad.models.llama import Llama
 
-    prompt = np.random.default_rng(0).integers(0, SHAPE["vocab_size"], max(PROMPTS)).tolist()
+    prompt = np.random.default_rng(0).integers(0, LLAMA_SHAPE["vocab_size"], max(PROMPTS)).tolist()
     print(f"{'case':36s} {'fusegrad':>10s} {'llama.cpp':>10s} {'unit':6s} {'ratio':>7s}")
     for qtype in formats:
         with tempfile.TemporaryDirectory() as d:
@@ -138,7 +129,7 @@ def quantize_with_llamacpp(src: Path, dst: Path, qtype: str) -> None:
 def bench_accuracy(formats: list[str]) -> None:
     from fusegrad.models.llama import Llama
 
-    text = np.random.default_rng(1).integers(0, SHAPE["vocab_size"], TEXT).tolist()
+    text = np.random.default_rng(1).integers(0, LLAMA_SHAPE["vocab_size"], TEXT).tolist()
     print(
         f"{'format':8s} {'fusegrad':>14s} {'llama.cpp':>14s} {'fg/llama.cpp - 1':>17s} {'fg drift vs F32':>16s} "
         f"{'llama.cpp drift':>16s}"

@@ -31,6 +31,17 @@ from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
 from fusegrad.models.generate import Sampling, generate, prefill  # noqa: E402
 
 PROMPT, DECODE = 128, 32
+# the random LLaMA of the llama cases (and of bench_llamacpp.py): ~100M parameters, 12 layers of 768 wide with a 2048
+# SwiGLU, 12 heads / 4 kv heads, a 32000-token vocabulary
+LLAMA_SHAPE = dict(
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    max_position_embeddings=640,
+)
 
 
 def row(name: str, unit: str, ours: float, theirs: float) -> None:
@@ -125,23 +136,13 @@ def bench_llama() -> None:
 
     from fusegrad.models.llama import Llama
 
-    # ~100M parameters: 12 layers of 768 wide with a 2048 SwiGLU, 32000-token vocabulary
-    shape = dict(
-        vocab_size=32000,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-        max_position_embeddings=640,
-    )
     for qtype in ("Q8_0", "Q4_K"):
-        ref = make_model("llama", std=0.02, **shape)
+        ref = make_model("llama", std=0.02, **LLAMA_SHAPE)
         with tempfile.TemporaryDirectory() as d:
             write_gguf(ref, "llama", Path(d) / "m.gguf", qtype)
             model, _ = Llama.from_gguf(Path(d) / "m.gguf")
             p128, p512, dcd, rp128, rp512, rd = decode_rates(
-                model, ref, shape["vocab_size"], interleave=True, prompts=(128, 512)
+                model, ref, LLAMA_SHAPE["vocab_size"], interleave=True, prompts=(128, 512)
             )
         params = sum(p.numel() for p in ref.parameters()) / 1e6
         row(f"LLaMA {params:.0f}M {qtype} prefill 128", "tok/s", p128, rp128)
@@ -158,8 +159,7 @@ def bench_llama_steps() -> None:
 
     from fusegrad.models.llama import Llama
 
-    shape = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12)
-    shape.update(num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=256)
+    shape = {**LLAMA_SHAPE, "max_position_embeddings": 256}
     for qtype in ("Q8_0", "Q4_K"):
         ref = make_model("llama", std=0.02, **shape)
         with tempfile.TemporaryDirectory() as d:
