@@ -17,6 +17,13 @@ from fusegrad.runtime.buffers import Buffer, buffer_uop, view_buffer
 from fusegrad.tensor import Tensor, tensor_of_uop
 
 OPS = ("sum", "mean", "max", "min")
+# each collective's MPI call, blocking; "I" + lowercase is its nonblocking form and "_init" its persistent one
+MPI_CALLS = {
+    "all_reduce": "Allreduce",
+    "all_gather": "Allgather",
+    "reduce_scatter": "Reduce_scatter_block",
+    "broadcast": "Bcast",
+}
 
 
 def host_array(buf: Buffer) -> np.ndarray:
@@ -58,28 +65,28 @@ class Collective:
         # (output memory, input memory, what starts the request, the persistent request): a replay's whole path
         self.persistent: tuple[Any, Any, Callable[[], Any], Any] | None = None
 
-    def starter(self, dst: np.ndarray, inp: np.ndarray) -> Callable[[], Any]:
-        """The call that starts this collective on these arrays and returns its request."""
-        comm = self.w.data
-        if self.kind == "all_reduce":
-            return partial(comm.Iallreduce, inp, dst, self.op)
-        if self.kind == "all_gather":
-            return partial(comm.Iallgather, inp, dst)
-        if self.kind == "reduce_scatter":
-            return partial(comm.Ireduce_scatter_block, inp, dst, self.op)
-        return self.bcast(dst, inp, comm.Ibcast)
+    def mpi_call(self, form: str, dst: np.ndarray, inp: np.ndarray) -> Callable[[], Any]:
+        """This collective's MPI call on these arrays, in one of MPI's three forms: "" blocking (MPI's tuned
+        algorithms, up to 2.5x faster than the nonblocking ones at 4 KB to 64 KB here, and no request to poll), "I"
+        nonblocking (returns its request) or "_init" persistent (returns the request each start runs again). A root's
+        broadcast copies its input into the output first, in every form but "_init" (persist() does it per start)."""
+        name = MPI_CALLS[self.kind]
+        fn = getattr(self.w.data, "I" + name.lower() if form == "I" else name + form)
+        if self.kind != "broadcast":
+            return partial(fn, inp, dst, self.op) if self.op is not None else partial(fn, inp, dst)
+        call = partial(fn, dst, root=self.root)
+        return call if form == "_init" else self.root_copies(call, dst, inp)
 
-    def blocker(self, dst: np.ndarray, inp: np.ndarray) -> Callable[[], Any]:
-        """The blocking call of this collective on these arrays: MPI's tuned algorithms, faster than the nonblocking
-        ones (up to 2.5x at 4 KB to 64 KB here), and no request to poll."""
-        comm = self.w.data
-        if self.kind == "all_reduce":
-            return partial(comm.Allreduce, inp, dst, self.op)
-        if self.kind == "all_gather":
-            return partial(comm.Allgather, inp, dst)
-        if self.kind == "reduce_scatter":
-            return partial(comm.Reduce_scatter_block, inp, dst, self.op)
-        return self.bcast(dst, inp, comm.Bcast)
+    def root_copies(self, call: Callable[[], Any], dst: np.ndarray, inp: np.ndarray) -> Callable[[], Any]:
+        """call, preceded on a broadcast's root by copying its input into the output MPI sends from."""
+        if self.kind != "broadcast" or self.w.rank != self.root:
+            return call
+
+        def root_call() -> Any:
+            dst[:] = inp
+            return call()
+
+        return root_call
 
     def persist(self, out: Buffer, src: Buffer) -> tuple[Any, Any, Callable[[], Any], Any]:
         """A persistent request (MPI-4) bound to the buffers' memory: its algorithm and schedule are set up once, so a
@@ -88,40 +95,17 @@ class Collective:
         collective call."""
         if self.persistent is not None:
             self.persistent[3].Free()
-        dst, inp, comm = host_array(out), host_array(src), self.w.data
-        if self.kind == "all_reduce":
-            req = comm.Allreduce_init(inp, dst, self.op)
-        elif self.kind == "all_gather":
-            req = comm.Allgather_init(inp, dst)
-        elif self.kind == "reduce_scatter":
-            req = comm.Reduce_scatter_block_init(inp, dst, self.op)
-        else:
-            req = comm.Bcast_init(dst, root=self.root)
-        go = req.Start
-        if self.kind == "broadcast" and self.w.rank == self.root:
-
-            def go() -> None:
-                dst[:] = inp
-                req.Start()
-
+        dst, inp = host_array(out), host_array(src)
+        req = self.mpi_call("_init", dst, inp)()
+        go = self.root_copies(req.Start, dst, inp)
         self.persistent, self.keep = (out._mem, src._mem, go, req), (dst, inp)  # the views MPI uses, alive
         return self.persistent
-
-    def bcast(self, dst: np.ndarray, inp: np.ndarray, call: Callable[..., Any]) -> Callable[[], Any]:
-        if self.w.rank != self.root:
-            return partial(call, dst, root=self.root)
-
-        def root_bcast() -> Any:
-            dst[:] = inp
-            return call(dst, root=self.root)
-
-        return root_bcast
 
     def bind(self, out: Buffer, src: Buffer, may_block: bool) -> tuple[Any, Any, Callable[[], Any], bool]:
         """Bind the MPI call to the buffers' memory (numpy views of host memory; host copies of device memory)."""
         dst, inp = host_array(out.ensure_allocated()), host_array(src.ensure_allocated())
         blocking = may_block and max(dst.nbytes, inp.nbytes) <= self.block_bytes
-        bound = (out._mem, src._mem, (self.blocker if blocking else self.starter)(dst, inp), blocking)
+        bound = (out._mem, src._mem, self.mpi_call("" if blocking else "I", dst, inp), blocking)
         # host memory is shared with MPI, so the same views serve every call on it; device memory is copied
         self.cache = bound if out.is_host and src.is_host else None
         self.back = None if out.is_host else (out, dst)
