@@ -24,9 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "models"))  # the GGUF model maker
 
-from bench_models import LLAMA_SHAPE, interleaved_rates  # noqa: E402  (this script's folder is on the path)
+from bench_models import LLAMA_SHAPE, fusegrad_cases, interleaved_rates  # noqa: E402  (this script's folder is on the path)
 from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
-from fusegrad.models.generate import Sampling, generate, prefill  # noqa: E402
 
 PROMPTS, DECODE, TEXT = (128, 512), 128, 512
 
@@ -74,14 +73,7 @@ def bench_speed(formats: list[str]) -> None:
             path, _ = write_model(d, qtype)
             model, _ = Llama.from_gguf(path, progress=False)
             llm = load_llamacpp(path)
-
-            def ours_prefill(n: int):
-                model.reset()
-                prefill(model, prompt[:n])
-
-            def ours_decode():
-                model.reset()
-                list(generate(model, prompt[:4], DECODE, Sampling()))
+            ours_prefill, ours_decode = fusegrad_cases(model, prompt, DECODE)
 
             def theirs_prefill(n: int):
                 llm.reset()

@@ -64,12 +64,9 @@ def bench_bert() -> None:
     row("BERT MiniLM-L6, batch of 32", "sent/s", ours_rate, ref_rate)
 
 
-def decode_rates(
-    model, ref, vocab: int, interleave: bool = False, prompts: tuple[int, ...] = (PROMPT,)
-) -> tuple[float, ...]:
-    """(prefill per prompt length..., decode) tokens/s of fusegrad, then the same of the transformers model, on the
-    same random prompt; interleave runs the cases in turn (interleaved_rates) instead of one after another."""
-    prompt = np.random.default_rng(0).integers(0, vocab, max(prompts)).tolist()
+def fusegrad_cases(model, prompt: list[int], decode: int):
+    """(prefill of the prompt's first n tokens to the last one's logits, greedy decode of `decode` tokens after its
+    first 4): fusegrad's timed cases, each from an empty KV cache."""
 
     def ours_prefill(n: int):
         model.reset()
@@ -77,8 +74,18 @@ def decode_rates(
 
     def ours_decode():
         model.reset()
-        list(generate(model, prompt[:4], DECODE, Sampling()))
+        list(generate(model, prompt[:4], decode, Sampling()))
 
+    return ours_prefill, ours_decode
+
+
+def decode_rates(
+    model, ref, vocab: int, interleave: bool = False, prompts: tuple[int, ...] = (PROMPT,)
+) -> tuple[float, ...]:
+    """(prefill per prompt length..., decode) tokens/s of fusegrad, then the same of the transformers model, on the
+    same random prompt; interleave runs the cases in turn (interleaved_rates) instead of one after another."""
+    prompt = np.random.default_rng(0).integers(0, vocab, max(prompts)).tolist()
+    ours_prefill, ours_decode = fusegrad_cases(model, prompt, DECODE)
     ids = torch.tensor([prompt])
 
     def ref_prefill(n: int):
