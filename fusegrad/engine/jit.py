@@ -130,8 +130,13 @@ class TinyJit:
                 if type(a) is not Tensor or a._uop is not u:
                     break
             else:
+                cap = self.captured
                 with realize_lock:
-                    ret = self._run_captured(known.inputs, known.bases, known.var_vals)
+                    if (one := cap.single_return) is not None and DEBUG.value < 2:  # type: ignore[union-attr]
+                        cap(known.inputs, known.var_vals)  # type: ignore[misc]
+                        ret = tensor_of_uop(one[0], one[1])
+                    else:
+                        ret = self._run_captured(known.inputs, known.bases, known.var_vals)
                 self.cnt += 1
                 return ret
         if self.fxn is None and self.captured is None:
@@ -283,6 +288,8 @@ class TinyJit:
             )
         else:
             cap(inputs, var_vals)
+        if (one := cap.single_return) is not None:
+            return tensor_of_uop(one[0], one[1])
         rets = cap.returns
         if not cap.returns_vary:
             if is_frozen_tensor(rets):

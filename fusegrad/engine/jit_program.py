@@ -3,6 +3,7 @@ by one, with the input buffers and bound Variable values of each call swapped in
 
 from __future__ import annotations
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from fusegrad.lazy_numpy import np
@@ -86,6 +87,10 @@ class CapturedJit:
     ops: int = 0  # per replay, for GlobalCounters as an eager run counts them
     mem: int = 0
     _freed: bool = False  # free_intermediates ran: the next call allocates the intermediates again
+    # each step as a call of no arguments over its current buffers, made after a replay allocated them all: a replay
+    # is then one call each; None when the steps, inputs or Variable buffers changed since
+    _thunks: list[Callable[[], Any]] | None = None
+    single_return: tuple[UOp, Any] | None = None  # the (uop, device) of the one tensor returned, when it never varies
 
     def build_steps(self, use_graphs: bool) -> None:
         from fusegrad.runtime.cpu_graph import CPUGraph, GraphEntry
@@ -122,6 +127,8 @@ class CapturedJit:
         self.returns_vary = any(
             any(isinstance(d, UOp) for d in u.shape) or any(x in inputs for x in u.toposort()) for u in leaves
         )
+        self.single_return = self.returns if not self.returns_vary and is_frozen_tensor(self.returns) else None
+        self._thunks = None
         # where each kernel reads a Variable's value: a replay with another value swaps in that value's buffer
         place = {
             id(la): (s.graph, i) for s in self.steps if isinstance(s, GraphStep) for i, la in enumerate(s.launches)
@@ -148,6 +155,7 @@ class CapturedJit:
         self.intermediates = [fresh[b] for b in self.intermediates]
         self.arenas = [Buffer(a.device, a.size, a.dtype) for a in self.arenas]
         self.steps, self.internal, self._freed = [], set(), True  # batched tables hold the old addresses
+        self._thunks = None  # they hold the old buffers
 
     def _allocate_intermediates(self) -> None:
         for arena in self.arenas:
@@ -178,6 +186,7 @@ class CapturedJit:
                     if graph is not None:
                         graph.set_address([cell], la.buffers[pos].address())
             self._last_vals = {**self._last_vals, **var_vals}
+            self._thunks = None
         if self.rng_calls:
             Tensor._rng_calls += self.rng_calls
             for b in self.rng_buffers:
@@ -190,12 +199,16 @@ class CapturedJit:
             self._run_timed()
         elif (hook := Hooks.trace) is not None:
             hook.jit_replay(self.steps, self._run_python_step, self.name)
+        elif (thunks := self._thunks) is not None:
+            for fn in thunks:
+                fn()
         else:
             for step in self.steps:
                 if type(step) is GraphStep:
                     step.graph()
                 else:
                     self._run_python_step(step)
+            self._thunks = [self._thunk(step) for step in self.steps]  # every buffer is allocated now
         GlobalCounters.kernel_count += len(self.launches)
         GlobalCounters.global_ops += self.ops
         GlobalCounters.global_mem += self.mem
@@ -214,6 +227,17 @@ class CapturedJit:
                     if inputs[i] is not self._last[i]:
                         step.graph.set_address(cells, inputs[i].address())
         self._given, self._last = list(given), inputs
+        self._thunks = None
+
+    def _thunk(self, step: Any) -> Callable[[], Any]:
+        """The step as a call of no arguments on the buffers it reads now (allocated, this call's inputs in place)."""
+        if type(step) is GraphStep:
+            return step.graph
+        bufs = list(step.launch.buffers)
+        for p, i in step.input_slots:
+            bufs[p] = self._last[i]
+        runner = step.launch.runner
+        return partial(copy_buffer, bufs[0], bufs[1]) if runner is None else partial(runner, bufs)
 
     def _run_python_step(self, step: PythonStep) -> None:
         bufs = list(step.launch.buffers)

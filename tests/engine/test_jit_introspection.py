@@ -84,3 +84,32 @@ def test_free_intermediates_drops_memory_and_the_next_replay_allocates_it_again(
     for x, o in zip(xs, outs + [out]):
         np.testing.assert_allclose(o, _ref(x, w1, w2), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(step(Tensor(xs[0])).numpy(), outs[0], rtol=1e-6)
+
+
+def test_replays_of_the_same_arguments_follow_new_inputs_values_and_freed_memory():
+    """The replay's prebuilt per-step calls (made after the first replay) must follow every change: other input
+    buffers, new values in the same buffers, a Variable's new value, and intermediates freed and allocated again."""
+    from fusegrad import Context, Variable
+
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    tw = Tensor(w).realize()
+    v = Variable("k", 1, 4)
+    with Context(JIT=2):  # every launch a Python step of its own
+        step = TinyJit(lambda x, k: ((x @ tw).relu() * k).contiguous())
+        step_plain = TinyJit(lambda x: ((x @ tw).relu() + 1).contiguous())
+        a, b = (rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2))
+        ta, tb = Tensor(a).realize(), Tensor(b).realize()
+        outs = []
+        for i in range(8):
+            x, t = (a, ta) if i % 3 else (b, tb)
+            k = 1 + i % 4
+            out = step(t, v.bind(k))
+            np.testing.assert_allclose(out.numpy(), np.maximum(x @ w, 0) * k, rtol=1e-5, atol=1e-6)
+            plain = step_plain(t)
+            np.testing.assert_allclose(plain.numpy(), np.maximum(x @ w, 0) + 1, rtol=1e-5, atol=1e-6)
+            outs.append(plain)
+            if i == 4:
+                step_plain.captured.free_intermediates()
+        assert len({id(o) for o in outs}) == len(outs)  # a fresh Tensor per call, over the step's output buffer
+        ta.assign(Tensor(b)).realize()  # new values in the same input buffer
+        np.testing.assert_allclose(step_plain(ta).numpy(), np.maximum(b @ w, 0) + 1, rtol=1e-5, atol=1e-6)
