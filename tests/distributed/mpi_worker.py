@@ -264,12 +264,12 @@ def fastpath(out: str) -> None:
 def fault(kind: str) -> None:
     """A rank misbehaves at the third collective; the others must fail with an error naming it."""
     r = dist.rank()
-    x = Tensor.ones(16)
+    x = Tensor.ones(1 << 18 if kind == "hang_large" else 16)  # 1 MB: a blocking call only under the default limit
     dist.all_reduce(x).realize()
     dist.all_reduce(x).realize()
     if r == 1 and kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    if r == 1 and kind == "hang":
+    if r == 1 and kind in ("hang", "hang_large"):
         time.sleep(120)
     if kind == "hang_jit":  # a replay's blocking call: the watchdog thread ends the job
         jitted, x = TinyJit(lambda x: dist.all_reduce(x)), x.contiguous().realize()

@@ -86,8 +86,17 @@ def test_jitted_collectives_match_numpy_and_eager(tmp_path):
 
 
 # eager calls (blocking, bounded by the watchdog thread; nonblocking with FUSEGRAD_DIST_BLOCKING=0, bounded by the
-# wait) and a TinyJit replay's blocking call
-@pytest.mark.parametrize("scenario, blocking", [("hang", "262144"), ("hang", "0"), ("hang_jit", "262144")])
+# wait), a large one (1 MB: blocking by default, nonblocking below that limit) and a TinyJit replay's blocking call
+@pytest.mark.parametrize(
+    "scenario, blocking",
+    [
+        ("hang", str(1 << 22)),
+        ("hang", "0"),
+        ("hang_large", str(1 << 22)),
+        ("hang_large", str(1 << 18)),
+        ("hang_jit", str(1 << 22)),
+    ],
+)
 def test_hung_rank_is_named_within_the_timeout(tmp_path, scenario, blocking):
     proc, wall = mpirun(
         3, scenario, str(tmp_path / "x"), timeout=100, FUSEGRAD_DIST_TIMEOUT="3", FUSEGRAD_DIST_BLOCKING=blocking
