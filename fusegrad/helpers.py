@@ -192,8 +192,8 @@ VIZ_PORT = ContextVar("VIZ_PORT", 8000)  # the VIZ page's port on 127.0.0.1 (the
 # fusegrad/distributed (docs/distributed.md)
 DIST_TIMEOUT = ContextVar("FUSEGRAD_DIST_TIMEOUT", 300.0)  # seconds a collective waits for every rank before it fails
 # collectives of up to this many bytes are one blocking MPI call (a watchdog thread bounds it; MPI's tuned blocking
-# algorithms win up to a few MB here); larger ones, and all with 0, are nonblocking calls waited on politely
-DIST_BLOCKING = ContextVar("FUSEGRAD_DIST_BLOCKING", 1 << 22)
+# algorithms win up to 1 MB here); larger ones, and all with 0, are nonblocking calls waited on politely
+DIST_BLOCKING = ContextVar("FUSEGRAD_DIST_BLOCKING", 1 << 20)
 DIST_CHECK = ContextVar("FUSEGRAD_DIST_CHECK", 1)  # 0: eager collectives skip comparing ranks' shapes and dtypes
 # comma-separated dtypes that kernels hold as bits and convert in integer and float32 arithmetic (codegen/emulate.py)
 EMULATED_DTYPES = ContextVar("EMULATED_DTYPES", "")

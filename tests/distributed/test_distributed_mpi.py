@@ -90,11 +90,11 @@ def test_jitted_collectives_match_numpy_and_eager(tmp_path):
 @pytest.mark.parametrize(
     "scenario, blocking",
     [
-        ("hang", str(1 << 22)),
+        ("hang", str(1 << 20)),
         ("hang", "0"),
-        ("hang_large", str(1 << 22)),
+        ("hang_large", str(1 << 20)),
         ("hang_large", str(1 << 18)),
-        ("hang_jit", str(1 << 22)),
+        ("hang_jit", str(1 << 20)),
     ],
 )
 def test_hung_rank_is_named_within_the_timeout(tmp_path, scenario, blocking):
