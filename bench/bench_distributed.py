@@ -3,8 +3,9 @@ training throughput of 2 ranks against 1, all on loopback.
 
 Run: python bench/bench_distributed.py   (it starts `mpirun --oversubscribe -n 2` and `-n 4` itself; env: MAX_MB,
 REPS, STEPS, ROUNDS, BUCKET_MB, ONLY=allreduce|train). Each size runs every peer in the same processes, medians of REPS
-calls: raw mpi4py, the jitted replay's collective call alone ("call"), the jitted all_reduce, eager, gloo, and the
-jitted and eager ones again with FUSEGRAD_DIST_BLOCKING=0 ("nb": every collective nonblocking, the earlier path).
+calls: raw mpi4py, the jitted replay's collective call alone ("call"), the jitted all_reduce, eager, gloo, the
+jitted and eager ones again with FUSEGRAD_DIST_BLOCKING=0 ("nb": every collective nonblocking, the earlier path), and
+the jitted one captured with no limit ("blk": every size one blocking MPI call).
 Training runs 1 rank and 2 ranks alternately ROUNDS times (separate processes: they cannot share one run) and reports
 the medians, each round's ratio and the load average, since the cores are shared."""
 
@@ -56,6 +57,7 @@ def worker_allreduce(out: str) -> None:
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['BENCH_PORT']}", rank=r, world_size=n)
     jitted = TinyJit(lambda x: dist.all_reduce(x))
     nonblocking = TinyJit(lambda x: dist.all_reduce(x))  # captured with FUSEGRAD_DIST_BLOCKING=0: the earlier path
+    blocking = TinyJit(lambda x: dist.all_reduce(x))  # captured with no limit: one blocking call at every size
 
     def eager_nb() -> None:
         with Context(FUSEGRAD_DIST_BLOCKING=0):
@@ -72,7 +74,10 @@ def worker_allreduce(out: str) -> None:
             jitted(x)  # captured on the second call
             with Context(FUSEGRAD_DIST_BLOCKING=0):
                 nonblocking(x)
-        assert np.all(jitted(x).numpy() == n) and np.all(nonblocking(x).numpy() == n), "wrong allreduce result"
+            with Context(FUSEGRAD_DIST_BLOCKING=1 << 40):
+                blocking(x)
+        for j in (jitted, nonblocking, blocking):
+            assert np.all(j(x).numpy() == n), "wrong allreduce result"
         call = jitted.captured.launches[0]  # type: ignore[union-attr]  # the replay's collective call alone
         peers = {
             "mpi4py": lambda: comm.Allreduce(a, b),
@@ -81,6 +86,7 @@ def worker_allreduce(out: str) -> None:
             "call": lambda: call.runner(call.buffers),
             "jit": lambda: jitted(x),
             "jit_nb": lambda: nonblocking(x),
+            "jit_blk": lambda: blocking(x),
             "gloo": lambda: tdist.all_reduce(tt),
         }
         times: dict[str, list[float]] = {k: [] for k in peers}
@@ -89,6 +95,7 @@ def worker_allreduce(out: str) -> None:
                 times[k].append(median_time(fn, reps, comm.Barrier))
         jitted.reset()
         nonblocking.reset()
+        blocking.reset()
         rows.append({"bytes": nbytes, **{k: statistics.median(v) for k, v in times.items()}})
     tdist.destroy_process_group()
     if r == 0:
@@ -204,9 +211,10 @@ def allreduce_tables(tmp: str) -> None:
         launch(ranks, "allreduce", out)
         print(f"\nallreduce of float32 on {ranks} ranks (loopback), median latency and bus bandwidth 2(p-1)/p*n/t")
         print(
-            f"{'size':>8s} {'mpi4py':>10s} {'call':>10s} {'jit':>10s} {'jit nb':>10s} {'eager':>10s} {'gloo':>10s}  "
+            f"{'size':>8s} {'mpi4py':>10s} {'call':>10s} {'jit':>10s} {'jit nb':>10s} {'jit blk':>10s} {'eager':>10s} "
+            f"{'gloo':>10s}  "
             f"{'mpi GB/s':>8s} {'jit GB/s':>8s}  {'jit/mpi':>7s} {'nb/mpi':>7s} {'jit/gloo':>8s} {'eager/mpi':>9s} "
-            f"{'nb/mpi':>9s}"
+            f"{'nb/mpi':>9s} {'blk/mpi':>7s}"
         )
         tables[ranks] = json.load(open(out))
         for row in tables[ranks]:
@@ -214,10 +222,12 @@ def allreduce_tables(tmp: str) -> None:
             print(
                 f"{fmt_bytes(row['bytes']):>8s} {row['mpi4py'] * 1e6:8.1f}us {row['call'] * 1e6:8.1f}us "
                 f"{row['jit'] * 1e6:8.1f}us "
-                f"{row['jit_nb'] * 1e6:8.1f}us {row['eager'] * 1e6:8.1f}us {row['gloo'] * 1e6:8.1f}us  "
+                f"{row['jit_nb'] * 1e6:8.1f}us {row['jit_blk'] * 1e6:8.1f}us {row['eager'] * 1e6:8.1f}us "
+                f"{row['gloo'] * 1e6:8.1f}us  "
                 f"{bus / row['mpi4py']:8.3f} {bus / row['jit']:8.3f}  {row['mpi4py'] / row['jit']:6.2f}x "
                 f"{row['mpi4py'] / row['jit_nb']:6.2f}x {row['gloo'] / row['jit']:7.2f}x "
-                f"{row['mpi4py'] / row['eager']:8.2f}x {row['mpi4py'] / row['eager_nb']:8.2f}x"
+                f"{row['mpi4py'] / row['eager']:8.2f}x {row['mpi4py'] / row['eager_nb']:8.2f}x "
+                f"{row['mpi4py'] / row['jit_blk']:6.2f}x"
             )
     print("\nring model t = 2(p-1)*alpha + 2(p-1)/p * n/B fitted to both rank counts:")
     for peer in ("mpi4py", "jit", "gloo"):
