@@ -324,14 +324,14 @@ def fold_divmod_by_factor(d: UOp, x: UOp, c: UOp) -> UOp | None:
 
 
 def recombine_divmod(a: UOp) -> UOp | None:
-    """k * (x % c) + k*c * (x // c) -> k * x for x >= 0: a split index put back together (a window's position
-    within and across windows)."""
+    """k * (x % c) + k*c * (x // c) -> k * x: a split index put back together (a window's position within and across
+    windows). Division and remainder both truncate, so this holds for a negative x too (a cat piece's gated index)."""
     terms, const = linear_terms(a)
     found = {(t.src[0], t.src[1].arg): k for k, t in terms if t.op is Ops.MOD and t.src[1].op is Ops.CONST}
     if not found:
         return None
     for (x, cv), k in found.items():
-        if x.vmin < 0 or cv <= 0:
+        if cv <= 0:
             continue
         for i, (kq, tq) in enumerate(terms):
             if tq.op is Ops.IDIV and tq.src[0] is x and tq.src[1].op is Ops.CONST and tq.src[1].arg == cv:

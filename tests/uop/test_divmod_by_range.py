@@ -81,3 +81,16 @@ def test_pool_window_index_folds_to_the_flat_index():
     assert simplify((w + h * 8) // 16) is simplify(h // 2)
     for vh, vw in itertools.product(range(8), range(8)):
         assert sym_eval(simple, {h: vh, w: vw}) == vw + 8 * vh
+
+
+def test_split_index_recombines_when_it_can_be_negative():
+    """A cat piece reads its input at gidx - offset, negative where the piece's gate is off: truncated division and
+    remainder still give (x % c) + (x // c) * c == x for every sign, so the split folds away there too."""
+    g = loop(0, 1000)
+    for offset, c in ((300, 256), (16640, 64), (7, 3)):
+        x = g - offset
+        expr = (x % c) + (x // c) * c
+        simple = simplify(expr)
+        assert not [u for u in simple.toposort() if u.op in (Ops.IDIV, Ops.MOD)], simple
+        for vg in range(0, 1000, 7):
+            assert sym_eval(simple, {g: vg}) == sym_eval(expr, {g: vg}) == vg - offset
