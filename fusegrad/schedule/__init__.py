@@ -149,7 +149,7 @@ def _find_realize_points(s: ScheduleState) -> None:
     s.planner.find_points([d for _, d in flat])
     root_set = {u for u, _ in flat}
     s.kept = {
-        p for p in s.planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CUSTOM_KERNEL)
+        p for p in s.planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CUSTOM_KERNEL)
     }
 
 
