@@ -123,7 +123,7 @@ class QuantLinear:
     @property
     def integer_dot(self) -> bool:
         """Whether a decode row multiplies the weight in integer dot products (a sum of per-block sums)."""
-        return isinstance(self.weight, QuantizedMatrix) and self.weight.dot_planes is not None
+        return isinstance(self.weight, QuantizedMatrix) and self.weight.integer
 
     def __call__(self, x: Tensor, blocks: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """blocks: x quantized by `shared_blocks` for the linears that read the same x."""

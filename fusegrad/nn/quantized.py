@@ -304,25 +304,42 @@ def quantize_blocks(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 def _q8_0_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) -> Tensor:
     # the weights stored as w + 128 (unsigned, what vpdpbusd multiplies): 128 * sum(xq) comes off each block's sum
-    wu, ws, minus128 = planes
-    isum = (wu.unsqueeze(0).cast(dtypes.int32) * xq.unsqueeze(1).cast(dtypes.int32)).sum(-1).cast(dtypes.float32)
-    return ((isum + xsum.unsqueeze(1) * minus128) * (ws.cast(dtypes.float32).unsqueeze(0) * xs.unsqueeze(1))).sum(-1)
+    wu, ws = planes
+    rows = wu.shape[0]
+    isum = (wu.reshape(1, rows, -1, 32).cast(dtypes.int32) * xq.unsqueeze(1).cast(dtypes.int32)).sum(-1)
+    true = isum.cast(dtypes.float32) - xsum.unsqueeze(1) * 128
+    return (true * (ws.cast(dtypes.float32).unsqueeze(0) * xs.unsqueeze(1))).sum(-1)
 
 
-def _q8_0_dot_planes(planes: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-    rows = planes[0].shape[0]
-    wu = (planes[0].cast(dtypes.int32) + 128).cast(dtypes.uint8).reshape(rows, -1, 32)
-    minus128 = Tensor.full((1, 1, 1), -128.0, device=planes[0].device).contiguous().realize()
-    return wu.contiguous().realize(), planes[1].reshape(rows, -1), minus128
+def _q8_0_unsigned_planes(b: Tensor) -> tuple[Tensor, ...]:
+    values = (b[:, 2:34].bitcast(dtypes.int8).cast(dtypes.int32) + 128).cast(dtypes.uint8)
+    return values.contiguous(), _f16_plane(b, 0).contiguous()
 
 
-# ggml type -> (its planes for integer dot products, made from QUANT_FORMATS' planes; the matvec over them and
-# quantize_blocks' activations): weights as unsigned 8-bit values (the operand vpdpbusd takes unsigned). Q4_K's
-# nibbles are unsigned already, but unpacked in the kernel they ran 8x slower than its float matvec (GCC keeps the
-# shifts in 32-bit lanes and finds no dot product): not yet
-DOT_FORMATS: dict[int, tuple[Callable[..., tuple[Tensor, ...]], Callable[..., Tensor]]] = {
-    8: (_q8_0_dot_planes, _q8_0_dot),
+@dataclass(frozen=True)
+class DotFormat:
+    """A ggml type multiplied in integer dot products: `format` its planes (values as unsigned 8-bit: the operand
+    vpdpbusd takes unsigned) and how dequantize and prefill read them; `matvec(planes, xq, xs, xsum)` is x @ W.T over
+    quantize_blocks' activations."""
+
+    format: QuantFormat
+    matvec: Callable[..., Tensor]
+
+
+DOT_FORMATS: dict[int, DotFormat] = {
+    8: DotFormat(
+        QuantFormat(
+            1,
+            32,
+            _q8_0_unsigned_planes,
+            lambda p, r, g: (p[0].reshape(r, g, 1, 32).cast(dtypes.int32) - 128).cast(dtypes.float32),
+            lambda p, r, g: (_f32(p[1], r, g, 1), None),
+        ),
+        _q8_0_dot,
+    ),
 }
+# Q4_K's nibbles are unsigned already, but unpacked inside the kernel they ran 8x slower than its float matvec
+# (GCC keeps the shifts in 32-bit lanes and finds no dot product): K-quants keep the float path
 
 
 class QuantizedMatrix:
@@ -332,36 +349,30 @@ class QuantizedMatrix:
     block of 32 (quantize_blocks) instead, in integers, as llama.cpp does."""
 
     def __init__(
-        self,
-        name: str,
-        ggml_type: int,
-        shape: tuple[int, int],
-        planes: tuple[Tensor, ...],
-        dot_planes: tuple[Tensor, ...] | None = None,
+        self, name: str, ggml_type: int, shape: tuple[int, int], planes: tuple[Tensor, ...], integer: bool = False
     ):
-        self.name, self.ggml_type, self.shape, self.planes = name, ggml_type, shape, planes
-        self.format = QUANT_FORMATS[ggml_type]
+        """integer: the planes are DOT_FORMATS' (a decode row is multiplied in integer dot products)."""
+        self.name, self.ggml_type, self.shape, self.planes, self.integer = name, ggml_type, shape, planes, integer
+        self.format = DOT_FORMATS[ggml_type].format if integer else QUANT_FORMATS[ggml_type]
         self.groups = shape[1] // self.format.group
-        self.dot_planes = dot_planes
 
     @staticmethod
     def from_ggml(w: GGMLQuantized, int8: bool | None = None) -> QuantizedMatrix:
-        """int8: make the dot planes (None: where the target has 8-bit dot products, QUANT_DOT is on and the format
-        has them)."""
+        """int8: the integer planes, where the format has them (None: where also the target has 8-bit dot products
+        and QUANT_DOT is on)."""
         if len(w.shape) != 2:
             raise ValueError(f"{w.name}: a quantized matrix is 2-D, got shape {w.shape}")
         if w.ggml_type not in QUANT_FORMATS:
             raise ValueError(f"{w.name}: no quantized matrix for {w.type_name}; supported: {_names()}")
         rows = w.shape[0]
         blocks = _on_compute_device(w.blocks).reshape(-1, GGML_TYPES[w.ggml_type][2])
-        # each plane holds rows in order: the first dim of its (blocks, ...) shape splits into rows
-        planes = tuple(p.reshape(rows, -1).realize() for p in QUANT_FORMATS[w.ggml_type].planes(blocks))
-        dot = None
         if int8 is None:
             int8 = bool(QUANT_DOT.value) and int8_dot(blocks.device)
-        if int8 and w.ggml_type in DOT_FORMATS and w.shape[1] % 32 == 0:
-            dot = DOT_FORMATS[w.ggml_type][0](planes)
-        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, dot)  # type: ignore[arg-type]
+        integer = int8 and w.ggml_type in DOT_FORMATS and w.shape[1] % 32 == 0
+        fmt = DOT_FORMATS[w.ggml_type].format if integer else QUANT_FORMATS[w.ggml_type]
+        # each plane holds rows in order: the first dim of its (blocks, ...) shape splits into rows
+        planes = tuple(p.reshape(rows, -1).realize() for p in fmt.planes(blocks))
+        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer)  # type: ignore[arg-type]
 
     @property
     def type_name(self) -> str:
@@ -413,8 +424,8 @@ class QuantizedMatrix:
         quantized per block (quantize_blocks; `blocks` passes those of this x made once for several matrices)."""
         if x.ndim != 2 or x.shape[1] != self.shape[1]:
             raise ValueError(f"{self.name}: x of shape {x.shape} cannot multiply a weight of shape {self.shape}")
-        if self.dot_planes is not None:
-            return DOT_FORMATS[self.ggml_type][1](self.dot_planes, *(blocks or quantize_blocks(x)))
+        if self.integer:
+            return DOT_FORMATS[self.ggml_type].matvec(self.planes, *(blocks or quantize_blocks(x)))
         fmt, w, x = self.format, self._weights(), x.cast(dtypes.float32)
         if fmt.x_order is not None:
             xg = fmt.x_order(x, self.groups)

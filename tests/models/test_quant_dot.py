@@ -58,7 +58,8 @@ def test_integer_matvec_equals_dequantized_float_math_within_the_activation_erro
     if device == "LLVM":
         pytest.importorskip("llvmlite")
     q, meant = _q8_0(rows, cols, device, seed=rows)
-    assert q.dot_planes is not None
+    assert q.integer
+    np.testing.assert_array_equal(q.dequantize().numpy(), meant)  # the unsigned planes still mean the same weight
     x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
     got = q.matvec(Tensor(x, device=device)).numpy()
     # the same activations quantized in numpy: only float32 rounding apart
@@ -112,4 +113,11 @@ def test_formats_without_an_integer_path_keep_the_float_one():
     rng = np.random.default_rng(0)
     raw, _ = _stored(rng.standard_normal((4, 256)).astype(np.float32), qt, rng)
     blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1])).realize()
-    assert QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (4, 256), blocks), int8=True).dot_planes is None
+    assert QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (4, 256), blocks), int8=True).integer is False
+
+
+def test_a_prefill_chunk_over_the_integer_planes_is_float_math():
+    q, meant = _q8_0(37, 64, "CPU")
+    x = np.random.default_rng(3).standard_normal((5, 64)).astype(np.float32)
+    want = x.astype(np.float64) @ meant.T.astype(np.float64)
+    np.testing.assert_allclose(q.matmul(Tensor(x)).numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
