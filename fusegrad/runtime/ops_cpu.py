@@ -180,7 +180,8 @@ def host_capabilities(base: Capabilities = CRenderer.capabilities) -> Capabiliti
     except RuntimeError:
         return base.replace(vector_bytes=16, vector_registers=16)
     vector_bytes, registers = vector_target(cc)
-    int8_dot = any(m in (native_macros(cc) or ()) for m in INT8_DOT_MACROS)
+    # the dot product is found by the compiler's loop vectorizer: a dialect without one (the interpreter) never has it
+    int8_dot = base.loop_vectorizer and any(m in (native_macros(cc) or ()) for m in INT8_DOT_MACROS)
     return base.replace(vector_bytes=vector_bytes, vector_registers=registers, int8_dot=int8_dot)
 
 
