@@ -6,7 +6,9 @@
   128 tokens after a 4-token prompt, tokens/s. The cases run in turns, 3 rounds, medians.
 - accuracy: the summed log-probability of a 512-token random text under F32 (fusegrad, llama.cpp, transformers) and
   under Q8_0 and Q4_K files made from the F32 file by llama.cpp's own quantizer (fusegrad, llama.cpp), with each
-  format's drift against F32 on each side. (The speed files' K-quant blocks are random: any bytes time the same.)
+  format's drift against F32 on each side; and fusegrad's one token at a time (a decode step's path: where the CPU
+  has 8-bit dot products, Q8_0 activations quantized to 8 bits as llama.cpp's are), with its drift against F32.
+  (The speed files' K-quant blocks are random: any bytes time the same.)
 Both sides run on NUM_CPU_THREADS threads (llama.cpp's n_threads and n_threads_batch). llama-cpp-python is a
 bench-only dependency: `pip install llama-cpp-python` builds llama.cpp from source (a few minutes on 2 cores).
 The files carry no tokenizer (`tokenizer.ggml.model = no_vocab`): both sides read token ids."""
@@ -124,7 +126,7 @@ def bench_accuracy(formats: list[str]) -> None:
     text = np.random.default_rng(1).integers(0, LLAMA_SHAPE["vocab_size"], TEXT).tolist()
     print(
         f"{'format':8s} {'fusegrad':>14s} {'llama.cpp':>14s} {'fg/llama.cpp - 1':>17s} {'fg drift vs F32':>16s} "
-        f"{'llama.cpp drift':>16s}"
+        f"{'llama.cpp drift':>16s} {'fg token by token':>18s} {'its drift':>10s}"
     )
     with tempfile.TemporaryDirectory() as d:
         f32_path, ref = write_model(d, "F32")
@@ -139,14 +141,22 @@ def bench_accuracy(formats: list[str]) -> None:
             model.reset()
             chunks = [model.forward(np.array(text[i : i + 128], np.int32), i).numpy() for i in range(0, TEXT, 128)]
             ours = log_prob(np.concatenate(chunks), text)
+            model.reset()
+            steps = [model.forward(np.array(text[i : i + 1], np.int32), i).numpy() for i in range(TEXT)]
+            ours_steps = log_prob(np.concatenate(steps), text)
             llm = load_llamacpp(path, logits_all=True)
             llm.reset()
             llm.eval(text)
             theirs = log_prob(np.array(llm.scores[:TEXT], np.float32), text)
             del llm, model
             base = base or (ours, theirs)
-            drift = "" if qtype == "F32" else f"{ours / base[0] - 1:16.2e} {theirs / base[1] - 1:16.2e}"
-            print(f"{qtype:8s} {ours:14.4f} {theirs:14.4f} {ours / theirs - 1:17.2e} {drift}", flush=True)
+            drift = f"{ours / base[0] - 1:16.2e} {theirs / base[1] - 1:16.2e}" if qtype != "F32" else " " * 33
+            steps_drift = f"{ours_steps / base[0] - 1:10.2e}"
+            print(
+                f"{qtype:8s} {ours:14.4f} {theirs:14.4f} {ours / theirs - 1:17.2e} {drift} {ours_steps:18.4f} "
+                f"{steps_drift}",
+                flush=True,
+            )
     print(f"transformers, F32 weights: {hf:.4f} (fusegrad F32 / transformers - 1 = {base[0] / hf - 1:.2e})")
 
 

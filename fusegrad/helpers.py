@@ -172,6 +172,8 @@ BEAM = ContextVar("BEAM", 0)  # beam width of the opts search (0: the heuristics
 IGNORE_BEAM_CACHE = ContextVar("IGNORE_BEAM_CACHE", 0)
 CUDA_ARCH = ContextVar("CUDA_ARCH", "")  # sm_XX the CUDA compiler targets when no GPU says (compile-only)
 NOOPT = ContextVar("NOOPT", 0)  # 1 applies no codegen opts
+# 0: a quantized matvec multiplies float activations even where the target has 8-bit dot products (exact weights)
+QUANT_DOT = ContextVar("QUANT_DOT", 1)
 AMD_SIM = ContextVar("AMD_SIM", 0)  # 1: DEV=AMD runs on the simulated MI350X VF
 AMD_SIM_TWIN = ContextVar("AMD_SIM_TWIN", 0)  # 1: each simulated dispatch also runs the kernel's PYTHON twin, compared
 AMD_PCI = ContextVar("AMD_PCI", "")  # PCI address of the AMD function DEV=AMD opens ("": the first AMD GPU)

@@ -312,6 +312,12 @@ def device_capabilities(device: str) -> Capabilities:
     return Device[device].renderer.capabilities
 
 
+def int8_dot(device: str) -> bool:
+    """Whether device's kernels multiply 8-bit integers in dot-product instructions (its renderer's `int8_dot`): a
+    quantized matvec then quantizes its activations to 8 bits, as llama.cpp does."""
+    return device_capabilities(device).int8_dot
+
+
 def panel_columns(device: str, itemsize: int = 4) -> int:
     """Columns of a packed weight panel on device: two of its vectors of itemsize-byte elements (the register tile's
     width); 0 where the device's kernels do not gain from panels (its renderer's `weight_panels`). A plain matmul's

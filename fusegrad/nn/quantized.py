@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import QUANT_DOT
 from fusegrad.tensor import Tensor
 
 # ggml type -> (name, elements per block, bytes per block); plain types have 1-element blocks
@@ -144,6 +145,12 @@ class GGMLQuantized:
 
 def _names() -> list[str]:
     return sorted(GGML_TYPES[k][0] for k in DEQUANTIZERS)
+
+
+def int8_dot(device: str) -> bool:
+    from fusegrad.engine.realize import int8_dot as target_has_it  # the engine entry point the tensor has loaded
+
+    return target_has_it(device)
 
 
 def _on_compute_device(blocks: Tensor) -> Tensor:
@@ -282,26 +289,90 @@ QUANT_FORMATS: dict[int, QuantFormat] = {
 MAX_PARTS = 48
 
 
+def quantize_blocks(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x (n, cols) as llama.cpp's 8-bit activations: per block of 32, (xq (n, blocks, 32) int8, the scale
+    (n, blocks) float32 with x ~ scale * xq, the sum of xq (n, blocks) as float32). Each is realized by its own kernel
+    (a matvec reads them once per weight row), and each holds what the matvec would otherwise compute per row (a
+    Python number in a kernel is a buffer load, which hides its value from the C renderer's overflow proof)."""
+    xb = x.cast(dtypes.float32).reshape(x.shape[0], -1, 32)
+    xs = (xb.abs().max(-1) * (1 / 127)).contiguous()
+    scaled = (xs > 0).unsqueeze(-1).where(xb / xs.unsqueeze(-1), 0.0)
+    # rounded half away from zero by the truncating cast (round()'s ties-to-even is ~30 ops a value, unvectorized)
+    xq = (scaled + (scaled < 0).where(-0.5, 0.5)).cast(dtypes.int8).contiguous()
+    return xq, xs, xq.cast(dtypes.int32).sum(-1).cast(dtypes.float32).contiguous()
+
+
+def _q8_0_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) -> Tensor:
+    # the weights stored as w + 128 (unsigned, what vpdpbusd multiplies): 128 * sum(xq) comes off each block's sum
+    wu, ws = planes
+    rows = wu.shape[0]
+    isum = (wu.reshape(1, rows, -1, 32).cast(dtypes.int32) * xq.unsqueeze(1).cast(dtypes.int32)).sum(-1)
+    true = isum.cast(dtypes.float32) - xsum.unsqueeze(1) * 128
+    return (true * (ws.cast(dtypes.float32).unsqueeze(0) * xs.unsqueeze(1))).sum(-1)
+
+
+def _q8_0_unsigned_planes(b: Tensor) -> tuple[Tensor, ...]:
+    values = (b[:, 2:34].bitcast(dtypes.int8).cast(dtypes.int32) + 128).cast(dtypes.uint8)
+    return values.contiguous(), _f16_plane(b, 0).contiguous()
+
+
+@dataclass(frozen=True)
+class DotFormat:
+    """A ggml type multiplied in integer dot products: `format` its planes (values as unsigned 8-bit: the operand
+    vpdpbusd takes unsigned) and how dequantize and prefill read them; `matvec(planes, xq, xs, xsum)` is x @ W.T over
+    quantize_blocks' activations."""
+
+    format: QuantFormat
+    matvec: Callable[..., Tensor]
+
+
+DOT_FORMATS: dict[int, DotFormat] = {
+    8: DotFormat(
+        QuantFormat(
+            1,
+            32,
+            _q8_0_unsigned_planes,
+            lambda p, r, g: (p[0].reshape(r, g, 1, 32).cast(dtypes.int32) - 128).cast(dtypes.float32),
+            lambda p, r, g: (_f32(p[1], r, g, 1), None),
+        ),
+        _q8_0_dot,
+    ),
+}
+# Q4_K's nibbles are unsigned already, but unpacked inside the kernel they ran 8x slower than its float matvec
+# (GCC keeps the shifts in 32-bit lanes and finds no dot product): K-quants keep the float path
+
+
 class QuantizedMatrix:
     """A (rows, cols) quantized weight as planes (see the module doc), made once from its GGML blocks.
-    `matvec(x)` is x @ W.T for x (n, cols) in one kernel that reads the planes; `dequantize()` is W in float32."""
+    `matvec(x)` is x @ W.T for x (n, cols) in one kernel that reads the planes; `dequantize()` is W in float32.
+    On a target with 8-bit dot products (`int8_dot`) a format in DOT_FORMATS multiplies x quantized to 8 bits per
+    block of 32 (quantize_blocks) instead, in integers, as llama.cpp does."""
 
-    def __init__(self, name: str, ggml_type: int, shape: tuple[int, int], planes: tuple[Tensor, ...]):
-        self.name, self.ggml_type, self.shape, self.planes = name, ggml_type, shape, planes
-        self.format = QUANT_FORMATS[ggml_type]
+    def __init__(
+        self, name: str, ggml_type: int, shape: tuple[int, int], planes: tuple[Tensor, ...], integer: bool = False
+    ):
+        """integer: the planes are DOT_FORMATS' (a decode row is multiplied in integer dot products)."""
+        self.name, self.ggml_type, self.shape, self.planes, self.integer = name, ggml_type, shape, planes, integer
+        self.format = DOT_FORMATS[ggml_type].format if integer else QUANT_FORMATS[ggml_type]
         self.groups = shape[1] // self.format.group
 
     @staticmethod
-    def from_ggml(w: GGMLQuantized) -> QuantizedMatrix:
+    def from_ggml(w: GGMLQuantized, int8: bool | None = None) -> QuantizedMatrix:
+        """int8: the integer planes, where the format has them (None: where also the target has 8-bit dot products
+        and QUANT_DOT is on)."""
         if len(w.shape) != 2:
             raise ValueError(f"{w.name}: a quantized matrix is 2-D, got shape {w.shape}")
         if w.ggml_type not in QUANT_FORMATS:
             raise ValueError(f"{w.name}: no quantized matrix for {w.type_name}; supported: {_names()}")
         rows = w.shape[0]
         blocks = _on_compute_device(w.blocks).reshape(-1, GGML_TYPES[w.ggml_type][2])
+        if int8 is None:
+            int8 = bool(QUANT_DOT.value) and int8_dot(blocks.device)
+        integer = int8 and w.ggml_type in DOT_FORMATS and w.shape[1] % 32 == 0
+        fmt = DOT_FORMATS[w.ggml_type].format if integer else QUANT_FORMATS[w.ggml_type]
         # each plane holds rows in order: the first dim of its (blocks, ...) shape splits into rows
-        planes = tuple(p.reshape(rows, -1).realize() for p in QUANT_FORMATS[w.ggml_type].planes(blocks))
-        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes)  # type: ignore[arg-type]
+        planes = tuple(p.reshape(rows, -1).realize() for p in fmt.planes(blocks))
+        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer)  # type: ignore[arg-type]
 
     @property
     def type_name(self) -> str:
@@ -347,11 +418,14 @@ class QuantizedMatrix:
             out = out.contiguous()
         return out.reshape(-1, count * panel)[:, : self.shape[0]]
 
-    def matvec(self, x: Tensor) -> Tensor:
+    def matvec(self, x: Tensor, blocks: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """x (n, cols) @ W.T -> (n, rows): per row and group, each lane's parts dequantized and multiplied by x,
-        summed over the group's contiguous lanes in an inner loop, then over the groups."""
+        summed over the group's contiguous lanes in an inner loop, then over the groups. With dot planes, x is
+        quantized per block (quantize_blocks; `blocks` passes those of this x made once for several matrices)."""
         if x.ndim != 2 or x.shape[1] != self.shape[1]:
             raise ValueError(f"{self.name}: x of shape {x.shape} cannot multiply a weight of shape {self.shape}")
+        if self.integer:
+            return DOT_FORMATS[self.ggml_type].matvec(self.planes, *(blocks or quantize_blocks(x)))
         fmt, w, x = self.format, self._weights(), x.cast(dtypes.float32)
         if fmt.x_order is not None:
             xg = fmt.x_order(x, self.groups)

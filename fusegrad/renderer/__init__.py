@@ -35,6 +35,9 @@ class Capabilities:
     float64_math: bool = True
     # the target's float32 sin/cos reduce large arguments; off: computed through float_math.py's float64 reduction
     sin_reduction: bool = True
+    # the target multiplies 8-bit integers into 32-bit sums in one instruction (x86 VNNI vpdpbusd, Arm sdot), which
+    # its compiler finds in a plain sum of 8-bit products: a quantized matvec then quantizes its activations to 8 bits
+    int8_dot: bool = False
 
     def lanes(self, dtype: DType) -> int:
         """Elements of dtype in one vector register (at least 1)."""

@@ -9,7 +9,15 @@ from fusegrad.codegen.opt.packs import Pack
 from fusegrad.dtype import DType, dtypes
 from fusegrad.renderer import Capabilities
 from fusegrad.renderer.c_prelude import c_prelude
-from fusegrad.renderer.cstyle import INFIX, MASK_INT, CStyleRenderer, KernelText, RenderError, base_rewrite
+from fusegrad.renderer.cstyle import (
+    INFIX,
+    MASK_INT,
+    CStyleRenderer,
+    KernelText,
+    RenderError,
+    base_rewrite,
+    fits_exactly,
+)
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
@@ -31,6 +39,10 @@ def _simd_reduction(r: UOp, lin: tuple[UOp, ...], names: dict[UOp, str], packs: 
     accumulators that form no vector (a register tile of outputs whose inputs are both contiguous along the reduce,
     x @ W.T) are vectorized along the loop, each in its own vector."""
     if (updates := _innermost_updates(r, lin)) is None:
+        return None
+    # an integer sum that cannot overflow is left to GCC's own loop vectorizer, which recognizes a sum of 8-bit
+    # products as a dot product (vpdpbusd where the target has VNNI) only without the pragma
+    if updates and all(u.dtype in (dtypes.int32, dtypes.int64) and fits_exactly(u) for u in updates):
         return None
     # several accumulators are better vectorized across each other (SLP) than along the loop, when they pack
     if (

@@ -161,10 +161,39 @@ def _load(ctx: KernelText, x: UOp) -> str:
     return f"({ctx.ref(x.src[2])}?{load}:{ctx.renderer.render_const(0, x.dtype)})" if len(x.src) == 3 else load
 
 
+def fits_exactly(u: UOp) -> bool:
+    """Whether integer ADD/MUL u, or a sum (ACC_UPDATE) from a constant over its loops, provably stays inside its
+    dtype: it then needs no wrapping, and is written as plain signed C arithmetic, whose idioms a compiler recognizes
+    (GCC vectorizes a sum of 8-bit products as a dot product only so)."""
+    dt = u.dtype
+    if not dtypes.is_int(dt) or dt.itemsize < 4:
+        return False
+    if u.op is Ops.ACC_UPDATE:
+        init, value = u.src[0].src[0], u.src[1]
+        if u.arg is not Ops.ADD or init.op is not Ops.CONST or not (value.op is Ops.CONST or fits_exactly(value)):
+            return False
+        trips = math.prod(r.vmax + 1 for r in u.src[2:])
+        lo, hi = init.arg + trips * min(value.vmin, 0), init.arg + trips * max(value.vmax, 0)
+    elif u.op in (Ops.ADD, Ops.MUL) and all(dtypes.is_int(s.dtype) for s in u.src):
+        a, b = u.src
+        if u.op is Ops.ADD:
+            lo, hi = a.vmin + b.vmin, a.vmax + b.vmax
+        else:
+            prods = [x * y for x in (a.vmin, a.vmax) for y in (b.vmin, b.vmax)]
+            lo, hi = min(prods), max(prods)
+    elif u.op is Ops.CAST or u.op is Ops.LOAD or u.op is Ops.CONST:
+        return True  # a value of its dtype
+    else:
+        return False
+    return dt.min <= lo and hi <= dt.max
+
+
 def _acc_update(ctx: KernelText, x: UOp) -> str:
     acc = ctx.names[x.src[0]]
     ctx.names[x] = acc
-    value = ctx.renderer.render_alu(x.arg, x.dtype, [acc, ctx.ref(x.src[1])], (x.src[0], x.src[1]), wrap=True)
+    value = ctx.renderer.render_alu(
+        x.arg, x.dtype, [acc, ctx.ref(x.src[1])], (x.src[0], x.src[1]), wrap=not fits_exactly(x)
+    )
     return f"{acc} = {value};"
 
 
@@ -191,7 +220,7 @@ base_rewrite = PatternMatcher(
         (
             UPat(GroupOp.ALU, name="x"),
             lambda ctx, x: ctx.renderer.render_alu(
-                x.op, x.dtype, [ctx.ref(s) for s in x.src], x.src, wrap=ctx.reads_data[x]
+                x.op, x.dtype, [ctx.ref(s) for s in x.src], x.src, wrap=ctx.reads_data[x] and not fits_exactly(x)
             ),
         ),
     ]

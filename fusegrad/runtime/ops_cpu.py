@@ -146,15 +146,25 @@ def _source_key(cc: str, flags: tuple[str, ...], src: str) -> str:
 
 
 @functools.cache
-def vector_target(cc: str) -> tuple[int, int]:
-    """(vector bytes, vector registers) of `-march=native`, read from the C compiler's predefined macros once."""
+def native_macros(cc: str) -> frozenset[str] | None:
+    """The macros the C compiler predefines under `-march=native`; None when it cannot list them or refuses it."""
     try:
         macros = run_compiler([cc, "-march=native", "-dM", "-E", "-x", "c", "-"], "", "listing macros")
     except (OSError, RuntimeError):
-        return 16, 16  # the compiler cannot list them: SSE2-sized vectors, the x86-64 baseline
+        return None
     if macros.returncode != 0:
-        return 16, 16  # nor when it refuses -march=native
-    defined = set(line.split()[1] for line in macros.stdout.splitlines() if line.startswith("#define "))
+        return None
+    return frozenset(line.split()[1] for line in macros.stdout.splitlines() if line.startswith("#define "))
+
+
+# an 8-bit dot product instruction: AVX512-VNNI / AVX-VNNI vpdpbusd, Arm's sdot/udot
+INT8_DOT_MACROS = ("__AVX512VNNI__", "__AVXVNNI__", "__ARM_FEATURE_DOTPROD")
+
+
+def vector_target(cc: str) -> tuple[int, int]:
+    """(vector bytes, vector registers) of `-march=native`, read from the C compiler's predefined macros once."""
+    if (defined := native_macros(cc)) is None:
+        return 16, 16  # the compiler cannot list them or refuses -march=native: SSE2-sized vectors, the x86 baseline
     if "__AVX512F__" in defined:
         return 64, 32
     if "__AVX__" in defined:
@@ -166,10 +176,13 @@ def host_capabilities(base: Capabilities = CRenderer.capabilities) -> Capabiliti
     """base with the vector width and register count the C compiler targets on this machine (16 bytes, 16 registers
     when there is no compiler)."""
     try:
-        vector_bytes, registers = vector_target(find_compiler())
+        cc = find_compiler()
     except RuntimeError:
-        vector_bytes, registers = 16, 16
-    return base.replace(vector_bytes=vector_bytes, vector_registers=registers)
+        return base.replace(vector_bytes=16, vector_registers=16)
+    vector_bytes, registers = vector_target(cc)
+    # the dot product is found by the compiler's loop vectorizer: a dialect without one (the interpreter) never has it
+    int8_dot = base.loop_vectorizer and any(m in (native_macros(cc) or ()) for m in INT8_DOT_MACROS)
+    return base.replace(vector_bytes=vector_bytes, vector_registers=registers, int8_dot=int8_dot)
 
 
 class ClangCompiler:

@@ -101,7 +101,11 @@ class Planner:
                 self._mark(r, self.device_of[r] or d)
         # a reduce fused into several kernels would be computed once per kernel: realize it once instead
         while shared := self._reduces_in_several_kernels():
-            for u in shared:
+            # the outermost first: a reduce inside another (a per-block sum under a matvec's sum) goes with it
+            inner = {
+                v for u in shared for v in u.toposort(gate=lambda x, u=u: x is u or x not in self.points) if v is not u
+            }
+            for u in [u for u in shared if u not in inner] or shared:
                 self._mark(u, self.device_of[u] or self.points[next(iter(self.points))])
 
     def _depth_cuts(self) -> set[UOp]:

@@ -86,6 +86,23 @@ def test_a_compiler_that_cannot_list_its_macros_gives_the_sse2_baseline(tmp_path
     assert ops_cpu.vector_target(fake_compiler(tmp_path, "broken-cc", [], exit_code=1)) == (16, 16)
 
 
+@pytest.mark.parametrize(
+    "macros, expected",
+    [
+        (["__x86_64__", "__AVX512F__", "__AVX512VNNI__"], True),
+        (["__x86_64__", "__AVX2__", "__AVXVNNI__"], True),
+        (["__aarch64__", "__ARM_FEATURE_DOTPROD"], True),
+        (["__x86_64__", "__AVX512F__"], False),
+    ],
+)
+def test_the_cpu_has_int8_dot_where_the_compiler_targets_a_dot_product_instruction(
+    tmp_path, monkeypatch, macros, expected
+):
+    cc = fake_compiler(tmp_path, "cc-" + "-".join(m.strip("_") for m in macros), macros)
+    monkeypatch.setattr(ops_cpu, "find_compiler", lambda: cc)
+    assert ops_cpu.host_capabilities().int8_dot is expected
+
+
 def test_host_capabilities_keep_the_dialects_vector_math(monkeypatch):
     monkeypatch.setattr(ops_cpu, "vector_target", lambda cc: (64, 32))
     caps = ops_cpu.host_capabilities()

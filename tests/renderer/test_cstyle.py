@@ -153,3 +153,19 @@ def test_a_cast_of_a_product_to_bool_compiles_without_the_compilers_warning():
     # (bool)(a*b) made gcc warn (-Wint-in-bool-context), and the CPU device refuses kernels that warn
     a, b = Tensor([3, 0, -2]), Tensor([1, 5, 2])
     assert (a * b).cast(dtypes.bool).tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize("n, plain", [(32, True), (1 << 18, False)])
+def test_a_sum_of_8_bit_products_is_plain_signed_c_only_where_it_cannot_overflow(n, plain):
+    # 32 products of at most 128 * 128 fit int32 many times over; 2**18 of them could reach 2**32, so the sum that
+    # adds them all up wraps (a split sum's partials over shorter loops may still be plain)
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(-128, 128, n).astype(np.int8) for _ in range(2))
+    ta, tb = Tensor(a).realize(), Tensor(b).realize()
+    out = (ta.cast(dtypes.int32) * tb.cast(dtypes.int32)).sum()
+    src = "\n".join(Device["CPU"].render(info) for info in kernels(out))
+    acc = [ln for ln in src.splitlines() if ln.strip().startswith("acc") and "=" in ln and "int acc" not in ln]
+    wrapped = [ln for ln in acc if "unsigned" in ln]
+    assert acc and (not wrapped if plain else wrapped), acc
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    assert out.item() == np.int64(want).astype(np.int32)

@@ -1,0 +1,123 @@
+"""The integer dot-product matvec (activations quantized to 8 bits per block of 32, as llama.cpp's Q8 activations)
+against numpy, and the C kernel it renders to: plain signed sums of 8-bit products, which GCC turns into vpdpbusd
+where the target has VNNI."""
+
+import subprocess
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf", reason="the test extra installs gguf")
+
+from gguf import GGMLQuantizationType  # noqa: E402
+from gguf.quants import GGML_QUANT_SIZES  # noqa: E402
+from gguf_models import _stored  # noqa: E402
+
+from fusegrad import GlobalCounters, Tensor  # noqa: E402
+from fusegrad.codegen import lower_to_linear  # noqa: E402
+from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, quantize_blocks  # noqa: E402
+from fusegrad.runtime.device import Device  # noqa: E402
+from fusegrad.runtime.ops_cpu import find_compiler, kernel_flags  # noqa: E402
+from fusegrad.schedule import create_schedule  # noqa: E402
+from fusegrad.uop.ops import Ops  # noqa: E402
+
+
+def _q8_0(rows: int, cols: int, device: str, seed: int = 0) -> tuple[QuantizedMatrix, np.ndarray]:
+    qt = GGMLQuantizationType.Q8_0
+    rng = np.random.default_rng(seed)
+    raw, meant = _stored(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qt, rng)
+    blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1]), device=device).realize()
+    return QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (rows, cols), blocks), int8=True), meant
+
+
+def _numpy_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's Q8 activations in numpy: per block of 32, scale = max|x| / 127, values rounded half away from 0."""
+    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    xs = np.abs(xb).max(-1) * np.float32(1 / 127)
+    scaled = np.divide(xb, xs[..., None], out=np.zeros_like(xb), where=xs[..., None] > 0)
+    return np.trunc(scaled + np.where(scaled < 0, -0.5, 0.5)).astype(np.int8), xs
+
+
+@pytest.mark.parametrize("device", ["CPU", "LLVM"])
+def test_quantize_blocks_equals_numpy(device):
+    if device == "LLVM":
+        pytest.importorskip("llvmlite")
+    x = np.random.default_rng(0).standard_normal((2, 96)).astype(np.float32)
+    x[1, 32:64] = 0  # an all-zero block: scale 0, values 0
+    xq, xs, xsum = quantize_blocks(Tensor(x, device=device))
+    want_q, want_s = _numpy_blocks(x)
+    np.testing.assert_array_equal(xq.numpy(), want_q)
+    np.testing.assert_allclose(xs.numpy(), want_s, rtol=1e-7)
+    np.testing.assert_array_equal(xsum.numpy(), want_q.astype(np.int64).sum(-1))
+    assert np.abs(xq.numpy()).max() <= 127
+
+
+@pytest.mark.parametrize("device", ["CPU", "LLVM"])
+@pytest.mark.parametrize("n, rows, cols", [(1, 48, 768), (2, 37, 64), (1, 5, 2048)])
+def test_integer_matvec_equals_dequantized_float_math_within_the_activation_error(device, n, rows, cols):
+    if device == "LLVM":
+        pytest.importorskip("llvmlite")
+    q, meant = _q8_0(rows, cols, device, seed=rows)
+    assert q.integer
+    np.testing.assert_array_equal(q.dequantize().numpy(), meant)  # the unsigned planes still mean the same weight
+    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+    got = q.matvec(Tensor(x, device=device)).numpy()
+    # the same activations quantized in numpy: only float32 rounding apart
+    xq, xs = _numpy_blocks(x)
+    w = meant.astype(np.float64).reshape(rows, -1, 32)
+    exact = np.einsum("nbl,rbl,nb->nr", xq.astype(np.float64), w, xs.astype(np.float64))
+    np.testing.assert_allclose(got, exact, rtol=0, atol=1e-5 * np.abs(exact).max())
+    # against unquantized x: each value is off by at most half a step (scale / 2) of its block
+    want = x.astype(np.float64) @ meant.T.astype(np.float64)
+    bound = np.einsum("rbl,nb->nr", np.abs(w), xs.astype(np.float64) / 2)
+    assert np.all(np.abs(got - want) <= bound + 1e-5 * np.abs(want).max())
+
+
+def test_the_integer_matvec_is_one_kernel_after_the_activations_three():
+    q, _ = _q8_0(64, 512, "CPU")
+    x = Tensor(np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32)).realize()
+    GlobalCounters.reset()
+    q.matvec(x).realize()
+    assert GlobalCounters.kernel_count == 4  # scale, values, value sums of x; the matvec
+
+
+def _matvec_source() -> str:
+    q, _ = _q8_0(64, 512, "CPU")
+    xq, xs, xsum = (t.realize() for t in quantize_blocks(Tensor.ones(1, 512).contiguous().realize()))
+    out = q.matvec(Tensor.ones(1, 512), (xq, xs, xsum))
+    (item,) = [i for i in create_schedule([out.uop], [Device["CPU"]])[0] if i.ast.op is Ops.SINK]
+    return Device["CPU"].render(lower_to_linear(item.ast, Device["CPU"].renderer))
+
+
+def test_the_sum_of_8_bit_products_renders_as_plain_signed_c():
+    # no unsigned wrapping and no simd pragma on it: GCC's loop vectorizer then finds the dot product
+    src = _matvec_source()
+    line = next(ln for ln in src.splitlines() if ln.strip().startswith("acc1 = "))
+    assert "unsigned" not in line and "*" in line, line
+    assert "reduction(+:acc1)" not in src
+
+
+def test_the_c_kernel_runs_vpdpbusd_where_the_target_has_vnni():
+    if not Device["CPU"].renderer.capabilities.int8_dot:
+        pytest.skip("this CPU has no 8-bit dot product instruction")
+    cc = find_compiler()
+    src = _matvec_source()
+    asm = subprocess.run(
+        [cc, *kernel_flags(cc, src), "-S", "-x", "c", "-", "-o", "-"], input=src, capture_output=True, text=True
+    ).stdout
+    assert "vpdpbusd" in asm or "sdot" in asm or "udot" in asm  # x86 VNNI, Arm's dot products
+
+
+def test_formats_without_an_integer_path_keep_the_float_one():
+    qt = GGMLQuantizationType.Q4_K
+    rng = np.random.default_rng(0)
+    raw, _ = _stored(rng.standard_normal((4, 256)).astype(np.float32), qt, rng)
+    blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1])).realize()
+    assert QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (4, 256), blocks), int8=True).integer is False
+
+
+def test_a_prefill_chunk_over_the_integer_planes_is_float_math():
+    q, meant = _q8_0(37, 64, "CPU")
+    x = np.random.default_rng(3).standard_normal((5, 64)).astype(np.float32)
+    want = x.astype(np.float64) @ meant.T.astype(np.float64)
+    np.testing.assert_allclose(q.matmul(Tensor(x)).numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
