@@ -35,6 +35,8 @@ MAX_REDUCE_BLOCKS = 32
 # row tiles of a packed matmul that reuse one panel of the column input (measured on 1024^2 and 2048^2: 32-64 tiles
 # of 8 rows beat 8-16 by 5-30 %)
 PANEL_ROW_BLOCK = 64
+# the overlap of an overlapping last block of row tiles is at most 1/MAX_BLOCK_OVERLAP of them (recomputed tiles)
+MAX_BLOCK_OVERLAP = 32
 # panels a row tile of a packed matmul walks in a row (TILE of the panels' loop)
 PANEL_PAIR = 2
 # the longest panel walked whole (half the L2 of this machine's cores)
@@ -327,11 +329,21 @@ def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool
         ROW_BLOCK_BYTES // (row_amount * reduce_size * value.dtype.itemsize),
         row_tiles // max(int(NUM_CPU_THREADS.value), 1),
     )
-    while exact and per_block >= 2 and row_tiles % per_block:
-        per_block -= 1
+    per_block = _block_size(row_tiles, per_block, exact)
     if cols > col_amount and per_block >= 2:
         opts.append(Opt(OptOps.TILE, row, per_block))
     return opts
+
+
+def _block_size(tiles: int, most: int, exact: bool) -> int:
+    """The most tiles per block, up to `most`, whose last block overlaps the one before it by at most
+    1/MAX_BLOCK_OVERLAP of the tiles (recomputed); with exact, a divisor of tiles. 8 row tiles in blocks of 7 computed
+    14 (a 3x3 conv at 55x55 with 64 channels on one thread: 884 -> 507 us in blocks of 4)."""
+    for amount in range(most, 1, -1):
+        overlap = -(-tiles // amount) * amount - tiles
+        if overlap == 0 or not exact and overlap * MAX_BLOCK_OVERLAP <= tiles:
+            return amount
+    return 1
 
 
 def _panel_tile(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt] | None:
