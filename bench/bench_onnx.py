@@ -9,12 +9,12 @@ inside the onnx package, each with its declared input shape filled with a fixed 
 Each engine (onnxruntime, a plain fusegrad call, fusegrad under TinyJit) runs in blocks: a pause of SETTLE_S, one
 untimed warm-up call, then B timed calls back to back; N rounds alternate the three blocks (a shared machine's load
 moves all of them alike) and each engine's time is the median of its N * B calls. A user runs one engine, not two in
-turn: onnxruntime's intra-op pool keeps a thread spinning for about 30 ms after each run (its default
-`session.intra_op.allow_spinning`; measured as the process's CPU time while the caller sleeps), holding the second
-core, so a fusegrad call started right after an onnxruntime run gets one core (squeezenet under TinyJit: 5.6 ms back
-to back, about 10 ms right after each onnxruntime run, near 5.6 ms again after a session set not to spin).
-onnxruntime keeps its default settings here. --interleaved times the three one call each per round, no pause,
-no warm-up (the old way, which charged that spin to fusegrad)."""
+turn: onnxruntime's intra-op pool keeps a thread spinning after each run (its default
+`session.intra_op.allow_spinning`: about 35 ms of the process's CPU time in the 50 ms after a run while the caller
+sleeps), holding the second core, so a fusegrad call started right after an onnxruntime run gets one core (squeezenet
+under TinyJit, medians: 6.4 ms back to back, 9.8 ms right after each onnxruntime run, 6.5 ms right after a session set
+not to spin). onnxruntime keeps its default settings here. --interleaved times the three one call each per round,
+no pause, no warm-up (the old way, which charged that spin to fusegrad)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import onnxruntime as ort
 from fusegrad import GlobalCounters, Tensor, TinyJit
 from fusegrad.onnx import OnnxRunner
 
-# the pause before each block: longer than onnxruntime's pool spins after a run (about 30 ms)
+# the pause before each block: longer than onnxruntime's pool spins after a run (about 35 ms)
 SETTLE_S = 0.1
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 

@@ -37,9 +37,9 @@ MAX_REDUCE_BLOCKS = 32
 PANEL_ROW_BLOCK = 64
 # a reduce over one loop (a 1x1 conv, a matmul) whose output rows are longer than MIN_WIDE_COLUMNS vectors: a tile two
 # vectors wide is worth less than one vector wide (measured on one thread, 8-row tiles, 1x1 convs of 13x13 to 56x56
-# with 16 to 1024 input channels: one vector 8-32 % faster, the matmuls 128-512 x 256-1024 the same or faster; a
-# 7x7 conv's 49 outputs a row and a 64-column matmul 3-10 % slower, so shorter rows keep two); a conv's taps re-read
-# the input from L1 and keep two vectors (3x3 convs with 64 or more input channels: 2x faster than one)
+# with 16 to 1024 input channels: one vector 8-32 % faster, matmuls of 64-512 rows within 3 % or faster; a 7x7
+# conv's 49 outputs a row and a 64-column matmul 3-10 % slower, so shorter rows keep two); a conv over taps keeps two
+# vectors (3x3 convs with 64 or more input channels: 2x faster than one)
 ONE_AXIS_WIDE_WORTH = 0.95
 MIN_WIDE_COLUMNS = 4
 # the overlap of an overlapping last block of row tiles is at most 1/MAX_BLOCK_OVERLAP of them (recomputed tiles)
