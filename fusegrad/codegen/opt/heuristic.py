@@ -35,13 +35,13 @@ MAX_REDUCE_BLOCKS = 32
 # row tiles of a packed matmul that reuse one panel of the column input (measured on 1024^2 and 2048^2: 32-64 tiles
 # of 8 rows beat 8-16 by 5-30 %)
 PANEL_ROW_BLOCK = 64
-# a reduce over one loop (a 1x1 conv, a matmul) whose output rows are longer than MIN_WIDE_COLUMNS vectors: a tile two
-# vectors wide is worth less than one vector wide (measured on one thread, 8-row tiles, 1x1 convs of 13x13 to 56x56
-# with 16 to 1024 input channels: one vector 8-32 % faster, matmuls of 64-512 rows within 3 % or faster; a 7x7
-# conv's 49 outputs a row and a 64-column matmul 3-10 % slower, so shorter rows keep two); a conv over taps keeps two
-# vectors (3x3 convs with 64 or more input channels: 2x faster than one)
+# a reduce over one loop (a 1x1 conv, a matmul) whose output rows are longer than MIN_WIDE_COLUMNS: a tile two vectors
+# wide is worth less than one vector wide (measured with 16-lane vectors on one thread, 8-row tiles, 1x1 convs of
+# 13x13 to 56x56 with 16 to 1024 input channels: one vector 8-32 % faster, matmuls of 64-512 rows within 3 % or
+# faster; a 7x7 conv's 49 outputs a row and a 64-column matmul 3-10 % slower, so shorter rows keep two); a conv over
+# taps keeps two vectors (3x3 convs with 64 or more input channels: 2x faster than one)
 ONE_AXIS_WIDE_WORTH = 0.95
-MIN_WIDE_COLUMNS = 4
+MIN_WIDE_COLUMNS = 64
 # the overlap of an overlapping last block of row tiles is at most 1/MAX_BLOCK_OVERLAP of them (recomputed tiles)
 MAX_BLOCK_OVERLAP = 32
 # panels a row tile of a packed matmul walks in a row (TILE of the panels' loop)
@@ -324,7 +324,7 @@ def _register_tile(
     worth: dict[int, float] = {}
     for amount, w in zip((2 * width, width, 8, 4, 2), TILE_WORTH):
         worth.setdefault(amount, w)  # with 8-lane vectors, 8 is worth a vector
-    if one_axis and cols > MIN_WIDE_COLUMNS * width:
+    if one_axis and cols > MIN_WIDE_COLUMNS:
         worth[2 * width] = ONE_AXIS_WIDE_WORTH
     if (col_amount := _best_tile(cols, worth, exact)) is None:
         return []
