@@ -1,10 +1,20 @@
 """ONNX models on fusegrad against onnxruntime (2 threads): median latency per batch and kernels per run.
 
-python bench/bench_onnx.py [--runs N] [--models resnet50,squeezenet,...,bert]
+python bench/bench_onnx.py [--runs N] [--block B] [--interleaved] [--models resnet50,squeezenet,...,bert]
 
 The models are ONNX's "light" copies of the classic vision nets (real architectures, small random weights) that ship
 inside the onnx package, each with its declared input shape filled with a fixed ramp, and a BERT-style encoder
-(transformers' BertModel, random weights, 4 layers of width 256, 128 tokens) exported with torch.onnx.export."""
+(transformers' BertModel, random weights, 4 layers of width 256, 128 tokens) exported with torch.onnx.export.
+
+Each engine (onnxruntime, a plain fusegrad call, fusegrad under TinyJit) runs in blocks: a pause of SETTLE_S, one
+untimed warm-up call, then B timed calls back to back; N rounds alternate the three blocks (a shared machine's load
+moves all of them alike) and each engine's time is the median of its N * B calls. A user runs one engine, not two in
+turn: onnxruntime's intra-op pool keeps a thread spinning after each run (its default
+`session.intra_op.allow_spinning`: about 35 ms of the process's CPU time in the 50 ms after a run while the caller
+sleeps), holding the second core, so a fusegrad call started right after an onnxruntime run gets one core (squeezenet
+under TinyJit, medians: 6.4 ms back to back, 9.8 ms right after each onnxruntime run, 6.5 ms right after a session set
+not to spin). onnxruntime keeps its default settings here. --interleaved times the three one call each per round,
+no pause, no warm-up (the old way, which charged that spin to fusegrad)."""
 
 from __future__ import annotations
 
@@ -22,6 +32,8 @@ import onnxruntime as ort
 from fusegrad import GlobalCounters, Tensor, TinyJit
 from fusegrad.onnx import OnnxRunner
 
+# the pause before each block: longer than onnxruntime's pool spins after a run (about 35 ms)
+SETTLE_S = 0.1
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
 
@@ -46,15 +58,19 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _median_ms(fns, runs: int) -> list[float]:
-    """Each fn's median time over `runs` rounds, the fns interleaved in every round (a shared machine's load moves
-    all of them alike)."""
+def _median_ms(fns, runs: int, block: int) -> list[float]:
+    """Each fn's median time over `runs` rounds of a block each: a pause of SETTLE_S, one warm-up call, then `block`
+    timed calls (block 0: the fns interleaved one timed call each, no pause, no warm-up)."""
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(runs):
         for fn, ts in zip(fns, times):
-            st = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - st)
+            if block:
+                time.sleep(SETTLE_S)  # the engine before goes idle (onnxruntime's pool stops spinning)
+                fn()
+            for _ in range(max(block, 1)):
+                st = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - st)
     return [statistics.median(ts) * 1e3 for ts in times]
 
 
@@ -72,7 +88,7 @@ def load(name: str, folder: str):
     return model, feeds, ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
-def bench(name: str, runs: int, folder: str) -> None:
+def bench(name: str, runs: int, block: int, folder: str) -> None:
     model, feeds, sess = load(name, folder)
     runner = OnnxRunner(model)
     names = list(feeds)
@@ -94,7 +110,7 @@ def bench(name: str, runs: int, folder: str) -> None:
     for _ in range(3):
         jit_out = fg_jit()
     err_jit = max(float(np.abs(a - b).max()) for a, b in zip(ref, jit_out))
-    t_ort, t_fg, t_jit = _median_ms([lambda: sess.run(None, feeds), fg, fg_jit], runs)
+    t_ort, t_fg, t_jit = _median_ms([lambda: sess.run(None, feeds), fg, fg_jit], runs, block)
     print(
         f"{name:14s} onnxruntime {t_ort:8.2f} ms | fusegrad {t_fg:9.2f} ms ({t_ort / t_fg:4.2f}x) | "
         f"TinyJit {t_jit:9.2f} ms ({t_ort / t_jit:4.2f}x) | kernels {kernels:4d} | max|diff| {max(err, err_jit):.1e}",
@@ -105,16 +121,20 @@ def bench(name: str, runs: int, folder: str) -> None:
 def main() -> None:
     names = sorted(f[len("light_") : -len(".onnx")] for f in os.listdir(LIGHT) if f.endswith(".onnx")) + ["bert"]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=5, help="rounds")
+    ap.add_argument("--block", type=int, default=5, help="timed calls per engine per round, after a warm-up call")
+    ap.add_argument("--interleaved", action="store_true", help="one call per engine per round, no warm-up (old way)")
     ap.add_argument("--models", default=",".join(names), help=f"comma-separated, from {names}")
     args = ap.parse_args()
     chosen = args.models.split(",")
+    if args.block < 1:
+        raise SystemExit(f"--block must be at least 1, got {args.block}")
     for name in chosen:
         if name not in names:
             raise SystemExit(f"unknown model {name!r}; choose from {names}")
     with tempfile.TemporaryDirectory() as folder:
         for name in chosen:
-            bench(name, args.runs, folder)
+            bench(name, args.runs, 0 if args.interleaved else args.block, folder)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,15 @@ MAX_REDUCE_BLOCKS = 32
 # row tiles of a packed matmul that reuse one panel of the column input (measured on 1024^2 and 2048^2: 32-64 tiles
 # of 8 rows beat 8-16 by 5-30 %)
 PANEL_ROW_BLOCK = 64
+# a reduce over one loop (a 1x1 conv, a matmul) whose output rows are longer than MIN_WIDE_COLUMNS: a tile two vectors
+# wide is worth less than one vector wide (measured with 16-lane vectors on one thread, 8-row tiles, 1x1 convs of
+# 13x13 to 56x56 with 16 to 1024 input channels: one vector 8-32 % faster, matmuls of 64-512 rows within 3 % or
+# faster; a 7x7 conv's 49 outputs a row and a 64-column matmul 3-10 % slower, so shorter rows keep two); a conv over
+# taps keeps two vectors (3x3 convs with 64 or more input channels: 2x faster than one)
+ONE_AXIS_WIDE_WORTH = 0.95
+MIN_WIDE_COLUMNS = 64
+# the overlap of an overlapping last block of row tiles is at most 1/MAX_BLOCK_OVERLAP of them (recomputed tiles)
+MAX_BLOCK_OVERLAP = 32
 # panels a row tile of a packed matmul walks in a row (TILE of the panels' loop)
 PANEL_PAIR = 2
 # the longest panel walked whole (half the L2 of this machine's cores)
@@ -296,23 +305,27 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) ->
     symbolic_reduce = any(r.src[0].op is not Ops.CONST for r in reduces)
     if not symbolic_reduce and (block := _reduce_block(value, reduce_size)) is not None:
         # partial sums added in memory read the output: only tiles that divide it
-        opts = _register_tile(value, row, col, block.amount, True, caps)
+        opts = _register_tile(value, row, col, block.amount, True, caps, len(reduces) == 1)
         # the loop over blocks runs inside an output loop, which threads split: some axis needs more than one tile
         applied = check_opts(opts, value.shape, reads_output=True)
         counts = [-(-d // applied.upcasts.get(a, 1)) for a, d in enumerate(value.shape)]
         if opts and any(-(-c // applied.tiles.get(a, 1)) > 1 for a, c in enumerate(counts)):
             return opts + [block]
-    return _register_tile(value, row, col, reduce_size, reads_output, caps)
+    return _register_tile(value, row, col, reduce_size, reads_output, caps, len(reduces) == 1)
 
 
-def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool, caps: Capabilities) -> list[Opt]:
+def _register_tile(
+    value: UOp, row: int, col: int, reduce_size: int, exact: bool, caps: Capabilities, one_axis: bool = False
+) -> list[Opt]:
     """Rows x vectors of columns of outputs in registers, row tiles walked in blocks whose rows of the row input
-    (reduce_size elements each) stay in L2."""
+    (reduce_size elements each) stay in L2. one_axis: the reduce walks one loop (a 1x1 conv, a matmul)."""
     width = caps.vector_bytes // value.dtype.itemsize
+    cols, rows = value.shape[col], value.shape[row]
     worth: dict[int, float] = {}
     for amount, w in zip((2 * width, width, 8, 4, 2), TILE_WORTH):
         worth.setdefault(amount, w)  # with 8-lane vectors, 8 is worth a vector
-    cols, rows = value.shape[col], value.shape[row]
+    if one_axis and cols > MIN_WIDE_COLUMNS:
+        worth[2 * width] = ONE_AXIS_WIDE_WORTH
     if (col_amount := _best_tile(cols, worth, exact)) is None:
         return []
     vectors = max(col_amount // width, 1)
@@ -327,11 +340,21 @@ def _register_tile(value: UOp, row: int, col: int, reduce_size: int, exact: bool
         ROW_BLOCK_BYTES // (row_amount * reduce_size * value.dtype.itemsize),
         row_tiles // max(int(NUM_CPU_THREADS.value), 1),
     )
-    while exact and per_block >= 2 and row_tiles % per_block:
-        per_block -= 1
+    per_block = _block_size(row_tiles, per_block, exact)
     if cols > col_amount and per_block >= 2:
         opts.append(Opt(OptOps.TILE, row, per_block))
     return opts
+
+
+def _block_size(tiles: int, most: int, exact: bool) -> int:
+    """The most tiles per block, up to `most`, whose last block overlaps the one before it by at most
+    1/MAX_BLOCK_OVERLAP of the tiles (recomputed); with exact, a divisor of tiles. 8 row tiles in blocks of 7 computed
+    14 (a 3x3 conv at 55x55 with 64 channels on one thread: 884 -> 507 us in blocks of 4)."""
+    for amount in range(most, 1, -1):
+        overlap = -(-tiles // amount) * amount - tiles
+        if overlap == 0 or not exact and overlap * MAX_BLOCK_OVERLAP <= tiles:
+            return amount
+    return 1
 
 
 def _panel_tile(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt] | None:
