@@ -235,7 +235,7 @@ def _reduce(lw: Lowerer, u: UOp, idxs: tuple[UOp, ...], valid: UOp) -> Step:
         lane_values.append(lane)
     # bool lanes combine as logic (max is any, product is all), which the simplifier folds with constants
     combine = {Ops.MAX: Ops.OR, Ops.MUL: Ops.AND, Ops.ADD: Ops.OR}[reduce_op] if u.dtype is dtypes.bool else reduce_op
-    if combine is Ops.ADD and dtypes.is_float(u.dtype) or combine is Ops.MUL and dtypes.is_float(u.dtype):
+    if combine in (Ops.ADD, Ops.MUL) and dtypes.is_float(u.dtype):
         value = lane_values[0]  # a float sum or product in order: the rounding of the kernel without opts
         for lane in lane_values[1:]:
             value = UOp(combine, u.dtype, (value, lane))

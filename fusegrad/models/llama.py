@@ -139,10 +139,14 @@ class QuantLinear:
 
 def shared_blocks(x: Tensor, *linears: QuantLinear) -> tuple[Tensor, Tensor, Tensor] | None:
     """x quantized to 8-bit blocks once for the linears reading it, when each multiplies a decode row in integer dot
-    products (each would otherwise quantize it again: its own kernels)."""
+    products (each would otherwise quantize it again: its own kernels). Realized here: a KV-cache write realizes k
+    and v before q is read, and a CONTIGUOUS realized on the way is not kept (a blocked attention's per-block
+    intermediates would then all stay alive), so q's matvec would quantize x again."""
     if x.shape[0] > MATVEC_MAX_ROWS or not all(lin.integer_dot for lin in linears):
         return None
-    return quantize_blocks(x)
+    blocks = quantize_blocks(x)
+    Tensor.realize(*blocks)
+    return blocks
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

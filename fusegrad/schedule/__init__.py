@@ -148,8 +148,9 @@ def _find_realize_points(s: ScheduleState) -> None:
     s.planner = Planner([u for u, _ in flat])
     s.planner.find_points([d for _, d in flat])
     root_set = {u for u, _ in flat}
-    # a contiguous realized on the way is kept too: a later realize of the same step (a KV-cache write) reads it
-    s.kept = {p for p in s.planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CUSTOM_KERNEL)}
+    s.kept = {
+        p for p in s.planner.points if p not in root_set and p.op not in (Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CUSTOM_KERNEL)
+    }
 
 
 def _copy_on_write(s: ScheduleState) -> None:
