@@ -288,8 +288,6 @@ class TinyJit:
             )
         else:
             cap(inputs, var_vals)
-        if (one := cap.single_return) is not None:
-            return tensor_of_uop(one[0], one[1])
         rets = cap.returns
         if not cap.returns_vary:
             if is_frozen_tensor(rets):

@@ -147,12 +147,6 @@ def _names() -> list[str]:
     return sorted(GGML_TYPES[k][0] for k in DEQUANTIZERS)
 
 
-def int8_dot(device: str) -> bool:
-    from fusegrad.engine.realize import int8_dot as target_has_it  # the engine entry point the tensor has loaded
-
-    return target_has_it(device)
-
-
 def _on_compute_device(blocks: Tensor) -> Tensor:
     """Blocks a kernel can read: a DISK tensor is copied to the default device first."""
     from fusegrad.runtime.buffers import default_device
@@ -342,6 +336,11 @@ DOT_FORMATS: dict[int, DotFormat] = {
 # (GCC keeps the shifts in 32-bit lanes and finds no dot product): K-quants keep the float path
 
 
+def _format_of(ggml_type: int, integer: bool) -> QuantFormat:
+    """The planes' format: DOT_FORMATS' for integer planes, else QUANT_FORMATS'."""
+    return DOT_FORMATS[ggml_type].format if integer else QUANT_FORMATS[ggml_type]
+
+
 class QuantizedMatrix:
     """A (rows, cols) quantized weight as planes (see the module doc), made once from its GGML blocks.
     `matvec(x)` is x @ W.T for x (n, cols) in one kernel that reads the planes; `dequantize()` is W in float32.
@@ -353,7 +352,7 @@ class QuantizedMatrix:
     ):
         """integer: the planes are DOT_FORMATS' (a decode row is multiplied in integer dot products)."""
         self.name, self.ggml_type, self.shape, self.planes, self.integer = name, ggml_type, shape, planes, integer
-        self.format = DOT_FORMATS[ggml_type].format if integer else QUANT_FORMATS[ggml_type]
+        self.format = _format_of(ggml_type, integer)
         self.groups = shape[1] // self.format.group
 
     @staticmethod
@@ -367,9 +366,11 @@ class QuantizedMatrix:
         rows = w.shape[0]
         blocks = _on_compute_device(w.blocks).reshape(-1, GGML_TYPES[w.ggml_type][2])
         if int8 is None:
+            from fusegrad.engine.realize import int8_dot  # the engine entry point the tensor has loaded
+
             int8 = bool(QUANT_DOT.value) and int8_dot(blocks.device)
         integer = int8 and w.ggml_type in DOT_FORMATS and w.shape[1] % 32 == 0
-        fmt = DOT_FORMATS[w.ggml_type].format if integer else QUANT_FORMATS[w.ggml_type]
+        fmt = _format_of(w.ggml_type, integer)
         # each plane holds rows in order: the first dim of its (blocks, ...) shape splits into rows
         planes = tuple(p.reshape(rows, -1).realize() for p in fmt.planes(blocks))
         return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer)  # type: ignore[arg-type]
