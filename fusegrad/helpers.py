@@ -183,6 +183,7 @@ AMD_LLVM = ContextVar("AMD_LLVM", "")  # "external": compile AMD kernels with op
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0 plans every realize's schedule again instead of reusing one
 SPEC = ContextVar("SPEC", 0)  # 1 checks scheduled kernel ASTs and every codegen stage (uop/spec.py)
 JIT = ContextVar("JIT", 1)  # 0: TinyJit runs the function every call; 2: replays kernel by kernel, not batched
+ONNX_REPLAY = ContextVar("ONNX_REPLAY", 1)  # 0: an OnnxRunner call never replays a TinyJit of an earlier call
 JITBEAM = ContextVar("JITBEAM", 0)  # BEAM width for kernels a TinyJit captures
 JIT_BATCH_SIZE = ContextVar("JIT_BATCH_SIZE", 32)  # most kernels one batched C call of a replay launches
 NO_MEMORY_PLANNER = ContextVar("NO_MEMORY_PLANNER", 0)  # 1: a captured step's intermediates keep their own memory

@@ -12,17 +12,13 @@ from fusegrad import Tensor
 from fusegrad.dtype import DType, to_numpy_dtype
 from fusegrad.onnx import ops  # noqa: F401  (fills the op table)
 from fusegrad.onnx.loader import attr_value, onnx_dtype, opset_versions, parse_model, to_numpy, topo_order
+from fusegrad.onnx.replay import Replays
 from fusegrad.onnx.registry import FOLD, FOLD_LIMIT, HOST, OPS, Node, T, dtype_of, np_to_tensor
 
 
+RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
 # nodes that must run on every call: random draws and control flow (their bodies may read graph inputs)
-NOT_FOLDED = {
-    "RandomNormal",
-    "RandomUniform",
-    "RandomNormalLike",
-    "RandomUniformLike",
-    "Bernoulli",
-    "Multinomial",
+NOT_FOLDED = RANDOM_OPS | {
     "Dropout",
     "If",
     "Loop",
@@ -89,6 +85,16 @@ def _stored_when_shared(n: onnx.NodeProto, readers: dict[str, int]) -> bool:
     return n.op_type not in VIEW_OPS and any(readers.get(o, 0) > 1 for o in n.output)
 
 
+def draws_random(g: onnx.GraphProto) -> bool:
+    """Whether a node of the graph or of its subgraphs may draw random numbers (a Dropout with a training input)."""
+    for n in g.node:
+        if n.op_type in RANDOM_OPS or (n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]):
+            return True
+        if any(draws_random(sub) for a in n.attribute for sub in ([a.g] if a.HasField("g") else a.graphs)):
+            return True
+    return False
+
+
 def _out(v: Any) -> Any:
     return [T(x) for x in v] if isinstance(v, list) else T(v)
 
@@ -106,6 +112,7 @@ class OnnxRunner:
         self.output_names = [o.name for o in g.output]
         self.graph = self._prepare(g, set(), "graph")
         self._fold_constants()
+        self._replays = Replays(self._run_plain, self.output_names, replayable=not draws_random(g))
 
     def _fold_constants(self) -> None:
         """Runs once, at load, every top-level node whose inputs are all constants (weights built by
@@ -213,11 +220,20 @@ class OnnxRunner:
         feeds = {**(inputs or {}), **kw}
         env = self._bind(feeds)
         try:
-            steps = self._unfolded[0] if any(k in self._unfolded[1] for k in feeds) else self.graph.steps
+            overrides = any(k in self._unfolded[1] for k in feeds)
+            if not overrides and (replayed := self._replays.call({k: env[k] for k in feeds})) is not None:
+                return replayed
+            steps = self._unfolded[0] if overrides else self.graph.steps
             self.run_graph(Graph(steps, self.graph.inputs, self.graph.outputs), env)
             return {name: _out(env[name]) for name in self.output_names}
         finally:
             HOST.clear()
+
+    def _run_plain(self, feeds: dict[str, Tensor]) -> dict[str, Tensor]:
+        """One call without a replay: what a replay's TinyJit runs and records."""
+        env = self._bind(feeds)
+        self.run_graph(self.graph, env)
+        return {name: _out(env[name]) for name in self.output_names}
 
     def run_graph(self, graph: Graph, env: dict[str, Any]) -> list[Any]:
         """Runs the steps of `graph` in `env` (which holds its inputs and any outer-scope names); returns outputs."""
