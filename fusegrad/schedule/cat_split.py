@@ -8,8 +8,10 @@ its loop covers its slab alone, so it loads without gates or tests."""
 from __future__ import annotations
 from fusegrad.uop.ops import Ops, UOp
 
-# below this many output elements one kernel's tests cost less than the extra launches
+# below this many output elements, or this many per piece on average (a stack of many rows), one kernel's tests cost
+# less than the extra launches
 MIN_SPLIT_SIZE = 4096
+MIN_MEAN_PIECE = 1024
 
 
 def _is_true_mask(m: UOp) -> bool:
@@ -55,7 +57,7 @@ def cat_pieces(value: UOp) -> list[tuple[tuple[int, int], UOp]] | None:
     ends = [0] + [end for (_, end), _ in pieces]
     if any(start != prev for ((start, _), _), prev in zip(pieces, ends)) or ends[-1] != value.shape[axis]:
         return None
-    return pieces
+    return pieces if value.size >= MIN_MEAN_PIECE * len(pieces) else None
 
 
 def cat_axis(value: UOp) -> int:

@@ -67,6 +67,14 @@ def test_small_cat_stays_one_kernel():
     np.testing.assert_array_equal(out.numpy(), np.concatenate([a, b]))
 
 
+def test_many_small_pieces_stay_one_kernel():
+    # a stack of 64 rows of 128: 8192 elements, 128 per piece, where 64 launches would cost more than the tests
+    rows = [np.full((1, 128), i, np.float32) for i in range(64)]
+    out = Tensor.cat(*[Tensor(r) for r in rows])
+    assert len(schedule_of(out)) == 1
+    np.testing.assert_array_equal(out.numpy(), np.concatenate(rows))
+
+
 def test_cat_used_by_more_math_is_not_split():
     # the kernel's value is the product, not the concatenation: one fused kernel as before
     a, b = np.ones((4096,), np.float32), np.full((4096,), 2.0, np.float32)
