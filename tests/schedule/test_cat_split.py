@@ -114,3 +114,16 @@ def test_jitted_cat_replays_with_new_inputs():
     for _ in range(4):
         a, b = rng.standard_normal((3000,)).astype(np.float32), rng.standard_normal((5000,)).astype(np.float32)
         np.testing.assert_array_equal(f(Tensor(a), Tensor(b)).numpy(), np.concatenate([a * 2, b]))
+
+
+def test_a_buffer_in_several_pieces_and_a_cat_assigned_into_its_own_input():
+    x = np.random.default_rng(5).standard_normal(5000).astype(np.float32)
+    t = Tensor(x).realize()
+    got = Tensor.cat(t, t.flip(0) * 2, t).numpy()
+    np.testing.assert_array_equal(got, np.concatenate([x, x[::-1] * 2, x]))
+    rolled = Tensor(x.copy()).realize()
+    rolled.assign(Tensor.cat(rolled[1000:], rolled[:1000])).realize()  # each piece reads another piece's slab
+    np.testing.assert_array_equal(rolled.numpy(), np.roll(x, -1000))
+    kept = Tensor(x.copy()).realize()
+    kept.assign(Tensor.cat(kept[:2500] * 2, kept[2500:] + 1)).realize()
+    np.testing.assert_array_equal(kept.numpy(), np.concatenate([x[:2500] * 2, x[2500:] + 1]))
