@@ -84,8 +84,11 @@ class DistributedOptimizer:
         if not self.checked:
             check_parameters(w, self.params, "DistributedOptimizer's parameters")
             self.checked = True
-        # a sharded parameter's gradient meets the others' on its first device: local devices first, then MPI, then back
-        flats = [Tensor.cat(*[one_device(self.params[i].grad).flatten() for i in b]) for b in self.buckets]  # type: ignore[arg-type]
+        # a sharded parameter's gradient meets the others' on its first device (local devices, then MPI, then back),
+        # divided by the group's size in its copy into the bucket, so MPI's sum is the mean and each .grad a view of it
+        # (no kernel per parameter to scale it; the same values for a power-of-two group)
+        scale = 1.0 / w.size
+        flats = [Tensor.cat(*[one_device(self.params[i].grad).flatten() * scale for i in b]) for b in self.buckets]  # type: ignore[union-attr]
         outs = [output_like(flat.shape, flat) for flat in flats]
         colls = [
             Collective(w, "all_reduce", "sum", 0, f"all_reduce(sum) of gradient bucket {k}", flat.dtype)
@@ -113,8 +116,8 @@ class DistributedOptimizer:
                 start(k, realized_buffer(flat)[1])
         # the input stays among the wait's buffers: a TinyJit's memory plan must not reuse it while MPI reads it
         launch([(Finish(coll), [out_buf, src]) for coll, (_, out_buf), src in zip(colls, outs, started)])  # type: ignore[misc]
-        for bucket, (out, _) in zip(self.buckets, outs):
-            mean, offset = out * (1.0 / w.size), 0
+        for bucket, (mean, _) in zip(self.buckets, outs):
+            offset = 0
             for i in bucket:
                 p = self.params[i]
                 p.grad = placed_like(mean[offset : offset + p.numel()].reshape(p.shape), p)

@@ -8,6 +8,7 @@ from fusegrad.dtype import DType
 from fusegrad.helpers import SPEC
 from fusegrad.runtime.buffers import base_buffer, buffer_of, buffer_uop, is_contiguous_view
 from fusegrad.runtime.device import Buffer
+from fusegrad.schedule.cat_split import cat_axis, cat_pieces, piece_kernel
 from fusegrad.schedule.custom import custom_needs, emit_custom, is_custom_output
 from fusegrad.schedule.items import ScheduleItem, buffer_view
 from fusegrad.schedule.kernel_ast import kernel_ast_value, kernel_view
@@ -362,10 +363,20 @@ class Planner:
         out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size if region is None else out.arg[2]))
         ast_value = kernel_ast_value(self, value, params, point, device)
         store_at = out_param if region is None else kernel_view(self, region, out_param, params, device)
-        ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(store_at, ast_value)), *self.vars.take_kernel_vars()))
-        if SPEC:
-            check_kernel_ast(ast)
-        self.items.append(ScheduleItem(ast, (buffer_of[out], *(buf for buf, _ in params.values())), device))
+        kernel_vars = self.vars.take_kernel_vars()
+        if not kernel_vars and (pieces := cat_pieces(ast_value)) is not None:
+            # a concatenation: one kernel per piece, each storing into its slab of the output without tests
+            bufs, axis = [buf for buf, _ in params.values()], cat_axis(ast_value)
+            for span, piece in pieces:
+                ast, numbers = piece_kernel(store_at, ast_value, axis, span, piece)
+                if SPEC:
+                    check_kernel_ast(ast)
+                self.items.append(ScheduleItem(ast, (buffer_of[out], *(bufs[n - 1] for n in numbers)), device))
+        else:
+            ast = UOp(Ops.SINK, src=(UOp(Ops.STORE, src=(store_at, ast_value)), *kernel_vars))
+            if SPEC:
+                check_kernel_ast(ast)
+            self.items.append(ScheduleItem(ast, (buffer_of[out], *(buf for buf, _ in params.values())), device))
         self.result[point] = buffer_view(out, point.shape) if region is None else view_over(region, out)
 
     def _emit_buffer_copy(self, out: UOp, src: Buffer, device: str) -> None:
