@@ -152,9 +152,9 @@ class CausalLM(Protocol):
 
 
 # prefill chunk sizes: each chunk reads every weight once (a quantized one is dequantized once per chunk), so long
-# prompts take large chunks; the smallest bounds the padding of a short prompt or a prompt's tail. Not 512: its
-# attention (an untiled kernel over the symbolic slot count) costs more than the dequantization saved (512 tokens
-# of a 125M Q8_0 model, 1 thread: chunks of 128 ran 1.4x faster than one of 512)
+# prompts take large chunks; the smallest bounds the padding of a short prompt or a prompt's tail. Not 512: 512
+# tokens of the 110M model, 1 thread, with attention's scores as slots x queries: one chunk of 512 ran 0.9-1.0x as
+# fast as chunks of 128 in Q8_0, 0.5x in F32 (chunks of 256: 1.0-1.1x, within the noise)
 PREFILL_CHUNKS = (128, 32)
 
 
