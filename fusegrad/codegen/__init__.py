@@ -23,15 +23,17 @@ from fusegrad.dtype import dtypes
 if TYPE_CHECKING:
     from fusegrad.renderer import Capabilities, Renderer
 
+
+def _load_var(v: UOp, g: UOp) -> UOp:
+    """The variable's load, clamped to the variable's bounds (which binding already checked, so the clamp changes
+    no value): a load's range is its dtype's, and index arithmetic over it would then be written wrapping (unsigned),
+    which keeps GCC from vectorizing the loops a symbolic size bounds."""
+    value = UOp(Ops.LOAD, g.dtype, (g, UOp.const(dtypes.int32, 0))).cast(v.dtype).maximum(v.arg[1])
+    return value.alu(Ops.CMPLT, value.const_like(v.arg[2])).where(value, value.const_like(v.arg[2]))
+
+
 # a kernel variable (schedule/variables.py) is element 0 of its int32 parameter buffer
-pm_load_vars = PatternMatcher(
-    [
-        (
-            UPat(Ops.DEFINE_VAR, src=(UPat(Ops.DEFINE_GLOBAL, name="g"),), name="v"),
-            lambda v, g: UOp(Ops.LOAD, g.dtype, (g, UOp.const(dtypes.int32, 0))).cast(v.dtype),
-        )
-    ]
-)
+pm_load_vars = PatternMatcher([(UPat(Ops.DEFINE_VAR, src=(UPat(Ops.DEFINE_GLOBAL, name="g"),), name="v"), _load_var)])
 
 
 @dataclass(frozen=True)

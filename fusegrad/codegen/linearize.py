@@ -119,7 +119,8 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
     for u in nodes:
         if u.op is Ops.LOAD and not deps[u]:
             run_steps(emit(u))
-    for r in global_ranges:  # a symbolic loop bound is computed before the loops
+    # a symbolic loop bound (a reduce's too: the variable's clamped load is an expression) is computed before the loops
+    for r in (u for u in nodes if u.op is Ops.RANGE and (u.arg[1] == "global" or not deps[u.src[0]])):
         run_steps(emit(r.src[0]))
     lin.extend(global_ranges)
     done.update(global_ranges)

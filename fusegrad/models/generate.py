@@ -40,16 +40,23 @@ class KVCache:
         return keys, values
 
 
+# grouped query rows from which attention computes its scores with the slots as rows (slots x queries): the queries
+# are then the output's contiguous axis, which a register tile vectorizes; the slot count (symbolic) is never cut
+MIN_SLOT_ROWS_QUERIES = 16
+
+
 def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
     """softmax(q keys^T / sqrt(head_dim)) values for q (batch, heads, chunk, head_dim) and keys, values (batch,
     kv_heads, slots, head_dim), heads a multiple of kv_heads (query head h reads kv head h // (heads / kv_heads)),
     mask (chunk, slots) bool or None. The query heads of a kv head become rows of one matmul, so the cache is read
     as it is (repeating its heads would index it with divisions by the symbolic slot count)."""
     b, heads, t, hd = q.shape
-    kv_heads, slots = keys.shape[1], keys.shape[2]
+    kv_heads = keys.shape[1]
     if heads % kv_heads:
         raise ValueError(f"query heads ({heads}) must be a multiple of the key/value heads ({kv_heads})")
-    rep = heads // kv_heads
+    if heads // kv_heads * t >= MIN_SLOT_ROWS_QUERIES:
+        return _attention_by_slots(q, keys, values, mask)
+    rep, slots = heads // kv_heads, keys.shape[2]
     # realized once: fused into the scores, the query's rope would be recomputed for every slot
     grouped = q.reshape(b, kv_heads, rep * t, hd).contiguous()
     scores = grouped @ keys.transpose(-1, -2) * (1 / math.sqrt(hd))
@@ -61,6 +68,30 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> T
     # realized once: fused into the product with the values, each exp would be recomputed for every head dim
     probs = scores.softmax(-1).contiguous()
     return (probs @ values).reshape(b, heads, t, hd)
+
+
+def _attention_by_slots(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """attention for many query rows (a prefill chunk): the scores as (slots, queries), keys @ q^T, so the queries
+    (a fixed count) are the contiguous axis a register tile vectorizes and the symbolic slot count is an outer loop;
+    with the slots last (q @ keys^T), no tile could cut that axis and each score was a scalar dot product (5x
+    slower at 512 slots). The softmax runs down the slots: its max, its exponentials (realized once), their sum,
+    and the division after the product with the values (rows x head_dim divisions, not slots x rows)."""
+    b, heads, t, hd = q.shape
+    kv_heads, slots = keys.shape[1], keys.shape[2]
+    rep = heads // kv_heads
+    # realized once, transposed: the queries contiguous (and the rope not recomputed for every slot)
+    grouped = q.reshape(b, kv_heads, rep * t, hd).transpose(-1, -2).contiguous()
+    scores = keys @ grouped  # (b, kv_heads, slots, rep * t)
+    if mask is not None:
+        slots_mask = mask.T.reshape(1, 1, slots, 1, t).expand(b, kv_heads, slots, rep, t)
+        scores = slots_mask.reshape(b, kv_heads, slots, rep * t).where(scores, -math.inf)
+    scores = scores.contiguous()
+    # every query sees at least its own slot: the max is finite
+    exps = ((scores - scores.max(-2, keepdim=True)) * (1 / math.sqrt(hd))).exp().contiguous()
+    out = (exps.transpose(-1, -2) @ values) / exps.sum(-2).unsqueeze(-1)
+    # realized as it is: a consumer's permuted view (the heads side by side per query) stored by the product's kernel
+    # took its register tile away (80x slower)
+    return out.contiguous().reshape(b, heads, t, hd)
 
 
 def start_position(pos: int, chunk: int, max_context: int) -> UOp:
@@ -121,9 +152,9 @@ class CausalLM(Protocol):
 
 
 # prefill chunk sizes: each chunk reads every weight once (a quantized one is dequantized once per chunk), so long
-# prompts take large chunks; the smallest bounds the padding of a short prompt or a prompt's tail. Not 512: its
-# attention (an untiled kernel over the symbolic slot count) costs more than the dequantization saved (512 tokens
-# of a 125M Q8_0 model, 1 thread: chunks of 128 ran 1.4x faster than one of 512)
+# prompts take large chunks; the smallest bounds the padding of a short prompt or a prompt's tail. Not 512: 512
+# tokens of the 110M model, 1 thread, with attention's scores as slots x queries: one chunk of 512 ran 0.9-1.0x as
+# fast as chunks of 128 in Q8_0, 0.5x in F32 (chunks of 256: 1.0-1.1x, within the noise)
 PREFILL_CHUNKS = (128, 32)
 
 

@@ -23,7 +23,10 @@ def reference(q, k, v, start):
     return out
 
 
-@pytest.mark.parametrize("heads,kv_heads,chunk", [(6, 2, 1), (6, 2, 3), (4, 4, 2), (3, 1, 1)])
+# grouped rows (heads / kv_heads * chunk) under 16 take the scores as queries x slots, from 16 as slots x queries
+@pytest.mark.parametrize(
+    "heads,kv_heads,chunk", [(6, 2, 1), (6, 2, 3), (4, 4, 2), (3, 1, 1), (6, 2, 16), (4, 4, 17), (8, 2, 5)]
+)
 def test_attention_matches_reference(heads, kv_heads, chunk):
     rng = np.random.default_rng(0)
     start, d = 5, 8
@@ -35,9 +38,10 @@ def test_attention_matches_reference(heads, kv_heads, chunk):
     np.testing.assert_allclose(got, reference(q, k, v, start), rtol=1e-5, atol=1e-5)
 
 
-def test_attention_over_a_cache_at_a_bound_position_replays_one_capture():
+@pytest.mark.parametrize("chunk", [2, 8])
+def test_attention_over_a_cache_at_a_bound_position_replays_one_capture(chunk):
     rng = np.random.default_rng(1)
-    heads, kv_heads, d, ctx, chunk = 4, 2, 8, 16, 2
+    heads, kv_heads, d, ctx = 4, 2, 8, 48
     cache = KVCache(1, kv_heads, ctx, d)
 
     def step(q, k, v, start):
@@ -46,7 +50,7 @@ def test_attention_over_a_cache_at_a_bound_position_replays_one_capture():
 
     jitted = TinyJit(step)
     ks, vs = np.zeros((1, kv_heads, 0, d), np.float32), np.zeros((1, kv_heads, 0, d), np.float32)
-    for pos in range(0, 10, chunk):
+    for pos in range(0, 5 * chunk, chunk):
         q = rng.standard_normal((1, heads, chunk, d)).astype(np.float32)
         k = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)
         v = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)

@@ -141,8 +141,17 @@ def _transpose_tile(value: UOp, plain: UOp) -> list[Opt]:
     moving = [i for i in loads if coefficient(i, col_r) != 0]
     if not moving or any(c is None or abs(c) <= TRANSPOSE_TILE for i in moving if (c := coefficient(i, col_r)) != 0):
         return []
-    # the output axis the moving loads read contiguously
-    row = next((j for j in range(len(kept) - 1) if all(coefficient(i, ranges[j]) == 1 for i in moving)), None)
+    # the output axis the moving loads read contiguously (a load that steps along it by a division, a block's scale
+    # in a dequantization, is read a few times per tile)
+    row = next(
+        (
+            j
+            for j in range(len(kept) - 1)
+            if all(coefficient(i, ranges[j]) in (1, None) for i in moving)
+            and any(coefficient(i, ranges[j]) == 1 for i in moving)
+        ),
+        None,
+    )
     col = kept[-1]
     if row is None or value.shape[kept[row]] % TRANSPOSE_TILE or value.shape[col] % TRANSPOSE_TILE:
         return []
