@@ -12,7 +12,7 @@ from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.runtime.buffers import buffer_of
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule.variables import arg_uops
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import EPILOGUE_STORE, GroupOp, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ pm_kernel_ast = PatternMatcher(
         (UPat(Ops.BIND, name="u"), _bind),
         (UPat(Ops.DETACH, src=(UPat(name="x"),)), lambda x: x),
         (UPat(Ops.CONTIGUOUS, arg="backward", src=(UPat(name="x"),)), lambda x: x),
+        (UPat(Ops.CONTIGUOUS, arg=EPILOGUE_STORE, src=(UPat(name="x"),)), lambda x: x),  # fused into its reader
         (UPat(GroupOp.Movement | {Ops.CONST}, name="u"), _lifted_alone),
         (UPat(name="u"), _operands),
     ]

@@ -12,7 +12,7 @@ from fusegrad.schedule.custom import custom_needs, emit_custom, is_custom_output
 from fusegrad.schedule.items import ScheduleItem, buffer_view
 from fusegrad.schedule.kernel_ast import kernel_ast_value, kernel_view
 from fusegrad.schedule.variables import KernelVars
-from fusegrad.uop.ops import GroupOp, Ops, UOp, view_over
+from fusegrad.uop.ops import EPILOGUE_STORE, FUSABLE_STORES, GroupOp, Ops, UOp, view_over
 from fusegrad.uop.spec import check_kernel_ast
 from fusegrad.uop.trampoline import Step, run_steps
 
@@ -118,7 +118,7 @@ class Planner:
                 if height[s] + 1 >= KERNEL_DEPTH_LIMIT:
                     cuts.add(s)
                     height[s] = 0
-            always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
+            always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg not in FUSABLE_STORES
             always_realized = always_realized or u.op is Ops.AFTER
             height[u] = 0 if always_realized else 1 + max((height[s] for s in u.src), default=-1)
         return cuts
@@ -174,19 +174,25 @@ class Planner:
             buf = buffer_of[target]
             if self._reads_shifted(value, buf, point.src[0]) or self._reads_other_assigned(value, buf):
                 yield self._mark_step(value, device)
-        stack: list[tuple[UOp, bool]] = [(value, False)]
-        seen: set[tuple[UOp, bool]] = set()
+        # (node, read through a growing expand/pad or a gather, read inside another reduce's loop)
+        stack: list[tuple[UOp, bool, bool]] = [(value, False, False)]
+        seen: set[tuple[UOp, bool, bool]] = set()
         while stack:
-            u, expanded = stack.pop()
-            if (u, expanded) in seen or u.op is Ops.BUFFER:
+            u, expanded, nested = stack.pop()
+            if (u, expanded, nested) in seen or u.op is Ops.BUFFER:
                 continue
-            seen.add((u, expanded))
+            seen.add((u, expanded, nested))
             if u is not point and (
                 u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)
-                and u.arg != "backward"
+                and u.arg not in FUSABLE_STORES
                 or u.op is Ops.REDUCE_AXIS
                 and expanded
                 or is_custom_output(u)
+                # a conv's layout store fuses into its reader's kernel (a ReLU, a residual add) unless that kernel
+                # would run its sum once per window tap or inside another sum (a pool, a global average)
+                or u.op is Ops.CONTIGUOUS
+                and u.arg == EPILOGUE_STORE
+                and (expanded or nested)
             ):
                 yield self._mark_step(u, self.device_of[u] or device)
                 continue
@@ -203,7 +209,8 @@ class Planner:
             pads = u.op is Ops.PAD and u.size > u.src[0].size
             # a gather reads its table at loaded rows: a reduce there would run once per gathered element
             gathers = u.op is Ops.GATHER
-            stack.extend((s, expanded or grows or pads or gathers) for s in u.src)
+            inner = nested or u.op is Ops.REDUCE_AXIS
+            stack.extend((s, expanded or grows or pads or gathers, inner) for s in u.src)
 
     def _recompute_cost(self, u: UOp) -> int:
         """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is
@@ -227,7 +234,8 @@ class Planner:
     def _stored(self, u: UOp) -> bool:
         """A node whose kernel reads it from a buffer: a realize point, or one that will be (a contiguous, copy or
         assign not yet reached by the marking walk, or a depth cut), so no recompute cost lies past it."""
-        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward" or u.op is Ops.AFTER
+        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg not in FUSABLE_STORES
+        always_realized = always_realized or u.op is Ops.AFTER
         return u in self.points or u in self.depth_cuts or always_realized
 
     def _reads_other_assigned(self, value: UOp, target: Buffer) -> bool:
