@@ -18,6 +18,11 @@ from fusegrad.uop.trampoline import Step, run_steps
 
 # a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead
 RECOMPUTE_LIMIT = 1 << 22
+# a conv's layout store (EPILOGUE_STORE) fuses into a reader that also reads another input of the output's size (a
+# residual add) only while the output is at most this large: the register tile reads that input's rows far apart,
+# and past L2 a pass of its own is faster (ResNet-50's 1x1 convs + residual add, one thread: 14x14x1024 and 7x7x2048
+# 5-10 % faster fused, 28x28x512 3 % and 56x56x256 20 % slower)
+EPILOGUE_READ_MAX_BYTES = 1 << 20
 # a kernel fuses chains of at most this many ops: a node this far above the last buffer is realized into a buffer of
 # its own. The C compiler's optimizer is superlinear in a function's statements (a 100k-statement kernel takes gcc
 # minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
@@ -177,11 +182,19 @@ class Planner:
         # (node, read through a growing expand/pad or a gather, read inside another reduce's loop)
         stack: list[tuple[UOp, bool, bool]] = [(value, False, False)]
         seen: set[tuple[UOp, bool, bool]] = set()
+        fused_stores: dict[UOp, None] = {}  # EPILOGUE_STORE nodes this kernel computes (in walk order), its sums
+        sums: set[UOp] = set()
+        wide_read = False  # the kernel reads, outside its sums and broadcasts, a buffer as large as its output
         while stack:
             u, expanded, nested = stack.pop()
-            if (u, expanded, nested) in seen or u.op is Ops.BUFFER:
+            if (u, expanded, nested) in seen:
                 continue
             seen.add((u, expanded, nested))
+            read = u.op is Ops.BUFFER or self._stored(u)
+            if read and not (expanded or nested) and u is not point and u.size >= point.size:
+                wide_read = True
+            if u.op is Ops.BUFFER:
+                continue
             if u is not point and (
                 u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)
                 and u.arg not in FUSABLE_STORES
@@ -209,8 +222,22 @@ class Planner:
             pads = u.op is Ops.PAD and u.size > u.src[0].size
             # a gather reads its table at loaded rows: a reduce there would run once per gathered element
             gathers = u.op is Ops.GATHER
+            if u.op is Ops.REDUCE_AXIS:
+                sums.add(u)
+            elif u.op is Ops.CONTIGUOUS and u.arg == EPILOGUE_STORE:
+                fused_stores[u] = None
             inner = nested or u.op is Ops.REDUCE_AXIS
             stack.extend((s, expanded or grows or pads or gathers, inner) for s in u.src)
+        if fused_stores and (
+            len(sums) > 1 or wide_read and point.size * point.dtype.itemsize > EPILOGUE_READ_MAX_BYTES
+        ):
+            # a layout store fuses only as its reader's one sum: two sums in one kernel (a bottleneck's conv plus its
+            # shortcut conv) leave its loops over neither sum's axes, without a register tile. One of several stores
+            # stays fused when no other sum is there. An epilogue reading another large input (a residual add) reads
+            # it in the register tile's rows, far apart: past L2 that is slower than a pass of its own.
+            stored = list(fused_stores)[: -1 if len(sums) == len(fused_stores) and not wide_read else None]
+            for u in stored:
+                yield self._mark_step(u, self.device_of[u] or device)
 
     def _recompute_cost(self, u: UOp) -> int:
         """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is

@@ -326,3 +326,32 @@ def test_window_columns_matmul_runs_its_relu_before_a_pool():
     assert [d for d in output_value(matmul.ast).shape if d != 1] == [16, 111 * 111]
     ref = F.max_pool2d(F.conv2d(torch.tensor(xn), torch.tensor(wn), torch.tensor(bn), stride=2).relu(), 3, 2)
     np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_two_flat_convs_added_keep_one_sum_per_kernel():
+    """A bottleneck's last 1x1 conv plus its 1x1 shortcut conv, then a ReLU: one conv is stored, the other runs the
+    add and the ReLU in its kernel (two sums in one kernel would leave it no register tile); values equal torch's."""
+    rng = np.random.default_rng(23)
+    xn = rng.standard_normal((1, 64, 14, 14), dtype=np.float32)
+    w1, w2 = (rng.standard_normal((128, 64, 1, 1), dtype=np.float32) for _ in range(2))
+    x = Tensor(xn)
+    out = (x.conv2d(Tensor(w1)) + x.conv2d(Tensor(w2))).relu()
+    kernels, reducing = _reduce_kernels(out)
+    assert len(kernels) == 2 and all(sum(u.op is Ops.REDUCE_AXIS for u in i.ast.toposort()) == 1 for i in kernels)
+    ref = (F.conv2d(torch.tensor(xn), torch.tensor(w1)) + F.conv2d(torch.tensor(xn), torch.tensor(w2))).relu()
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_large_flat_conv_with_a_residual_add_keeps_the_add_pass():
+    """Past EPILOGUE_READ_MAX_BYTES of output, a residual add stays a pass of its own (the register tile would read
+    the other input's rows far apart): the conv kernel holds no add; values equal torch's."""
+    rng = np.random.default_rng(29)
+    xn = rng.standard_normal((1, 64, 56, 56), dtype=np.float32)
+    sn = rng.standard_normal((1, 256, 56, 56), dtype=np.float32)
+    wn = rng.standard_normal((256, 64, 1, 1), dtype=np.float32)
+    out = (Tensor(xn).conv2d(Tensor(wn)) + Tensor(sn)).relu()
+    kernels, reducing = _reduce_kernels(out)
+    assert len(kernels) == 2 and len(reducing) == 1
+    assert not any(u.op is Ops.WHERE for u in reducing[0].ast.toposort())
+    ref = (F.conv2d(torch.tensor(xn), torch.tensor(wn)) + torch.tensor(sn)).relu()
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=1e-4, rtol=1e-4)
