@@ -355,13 +355,3 @@ def test_large_flat_conv_with_a_residual_add_keeps_the_add_pass():
     assert not any(u.op is Ops.WHERE for u in reducing[0].ast.toposort())
     ref = (F.conv2d(torch.tensor(xn), torch.tensor(wn)) + torch.tensor(sn)).relu()
     np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=1e-4, rtol=1e-4)
-
-
-def test_short_flat_rows_take_the_tile_that_pads_fewer_positions(avx512_target):
-    """A 3x3 conv at 13x13 runs over 193 flat positions: one 16-lane vector of columns pads them to 208, two to 224,
-    and two vectors are worth too little more per output to pay for 8 % more (TILE_WORTH); values equal torch's."""
-    (info,) = forward_reduce_kernels((1, 64, 13, 13), (64, 64, 3, 3), {"padding": 1})
-    assert info.name == "r_64_193_3_3_64", info.name
-    ups = {o.axis: o.amount for o in info.opts if o.op is OptOps.UPCAST}
-    assert ups.get(2, 1) > 1 and max(a for ax, a in ups.items() if ax != 2) == 16, info.opts
-    run_case((1, 16, 13, 13), (8, 16, 3, 3), {"padding": 1}, seed=31)
