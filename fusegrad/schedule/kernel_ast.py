@@ -12,7 +12,8 @@ from fusegrad.dtype import DType, dtypes, to_numpy_dtype
 from fusegrad.runtime.buffers import buffer_of
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule.variables import arg_uops
-from fusegrad.uop.ops import EPILOGUE_STORE, GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.stores import EPILOGUE_STORE
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 if TYPE_CHECKING:

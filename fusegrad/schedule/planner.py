@@ -12,7 +12,8 @@ from fusegrad.schedule.custom import custom_needs, emit_custom, is_custom_output
 from fusegrad.schedule.items import ScheduleItem, buffer_view
 from fusegrad.schedule.kernel_ast import kernel_ast_value, kernel_view
 from fusegrad.schedule.variables import KernelVars
-from fusegrad.uop.ops import EPILOGUE_STORE, FUSABLE_STORES, GroupOp, Ops, UOp, view_over
+from fusegrad.uop.ops import GroupOp, Ops, UOp, view_over
+from fusegrad.uop.stores import EPILOGUE_STORE, FUSABLE_STORES
 from fusegrad.uop.spec import check_kernel_ast
 from fusegrad.uop.trampoline import Step, run_steps
 

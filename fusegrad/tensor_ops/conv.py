@@ -11,7 +11,8 @@ from fusegrad.gradient import register_gradient
 from fusegrad.helpers import ceildiv, prod
 from fusegrad.tensor_ops.shapes import is_index
 from fusegrad.tensor_ops.spatial_args import IntOrInts, flat_tuple, padding_pairs, per_dim, positive
-from fusegrad.uop.ops import EPILOGUE_STORE, GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.stores import EPILOGUE_STORE
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor

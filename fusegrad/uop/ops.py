@@ -118,12 +118,6 @@ class GroupOp:
     Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
 
 
-# a CONTIGUOUS with this arg is a layout store the planner may fuse into its reader's kernel (a conv's flat output
-# under its ReLU or residual add); it is stored when its reader would read it per window tap or inside another sum
-EPILOGUE_STORE = "epilogue"
-# CONTIGUOUS args that promise no buffer of their own: an identity forward ("backward": a gradient stored), a layout
-FUSABLE_STORES = frozenset({"backward", EPILOGUE_STORE})
-
 # ops that only view their source's storage (what a write through a tensor's view reaches)
 _VIEW_OPS = frozenset({Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.DETACH})
 
