@@ -336,64 +336,17 @@ def _tile_start(r: UOp, amount: int, size: int) -> UOp:
 
 
 def output_value(ast: UOp) -> UOp:
-    """The value a kernel stores, below reshapes over a reduce: its output loops run over the reduce's own dims (a
-    grouped conv's groups and channels, a flat conv's positions), so no output index is split again by division. An
-    elementwise epilogue over such reshapes (a bias, a ReLU, a residual add) runs over those dims too, its other
-    operands viewed in them. Opts name axes of this value's shape."""
+    """The value a kernel stores, below reshapes over a reduce that merge dims: its output loops run over the reduce's
+    own dims (a grouped conv's groups and channels), so no output index is split again by division. Opts name axes of
+    this value's shape."""
     value = ast.src[0].src[1]
-    if value.peel(Ops.RESHAPE).op is Ops.REDUCE_AXIS and (merged := _below_merging_reshapes(value)) is not value:
-        return merged
-    return _epilogue_over_reduce(value) or value
-
-
-def _below_merging_reshapes(value: UOp) -> UOp:
+    inner = value
+    inner = inner.peel(Ops.RESHAPE)
+    if inner.op is not Ops.REDUCE_AXIS:
+        return value
     while value.op is Ops.RESHAPE and sum(d != 1 for d in value.src[0].shape) > sum(d != 1 for d in value.shape):
         value = value.src[0]
     return value
-
-
-def _epilogue_over_reduce(value: UOp) -> UOp | None:
-    """value, elementwise ops and reshapes over one reduce whose shape the reshapes change (a conv's flat positions cut
-    into rows, its groups merged into the channels), rebuilt over the reduce's shape: the reshapes dropped (they keep
-    the elements' order) and every other operand reshaped to that shape. None unless every other operand is a
-    constant or a buffer read in its own order or broadcast, whose index then folds back without division."""
-    top = value.peel(Ops.RESHAPE).op
-    if (
-        top not in GroupOp.Elementwise
-        and top is not Ops.REDUCE_AXIS
-        or not all(isinstance(d, int) for d in value.shape)
-    ):
-        return None
-    walked = value.toposort(gate=lambda x: x.op in GroupOp.Elementwise or x.op is Ops.RESHAPE)
-    reduces = [u for u in walked if u.op is Ops.REDUCE_AXIS]
-    # reshapes that only add or drop ones leave the loops as they are
-    if len(reduces) != 1 or [d for d in reduces[0].shape if d != 1] == [d for d in value.shape if d != 1]:
-        return None
-    shape = reduces[0].shape
-    memo: dict[UOp, UOp] = {}
-
-    def rebuilt(s: UOp) -> UOp:
-        # a leaf (a buffer, a broadcast) is read through a reshape to the reduce's shape
-        return memo[s] if s in memo else UOp(Ops.RESHAPE, s.dtype, (s,), shape) if s.size == value.size else s
-
-    for u in walked:
-        if u.op is Ops.REDUCE_AXIS:
-            memo[u] = u
-        elif u.op is Ops.RESHAPE:
-            memo[u] = rebuilt(u.src[0]) if u.src[0] in memo else UOp(Ops.RESHAPE, u.dtype, (u,), shape)
-        elif u.op in GroupOp.Elementwise:
-            memo[u] = u.replace(src=tuple(rebuilt(s) for s in u.src))
-        elif not _reads_in_order(u):
-            return None
-    return memo[value]
-
-
-def _reads_in_order(u: UOp) -> bool:
-    """A constant, or a buffer seen through reshapes and broadcasts of size-1 dims only: its flat index over any
-    reshape of its shape is a sum of the loop indexes times strides, with no division left after folding."""
-    while u.op in (Ops.RESHAPE, Ops.EXPAND):
-        u = u.src[0]
-    return u.op in (Ops.DEFINE_GLOBAL, Ops.CONST)
 
 
 def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:

@@ -13,7 +13,6 @@ from fusegrad.runtime.buffers import buffer_of
 from fusegrad.runtime.device import Buffer
 from fusegrad.schedule.variables import arg_uops
 from fusegrad.uop.ops import GroupOp, Ops, UOp
-from fusegrad.uop.stores import EPILOGUE_STORE
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 if TYPE_CHECKING:
@@ -120,7 +119,6 @@ pm_kernel_ast = PatternMatcher(
         (UPat(Ops.BIND, name="u"), _bind),
         (UPat(Ops.DETACH, src=(UPat(name="x"),)), lambda x: x),
         (UPat(Ops.CONTIGUOUS, arg="backward", src=(UPat(name="x"),)), lambda x: x),
-        (UPat(Ops.CONTIGUOUS, arg=EPILOGUE_STORE, src=(UPat(name="x"),)), lambda x: x),  # fused into its reader
         (UPat(GroupOp.Movement | {Ops.CONST}, name="u"), _lifted_alone),
         (UPat(name="u"), _operands),
     ]

@@ -14,17 +14,11 @@ from fusegrad.schedule.items import ScheduleItem, buffer_view
 from fusegrad.schedule.kernel_ast import kernel_ast_value, kernel_view
 from fusegrad.schedule.variables import KernelVars
 from fusegrad.uop.ops import GroupOp, Ops, UOp, view_over
-from fusegrad.uop.stores import EPILOGUE_STORE, FUSABLE_STORES
 from fusegrad.uop.spec import check_kernel_ast
 from fusegrad.uop.trampoline import Step, run_steps
 
 # a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead
 RECOMPUTE_LIMIT = 1 << 22
-# a conv's layout store (EPILOGUE_STORE) fuses into a reader that also reads another input of the output's size (a
-# residual add) only while the output is at most this large: the register tile reads that input's rows far apart,
-# and past L2 a pass of its own is faster (ResNet-50's 1x1 convs + residual add, one thread: 14x14x1024 and 7x7x2048
-# 5-10 % faster fused, 28x28x512 3 % and 56x56x256 20 % slower)
-EPILOGUE_READ_MAX_BYTES = 1 << 20
 # a kernel fuses chains of at most this many ops: a node this far above the last buffer is realized into a buffer of
 # its own. The C compiler's optimizer is superlinear in a function's statements (a 100k-statement kernel takes gcc
 # minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
@@ -125,7 +119,7 @@ class Planner:
                 if height[s] + 1 >= KERNEL_DEPTH_LIMIT:
                     cuts.add(s)
                     height[s] = 0
-            always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg not in FUSABLE_STORES
+            always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward"
             always_realized = always_realized or u.op is Ops.AFTER
             height[u] = 0 if always_realized else 1 + max((height[s] for s in u.src), default=-1)
         return cuts
@@ -181,33 +175,19 @@ class Planner:
             buf = buffer_of[target]
             if self._reads_shifted(value, buf, point.src[0]) or self._reads_other_assigned(value, buf):
                 yield self._mark_step(value, device)
-        # (node, read through a growing expand/pad or a gather, read inside another reduce's loop)
-        stack: list[tuple[UOp, bool, bool]] = [(value, False, False)]
-        seen: set[tuple[UOp, bool, bool]] = set()
-        fused_stores: dict[UOp, None] = {}  # EPILOGUE_STORE nodes this kernel computes (in walk order), its sums
-        sums: set[UOp] = set()
-        wide_read = False  # the kernel reads, outside its sums and broadcasts, a buffer as large as its output
+        stack: list[tuple[UOp, bool]] = [(value, False)]
+        seen: set[tuple[UOp, bool]] = set()
         while stack:
-            u, expanded, nested = stack.pop()
-            if (u, expanded, nested) in seen:
+            u, expanded = stack.pop()
+            if (u, expanded) in seen or u.op is Ops.BUFFER:
                 continue
-            seen.add((u, expanded, nested))
-            read = u.op is Ops.BUFFER or self._stored(u)
-            if read and not (expanded or nested) and u is not point and u.size >= point.size:
-                wide_read = True
-            if u.op is Ops.BUFFER:
-                continue
+            seen.add((u, expanded))
             if u is not point and (
                 u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN)
-                and u.arg not in FUSABLE_STORES
+                and u.arg != "backward"
                 or u.op is Ops.REDUCE_AXIS
                 and expanded
                 or is_custom_output(u)
-                # a conv's layout store fuses into its reader's kernel (a ReLU, a residual add) unless that kernel
-                # would run its sum once per window tap or inside another sum (a pool, a global average)
-                or u.op is Ops.CONTIGUOUS
-                and u.arg == EPILOGUE_STORE
-                and (expanded or nested)
             ):
                 yield self._mark_step(u, self.device_of[u] or device)
                 continue
@@ -224,22 +204,7 @@ class Planner:
             pads = u.op is Ops.PAD and u.size > u.src[0].size
             # a gather reads its table at loaded rows: a reduce there would run once per gathered element
             gathers = u.op is Ops.GATHER
-            if u.op is Ops.REDUCE_AXIS:
-                sums.add(u)
-            elif u.op is Ops.CONTIGUOUS and u.arg == EPILOGUE_STORE:
-                fused_stores[u] = None
-            inner = nested or u.op is Ops.REDUCE_AXIS
-            stack.extend((s, expanded or grows or pads or gathers, inner) for s in u.src)
-        if fused_stores and (
-            len(sums) > 1 or wide_read and point.size * point.dtype.itemsize > EPILOGUE_READ_MAX_BYTES
-        ):
-            # a layout store fuses only as its reader's one sum: two sums in one kernel (a bottleneck's conv plus its
-            # shortcut conv) leave its loops over neither sum's axes, without a register tile. One of several stores
-            # stays fused when no other sum is there. An epilogue reading another large input (a residual add) reads
-            # it in the register tile's rows, far apart: past L2 that is slower than a pass of its own.
-            stored = list(fused_stores)[: -1 if len(sums) == len(fused_stores) and not wide_read else None]
-            for u in stored:
-                yield self._mark_step(u, self.device_of[u] or device)
+            stack.extend((s, expanded or grows or pads or gathers) for s in u.src)
 
     def _recompute_cost(self, u: UOp) -> int:
         """Data-dependent ALU ops evaluated per element of u inside a fused kernel; index math over ARANGE/CONST is
@@ -263,8 +228,7 @@ class Planner:
     def _stored(self, u: UOp) -> bool:
         """A node whose kernel reads it from a buffer: a realize point, or one that will be (a contiguous, copy or
         assign not yet reached by the marking walk, or a depth cut), so no recompute cost lies past it."""
-        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg not in FUSABLE_STORES
-        always_realized = always_realized or u.op is Ops.AFTER
+        always_realized = u.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN) and u.arg != "backward" or u.op is Ops.AFTER
         return u in self.points or u in self.depth_cuts or always_realized
 
     def _reads_other_assigned(self, value: UOp, target: Buffer) -> bool:

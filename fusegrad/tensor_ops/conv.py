@@ -12,7 +12,6 @@ from fusegrad.helpers import ceildiv, prod
 from fusegrad.tensor_ops.shapes import is_index
 from fusegrad.tensor_ops.spatial_args import IntOrInts, flat_tuple, padding_pairs, per_dim, positive
 from fusegrad.uop.ops import GroupOp, Ops, UOp
-from fusegrad.uop.stores import EPILOGUE_STORE
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -167,11 +166,11 @@ def _conv_forward(
 
 
 def _windows_times_weight(
-    win: Tensor, weight: Tensor, groups: int, acc_dtype: Any, bias: Tensor | None, store: bool | str = False
+    win: Tensor, weight: Tensor, groups: int, acc_dtype: Any, bias: Tensor | None, store: bool = False
 ) -> Tensor:
     """(N, C_in, *out, *kernel) windows (any number of output axes) times the (C_out, C_in/groups, *kernel) weight,
-    summed over the taps and the input channels: (N, C_out, *out), the bias added; stored when `store` (EPILOGUE_STORE:
-    a store the reader's elementwise epilogue may fuse into), and a large grouped conv's always."""
+    summed over the taps and the input channels: (N, C_out, *out), the bias added; stored when `store`, and a large
+    grouped conv's always."""
     n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
     bs, outs = win.shape[0], win.shape[2 : win.ndim - n]
     m = len(outs)
@@ -183,13 +182,11 @@ def _windows_times_weight(
     out = (win * w).sum(tuple(range(3, 4 + n)), dtype=acc_dtype).reshape((bs, groups, cout // groups) + outs)
     if bias is not None:
         out = out + bias.reshape((1, groups, cout // groups) + (1,) * m)
-    if store is True or (groups > 1 and cout > groups and cin_g * prod(kernel) >= CONV_RELAYOUT_MIN_REDUCE):
+    if store or (groups > 1 and cout > groups and cin_g * prod(kernel) >= CONV_RELAYOUT_MIN_REDUCE):
         # stored with the groups as their own axis: merged into the channels, the input's index would divide the
         # channel by the group's size, and no axis would be left for the register tile's rows (AlexNet's grouped
         # 5x5 conv, batch 1: no opts at all, 0.2 GFLOPS)
         out = out.contiguous()
-    elif store == EPILOGUE_STORE:
-        out = out._new(UOp(Ops.CONTIGUOUS, out.dtype, (out.uop,), EPILOGUE_STORE))
     return out.reshape((bs, cout) + outs)
 
 
@@ -216,11 +213,6 @@ def _flat_conv(
         x = x.permute(tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
     positions = x.shape[-1]  # every position whose window stays inside the input
     win = x.permute((0, 1, x.ndim - 1) + tuple(range(2, x.ndim - 1))).reshape(padded.shape[:2] + (positions,) + kernel)
-    if positions == prod(outs):
-        # nothing to crop (a 1x1 conv): the reader's epilogue (a ReLU, a residual add) may run in the conv's kernel
-        return _windows_times_weight(win, weight, groups, acc_dtype, bias, store=EPILOGUE_STORE).reshape(
-            (bs, cout) + outs
-        )
     out = _windows_times_weight(win, weight, groups, acc_dtype, bias, store=True)  # (N, C_out, positions)
     # the positions as rows of the padded input, padded to whole rows, each cropped to the output's width
     out = out.pad(((0, 0), (0, 0), (0, outs[0] * row[0] - positions))).reshape((bs, cout, outs[0]) + spatial[1:])
@@ -239,9 +231,8 @@ def _window_columns(
     win = win.permute((0, 1) + tuple(range(2 + n, 2 + 2 * n)) + tuple(range(2, 2 + n))).contiguous()
     cols = win.reshape((bs, cin * prod(kernel), prod(outs), 1))
     w = weight.reshape((weight.shape[0], cin * prod(kernel), 1))
-    # stored flat, or the kernel's loops would follow the (N, C_out, *out) shape again (a 7-wide row in the tile); the
-    # reader's epilogue (a ReLU) may run in the matmul's kernel, whose loops stay flat (codegen's output_value)
-    out = _windows_times_weight(cols, w, 1, acc_dtype, bias, store=EPILOGUE_STORE)
+    # stored flat, or the kernel's loops would follow the (N, C_out, *out) shape again (a 7-wide row in the tile)
+    out = _windows_times_weight(cols, w, 1, acc_dtype, bias, store=True)
     return out.reshape((bs, weight.shape[0]) + outs)
 
 
@@ -271,10 +262,6 @@ def _stride_phase_split(
     x = x.shrink((None, None) + flat_tuple((None, (0, p)) for p in phases))
     x = x.permute((0, 1) + tuple(3 + 2 * i for i in range(n)) + tuple(2 + 2 * i for i in range(n)))
     x = x.reshape((lead[0], lead[1] * prod(phases)) + tuple(z // s for z, s in zip(sizes, stride))).contiguous()
-    if taps == kernel:
-        # every tap is phase 0 (k = 1 or s = 1 along each dim): the phased weight is the weight itself, and a copy
-        # of it would run every call (ResNet-50's 1x1 stride-2 convs: 2.7 MB of weights a call)
-        return x, weight
     w = weight.pad(((0, 0), (0, 0)) + tuple((0, t * s - k) for t, s, k in zip(taps, stride, kernel)))
     w = w.reshape((cout, cin_g) + flat_tuple((t, s) for t, s in zip(taps, stride)))
     w = w.shrink((None, None) + flat_tuple((None, (0, p)) for p in phases))
