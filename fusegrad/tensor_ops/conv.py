@@ -262,6 +262,10 @@ def _stride_phase_split(
     x = x.shrink((None, None) + flat_tuple((None, (0, p)) for p in phases))
     x = x.permute((0, 1) + tuple(3 + 2 * i for i in range(n)) + tuple(2 + 2 * i for i in range(n)))
     x = x.reshape((lead[0], lead[1] * prod(phases)) + tuple(z // s for z, s in zip(sizes, stride))).contiguous()
+    if taps == kernel:
+        # every tap is phase 0 (k = 1 or s = 1 along each dim): the phased weight is the weight itself, and a copy
+        # of it would run every call (ResNet-50's 1x1 stride-2 convs: 2.7 MB of weights a call)
+        return x, weight
     w = weight.pad(((0, 0), (0, 0)) + tuple((0, t * s - k) for t, s, k in zip(taps, stride, kernel)))
     w = w.reshape((cout, cin_g) + flat_tuple((t, s) for t, s in zip(taps, stride)))
     w = w.shrink((None, None) + flat_tuple((None, (0, p)) for p in phases))

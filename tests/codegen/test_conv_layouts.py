@@ -177,6 +177,24 @@ def test_strided_conv_whose_phases_waste_products_runs_as_a_matmul_over_window_c
 @pytest.mark.parametrize(
     "xs,ws,kw",
     [
+        ((1, 128, 14, 14), (256, 128, 1, 1), {"stride": 2}),  # ResNet-50's downsampling shortcut
+        ((1, 64, 9, 12), (32, 64, 1, 3), {"stride": (2, 1), "padding": (0, 1)}),  # strided only along the 1-tap dim
+    ],
+)
+def test_strided_conv_whose_weight_is_its_one_phase_reads_it_in_place(xs, ws, kw):
+    """A strided conv whose taps are all phase 0 (a 1x1 kernel, or stride 1 along the longer taps) reads its weight
+    as it is: copying it into phases would only copy it (ResNet-50's 2048x1024 shortcut weight, every call: 0.7 ms)."""
+    x, w = Tensor.empty(*xs), Tensor.empty(*ws)
+    items, _, _ = create_schedule([x.conv2d(w, **kw).uop], [Device["CPU"]])
+    weight = w.uop.base.buffer
+    reading_weight = [i for i in items if i.ast.op is Ops.SINK and any(b is weight for b in i.buffers)]
+    assert len(reading_weight) == 1 and any(u.op is Ops.REDUCE_AXIS for u in reading_weight[0].ast.toposort())
+    run_case(xs, ws, kw, seed=11)
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw",
+    [
         ((2, 5, 13, 10), (6, 5, 3, 3), {"stride": 2, "padding": 1}),
         ((1, 4, 9, 7), (3, 4, 3, 3), {"stride": (2, 3), "padding": (0, 1)}),
         ((1, 3, 7, 6, 8), (4, 3, 3, 3, 3), {"stride": 2, "padding": 1}),  # 3-D: 64 phase taps for 27
