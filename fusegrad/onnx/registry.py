@@ -63,7 +63,7 @@ _NP_SPECIAL = {
 def np_to_tensor(x: np.ndarray, device: str | None = None) -> Tensor:
     if x.dtype.name in _NP_SPECIAL:
         return Tensor(x.astype(np.float32), device=device).cast(_NP_SPECIAL[x.dtype.name])
-    return Tensor(np.array(x, copy=True, order="C"), device=device)
+    return Tensor(x, device=device)  # Tensor() copies the data: a caller's later write cannot reach it
 
 
 def T(x: Any) -> Tensor:
