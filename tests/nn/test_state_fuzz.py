@@ -217,6 +217,7 @@ def test_torch_load_strided_views_are_bounded(tmp_path):
         torch_load(tmp_path / "huge.pt")
 
 
+@pytest.mark.slow  # about 4 s of pickling; CI runs it
 def test_torch_load_refuses_tuples_nested_deep_enough_to_crash_hashing(tmp_path):
     # hashing ~a million nested tuples (as a dict key, a set item) overflows the C stack: the loader must refuse them
     # before anything hashes them; deep lists and dicts are fine to build and to free

@@ -131,8 +131,9 @@ def _inputs(shape):
     return ts
 
 
-# the causal case in the fast run, both in CI
-@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True])
+# slow (about 10 s each): the README's test line stays under 10 minutes; CI runs both
+@pytest.mark.slow
+@pytest.mark.parametrize("causal", [False, True])
 def test_scores_are_never_stored_past_the_threshold(causal, monkeypatch):
     heads, seq = 2, 512
     monkeypatch.setattr(attention, "FLASH_SCORE_BYTES", 0)
@@ -255,6 +256,7 @@ def _full_size_allocations(seq: int, monkeypatch) -> int:
     return sum(s >= q.nbytes() for s in sizes)
 
 
+@pytest.mark.slow  # about 6 s; the odd-length backward tests cover the blocked backward in the fast run
 def test_blocked_backward_sums_no_gradient_through_memory(blocks_of, monkeypatch):
     # each row block writes its own rows of dq and each key block its own rows of dk and dv: the buffers the size of
     # a whole gradient do not grow with the number of blocks (a dk and dv summed block by block would be 2 per block)
