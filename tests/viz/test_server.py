@@ -118,6 +118,7 @@ def test_taken_port_moves_to_the_next(recorded):
         make_server(Recording(recorded.data), port=70000)
 
 
+@pytest.mark.slow  # a fresh process, about 4 s; CI runs it
 def test_viz2_saves_and_main_names_a_bad_file(tmp_path):
     env = {**os.environ, "PYTHONPATH": REPO, "VIZ": "2", "XDG_CACHE_HOME": str(tmp_path)}
     code = "from fusegrad import Tensor; (Tensor.ones(7, 3).sum(axis=1) + 2).realize()"

@@ -123,6 +123,7 @@ print(len(searches), values)
 """
 
 
+@pytest.mark.slow  # a fresh process, about 4 s; CI runs it
 def test_second_process_does_no_search(beam_cache):
     env = {**os.environ, "XDG_CACHE_HOME": str(beam_cache), "BEAM": "2", "PYTHONPATH": os.getcwd()}
 
