@@ -19,6 +19,7 @@ from fusegrad.helpers import DEBUG, ONNX_REPLAY
 from fusegrad.onnx.registry import HOST
 
 KEPT_SIGNATURES = 8  # replays kept per runner (each holds its intermediate buffers); the least recently used goes
+SEEN = "seen"  # a signature called once: its next call runs through a TinyJit
 PLAIN = "plain"  # a signature that runs plainly: its run reads data into Python
 
 
@@ -38,13 +39,10 @@ class Replays:
         if key is None:
             return None
         state = self.kept.get(key)
-        if state is None:  # the first call with this signature: plain (most runners are called once)
-            self._keep(key, 1)
+        if state is None or state is PLAIN:  # a first call runs plainly (most runners are called once), PLAIN always
+            self._keep(key, state or SEEN)
             return None
-        if state is PLAIN:
-            self.kept.move_to_end(key)
-            return None
-        if not isinstance(state, TinyJit):
+        if state is SEEN:
             names = list(feeds)
 
             def step(*xs: Tensor) -> list[Tensor]:

@@ -224,15 +224,16 @@ class OnnxRunner:
             if not overrides and (replayed := self._replays.call({k: env[k] for k in feeds})) is not None:
                 return replayed
             steps = self._unfolded[0] if overrides else self.graph.steps
-            self.run_graph(Graph(steps, self.graph.inputs, self.graph.outputs), env)
-            return {name: _out(env[name]) for name in self.output_names}
+            return self._outputs(Graph(steps, self.graph.inputs, self.graph.outputs), env)
         finally:
             HOST.clear()
 
     def _run_plain(self, feeds: dict[str, Tensor]) -> dict[str, Tensor]:
         """One call without a replay: what a replay's TinyJit runs and records."""
-        env = self._bind(feeds)
-        self.run_graph(self.graph, env)
+        return self._outputs(self.graph, self._bind(feeds))
+
+    def _outputs(self, graph: Graph, env: dict[str, Any]) -> dict[str, Any]:
+        self.run_graph(graph, env)
         return {name: _out(env[name]) for name in self.output_names}
 
     def run_graph(self, graph: Graph, env: dict[str, Any]) -> list[Any]:
