@@ -63,8 +63,9 @@ MIN_DOT_VECTORS = 2
 # cache lines of the input once; a row at a time read one line per element, and rows a power of two apart share
 # cache sets, so lines were fetched again for every output row (2048x1024: 7.4 -> 0.7 ms; 8 beat 16 and 16 x 4)
 TRANSPOSE_TILE = 8
-# ... from this many elements (a smaller transpose stays in L2: measured the same either way at 512x784)
-TRANSPOSE_MIN_ELEMENTS = 1 << 18
+# ... from this many elements: a row at a time thrashes L1 already at 128x784 (one thread, ten copies replayed, best
+# of 200: 128x784 43 -> 22 us, 784x128 71 -> 17 us, 128x128 11 -> 4 us; 64x64 and smaller the same either way)
+TRANSPOSE_MIN_ELEMENTS = 1 << 12
 # worth per output of a column tile two vectors wide (half the row broadcasts of one), one vector wide, and narrower
 # ones, which run as scalars
 TILE_WORTH = (1.15, 1.0, 0.6, 0.4, 0.25)
