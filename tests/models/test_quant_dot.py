@@ -85,9 +85,12 @@ def test_integer_matvec_equals_dequantized_float_math_within_the_activation_erro
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
-def test_the_integer_matvec_is_one_kernel_after_the_activations_three(qtype):
-    q, _ = _integer_matrix(64, 512, "CPU", qtype=qtype)
-    x = Tensor(np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32)).realize()
+@pytest.mark.parametrize("n", [1, 8])
+def test_the_integer_matvec_is_one_kernel_after_the_activations_three(qtype, n):
+    # 8 rows (a short prompt's chunk) of a weight large enough that the scheduler would realize an unpacked copy of
+    # it rather than unpack it again per row: the matvec still reads the packed bytes
+    q, _ = _integer_matrix(1024, 1536, "CPU", qtype=qtype)
+    x = Tensor(np.random.default_rng(1).standard_normal((n, 1536)).astype(np.float32)).realize()
     GlobalCounters.reset()
     q.matvec(x).realize()
     assert GlobalCounters.kernel_count == 4  # scale, values, value sums of x; the matvec
