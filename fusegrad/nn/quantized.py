@@ -185,8 +185,17 @@ class QuantFormat:
 
 
 def _nibbles(packed: Tensor, rows: int, groups: int, lanes: int) -> Tensor:
-    """(rows, groups, 2, lanes) values 0..15 of bytes packed (rows, groups, lanes): low nibbles, then high ones."""
-    return _split_bits(packed.reshape(rows, groups, lanes), 4, 2)
+    """(rows, groups, 2, lanes) values 0..15 of bytes packed (rows, groups, lanes): low nibbles, then high ones,
+    unpacked in 8 bits: constant shifts of bytes (_split_bits' per-part shifts of ints made Q4_K's prefill panels
+    twice as slow, the compiler shifting each value by a variable count)."""
+    p = packed.reshape(rows, groups, 1, lanes)
+    return _cat_parts(p & 15, p >> 4).cast(dtypes.int32)
+
+
+def _cat_parts(low: Tensor, high: Tensor) -> Tensor:
+    """(..., 1, lanes) low and high as (..., 2, lanes) (pads and an add fuse into the consumer)."""
+    z = ((0, 0),) * (low.ndim - 2)
+    return low.pad(z + ((0, 1), (0, 0))) + high.pad(z + ((1, 0), (0, 0)))
 
 
 def _q8_0_planes(b: Tensor) -> tuple[Tensor, ...]:
@@ -305,6 +314,27 @@ def _q8_0_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) 
     return (true * (ws.cast(dtypes.float32).unsqueeze(0) * xs.unsqueeze(1))).sum(-1)
 
 
+def _q4_k_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) -> Tensor:
+    # sub-block s of 32 holds nibbles q 0..15 (unsigned, what vpdpbusd multiplies) meaning scale_s * q + offset_s, so
+    # its part of x @ w is xs_s * (scale_s * sum(q * xq) + offset_s * sum(xq)): integer sums, then float per block
+    packed, scale, offset = planes
+    rows, chunks = packed.shape[0], packed.shape[1] // 32
+    # broadcast over x's rows before unpacking: a broadcast nibble unpack counts as recomputed per row, and the
+    # scheduler would realize the whole unpacked matrix for a chunk of several rows (~2x slower at 8 rows)
+    p = packed.reshape(1, rows, chunks, 32).expand(xq.shape[0], rows, chunks, 32)
+    xq = xq.reshape(-1, 1, chunks, 2, 32).cast(dtypes.int32)
+    scale, offset = scale.reshape(1, rows, chunks, 2), offset.reshape(1, rows, chunks, 2)
+    xs, xsum = xs.reshape(-1, 1, chunks, 2), xsum.reshape(-1, 1, chunks, 2)
+    out = None
+    # chunk c's low nibbles are sub-block 2c, its high ones 2c+1: two sums over one load of its bytes, each nibble
+    # unpacked in 8 bits (GCC then finds the dot product; one sum over both parts selects per byte, ~25 % slower)
+    for part, q in enumerate((p & 15, p >> 4)):
+        isum = (q.cast(dtypes.int32) * xq[:, :, :, part]).sum(-1).cast(dtypes.float32)
+        term = (isum * scale[..., part] + offset[..., part] * xsum[..., part]) * xs[..., part]
+        out = term if out is None else out + term
+    return out.sum(-1)
+
+
 def _q8_0_unsigned_planes(b: Tensor) -> tuple[Tensor, ...]:
     values = (b[:, 2:34].bitcast(dtypes.int8).cast(dtypes.int32) + 128).cast(dtypes.uint8)
     return values.contiguous(), _f16_plane(b, 0).contiguous()
@@ -331,9 +361,9 @@ DOT_FORMATS: dict[int, DotFormat] = {
         ),
         _q8_0_dot,
     ),
+    # Q4_K's nibbles are unsigned already: its float planes serve (unpacked in bytes, GCC finds the dot product)
+    12: DotFormat(QUANT_FORMATS[12], _q4_k_dot),
 }
-# Q4_K's nibbles are unsigned already, but unpacked inside the kernel they ran 8x slower than its float matvec
-# (GCC keeps the shifts in 32-bit lanes and finds no dot product): K-quants keep the float path
 
 
 def _format_of(ggml_type: int, integer: bool) -> QuantFormat:

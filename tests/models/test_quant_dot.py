@@ -1,6 +1,6 @@
-"""The integer dot-product matvec (activations quantized to 8 bits per block of 32, as llama.cpp's Q8 activations)
-against numpy, and the C kernel it renders to: plain signed sums of 8-bit products, which GCC turns into vpdpbusd
-where the target has VNNI."""
+"""The integer dot-product matvec of Q8_0 and Q4_K weights (activations quantized to 8 bits per block of 32, as
+llama.cpp's Q8 activations) against numpy, and the C kernel it renders to: plain signed sums of 8-bit products,
+which GCC turns into vpdpbusd where the target has VNNI."""
 
 import subprocess
 
@@ -22,8 +22,11 @@ from fusegrad.schedule import create_schedule  # noqa: E402
 from fusegrad.uop.ops import Ops  # noqa: E402
 
 
-def _q8_0(rows: int, cols: int, device: str, seed: int = 0) -> tuple[QuantizedMatrix, np.ndarray]:
-    qt = GGMLQuantizationType.Q8_0
+def _integer_matrix(
+    rows: int, cols: int, device: str, seed: int = 0, qtype: str = "Q8_0"
+) -> tuple[QuantizedMatrix, np.ndarray]:
+    """A matrix of random weights in qtype (Q8_0: quantized by gguf; K-quants: random blocks) on its integer planes."""
+    qt = GGMLQuantizationType[qtype]
     rng = np.random.default_rng(seed)
     raw, meant = _stored(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qt, rng)
     blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1]), device=device).realize()
@@ -52,12 +55,20 @@ def test_quantize_blocks_equals_numpy(device):
     assert np.abs(xq.numpy()).max() <= 127
 
 
-@pytest.mark.parametrize("device", ["CPU", "LLVM"])
-@pytest.mark.parametrize("n, rows, cols", [(1, 48, 768), (2, 37, 64), (1, 5, 2048)])
-def test_integer_matvec_equals_dequantized_float_math_within_the_activation_error(device, n, rows, cols):
+CASES = [("Q8_0", 1, 48, 768), ("Q8_0", 2, 37, 64), ("Q8_0", 1, 5, 2048), ("Q4_K", 1, 48, 768), ("Q4_K", 3, 37, 256)]
+
+
+@pytest.mark.parametrize(
+    "device, qtype, n, rows, cols",
+    [("CPU", *c) for c in CASES]
+    + [("CPU", "Q4_K", 1, 5, 2048)]
+    + [("LLVM", *c) for c in CASES[:2] + CASES[4:]]
+    + [pytest.param("LLVM", *c, marks=pytest.mark.slow) for c in CASES[2:4]],
+)
+def test_integer_matvec_equals_dequantized_float_math_within_the_activation_error(device, qtype, n, rows, cols):
     if device == "LLVM":
         pytest.importorskip("llvmlite")
-    q, meant = _q8_0(rows, cols, device, seed=rows)
+    q, meant = _integer_matrix(rows, cols, device, seed=rows, qtype=qtype)
     assert q.integer
     np.testing.assert_array_equal(q.dequantize().numpy(), meant)  # the unsigned planes still mean the same weight
     x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
@@ -73,51 +84,74 @@ def test_integer_matvec_equals_dequantized_float_math_within_the_activation_erro
     assert np.all(np.abs(got - want) <= bound + 1e-5 * np.abs(want).max())
 
 
-def test_the_integer_matvec_is_one_kernel_after_the_activations_three():
-    q, _ = _q8_0(64, 512, "CPU")
-    x = Tensor(np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32)).realize()
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("n", [1, 8])
+def test_the_integer_matvec_is_one_kernel_after_the_activations_three(qtype, n):
+    # 8 rows (a short prompt's chunk) of a weight large enough that the scheduler would realize an unpacked copy of
+    # it rather than unpack it again per row: the matvec still reads the packed bytes
+    q, _ = _integer_matrix(1024, 1536, "CPU", qtype=qtype)
+    x = Tensor(np.random.default_rng(1).standard_normal((n, 1536)).astype(np.float32)).realize()
     GlobalCounters.reset()
     q.matvec(x).realize()
     assert GlobalCounters.kernel_count == 4  # scale, values, value sums of x; the matvec
 
 
-def _matvec_source() -> str:
-    q, _ = _q8_0(64, 512, "CPU")
+def _matvec_source(qtype: str = "Q8_0") -> str:
+    q, _ = _integer_matrix(64, 512, "CPU", qtype=qtype)
     xq, xs, xsum = (t.realize() for t in quantize_blocks(Tensor.ones(1, 512).contiguous().realize()))
     out = q.matvec(Tensor.ones(1, 512), (xq, xs, xsum))
     (item,) = [i for i in create_schedule([out.uop], [Device["CPU"]])[0] if i.ast.op is Ops.SINK]
     return Device["CPU"].render(lower_to_linear(item.ast, Device["CPU"].renderer))
 
 
-def test_the_sum_of_8_bit_products_renders_as_plain_signed_c():
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_the_sum_of_8_bit_products_renders_as_plain_signed_c(qtype):
     # no unsigned wrapping and no simd pragma on it: GCC's loop vectorizer then finds the dot product
-    src = _matvec_source()
-    line = next(ln for ln in src.splitlines() if ln.strip().startswith("acc1 = "))
-    assert "unsigned" not in line and "*" in line, line
-    assert "reduction(+:acc1)" not in src
+    src = _matvec_source(qtype)
+    lines = [ln for ln in src.splitlines() if ln.strip().startswith(("acc1 = ", "acc2 = "))]
+    assert lines and all("unsigned" not in ln and "*" in ln for ln in lines), lines
+    assert "reduction(+:acc" not in src
 
 
-def test_the_c_kernel_runs_vpdpbusd_where_the_target_has_vnni():
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_the_c_kernel_runs_vpdpbusd_where_the_target_has_vnni(qtype):
     if not Device["CPU"].renderer.capabilities.int8_dot:
         pytest.skip("this CPU has no 8-bit dot product instruction")
     cc = find_compiler()
-    src = _matvec_source()
+    src = _matvec_source(qtype)
     asm = subprocess.run(
         [cc, *kernel_flags(cc, src), "-S", "-x", "c", "-", "-o", "-"], input=src, capture_output=True, text=True
     ).stdout
     assert "vpdpbusd" in asm or "sdot" in asm or "udot" in asm  # x86 VNNI, Arm's dot products
 
 
-def test_formats_without_an_integer_path_keep_the_float_one():
-    qt = GGMLQuantizationType.Q4_K
+def _matrix(qtype: str, int8: bool | None) -> QuantizedMatrix:
+    qt = GGMLQuantizationType[qtype]
     rng = np.random.default_rng(0)
     raw, _ = _stored(rng.standard_normal((4, 256)).astype(np.float32), qt, rng)
     blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1])).realize()
-    assert QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (4, 256), blocks), int8=True).integer is False
+    return QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (4, 256), blocks), int8=int8)
 
 
-def test_a_prefill_chunk_over_the_integer_planes_is_float_math():
-    q, meant = _q8_0(37, 64, "CPU")
-    x = np.random.default_rng(3).standard_normal((5, 64)).astype(np.float32)
+def test_formats_without_an_integer_path_keep_the_float_one():
+    assert _matrix("Q6_K", int8=True).integer is False
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_a_target_without_8_bit_dot_products_keeps_the_float_path(qtype, monkeypatch):
+    from fusegrad.engine import realize
+
+    monkeypatch.setattr(realize, "int8_dot", lambda device: False)
+    q = _matrix(qtype, int8=None)
+    assert q.integer is False
+    x = np.random.default_rng(1).standard_normal((1, 256)).astype(np.float32)
+    want = x.astype(np.float64) @ q.dequantize().numpy().T.astype(np.float64)
+    np.testing.assert_allclose(q.matvec(Tensor(x)).numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype, cols", [("Q8_0", 64), ("Q4_K", 512)])
+def test_a_prefill_chunk_over_the_integer_planes_is_float_math(qtype, cols):
+    q, meant = _integer_matrix(37, cols, "CPU", qtype=qtype)
+    x = np.random.default_rng(3).standard_normal((5, cols)).astype(np.float32)
     want = x.astype(np.float64) @ meant.T.astype(np.float64)
     np.testing.assert_allclose(q.matmul(Tensor(x)).numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())

@@ -83,6 +83,7 @@ def test_quantized_gemm_refuses_bad_shapes():
         (33, [32, 32], (128, 32)),
         (128, [128], (128, 32)),
         (200, [128, 32, 32, 32], (128, 32)),
+        (44, [32, 8, 8], (128, 32, 8)),
         (700, [512, 128, 32, 32], (512, 128, 32)),
     ],
 )
@@ -132,7 +133,7 @@ def test_prefill_takes_the_last_row_from_a_model_without_row():
     from fusegrad.models.generate import prefill
 
     model = ShiftLM()
-    ids = list(range(1, 141))  # a chunk of 128, then 12 tokens padded to 32: the last real row is 11, not 31
+    ids = list(range(1, 141))  # chunks of 128 and 8, then 4 tokens padded to 8: the last real row is 3, not 7
     last = prefill(model, ids)
-    assert model.chunks == [128, 32]
+    assert model.chunks == [128, 8, 8]
     assert int(np.argmax(last)) == ids[-1] + 1 and last.shape == (512,)
