@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 Scalar = int | float | bool
 # a reduce's output this large is stored before a pool reads its windows (`_stored_if_reduced`)
 POOL_STORE_REDUCED_SIZE = 2**14
+# a max pool's input rows this long or longer run dim by dim (`_separable`): shorter ones run slower that way
+SEPARABLE_MIN_ROW = 12
 
 
 def _out_size(size: int, k: int, s: int, d: int, pads: tuple[int, int], ceil_mode: bool) -> int:
@@ -54,14 +56,18 @@ def _tiles_without_padding(args: tuple[tuple[int, ...], ...]) -> bool:
     return kernel == stride and all(d == 1 for d in dilation) and all(p == (0, 0) for p in pads) and not any(extra)
 
 
-def _separable(args: tuple[tuple[int, ...], ...], size: int) -> bool:
+def _separable(args: tuple[tuple[int, ...], ...], x: Tensor) -> bool:
     """A max pool worth computing dim by dim (`_max_pool_dim_by_dim`): windows of several taps along two or more dims
     that overlap along one (stride below the window's span), over at least POOL_STORE_REDUCED_SIZE elements (a smaller
-    one is not worth a second kernel). SqueezeNet's 3x3 stride-2 pools, one thread: 64x111x111 230 -> 145 us, 128x55x55
-    107 -> 75 us, 256x27x27 70 -> 43 us."""
+    one is not worth a second kernel) whose rows are at least SEPARABLE_MIN_ROW long. One thread, a 3x3 pool of a
+    ReLU: stride 2 at 64x111x111 230 -> 145 us, 256x28x28 120 -> 70, 576x14x14 98 -> 43; stride 1 at 512x14x14 170
+    -> 115, 256x28x28 250 -> 217; but 7 wide rows 2-3.5x slower (1024x7x7 stride 1: 104 -> 375 us)."""
     kernel, stride, dilation = args[:3]
     overlap = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, stride, dilation))
-    return size >= POOL_STORE_REDUCED_SIZE and sum(k > 1 for k in kernel) >= 2 and overlap
+    if not all(isinstance(d, int) for d in x.shape):
+        return False
+    big = x.numel() >= POOL_STORE_REDUCED_SIZE and x.shape[-1] >= SEPARABLE_MIN_ROW
+    return big and sum(k > 1 for k in kernel) >= 2 and overlap
 
 
 class PoolMixin:
@@ -144,7 +150,7 @@ class PoolMixin:
         n = len(args[0])
         lowest = -math.inf if dtypes.is_float(self.dtype) else self.dtype.min  # padding never wins
         x = _stored_if_reduced(self)
-        if not return_indices and _separable(args, x.numel()):
+        if not return_indices and _separable(args, x):
             return x._max_pool_dim_by_dim(args, lowest)
         win = x._pooled_windows(args, lowest)
         axes = tuple(range(self.ndim, self.ndim + n))

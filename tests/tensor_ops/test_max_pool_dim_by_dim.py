@@ -62,6 +62,8 @@ def test_one_kernel_per_dim_with_the_relu_in_the_first():
     x = Tensor(rand((1, 16, 55, 55))).realize()
     assert kernels(x.max_pool2d(3, 2)) == kernels(x.relu().max_pool2d(3, 2)) == 2, "no ReLU pass of its own"
     assert kernels(x.relu().max_pool2d((3, 3, 3), 2)) == 3  # (16, 55, 55) pooled as 3 spatial dims
-    # windows side by side, or a small input, stay one kernel over the whole window
+    # windows side by side, or a small input, stay one kernel over the whole window, and so do rows
+    # shorter than SEPARABLE_MIN_ROW
     assert kernels(x.relu().max_pool2d(2)) == 1
     assert kernels(Tensor(rand((1, 2, 9, 9))).relu().max_pool2d(3, 2)) == 1
+    assert kernels(Tensor(rand((1, 1024, 7, 7))).relu().max_pool2d(3, 1, padding=1)) == 1, "rows too short"
