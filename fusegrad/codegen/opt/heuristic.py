@@ -94,7 +94,7 @@ def hand_coded_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabiliti
         or tile_opts(value, plain, reads_output, caps)
         or _dot_tile(value, plain, reads_output, caps)
         or _transpose_tile(value, plain)
-        or _row_vectors(value, plain, reads_output, caps)
+        or _gated_row_vectors(value, plain, reads_output, caps)
     )
     if not opts and (window := _unroll_short_window(value)):
         opts.extend(window + _window_rows(value, plain))
@@ -158,13 +158,13 @@ def _transpose_tile(value: UOp, plain: UOp) -> list[Opt]:
     return [Opt(OptOps.UPCAST, kept[row], TRANSPOSE_TILE), Opt(OptOps.UPCAST, col, TRANSPOSE_TILE)]
 
 
-def _row_vectors(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt]:
+def _gated_row_vectors(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt]:
     """UPCAST by one vector of the innermost output axis of a kernel without a reduce that reads through a gate (a
     concat's or a pad's select), for a compiler that vectorizes loops: a gated scalar load is one GCC if-converts
     poorly or not at all, a gated vector load of the packed lanes reads them at once (a fire module's concat with its
     ReLU, 128x55x55: 193 -> 44 us; an Inception module's, 576x14x14 in 8-lane vectors, 190 -> 75 us). A row that is
     not a whole number of vectors ends in a tile that overlaps the one before (recomputed, unless the kernel reads its
-    own output). An ungated row gets a vector only to lose its scalar tail (`_tail_free_row`)."""
+    own output)."""
     if not (caps.loop_vectorizer and caps.vector_types) or any(not isinstance(d, int) for d in value.shape):
         return []
     nodes = plain.toposort()
@@ -176,13 +176,9 @@ def _row_vectors(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities)
     stores = [u.src[1] for u in nodes if u.op is Ops.STORE]
     col_r, cols = ranges[len(kept) - 1], value.shape[kept[-1]]
     # a vector, or for a shorter row (14 wide at 14x14) the widest smaller one
-    width = _width(value, caps)
-    amount = next((w for w in (width, 8, 4) if w <= cols), 1)
-    if amount < 4 or (reads_output and cols % amount):
+    amount = next((w for w in (_width(value, caps), 8, 4) if w <= cols), 1)
+    if not gated or amount < 4 or (reads_output and cols % amount):
         return []
-    if not gated:
-        # a row shorter than a vector gets no vector from the compiler either
-        return _tail_free_row(nodes, stores, col_r, kept[-1], cols, amount) if amount == width else []
     # the lanes of a vector are neighbours in the output and in every gated input that moves along the row (a batch
     # norm's per-channel scale does not), and share their gate (a gate along the row, a pad's columns, leaves lanes
     # loaded one by one, each behind a branch where if-conversion is off)
@@ -193,19 +189,6 @@ def _row_vectors(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities)
     if any(col_r in u.src[2].toposort() for u in gated):
         return []
     return [Opt(OptOps.UPCAST, kept[-1], amount)]
-
-
-def _tail_free_row(nodes: list[UOp], stores: list[UOp], col_r: UOp, col: int, cols: int, amount: int) -> list[Opt]:
-    """UPCAST by a vector of an ungated elementwise kernel's row that is not a whole number of vectors, when every
-    load moving along it is contiguous: the C compiler's vectorized loop would end each row in a scalar tail (55 =
-    3 x 16 + 7), which costs as much as the vectors when the body selects (a NaN-aware max, a ReLU); the upcast row
-    ends in a vector that overlaps the one before instead (a 3-row max of a ReLU, 64x55x111: 153 -> 89 us)."""
-    loads = [u.src[1] for u in nodes if u.op is Ops.LOAD]
-    if cols % amount == 0 or any(coefficient(i, col_r) not in (0, 1) for i in loads):
-        return []
-    if not any(coefficient(i, col_r) == 1 for i in loads) or any(coefficient(i, col_r) != 1 for i in stores):
-        return []
-    return [Opt(OptOps.UPCAST, col, amount)]
 
 
 def _unroll_short_reduce(value: UOp) -> Opt | None:
