@@ -60,8 +60,8 @@ def _separable(args: tuple[tuple[int, ...], ...], x: Tensor) -> bool:
     """A max pool worth computing dim by dim (`_max_pool_dim_by_dim`): windows of several taps along two or more dims
     that overlap along one (stride below the window's span), over at least POOL_STORE_REDUCED_SIZE elements (a smaller
     one is not worth a second kernel) whose rows are at least SEPARABLE_MIN_ROW long. One thread, a 3x3 pool of a
-    ReLU: stride 2 at 64x111x111 230 -> 145 us, 256x28x28 120 -> 70, 576x14x14 98 -> 43; stride 1 at 512x14x14 170
-    -> 115, 256x28x28 250 -> 217; but 7 wide rows 2-3.5x slower (1024x7x7 stride 1: 104 -> 375 us)."""
+    ReLU with padding 1, the same minute: stride 2 at 576x14x14 143 -> 43 us, 256x28x28 163 -> 71, 64x112x112 432 ->
+    247; stride 1 the same at 14x14 and 28x28, 272 -> 217 at 64x56x56; 7-wide rows 2-3.5x slower."""
     kernel, stride, dilation = args[:3]
     overlap = any(s < d * (k - 1) + 1 for k, s, d in zip(kernel, stride, dilation))
     if not all(isinstance(d, int) for d in x.shape):
