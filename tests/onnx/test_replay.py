@@ -190,3 +190,51 @@ def test_writing_an_input_array_after_the_call_changes_no_output():
         outs, ref = runner({"x": x}), x.copy()
         x[:] = 100  # the outputs are still lazy in the plain call
         _check(outs, ref)
+
+
+def test_a_replay_copies_its_outputs_without_a_kernel():
+    runner = OnnxRunner(_dense())
+    x = np.ones((2, 3), np.float32)
+    with Context(ONNX_REPLAY=0):
+        GlobalCounters.reset()
+        Tensor.realize(*runner({"x": x}).values())
+        plain = GlobalCounters.kernel_count
+    for _ in range(3):
+        runner({"x": x})
+    GlobalCounters.reset()
+    outs = runner({"x": x + 1})
+    assert GlobalCounters.kernel_count == plain, "the replay's kernels only: no copy kernel per output"
+    again = runner({"x": x + 2})
+    _check(outs, x + 1)
+    _check(again, x + 2)
+    assert outs["z"].shape == () and outs["y"].shape == (2, 4)
+
+
+def _double(elem: int, shape):
+    x = helper.make_tensor_value_info("x", elem, shape)
+    y = helper.make_tensor_value_info("y", elem, shape)
+    return _model([helper.make_node("Add", ["x", "x"], ["y"])], [x], [y])
+
+
+@pytest.mark.parametrize(
+    "elem, make",
+    [
+        (TensorProto.FLOAT, lambda i: (np.arange(12, dtype=np.float32).reshape(4, 3) * i).T),  # a transposed view
+        (TensorProto.INT64, lambda i: np.arange(12, dtype=np.int64).reshape(3, 4)[:, ::1] - i),
+        (TensorProto.INT32, lambda i: np.full((3, 4), i, np.int32)),
+        (TensorProto.FLOAT, lambda i: np.float32(i) * np.ones((3, 4), np.float32)[::-1]),  # negative strides
+    ],
+)
+def test_input_arrays_of_any_layout_and_dtype_are_copied_in(elem, make):
+    runner = OnnxRunner(_double(elem, [3, 4]))
+    for i in range(4):  # plain, then through the replay's TinyJit
+        x = make(i)
+        out = runner({"x": x})
+        ref = x + x
+        x[...] = 7  # the caller's array after the call reaches no output
+        np.testing.assert_array_equal(out["y"].numpy(), ref)
+    scalar = OnnxRunner(_double(TensorProto.FLOAT, []))
+    for i in range(3):
+        np.testing.assert_array_equal(scalar({"x": np.array(i + 0.5, np.float32)})["y"].numpy(), 2 * i + 1.0)
+    empty = OnnxRunner(_double(TensorProto.FLOAT, [0, 4]))
+    assert empty({"x": np.zeros((0, 4), np.float32)})["y"].shape == (0, 4)

@@ -152,16 +152,24 @@ def _spatial(x):
     return tuple(range(2, x.ndim))
 
 
+def _global(x, reduce):
+    """reduce(x, axes, keepdim=True) over the spatial dims; with constant dims over them flattened into one contiguous
+    axis, one loop the C compiler vectorizes, not one per spatial dim (SqueezeNet's 1000x13x13 average with its ReLU,
+    one thread: 83 -> 23 us)."""
+    if x.ndim > 3 and all(isinstance(d, int) for d in x.shape):
+        flat = x.reshape(x.shape[:2] + (math.prod(x.shape[2:]),))
+        return reduce(flat, (2,), keepdim=True).reshape(x.shape[:2] + (1,) * (x.ndim - 2))
+    return reduce(x, _spatial(x), keepdim=True)
+
+
 @op("GlobalAveragePool")
 def global_average_pool(n, x):
-    x = T(x)
-    return x.mean(_spatial(x), keepdim=True)
+    return _global(T(x), lambda t, axes, keepdim: t.mean(axes, keepdim))
 
 
 @op("GlobalMaxPool")
 def global_max_pool(n, x):
-    x = T(x)
-    return x.max(_spatial(x), keepdim=True)
+    return _global(T(x), lambda t, axes, keepdim: t.max(axes, keepdim))
 
 
 @op("GlobalLpPool")
