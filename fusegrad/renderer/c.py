@@ -96,7 +96,9 @@ def _simd_max(ctx: KernelText, r: UOp) -> str | None:
         f"{acc} = {flag} ? {ctx.renderer.render_const(math.nan, dt)} : {acc};"
         for (acc, dt), flag in zip(dtypes_of.items(), flags)
     ]
-    declared = "\n".join(f"int {flag} = 0;" for flag in flags)
+    # a flag starts set when the accumulator is NaN already (an earlier row's loop found one): the reduction's combine
+    # step at the loop's end would drop it
+    declared = "\n".join(f"int {flag} = ({acc}!={acc});" for acc, flag in zip(dtypes_of, flags))
     return f"{declared}\n#pragma omp simd reduction(max:{', '.join(dtypes_of)}) reduction(|:{', '.join(flags)})"
 
 

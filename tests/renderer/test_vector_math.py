@@ -244,3 +244,19 @@ def test_row_max_runs_in_a_simd_loop_and_lets_nan_win(kind):
     np.testing.assert_array_equal(Tensor(rows.astype(np.float64)).max(1).numpy(), t.double().amax(1).numpy())
     if kind == "plain":
         np.testing.assert_allclose(Tensor(rows).softmax(1).numpy(), t.softmax(1).numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("where", [0, 7, 100, 779])
+def test_max_over_several_loops_keeps_a_nan_from_an_earlier_row(where):
+    """A max over several axes runs its innermost loop as a simd max once per outer iteration: a NaN found in an earlier
+    row must survive the next row's loop (the simd reduction's combine step drops a NaN accumulator)."""
+    rng = np.random.default_rng(where)
+    x = rng.standard_normal((4, 5, 6, 13)).astype(np.float32)
+    x.reshape(-1)[where] = np.nan
+    t = torch.from_numpy(x)
+    for dtype in (np.float32, np.float64):
+        for axes in ((2, 3), (1, 2, 3), None):
+            ax = tuple(range(4)) if axes is None else axes
+            for fn, ref in ((lambda y: y.max(axes), t.double().amax(ax)), (lambda y: y.min(axes), t.double().amin(ax))):
+                got = fn(Tensor(x.astype(dtype))).numpy()
+                np.testing.assert_array_equal(got, ref.numpy().astype(dtype), err_msg=f"{dtype} {axes}")
