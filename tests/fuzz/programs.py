@@ -339,6 +339,12 @@ OPS: dict[str, OpDef] = {
     "max": OpDef(
         _axis_draw, _reduce_shape, same("{x}.max(axis={p0}, keepdim={p1})", "{x}.amax(dim={p0}, keepdim={p1})")
     ),
+    # a reduce over two axes: several loops around one accumulator (a NaN found by an earlier row's loop must stay)
+    "max2": OpDef(
+        lambda rng, s: Step("", (bool(rng.random() < 0.5),)) if len(s) >= 2 else None,
+        lambda s, st: s[:-2] + ((1, 1) if st.params[0] else ()) if len(s) >= 2 else None,
+        same("{x}.max(axis=(-2, -1), keepdim={p0})", "{x}.amax(dim=(-2, -1), keepdim={p0})"),
+    ),
     "mean": OpDef(
         _axis_draw, _reduce_shape, same("{x}.mean(axis={p0}, keepdim={p1})", "{x}.mean(dim={p0}, keepdim={p1})")
     ),

@@ -25,12 +25,31 @@ class Failure:
     message: str
 
 
-def make_inputs(program: Program) -> list[np.ndarray]:
+def make_inputs(program: Program, grad: bool) -> list[np.ndarray]:
     rng = np.random.default_rng(program.seed + 1)
-    return [
+    arrays = [
         rng.integers(0, i.high, i.shape).astype(np.int32) if i.high else rng.standard_normal(i.shape).astype(np.float32)
         for i in program.inputs()
     ]
+    for a, (where, values) in zip(arrays, special_values(program, arrays, grad)):
+        a.reshape(-1)[where] = values
+    return arrays
+
+
+SPECIALS = (np.nan, np.inf, -np.inf)
+
+
+def special_values(program: Program, arrays: list[np.ndarray], grad: bool) -> list[tuple[list[int], list[float]]]:
+    """Per input, the flat positions that get NaN, +inf and -inf: in a quarter of the seeds, when the program runs
+    without backward (a NaN's gradient conventions differ between libraries), one of each in every float input."""
+    if grad or program.seed % 4 != 1:
+        return [([], [])] * len(arrays)
+    rng = np.random.default_rng(program.seed + 3)
+    out = []
+    for a in arrays:
+        n = min(len(SPECIALS), a.size) if a.dtype.kind == "f" else 0
+        out.append(([int(i) for i in rng.choice(a.size, n, replace=False)] if n else [], list(SPECIALS[:n])))
+    return out
 
 
 def output_gradient(program: Program, shape: tuple[int, ...]) -> np.ndarray:
@@ -147,9 +166,11 @@ def compare(program: Program, got, want) -> str | None:
     ]:
         if a.shape != b.shape:
             return f"{name}: shape {a.shape} != torch's {b.shape}"
-        scale = max(1.0, float(np.max(np.abs(b), initial=0.0)))
-        err = np.abs(a.astype(np.float64) - b)
-        bad = ~(err <= tol * scale + tol * np.abs(b))
+        scale = max(1.0, float(np.max(np.abs(b[np.isfinite(b)]), initial=0.0)))
+        with np.errstate(invalid="ignore"):  # inf - inf where both are infinite
+            err = np.abs(a.astype(np.float64) - b)
+        # NaN where torch has NaN, and an infinity of torch's sign, are right
+        bad = ~((err <= tol * scale + tol * np.abs(b)) | (np.isnan(a) & np.isnan(b)) | (a == b))
         if bad.any():
             i = np.unravel_index(int(np.argmax(np.where(np.isnan(err), np.inf, err))), a.shape)
             return f"{name}: {int(bad.sum())} of {a.size} elements differ, at {i}: {a[i]!r} vs torch {b[i]!r}"
@@ -157,7 +178,7 @@ def compare(program: Program, got, want) -> str | None:
 
 
 def check(program: Program, device: str, mode: str, grad: bool) -> Failure | None:
-    arrays = make_inputs(program)
+    arrays = make_inputs(program, grad)
     try:
         want = run_reference(program, arrays, grad)
     except RuntimeError:
@@ -192,7 +213,7 @@ def as_test(failure: Failure) -> str:
     """A standalone pytest function that reproduces the failure, and the entry of tests/fuzz/test_fuzz.py's FOUND that
     replays it as the fuzzer ran it (the only replay of random opts, which the standalone test does not apply)."""
     p = failure.program
-    arrays = make_inputs(p)
+    arrays = make_inputs(p, failure.grad)
     shapes = [(a.shape, a.dtype.kind == "f", i.high) for a, i in zip(arrays, p.inputs())]
     mode = {"default": "", "noopt": "  # under NOOPT=1", "random": "  # under the fuzzer's random opts"}[failure.mode]
     lines = [
@@ -207,6 +228,11 @@ def as_test(failure: Failure) -> str:
             for s, f, h in shapes
         ],
         "    ]",
+        *[
+            f"    xs[{i}].reshape(-1)[{where}] = {[float(v) for v in values]}"
+            for i, (where, values) in enumerate(special_values(p, arrays, failure.grad))
+            if where
+        ],
         *["    " + line.replace("def program", "def fg_program") for line in p.source("fg").splitlines()],
         *["    " + line.replace("def program", "def torch_program") for line in p.source("torch").splitlines()],
         f"    fts = [Tensor(x, device={failure.device!r}, requires_grad={failure.grad} if x.dtype.kind == 'f'"
@@ -215,7 +241,7 @@ def as_test(failure: Failure) -> str:
         " else torch.tensor(x).long() for x in xs]",
         "    out, ref = fg_program(*fts), torch_program(*tts)",
         f"    tol = {HALF_TOLERANCE if p.uses_half() else TOLERANCE}",
-        "    scale = max(1.0, float(ref.detach().abs().max()))",
+        "    scale = max(1.0, float(ref.detach().abs().nan_to_num(0, 0, 0).max()))",
         "    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), atol=tol * scale, rtol=tol)",
     ]
     if failure.grad:
