@@ -289,8 +289,8 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
     for start, end in blocks:
         at, size = _block_start(blocks, start, end), end - start
         lo, hi = p.visible(start, end)
-        # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
-        prob = (p.scores(start, end, at).contiguous() - _rows(lse, at, size)).exp().contiguous()
+        # the exp in the scores kernel's epilogue (vectors since the row's lse is shared, not packed along the rows)
+        prob = (p.scores(start, end, at) - _rows(lse, at, size)).exp().contiguous()
         dprob = _times_t(_rows(g, at, size), p.v, v_panels, v_panel, lo, hi)
         dscore = (prob * (dprob - _rows(delta, at, size))).contiguous()
         dq[..., at : at + size, :] = dscore.matmul(p.k[..., lo:hi, :], dtype=dtypes.float32) * p.scale
@@ -310,10 +310,9 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
         if lo == hi:  # keys past every query's causal reach: no gradient
             dk[..., at : at + size, :], dv[..., at : at + size, :] = 0.0, 0.0
             continue
-        prob = (pt.scores(start, end, at).contiguous() - lse_t[..., lo:hi]).exp()
+        prob = (pt.scores(start, end, at) - lse_t[..., lo:hi]).exp().contiguous()
         dprob = _times_t(v_rows, g, g_panels, g_panel, lo, hi)
-        dscore = prob * (dprob - delta_t[..., lo:hi])
-        prob, dscore = prob.contiguous(), dscore.contiguous()
+        dscore = (prob * (dprob - delta_t[..., lo:hi])).contiguous()  # reads the stored prob, no second exp
         prob.realize(dscore)  # one schedule, then read by both stores
         dk[..., at : at + size, :] = (
             _sum_to(dscore.matmul(p.q[..., lo:hi, :], dtype=dtypes.float32), k_rows.shape) * p.scale
