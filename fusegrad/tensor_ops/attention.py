@@ -34,8 +34,10 @@ FLASH_MIN_BLOCK_ROWS = 16
 # causal scores under FLASH_SCORE_BYTES still come in this many row blocks (computed together, not realized one by
 # one): the blocks above the diagonal are skipped, (n + 1) / 2n of the work is left
 CAUSAL_BLOCKS = 4
-# a causal block reads its visible keys in steps of this many, so blocks of rows share kernels (one compile per step)
+# a causal block reads its visible keys in steps of this many (or of keys / CAUSAL_KEY_SHAPES when longer), so blocks
+# of rows share kernels (one compile per step); each block computes half a step past its rows on average
 CAUSAL_KEY_STEP = 256
+CAUSAL_KEY_SHAPES = 16
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class _Problem:
     # the problem seen from the keys (the backward's key blocks): rows are keys, "keys" are queries, and causal
     # means a row sees the columns at or after it
     transposed: bool = False
+    # causal: 0, 1, 2, ... as float32 in memory, past every row and key: the mask compares loaded columns with their
+    # row's value as vectors (from indices it was an integer compare per lane, the scores' epilogue all scalar)
+    positions: Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -66,8 +71,9 @@ class _Problem:
         keys = self.k.shape[-2]
         if not self.causal:
             return 0, keys
-        # rounded to a step (the causal mask hides the extra keys): blocks share kernel shapes, at most 8 of them
-        step = -(-max(CAUSAL_KEY_STEP, -(-keys // 8)) // 64) * 64  # whole panels of kᵀ
+        # rounded to a step (the causal mask hides the extra keys): blocks share kernel shapes, at most
+        # CAUSAL_KEY_SHAPES of them
+        step = -(-max(CAUSAL_KEY_STEP, -(-keys // CAUSAL_KEY_SHAPES)) // 64) * 64  # whole panels of kᵀ
         if self.transposed:
             return min(start // step * step, keys), keys
         return 0, min(-(-end // step) * step, keys)
@@ -79,9 +85,10 @@ class _Problem:
         q = _rows(self.q, at, end - start)
         s = _times_t(q, self.k, self.k_panels, self.panel, lo, hi) * self.scale
         if self.causal:
-            # the offset as an added constant, not arange's start: blocks of one shape then share their kernels
-            row = (q.arange(end - start, device=q.device) + at).reshape(-1, 1)
-            col = (q.arange(hi - lo, device=q.device) + lo).reshape(1, -1)
+            assert self.positions is not None
+            # rows sliced at `at`, not an arange starting there: blocks of one shape then share their kernels
+            row = _rows(self.positions.reshape(-1, 1), at, end - start)
+            col = self.positions[lo:hi].reshape(1, -1)
             s = (col >= row if self.transposed else row >= col).where(s, -math.inf)
         elif self.mask is not None:
             m = _rows(self.mask, at, end - start)[..., lo:hi]
@@ -289,8 +296,8 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
     for start, end in blocks:
         at, size = _block_start(blocks, start, end), end - start
         lo, hi = p.visible(start, end)
-        # scores stored, then exponentiated: an exp in the matmul's epilogue ran 4x slower than the two kernels
-        prob = (p.scores(start, end, at).contiguous() - _rows(lse, at, size)).exp().contiguous()
+        # the exp in the scores kernel's epilogue (vectors since the row's lse is shared, not packed along the rows)
+        prob = (p.scores(start, end, at) - _rows(lse, at, size)).exp().contiguous()
         dprob = _times_t(_rows(g, at, size), p.v, v_panels, v_panel, lo, hi)
         dscore = (prob * (dprob - _rows(delta, at, size))).contiguous()
         dq[..., at : at + size, :] = dscore.matmul(p.k[..., lo:hi, :], dtype=dtypes.float32) * p.scale
@@ -299,7 +306,7 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
     q_panels, q_panel = _packed_if(p.q, held)
     g_panels, g_panel = _packed_if(g, held)
     mask = None if p.mask is None else p.mask.transpose(-1, -2)
-    pt = _Problem(p.k, p.q, p.v, mask, p.scale, p.causal, q_panels, q_panel, transposed=True)
+    pt = _Problem(p.k, p.q, p.v, mask, p.scale, p.causal, q_panels, q_panel, transposed=True, positions=p.positions)
     key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]))[0]
     lse_t, delta_t = lse.transpose(-1, -2), delta.transpose(-1, -2)
     dk, dv = _empty_like(p.k), _empty_like(p.v)
@@ -310,10 +317,9 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
         if lo == hi:  # keys past every query's causal reach: no gradient
             dk[..., at : at + size, :], dv[..., at : at + size, :] = 0.0, 0.0
             continue
-        prob = (pt.scores(start, end, at).contiguous() - lse_t[..., lo:hi]).exp()
+        prob = (pt.scores(start, end, at) - lse_t[..., lo:hi]).exp().contiguous()
         dprob = _times_t(v_rows, g, g_panels, g_panel, lo, hi)
-        dscore = prob * (dprob - delta_t[..., lo:hi])
-        prob, dscore = prob.contiguous(), dscore.contiguous()
+        dscore = (prob * (dprob - delta_t[..., lo:hi])).contiguous()  # reads the stored prob, no second exp
         prob.realize(dscore)  # one schedule, then read by both stores
         dk[..., at : at + size, :] = (
             _sum_to(dscore.matmul(p.q[..., lo:hi, :], dtype=dtypes.float32), k_rows.shape) * p.scale
@@ -368,15 +374,20 @@ def flash_attention(
         k, v = (t.reshape(t.shape[:-3] + (kv_heads, 1) + t.shape[-2:]) for t in (k, v))
     panel = _panel_width(k)
     k_panels = _packed(k, panel) if panel else None
-    problem = _Problem(q, k, v, mask, 1 / math.sqrt(query.shape[-1]), is_causal, k_panels, panel)
+    positions = None
+    if is_causal:
+        n = max(query.shape[-2], key.shape[-2])
+        positions = _internal(tensor_class.arange(n, device=device, dtype=dtypes.float32).contiguous())
+    problem = _Problem(q, k, v, mask, 1 / math.sqrt(query.shape[-1]), is_causal, k_panels, panel, positions=positions)
     blocks, each = _row_blocks(problem, math.prod(q.shape[:-2]))
     keep: list[Tensor] = []
     # the forward's panels only, freed when this returns: the output's groups are gathered after it (the peak)
     panels_held: list[Tensor] = []
     if each:  # q, k, v and k's panels are read by every block's realize: computed once, not once per block
         q, k, v = (_realized(t, keep) for t in (q, k, v))
+        positions = None if positions is None else _realized(positions, keep)
         k_panels, panel = _packed_if(k, panels_held)
-        problem = _Problem(q, k, v, mask, problem.scale, is_causal, k_panels, panel)
+        problem = _Problem(q, k, v, mask, problem.scale, is_causal, k_panels, panel, positions=positions)
     out, lse = _forward(problem, blocks, each, keep)
     result = out.reshape(query.shape[:-1] + (value.shape[-1],)).cast(out_dtype)
     inputs = (query.uop, key.uop, value.uop)

@@ -65,7 +65,7 @@ def find_packs(
     no_share: set[tuple[UOp, ...]] = set()
     while True:
         lane_of, shared_runs = _pack(lin, vector_bytes, vector_math, no_share)
-        read = _read_lane_by_lane(lane_of)
+        read = _read_lane_by_lane(lane_of, shared_runs)
         if not (conflicts := {p.lanes for p in shared_runs & read}):
             break
         no_share |= conflicts
@@ -80,10 +80,11 @@ def find_packs(
     return lane_of if _keeps_memory_order(lin, lane_of, written) else {}
 
 
-def _read_lane_by_lane(lane_of: dict[UOp, tuple[Pack, int]]) -> set[Pack]:
-    """The packs some pack reads as a vector operand (its lanes differ), not as one shared scalar."""
+def _read_lane_by_lane(lane_of: dict[UOp, tuple[Pack, int]], scalars: set[Pack] = frozenset()) -> set[Pack]:
+    """The packs some pack reads as a vector operand (its lanes differ), not as one shared scalar; a pack in
+    `scalars` (going back to scalars) reads nothing as a vector."""
     read = set()
-    for pack in {p for p, _ in lane_of.values()}:
+    for pack in {p for p, _ in lane_of.values()} - scalars:
         for k, s in enumerate(pack.lanes[0].src):
             if s in lane_of and (len(pack.lanes) == 1 or pack.lanes[1].src[k] is not s):
                 read.add(lane_of[s][0])
@@ -134,9 +135,28 @@ def _pack(
         for lanes, off in _consecutive_runs(by_offset, widths(next(iter(by_offset.values())).dtype)):
             add(lanes, base, off)
 
+    def scalar_chain(pack: Pack) -> list[Pack] | None:
+        """The packs that go back to scalars when a lane of `pack` is shared: a run of loads, or a pack of ALU ops
+        over such runs (a row value negated for `x - row`, which packed along the rows before the tile's columns
+        asked for it); None when one of them may not (a lane of an accumulator, a mask, a run in no_share)."""
+        lanes = pack.lanes
+        if lanes in no_share or pack.mask_of is not None:
+            return None
+        if lanes[0].op is Ops.LOAD:
+            return [pack]
+        if lanes[0].op not in VECTOR_ALU:
+            return None
+        chain = [pack]
+        for s in {s for u in lanes for s in u.src if s in lane_of}:
+            if (sub := scalar_chain(lane_of[s][0])) is None:
+                return None
+            chain += sub
+        return chain
+
     def shareable(s: UOp) -> bool:
-        # a lane of a run of loads can be one scalar all lanes share: it goes back to a scalar load then
-        return (pack := lane_of[s][0]).lanes[0].op is Ops.LOAD and pack.lanes not in no_share
+        # a lane of a run of loads (or of ALU ops over such runs) can be one scalar all lanes share: it goes back to
+        # scalars then
+        return scalar_chain(lane_of[s][0]) is not None
 
     # ALU ops and accumulators, until no new pack forms (a lane's users may stand before the pack's last lane)
     while True:
@@ -196,7 +216,7 @@ def _pack(
                 add(lanes)  # type: ignore[arg-type]
             # a mask that compares columns with their row's value shares that value too: it goes back to a scalar
             if (shared_lane := shares.get(group)) is not None:
-                shared_runs.add(lane_of[shared_lane][0])
+                shared_runs.update(scalar_chain(lane_of[shared_lane][0]) or ())
             new += 1
         if not new:
             break

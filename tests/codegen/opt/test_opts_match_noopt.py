@@ -399,3 +399,19 @@ def test_a_row_value_compared_with_its_columns_is_shared_not_read_as_a_vector():
     with forced_opts([upcast(1, 4), upcast(0, 4)]):
         got = ((x == rowmax).where(x, 0.0) * 3.0).numpy()
     np.testing.assert_array_equal(got, np.where(x_np == x_np.max(axis=1, keepdims=True), x_np * 3.0, 0.0))
+
+
+def test_a_row_value_subtracted_in_an_epilogue_is_shared_and_the_epilogue_stays_vectors():
+    # m * (a @ b - r), r one value per row (attention's backward: P * (dO·Vᵀ - rowsum(dO·O))): -r packed along the
+    # rows before the tile's columns asked for it, and the whole epilogue went lane by lane (scalar loads and stores)
+    rng = np.random.default_rng(3)
+    an, bn, rn, mn = (rng.standard_normal(s, dtype=np.float32) for s in ((24, 64), (64, 64), (24, 1), (24, 64)))
+    a, b, r, m = (Tensor(x).realize() for x in (an, bn, rn, mn))
+    items, _, _ = create_schedule([(m * (a @ b - r)).uop], [Device["CPU"]])
+    info = lower_to_linear(items[-1].ast, Device["CPU"].renderer)
+    src = rendered(Device["CPU"].renderer, info.name, info.lin)
+    if any(o.op is OptOps.UPCAST and o.axis == 0 for o in info.opts) and vector_bytes() >= 32:
+        assert re.search(r"vec\d+\[\d+\]", src) is None
+    realize._runners.clear()
+    got = (Tensor(mn) * (Tensor(an) @ Tensor(bn) - Tensor(rn))).numpy()
+    np.testing.assert_allclose(got, mn * (an.astype(np.float64) @ bn - rn), rtol=1e-4, atol=1e-4)
