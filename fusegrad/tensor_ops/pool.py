@@ -151,7 +151,9 @@ class PoolMixin:
         lowest = -math.inf if dtypes.is_float(self.dtype) else self.dtype.min  # padding never wins
         x = _stored_if_reduced(self)
         if not return_indices and _separable(args, x):
-            return x._max_pool_dim_by_dim(args, lowest)
+            values = x._max_pool_dim_by_dim(args, lowest)
+            x._register_window_max_gradient(values, args, lowest)
+            return values
         win = x._pooled_windows(args, lowest)
         axes = tuple(range(self.ndim, self.ndim + n))
         values = win.max(axes)
@@ -184,6 +186,19 @@ class PoolMixin:
             x = functools.reduce(lambda m, t: m.maximum(t), taps)
             x = x.contiguous() if i < n - 1 else x
         return x
+
+    def _register_window_max_gradient(self, values: Tensor, args: tuple[tuple[int, ...], ...], lowest: Scalar) -> None:
+        """The dim-by-dim max pool's gradient is the window max's: tied taps share their window's gradient equally, as
+        the single-kernel pool's do (the chain of maximums would halve it at each tie: 0.375/0.5625 where the window
+        max gives 0.4167/0.6944 on zeros)."""
+        x_uop, device, tensor_class, n = self.uop, self.device, type(self), len(args[0])
+
+        def backward(g: Any) -> tuple[Any, ...]:
+            x = tensor_class(x_uop, device=device)
+            window_max = x._pooled_windows(args, lowest).max(tuple(range(x.ndim, x.ndim + n)))
+            return (window_max.gradient(x, gradient=tensor_class(g, device=device))[0].uop,)
+
+        register_gradient(values.uop, (x_uop,), backward)
 
     def _register_tiled_max_pool_gradient(self, values: Tensor, args: tuple[tuple[int, ...], ...]) -> None:
         """The gradient of a max pool whose windows tile the input (stride = kernel, no dilation or padding) goes to one

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fusegrad import GlobalCounters, Tensor, dtypes
-from fusegrad.tensor_ops.pool import POOL_STORE_REDUCED_SIZE
+from fusegrad.tensor_ops.pool import POOL_STORE_REDUCED_SIZE, _separable
 
 CASES = [  # input shape, kwargs: every input holds at least POOL_STORE_REDUCED_SIZE elements
     ((1, 8, 47, 49), {"kernel_size": 3, "stride": 2}),
@@ -66,4 +66,27 @@ def test_one_kernel_per_dim_with_the_relu_in_the_first():
     # shorter than SEPARABLE_MIN_ROW
     assert kernels(x.relu().max_pool2d(2)) == 1
     assert kernels(Tensor(rand((1, 2, 9, 9))).relu().max_pool2d(3, 2)) == 1
-    assert kernels(Tensor(rand((1, 1024, 7, 7))).max_pool2d(3, 1, padding=1)) == 1, "rows too short"
+    # (the scheduler may store the padded input first: a broadcast recompute; the pool itself stays one window max)
+    short = Tensor(rand((1, 1024, 7, 7)))
+    assert not _separable(short._pool_args(3, 1, 1, 1, False), short), "rows too short"
+
+
+def test_tied_taps_share_the_gradient_as_the_single_kernel_pool_does(monkeypatch):
+    """Ties (a window of zeros) split a window's gradient equally, as the single-kernel pool's window max does; a chain
+    of maximums would halve it at each tie instead (0.375 where the window max gives 0.4167)."""
+    import fusegrad.tensor_ops.pool as pool
+
+    xn = np.round(rand((1, 8, 30, 32)), 0)  # many ties
+    xn[0, 0] = 0.0
+    g = rand((1, 8, 15, 16), seed=1)
+
+    def grad_of(min_row: int) -> np.ndarray:
+        monkeypatch.setattr(pool, "SEPARABLE_MIN_ROW", min_row)
+        x = Tensor(xn, requires_grad=True)
+        (x.max_pool2d(3, 2, padding=1) * Tensor(g)).sum().backward()
+        return x.grad.numpy()
+
+    got, single = grad_of(12), grad_of(10**9)
+    np.testing.assert_allclose(got, single, rtol=1e-6, atol=1e-7)
+    # channel 0 is all zeros: its corner input sits in one window of 4 tied taps, shared with nothing else
+    np.testing.assert_allclose(got[0, 0, 0, 0], g[0, 0, 0, 0] / 4, rtol=1e-6)
