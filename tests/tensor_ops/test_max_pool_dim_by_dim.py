@@ -76,9 +76,9 @@ def test_tied_taps_share_the_gradient_as_the_single_kernel_pool_does(monkeypatch
     of maximums would halve it at each tie instead (0.375 where the window max gives 0.4167)."""
     import fusegrad.tensor_ops.pool as pool
 
-    xn = np.round(rand((1, 8, 30, 32)), 0)  # many ties
+    xn = np.round(rand((1, 8, 48, 48)), 0)  # many ties; POOL_STORE_REDUCED_SIZE elements or more
     xn[0, 0] = 0.0
-    g = rand((1, 8, 15, 16), seed=1)
+    g = rand((1, 8, 24, 24), seed=1)
 
     def grad_of(min_row: int) -> np.ndarray:
         monkeypatch.setattr(pool, "SEPARABLE_MIN_ROW", min_row)
