@@ -46,6 +46,10 @@ def split_index(index: UOp) -> tuple[UOp, int]:
     return index, 0
 
 
+# the most packs a shared row value may take back to scalars (a row value and the few ops over it)
+MAX_SCALAR_CHAIN = 16
+
+
 def find_packs(
     lin: tuple[UOp, ...],
     vector_bytes: int,
@@ -138,19 +142,22 @@ def _pack(
     def scalar_chain(pack: Pack) -> list[Pack] | None:
         """The packs that go back to scalars when a lane of `pack` is shared: a run of loads, or a pack of ALU ops
         over such runs (a row value negated for `x - row`, which packed along the rows before the tile's columns
-        asked for it); None when one of them may not (a lane of an accumulator, a mask, a run in no_share)."""
-        lanes = pack.lanes
-        if lanes in no_share or pack.mask_of is not None:
-            return None
-        if lanes[0].op is Ops.LOAD:
-            return [pack]
-        if lanes[0].op not in VECTOR_ALU:
-            return None
-        chain = [pack]
-        for s in {s for u in lanes for s in u.src if s in lane_of}:
-            if (sub := scalar_chain(lane_of[s][0])) is None:
+        asked for it); None when one of them may not (a lane of an accumulator, a mask, a run in no_share) or when
+        more than MAX_SCALAR_CHAIN packs would (each pack once: a walk per path was exponential in a deep epilogue)."""
+        chain, todo, seen = [], [pack], set()
+        while todo:
+            if (p := todo.pop()) in seen:
+                continue
+            seen.add(p)
+            lanes = p.lanes
+            if lanes in no_share or p.mask_of is not None or len(chain) == MAX_SCALAR_CHAIN:
                 return None
-            chain += sub
+            chain.append(p)
+            if lanes[0].op is Ops.LOAD:
+                continue
+            if lanes[0].op not in VECTOR_ALU:
+                return None
+            todo.extend(lane_of[s][0] for u in lanes for s in u.src if s in lane_of)
         return chain
 
     def shareable(s: UOp) -> bool:
