@@ -108,6 +108,7 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(2, n + 1) if n % d == 0]
 
 
+@pytest.mark.slow  # 5 s, 25 examples; the fuzzer's random opts cover these moves in the fast run too
 @settings(max_examples=25, deadline=None)
 @given(data=st.data(), m=SIZES, k=SIZES, n=SIZES)
 def test_unroll_padto_thread_equal_noopt_on_matmul(data, m, k, n):
@@ -217,6 +218,7 @@ def test_beam_searches_unroll_thread_and_padto():
 # ---- blocked sums under an epilogue
 
 
+@pytest.mark.slow  # 6 s of compiles; test_every_reduce_block_under_an_epilogue_equals_noopt stays in the fast run
 def test_bias_epilogue_keeps_the_blocked_matmul_and_equals_noopt():
     rng = np.random.default_rng(5)
     arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((16, 512), (512, 64), (64,))]

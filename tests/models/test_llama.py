@@ -61,10 +61,12 @@ CASES = {
 }
 
 
-# CI only, each covered in the fast run by its parts: qwen3moe-q6_k (the MoE in qwen3moe-f32, K-quants in llama-q4_k,
-# Q6_K's values in the quantized-matrix tests below), mixtral-q4_0 (the MoE again; Q4_0's values below), the linear and
+# CI only, each covered in the fast run by its parts: llama-q4_k (Q4_K's decode and prefill kernels in test_quant_dot.py
+# and test_quant_gemm.py, the model in llama-f32), qwen3moe-q6_k (the MoE in qwen3moe-f32, Q6_K's values in the
+# quantized-matrix tests below), mixtral-q4_0 (the MoE again; Q4_0's values below), the linear and
 # betas-yarn RoPE scalings (llama3 and yarn rope run fast) and qwen2-bias-q4_0 (qwen3's attention, Q4_0's values)
 SLOW_CASES = {
+    "llama-q4_k",
     "qwen3moe-q6_k",
     "mixtral-q4_0",
     "llama-linear-rope-q8_0",

@@ -168,6 +168,7 @@ def _compiles(seq: int, d: int) -> int:
     return GlobalCounters.compile_count - before
 
 
+@pytest.mark.slow  # 6 s of compiles; the blocked path's values are checked by the odd-length cases in the fast run
 def test_realized_blocks_share_their_kernels(small_blocks):
     # a head dim no other test uses, so each count starts from an empty kernel cache for these shapes
     few, many = _compiles(32, 24), _compiles(64, 40)  # 8 and 16 blocks of 4 rows
@@ -222,7 +223,7 @@ def blocks_of(monkeypatch):
     [
         ((1, 2, 129, 64), 129, 2, {}),
         ((1, 2, 129, 64), 129, 2, {"is_causal": True}),
-        ((1, 4, 129, 32), 100, 2, {"enable_gqa": True}),
+        pytest.param((1, 4, 129, 32), 100, 2, {"enable_gqa": True}, marks=pytest.mark.slow),  # 6 s; GQA: the next case
         ((1, 4, 100, 32), 129, 2, {"is_causal": True, "enable_gqa": True}),
         ((1, 1, 1, 32), 129, 1, {"is_causal": True}),
     ],
