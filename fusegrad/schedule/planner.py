@@ -17,11 +17,10 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp, view_over
 from fusegrad.uop.spec import check_kernel_ast
 from fusegrad.uop.trampoline import Step, run_steps
 
-# a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead: about what
-# an extra kernel's launch and pass over the (smaller) source cost. A softmax's gradient read by a 128-wide matmul
-# (~1.5M extra ops, an exp among them) ran 76 us fused against 9 us stored; a quantized matvec's 8 rows of block scales
-# times a constant (~0.4M, cheap next to the kernel's dot products) stay fused
-RECOMPUTE_LIMIT = 1 << 20
+# a broadcast expression whose recomputation would cost this many extra ALU ops is realized once instead. Not lower:
+# 2^20 stored an MLP's softmax gradient (its two backward matmuls 76 -> 9 us and 68 -> 8 us) but made the BERT ONNX
+# encoder 2.7x slower (8.2 -> 22 ms, one run each, same minute)
+RECOMPUTE_LIMIT = 1 << 22
 # a kernel fuses chains of at most this many ops: a node this far above the last buffer is realized into a buffer of
 # its own. The C compiler's optimizer is superlinear in a function's statements (a 100k-statement kernel takes gcc
 # minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
