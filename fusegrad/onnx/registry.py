@@ -72,11 +72,14 @@ def np_to_tensor(x: np.ndarray, device: str | None = None) -> Tensor:
     if not isinstance(dev, str) or dt is None or dt.fmt is None or not x.size:
         return Tensor(x, device=device)
     buf = Buffer(dev, x.size, dt)
-    if not buf.is_host:
-        return Tensor(x, device=device)
-    buf.host_view()[:] = x.reshape(-1)
-    t = Tensor(buffer_uop(buf), device=dev)
-    return t if x.ndim == 1 else t.reshape(x.shape)
+    return host_copy(x.reshape(-1), buf, x.shape) if buf.is_host else Tensor(x, device=device)
+
+
+def host_copy(flat: np.ndarray, buf: Buffer, shape: tuple[int, ...]) -> Tensor:
+    """flat's values written into buf (new, on a host device), as a Tensor of `shape`: no kernel, no schedule."""
+    buf.host_view()[:] = flat
+    t = Tensor(buffer_uop(buf), device=buf.device)
+    return t if shape == (buf.size,) else t.reshape(shape)
 
 
 def T(x: Any) -> Tensor:

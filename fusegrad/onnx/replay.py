@@ -16,8 +16,8 @@ from fusegrad import Tensor, TinyJit
 from fusegrad.engine.jit_inputs import JitError
 from fusegrad.engine.realize import capturing
 from fusegrad.helpers import DEBUG, ONNX_REPLAY
-from fusegrad.runtime.buffers import Buffer, buffer_uop, view_buffer
-from fusegrad.onnx.registry import HOST
+from fusegrad.runtime.buffers import Buffer, view_buffer
+from fusegrad.onnx.registry import HOST, host_copy
 
 KEPT_SIGNATURES = 8  # replays kept per runner (each holds its intermediate buffers); the least recently used goes
 SEEN = "seen"  # a signature called once: its next call runs through a TinyJit
@@ -86,7 +86,4 @@ def copy_out(t: Tensor) -> Tensor:
     src = view_buffer(t.uop)
     if src is None or not src.is_host or not src.size:
         return t.clone().realize()
-    dst = Buffer(src.device, src.size, src.dtype)
-    dst.host_view()[:] = src.host_view()
-    out = Tensor(buffer_uop(dst), device=t.device)
-    return out if t.shape == (src.size,) else out.reshape(t.shape)
+    return host_copy(src.host_view(), Buffer(src.device, src.size, src.dtype), t.shape)
