@@ -84,7 +84,7 @@ def find_packs(
     return lane_of if _keeps_memory_order(lin, lane_of, written) else {}
 
 
-def _read_lane_by_lane(lane_of: dict[UOp, tuple[Pack, int]], scalars: set[Pack] = frozenset()) -> set[Pack]:
+def _read_lane_by_lane(lane_of: dict[UOp, tuple[Pack, int]], scalars: set[Pack]) -> set[Pack]:
     """The packs some pack reads as a vector operand (its lanes differ), not as one shared scalar; a pack in
     `scalars` (going back to scalars) reads nothing as a vector."""
     read = set()
