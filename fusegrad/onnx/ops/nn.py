@@ -164,12 +164,12 @@ def _global(x, reduce):
 
 @op("GlobalAveragePool")
 def global_average_pool(n, x):
-    return _global(T(x), lambda t, axes, keepdim: t.mean(axes, keepdim))
+    return _global(T(x), Tensor.mean)
 
 
 @op("GlobalMaxPool")
 def global_max_pool(n, x):
-    return _global(T(x), lambda t, axes, keepdim: t.max(axes, keepdim))
+    return _global(T(x), Tensor.max)
 
 
 @op("GlobalLpPool")
