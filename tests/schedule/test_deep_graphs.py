@@ -14,9 +14,9 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DEPTH = 100_000
-# chains that run as kernels and UOp-level rewrites: 20 times the recursion limit, so a recursive walk still fails, at a
-# fifth of the time; printing, pickling and freeing (C code that may recurse) keep DEPTH
-RUN_DEPTH = 20_000
+# chains that run as kernels and UOp-level rewrites: 5 times the recursion limit, so a recursive walk still fails, at a
+# twentieth of the time; printing, pickling and freeing (C code that may recurse) keep DEPTH
+RUN_DEPTH = 5_000
 
 
 def run_isolated(body: str, env: dict[str, str] | None = None) -> tuple[object, str]:

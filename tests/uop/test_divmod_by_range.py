@@ -14,7 +14,7 @@ def loop(i: int, size: int) -> UOp:
     return UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, size),), (i, "global"))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 5), min_size=1, max_size=3),
     coefs=st.lists(st.integers(-30, 30), min_size=3, max_size=3),
@@ -47,7 +47,7 @@ def test_flipped_and_transposed_index_folds_without_division():
         assert [sym_eval(p, env) for p in parts] == [2 - va, 2 - vb, vc]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 9), min_size=2, max_size=3),
     coefs=st.lists(st.integers(1, 40), min_size=3, max_size=3),
