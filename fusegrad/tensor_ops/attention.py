@@ -3,8 +3,8 @@
 The queries are cut into row blocks. Each block meets only the keys it can see (causal: the keys up to its last row; the
 blocks above the diagonal are never computed), so one block's scores are Bq x M' and the whole N x M matrix never
 exists. The forward saves the output and each row's logsumexp; the backward recomputes every block's probabilities from
-the logsumexp (FlashAttention-2's formulation): past the block threshold row blocks give dq and key blocks (the problem
-transposed) give dk and dv, each block storing its own rows, so training is O(N·d) in memory there. Grouped-query
+the logsumexp (FlashAttention-2's formulation): past the block threshold one pass of key blocks (the problem transposed)
+stores each block's rows of dk and dv and adds its part of dq into dq in place, so training is O(N·d) in memory there. Grouped-query
 attention views the query heads as (kv heads, group) against key/value heads broadcast over the group: k and v are never
 repeated in memory."""
 
