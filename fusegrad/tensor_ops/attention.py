@@ -4,9 +4,9 @@ The queries are cut into row blocks. Each block meets only the keys it can see (
 blocks above the diagonal are never computed), so one block's scores are Bq x M' and the whole N x M matrix never
 exists. The forward saves the output and each row's logsumexp; the backward recomputes every block's probabilities from
 the logsumexp (FlashAttention-2's formulation): past the block threshold one pass of key blocks (the problem transposed)
-stores each block's rows of dk and dv and adds its part of dq into dq in place, so training is O(N·d) in memory there. Grouped-query
-attention views the query heads as (kv heads, group) against key/value heads broadcast over the group: k and v are never
-repeated in memory."""
+stores each block's rows of dk and dv and adds its part of dq into dq in place, so training is O(N·d) in memory there.
+Grouped-query attention views the query heads as (kv heads, group) against key/value heads broadcast over the group: k
+and v are never repeated in memory."""
 
 from __future__ import annotations
 
@@ -92,6 +92,9 @@ class _Problem:
             # rows sliced at `at`, not an arange starting there: blocks of one shape then share their kernels
             row = _rows(self.positions.reshape(-1, 1), at, end - start)
             col = self.positions[lo:hi].reshape(1, -1)
+            # compared at the scores' full shape: a (rows, keys) mask broadcast over the heads is realized apart
+            # once its recompute looks costly (96-row blocks: a bool buffer read lane by lane, 5x the kernel's time)
+            row, col = row.expand(s.shape), col.expand(s.shape)
             s = (col >= row if self.transposed else row >= col).where(s, -math.inf)
         elif self.mask is not None:
             m = _rows(self.mask, at, end - start)[..., lo:hi]
