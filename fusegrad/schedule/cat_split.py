@@ -72,7 +72,8 @@ def piece_kernel(store_at: UOp, value: UOp, axis: int, span: tuple[int, int], pi
         store_at = UOp(Ops.RESHAPE, store_at.dtype, (store_at,), value.shape)
     region = tuple(span if i == axis else (0, d) for i, d in enumerate(value.shape))
     slab = UOp(Ops.SHRINK, store_at.dtype, (store_at,), region)
-    params = sorted({u for u in piece.toposort() if u.op is Ops.DEFINE_GLOBAL}, key=lambda u: u.arg[0])
+    # parameter 0 (an in-place assign's reads of its own storage) stays the output
+    params = sorted({u for u in piece.toposort() if u.op is Ops.DEFINE_GLOBAL and u.arg[0]}, key=lambda u: u.arg[0])
     renumbered = {p: p.replace(arg=(i + 1, *p.arg[1:])) for i, p in enumerate(params)}
     memo: dict[UOp, UOp] = {}
     for u in piece.toposort():  # one pass: a new number may equal another old parameter's

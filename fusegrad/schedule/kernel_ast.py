@@ -30,6 +30,8 @@ class KernelBuild:
     point: UOp
     device: str
     shaping: set[UOp] | None = None  # found on the first int constant: most kernels have none
+    # an assign's storage when the kernel stores into it in place, and the output parameter its reads become
+    output: tuple[Buffer, UOp] | None = None
     original: set[UOp] | None = None  # the value's own nodes, found with `shaping`
 
     def lifted(self, user: UOp | None, s: UOp) -> bool:
@@ -81,7 +83,12 @@ def _inner_point(ctx: KernelBuild, u: UOp) -> UOp | None:
 
 
 def _buffer(ctx: KernelBuild, u: UOp) -> UOp:
-    return ctx.param(buf := buffer_of[u], buf)
+    buf = buffer_of[u]
+    if ctx.output is not None and buf is ctx.output[0] and buf.dtype == ctx.output[1].dtype:
+        # the storage the kernel stores into, read through its output parameter: the code generator then knows the
+        # kernel reads its own output (no tile may overlap another) and no two restrict pointers alias
+        return ctx.output[1]
+    return ctx.param(buf, buf)
 
 
 def _lifted_alone(ctx: KernelBuild, u: UOp) -> UOp | None:
@@ -126,10 +133,17 @@ pm_kernel_ast = PatternMatcher(
 
 
 def kernel_ast_value(
-    planner: Planner, value: UOp, params: dict[object, tuple[Buffer, UOp]], point: UOp, device: str
+    planner: Planner,
+    value: UOp,
+    params: dict[object, tuple[Buffer, UOp]],
+    point: UOp,
+    device: str,
+    output: tuple[Buffer, UOp] | None = None,
 ) -> UOp:
-    """The kernel's value graph (pm_kernel_ast): one top-down graph_rewrite."""
-    return graph_rewrite(value, pm_kernel_ast, KernelBuild(planner, value, params, point, device), bottom_up=False)
+    """The kernel's value graph (pm_kernel_ast): one top-down graph_rewrite. `output`: the storage an assign stores
+    into in place and the output parameter, which the value's reads of that storage then read through."""
+    ctx = KernelBuild(planner, value, params, point, device, output=output)
+    return graph_rewrite(value, pm_kernel_ast, ctx, bottom_up=False)
 
 
 def kernel_view(planner: Planner, view: UOp, base: UOp, params: dict[object, tuple[Buffer, UOp]], device: str) -> UOp:

@@ -344,6 +344,7 @@ class Planner:
                 self.result[point] = buffer_view(buffer_uop(view), point.shape)
                 return
         region = None  # an assign into part of a buffer: the view of it that the kernel's stores follow
+        in_place: Buffer | None = None  # an assign's storage when the kernel stores into it (not a copy of it)
         if point.op is Ops.ASSIGN:
             target = base_buffer(point.src[0])
             target_buf = buffer_of[target]  # type: ignore[index]
@@ -353,6 +354,7 @@ class Planner:
                 region = point.src[0]
                 if out is not None:  # the new version holds the old values outside the region written
                     self._emit_buffer_copy(out, target_buf, device)
+            in_place = target_buf if out is None else None
             out, value = out or buffer_uop(target_buf), point.src[1]
         else:
             out, value = (
@@ -363,7 +365,8 @@ class Planner:
             value = self.result[value]
         params: dict[object, tuple[Buffer, UOp]] = {}
         out_param = UOp(Ops.DEFINE_GLOBAL, out.dtype, (), (0, point.size if region is None else out.arg[2]))
-        ast_value = kernel_ast_value(self, value, params, point, device)
+        output = None if in_place is None else (in_place, out_param)
+        ast_value = kernel_ast_value(self, value, params, point, device, output)
         store_at = out_param if region is None else kernel_view(self, region, out_param, params, device)
         kernel_vars = self.vars.take_kernel_vars()
         if not kernel_vars and (pieces := cat_pieces(ast_value)) is not None:

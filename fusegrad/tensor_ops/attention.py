@@ -3,14 +3,13 @@
 The queries are cut into row blocks. Each block meets only the keys it can see (causal: the keys up to its last row; the
 blocks above the diagonal are never computed), so one block's scores are Bq x M' and the whole N x M matrix never
 exists. The forward saves the output and each row's logsumexp; the backward recomputes every block's probabilities from
-the logsumexp (FlashAttention-2's formulation): past the block threshold row blocks give dq and key blocks (the problem
-transposed) give dk and dv, each block storing its own rows, so training is O(N·d) in memory there. Grouped-query
-attention views the query heads as (kv heads, group) against key/value heads broadcast over the group: k and v are never
-repeated in memory."""
+the logsumexp (FlashAttention-2's formulation): past the block threshold one pass of key blocks (the problem transposed)
+stores each block's rows of dk and dv and adds its part of dq into dq in place, so training is O(N·d) in memory there.
+Grouped-query attention views the query heads as (kv heads, group) against key/value heads broadcast over the group: k
+and v are never repeated in memory."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
@@ -27,8 +26,8 @@ if TYPE_CHECKING:
 # past this many score bytes (all heads) the scores are computed in row blocks, each realized on its own; below it one
 # block (the whole score matrix) is cheaper: fewer kernels and no realize inside the op
 FLASH_SCORE_BYTES = 2**25
-# the score bytes of one row block (all heads): its scores and probabilities are the op's largest temporaries
-FLASH_BLOCK_BYTES = 2**23
+# the score bytes of one row block (all heads) at most: its scores and probabilities are the op's largest temporaries
+FLASH_BLOCK_BYTES = 2**24
 # a row block is never shorter than this (shorter blocks cost more launches than they save in memory)
 FLASH_MIN_BLOCK_ROWS = 16
 # causal scores under FLASH_SCORE_BYTES still come in this many row blocks (computed together, not realized one by
@@ -38,6 +37,10 @@ CAUSAL_BLOCKS = 4
 # of rows share kernels (one compile per step); each block computes half a step past its rows on average
 CAUSAL_KEY_STEP = 256
 CAUSAL_KEY_SHAPES = 16
+# the forward's row blocks keep their scores under 1/8 of the inputs (its peak stays under twice the inputs); the
+# backward's key blocks under 1/BACKWARD_SHARE: each block adds its part of dq into all of dq (a read and a write of
+# the queries it meets), which longer blocks amortize (seq 4096: 96-row blocks cost 0.8x the time of 24-row ones)
+BACKWARD_SHARE = 2
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ class _Problem:
             # rows sliced at `at`, not an arange starting there: blocks of one shape then share their kernels
             row = _rows(self.positions.reshape(-1, 1), at, end - start)
             col = self.positions[lo:hi].reshape(1, -1)
+            # compared at the scores' full shape: a (rows, keys) mask broadcast over the heads is realized apart
+            # once its recompute looks costly (96-row blocks: a bool buffer read lane by lane, 5x the kernel's time)
+            row, col = row.expand(s.shape), col.expand(s.shape)
             s = (col >= row if self.transposed else row >= col).where(s, -math.inf)
         elif self.mask is not None:
             m = _rows(self.mask, at, end - start)[..., lo:hi]
@@ -127,17 +133,18 @@ def _packed(k: Tensor, panel: int) -> Tensor:
     )
 
 
-def _row_blocks(p: _Problem, heads: int) -> tuple[list[tuple[int, int]], bool]:
+def _row_blocks(p: _Problem, heads: int, share: int = 8) -> tuple[list[tuple[int, int]], bool]:
     """[start, end) row blocks and whether each is realized on its own: when all scores fit FLASH_SCORE_BYTES one
-    block (CAUSAL_BLOCKS when causal) computed with the rest, else blocks of FLASH_BLOCK_BYTES realized one by one."""
+    block (CAUSAL_BLOCKS when causal) computed with the rest, else blocks of FLASH_BLOCK_BYTES realized one by one,
+    each block's scores also under 1/share of the inputs."""
     rows, keys = p.rows, p.k.shape[-2]
     if heads * rows * keys * 4 <= FLASH_SCORE_BYTES:
         size, each = max(FLASH_MIN_BLOCK_ROWS, -(-rows // CAUSAL_BLOCKS)) if p.causal else rows, False
     else:
-        # a block's scores and probabilities stay under a quarter of the inputs: with the output blocks and the output
-        # the peak stays under twice the inputs
+        # the forward: a block's scores and probabilities stay under a quarter of the inputs: with the output blocks
+        # and the output the peak stays under twice the inputs
         inputs = 4 * (p.q.numel() + p.k.numel() + p.v.numel())
-        block_bytes = min(FLASH_BLOCK_BYTES, inputs // 8)
+        block_bytes = min(FLASH_BLOCK_BYTES, inputs // share)
         size, each = max(FLASH_MIN_BLOCK_ROWS, block_bytes // (heads * keys * 4)), True
     blocks = [(s, min(s + size, rows)) for s in range(0, rows, size)]
     return blocks, each and len(blocks) > 1
@@ -281,35 +288,24 @@ def _packed_if(t: Tensor, held: list[Tensor]) -> tuple[Tensor | None, int]:
 
 
 def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tensor, g: Tensor):
-    """dq, dk, dv (float32, in p's layouts) past the block threshold, in two passes that both recompute the block
-    probabilities from the saved logsumexp: row blocks give dq = dS·K, key blocks (the problem transposed: kᵀ's rows
-    against all the queries they meet) give dk = dSᵀ·Q and dv = Pᵀ·dO. Each block writes its own rows of one gradient,
-    so nothing is summed through memory block by block; the price is the scores and dP computed twice."""
+    """dq, dk, dv (float32, in p's layouts) past the block threshold, in one pass over key blocks (the problem
+    transposed: a block of kᵀ's rows against all the queries it meets) that recompute the block probabilities from the
+    saved logsumexp: each block stores its rows of dk = dSᵀ·Q and dv = Pᵀ·dO and adds dSᵀᵀ·K into dq in place, so
+    only dq is summed through memory (one read and write of the queries it meets per block)."""
     g = g.contiguous().realize()
-    # D = rowsum(dO * O): the softmax's backward term, one value per row
-    delta, lse = (g * out).sum(-1, keepdim=True).realize(), lse.contiguous().realize()
+    # D = rowsum(dO * O): the softmax's backward term, one value per row; O read once in one piece (through the
+    # forward's gathered groups it was one input per group, a kernel 10x slower)
+    delta = (g * out.contiguous()).sum(-1, keepdim=True).realize()
+    lse = lse.contiguous().realize()
     held: list[Tensor] = []
-    v_panels, v_panel = _packed_if(p.v, held)
-    if p.k_panels is not None:  # the forward's panels were freed (the peak memory): packed again, once
-        p = dataclasses.replace(p, k_panels=_realized(p.k_panels, held))
-    dq = _empty_like(p.q)
-    for start, end in blocks:
-        at, size = _block_start(blocks, start, end), end - start
-        lo, hi = p.visible(start, end)
-        # the exp in the scores kernel's epilogue (vectors since the row's lse is shared, not packed along the rows)
-        prob = (p.scores(start, end, at) - _rows(lse, at, size)).exp().contiguous()
-        dprob = _times_t(_rows(g, at, size), p.v, v_panels, v_panel, lo, hi)
-        dscore = (prob * (dprob - _rows(delta, at, size))).contiguous()
-        dq[..., at : at + size, :] = dscore.matmul(p.k[..., lo:hi, :], dtype=dtypes.float32) * p.scale
-    held = []  # the pass's panels freed
     # the key blocks' problem: k's rows (broadcast over the GQA group) against q, the mask transposed
     q_panels, q_panel = _packed_if(p.q, held)
     g_panels, g_panel = _packed_if(g, held)
     mask = None if p.mask is None else p.mask.transpose(-1, -2)
     pt = _Problem(p.k, p.q, p.v, mask, p.scale, p.causal, q_panels, q_panel, transposed=True, positions=p.positions)
-    key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]))[0]
+    key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]), BACKWARD_SHARE)[0]
     lse_t, delta_t = lse.transpose(-1, -2), delta.transpose(-1, -2)
-    dk, dv = _empty_like(p.k), _empty_like(p.v)
+    dq, dk, dv = _zeros_like(p.q), _empty_like(p.k), _empty_like(p.v)
     for start, end in key_blocks:
         at, size = _block_start(key_blocks, start, end), end - start
         lo, hi = pt.visible(start, end)
@@ -320,12 +316,19 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
         prob = (pt.scores(start, end, at) - lse_t[..., lo:hi]).exp().contiguous()
         dprob = _times_t(v_rows, g, g_panels, g_panel, lo, hi)
         dscore = (prob * (dprob - delta_t[..., lo:hi])).contiguous()  # reads the stored prob, no second exp
-        prob.realize(dscore)  # one schedule, then read by both stores
+        prob.realize(dscore)  # one schedule, then read by the three stores
         dk[..., at : at + size, :] = (
             _sum_to(dscore.matmul(p.q[..., lo:hi, :], dtype=dtypes.float32), k_rows.shape) * p.scale
         )
         dv[..., at : at + size, :] = _sum_to(prob.matmul(g[..., lo:hi, :], dtype=dtypes.float32), v_rows.shape)
+        dq_part = dscore.transpose(-1, -2).matmul(k_rows, dtype=dtypes.float32) * p.scale
+        dq[..., lo:hi, :] = dq[..., lo:hi, :] + dq_part
     return dq, dk, dv
+
+
+def _zeros_like(t: Tensor) -> Tensor:
+    """Float32 zeros of t's shape in storage of their own: the key blocks add their parts of dq into it in place."""
+    return type(t).zeros(*t.shape, dtype=dtypes.float32, device=t.device).contiguous().realize()
 
 
 def _empty_like(t: Tensor) -> Tensor:

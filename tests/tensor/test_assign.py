@@ -277,3 +277,17 @@ def test_a_pending_assign_of_a_dead_tensor_is_forgotten_and_never_mistaken_for_a
     c.assign(c + 1)
     d = c * 2
     assert d.item() == 22.0 and c.item() == 11.0
+
+
+@pytest.mark.parametrize("rows", [9, 33, 129])
+def test_in_place_add_of_a_matmul_with_rows_no_tile_divides(rows):
+    # the kernel reads the storage it stores into: a last row tile overlapping the one before would add twice
+    rng = np.random.default_rng(rows)
+    a0, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((rows, 8), (rows, 4), (4, 8)))
+    a = Tensor(a0).contiguous().realize()
+    a += Tensor(b) @ Tensor(c)
+    np.testing.assert_allclose(a.numpy(), a0 + b @ c, atol=1e-5, rtol=1e-5)
+    region = Tensor(a0).contiguous().realize()  # the same through setitem of a row range
+    region[2:] = region[2:] + Tensor(b[2:]) @ Tensor(c)
+    np.testing.assert_allclose(region.numpy()[2:], (a0 + b @ c)[2:], atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(region.numpy()[:2], a0[:2])

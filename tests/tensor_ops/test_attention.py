@@ -216,8 +216,8 @@ def blocks_of(monkeypatch):
     return set_rows
 
 
-# odd lengths, GQA and more keys than queries through both passes of the blocked backward (row blocks for dq, key
-# blocks for dk and dv)
+# odd lengths, GQA and more keys than queries through the blocked backward (key blocks storing dk and dv, adding into
+# dq in place)
 @pytest.mark.parametrize(
     "qs,kv_len,kv_heads,kw",
     [
@@ -259,7 +259,8 @@ def _full_size_allocations(seq: int, monkeypatch) -> int:
 
 @pytest.mark.slow  # about 6 s; the odd-length backward tests cover the blocked backward in the fast run
 def test_blocked_backward_sums_no_gradient_through_memory(blocks_of, monkeypatch):
-    # each row block writes its own rows of dq and each key block its own rows of dk and dv: the buffers the size of
-    # a whole gradient do not grow with the number of blocks (a dk and dv summed block by block would be 2 per block)
+    # each key block writes its own rows of dk and dv and adds its part of dq into dq in place: the buffers the size
+    # of a whole gradient do not grow with the number of blocks (a gradient summed into new buffers would be 1 or 2 per
+    # block)
     blocks_of(16)
     assert _full_size_allocations(128, monkeypatch) == _full_size_allocations(512, monkeypatch)
