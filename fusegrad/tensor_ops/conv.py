@@ -47,8 +47,9 @@ CONV_PHASE_WASTE, CONV_WINDOW_COLUMNS_MAX = 1.5, 2**22
 # a stride-1 conv of groups 1 with short rows and at most this many output positions per sample copies its windows
 # into columns too: the flat positions' padding columns and the tiles' last partial vector waste more than the copy
 # (SqueezeNet's 3x3 convs at 13x13 and 27x27, ResNet-50's at 7x7, 14x14 and 28x28, batch 1: 5-20 % faster per conv;
-# at 55x55 and 56x56 the flat conv stays 5-10 % faster)
-WINDOW_COLUMNS_MAX_POSITIONS = 32 * 32
+# at 55x55 and 56x56 the flat conv stays 5-10 % faster), while the columns hold at most this many elements (4 MB:
+# each 8-channel row tile streams all of them, and VGG-19's 512 channels at 28x28, 14 MB, ran 3x slower as columns)
+WINDOW_COLUMNS_MAX_POSITIONS, STRIDE_1_COLUMNS_MAX = 32 * 32, 2**20
 
 
 def _check_conv(x: Tensor, weight: Tensor, groups: int, in_channels: int) -> int:
@@ -166,7 +167,7 @@ def _conv_forward(
     )
     plain = groups == 1 and all(s == 1 for s in stride) and all(d == 1 for d in dilation) and prod(kernel) > 1
     columns = outputs // weight.shape[0] * reduce
-    small = prod(outs) <= WINDOW_COLUMNS_MAX_POSITIONS and columns <= CONV_WINDOW_COLUMNS_MAX
+    small = prod(outs) <= WINDOW_COLUMNS_MAX_POSITIONS and columns <= STRIDE_1_COLUMNS_MAX
     # the columns copied from a stored padded input: copied from a padding view, the copy is fused into the matmul
     if reduce >= CONV_RELAYOUT_MIN_REDUCE and n >= 2 and plain and short_rows and small and not _not_stored(padded.uop):
         return _window_columns(padded, weight, stride, acc_dtype, bias, outs)
