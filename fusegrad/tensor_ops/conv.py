@@ -49,7 +49,9 @@ CONV_PHASE_WASTE, CONV_WINDOW_COLUMNS_MAX = 1.5, 2**22
 # (SqueezeNet's 3x3 convs at 13x13 and 27x27, ResNet-50's at 7x7, 14x14 and 28x28, batch 1: 5-20 % faster per conv;
 # at 55x55 and 56x56 the flat conv stays 5-10 % faster), while the columns hold at most this many elements (4 MB:
 # each 8-channel row tile streams all of them, and VGG-19's 512 channels at 28x28, 14 MB, ran 3x slower as columns)
-WINDOW_COLUMNS_MAX_POSITIONS, STRIDE_1_COLUMNS_MAX = 32 * 32, 2**20
+# and it has at least this many output channels to share the copy (DenseNet's 3x3 convs of 32 outputs: the copy of
+# its columns costs about what its matmul does)
+WINDOW_COLUMNS_MAX_POSITIONS, STRIDE_1_COLUMNS_MAX, WINDOW_COLUMNS_MIN_OUTPUTS = 32 * 32, 2**20, 64
 
 
 def _check_conv(x: Tensor, weight: Tensor, groups: int, in_channels: int) -> int:
@@ -168,6 +170,7 @@ def _conv_forward(
     plain = groups == 1 and all(s == 1 for s in stride) and all(d == 1 for d in dilation) and prod(kernel) > 1
     columns = outputs // weight.shape[0] * reduce
     small = prod(outs) <= WINDOW_COLUMNS_MAX_POSITIONS and columns <= STRIDE_1_COLUMNS_MAX
+    small = small and weight.shape[0] >= WINDOW_COLUMNS_MIN_OUTPUTS
     # the columns copied from a stored padded input: copied from a padding view, the copy is fused into the matmul
     if reduce >= CONV_RELAYOUT_MIN_REDUCE and n >= 2 and plain and short_rows and small and not _not_stored(padded.uop):
         return _window_columns(padded, weight, stride, acc_dtype, bias, outs)

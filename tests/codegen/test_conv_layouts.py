@@ -104,14 +104,15 @@ def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, position
     [
         ((1, 64, 7, 7), (64, 64, 3, 3), {"padding": 1}, "r_64_49_576"),  # ResNet-50's 3x3 convs at 7x7
         ((1, 48, 13, 13), (64, 48, 3, 3), {"padding": 1}, "r_64_169_432"),  # SqueezeNet's at 13x13
-        ((2, 32, 27, 27), (16, 32, 3, 3), {"padding": 1}, "r_2_16_729_288"),  # 27-wide rows, batch 2
+        ((2, 32, 27, 27), (64, 32, 3, 3), {"padding": 1}, "r_2_64_729_288"),  # 27-wide rows, batch 2
     ],
 )
 def test_small_stride_1_convs_run_as_a_matmul_over_window_columns(xs, ws, kw, name):
-    """A stride-1 conv of short rows and at most WINDOW_COLUMNS_MAX_POSITIONS outputs copies its stored padded
-    input's windows into columns: its reduce kernel is one matmul (taps x channels by positions, no padding column
-    computed), indexes without division and gets a register tile of output channels x vectors of positions; values
-    and gradients equal torch's."""
+    """A stride-1 conv of short rows, at most WINDOW_COLUMNS_MAX_POSITIONS outputs, at least
+    WINDOW_COLUMNS_MIN_OUTPUTS output channels and at most STRIDE_1_COLUMNS_MAX column elements copies its stored
+    padded input's windows into columns: its reduce kernel is one matmul (taps x channels by positions, no padding
+    column computed), indexes without division and gets a register tile of output channels x vectors of positions;
+    values and gradients equal torch's."""
     (info,) = forward_reduce_kernels(xs, ws, kw)
     assert info.name == name, info.name
     assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
@@ -119,6 +120,18 @@ def test_small_stride_1_convs_run_as_a_matmul_over_window_columns(xs, ws, kw, na
     ups = [o.amount for o in info.opts if o.op is OptOps.UPCAST]
     assert len(ups) >= 2 and ups[0] > 1 and ups[1] >= lanes, info.opts
     run_case(xs, ws, kw, seed=4)
+
+
+@pytest.mark.parametrize(
+    "xs,ws,name",
+    [
+        ((1, 128, 14, 14), (32, 128, 3, 3), "r_32_222_3_3_128"),  # DenseNet's: too few outputs to share the copy
+        ((1, 512, 28, 28), (64, 512, 3, 3), "r_64_838_3_3_512"),  # VGG-19's channels: too many columns
+    ],
+)
+def test_convs_with_few_outputs_or_many_columns_keep_the_flat_layout(xs, ws, name):
+    (info,) = forward_reduce_kernels(xs, ws, {"padding": 1})
+    assert info.name == name, info.name
 
 
 @pytest.mark.parametrize("width", [32, 64])
