@@ -44,6 +44,14 @@ CONV_RELAYOUT_MIN_REDUCE_LARGE, CONV_RELAYOUT_LARGE_OUTPUT = 16, 2**16
 # 16/9; the taps past the kernel multiply zeros) and its windows copied side by side (`_window_columns`) hold at most
 # this many elements: then the copy and a plain matmul of the weight as it is over it cost less
 CONV_PHASE_WASTE, CONV_WINDOW_COLUMNS_MAX = 1.5, 2**22
+# a stride-1 conv of groups 1 with short rows and at most this many output positions per sample copies its windows
+# into columns too: the flat positions' padding columns and the tiles' last partial vector waste more than the copy
+# (SqueezeNet's 3x3 convs at 13x13 and 27x27, ResNet-50's at 7x7, 14x14 and 28x28, batch 1: 5-20 % faster per conv;
+# at 55x55 and 56x56 the flat conv stays 5-10 % faster), while the columns hold at most this many elements (4 MB:
+# each 8-channel row tile streams all of them: VGG-19's 512 channels at 28x28, 14 MB, ran 3x slower as columns, loaded)
+# and it has at least this many output channels to share the copy (DenseNet's 3x3 convs of 32 outputs took the same
+# time either way, one conv at 28x28 602 vs 589 us, and its model 52 more kernels)
+WINDOW_COLUMNS_MAX_POSITIONS, STRIDE_1_COLUMNS_MAX, WINDOW_COLUMNS_MIN_OUTPUTS = 32 * 32, 2**20, 64
 
 
 def _check_conv(x: Tensor, weight: Tensor, groups: int, in_channels: int) -> int:
@@ -140,8 +148,8 @@ def _conv_forward(
     bias: Tensor | None,
 ) -> Tensor:
     """(N, C_in, *padded spatial) -> (N, C_out, *out) with the bias added: a strided conv as a stride-1 conv over the
-    input's stride phases, a stride-1 conv with short output rows over the input's flat positions, else the padded
-    input's windowed view times the weight."""
+    input's stride phases, a small stride-1 conv as a matmul over its windows copied into columns, one with short output
+    rows over the input's flat positions, else the padded input's windowed view times the weight."""
     n, kernel = weight.ndim - 2, weight.shape[2:]
     outs = tuple((i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(padded.shape[2:], kernel, stride, dilation))
     reduce, outputs = weight.shape[1] * prod(kernel), padded.shape[0] * weight.shape[0] * prod(outs)
@@ -159,6 +167,13 @@ def _conv_forward(
     short_rows = outs[-1] < FLAT_CONV_MAX_WIDTH or (
         outs[-1] < FLAT_CONV_MAX_PARTIAL_WIDTH and outs[-1] % CONV_ROW_TILE != 0
     )
+    plain = groups == 1 and all(s == 1 for s in stride) and all(d == 1 for d in dilation) and prod(kernel) > 1
+    columns = outputs // weight.shape[0] * reduce
+    small = prod(outs) <= WINDOW_COLUMNS_MAX_POSITIONS and columns <= STRIDE_1_COLUMNS_MAX
+    small = small and weight.shape[0] >= WINDOW_COLUMNS_MIN_OUTPUTS
+    # the columns copied from a stored padded input: copied from a padding view, the copy is fused into the matmul
+    if reduce >= CONV_RELAYOUT_MIN_REDUCE and n >= 2 and plain and short_rows and small and not _not_stored(padded.uop):
+        return _window_columns(padded, weight, stride, acc_dtype, bias, outs)
     if long_reduce and n >= 2 and all(s == 1 for s in stride) and short_rows:
         return _flat_conv(padded, weight, groups, dilation, acc_dtype, bias, outs)
     win = padded._windows(kernel, stride, dilation)  # (N, C_in, *out, *kernel)

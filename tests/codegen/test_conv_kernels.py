@@ -264,11 +264,13 @@ def test_computed_conv_input_is_stored_before_the_padding_copy():
 def test_conv_of_a_stored_computed_input_reads_it_in_place():
     """A conv whose padded input is a stored value computed from data (a ReLU's output, padded and stored) reads its
     windows from that buffer: the broadcast of the windows is not costed as recomputing the ReLU, so no 3x3 = 9 times
-    larger copy of the windows (an im2col buffer) is made, in the forward or the input gradient."""
+    larger copy of the windows (an im2col buffer) is made, in the forward or the input gradient (the explicit
+    columns layout of small convs, `_window_columns`, turned off)."""
     rng = np.random.default_rng(5)
     xn = rng.standard_normal((4, 3, 16, 16), dtype=np.float32)
     w1n, w2n = rng.standard_normal((8, 3, 3, 3), dtype=np.float32), rng.standard_normal((8, 8, 3, 3), dtype=np.float32)
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_ops, "WINDOW_COLUMNS_MAX_POSITIONS", 0)
         mp.setattr(conv_ops, "CONV_PAD_REALIZE_SIZE", 0)
         mp.setattr(conv_ops, "CONV_WEIGHT_GRAD_MATMUL_SIZE", 0)
         ours, h = small_convnet(xn, w1n, w2n, np.zeros(8, np.float32))

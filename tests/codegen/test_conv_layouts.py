@@ -1,5 +1,6 @@
 """Convolution forward layouts (tensor_ops/conv.py): a stride-1 conv with short output rows runs over the padded
-input's flat positions, a strided one over its input's stride phases. Values (forward, and the gradients of input,
+input's flat positions (a small one as a matmul over its windows copied into columns), a strided one over its input's
+stride phases. Values (forward, and the gradients of input,
 weight and bias) equal torch's; the reduce kernels index without division and get a register tile along one long
 contiguous axis."""
 
@@ -86,15 +87,51 @@ def forward_reduce_kernels(xs, ws, kw):
         ((1, 64, 56, 56), (64, 64, 1, 1), {}, 56 * 56),
     ],
 )
-def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, positions):
+def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, positions, monkeypatch):
     """The conv's one reduce kernel has the flat positions as its output's last axis, indexes without division, and
-    gets a register tile of output channels x whole vectors of positions."""
+    gets a register tile of output channels x whole vectors of positions (small convs' window columns turned off)."""
+    monkeypatch.setattr(conv_ops, "WINDOW_COLUMNS_MAX_POSITIONS", 0)
     (info,) = forward_reduce_kernels(xs, ws, kw)
     assert info.name.startswith(f"r_64_{positions}_"), info.name
     assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
     lanes = Device["CPU"].renderer.capabilities.lanes(Tensor.empty(1).dtype)
     ups = {o.axis: o.amount for o in info.opts if o.op is OptOps.UPCAST}
     assert ups.get(2, 1) > 1 and ups.get(3, 1) >= lanes, info.opts  # (N, groups, channels, positions)
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw,name",
+    [
+        ((1, 64, 7, 7), (64, 64, 3, 3), {"padding": 1}, "r_64_49_576"),  # ResNet-50's 3x3 convs at 7x7
+        ((1, 48, 13, 13), (64, 48, 3, 3), {"padding": 1}, "r_64_169_432"),  # SqueezeNet's at 13x13
+        ((2, 32, 27, 27), (64, 32, 3, 3), {"padding": 1}, "r_2_64_729_288"),  # 27-wide rows, batch 2
+    ],
+)
+def test_small_stride_1_convs_run_as_a_matmul_over_window_columns(xs, ws, kw, name):
+    """A stride-1 conv of short rows, at most WINDOW_COLUMNS_MAX_POSITIONS outputs, at least
+    WINDOW_COLUMNS_MIN_OUTPUTS output channels and at most STRIDE_1_COLUMNS_MAX column elements copies its stored
+    padded input's windows into columns: its reduce kernel is one matmul (taps x channels by positions, no padding
+    column computed), indexes without division and gets a register tile of output channels x vectors of positions;
+    values and gradients equal torch's."""
+    (info,) = forward_reduce_kernels(xs, ws, kw)
+    assert info.name == name, info.name
+    assert not [u.op for u in info.lin if u.op in (Ops.IDIV, Ops.MOD)], f"{info.name} divides"
+    lanes = Device["CPU"].renderer.capabilities.lanes(Tensor.empty(1).dtype)
+    ups = [o.amount for o in info.opts if o.op is OptOps.UPCAST]
+    assert len(ups) >= 2 and ups[0] > 1 and ups[1] >= lanes, info.opts
+    run_case(xs, ws, kw, seed=4)
+
+
+@pytest.mark.parametrize(
+    "xs,ws,name",
+    [
+        ((1, 128, 14, 14), (32, 128, 3, 3), "r_32_222_3_3_128"),  # DenseNet's: too few outputs to share the copy
+        ((1, 512, 28, 28), (64, 512, 3, 3), "r_64_838_3_3_512"),  # VGG-19's channels: too many columns
+    ],
+)
+def test_convs_with_few_outputs_or_many_columns_keep_the_flat_layout(xs, ws, name):
+    (info,) = forward_reduce_kernels(xs, ws, {"padding": 1})
+    assert info.name == name, info.name
 
 
 @pytest.mark.parametrize("width", [32, 64])

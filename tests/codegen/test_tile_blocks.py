@@ -13,6 +13,7 @@ from fusegrad.codegen.opt import OptOps
 from fusegrad.dtype import dtypes
 from fusegrad.codegen.opt.heuristic import MAX_BLOCK_OVERLAP, MIN_WIDE_COLUMNS, _block_size
 from fusegrad.runtime.device import Device
+import fusegrad.tensor_ops.conv as conv_ops
 from fusegrad.schedule import create_schedule
 from fusegrad.uop.ops import Ops
 
@@ -64,9 +65,11 @@ def _col_upcasts(t: Tensor) -> list[int]:
 
 
 @pytest.mark.parametrize("cin, cout, hw, k", [(64, 16, 55, 1), (512, 64, 13, 1), (64, 64, 14, 3), (256, 32, 7, 1)])
-def test_one_axis_reduce_tiles_one_vector_of_long_rows_and_equal_torch(cin, cout, hw, k):
+def test_one_axis_reduce_tiles_one_vector_of_long_rows_and_equal_torch(cin, cout, hw, k, monkeypatch):
     """A 1x1 conv (its reduce one loop) over rows longer than MIN_WIDE_COLUMNS outputs gets a tile one vector wide; a
-    3x3 conv (taps and channels) and a 7x7 output's 49-wide rows keep two vectors."""
+    3x3 conv (taps and channels, small convs' window columns turned off) and a 7x7 output's 49-wide rows keep two
+    vectors."""
+    monkeypatch.setattr(conv_ops, "WINDOW_COLUMNS_MAX_POSITIONS", 0)
     width = Device["CPU"].renderer.capabilities.lanes(dtypes.float32)
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((1, cin, hw, hw)).astype(np.float32), rng.standard_normal((cout, cin, k, k))
