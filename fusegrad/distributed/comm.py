@@ -32,9 +32,9 @@ class Watched:
 class World:
     """One process's view of the group: its rank, the group's size, and the communicators collectives use."""
 
-    def __init__(self, mpi: Any):
+    def __init__(self, mpi: Any, comm: Any = None):
         self.mpi = mpi
-        world = mpi.COMM_WORLD
+        world = mpi.COMM_WORLD if comm is None else comm  # another communicator: a group of its ranks (benchmarks)
         # our own communicators: a user's MPI traffic on COMM_WORLD can never match ours
         self.data, self.meta, self.probe = world.Dup(), world.Dup(), world.Dup()
         for c in (self.data, self.meta, self.probe):
