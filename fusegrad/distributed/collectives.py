@@ -19,6 +19,7 @@ from fusegrad.tensor import Tensor, tensor_of_uop
 from fusegrad.uop.ops import Ops
 
 OPS = ("sum", "mean", "max", "min")
+EAGER_CALLS = 64  # eager collectives (kind, op, dtype, shape, name) kept bound at once
 # each collective's MPI call, blocking; "I" + lowercase is its nonblocking form and "_init" its persistent one
 MPI_CALLS = {
     "all_reduce": "Allreduce",
@@ -290,6 +291,8 @@ def eager_call(w: World, kind: str, op: str, root: int, t: Tensor, out_shape: tu
     # read per call: a Context may change them; the Collective reads them once
     key = (kind, op, root, t.dtype, t.device, t.shape, what, DIST_BLOCKING.value, DIST_TIMEOUT.value)
     if (call := w.eager.get(key, False)) is False:
+        if len(w.eager) >= EAGER_CALLS:  # each may hold a spare output block: the oldest goes
+            w.eager.pop(next(iter(w.eager)))
         call = w.eager[key] = new_eager_call(w, kind, op, root, t, out_shape, what)
     return call
 
