@@ -14,9 +14,12 @@ from fusegrad.helpers import DIST_BLOCKING, DIST_TIMEOUT, prod
 from fusegrad.distributed.comm import World, world
 from fusegrad.distributed.metadata import check_collective
 from fusegrad.runtime.buffers import Buffer, buffer_uop, view_buffer
+from fusegrad.runtime.device import Device, HostAllocator
 from fusegrad.tensor import Tensor, tensor_of_uop
+from fusegrad.uop.ops import Ops
 
 OPS = ("sum", "mean", "max", "min")
+EAGER_CALLS = 64  # eager collectives (kind, op, dtype, shape, name) kept bound at once
 # each collective's MPI call, blocking; "I" + lowercase is its nonblocking form and "_init" its persistent one
 MPI_CALLS = {
     "all_reduce": "Allreduce",
@@ -70,6 +73,10 @@ class Collective:
         algorithms, up to 2.5x faster than the nonblocking ones at 4 KB to 64 KB here, and no request to poll), "I"
         nonblocking (returns its request) or "_init" persistent (returns the request each start runs again). A root's
         broadcast copies its input into the output first, in every form but "_init" (persist() does it per start)."""
+        if form == "" and self.w.lib is not None:  # libmpi's call on the arrays' addresses, bound once
+            direct = self.w.lib.bind(self.kind, self.w.data, self.op, self.root, dst, inp)
+            if direct is not None:
+                return self.root_copies(direct, dst, inp)
         name = MPI_CALLS[self.kind]
         fn = getattr(self.w.data, "I" + name.lower() if form == "I" else name + form)
         if self.kind != "broadcast":
@@ -111,6 +118,41 @@ class Collective:
         self.back = None if out.is_host else (out, dst)
         return bound
 
+    def thunk(self, buffers: list[Buffer]) -> Callable[[], None]:
+        """This collective on these buffers as a call of no arguments (a TinyJit replay's step): a bound blocking call
+        on host memory runs in it directly, without __call__'s lookups, while the buffers keep that memory."""
+        out, src = buffers[0], buffers[1]
+        bound = self.cache
+        if bound is None or not bound[3] or bound[0] is not out._mem or bound[1] is not src._mem:
+            return partial(self, buffers)
+        out_mem, src_mem, call, w = bound[0], bound[1], bound[2], self.w
+
+        def run() -> None:
+            if out._mem is not out_mem or src._mem is not src_mem:
+                return self(buffers)  # memory moved: bind again
+            w.calls += 1
+            w.busy = self  # the watchdog ends the job if this call outlasts self.timeout
+            try:
+                err = call()
+            finally:
+                w.busy = None
+            if err:
+                raise w.mpi.Exception(err)
+
+        return run
+
+    def call_blocking(self, call: Callable[[], Any]) -> None:
+        """Run a bound blocking call, watched: the watchdog ends the job if it outlasts self.timeout."""
+        w = self.w
+        w.calls += 1
+        w.busy = self
+        try:
+            err = call()  # libmpi's error code (mpi4py's call raises itself and returns None)
+        finally:
+            w.busy = None
+        if err:
+            raise w.mpi.Exception(err)
+
     def start(self, buffers: list[Buffer], bound: tuple | None = None) -> None:
         """Start the nonblocking call (`bound`: its binding, when the caller made it already)."""
         out, src = buffers[0], buffers[1]
@@ -148,14 +190,8 @@ class Collective:
         bound = self.cache
         if bound is None or bound[0] is not out._mem or bound[1] is not src._mem:
             bound = self.bind(out, src, may_block=True)
-        w = self.w
         if bound[3]:
-            w.calls += 1
-            w.busy = self  # the watchdog ends the job if this call outlasts self.timeout
-            try:
-                bound[2]()
-            finally:
-                w.busy = None
+            self.call_blocking(bound[2])
             if self.back is not None:
                 store(*self.back)
             return
@@ -224,11 +260,70 @@ def check_tensor(t: Any, name: str, sharded_ok: bool = False) -> Tensor:
     return t
 
 
+class EagerCall:
+    """An eager collective of one (kind, op, dtype, shape, name) on host memory, as a blocking libmpi call: each call's
+    output takes the memory of the previous call's output once that died (a spare list, as eager kernels' outputs
+    do), so the call bound to the input's and output's addresses serves again, and so does its Collective."""
+
+    def __init__(self, coll: Collective, allocator: Any, out_shape: tuple[int, ...]):
+        self.coll, self.allocator, self.spare = coll, allocator, []  # type: ignore[var-annotated]
+        self.out_shape, self.out_size = out_shape, prod(out_shape)
+        self.bound: tuple[int, int, Callable[[], Any]] | None = None  # (output address, input address, the call)
+
+    def __call__(self, t: Tensor, src: Buffer) -> Tensor | None:
+        """The collective's result, or None when the library leaves this call to mpi4py."""
+        out = Buffer(t.device, self.out_size, t.dtype).allocate_spare(self.spare, self.allocator)  # type: ignore[arg-type]
+        dst_at, src_at, b = out.address(), src.address(), self.bound
+        if b is None or b[0] != dst_at or b[1] != src_at:
+            c, w = self.coll, self.coll.w
+            if (call := w.lib.bind(c.kind, w.data, c.op, c.root, out.host_view(), src.host_view())) is None:
+                return None
+            b = self.bound = (dst_at, src_at, call)  # addresses only: no view keeps the output's memory from reuse
+        self.coll.call_blocking(b[2])
+        ret = tensor_of_uop(buffer_uop(out), t.device)
+        return ret if len(self.out_shape) == 1 else ret.reshape(self.out_shape)
+
+
+def eager_call(w: World, kind: str, op: str, root: int, t: Tensor, out_shape: tuple, what: str) -> EagerCall | None:
+    """The cached EagerCall for this collective, when it can be one: host memory, blocking size, not captured."""
+    if capturing or w.lib is None or not w.can_block:
+        return None
+    # read per call: a Context may change them; the Collective reads them once
+    key = (kind, op, root, t.dtype, t.device, t.shape, what, DIST_BLOCKING.value, DIST_TIMEOUT.value)
+    if (call := w.eager.get(key, False)) is False:
+        if len(w.eager) >= EAGER_CALLS:  # each may hold a spare output block: the oldest goes
+            w.eager.pop(next(iter(w.eager)))
+        call = w.eager[key] = new_eager_call(w, kind, op, root, t, out_shape, what)
+    return call
+
+
+def new_eager_call(w: World, kind: str, op: str, root: int, t: Tensor, out_shape: tuple, what: str) -> EagerCall | None:
+    """None for a collective the fast path leaves alone (cached as such too)."""
+    if kind == "broadcast" or not isinstance(t.device, str) or not t.numel():
+        return None  # (a broadcast's root copies through numpy views, which would pin the output's memory)
+    if max(prod(out_shape), t.numel()) * t.dtype.itemsize > int(DIST_BLOCKING.value):
+        return None
+    if type(allocator := Device[t.device].allocator) is not HostAllocator:
+        return None
+    return EagerCall(Collective(w, kind, op, root, what, t.dtype), allocator, out_shape)
+
+
+def input_buffer(t: Tensor) -> Buffer:
+    """realized_buffer(t)'s buffer, at once for a tensor that is a whole buffer already."""
+    u = t.uop
+    if u.op is Ops.BUFFER and (buf := u.buffer) is not None and buf.is_allocated:
+        return buf
+    return realized_buffer(t)[1]
+
+
 def _run(kind: str, t: Tensor, op: str, root: int, out_shape: tuple[int, ...], name: str | None) -> Tensor:
     w = world()
     assert w is not None
     what = f"{kind}({op if kind in ('all_reduce', 'reduce_scatter') else f'root={root}'}) of {name or 'a tensor'}"
     check_collective(w, kind, op, root, t, what)
+    if (fast := eager_call(w, kind, op, root, t, out_shape, what)) is not None:
+        if (ret := fast(t, input_buffer(t))) is not None:
+            return ret
     _, src_buf = realized_buffer(t)
     out, out_buf = output_like(out_shape, t)
     if t.numel():

@@ -9,6 +9,7 @@ import time
 from typing import Any, Callable
 
 from fusegrad.helpers import DIST_TIMEOUT
+from fusegrad.distributed.cmpi import libmpi
 
 PROBE_TAG = 7301  # the tag of the "where are you" messages ranks exchange after a timeout
 SPIN_S = 5e-5  # a wait tests without pause this long (a peer a few microseconds behind)
@@ -31,9 +32,9 @@ class Watched:
 class World:
     """One process's view of the group: its rank, the group's size, and the communicators collectives use."""
 
-    def __init__(self, mpi: Any):
+    def __init__(self, mpi: Any, comm: Any = None):
         self.mpi = mpi
-        world = mpi.COMM_WORLD
+        world = mpi.COMM_WORLD if comm is None else comm  # another communicator: a group of its ranks (benchmarks)
         # our own communicators: a user's MPI traffic on COMM_WORLD can never match ours
         self.data, self.meta, self.probe = world.Dup(), world.Dup(), world.Dup()
         for c in (self.data, self.meta, self.probe):
@@ -47,6 +48,8 @@ class World:
         self.busy: Any = None
         # blocking calls need a second thread to bound them, and that thread may call MPI only at THREAD_MULTIPLE
         self.can_block = mpi.Query_thread() == mpi.THREAD_MULTIPLE
+        self.lib = libmpi(mpi)  # blocking calls straight into libmpi (None: through mpi4py)
+        self.eager: dict[tuple, Any] = {}  # (collective, op, dtype, shapes, ...) -> its EagerCall, bound once
         if self.can_block and self.size > 1:
             threading.Thread(target=self._watch, name="fusegrad-dist-watchdog", daemon=True).start()
 

@@ -7,8 +7,8 @@ from typing import Any, Callable
 import numpy as np
 
 from fusegrad.dtype import DType, dtypes
-from fusegrad.helpers import DIST_BLOCKING, DIST_CHECK
-from fusegrad.distributed.comm import DistributedError, World
+from fusegrad.helpers import DIST_BLOCKING, DIST_CHECK, DIST_TIMEOUT
+from fusegrad.distributed.comm import DistributedError, Watched, World
 
 KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "parameters")
 OPS = ("", "sum", "mean", "max", "min")
@@ -57,7 +57,8 @@ def compare(w: World, rows: np.ndarray, what: str, label: Callable[[int], str]) 
 
 def check_table(table: np.ndarray, what: str, label: Callable[[int], str]) -> None:
     """table (size, n, ROW): every rank's rows; raise naming the first rank and row that differ from rank 0's."""
-    raw, n = table.tobytes(), table[0].nbytes
+    raw = table.tobytes()
+    n = len(raw) // len(table)
     if raw == raw[:n] * len(table):  # every rank's rows alike: one bytes comparison, the per-call case
         return
     for r in range(1, len(table)):
@@ -69,7 +70,33 @@ def check_table(table: np.ndarray, what: str, label: Callable[[int], str]) -> No
             )
 
 
-_rows: dict[tuple, np.ndarray] = {}  # (kind, op, root, dtype, shape) -> its encoded row, the call number left 0
+class RowCheck:
+    """The check of one eager collective (kind, op, root, dtype, shape, name), called again: its row, and the
+    all-gather of the rows bound once to libmpi (a blocking call, watched like a collective's) where it can be."""
+
+    def __init__(self, w: World, row: list[int], what: str, blocking: bool):
+        self.w, self.what = w, what
+        self.row, self.table = np.array([row], np.int64), np.empty((w.size, 1, ROW), np.int64)
+        self.direct = w.lib.bind("all_gather", w.meta, None, 0, self.table, self.row) if blocking and w.lib else None
+        self.watched = Watched(f"the metadata check of {what}", float(DIST_TIMEOUT.value))  # what the watchdog reads
+
+    def __call__(self) -> None:
+        w = self.w
+        self.row[0, 0] = w.calls
+        if self.direct is None:
+            table = gather_rows(w, self.row, self.what)
+        else:
+            w.busy, table = self.watched, self.table
+            try:
+                err = self.direct()
+            finally:
+                w.busy = None
+            if err:
+                raise w.mpi.Exception(err)
+        check_table(table, self.what, lambda i: "")
+
+
+_checks: dict[tuple, RowCheck] = {}  # (world, kind, op, root, dtype, shape, name, ...) -> its check
 
 
 def check_collective(w: World, kind: str, op: str, root: int, t: Any, what: str) -> None:
@@ -77,12 +104,13 @@ def check_collective(w: World, kind: str, op: str, root: int, t: Any, what: str)
     rank, so ranks that called different collectives, or a different number of them, fail instead of mixing data."""
     if not int(DIST_CHECK.value):
         return
-    key = (kind, op, root, t.dtype, t.shape)
-    if (row := _rows.get(key)) is None:
-        row = _rows[key] = np.array([encode(0, kind, op, root, t.dtype, t.shape)], np.int64)
-    row = row.copy()
-    row[0, 0] = w.calls
-    check_table(gather_rows(w, row, what), what, lambda i: "")
+    blocking = w.can_block and int(DIST_BLOCKING.value) > 0  # a few hundred bytes: a blocking call is fastest
+    key = (id(w), kind, op, root, t.dtype, t.shape, what, blocking, DIST_TIMEOUT.value)
+    if (check := _checks.get(key)) is None or check.w is not w:
+        if len(_checks) >= 256:  # the oldest goes
+            _checks.pop(next(iter(_checks)))
+        check = _checks[key] = RowCheck(w, encode(0, kind, op, root, t.dtype, t.shape), what, blocking)
+    check()
 
 
 def check_parameters(w: World, tensors: list[Any], what: str, names: list[str] | None = None) -> None:

@@ -237,7 +237,10 @@ class CapturedJit:
         for p, i in step.input_slots:
             bufs[p] = self._last[i]
         runner = step.launch.runner
-        return partial(copy_buffer, bufs[0], bufs[1]) if runner is None else partial(runner, bufs)
+        if runner is None:
+            return partial(copy_buffer, bufs[0], bufs[1])
+        # a runner may bind itself to its buffers (a host collective: its MPI call on their memory)
+        return thunk(bufs) if (thunk := getattr(runner, "thunk", None)) is not None else partial(runner, bufs)
 
     def _run_python_step(self, step: PythonStep) -> None:
         bufs = list(step.launch.buffers)

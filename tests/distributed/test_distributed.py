@@ -216,3 +216,41 @@ def test_zero_optimizer_of_one_rank_steps_like_its_optimizer():
         dist.ZeroOptimizer([Tensor.ones(2)], lambda shard: LAMB(shard))
     with pytest.raises(ValueError, match="share one dtype and device"):
         dist.ZeroOptimizer([Tensor.ones(2), Tensor.ones(2, dtype=dtypes.float16)], lambda shard: Adam(shard))
+
+
+def test_collectives_over_comm_self_call_libmpi_and_match_numpy(monkeypatch):
+    # a group of one that still runs every collective through MPI (COMM_SELF): the bound libmpi calls, eager (the
+    # cached call and its reused output memory) and in a TinyJit replay, against numpy
+    MPI = pytest.importorskip("mpi4py.MPI")
+    from fusegrad import TinyJit
+
+    w = comm.World(MPI, MPI.COMM_SELF)
+    assert w.lib is not None, "the libmpi mpi4py loaded was not found"
+    monkeypatch.setattr(comm, "_world", [w])
+    for dt in (np.float32, np.float64, np.int32, np.int8, np.uint16):
+        x = np.arange(7, dtype=dt)
+        for kind, op in (
+            ("all_reduce", MPI.SUM),
+            ("all_gather", None),
+            ("reduce_scatter", MPI.MAX),
+            ("broadcast", None),
+        ):
+            out = x.copy() if kind == "broadcast" else np.zeros_like(x)  # (a root's input is its output)
+            call = w.lib.bind(kind, w.data, op, 0, out, x)
+            assert call is not None and call() == 0, f"{kind} of {dt.__name__}"
+            np.testing.assert_array_equal(out, x, err_msg=f"{kind} of {dt.__name__}")
+    kept = []
+    for i in range(5):
+        y = dist.all_reduce(Tensor(np.full(3, i, np.float32)), "sum")
+        np.testing.assert_array_equal(y.numpy(), np.full(3, i, np.float32))
+        if i % 2:
+            kept.append((i, y))  # alive: the next output must not take its memory
+    for i, y in kept:
+        np.testing.assert_array_equal(y.numpy(), np.full(3, i, np.float32))
+    assert any(w.eager.values()), "the eager calls did not take the bound libmpi path"
+    np.testing.assert_array_equal(dist.all_gather(Tensor([1.0, 2.0])).numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(dist.broadcast(Tensor([True, False])).numpy(), [True, False])
+    jitted = TinyJit(lambda t: dist.all_reduce(t, "max"))
+    for i in range(4):
+        np.testing.assert_array_equal(jitted(Tensor(np.arange(4, dtype=np.int32) + i)).numpy(), np.arange(4) + i)
+    assert dist.all_reduce(Tensor([True, False]), "max").numpy().tolist() == [True, False]

@@ -82,7 +82,7 @@ def test_jitted_collectives_match_numpy_and_eager(tmp_path):
     proc, _ = mpirun(2, "fastpath", str(tmp_path / "x"), timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r in range(2):
-        assert f"rank {r}: 300 jitted and eager collectives match numpy" in proc.stdout, proc.stdout
+        assert f"rank {r}: 330 jitted and eager collectives match numpy" in proc.stdout, proc.stdout
 
 
 # eager calls (blocking, bounded by the watchdog thread; nonblocking with FUSEGRAD_DIST_BLOCKING=0, bounded by the
