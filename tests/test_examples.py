@@ -13,6 +13,7 @@ from fusegrad.nn.state import get_parameters
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+@pytest.mark.slow  # the README's demo line runs it; CI too
 def test_train_digits_learns():
     out = subprocess.run(
         [sys.executable, str(EXAMPLES / "train_digits.py")],

@@ -17,7 +17,7 @@ def logits(path) -> np.ndarray:
     return model.forward(np.arange(9) * 5 % 128, 0).numpy()
 
 
-@pytest.mark.parametrize("qtype,traces", [(None, 1), ("Q8_0", 0)])
+@pytest.mark.parametrize("qtype,traces", [(None, 1), pytest.param("Q8_0", 0, marks=pytest.mark.slow)])  # Q8_0: CI
 def test_the_ffn_residual_is_traced_once_and_changes_no_logit(tmp_path, monkeypatch, qtype, traces):
     write_gguf(make_model("llama", num_hidden_layers=3), "llama", tmp_path / "m.gguf", qtype)
     llama._ffn_residual.traces.clear()

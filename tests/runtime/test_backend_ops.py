@@ -173,6 +173,9 @@ QUICK = {
     "conv2d_strided",
     "bitwise",
 }
+# a new PoCL kernel costs about a second: CL's fast cases are the QUICK ones in float32, less the strided conv (5 s),
+# plus the integer-only ops in int32; the rest run with the slow tests (CI)
+CL_SLOW, CL_INT_QUICK = {"conv2d_strided"}, {"idiv_mod", "bitwise"}
 CASTS = [(s, d) for s in ALL for d in ALL if s is not d]
 
 
@@ -187,7 +190,10 @@ def _params(devices: list[str]):
                 quick = case.name in QUICK and dt in (dtypes.float32, dtypes.int32, dtypes.bool)
                 if device in SUBSET_ONLY and not quick:
                     continue
-                marks = pytest.mark.slow if device in SLOW_BEYOND_QUICK and not quick else ()
+                fast = quick and not (device == "CL" and (dt is not dtypes.float32 or case.name in CL_SLOW))
+                if device == "CL" and case.name in CL_INT_QUICK and dt is dtypes.int32:
+                    fast = True
+                marks = pytest.mark.slow if device in SLOW_BEYOND_QUICK and not fast else ()
                 yield pytest.param(device, case.name, dt, id=f"{device}-{case.name}-{short(dt)}", marks=marks)
 
 

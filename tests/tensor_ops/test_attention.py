@@ -72,14 +72,25 @@ def test_sdpa_against_torch(qs, kv_len, kv_heads, vd, kw):
     check(*_case_arrays(qs, kv_len, kv_heads, vd), **kw)
 
 
-# the realized-block path compiles kernels per block shape: the short cases
-@pytest.mark.parametrize("qs,kv_len,kv_heads,vd,kw", [c for c in CASES if c[0][-2] <= 29])
+# the realized-block path compiles kernels per block shape: the short cases; the GQA ones with the slow tests (CI), GQA
+# itself runs fast above
+@pytest.mark.parametrize(
+    "qs,kv_len,kv_heads,vd,kw",
+    [pytest.param(*c, marks=pytest.mark.slow) if c[4].get("enable_gqa") else c for c in CASES if c[0][-2] <= 29],
+)
 def test_sdpa_in_realized_blocks_against_torch(qs, kv_len, kv_heads, vd, kw, small_blocks):
     check(*_case_arrays(qs, kv_len, kv_heads, vd), **kw)
 
 
-@pytest.mark.parametrize("blocks", ["one", "many"])
-@pytest.mark.parametrize("kind", ["bool", "float", "bool per head", "float gqa"])
+MASK_KINDS = ["bool", "float", "bool per head", "float gqa"]
+
+
+# in many blocks: the per-head masks fast, the shared ones with the slow tests (CI)
+@pytest.mark.parametrize(
+    "kind,blocks",
+    [(k, "one") for k in MASK_KINDS]
+    + [(k, "many") if k in MASK_KINDS[2:] else pytest.param(k, "many", marks=pytest.mark.slow) for k in MASK_KINDS],
+)
 def test_sdpa_masks(kind, blocks, request):
     if blocks == "many":
         request.getfixturevalue("small_blocks")  # 11 rows: blocks of 4, 4 and 3

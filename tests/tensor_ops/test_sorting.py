@@ -108,7 +108,7 @@ def test_sort_nan_inf_and_signed_zero_long_rows():
     sort_specials(LONG, np.float32)
 
 
-@pytest.mark.parametrize("n", [SHORT, LONG])
+@pytest.mark.parametrize("n", [SHORT, pytest.param(LONG, marks=pytest.mark.slow)])  # LONG: the network sort (CI)
 def test_sort_gradient(n):
     a = np.random.default_rng(2).standard_normal((3, n)).astype(np.float32)
     weights = np.random.default_rng(3).standard_normal((3, n)).astype(np.float32)

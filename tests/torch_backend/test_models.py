@@ -14,6 +14,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "examples"))
 from train_digits_torch import train  # noqa: E402
 
 
+@pytest.mark.slow  # a whole training run (CI); the torch device's layer tests run fast
 def test_digits_mlp_trains_to_cpu_accuracy():
     fuse, cpu = train("mlp", "fuse", epochs=1), train("mlp", "cpu", epochs=1)
     assert cpu > 0.7 and abs(fuse - cpu) <= 0.01, (fuse, cpu)
@@ -25,6 +26,7 @@ def test_digits_convnet_trains_to_cpu_accuracy():
     assert cpu > 0.7 and abs(fuse - cpu) <= 0.01, (fuse, cpu)
 
 
+@pytest.mark.slow  # about 4 s of compiles (CI)
 def test_transformer_encoder_layer_forward_backward():
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, batch_first=True)

@@ -13,6 +13,7 @@ from opinfo_runner import opinfos, run
 FAST = ("exp", "sqrt", "add", "mul", "eq", "sum", "amax", "argmax")
 
 
+@pytest.mark.slow  # 7 s of compiles; the torch device's op tests cover these ops in the fast run
 def test_opinfo_fast_subset():
     ops = [(k, op) for k, op in opinfos() if k in FAST]
     assert len(ops) == len(FAST)

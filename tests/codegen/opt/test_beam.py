@@ -387,7 +387,7 @@ def test_panel_matmul_candidates_include_its_knobs(small_panels):
     assert {Opt(OptOps.THREAD, 0, 2), Opt(OptOps.THREAD, 1, 2)} <= moves  # threads over rows or over panels
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(
     data=st.data(),
     m=st.sampled_from([1, 3, 8, 13, 37, 64, 100]),
