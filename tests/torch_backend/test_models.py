@@ -96,5 +96,6 @@ def test_resnet18_forward_matches_cpu():
         actual = model(fx).cpu()
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     # the whole forward is one lazy graph: each conv with its batchnorm, residual add and relu fuse; the 7 strided
-    # convs also store their input's stride phases and the re-cut weight (70 measured)
-    assert GlobalCounters.kernel_count - before <= 75
+    # convs also store their input's stride phases and the re-cut weight, and the small stride-1 convs copy their
+    # windows into columns (77 measured)
+    assert GlobalCounters.kernel_count - before <= 80
