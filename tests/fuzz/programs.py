@@ -229,6 +229,25 @@ def _conv_shape(s, st):
     return (s[0], co, h, w) if h >= 1 and w >= 1 else None
 
 
+def _iadd_draw(rng, s):
+    if len(s) < 2:
+        return None
+    k = draw_dim(rng, 33)
+    return Step("", (), (Input((s[-2], k)), Input((k, s[-1])))) if _size(s) * k <= MAX_MATMUL_WORK else None
+
+
+def _iadd_shape(s, st):
+    a, b = st.inputs[0].shape, st.inputs[1].shape
+    return s if len(s) >= 2 and a[0] == s[-2] and b[1] == s[-1] and a[1] == b[0] else None
+
+
+def _iadd_fg(x, args):
+    return (
+        f"(lambda t, v, g: t + v if g else t.contiguous().realize().__iadd__(v))({x}, {args[0]} @ {args[1]}, "
+        f"{args[0]}.requires_grad)"
+    )
+
+
 def _gather_draw(rng, s):
     a = int(rng.integers(0, len(s)))
     idx = s[:a] + (draw_dim(rng, 33),) + s[a + 1 :]
@@ -363,6 +382,11 @@ OPS: dict[str, OpDef] = {
         ),
     ),
     "gather": OpDef(_gather_draw, _gather_shape, same("{x}.gather({p0}, {a0})")),
+    # an in-place add of a matmul of fresh inputs into the value, stored (`t += a @ b`: the kernel reads the storage it
+    # writes) when the program runs without gradients, a plain add with them (an assign is not differentiated)
+    "iadd_matmul": OpDef(
+        _iadd_draw, _iadd_shape, {"fg": _iadd_fg, "torch": lambda x, args: f"({x} + {args[0]} @ {args[1]})"}
+    ),
     # one value on both sides of a product (a Gram matrix): both operands are lanes of the same packs
     "gram": OpDef(
         lambda rng, s: Step("", ()) if len(s) >= 2 and _size(s) * s[-2] <= MAX_MATMUL_WORK else None,

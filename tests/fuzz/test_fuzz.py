@@ -31,6 +31,14 @@ FOUND = [
     (Program(41106, Input((5, 7)), [Step("max", (1, False))]), "CPU", "random", True),
     # a max over two axes lost a NaN found before the last row: the simd max's flag restarted per row (renderer/c.py)
     (Program(1, Input((6, 9, 20)), [Step("max2", (False,))]), "CPU", "default", False),
+    # `t += a @ b` into a stored t read t through a second parameter: a last row tile overlapping the one before added
+    # its rows twice (schedule/kernel_ast.py; drawn by hand from the bug, found by the attention work)
+    (
+        Program(1, Input((9, 8)), [Step("exp", ()), Step("iadd_matmul", (), (Input((9, 4)), Input((4, 8))))]),
+        "CPU",
+        "default",
+        False,
+    ),
 ]
 
 
