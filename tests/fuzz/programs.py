@@ -395,7 +395,17 @@ OPS: dict[str, OpDef] = {
     ),
 }
 # how often each op is drawn: elementwise and matmul-like ops most, since the opts act on them
-WEIGHTS = {"matmul": 4, "t_matmul": 3, "linear": 2, "conv2d": 2, "sum": 2, "mul": 2, "add": 2, "exp": 2}
+WEIGHTS = {
+    "matmul": 4,
+    "t_matmul": 3,
+    "linear": 2,
+    "conv2d": 2,
+    "sum": 2,
+    "mul": 2,
+    "add": 2,
+    "exp": 2,
+    "iadd_matmul": 2,
+}
 
 
 def draw_program(seed: int, max_steps: int = 5) -> Program:
