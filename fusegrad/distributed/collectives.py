@@ -125,33 +125,19 @@ class Collective:
         bound = self.cache
         if bound is None or not bound[3] or bound[0] is not out._mem or bound[1] is not src._mem:
             return partial(self, buffers)
-        out_mem, src_mem, call, w = bound[0], bound[1], bound[2], self.w
+        out_mem, src_mem, call = bound[0], bound[1], bound[2]
 
         def run() -> None:
             if out._mem is not out_mem or src._mem is not src_mem:
                 return self(buffers)  # memory moved: bind again
-            w.calls += 1
-            w.busy = self  # the watchdog ends the job if this call outlasts self.timeout
-            try:
-                err = call()
-            finally:
-                w.busy = None
-            if err:
-                raise w.mpi.Exception(err)
+            self.call_blocking(call)
 
         return run
 
     def call_blocking(self, call: Callable[[], Any]) -> None:
         """Run a bound blocking call, watched: the watchdog ends the job if it outlasts self.timeout."""
-        w = self.w
-        w.calls += 1
-        w.busy = self
-        try:
-            err = call()  # libmpi's error code (mpi4py's call raises itself and returns None)
-        finally:
-            w.busy = None
-        if err:
-            raise w.mpi.Exception(err)
+        self.w.calls += 1
+        self.w.watched(self, call)
 
     def start(self, buffers: list[Buffer], bound: tuple | None = None) -> None:
         """Start the nonblocking call (`bound`: its binding, when the caller made it already)."""

@@ -55,11 +55,18 @@ class World:
 
     def call(self, fn: Callable[[], Any], what: str) -> None:
         """Run one blocking MPI call, bounded by the timeout through the watchdog."""
-        self.busy = Watched(what, float(DIST_TIMEOUT.value))
+        self.watched(Watched(what, float(DIST_TIMEOUT.value)), fn)
+
+    def watched(self, busy: Any, call: Callable[[], Any]) -> None:
+        """Run a blocking MPI call while the watchdog reads `busy` (what it names, its timeout); a nonzero return
+        (libmpi's error code; mpi4py's calls raise themselves and return None) raises as mpi4py would."""
+        self.busy = busy
         try:
-            fn()
+            err = call()
         finally:
             self.busy = None
+        if err:
+            raise self.mpi.Exception(err)
 
     def _watch(self) -> None:
         """The watchdog: a blocking MPI call cannot be interrupted, so when one outlasts its timeout (the same call,

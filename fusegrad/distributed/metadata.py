@@ -86,13 +86,8 @@ class RowCheck:
         if self.direct is None:
             table = gather_rows(w, self.row, self.what)
         else:
-            w.busy, table = self.watched, self.table
-            try:
-                err = self.direct()
-            finally:
-                w.busy = None
-            if err:
-                raise w.mpi.Exception(err)
+            w.watched(self.watched, self.direct)
+            table = self.table
         check_table(table, self.what, lambda i: "")
 
 
