@@ -98,9 +98,10 @@ def linearize(kernel: UOp, params: list[UOp] | None = None) -> list[UOp]:
                 lin.append(r)
                 done.add(r)
                 open_ranges.add(r)
+            # each update right after its value: values computed first and added last keep all of them live at
+            # once (an 8x8 register tile's products spilled on a 16-register target)
             for w in group:
                 yield emit(w.src[1])
-            for w in group:
                 lin.append(w)
                 done.add(w)
             for r in reversed(loops):

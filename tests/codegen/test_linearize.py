@@ -12,6 +12,7 @@ from fusegrad.codegen import lower_to_linear
 from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
+from fusegrad.uop.ops import Ops
 
 
 @pytest.fixture
@@ -67,3 +68,18 @@ def test_kv_cache_write_of_a_projection_at_a_variable_position_equals_numpy():
         an, bn = kn[:, : hd // 2], kn[:, hd // 2 :]
         want[0, :, p] = np.concatenate([an * cos - bn * sin, bn * cos + an * sin], -1)
         np.testing.assert_allclose(cache.numpy(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_each_accumulator_update_follows_its_own_value():
+    """A register tile's update of each accumulator comes right after the instructions only it needs: values computed
+    first and added last kept every product live at once, and an 8x8 tile's spilled on a 16-register target (a 1x1
+    conv, 1000x169x512, ran 1.8x slower on AVX2)."""
+    a, b = Tensor.rand(64, 128).realize(), Tensor.rand(128, 64).realize()
+    items, _, _ = create_schedule([(a @ b).uop], [Device["CPU"]])
+    opts = (Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 8))
+    lin = lower_to_linear(items[-1].ast, Device["CPU"].renderer, opts=opts).lin
+    updates = [i for i, u in enumerate(lin) if u.op is Ops.ACC_UPDATE and u.src[2:]]
+    assert len(updates) >= 32  # 4 x 8 lanes, each its own accumulator before packing
+    for j in updates:
+        # right after the last instruction of its own value (a product, a load), not after another update
+        assert lin[j - 1] in lin[j].src[1].toposort(), (lin[j - 1].op, j)
