@@ -23,6 +23,11 @@ MAX_TILE_ROWS = 8
 MIN_TILE_ROWS = 4
 # vector registers the tile leaves free: the loaded vectors of the contiguous input and the broadcast row value
 SPARE_REGISTERS = 4
+# accumulators a tile needs to keep two FMA pipes busy past the FMA's latency with room for load stalls: a tile with
+# fewer is worth TOO_FEW_ACCUMULATORS_WORTH (measured on AVX2's 16 registers, one thread: a 1024^2 matmul in 6x2
+# vectors 88 GFLOPS against 61 in 4x2, 2048^2 91 against 62)
+LATENCY_ACCUMULATORS = 12
+TOO_FEW_ACCUMULATORS_WORTH = 0.9
 # what a block of row tiles reads of the row input per reduce block: it stays in L1 while every column tile reuses
 # it (measured: 32 KiB beats 64 KiB and more by 5-60 % on 1024^2 and 2048^2)
 ROW_BLOCK_BYTES = 32 * 1024
@@ -334,13 +339,14 @@ def _register_tile(
     worth: dict[int, float] = {}
     for amount, w in zip((2 * width, width, 8, 4, 2), TILE_WORTH):
         worth.setdefault(amount, w)  # with 8-lane vectors, 8 is worth a vector
-    if one_axis and cols > MIN_WIDE_COLUMNS:
+    if one_axis and cols > MIN_WIDE_COLUMNS and (caps.vector_registers - SPARE_REGISTERS) // 2 >= MAX_TILE_ROWS:
+        # only where two vectors still get MAX_TILE_ROWS rows (32 registers): with 16 a one-vector tile has 8
+        # accumulators against two vectors' 12, and two run 1.3-1.6x faster (1x1 convs at 13x13 and 56x56, AVX2)
         worth[2 * width] = ONE_AXIS_WIDE_WORTH
     if (col_amount := _best_tile(cols, worth, exact)) is None:
         return []
     vectors = max(col_amount // width, 1)
-    max_rows = max(min(MAX_TILE_ROWS, (caps.vector_registers - SPARE_REGISTERS) // vectors), 1)
-    row_amount = _best_tile(rows, dict.fromkeys(range(max_rows, max(max_rows // 2, 2) - 1, -1), 1.0), exact)
+    row_amount = _best_tile(rows, _row_worth(vectors, caps), exact)
     if row_amount is None:
         return [] if exact else [Opt(OptOps.UPCAST, col, col_amount)]
     opts = [Opt(OptOps.UPCAST, row, row_amount), Opt(OptOps.UPCAST, col, col_amount)]
@@ -354,6 +360,16 @@ def _register_tile(
     if cols > col_amount and per_block >= 2:
         opts.append(Opt(OptOps.TILE, row, per_block))
     return opts
+
+
+def _row_worth(vectors: int, caps: Capabilities) -> dict[int, float]:
+    """Worth of each row count of a register tile `vectors` wide, from the most that fit the registers down to half
+    of that: less for tiles with fewer than LATENCY_ACCUMULATORS accumulators."""
+    max_rows = max(min(MAX_TILE_ROWS, (caps.vector_registers - SPARE_REGISTERS) // vectors), 1)
+    return {
+        r: 1.0 if r * vectors >= LATENCY_ACCUMULATORS else TOO_FEW_ACCUMULATORS_WORTH
+        for r in range(max_rows, max(max_rows // 2, 2) - 1, -1)
+    }
 
 
 def _block_size(tiles: int, most: int, exact: bool) -> int:
@@ -414,9 +430,8 @@ def _panel_tile(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) 
     if row is None:
         return None
     vectors = max(cols_per_panel // width, 1)
-    max_rows = max(min(MAX_TILE_ROWS, (caps.vector_registers - SPARE_REGISTERS) // vectors), 1)
     rows = value.shape[row]
-    row_amount = _best_tile(rows, dict.fromkeys(range(max_rows, max(max_rows // 2, 2) - 1, -1), 1.0), reads_output)
+    row_amount = _best_tile(rows, _row_worth(vectors, caps), reads_output)
     if row_amount is None:
         return None
     opts = [Opt(OptOps.UPCAST, row, row_amount), Opt(OptOps.UPCAST, col, cols_per_panel)]
