@@ -193,7 +193,7 @@ def _block(p: _Problem, start: int, end: int, at: sint | None = None) -> tuple[T
     s = p.scores(start, end, at).contiguous()
     row_max = s.max(-1, keepdim=True)
     # a row that sees no key has max -inf: subtracting 0 keeps its probabilities 0 (its output 0/0, as torch's)
-    row_max = (row_max == -math.inf).where(0.0, row_max)
+    row_max = (row_max == -math.inf).where(0.0, row_max).contiguous()
     prob = (s - row_max).exp().contiguous()
     total = prob.sum(-1, keepdim=True)
     lo, hi = p.visible(start, end)
