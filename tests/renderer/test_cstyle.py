@@ -1,6 +1,7 @@
 """The C-family renderer as a rule table: every linear op has a rule, dialects override tables and hooks, upcast kernels
 render vector types, and the rendered C (and CUDA C, where nvcc is installed) compiles and computes the right values."""
 
+import re
 import shutil
 import subprocess
 
@@ -9,6 +10,7 @@ import pytest
 
 from fusegrad import Context, Tensor, dtypes
 from fusegrad.codegen import lower_to_linear
+from fusegrad.dtype import to_numpy_dtype
 from fusegrad.renderer.c import CRenderer
 from fusegrad.renderer.cstyle import CODE_FOR_OP, CStyleRenderer, RenderError
 from fusegrad.renderer.gpu import CUDARenderer, OpenCLRenderer
@@ -169,3 +171,17 @@ def test_a_sum_of_8_bit_products_is_plain_signed_c_only_where_it_cannot_overflow
     assert acc and (not wrapped if plain else wrapped), acc
     want = a.astype(np.int64) @ b.astype(np.int64)
     assert out.item() == np.int64(want).astype(np.int32)
+
+
+@pytest.mark.parametrize(
+    "dt", [dtypes.float16, dtypes.float32, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int64]
+)
+def test_a_bool_cast_to_a_number_is_a_select_and_equals_numpy(dt):
+    # GCC vectorizes no conversion from a 1-bit type: `(float)(b)` left a ReLU backward's loop scalar
+    x = np.array([-1.5, 0.0, 2.0, np.nan, -0.0, 3.0, -7.0, 1e-30], np.float32)
+    mask = Tensor(x) > 0
+    out = mask.cast(dt) * 3
+    src = "\n".join(rendered(Device["CPU"].renderer, k.name, k.lin) for k in kernels(out))
+    bools = re.findall(r"_Bool (\w+) =", src)
+    assert bools and not any(re.search(rf"\)\({b}\)\)", src) for b in bools), src
+    np.testing.assert_array_equal(out.numpy(), (x > 0).astype(to_numpy_dtype(dt)) * 3)
