@@ -127,12 +127,24 @@ def test_cuda_source_compiles_to_ptx(tmp_path):
         assert f".entry k{i}" in (tmp_path / f"k{i}.ptx").read_text()
 
 
-def test_opencl_bool_buffers_are_bytes():
+def test_bool_buffers_are_bytes_in_opencl_and_c():
+    # OpenCL C forbids bool buffers; C's _Bool pointer made GCC leave a select on a loaded mask scalar
     a = Tensor.rand(8).realize()
     (info,) = kernels(a < 0.5)
     cl = rendered(OpenCLRenderer(), "k", info.lin)
     assert "__global uchar* data0" in cl and "bool alu" in cl
-    assert "_Bool* restrict data0" in rendered(Device["CPU"].renderer, "k", info.lin)
+    assert "unsigned char* restrict data0" in rendered(Device["CPU"].renderer, "k", info.lin)
+
+
+def test_a_select_on_a_stored_mask_equals_numpy():
+    rng = np.random.default_rng(0)
+    x, m = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000) > 0
+    mask = Tensor(m).realize()
+    src = "\n".join(rendered(Device["CPU"].renderer, k.name, k.lin) for k in kernels(mask.where(Tensor(x), -1.0)))
+    assert "const unsigned char* restrict" in src
+    np.testing.assert_array_equal(mask.where(Tensor(x), -1.0).numpy(), np.where(m, x, -1.0))
+    np.testing.assert_array_equal((mask * Tensor(x)).numpy(), m * x)
+    np.testing.assert_array_equal((mask & (Tensor(x) > 0)).numpy(), m & (x > 0))
 
 
 def test_two_gated_loads_of_one_buffer_in_a_strided_loop_read_the_right_elements():
