@@ -132,10 +132,9 @@ class Tensor(
             raise TypeError(f"cannot build {dt} tensors from numpy data yet")
         elif src_dt is not dt:
             store = arr.astype(to_numpy_dtype(dt), copy=True)
-        else:  # the caller's array, copied by buffer_holding
-            buf = buffer_uop(buffer_holding(self.device, arr.size, dt, arr, owned=False))
-            return buf if arr.ndim == 1 else UOp(Ops.RESHAPE, dt, (buf,), arr.shape)
-        buf = buffer_uop(buffer_holding(self.device, arr.size, dt, store, owned=True))
+        else:
+            store = arr  # the caller's array: buffer_holding copies it
+        buf = buffer_uop(buffer_holding(self.device, arr.size, dt, store, owned=store is not arr))
         return buf if arr.ndim == 1 else UOp(Ops.RESHAPE, dt, (buf,), arr.shape)
 
     def __getstate__(self) -> dict:
