@@ -7,10 +7,14 @@ training loop does: on two threads and on one thread (torch's two threads spin a
 a loaded machine only the latter compares the steps). A last case reuses one unmarked batch tensor every step: fusegrad
 then fills and accumulates `x.grad` (as tinygrad code expects), which costs it a third matmul a step that torch, whose
 batch has no gradient, never does. Prints fusegrad, torch and their ratio for each, then the three ratios the eager
-targets name."""
+targets name.
+
+`python bench/bench_overhead.py mlp` runs the one-thread MLP step alone, first thing in the process (the heap then is a
+training script's, not the one the cases before it leave behind)."""
 
 from __future__ import annotations
 import statistics
+import sys
 import time
 import numpy as np
 import torch
@@ -120,7 +124,19 @@ def mlp_step(threads: int = 2, fresh: bool = True) -> tuple[tuple[float, float],
     )
 
 
+def mlp_alone() -> None:
+    torch.set_num_threads(1)
+    (_, _), (fg, th) = mlp_step(1)
+    print(
+        f"MLP 784-128-10 SGD step without JIT, alone, 1 thread, cpu: fusegrad {fg:6.1f}/s, torch {th:6.1f}/s "
+        f"({fg / th:.2f}x torch's steps/s)"
+    )
+
+
 def main() -> None:
+    if sys.argv[1:] == ["mlp"]:
+        mlp_alone()
+        return
     torch.set_num_threads(2)
     us = 1e6
     tiny, chain = tiny_op(), chain_of_100()

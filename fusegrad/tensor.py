@@ -27,8 +27,8 @@ from fusegrad.gradient import compute_gradient
 from fusegrad.uop.broadcast import broadcast_const, broadcast_uop
 from fusegrad.helpers import prod
 from fusegrad.runtime.buffers import (
-    Buffer,
     base_buffer,
+    buffer_holding,
     buffer_uop,
     copy_to_device,
     file_buffer,
@@ -130,11 +130,11 @@ class Tensor(
             store = float_to_fp8(arr, dt)
         elif dt.fmt is None:
             raise TypeError(f"cannot build {dt} tensors from numpy data yet")
+        elif src_dt is not dt:
+            store = arr.astype(to_numpy_dtype(dt), copy=True)
         else:
-            store = (
-                arr.astype(to_numpy_dtype(dt), copy=True) if src_dt is not dt else np.array(arr, copy=True, order="C")
-            )
-        buf = buffer_uop(Buffer(self.device, arr.size, dt, initial=store))
+            store = arr  # the caller's array: buffer_holding copies it
+        buf = buffer_uop(buffer_holding(self.device, arr.size, dt, store, owned=store is not arr))
         return buf if arr.ndim == 1 else UOp(Ops.RESHAPE, dt, (buf,), arr.shape)
 
     def __getstate__(self) -> dict:

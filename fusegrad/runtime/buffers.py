@@ -7,7 +7,7 @@ import mmap
 from fusegrad.lazy_numpy import np
 from typing import Sequence
 from fusegrad.dtype import DType
-from fusegrad.runtime.device import Buffer, Device
+from fusegrad.runtime.device import Buffer, Device, HostAllocator
 from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMeta, is_contiguous_view
 
 __all__ = [
@@ -82,6 +82,18 @@ def next_buffer_id() -> int:
 def buffer_uop(buf: Buffer) -> UOp:
     """A fresh BUFFER node (a new version) for an existing Buffer."""
     return UOpMeta.new_buffer(buf.dtype, (next(_unique), buf.device, buf.size), buf)
+
+
+def buffer_holding(device: str, size: int, dtype: DType, data: np.ndarray, owned: bool) -> Buffer:
+    """A Buffer holding a copy of host data (of dtype's storage type): in host memory copied now, once, into a block
+    the allocator reuses (a copy kept for later is a second copy, into fresh pages every time: a training loop's new
+    batch each step); elsewhere kept until the first allocation, copied first unless `owned` (nobody else writes it)."""
+    buf = Buffer(device, size, dtype)
+    if type(Device[device].allocator) is HostAllocator:
+        buf.copyin(data)
+    else:
+        buf._initial = data if owned else np.array(data, copy=True, order="C")
+    return buf
 
 
 def base_buffer(u: UOp) -> UOp | None:

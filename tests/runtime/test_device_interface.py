@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 from fusegrad import Tensor, dtypes
-from fusegrad.runtime.buffers import Buffer, view_buffer
+from fusegrad.runtime.buffers import Buffer, buffer_holding, view_buffer
 from fusegrad.runtime.device import Allocator, Device, HostAllocator, copy_buffer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -138,3 +138,17 @@ def test_tensor_to_another_host_device_round_trips_exactly():
     np.testing.assert_array_equal(t.numpy(), x)
     buf = view_buffer(t.realize().uop)
     assert buf is not None and buf.device == "CPU" and isinstance(buf.allocator, HostAllocator)
+
+
+def test_a_buffer_built_from_host_data_holds_a_copy_on_host_and_opaque_devices(monkeypatch):
+    # host memory gets its copy at once; an opaque device's copy waits for its allocation, and must not see later
+    # writes to the caller's array either
+    monkeypatch.setattr(Device["CPU:6"], "allocator", BytesAllocator())
+    values = np.arange(6, dtype=np.float32) * 1.5
+    on_host = buffer_holding("CPU", 6, dtypes.float32, values, owned=False)
+    on_opaque = buffer_holding("CPU:6", 6, dtypes.float32, values, owned=False)
+    assert on_host.is_allocated and not on_opaque.is_allocated
+    expected = values.copy()
+    values[:] = -1
+    np.testing.assert_array_equal(on_host.numpy(), expected)
+    np.testing.assert_array_equal(on_opaque.numpy(), expected)

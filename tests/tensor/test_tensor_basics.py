@@ -298,3 +298,17 @@ def test_backward_reaches_live_intermediates_among_many_tensors():
     np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-6)
     np.testing.assert_allclose(h.grad.numpy(), ht.grad.numpy(), rtol=1e-6)
     assert all(t.grad is None for t in unrelated)
+
+
+@pytest.mark.parametrize("dtype", [None, dtypes.float16, dtypes.int32])
+def test_tensor_copies_the_numpy_data_it_is_built_from(dtype):
+    # host data is copied into the buffer at construction: later writes to the array (a reused batch) never show
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    strided = np.arange(24, dtype=np.float32).reshape(3, 8)[:, ::2]  # not contiguous: copied all the same
+    t, s = Tensor(a, dtype=dtype), Tensor(strided, dtype=dtype)
+    expected, expected_strided = a.copy(), strided.copy()
+    a[:] = -1
+    strided[:] = -1
+    np.testing.assert_array_equal(t.numpy(), expected.astype(t.numpy().dtype))
+    np.testing.assert_array_equal(s.numpy(), expected_strided.astype(s.numpy().dtype))
+    np.testing.assert_array_equal((t + s).numpy(), (expected + expected_strided).astype(t.numpy().dtype))

@@ -1,0 +1,51 @@
+"""One eager (no JIT) SGD step of bench_overhead.py's 784-128-10 MLP, fusegrad alone: `python bench/bench_eager_step.py
+[STEPS]` prints the median CPU time of a step over 7 runs (one thread, a fresh batch of 128 each step, 20 steps of
+warm-up). No torch in the process, so its heap is a plain training script's; a loop to profile (py-spy) as it is."""
+
+from __future__ import annotations
+import statistics
+import sys
+import time
+import numpy as np
+from fusegrad import Context, Tensor, nn
+from fusegrad.nn.optim import SGD
+from fusegrad.nn.state import get_parameters
+
+
+class MLP:
+    def __init__(self):
+        self.l1, self.l2 = nn.Linear(784, 128), nn.Linear(128, 10)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.l2(self.l1(x).relu())
+
+
+def main(steps: int) -> None:
+    rng = np.random.default_rng(0)
+    data, labels = rng.standard_normal((4096, 784), dtype=np.float32), rng.integers(0, 10, 4096).astype(np.int32)
+    model = MLP()
+    opt = SGD(get_parameters(model), lr=0.01)
+
+    def step() -> float:
+        with Context(TRAINING=1, NUM_CPU_THREADS=1):
+            idx = rng.integers(0, 4096, 128)
+            xb, yb = Tensor(data[idx]), Tensor(labels[idx])
+            opt.zero_grad()
+            loss = model(xb).sparse_categorical_crossentropy(yb)
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+    for _ in range(20):
+        step()
+    per_run, times = max(steps // 7, 1), []
+    for _ in range(7):
+        st = time.process_time()
+        for _ in range(per_run):
+            step()
+        times.append((time.process_time() - st) / per_run)
+    print(f"eager MLP SGD step, 1 thread, cpu: {statistics.median(times) * 1e3:.3f} ms (median of 7 runs of {per_run})")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 210)
