@@ -412,14 +412,14 @@ def test_matvec_over_panels_accumulates_both_vectors_of_a_panel_in_one_pass():
     np.testing.assert_allclose(lin(x).numpy(), xn @ wn, rtol=1e-5, atol=1e-5)
 
 
-def test_packed_matmul_past_l2_keeps_its_reduce_blocks():
+def test_packed_matmul_past_l2_keeps_its_reduce_blocks(avx512_target):
     from fusegrad.codegen.opt import heuristic
 
     p = panel_columns()
     k = heuristic.PANEL_MAX_BYTES // (4 * p) * 2
     with panels_for_any_size(), Context(NUM_CPU_THREADS=2):
         opts = lower_to_linear(
-            ast_of(Tensor.rand(64, k).realize() @ Tensor.rand(k, 2 * p).realize()), Device["CPU"].renderer
+            ast_of(Tensor.rand(64, k).realize() @ Tensor.rand(k, 2 * p).realize()), avx512_target
         ).opts
     assert any(o.op is OptOps.REDUCE_BLOCK for o in opts)
 

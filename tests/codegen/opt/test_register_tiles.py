@@ -54,3 +54,14 @@ def test_a_wide_1x1_conv_takes_two_vectors_only_on_16_registers(target):
     assert column_vectors == (2 if target.capabilities.vector_registers == 16 else 1)
     want = np.einsum("oc,chw->ohw", w.numpy()[:, :, 0, 0], x.numpy()[0])[None]
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_long_reduce_on_16_registers_takes_a_free_tile_over_blocks_of_few_accumulators(target):
+    # the reduce blocks (partial sums added in memory) take only tiles that divide the output: 128 rows give 4 x 2
+    # vectors on 16 registers, where a tile free to overlap has 6 x 2 (55 -> 78 GFLOPS, one thread)
+    a, b = Tensor.rand(128, 784).realize(), Tensor.rand(784, 128).realize()
+    items, _, _ = create_schedule([(a @ b).uop], [Device["CPU"]])
+    opts = lower_to_linear(items[-1].ast, target).opts
+    blocked = any(o.op is OptOps.REDUCE_BLOCK for o in opts)
+    assert blocked == (target.capabilities.vector_registers == 32), opts
+    np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)
