@@ -144,7 +144,7 @@ def shared_blocks(x: Tensor, *linears: QuantLinear) -> tuple[Tensor, Tensor, Ten
     intermediates would then all stay alive), so q's matvec would quantize x again."""
     if x.shape[0] > MATVEC_MAX_ROWS or not all(lin.integer_dot for lin in linears):
         return None
-    blocks = quantize_blocks(x)
+    blocks = quantize_blocks(x, linears[0].weight.activations)  # type: ignore[union-attr]  (integer_dot: quantized)
     Tensor.realize(*blocks)
     return blocks
 
@@ -242,7 +242,9 @@ class FeedForward:
             gate, up = self.gate(x, blocks), self.up(x, blocks)
             if self.gate.integer_dot or self.up.integer_dot:  # two nested sums in one kernel would split apart
                 gate, up = gate.contiguous(), up.contiguous()
-            return self.down(gate.silu() * up)
+            h = gate.silu() * up
+            # realized once where down quantizes it: its scale and values kernels would each compute silu again
+            return self.down(h.contiguous() if self.down.integer_dot else h)
         # a chunk: each product realized on its own, so each runs as one register-tiled matmul (fused, the two
         # reduces share a kernel no tile serves, and the down matmul would recompute silu for every output panel)
         gate, up = self.gate(x).contiguous(), self.up(x).contiguous()
