@@ -315,6 +315,14 @@ def _q8_0_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) 
     return (true * (ws.cast(dtypes.float32).unsqueeze(0) * xs.unsqueeze(1))).sum(-1)
 
 
+def _q8_0_signed_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) -> Tensor:
+    # 16-bit activations: the weights stay signed (widened by vpmovsxbw), so no 128 * sum(xq) comes off a block
+    w, ws = planes
+    rows = w.shape[0]
+    isum = (w.reshape(1, rows, -1, 32).cast(dtypes.int32) * xq.unsqueeze(1).cast(dtypes.int32)).sum(-1)
+    return (isum.cast(dtypes.float32) * (ws.unsqueeze(0) * xs.unsqueeze(1))).sum(-1)
+
+
 def _q4_k_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) -> Tensor:
     # sub-block s of 32 holds nibbles q 0..15 (unsigned, what vpdpbusd multiplies) meaning scale_s * q + offset_s, so
     # its part of x @ w is xs_s * (scale_s * sum(q * xq) + offset_s * sum(xq)): integer sums, then float per block
@@ -379,9 +387,30 @@ def dot_activations(device: str) -> DType | None:
     return dtypes.int16 if int16_dot(device) else None
 
 
-def _format_of(ggml_type: int, integer: bool) -> QuantFormat:
-    """The planes' format: DOT_FORMATS' for integer planes, else QUANT_FORMATS'."""
-    return DOT_FORMATS[ggml_type].format if integer else QUANT_FORMATS[ggml_type]
+# the formats a matvec multiplies against 16-bit activations (int16_dot), where they differ from DOT_FORMATS': Q8_0
+# keeps its signed values, with its scales as float32 (a float16 scale is two more instructions per block of 32 in
+# a sum bound by instructions, not bytes)
+INT16_DOT_FORMATS: dict[int, DotFormat] = {
+    8: DotFormat(
+        QuantFormat(
+            1,
+            32,
+            lambda b: (b[:, 2:34].bitcast(dtypes.int8).contiguous(), _f16_at(b, 0).contiguous()),
+            QUANT_FORMATS[8].values,
+            QUANT_FORMATS[8].scales,
+        ),
+        _q8_0_signed_dot,
+    ),
+}
+
+
+def _dot_format(ggml_type: int, activations: DType) -> DotFormat:
+    return (INT16_DOT_FORMATS if activations == dtypes.int16 else {}).get(ggml_type, DOT_FORMATS[ggml_type])
+
+
+def _format_of(ggml_type: int, integer: bool, activations: DType = dtypes.int8) -> QuantFormat:
+    """The planes' format: the dot format's for integer planes, else QUANT_FORMATS'."""
+    return _dot_format(ggml_type, activations).format if integer else QUANT_FORMATS[ggml_type]
 
 
 class QuantizedMatrix:
@@ -403,27 +432,29 @@ class QuantizedMatrix:
         the dtype that matvec's quantized x is held in (dot_activations)."""
         self.name, self.ggml_type, self.shape, self.planes, self.integer = name, ggml_type, shape, planes, integer
         self.activations = activations
-        self.format = _format_of(ggml_type, integer)
+        self.format = _format_of(ggml_type, integer, activations)
         self.groups = shape[1] // self.format.group
 
     @staticmethod
-    def from_ggml(w: GGMLQuantized, int8: bool | None = None) -> QuantizedMatrix:
+    def from_ggml(w: GGMLQuantized, int8: bool | None = None, activations: DType | None = None) -> QuantizedMatrix:
         """int8: the integer planes, where the format has them (None: where also the target has integer dot products,
-        `dot_activations`, and QUANT_DOT is on)."""
+        `dot_activations`, and QUANT_DOT is on); activations: their matvec's activation dtype (None: the target's,
+        int8 where it has none)."""
         if len(w.shape) != 2:
             raise ValueError(f"{w.name}: a quantized matrix is 2-D, got shape {w.shape}")
         if w.ggml_type not in QUANT_FORMATS:
             raise ValueError(f"{w.name}: no quantized matrix for {w.type_name}; supported: {_names()}")
         rows = w.shape[0]
         blocks = _on_compute_device(w.blocks).reshape(-1, GGML_TYPES[w.ggml_type][2])
-        activations = dot_activations(blocks.device)
+        target = dot_activations(blocks.device)
         if int8 is None:
-            int8 = bool(QUANT_DOT.value) and activations is not None
+            int8 = bool(QUANT_DOT.value) and target is not None
         integer = int8 and w.ggml_type in DOT_FORMATS and w.shape[1] % 32 == 0
-        fmt = _format_of(w.ggml_type, integer)
+        activations = activations or target or dtypes.int8
+        fmt = _format_of(w.ggml_type, integer, activations)
         # each plane holds rows in order: the first dim of its (blocks, ...) shape splits into rows
         planes = tuple(p.reshape(rows, -1).realize() for p in fmt.planes(blocks))
-        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer, activations or dtypes.int8)  # type: ignore[arg-type]
+        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer, activations)  # type: ignore[arg-type]
 
     @property
     def type_name(self) -> str:
@@ -476,7 +507,8 @@ class QuantizedMatrix:
         if x.ndim != 2 or x.shape[1] != self.shape[1]:
             raise ValueError(f"{self.name}: x of shape {x.shape} cannot multiply a weight of shape {self.shape}")
         if self.integer:
-            return DOT_FORMATS[self.ggml_type].matvec(self.planes, *(blocks or quantize_blocks(x, self.activations)))
+            dot = _dot_format(self.ggml_type, self.activations)
+            return dot.matvec(self.planes, *(blocks or quantize_blocks(x, self.activations)))
         fmt, w, x = self.format, self._weights(), x.cast(dtypes.float32)
         if fmt.x_order is not None:
             xg = fmt.x_order(x, self.groups)

@@ -33,8 +33,8 @@ def _integer_matrix(
     rng = np.random.default_rng(seed)
     raw, meant = _stored(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qt, rng)
     blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1]), device=device).realize()
-    q = QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (rows, cols), blocks), int8=True)
-    return QuantizedMatrix(q.name, q.ggml_type, q.shape, q.planes, q.integer, activations), meant
+    w = GGMLQuantized("w", int(qt), (rows, cols), blocks)
+    return QuantizedMatrix.from_ggml(w, int8=True, activations=activations), meant
 
 
 def _numpy_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,14 +95,16 @@ def test_integer_matvec_equals_dequantized_float_math_within_the_activation_erro
 @pytest.mark.parametrize("activations", [dtypes.int8, dtypes.int16])
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
 @pytest.mark.parametrize("n", [1, 8])
-def test_the_integer_matvec_is_one_kernel_after_the_activations_three(qtype, n, activations):
+def test_the_integer_matvec_is_one_kernel_after_the_activations_ones(qtype, n, activations):
     # 8 rows (a short prompt's chunk) of a weight large enough that the scheduler would realize an unpacked copy of
     # it rather than unpack it again per row: the matvec still reads the packed bytes
     q, _ = _integer_matrix(1024, 1536, "CPU", qtype=qtype, activations=activations)
     x = Tensor(np.random.default_rng(1).standard_normal((n, 1536)).astype(np.float32)).realize()
     GlobalCounters.reset()
     q.matvec(x).realize()
-    assert GlobalCounters.kernel_count == 4  # scale, values, value sums of x; the matvec
+    # scale, values (and value sums, but for Q8_0's signed weights against 16-bit activations) of x; the matvec
+    sums = not (qtype == "Q8_0" and activations == dtypes.int16)
+    assert GlobalCounters.kernel_count == 3 + sums
 
 
 def _matvec_source(qtype: str = "Q8_0", activations=dtypes.int8) -> str:
