@@ -1,5 +1,6 @@
 """fusegrad against llama.cpp (through llama-cpp-python) on the same GGUF files, in one process:
-`python bench/bench_llamacpp.py [speed] [accuracy] [--formats F32,Q8_0,Q4_K]`.
+`python bench/bench_llamacpp.py [speed] [accuracy] [decode-cpu] [--formats F32,Q8_0,Q4_K]` (the first two without
+arguments).
 
 - speed: a ~110M-parameter random LLaMA (12 layers of 768, SwiGLU 2048, 12 heads / 4 kv heads, vocabulary 32000)
   written once per format; prefill of 128 and 512 tokens (timed to the last token's logits) and greedy decode of
@@ -9,6 +10,9 @@
   format's drift against F32 on each side; and fusegrad's one token at a time (a decode step's path: where the CPU
   has 8-bit dot products, Q8_0 activations quantized to 8 bits as llama.cpp's are), with its drift against F32.
   (The speed files' K-quant blocks are random: any bytes time the same.)
+- decode-cpu: greedy decode of 32 tokens after a 4-token prompt on the speed files, 5 rounds in turns, medians of
+  the process's CPU time (time.process_time: both sides' threads, none of the time the machine ran other work) and
+  of wall time; steadier than speed's wall-clock rates on a loaded machine (run it with NUM_CPU_THREADS=1 there).
 Both sides run on NUM_CPU_THREADS threads (llama.cpp's n_threads and n_threads_batch). llama-cpp-python is a
 bench-only dependency: `pip install llama-cpp-python` builds llama.cpp from source (a few minutes on 2 cores).
 The files carry no tokenizer (`tokenizer.ggml.model = no_vocab`): both sides read token ids."""
@@ -30,6 +34,7 @@ from bench_models import LLAMA_SHAPE, fusegrad_cases, interleaved_rates  # noqa:
 from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
 
 PROMPTS, DECODE, TEXT = (128, 512), 128, 512
+CPU_DECODE, CPU_ROUNDS = 32, 5
 
 
 def write_model(folder: str, qtype: str):
@@ -65,6 +70,49 @@ def llamacpp_last_logits(llm) -> np.ndarray:
     return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(llm.n_vocab(),))
 
 
+def llamacpp_decode(llm, prompt: list[int], n: int) -> None:
+    """Greedy decode of n tokens after prompt's first 4, one token at a time through the KV cache, as generate()
+    does."""
+    llm.reset()
+    llm.eval(prompt[:4])
+    for _ in range(n - 1):
+        llm.eval([int(llamacpp_last_logits(llm).argmax())])
+
+
+def bench_decode_cpu(formats: list[str]) -> None:
+    import statistics
+    import time
+
+    from fusegrad.models.llama import Llama
+
+    prompt = np.random.default_rng(0).integers(0, LLAMA_SHAPE["vocab_size"], max(PROMPTS)).tolist()
+    head = f"{'CPU: fusegrad':>13s} {'llama.cpp':>10s} {'ratio':>6s} {'wall: fusegrad':>14s} {'llama.cpp':>10s}"
+    print(f"{'case':24s} {head} {'ratio':>6s}")
+    for qtype in formats:
+        with tempfile.TemporaryDirectory() as d:
+            path, _ = write_model(d, qtype)
+            model, _ = Llama.from_gguf(path, progress=False)
+            llm = load_llamacpp(path)
+            _, ours = fusegrad_cases(model, prompt, CPU_DECODE)
+            sides = [ours, lambda: llamacpp_decode(llm, prompt, CPU_DECODE)]
+            for side in sides:
+                side()  # warm-up: captures, first touches
+            cpu: list[list[float]] = [[], []]
+            wall: list[list[float]] = [[], []]
+            for _ in range(CPU_ROUNDS):
+                for i, side in enumerate(sides):
+                    c, w = time.process_time(), time.perf_counter()
+                    side()
+                    cpu[i].append(time.process_time() - c)
+                    wall[i].append(time.perf_counter() - w)
+            c0, c1, w0, w1 = (CPU_DECODE / statistics.median(t) for t in (*cpu, *wall))
+            print(
+                f"{'LLaMA 110M ' + qtype + ' decode':24s} {c0:13.1f} {c1:10.1f} {c0 / c1:5.2f}x {w0:14.1f} {w1:10.1f}"
+                f" {w0 / w1:5.2f}x",
+                flush=True,
+            )
+
+
 def bench_speed(formats: list[str]) -> None:
     from fusegrad.models.llama import Llama
 
@@ -82,11 +130,8 @@ def bench_speed(formats: list[str]) -> None:
                 llm.eval(prompt[:n])
                 llamacpp_last_logits(llm)
 
-            def theirs_decode():  # greedy, one token at a time through the KV cache, as generate() does
-                llm.reset()
-                llm.eval(prompt[:4])
-                for _ in range(DECODE - 1):
-                    llm.eval([int(llamacpp_last_logits(llm).argmax())])
+            def theirs_decode():
+                llamacpp_decode(llm, prompt, DECODE)
 
             cases = [(lambda n=n, f=f: f(n), n) for n in PROMPTS for f in (ours_prefill, theirs_prefill)]
             cases += [(ours_decode, DECODE), (theirs_decode, DECODE)]
@@ -173,8 +218,8 @@ def main() -> None:
         sys.exit("this bench needs llama-cpp-python: pip install llama-cpp-python (builds llama.cpp from source)")
     torch.set_num_threads(NUM_CPU_THREADS.value)
     print(f"threads: {NUM_CPU_THREADS.value} each side, machine load average {os.getloadavg()[0]:.1f}")
-    cases = {"speed": bench_speed, "accuracy": bench_accuracy}
-    for name in args or list(cases):
+    cases = {"speed": bench_speed, "accuracy": bench_accuracy, "decode-cpu": bench_decode_cpu}
+    for name in args or ["speed", "accuracy"]:
         if name not in cases:
             sys.exit(f"unknown case {name!r}; cases: {', '.join(cases)}")
         cases[name](formats)

@@ -5,9 +5,10 @@ fusegrad runs x (1, cols) @ W.T with W a QuantizedMatrix (its planes, dequantize
 by TinyJit as a decode step is; numpy and torch (on as many threads) run the same matvec on the dequantized float32
 weight, which reads 4 bytes per weight where the quantized one reads 0.5-1.1. The cases run interleaved in rounds
 (a change in the machine's load touches them alike); each figure is a median, the ratio reference / fusegrad
-(>1 means fusegrad is faster), GB/s counts the quantized bytes fusegrad reads. Where the target has 8-bit dot
-products (Q8_0 on a VNNI CPU) fusegrad's matvec quantizes x to 8 bits per block; "float path" is the same matrix
-multiplied in float (QUANT_DOT=0), and "vs float" its time over the default's (>1: the default is faster)."""
+(>1 means fusegrad is faster), GB/s counts the quantized bytes fusegrad reads. Where the target has integer dot
+products (Q8_0 and Q4_K on a VNNI CPU, or on AVX2 with the 8-bit values held in int16) fusegrad's matvec quantizes
+x to 8 bits per block; "float path" is the same matrix multiplied in float (QUANT_DOT=0), and "vs float" its time
+over the default's (>1: the default is faster)."""
 
 from __future__ import annotations
 

@@ -318,6 +318,13 @@ def int8_dot(device: str) -> bool:
     return device_capabilities(device).int8_dot
 
 
+def int16_dot(device: str) -> bool:
+    """Whether device's kernels multiply pairs of 16-bit integers into 32-bit sums in one instruction (its
+    renderer's `int16_dot`): without int8_dot, a quantized matvec then quantizes its activations to 8-bit values held
+    in 16 bits."""
+    return device_capabilities(device).int16_dot
+
+
 def panel_columns(device: str, itemsize: int = 4) -> int:
     """Columns of a packed weight panel on device: two of its vectors of itemsize-byte elements (the register tile's
     width); 0 where the device's kernels do not gain from panels (its renderer's `weight_panels`). A plain matmul's

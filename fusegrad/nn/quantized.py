@@ -292,16 +292,17 @@ QUANT_FORMATS: dict[int, QuantFormat] = {
 MAX_PARTS = 48
 
 
-def quantize_blocks(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """x (n, cols) as llama.cpp's 8-bit activations: per block of 32, (xq (n, blocks, 32) int8, the scale
-    (n, blocks) float32 with x ~ scale * xq, the sum of xq (n, blocks) as float32). Each is realized by its own kernel
+def quantize_blocks(x: Tensor, dtype: DType = dtypes.int8) -> tuple[Tensor, Tensor, Tensor]:
+    """x (n, cols) as llama.cpp's 8-bit activations: per block of 32, (xq (n, blocks, 32) values -127..127 held in
+    dtype (int8, or int16 for a target that multiplies 16-bit pairs: see dot_activations), the scale (n, blocks)
+    float32 with x ~ scale * xq, the sum of xq (n, blocks) as float32). Each is realized by its own kernel
     (a matvec reads them once per weight row), and each holds what the matvec would otherwise compute per row (a
     Python number in a kernel is a buffer load, which hides its value from the C renderer's overflow proof)."""
     xb = x.cast(dtypes.float32).reshape(x.shape[0], -1, 32)
     xs = (xb.abs().max(-1) * (1 / 127)).contiguous()
     scaled = (xs > 0).unsqueeze(-1).where(xb / xs.unsqueeze(-1), 0.0)
     # rounded half away from zero by the truncating cast (round()'s ties-to-even is ~30 ops a value, unvectorized)
-    xq = (scaled + (scaled < 0).where(-0.5, 0.5)).cast(dtypes.int8).contiguous()
+    xq = (scaled + (scaled < 0).where(-0.5, 0.5)).cast(dtype).contiguous()
     return xq, xs, xq.cast(dtypes.int32).sum(-1).cast(dtypes.float32).contiguous()
 
 
@@ -312,6 +313,14 @@ def _q8_0_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) 
     isum = (wu.reshape(1, rows, -1, 32).cast(dtypes.int32) * xq.unsqueeze(1).cast(dtypes.int32)).sum(-1)
     true = isum.cast(dtypes.float32) - xsum.unsqueeze(1) * 128
     return (true * (ws.cast(dtypes.float32).unsqueeze(0) * xs.unsqueeze(1))).sum(-1)
+
+
+def _q8_0_signed_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) -> Tensor:
+    # 16-bit activations: the weights stay signed (widened by vpmovsxbw), so no 128 * sum(xq) comes off a block
+    w, ws = planes
+    rows = w.shape[0]
+    isum = (w.reshape(1, rows, -1, 32).cast(dtypes.int32) * xq.unsqueeze(1).cast(dtypes.int32)).sum(-1)
+    return (isum.cast(dtypes.float32) * (ws.unsqueeze(0) * xs.unsqueeze(1))).sum(-1)
 
 
 def _q4_k_dot(planes: tuple[Tensor, ...], xq: Tensor, xs: Tensor, xsum: Tensor) -> Tensor:
@@ -366,44 +375,86 @@ DOT_FORMATS: dict[int, DotFormat] = {
 }
 
 
-def _format_of(ggml_type: int, integer: bool) -> QuantFormat:
-    """The planes' format: DOT_FORMATS' for integer planes, else QUANT_FORMATS'."""
-    return DOT_FORMATS[ggml_type].format if integer else QUANT_FORMATS[ggml_type]
+def dot_activations(device: str) -> DType | None:
+    """The dtype an integer matvec on device holds its 8-bit activations in: int8 where its kernels have 8-bit dot
+    products (`int8_dot`); int16 where they multiply 16-bit pairs into 32-bit sums (`int16_dot`: GCC widens 8-bit
+    weights and finds vpmaddwd against 16-bit activations, but multiplies two 8-bit operands in 16-bit lanes and
+    widens each product); None: no integer matvec pays, the float one is used."""
+    from fusegrad.engine.realize import int8_dot, int16_dot  # the engine entry points the tensor has loaded
+
+    if int8_dot(device):
+        return dtypes.int8
+    return dtypes.int16 if int16_dot(device) else None
+
+
+# the formats a matvec multiplies against 16-bit activations (int16_dot), where they differ from DOT_FORMATS': Q8_0
+# keeps its signed values, with its scales as float32 (a float16 scale is two more instructions per block of 32 in
+# a sum bound by instructions, not bytes)
+INT16_DOT_FORMATS: dict[int, DotFormat] = {
+    8: DotFormat(
+        QuantFormat(
+            1,
+            32,
+            lambda b: (b[:, 2:34].bitcast(dtypes.int8).contiguous(), _f16_at(b, 0).contiguous()),
+            QUANT_FORMATS[8].values,
+            QUANT_FORMATS[8].scales,
+        ),
+        _q8_0_signed_dot,
+    ),
+}
+
+
+def _dot_format(ggml_type: int, activations: DType) -> DotFormat:
+    return (INT16_DOT_FORMATS if activations == dtypes.int16 else {}).get(ggml_type, DOT_FORMATS[ggml_type])
+
+
+def _format_of(ggml_type: int, integer: bool, activations: DType = dtypes.int8) -> QuantFormat:
+    """The planes' format: the dot format's for integer planes, else QUANT_FORMATS'."""
+    return _dot_format(ggml_type, activations).format if integer else QUANT_FORMATS[ggml_type]
 
 
 class QuantizedMatrix:
     """A (rows, cols) quantized weight as planes (see the module doc), made once from its GGML blocks.
     `matvec(x)` is x @ W.T for x (n, cols) in one kernel that reads the planes; `dequantize()` is W in float32.
-    On a target with 8-bit dot products (`int8_dot`) a format in DOT_FORMATS multiplies x quantized to 8 bits per
-    block of 32 (quantize_blocks) instead, in integers, as llama.cpp does."""
+    On a target with integer dot products (`dot_activations`) a format in DOT_FORMATS multiplies x quantized to 8 bits
+    per block of 32 (quantize_blocks) instead, in integers, as llama.cpp does."""
 
     def __init__(
-        self, name: str, ggml_type: int, shape: tuple[int, int], planes: tuple[Tensor, ...], integer: bool = False
+        self,
+        name: str,
+        ggml_type: int,
+        shape: tuple[int, int],
+        planes: tuple[Tensor, ...],
+        integer: bool = False,
+        activations: DType = dtypes.int8,
     ):
-        """integer: the planes are DOT_FORMATS' (a decode row is multiplied in integer dot products)."""
+        """integer: the planes are DOT_FORMATS' (a decode row is multiplied in integer dot products); activations:
+        the dtype that matvec's quantized x is held in (dot_activations)."""
         self.name, self.ggml_type, self.shape, self.planes, self.integer = name, ggml_type, shape, planes, integer
-        self.format = _format_of(ggml_type, integer)
+        self.activations = activations
+        self.format = _format_of(ggml_type, integer, activations)
         self.groups = shape[1] // self.format.group
 
     @staticmethod
-    def from_ggml(w: GGMLQuantized, int8: bool | None = None) -> QuantizedMatrix:
-        """int8: the integer planes, where the format has them (None: where also the target has 8-bit dot products
-        and QUANT_DOT is on)."""
+    def from_ggml(w: GGMLQuantized, int8: bool | None = None, activations: DType | None = None) -> QuantizedMatrix:
+        """int8: the integer planes, where the format has them (None: where also the target has integer dot products,
+        `dot_activations`, and QUANT_DOT is on); activations: their matvec's activation dtype (None: the target's,
+        int8 where it has none)."""
         if len(w.shape) != 2:
             raise ValueError(f"{w.name}: a quantized matrix is 2-D, got shape {w.shape}")
         if w.ggml_type not in QUANT_FORMATS:
             raise ValueError(f"{w.name}: no quantized matrix for {w.type_name}; supported: {_names()}")
         rows = w.shape[0]
         blocks = _on_compute_device(w.blocks).reshape(-1, GGML_TYPES[w.ggml_type][2])
+        target = dot_activations(blocks.device)
         if int8 is None:
-            from fusegrad.engine.realize import int8_dot  # the engine entry point the tensor has loaded
-
-            int8 = bool(QUANT_DOT.value) and int8_dot(blocks.device)
+            int8 = bool(QUANT_DOT.value) and target is not None
         integer = int8 and w.ggml_type in DOT_FORMATS and w.shape[1] % 32 == 0
-        fmt = _format_of(w.ggml_type, integer)
+        activations = activations or target or dtypes.int8
+        fmt = _format_of(w.ggml_type, integer, activations)
         # each plane holds rows in order: the first dim of its (blocks, ...) shape splits into rows
         planes = tuple(p.reshape(rows, -1).realize() for p in fmt.planes(blocks))
-        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer)  # type: ignore[arg-type]
+        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer, activations)  # type: ignore[arg-type]
 
     @property
     def type_name(self) -> str:
@@ -456,7 +507,8 @@ class QuantizedMatrix:
         if x.ndim != 2 or x.shape[1] != self.shape[1]:
             raise ValueError(f"{self.name}: x of shape {x.shape} cannot multiply a weight of shape {self.shape}")
         if self.integer:
-            return DOT_FORMATS[self.ggml_type].matvec(self.planes, *(blocks or quantize_blocks(x)))
+            dot = _dot_format(self.ggml_type, self.activations)
+            return dot.matvec(self.planes, *(blocks or quantize_blocks(x, self.activations)))
         fmt, w, x = self.format, self._weights(), x.cast(dtypes.float32)
         if fmt.x_order is not None:
             xg = fmt.x_order(x, self.groups)

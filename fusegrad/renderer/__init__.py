@@ -38,6 +38,10 @@ class Capabilities:
     # the target multiplies 8-bit integers into 32-bit sums in one instruction (x86 VNNI vpdpbusd, Arm sdot), which
     # its compiler finds in a plain sum of 8-bit products: a quantized matvec then quantizes its activations to 8 bits
     int8_dot: bool = False
+    # the target multiplies pairs of 16-bit integers into 32-bit sums in one instruction (x86 AVX2 vpmaddwd), which its
+    # compiler finds in a plain sum of 8-bit by 16-bit products: without int8_dot, a quantized matvec then quantizes
+    # its activations to 8-bit values held in 16 bits
+    int16_dot: bool = False
 
     def lanes(self, dtype: DType) -> int:
         """Elements of dtype in one vector register (at least 1)."""

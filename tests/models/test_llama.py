@@ -158,6 +158,20 @@ def test_quantized_matrix_values_match_gguf_dequantize(qtype, n):
     np.testing.assert_allclose(linear(Tensor(x)).numpy(), want, rtol=0, atol=tol * np.abs(want).max())
 
 
+@pytest.mark.parametrize("rows_few", [False, True])
+@pytest.mark.parametrize("n", [1, 3, 40])
+def test_a_float_linear_in_either_layout_equals_numpy(rows_few, n):
+    """A float W kept (in, out) for chunks or as stored, (out, in), for a layer of a few rows (the output
+    projection): x @ W.T + b either way."""
+    rng = np.random.default_rng(n)
+    w, b = rng.standard_normal((96, 160)).astype(np.float32), rng.standard_normal(96).astype(np.float32)
+    linear = QuantLinear(Tensor(w), Tensor(b), rows_few=rows_few)
+    assert linear.weight.shape == ((96, 160) if rows_few else (160, 96))
+    x = rng.standard_normal((n, 160)).astype(np.float32)
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    np.testing.assert_allclose(linear(Tensor(x)).numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("qtype,cols", [("Q8_0", 1600), ("Q8_0", 2048), ("Q4_0", 1600), ("Q4_K", 2048)])
 def test_quantized_matvec_folds_groups_of_any_count(qtype, cols):
     """Groups fold into the inner loop by the largest divisor of their count that fits MAX_PARTS (50 groups of 32: 25,

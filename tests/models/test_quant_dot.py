@@ -1,6 +1,7 @@
 """The integer dot-product matvec of Q8_0 and Q4_K weights (activations quantized to 8 bits per block of 32, as
-llama.cpp's Q8 activations) against numpy, and the C kernel it renders to: plain signed sums of 8-bit products,
-which GCC turns into vpdpbusd where the target has VNNI."""
+llama.cpp's Q8 activations, held in int8 or int16) against numpy, and the C kernel it renders to: plain signed sums
+of integer products, which GCC turns into vpdpbusd where the target has VNNI (int8 activations) and into vpmaddwd on
+AVX2 (int16 activations)."""
 
 import subprocess
 
@@ -15,7 +16,8 @@ from gguf_models import _stored  # noqa: E402
 
 from fusegrad import GlobalCounters, Tensor  # noqa: E402
 from fusegrad.codegen import lower_to_linear  # noqa: E402
-from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, quantize_blocks  # noqa: E402
+from fusegrad.dtype import dtypes  # noqa: E402
+from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, dot_activations, quantize_blocks  # noqa: E402
 from fusegrad.runtime.device import Device  # noqa: E402
 from fusegrad.runtime.ops_cpu import find_compiler, kernel_flags  # noqa: E402
 from fusegrad.schedule import create_schedule  # noqa: E402
@@ -23,14 +25,16 @@ from fusegrad.uop.ops import Ops  # noqa: E402
 
 
 def _integer_matrix(
-    rows: int, cols: int, device: str, seed: int = 0, qtype: str = "Q8_0"
+    rows: int, cols: int, device: str, seed: int = 0, qtype: str = "Q8_0", activations=dtypes.int8
 ) -> tuple[QuantizedMatrix, np.ndarray]:
-    """A matrix of random weights in qtype (Q8_0: quantized by gguf; K-quants: random blocks) on its integer planes."""
+    """A matrix of random weights in qtype (Q8_0: quantized by gguf; K-quants: random blocks) on its integer planes,
+    its matvec's activations held in `activations`."""
     qt = GGMLQuantizationType[qtype]
     rng = np.random.default_rng(seed)
     raw, meant = _stored(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qt, rng)
     blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1]), device=device).realize()
-    return QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (rows, cols), blocks), int8=True), meant
+    w = GGMLQuantized("w", int(qt), (rows, cols), blocks)
+    return QuantizedMatrix.from_ggml(w, int8=True, activations=activations), meant
 
 
 def _numpy_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -41,14 +45,15 @@ def _numpy_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.trunc(scaled + np.where(scaled < 0, -0.5, 0.5)).astype(np.int8), xs
 
 
-@pytest.mark.parametrize("device", ["CPU", "LLVM"])
-def test_quantize_blocks_equals_numpy(device):
+@pytest.mark.parametrize("device, dtype", [("CPU", dtypes.int8), ("CPU", dtypes.int16), ("LLVM", dtypes.int8)])
+def test_quantize_blocks_equals_numpy(device, dtype):
     if device == "LLVM":
         pytest.importorskip("llvmlite")
     x = np.random.default_rng(0).standard_normal((2, 96)).astype(np.float32)
     x[1, 32:64] = 0  # an all-zero block: scale 0, values 0
-    xq, xs, xsum = quantize_blocks(Tensor(x, device=device))
+    xq, xs, xsum = quantize_blocks(Tensor(x, device=device), dtype)
     want_q, want_s = _numpy_blocks(x)
+    assert xq.dtype == dtype
     np.testing.assert_array_equal(xq.numpy(), want_q)
     np.testing.assert_allclose(xs.numpy(), want_s, rtol=1e-7)
     np.testing.assert_array_equal(xsum.numpy(), want_q.astype(np.int64).sum(-1))
@@ -59,16 +64,19 @@ CASES = [("Q8_0", 1, 48, 768), ("Q8_0", 2, 37, 64), ("Q8_0", 1, 5, 2048), ("Q4_K
 
 
 @pytest.mark.parametrize(
-    "device, qtype, n, rows, cols",
-    [("CPU", *c) for c in CASES]
-    + [("CPU", "Q4_K", 1, 5, 2048)]
-    + [("LLVM", *c) for c in CASES[:2] + CASES[4:]]
-    + [pytest.param("LLVM", *c, marks=pytest.mark.slow) for c in CASES[2:4]],
+    "device, activations, qtype, n, rows, cols",
+    [("CPU", dtypes.int8, *c) for c in CASES]
+    + [("CPU", dtypes.int16, *c) for c in CASES]
+    + [("CPU", dtypes.int8, "Q4_K", 1, 5, 2048), ("CPU", dtypes.int16, "Q4_K", 1, 5, 2048)]
+    + [("LLVM", dtypes.int8, *c) for c in CASES[:2] + CASES[4:]]
+    + [pytest.param("LLVM", dtypes.int8, *c, marks=pytest.mark.slow) for c in CASES[2:4]],
 )
-def test_integer_matvec_equals_dequantized_float_math_within_the_activation_error(device, qtype, n, rows, cols):
+def test_integer_matvec_equals_dequantized_float_math_within_the_activation_error(
+    device, activations, qtype, n, rows, cols
+):
     if device == "LLVM":
         pytest.importorskip("llvmlite")
-    q, meant = _integer_matrix(rows, cols, device, seed=rows, qtype=qtype)
+    q, meant = _integer_matrix(rows, cols, device, seed=rows, qtype=qtype, activations=activations)
     assert q.integer
     np.testing.assert_array_equal(q.dequantize().numpy(), meant)  # the unsigned planes still mean the same weight
     x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
@@ -84,30 +92,34 @@ def test_integer_matvec_equals_dequantized_float_math_within_the_activation_erro
     assert np.all(np.abs(got - want) <= bound + 1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("activations", [dtypes.int8, dtypes.int16])
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
 @pytest.mark.parametrize("n", [1, 8])
-def test_the_integer_matvec_is_one_kernel_after_the_activations_three(qtype, n):
+def test_the_integer_matvec_is_one_kernel_after_the_activations_ones(qtype, n, activations):
     # 8 rows (a short prompt's chunk) of a weight large enough that the scheduler would realize an unpacked copy of
     # it rather than unpack it again per row: the matvec still reads the packed bytes
-    q, _ = _integer_matrix(1024, 1536, "CPU", qtype=qtype)
+    q, _ = _integer_matrix(1024, 1536, "CPU", qtype=qtype, activations=activations)
     x = Tensor(np.random.default_rng(1).standard_normal((n, 1536)).astype(np.float32)).realize()
     GlobalCounters.reset()
     q.matvec(x).realize()
-    assert GlobalCounters.kernel_count == 4  # scale, values, value sums of x; the matvec
+    # scale, values (and value sums, but for Q8_0's signed weights against 16-bit activations) of x; the matvec
+    sums = not (qtype == "Q8_0" and activations == dtypes.int16)
+    assert GlobalCounters.kernel_count == 3 + sums
 
 
-def _matvec_source(qtype: str = "Q8_0") -> str:
+def _matvec_source(qtype: str = "Q8_0", activations=dtypes.int8) -> str:
     q, _ = _integer_matrix(64, 512, "CPU", qtype=qtype)
-    xq, xs, xsum = (t.realize() for t in quantize_blocks(Tensor.ones(1, 512).contiguous().realize()))
+    xq, xs, xsum = (t.realize() for t in quantize_blocks(Tensor.ones(1, 512).contiguous().realize(), activations))
     out = q.matvec(Tensor.ones(1, 512), (xq, xs, xsum))
     (item,) = [i for i in create_schedule([out.uop], [Device["CPU"]])[0] if i.ast.op is Ops.SINK]
     return Device["CPU"].render(lower_to_linear(item.ast, Device["CPU"].renderer))
 
 
+@pytest.mark.parametrize("activations", [dtypes.int8, dtypes.int16])
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
-def test_the_sum_of_8_bit_products_renders_as_plain_signed_c(qtype):
+def test_the_sum_of_8_bit_products_renders_as_plain_signed_c(qtype, activations):
     # no unsigned wrapping and no simd pragma on it: GCC's loop vectorizer then finds the dot product
-    src = _matvec_source(qtype)
+    src = _matvec_source(qtype, activations)
     lines = [ln for ln in src.splitlines() if ln.strip().startswith(("acc1 = ", "acc2 = "))]
     assert lines and all("unsigned" not in ln and "*" in ln for ln in lines), lines
     assert "reduction(+:acc" not in src
@@ -125,6 +137,18 @@ def test_the_c_kernel_runs_vpdpbusd_where_the_target_has_vnni(qtype):
     assert "vpdpbusd" in asm or "sdot" in asm or "udot" in asm  # x86 VNNI, Arm's dot products
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_the_c_kernel_runs_vpmaddwd_on_16_bit_activations_where_the_target_has_int16_dot(qtype):
+    if not Device["CPU"].renderer.capabilities.int16_dot:
+        pytest.skip("this CPU has no 16-bit pair product instruction the compiler targets")
+    cc = find_compiler()
+    src = _matvec_source(qtype, dtypes.int16)
+    asm = subprocess.run(
+        [cc, *kernel_flags(cc, src), "-S", "-x", "c", "-", "-o", "-"], input=src, capture_output=True, text=True
+    ).stdout
+    assert "vpmaddwd" in asm
+
+
 def _matrix(qtype: str, int8: bool | None) -> QuantizedMatrix:
     qt = GGMLQuantizationType[qtype]
     rng = np.random.default_rng(0)
@@ -137,11 +161,28 @@ def test_formats_without_an_integer_path_keep_the_float_one():
     assert _matrix("Q6_K", int8=True).integer is False
 
 
+@pytest.mark.parametrize(
+    "int8_dot, int16_dot, activations",
+    [(True, True, dtypes.int8), (True, False, dtypes.int8), (False, True, dtypes.int16), (False, False, None)],
+)
+def test_the_activations_dtype_follows_the_targets_integer_products(int8_dot, int16_dot, activations, monkeypatch):
+    from fusegrad.engine import realize
+
+    monkeypatch.setattr(realize, "int8_dot", lambda device: int8_dot)
+    monkeypatch.setattr(realize, "int16_dot", lambda device: int16_dot)
+    assert dot_activations("CPU") == activations
+    q = _matrix("Q8_0", int8=None)
+    assert q.integer is (activations is not None)
+    if activations is not None:
+        assert q.activations == activations
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
-def test_a_target_without_8_bit_dot_products_keeps_the_float_path(qtype, monkeypatch):
+def test_a_target_without_integer_dot_products_keeps_the_float_path(qtype, monkeypatch):
     from fusegrad.engine import realize
 
     monkeypatch.setattr(realize, "int8_dot", lambda device: False)
+    monkeypatch.setattr(realize, "int16_dot", lambda device: False)
     q = _matrix(qtype, int8=None)
     assert q.integer is False
     x = np.random.default_rng(1).standard_normal((1, 256)).astype(np.float32)

@@ -103,6 +103,21 @@ def test_the_cpu_has_int8_dot_where_the_compiler_targets_a_dot_product_instructi
     assert ops_cpu.host_capabilities().int8_dot is expected
 
 
+@pytest.mark.parametrize(
+    "macros, expected",
+    [
+        (["__x86_64__", "__AVX__", "__AVX2__"], True),
+        (["__x86_64__", "__AVX512F__", "__AVX2__"], True),
+        (["__x86_64__", "__AVX__"], False),
+        (["__aarch64__", "__ARM_FEATURE_DOTPROD"], False),
+    ],
+)
+def test_the_cpu_has_int16_dot_where_the_compiler_targets_avx2(tmp_path, monkeypatch, macros, expected):
+    cc = fake_compiler(tmp_path, "cc-" + "-".join(m.strip("_") for m in macros), macros)
+    monkeypatch.setattr(ops_cpu, "find_compiler", lambda: cc)
+    assert ops_cpu.host_capabilities().int16_dot is expected
+
+
 def test_host_capabilities_keep_the_dialects_vector_math(monkeypatch):
     monkeypatch.setattr(ops_cpu, "vector_target", lambda cc: (64, 32))
     caps = ops_cpu.host_capabilities()
