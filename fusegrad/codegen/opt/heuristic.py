@@ -14,8 +14,12 @@ from fusegrad.uop.symbolic import linear_terms
 if TYPE_CHECKING:
     from fusegrad.renderer import Capabilities
 
-# accumulators along the output's last dim of a reduce kernel that is not matmul-like (e.g. a column sum)
-COLUMN_UPCASTS = (16, 8, 4)
+# accumulators along the output's last dim of a reduce kernel that is not matmul-like (a column sum, a matvec over an
+# (in, out) weight): up to LATENCY_ACCUMULATORS' worth of vectors, at most COLUMN_MAX_LANES lanes (one thread, AVX2, an
+# F32 LLaMA's decode matvecs with 64 lanes against 16: gate+up 1360 -> 790 us, down 506 -> 384), else 8 or 4 lanes
+COLUMN_VECTORS = (8, 4, 2, 1)
+COLUMN_MAX_LANES = 64
+COLUMN_UPCASTS = (8, 4)
 # the most vectors of lanes a lane-wise sum keeps in accumulators (independent add chains hide the add's latency)
 MAX_LANE_VECTORS = 4
 # a register tile's rows: one broadcast value each, reused by every vector of columns
@@ -313,7 +317,8 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) ->
         # channels: 4x faster)
         return []
     if row is None or not floats:
-        amount = next((up for up in COLUMN_UPCASTS if cols % up == 0 and cols > up), None)
+        ups = [v * width for v in COLUMN_VECTORS if v * width <= COLUMN_MAX_LANES] + list(COLUMN_UPCASTS)
+        amount = next((up for up in ups if cols % up == 0 and cols > up), None)
         return [Opt(OptOps.UPCAST, col, amount)] if amount else []
     # a symbolic reduce counts at its largest for the tile blocks, and is not blocked (its size is not known)
     reduce_size = prod(r.src[0].vmax for r in reduces)

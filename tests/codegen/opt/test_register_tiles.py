@@ -8,7 +8,7 @@ import fusegrad.engine.realize as realize
 from fusegrad import Tensor
 from fusegrad.codegen import lower_to_linear
 from fusegrad.codegen.opt import OptOps
-from fusegrad.codegen.opt.heuristic import LATENCY_ACCUMULATORS
+from fusegrad.codegen.opt.heuristic import COLUMN_MAX_LANES, LATENCY_ACCUMULATORS
 from fusegrad.renderer.c import CRenderer
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
@@ -65,3 +65,12 @@ def test_a_long_reduce_on_16_registers_takes_a_free_tile_over_blocks_of_few_accu
     blocked = any(o.op is OptOps.REDUCE_BLOCK for o in opts)
     assert blocked == (target.capabilities.vector_registers == 32), opts
     np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_matvec_over_an_in_out_weight_keeps_enough_column_accumulators(target):
+    # one input row broadcast against rows of the weight: each vector of columns is one FMA chain, so 16 lanes were
+    # two chains on AVX2 (an F32 LLaMA decode's gate and up matvecs 1.7x slower)
+    x, w = Tensor.rand(1, 768).realize(), Tensor.rand(768, 2048).realize()
+    ups = upcasts(x @ w, target)
+    assert max(ups.values()) == COLUMN_MAX_LANES, ups  # 8 vectors on AVX2, 4 on AVX-512
+    np.testing.assert_allclose((x @ w).numpy(), x.numpy() @ w.numpy(), rtol=1e-4, atol=1e-3)
