@@ -105,6 +105,22 @@ def test_sdpa_masks(kind, blocks, request):
     check(q, k, v, mask, enable_gqa=kv_heads != heads)
 
 
+@pytest.mark.parametrize("blocks", ["one", "many"])
+def test_a_row_that_sees_no_key_is_nan_and_the_others_exact(blocks, request):
+    # its max is -inf: the shift by it must keep the row's probabilities 0, so its output is 0/0 (NaN, as a softmax
+    # over no key is; torch 2.13 writes 0 there instead), and the other rows equal torch's
+    if blocks == "many":
+        request.getfixturevalue("small_blocks")
+    q, k, v = arrays([(1, 2, 9, 16), (1, 2, 7, 16), (1, 2, 7, 16)])
+    mask = np.ones((9, 7), bool)
+    mask[3] = False
+    out = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), attn_mask=Tensor(mask)).numpy()
+    ref = F.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)), attn_mask=torch.tensor(mask)).numpy()
+    assert np.isnan(out[..., 3, :]).all()
+    keep = np.arange(9) != 3
+    np.testing.assert_allclose(out[..., keep, :], ref[..., keep, :], atol=ATOL, rtol=ATOL)
+
+
 @pytest.mark.parametrize("dtype,atol", [(dtypes.float16, 3e-3), (dtypes.bfloat16, 2e-2)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_half_inputs_accumulate_in_float32(dtype, atol, causal, small_blocks):
