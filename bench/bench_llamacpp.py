@@ -79,70 +79,73 @@ def llamacpp_decode(llm, prompt: list[int], n: int) -> None:
         llm.eval([int(llamacpp_last_logits(llm).argmax())])
 
 
+def bench_prompt() -> list[int]:
+    return np.random.default_rng(0).integers(0, LLAMA_SHAPE["vocab_size"], max(PROMPTS)).tolist()
+
+
+def both_models(formats: list[str]):
+    """Per format: (its name, fusegrad's model, llama.cpp's) of one fresh GGUF file, deleted after the caller's turn."""
+    from fusegrad.models.llama import Llama
+
+    for qtype in formats:
+        with tempfile.TemporaryDirectory() as d:
+            path, _ = write_model(d, qtype)
+            model, _ = Llama.from_gguf(path, progress=False)
+            yield qtype, model, load_llamacpp(path)
+
+
 def bench_decode_cpu(formats: list[str]) -> None:
     import statistics
     import time
 
-    from fusegrad.models.llama import Llama
-
-    prompt = np.random.default_rng(0).integers(0, LLAMA_SHAPE["vocab_size"], max(PROMPTS)).tolist()
+    prompt = bench_prompt()
     head = f"{'CPU: fusegrad':>13s} {'llama.cpp':>10s} {'ratio':>6s} {'wall: fusegrad':>14s} {'llama.cpp':>10s}"
     print(f"{'case':24s} {head} {'ratio':>6s}")
-    for qtype in formats:
-        with tempfile.TemporaryDirectory() as d:
-            path, _ = write_model(d, qtype)
-            model, _ = Llama.from_gguf(path, progress=False)
-            llm = load_llamacpp(path)
-            _, ours = fusegrad_cases(model, prompt, CPU_DECODE)
-            sides = [ours, lambda: llamacpp_decode(llm, prompt, CPU_DECODE)]
-            for side in sides:
-                side()  # warm-up: captures, first touches
-            cpu: list[list[float]] = [[], []]
-            wall: list[list[float]] = [[], []]
-            for _ in range(CPU_ROUNDS):
-                for i, side in enumerate(sides):
-                    c, w = time.process_time(), time.perf_counter()
-                    side()
-                    cpu[i].append(time.process_time() - c)
-                    wall[i].append(time.perf_counter() - w)
-            c0, c1, w0, w1 = (CPU_DECODE / statistics.median(t) for t in (*cpu, *wall))
-            print(
-                f"{'LLaMA 110M ' + qtype + ' decode':24s} {c0:13.1f} {c1:10.1f} {c0 / c1:5.2f}x {w0:14.1f} {w1:10.1f}"
-                f" {w0 / w1:5.2f}x",
-                flush=True,
-            )
+    for qtype, model, llm in both_models(formats):
+        _, ours = fusegrad_cases(model, prompt, CPU_DECODE)
+        sides = [ours, lambda: llamacpp_decode(llm, prompt, CPU_DECODE)]
+        for side in sides:
+            side()  # warm-up: captures, first touches
+        cpu: list[list[float]] = [[], []]
+        wall: list[list[float]] = [[], []]
+        for _ in range(CPU_ROUNDS):
+            for i, side in enumerate(sides):
+                c, w = time.process_time(), time.perf_counter()
+                side()
+                cpu[i].append(time.process_time() - c)
+                wall[i].append(time.perf_counter() - w)
+        c0, c1, w0, w1 = (CPU_DECODE / statistics.median(t) for t in (*cpu, *wall))
+        print(
+            f"{'LLaMA 110M ' + qtype + ' decode':24s} {c0:13.1f} {c1:10.1f} {c0 / c1:5.2f}x {w0:14.1f} {w1:10.1f}"
+            f" {w0 / w1:5.2f}x",
+            flush=True,
+        )
 
 
 def bench_speed(formats: list[str]) -> None:
-    from fusegrad.models.llama import Llama
-
-    prompt = np.random.default_rng(0).integers(0, LLAMA_SHAPE["vocab_size"], max(PROMPTS)).tolist()
+    prompt = bench_prompt()
     print(f"{'case':36s} {'fusegrad':>10s} {'llama.cpp':>10s} {'unit':6s} {'ratio':>7s}")
-    for qtype in formats:
-        with tempfile.TemporaryDirectory() as d:
-            path, _ = write_model(d, qtype)
-            model, _ = Llama.from_gguf(path, progress=False)
-            llm = load_llamacpp(path)
-            ours_prefill, ours_decode = fusegrad_cases(model, prompt, DECODE)
+    for qtype, model, llm in both_models(formats):
+        ours_prefill, ours_decode = fusegrad_cases(model, prompt, DECODE)
 
-            def theirs_prefill(n: int):
-                llm.reset()
-                llm.eval(prompt[:n])
-                llamacpp_last_logits(llm)
+        def theirs_prefill(n: int):
+            llm.reset()
+            llm.eval(prompt[:n])
+            llamacpp_last_logits(llm)
 
-            def theirs_decode():
-                llamacpp_decode(llm, prompt, DECODE)
+        def theirs_decode():
+            llamacpp_decode(llm, prompt, DECODE)
 
-            cases = [(lambda n=n, f=f: f(n), n) for n in PROMPTS for f in (ours_prefill, theirs_prefill)]
-            cases += [(ours_decode, DECODE), (theirs_decode, DECODE)]
-            got = interleaved_rates(cases, rounds=3)
-            names = [f"prefill {n}" for n in PROMPTS] + [f"decode {DECODE}"]
-            for name, ours, theirs in zip(names, got[0::2], got[1::2]):
-                print(
-                    f"{'LLaMA 110M ' + qtype + ' ' + name:36s} {ours:10.1f} {theirs:10.1f} {'tok/s':6s} "
-                    f"{ours / theirs:6.2f}x",
-                    flush=True,
-                )
+        cases = [(lambda n=n, f=f: f(n), n) for n in PROMPTS for f in (ours_prefill, theirs_prefill)]
+        cases += [(ours_decode, DECODE), (theirs_decode, DECODE)]
+        got = interleaved_rates(cases, rounds=3)
+        names = [f"prefill {n}" for n in PROMPTS] + [f"decode {DECODE}"]
+        for name, ours, theirs in zip(names, got[0::2], got[1::2]):
+            print(
+                f"{'LLaMA 110M ' + qtype + ' ' + name:36s} {ours:10.1f} {theirs:10.1f} {'tok/s':6s} "
+                f"{ours / theirs:6.2f}x",
+                flush=True,
+            )
 
 
 def log_prob(logits: np.ndarray, text: list[int]) -> float:
