@@ -3,6 +3,7 @@ llama.cpp's Q8 activations, held in int8 or int16) against numpy, and the C kern
 of integer products, which GCC turns into vpdpbusd where the target has VNNI (int8 activations) and into vpmaddwd on
 AVX2 (int16 activations)."""
 
+import platform
 import subprocess
 
 import numpy as np
@@ -125,28 +126,31 @@ def test_the_sum_of_8_bit_products_renders_as_plain_signed_c(qtype, activations)
     assert "reduction(+:acc" not in src
 
 
+def _assembly(src: str, x86_target: str) -> str:
+    """The kernel's assembly for an x86 CPU that has the instruction (only assembled, never run, so the machine that
+    runs the test need not have it); elsewhere for this machine."""
+    cc = find_compiler()
+    flags = list(kernel_flags(cc, src))
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags = [f for f in flags if not f.startswith("-march=")] + [f"-march={x86_target}"]
+    elif not Device["CPU"].renderer.capabilities.int8_dot:
+        pytest.skip("this CPU has no 8-bit dot product instruction")
+    return subprocess.run(
+        [cc, *flags, "-S", "-x", "c", "-", "-o", "-"], input=src, capture_output=True, text=True
+    ).stdout
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
 def test_the_c_kernel_runs_vpdpbusd_where_the_target_has_vnni(qtype):
-    if not Device["CPU"].renderer.capabilities.int8_dot:
-        pytest.skip("this CPU has no 8-bit dot product instruction")
-    cc = find_compiler()
-    src = _matvec_source(qtype)
-    asm = subprocess.run(
-        [cc, *kernel_flags(cc, src), "-S", "-x", "c", "-", "-o", "-"], input=src, capture_output=True, text=True
-    ).stdout
+    asm = _assembly(_matvec_source(qtype), "icelake-server")  # AVX512-VNNI
     assert "vpdpbusd" in asm or "sdot" in asm or "udot" in asm  # x86 VNNI, Arm's dot products
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
 def test_the_c_kernel_runs_vpmaddwd_on_16_bit_activations_where_the_target_has_int16_dot(qtype):
-    if not Device["CPU"].renderer.capabilities.int16_dot:
-        pytest.skip("this CPU has no 16-bit pair product instruction the compiler targets")
-    cc = find_compiler()
-    src = _matvec_source(qtype, dtypes.int16)
-    asm = subprocess.run(
-        [cc, *kernel_flags(cc, src), "-S", "-x", "c", "-", "-o", "-"], input=src, capture_output=True, text=True
-    ).stdout
-    assert "vpmaddwd" in asm
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("vpmaddwd is an x86 instruction")
+    assert "vpmaddwd" in _assembly(_matvec_source(qtype, dtypes.int16), "haswell")  # AVX2
 
 
 def _matrix(qtype: str, int8: bool | None) -> QuantizedMatrix:
