@@ -237,6 +237,7 @@ def test_bias_epilogue_keeps_the_blocked_matmul_and_equals_noopt():
     np.testing.assert_allclose(plain, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # 15 examples of several compiles each: CI
 @settings(max_examples=15, deadline=None)
 @given(data=st.data(), m=SIZES, n=SIZES, k=st.sampled_from([4, 6, 12, 64]))
 def test_every_reduce_block_under_an_epilogue_equals_noopt(data, m, n, k):

@@ -141,6 +141,7 @@ def build(tree, variables):
     return (args[0] < UOp.const(dtypes.int32, 0)).where(args[1], args[2])
 
 
+@pytest.mark.slow  # 300 random expressions, 6 s: CI (the README's test line stays under 10 minutes cold)
 @settings(max_examples=300, deadline=None)
 @given(expressions(), st.lists(st.integers(1, 12), min_size=3, max_size=3), st.data())
 def test_fuzz_simplified_expression_evaluates_like_original(tree, sizes, data):

@@ -163,6 +163,7 @@ def test_heuristic_opts_equal_noopt_and_python_device(m, k, n, seed):
     np.testing.assert_allclose(got, np.maximum(an.astype(np.float64) @ bn, 0), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # 20 examples of several compiles each: CI
 @settings(max_examples=20, deadline=None)
 @given(data=st.data(), m=SIZES, k=SIZES, n=SIZES)
 def test_every_upcast_equals_noopt(data, m, k, n):
