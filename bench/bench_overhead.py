@@ -18,9 +18,8 @@ import sys
 import time
 import numpy as np
 import torch
-from fusegrad import Context, Tensor, nn
-from fusegrad.nn.optim import SGD
-from fusegrad.nn.state import get_parameters
+from fusegrad import Tensor
+from bench_eager_step import mlp_data, mlp_sgd_step  # this script's folder is on the path
 
 
 def median_seconds(fn, warmup: int = 5, runs: int = 9, repeat: int = 20, clock=time.perf_counter) -> float:
@@ -71,34 +70,12 @@ def chain_of_100() -> tuple[tuple[float, float], ...]:
     )
 
 
-class MLP:
-    def __init__(self):
-        self.l1, self.l2 = nn.Linear(784, 128), nn.Linear(128, 10)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.l2(self.l1(x).relu())
-
-
 def mlp_step(threads: int = 2, fresh: bool = True) -> tuple[tuple[float, float], ...]:
     rng = np.random.default_rng(0)
-    data, labels = rng.standard_normal((4096, 784), dtype=np.float32), rng.integers(0, 10, 4096).astype(np.int32)
-    model = MLP()
-    opt = SGD(get_parameters(model), lr=0.01)
+    data, labels = mlp_data(rng)
     fixed = rng.integers(0, 4096, 128)
     x, y = Tensor(data[fixed]).realize(), Tensor(labels[fixed]).realize()
-
-    def fusegrad_step():
-        with Context(TRAINING=1, NUM_CPU_THREADS=threads):
-            if fresh:
-                idx = rng.integers(0, 4096, 128)
-                xb, yb = Tensor(data[idx]), Tensor(labels[idx])
-            else:
-                xb, yb = x, y
-            opt.zero_grad()
-            loss = model(xb).sparse_categorical_crossentropy(yb)
-            loss.backward()
-            opt.step()
-            return loss.item()
+    fusegrad_step = mlp_sgd_step(data, labels, rng, threads, None if fresh else (x, y))
 
     torch_model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     torch_opt = torch.optim.SGD(torch_model.parameters(), lr=0.01)
