@@ -88,11 +88,10 @@ def buffer_holding(device: str, size: int, dtype: DType, data: np.ndarray, owned
     """A Buffer holding a copy of host data (of dtype's storage type): in host memory copied now, once, into a block
     the allocator reuses (a copy kept for later is a second copy, into fresh pages every time: a training loop's new
     batch each step); elsewhere kept until the first allocation, copied first unless `owned` (nobody else writes it)."""
+    if type(Device[device].allocator) is not HostAllocator:
+        return Buffer(device, size, dtype, initial=data if owned else np.array(data, copy=True, order="C"))
     buf = Buffer(device, size, dtype)
-    if type(Device[device].allocator) is HostAllocator:
-        buf.copyin(data)
-    else:
-        buf._initial = data if owned else np.array(data, copy=True, order="C")
+    buf.copyin(data)
     return buf
 
 
