@@ -86,6 +86,13 @@ def test_a_compiler_that_cannot_list_its_macros_gives_the_sse2_baseline(tmp_path
     assert ops_cpu.vector_target(fake_compiler(tmp_path, "broken-cc", [], exit_code=1)) == (16, 16)
 
 
+def capabilities_under(tmp_path, monkeypatch, macros: list[str]):
+    """The CPU device's capabilities with a compiler whose -march=native predefines `macros`."""
+    cc = fake_compiler(tmp_path, "cc-" + "-".join(m.strip("_") for m in macros), macros)
+    monkeypatch.setattr(ops_cpu, "find_compiler", lambda: cc)
+    return ops_cpu.host_capabilities()
+
+
 @pytest.mark.parametrize(
     "macros, expected",
     [
@@ -98,9 +105,7 @@ def test_a_compiler_that_cannot_list_its_macros_gives_the_sse2_baseline(tmp_path
 def test_the_cpu_has_int8_dot_where_the_compiler_targets_a_dot_product_instruction(
     tmp_path, monkeypatch, macros, expected
 ):
-    cc = fake_compiler(tmp_path, "cc-" + "-".join(m.strip("_") for m in macros), macros)
-    monkeypatch.setattr(ops_cpu, "find_compiler", lambda: cc)
-    assert ops_cpu.host_capabilities().int8_dot is expected
+    assert capabilities_under(tmp_path, monkeypatch, macros).int8_dot is expected
 
 
 @pytest.mark.parametrize(
@@ -113,9 +118,7 @@ def test_the_cpu_has_int8_dot_where_the_compiler_targets_a_dot_product_instructi
     ],
 )
 def test_the_cpu_has_int16_dot_where_the_compiler_targets_avx2(tmp_path, monkeypatch, macros, expected):
-    cc = fake_compiler(tmp_path, "cc-" + "-".join(m.strip("_") for m in macros), macros)
-    monkeypatch.setattr(ops_cpu, "find_compiler", lambda: cc)
-    assert ops_cpu.host_capabilities().int16_dot is expected
+    assert capabilities_under(tmp_path, monkeypatch, macros).int16_dot is expected
 
 
 def test_host_capabilities_keep_the_dialects_vector_math(monkeypatch):
