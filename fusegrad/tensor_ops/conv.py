@@ -44,6 +44,13 @@ CONV_RELAYOUT_MIN_REDUCE_LARGE, CONV_RELAYOUT_LARGE_OUTPUT = 16, 2**16
 # 16/9; the taps past the kernel multiply zeros) and its windows copied side by side (`_window_columns`) hold at most
 # this many elements: then the copy and a plain matmul of the weight as it is over it cost less
 CONV_PHASE_WASTE, CONV_WINDOW_COLUMNS_MAX = 1.5, 2**22
+# a conv over several taps sums its input channels in blocks of this many, each block's taps and channels in turn: a
+# block's input rows and weights stay in L1 for all its taps, where walking every channel per tap streamed them from
+# L2 once per tap (AVX2, one thread, per kernel: 3x3 convs 256 -> 256 at 56x56 50 -> 76 GFLOPS, 128 -> 128 at
+# 112x112 54 -> 78, 512 -> 512 at 28x28 48 -> 75, 64 -> 64 at 224x224 67 -> 74, 128 -> 32 at 56x56 33 -> 43, a 5x5
+# 96 -> 128 at 28x28 34 -> 64; blocks of 16 ran as fast on the 3x3 convs of 128 or more channels, slower on the 5x5
+# and at 64 channels; 32 and 48 channels the same either way)
+CONV_CHANNEL_BLOCK = 8
 # a stride-1 conv of groups 1 with short rows and at most this many output positions per sample copies its windows
 # into columns too: the flat positions' padding columns and the tiles' last partial vector waste more than the copy
 # (SqueezeNet's 3x3 convs at 13x13 and 27x27, ResNet-50's at 7x7, 14x14 and 28x28, batch 1: 5-20 % faster per conv;
@@ -51,6 +58,9 @@ CONV_PHASE_WASTE, CONV_WINDOW_COLUMNS_MAX = 1.5, 2**22
 # each 8-channel row tile streams all of them: VGG-19's 512 channels at 28x28, 14 MB, ran 3x slower as columns, loaded)
 # and it has at least this many output channels to share the copy (DenseNet's 3x3 convs of 32 outputs took the same
 # time either way, one conv at 28x28 602 vs 589 us, and its model 52 more kernels)
+# ... and its input channels do not form CONV_CHANNEL_BLOCKs: the flat layout summing them in blocks ran faster (AVX2,
+# one thread, per kernel: 3x3 convs 512 -> 512 at 14x14 18.2 -> 11.9 ms, 512 at 7x7 5.9 -> 3.2, 256 at 14x14 4.1 ->
+# 2.9, 32 -> 128 at 27x27 0.77 -> 0.62; 48 -> 192 at 13x13 0.37 either way)
 WINDOW_COLUMNS_MAX_POSITIONS, STRIDE_1_COLUMNS_MAX, WINDOW_COLUMNS_MIN_OUTPUTS = 32 * 32, 2**20, 64
 
 
@@ -171,6 +181,8 @@ def _conv_forward(
     columns = outputs // weight.shape[0] * reduce
     small = prod(outs) <= WINDOW_COLUMNS_MAX_POSITIONS and columns <= STRIDE_1_COLUMNS_MAX
     small = small and weight.shape[0] >= WINDOW_COLUMNS_MIN_OUTPUTS
+    # channels summed in blocks run the flat layout faster than the columns' matmul, and without the copy
+    small = small and _channel_blocks(weight.shape[1], kernel) == (weight.shape[1],)
     # the columns copied from a stored padded input: copied from a padding view, the copy is fused into the matmul
     if reduce >= CONV_RELAYOUT_MIN_REDUCE and n >= 2 and plain and short_rows and small and not _not_stored(padded.uop):
         return _window_columns(padded, weight, stride, acc_dtype, bias, outs)
@@ -189,12 +201,17 @@ def _windows_times_weight(
     n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
     bs, outs = win.shape[0], win.shape[2 : win.ndim - n]
     m = len(outs)
-    # the kernel taps before the input channels: the channels are the innermost, longest reduce loop
-    win = win.reshape((bs, groups, 1, cin_g) + outs + kernel)
-    win = win.permute((0, 1, 2) + tuple(range(4 + m, 4 + m + n)) + (3,) + tuple(range(4, 4 + m)))
-    w = weight.reshape((1, groups, cout // groups, cin_g) + kernel).permute((0, 1, 2) + tuple(range(4, 4 + n)) + (3,))
+    # the kernel taps before the input channels: the channels are the innermost reduce loop; over many taps, the
+    # channels in blocks outside the taps (`_channel_blocks`)
+    chans = _channel_blocks(cin_g, kernel)
+    c = len(chans)
+    win = win.reshape((bs, groups, 1) + chans + outs + kernel)
+    taps, pos = tuple(range(3 + c + m, 3 + c + m + n)), tuple(range(3 + c, 3 + c + m))
+    win = win.permute((0, 1, 2) + tuple(range(3, 2 + c)) + taps + (2 + c,) + pos)
+    w = weight.reshape((1, groups, cout // groups) + chans + kernel)
+    w = w.permute((0, 1, 2) + tuple(range(3, 2 + c)) + tuple(range(3 + c, 3 + c + n)) + (2 + c,))
     w = w.reshape(w.shape + (1,) * m)
-    out = (win * w).sum(tuple(range(3, 4 + n)), dtype=acc_dtype).reshape((bs, groups, cout // groups) + outs)
+    out = (win * w).sum(tuple(range(3, 3 + c + n)), dtype=acc_dtype).reshape((bs, groups, cout // groups) + outs)
     if bias is not None:
         out = out + bias.reshape((1, groups, cout // groups) + (1,) * m)
     if store or (groups > 1 and cout > groups and cin_g * prod(kernel) >= CONV_RELAYOUT_MIN_REDUCE):
@@ -203,6 +220,14 @@ def _windows_times_weight(
         # 5x5 conv, batch 1: no opts at all, 0.2 GFLOPS)
         out = out.contiguous()
     return out.reshape((bs, cout) + outs)
+
+
+def _channel_blocks(cin: int, kernel: tuple[int, ...]) -> tuple[int, ...]:
+    """The input channels as (blocks, CONV_CHANNEL_BLOCK) when a conv over several taps has at least two blocks of
+    them, else (cin,)."""
+    if prod(kernel) > 1 and cin % CONV_CHANNEL_BLOCK == 0 and cin >= 2 * CONV_CHANNEL_BLOCK:
+        return (cin // CONV_CHANNEL_BLOCK, CONV_CHANNEL_BLOCK)
+    return (cin,)
 
 
 def _flat_conv(

@@ -102,14 +102,15 @@ def test_short_rows_run_over_flat_positions_in_vector_tiles(xs, ws, kw, position
 @pytest.mark.parametrize(
     "xs,ws,kw,name",
     [
-        ((1, 64, 7, 7), (64, 64, 3, 3), {"padding": 1}, "r_64_49_576"),  # ResNet-50's 3x3 convs at 7x7
-        ((1, 48, 13, 13), (64, 48, 3, 3), {"padding": 1}, "r_64_169_432"),  # SqueezeNet's at 13x13
-        ((2, 32, 27, 27), (64, 32, 3, 3), {"padding": 1}, "r_2_64_729_288"),  # 27-wide rows, batch 2
+        ((1, 60, 7, 7), (64, 60, 3, 3), {"padding": 1}, "r_64_49_540"),  # 7x7 outputs
+        ((1, 20, 13, 13), (64, 20, 3, 3), {"padding": 1}, "r_64_169_180"),  # 13x13
+        ((2, 12, 27, 27), (64, 12, 3, 3), {"padding": 1}, "r_2_64_729_108"),  # 27-wide rows, batch 2
     ],
 )
 def test_small_stride_1_convs_run_as_a_matmul_over_window_columns(xs, ws, kw, name):
     """A stride-1 conv of short rows, at most WINDOW_COLUMNS_MAX_POSITIONS outputs, at least
-    WINDOW_COLUMNS_MIN_OUTPUTS output channels and at most STRIDE_1_COLUMNS_MAX column elements copies its stored
+    WINDOW_COLUMNS_MIN_OUTPUTS output channels, at most STRIDE_1_COLUMNS_MAX column elements and input channels that
+    form no CONV_CHANNEL_BLOCKs copies its stored
     padded input's windows into columns: its reduce kernel is one matmul (taps x channels by positions, no padding
     column computed), indexes without division and gets a register tile of output channels x vectors of positions;
     values and gradients equal torch's."""
@@ -125,20 +126,41 @@ def test_small_stride_1_convs_run_as_a_matmul_over_window_columns(xs, ws, kw, na
 @pytest.mark.parametrize(
     "xs,ws,name",
     [
-        ((1, 128, 14, 14), (32, 128, 3, 3), "r_32_222_3_3_128"),  # DenseNet's: too few outputs to share the copy
-        ((1, 512, 28, 28), (64, 512, 3, 3), "r_64_838_3_3_512"),  # VGG-19's channels: too many columns
+        ((1, 128, 14, 14), (32, 128, 3, 3), "r_32_222_16_3_3_8"),  # DenseNet's: too few outputs to share the copy
+        ((1, 512, 28, 28), (64, 512, 3, 3), "r_64_838_64_3_3_8"),  # VGG-19's channels: too many columns
+        ((1, 64, 7, 7), (64, 64, 3, 3), "r_64_61_8_3_3_8"),  # ResNet-50's at 7x7: channels in blocks
+        ((1, 48, 13, 13), (64, 48, 3, 3), "r_64_193_6_3_3_8"),  # SqueezeNet's at 13x13: channels in blocks
     ],
 )
-def test_convs_with_few_outputs_or_many_columns_keep_the_flat_layout(xs, ws, name):
+def test_convs_with_few_outputs_many_columns_or_channel_blocks_keep_the_flat_layout(xs, ws, name):
     (info,) = forward_reduce_kernels(xs, ws, {"padding": 1})
     assert info.name == name, info.name
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw,name",
+    [
+        ((1, 24, 32, 32), (16, 24, 3, 3), {"padding": 1}, "r_16_32_32_3_3_3_8"),  # rows of whole tiles: windowed
+        ((2, 16, 9, 9), (8, 16, 3, 3), {"padding": 1}, "r_2_8_97_2_3_3_8"),  # short rows: flat positions
+        ((1, 32, 12, 12), (8, 32, 5, 5), {"padding": 2, "dilation": 1}, "r_8_188_4_5_5_8"),  # a 5x5 conv, flat
+        ((1, 8, 9, 9), (8, 8, 3, 3), {"padding": 1}, "r_8_97_3_3_8"),  # one block: the channels as they are
+        ((1, 20, 9, 9), (8, 20, 3, 3), {"padding": 1}, "r_8_97_3_3_20"),  # channels no block divides
+    ],
+)
+def test_conv_over_taps_sums_its_channels_in_blocks(xs, ws, kw, name):
+    """A conv over several taps with at least two CONV_CHANNEL_BLOCKs of input channels sums them block by block,
+    each block's taps and channels in turn (reduce loops: blocks, taps, the block's channels), so a block's input
+    rows and weights stay in L1 for all its taps; values and gradients equal torch's."""
+    (info,) = forward_reduce_kernels(xs, ws, kw)
+    assert info.name == name, info.name
+    run_case(xs, ws, kw, seed=5)
 
 
 @pytest.mark.parametrize("width", [32, 64])
 def test_rows_of_whole_tiles_keep_the_row_layout(width):
     """A conv whose output rows are whole 32-wide tiles keeps its rows (no crop pass)."""
     (info,) = forward_reduce_kernels((1, 16, width, width), (16, 16, 3, 3), {"padding": 1})
-    assert info.name.startswith(f"r_16_{width}_{width}_3_3_16"), info.name
+    assert info.name.startswith(f"r_16_{width}_{width}_2_3_3_8"), info.name
 
 
 def test_strided_stem_conv_runs_stride_1_over_phases_in_vector_tiles():
