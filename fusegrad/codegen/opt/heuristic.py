@@ -28,10 +28,11 @@ MIN_TILE_ROWS = 4
 # vector registers the tile leaves free: the loaded vectors of the contiguous input and the broadcast row value
 SPARE_REGISTERS = 4
 # accumulators a tile needs to keep two FMA pipes busy past the FMA's latency with room for load stalls: a tile with
-# fewer is worth TOO_FEW_ACCUMULATORS_WORTH (measured on AVX2's 16 registers, one thread: a 1024^2 matmul in 6x2
-# vectors 88 GFLOPS against 61 in 4x2, 2048^2 91 against 62)
+# fewer is worth TOO_FEW_ACCUMULATORS_WORTH, about what it runs at (measured on AVX2's 16 registers, one thread: a
+# 1024^2 matmul in 6x2 vectors 88 GFLOPS against 61 in 4x2, 2048^2 91 against 62; a 3x3 conv of 128 -> 32 channels at
+# 56x56 in 6x2 over its 32 rows, the last tile overlapping, 78 against 46 in 4x2: at 0.9 the 4x2 tile won there)
 LATENCY_ACCUMULATORS = 12
-TOO_FEW_ACCUMULATORS_WORTH = 0.9
+TOO_FEW_ACCUMULATORS_WORTH = 0.7
 # what a block of row tiles reads of the row input per reduce block: it stays in L1 while every column tile reuses
 # it (measured: 32 KiB beats 64 KiB and more by 5-60 % on 1024^2 and 2048^2)
 ROW_BLOCK_BYTES = 32 * 1024

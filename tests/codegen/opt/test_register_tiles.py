@@ -3,6 +3,7 @@ busy past the FMA's latency (LATENCY_ACCUMULATORS) where the registers allow it,
 
 import numpy as np
 import pytest
+import torch
 
 import fusegrad.engine.realize as realize
 from fusegrad import Tensor
@@ -74,3 +75,15 @@ def test_a_matvec_over_an_in_out_weight_keeps_enough_column_accumulators(target)
     ups = upcasts(x @ w, target)
     assert max(ups.values()) == COLUMN_MAX_LANES, ups  # 8 vectors on AVX2, 4 on AVX-512
     np.testing.assert_allclose((x @ w).numpy(), x.numpy() @ w.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_conv_of_few_output_channels_on_16_registers_overlaps_rows_for_enough_accumulators(target):
+    # DenseNet's 3x3 convs of 32 output channels: 4 rows of two vectors divide the rows but are 8 accumulators (46
+    # GFLOPS, one thread); 6 rows, the last tile overlapping, are 12 (78)
+    x, w = Tensor.rand(1, 32, 9, 9).realize(), Tensor.rand(32, 32, 3, 3).realize()
+    out = x.conv2d(w, padding=1)
+    ups = upcasts(out, target)
+    vectors = max(max(ups.values()) // target.capabilities.lanes(x.dtype), 1)
+    assert min(ups.values()) * vectors >= LATENCY_ACCUMULATORS, ups
+    want = torch.nn.functional.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), padding=1).numpy()
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
