@@ -26,6 +26,10 @@ RECOMPUTE_LIMIT = 1 << 22
 # minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
 # Cutting by depth (not by a kernel's node count) cuts every kernel that shares a subgraph at the same nodes
 KERNEL_DEPTH_LIMIT = 1000
+# a gather inside a broadcast expression counts as this many ALU ops: its load at a loaded index keeps the consumer's
+# loop scalar (the BERT ONNX encoder's attention mask, gathered from the input mask and broadcast over 4 heads, was
+# recomputed per score by the softmax's three kernels: 0.5 ms each at 3.6 GFLOPS, one thread)
+GATHER_RECOMPUTE_COST = 256
 
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
@@ -225,7 +229,8 @@ class Planner:
                 or (n is not u and self._stored(n))
                 or any(reads_data.get(s, False) for s in n.src)
             )
-        return sum(1 for n in nodes if n.op in GroupOp.ALU and reads_data[n])
+        gathers = sum(GATHER_RECOMPUTE_COST for n in nodes if n.op is Ops.GATHER and reads_data[n])
+        return gathers + sum(1 for n in nodes if n.op in GroupOp.ALU and reads_data[n])
 
     def _stored(self, u: UOp) -> bool:
         """A node whose kernel reads it from a buffer: a realize point, or one that will be (a contiguous, copy or

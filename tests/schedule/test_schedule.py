@@ -218,3 +218,25 @@ def test_reduce_under_a_cat_is_computed_once_per_element(mats):
     out, n = run_counting(lambda a, b, c: (a @ b.T).cat(a @ c.T, dim=1), a, b, c)
     np.testing.assert_allclose(out, np.concatenate([a @ b.T, a @ c.T], 1), rtol=1e-5, atol=1e-5)
     assert n == 3
+
+
+def test_gathered_mask_broadcast_over_many_scores_is_stored_once():
+    """A gather keeps the loop of the kernel it is fused into scalar: a mask gathered from an input (an exported
+    BERT's attention mask) and broadcast over heads and query rows is computed once into a buffer, and the softmax's
+    kernels read it plainly (GATHER_RECOMPUTE_COST); values equal numpy's."""
+    from fusegrad.schedule import create_schedule
+    from fusegrad.runtime.device import Device
+    from fusegrad.uop.ops import Ops
+
+    rng = np.random.default_rng(3)
+    keep, where = rng.integers(0, 2, 96), rng.integers(-96, 96, 64).astype(np.int32)
+    sn = rng.standard_normal((8, 64, 64), dtype=np.float32)
+    scores, table, index = Tensor(sn).realize(), Tensor(keep).realize(), Tensor(where).realize()
+    mask = (table[index] != 0).where(0.0, -1e9)  # (64,): one per key
+    probs = (scores + mask).softmax(-1)
+    items, _, _ = create_schedule([probs.uop], [Device["CPU"]])
+    gathers = [sum(u.op is Ops.GATHER for u in it.ast.toposort()) > 0 for it in items]
+    assert sum(gathers) == 1 and len(items) > 1, gathers
+    masked = sn + np.where(keep[where] != 0, 0.0, -1e9).astype(np.float32)
+    e = np.exp(masked - masked.max(-1, keepdims=True))
+    np.testing.assert_allclose(probs.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
