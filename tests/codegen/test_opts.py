@@ -221,9 +221,9 @@ def test_beam_searches_unroll_thread_and_padto():
 @pytest.mark.slow  # 6 s of compiles; test_every_reduce_block_under_an_epilogue_equals_noopt stays in the fast run
 def test_bias_epilogue_keeps_the_blocked_matmul_and_equals_noopt():
     rng = np.random.default_rng(5)
-    arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((16, 512), (512, 64), (64,))]
+    arrays = [rng.standard_normal(s, dtype=np.float32) for s in ((24, 512), (512, 64), (64,))]
     a, b, c = (Tensor(x).realize() for x in arrays)
-    plain_opts = lower_to_linear(matmul_ast(16, 512, 64), Device["CPU"].renderer).opts
+    plain_opts = lower_to_linear(matmul_ast(24, 512, 64), Device["CPU"].renderer).opts
     epilogue_opts = lower_to_linear(ast_of(a @ b * 0.5 + c), Device["CPU"].renderer).opts
     assert any(o.op is OptOps.REDUCE_BLOCK for o in epilogue_opts) and epilogue_opts == plain_opts
     with Context(NOOPT=1):
@@ -254,7 +254,7 @@ def test_every_reduce_block_under_an_epilogue_equals_noopt(data, m, n, k):
 @pytest.mark.slow  # a full blocked matmul per sign case: CI (the bias epilogue case stays)
 def test_relu_epilogue_is_blocked_in_vectors_and_keeps_nan_and_zero_sign():
     rng = np.random.default_rng(6)
-    an, bn, cn = (rng.standard_normal(s, dtype=np.float32) for s in ((16, 512), (512, 64), (64,)))
+    an, bn, cn = (rng.standard_normal(s, dtype=np.float32) for s in ((24, 512), (512, 64), (64,)))
     an[2, 5], cn[3] = np.nan, -1e30  # a NaN row; a column far below zero (relu gives +0.0 there)
     fn = lambda a, b, c: (a @ b + c).relu()  # noqa: E731
     a, b, c = (Tensor(x).realize() for x in (an, bn, cn))
@@ -270,7 +270,7 @@ def test_relu_epilogue_is_blocked_in_vectors_and_keeps_nan_and_zero_sign():
         plain = run(fn, [an, bn, cn])
     np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(plain))
-    assert np.isnan(got[2]).all() and (got[:, 3][np.arange(16) != 2] == 0).all()
+    assert np.isnan(got[2]).all() and (got[:, 3][np.arange(24) != 2] == 0).all()
     realize._runners.clear()
     np.testing.assert_allclose(run(fn, [an, bn, cn], "PYTHON"), plain, rtol=1e-5, atol=1e-4)
 
