@@ -51,6 +51,13 @@ CONV_PHASE_WASTE, CONV_WINDOW_COLUMNS_MAX = 1.5, 2**22
 # 96 -> 128 at 28x28 34 -> 64; blocks of 16 ran as fast on the 3x3 convs of 128 or more channels, slower on the 5x5
 # and at 64 channels; 32 and 48 channels the same either way)
 CONV_CHANNEL_BLOCK = 8
+# a stored one-tap conv (a 1x1 over flat positions, the window columns' matmul) summing at least this many inputs per
+# output sums chunks of this many into partials, chunk by chunk, then adds the partials: one chunk of the columns stays
+# in L2 for every register tile, where the whole reduce streamed all columns from L3 once per row tile; the partials'
+# sum costs a pass over chunks x outputs (AVX2, one thread, per conv with the sum: ResNet-50's 3x3 stride-2 conv of
+# 512 channels as columns 6.2 -> 4.1 ms, its 1x1 convs 1024 -> 256 at 14x14 1.69 -> 1.27 ms, 2048 -> 512 at 7x7 2.02
+# -> 1.78, 512 -> 1024 at 14x14 2.77 -> 2.50, Inception's 1024 -> 352 at 7x7 0.64 -> 0.57)
+CONV_CHUNKED_REDUCE_MIN, CONV_REDUCE_CHUNK = 1024, 256
 # a stride-1 conv of groups 1 with short rows and at most this many output positions per sample copies its windows
 # into columns too: the flat positions' padding columns and the tiles' last partial vector waste more than the copy
 # (SqueezeNet's 3x3 convs at 13x13 and 27x27, ResNet-50's at 7x7, 14x14 and 28x28, batch 1: 5-20 % faster per conv;
@@ -201,6 +208,9 @@ def _windows_times_weight(
     n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
     bs, outs = win.shape[0], win.shape[2 : win.ndim - n]
     m = len(outs)
+    if store and groups == 1 and prod(kernel) == 1 and cin_g >= CONV_CHUNKED_REDUCE_MIN:
+        if cin_g % CONV_REDUCE_CHUNK == 0:
+            return _chunked_reduce(win.reshape((bs, cin_g) + outs), weight.reshape((cout, cin_g)), acc_dtype, bias)
     # the kernel taps before the input channels: the channels are the innermost reduce loop; over many taps, the
     # channels in blocks outside the taps (`_channel_blocks`)
     chans = _channel_blocks(cin_g, kernel)
@@ -220,6 +230,20 @@ def _windows_times_weight(
         # 5x5 conv, batch 1: no opts at all, 0.2 GFLOPS)
         out = out.contiguous()
     return out.reshape((bs, cout) + outs)
+
+
+def _chunked_reduce(x: Tensor, weight: Tensor, acc_dtype: Any, bias: Tensor | None) -> Tensor:
+    """(N, K, *out) columns times the (C_out, K) weight as partial sums over chunks of CONV_REDUCE_CHUNK of the
+    reduce, stored chunk-major (N, chunks, C_out, *out), then summed over the chunks: (N, C_out, *out), stored."""
+    (bs, k), outs, cout = x.shape[:2], x.shape[2:], weight.shape[0]
+    chunks, m = k // CONV_REDUCE_CHUNK, len(outs)
+    x = x.reshape((bs, chunks, 1, CONV_REDUCE_CHUNK) + outs)
+    w = weight.reshape((cout, chunks, CONV_REDUCE_CHUNK)).permute(1, 0, 2)
+    w = w.reshape((1, chunks, cout, CONV_REDUCE_CHUNK) + (1,) * m)
+    out = (x * w).sum(3, dtype=acc_dtype).contiguous().sum(1, dtype=acc_dtype)
+    if bias is not None:
+        out = out + bias.reshape((1, cout) + (1,) * m)
+    return out.contiguous()
 
 
 def _channel_blocks(cin: int, kernel: tuple[int, ...]) -> tuple[int, ...]:

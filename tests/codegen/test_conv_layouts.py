@@ -212,7 +212,7 @@ def test_short_reduce_of_a_large_conv_runs_in_vector_tiles(xs, ws, kw, name):
     "xs,ws,kw,name",
     [
         ((1, 128, 56, 56), (128, 128, 3, 3), {"stride": 2, "padding": 1}, "r_128_784_1152"),  # ResNet-50's stages
-        ((1, 512, 14, 14), (512, 512, 3, 3), {"stride": 2, "padding": 1}, "r_512_49_4608"),
+        ((1, 64, 14, 14), (128, 64, 3, 3), {"stride": 2, "padding": 1}, "r_128_49_576"),
         ((2, 16, 9, 12), (32, 16, 3, 3), {"stride": 2}, "r_2_32_20_144"),  # batch 2
     ],
 )
@@ -231,6 +231,32 @@ def test_strided_conv_whose_phases_waste_products_runs_as_a_matmul_over_window_c
     lanes = Device["CPU"].renderer.capabilities.lanes(Tensor.empty(1).dtype)
     ups = {o.axis: o.amount for o in info.opts if o.op is OptOps.UPCAST}
     assert ups.get(2, 1) > 1 and ups.get(3, 1) >= min(lanes, 8), info.opts  # (N, groups, channels, positions)
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw,names",
+    [
+        ((1, 512, 14, 14), (512, 512, 3, 3), {"stride": 2, "padding": 1}, ["r_18_512_49_256", "r_512_49_18"]),
+        ((1, 1024, 14, 14), (256, 1024, 1, 1), {}, ["r_4_256_196_256", "r_256_196_4"]),  # ResNet-50's 1x1 at 14x14
+        ((2, 1024, 3, 5), (8, 1024, 1, 1), {}, ["r_2_4_8_15_256", "r_2_8_15_4"]),  # batch 2
+    ],
+)
+def test_long_reduce_of_a_one_tap_conv_sums_chunks_then_the_partials(xs, ws, kw, names):
+    """A stored one-tap conv (window columns, a 1x1 over flat positions) summing at least CONV_CHUNKED_REDUCE_MIN
+    inputs per output sums chunks of CONV_REDUCE_CHUNK into partials stored chunk-major, then the partials: the
+    first kernel's loops walk the chunks outermost, so one chunk of the columns stays in L2 for every tile."""
+    assert [info.name for info in forward_reduce_kernels(xs, ws, kw)] == names
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw",
+    [
+        ((1, 1024, 5, 5), (16, 1024, 1, 1), {}),  # a 1x1 conv: 4 chunks
+        ((1, 256, 9, 9), (8, 256, 3, 3), {"stride": 2, "padding": 1}),  # window columns: 2304 in 9 chunks
+    ],
+)
+def test_chunked_reduce_forward_and_backward_equal_torch(xs, ws, kw):
+    run_case(xs, ws, kw, seed=6)
 
 
 @pytest.mark.parametrize(
