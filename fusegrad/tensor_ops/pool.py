@@ -125,6 +125,10 @@ class PoolMixin:
         kernel, stride_t, dilation_t, pads, outs, _ = args
         n = len(kernel)
         x = _stored_if_reduced(self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float))
+        if x.numel() >= POOL_STORE_REDUCED_SIZE and any(p != (0, 0) for p in pads):
+            # stored padded: read through the padding, every tap's load is gated and the window loop stays scalar
+            lead = ((0, 0),) * (x.ndim - n)
+            x, args = x.pad(lead + pads).contiguous(), (kernel, stride_t, dilation_t, ((0, 0),) * n) + args[4:]
         total = x._pooled_windows(args, 0).sum(tuple(range(x.ndim, x.ndim + n)), dtype=sum_acc_dtype(x.dtype))
         # the divisor counts the taps inside the input (count_include_pad=False) or inside input + regular padding
         counts = []

@@ -205,6 +205,32 @@ def test_avg_pool(xs, kw, count_include_pad):
     )
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"kernel_size": 3, "stride": 1, "padding": 1},  # Inception's pools
+        {"kernel_size": (3, 2), "stride": 2, "padding": (1, 1), "ceil_mode": True},
+    ],
+)
+@pytest.mark.parametrize("count_include_pad", [True, False])
+def test_large_padded_avg_pool_reads_a_stored_padded_input(kw, count_include_pad):
+    """An avg pool over at least POOL_STORE_REDUCED_SIZE elements with padding stores its padded input first (a
+    copy kernel of the padded shape), so the window sum reads it without a bounds check per tap; values and the
+    gradient equal torch's."""
+    from fusegrad.runtime.device import Device
+    from fusegrad.schedule import create_schedule
+
+    x = Tensor.empty(1, 64, 16, 16)
+    items, _, _ = create_schedule([x.avg_pool2d(**kw).uop], [Device["CPU"]])
+    padded = 64 * (16 + 2) * (16 + 2)
+    assert any(it.buffers[0].size == padded for it in items), [it.buffers[0].size for it in items]
+    compare(
+        lambda x: x.avg_pool2d(count_include_pad=count_include_pad, **kw),
+        lambda x: F.avg_pool2d(x, count_include_pad=count_include_pad, **kw),
+        rand(1, 64, 16, 16),
+    )
+
+
 @pytest.mark.parametrize("xs,kw", POOL_CASES)
 def test_max_pool_with_indices(xs, kw):
     th = F.max_pool1d if _is_1d(kw) else F.max_pool2d
