@@ -131,6 +131,11 @@ class QuantLinear:
         """Whether a decode row multiplies the weight in integer dot products (a sum of per-block sums)."""
         return isinstance(self.weight, QuantizedMatrix) and self.weight.integer
 
+    @property
+    def shares_blocks(self) -> bool:
+        """Whether a decode row's matvec takes x quantized once for every linear reading it (`shared_blocks`)."""
+        return isinstance(self.weight, QuantizedMatrix) and self.weight.shares_blocks
+
     def __call__(self, x: Tensor, blocks: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """blocks: x quantized by `shared_blocks` for the linears that read the same x."""
         w = self.weight
@@ -146,7 +151,7 @@ def shared_blocks(x: Tensor, *linears: QuantLinear) -> tuple[Tensor, Tensor, Ten
     products (each would otherwise quantize it again: its own kernels). Realized here: a KV-cache write realizes k
     and v before q is read, and a CONTIGUOUS realized on the way is not kept (a blocked attention's per-block
     intermediates would then all stay alive), so q's matvec would quantize x again."""
-    if x.shape[0] > MATVEC_MAX_ROWS or not all(lin.integer_dot for lin in linears):
+    if x.shape[0] > MATVEC_MAX_ROWS or not all(lin.shares_blocks for lin in linears):
         return None
     blocks = quantize_blocks(x, linears[0].weight.activations)  # type: ignore[union-attr]  (integer_dot: quantized)
     Tensor.realize(*blocks)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusegrad.dtype import DType, dtypes
-from fusegrad.helpers import QUANT_DOT
+from fusegrad.helpers import QUANT_DOT, QUANT_DOT_AVX2
 from fusegrad.tensor import Tensor
 
 # ggml type -> (name, elements per block, bytes per block); plain types have 1-element blocks
@@ -404,6 +404,14 @@ INT16_DOT_FORMATS: dict[int, DotFormat] = {
 }
 
 
+def _avx2_kernel(device: str, ggml_type: int, cols: int) -> bool:
+    """Whether device's matvec of this type and width runs nn/quantized_avx2.py's kernel (`u8s8_pair_dot`)."""
+    from fusegrad.engine.realize import u8s8_pair_dot  # the engine entry points the tensor has loaded
+    from fusegrad.nn.quantized_avx2 import has_avx2_matvec
+
+    return bool(QUANT_DOT_AVX2.value) and u8s8_pair_dot(device) and has_avx2_matvec(ggml_type, cols)
+
+
 def _dot_format(ggml_type: int, activations: DType) -> DotFormat:
     return (INT16_DOT_FORMATS if activations == dtypes.int16 else {}).get(ggml_type, DOT_FORMATS[ggml_type])
 
@@ -427,11 +435,13 @@ class QuantizedMatrix:
         planes: tuple[Tensor, ...],
         integer: bool = False,
         activations: DType = dtypes.int8,
+        avx2: bool = False,
     ):
         """integer: the planes are DOT_FORMATS' (a decode row is multiplied in integer dot products); activations:
-        the dtype that matvec's quantized x is held in (dot_activations)."""
+        the dtype that matvec's quantized x is held in (dot_activations); avx2: that matvec is the AVX2 kernel of
+        nn/quantized_avx2.py, which quantizes x itself."""
         self.name, self.ggml_type, self.shape, self.planes, self.integer = name, ggml_type, shape, planes, integer
-        self.activations = activations
+        self.activations, self.avx2 = activations, avx2
         self.format = _format_of(ggml_type, integer, activations)
         self.groups = shape[1] // self.format.group
 
@@ -454,11 +464,20 @@ class QuantizedMatrix:
         fmt = _format_of(w.ggml_type, integer, activations)
         # each plane holds rows in order: the first dim of its (blocks, ...) shape splits into rows
         planes = tuple(p.reshape(rows, -1).realize() for p in fmt.planes(blocks))
-        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer, activations)  # type: ignore[arg-type]
+        # on 16-bit activations (no 8-bit dot products) an AVX2 C target takes the hand-written kernel: its planes
+        # are the int16 path's
+        avx2 = integer and activations == dtypes.int16 and _avx2_kernel(blocks.device, w.ggml_type, w.shape[1])
+        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer, activations, avx2)  # type: ignore[arg-type]
 
     @property
     def type_name(self) -> str:
         return GGML_TYPES[self.ggml_type][0]
+
+    @property
+    def shares_blocks(self) -> bool:
+        """Whether matvec takes x quantized by quantize_blocks (made once for the matrices reading the same x); the
+        AVX2 kernel quantizes x itself."""
+        return self.integer and not self.avx2
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.planes)
@@ -506,6 +525,10 @@ class QuantizedMatrix:
         quantized per block (quantize_blocks; `blocks` passes those of this x made once for several matrices)."""
         if x.ndim != 2 or x.shape[1] != self.shape[1]:
             raise ValueError(f"{self.name}: x of shape {x.shape} cannot multiply a weight of shape {self.shape}")
+        if self.avx2:
+            from fusegrad.nn.quantized_avx2 import avx2_matvec
+
+            return avx2_matvec(self.ggml_type, self.planes, x)
         if self.integer:
             dot = _dot_format(self.ggml_type, self.activations)
             return dot.matvec(self.planes, *(blocks or quantize_blocks(x, self.activations)))
