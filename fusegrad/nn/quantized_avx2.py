@@ -144,5 +144,7 @@ def avx2_matvec(ggml_type: int, planes: tuple[Tensor, ...], x: Tensor) -> Tensor
     src = PRELUDE + template.replace("NAME", entry) % {"n": n, "rows": rows, "cols": cols}
     raw = RawKernel(src, entry, items=rows, ops=2 * n * rows * cols)
     out = Tensor.empty(n, rows, dtype=dtypes.float32, device=x.device)
-    inputs = (out, x.cast(dtypes.float32).contiguous(), *(p.contiguous() for p in planes))
+    # no .contiguous(): the scheduler gives the kernel a lazy or strided input as a buffer of its own, and a realized
+    # plane (or a reshape of one) as it is, where .contiguous() would copy it every launch
+    inputs = (out, x.cast(dtypes.float32), *planes)
     return Tensor.custom_kernel(*inputs, fxn=lambda *_: raw)[0]
