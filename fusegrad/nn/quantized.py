@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusegrad.dtype import DType, dtypes
-from fusegrad.helpers import QUANT_DOT, QUANT_DOT_AVX2
+from fusegrad.helpers import QUANT_DOT
 from fusegrad.tensor import Tensor
 
 # ggml type -> (name, elements per block, bytes per block); plain types have 1-element blocks
@@ -406,10 +406,9 @@ INT16_DOT_FORMATS: dict[int, DotFormat] = {
 
 def _avx2_kernel(device: str, ggml_type: int, cols: int) -> bool:
     """Whether device's matvec of this type and width runs nn/quantized_avx2.py's kernel (`u8s8_pair_dot`)."""
-    from fusegrad.engine.realize import u8s8_pair_dot  # the engine entry points the tensor has loaded
-    from fusegrad.nn.quantized_avx2 import has_avx2_matvec
+    from fusegrad.nn.quantized_avx2 import avx2_kernels, has_avx2_matvec
 
-    return bool(QUANT_DOT_AVX2.value) and u8s8_pair_dot(device) and has_avx2_matvec(ggml_type, cols)
+    return avx2_kernels(device) and has_avx2_matvec(ggml_type, cols)
 
 
 def _dot_format(ggml_type: int, activations: DType) -> DotFormat:

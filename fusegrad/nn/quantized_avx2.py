@@ -1,5 +1,6 @@
 """Decode matvecs of Q8_0 and Q4_K weights as raw C kernels of AVX2 intrinsics, for a target whose renderer has
-`u8s8_pair_dot` (the CPU device on an AVX2 x86 without 8-bit dot products).
+`u8s8_pair_dot` (the CPU device on an AVX2 x86 without 8-bit dot products), and of float32 weights kept (in, out)
+as a plain C kernel that streams the weight's rows (rows_matvec; measured on that target only, so chosen there).
 
 Why hand-written: the generated matvec (nn/quantized.py's integer path) reduces each block of 32 products to one
 number before scaling it, so GCC ends every block with a horizontal add and scalar float work (~23 instructions a
@@ -14,6 +15,7 @@ their weight rows over the CPU threads (RawKernel.items). Every other target kee
 from __future__ import annotations
 
 from fusegrad.dtype import dtypes
+from fusegrad.helpers import AVX2_MATVEC
 from fusegrad.tensor import Tensor
 from fusegrad.uop.kernel import RawKernel
 
@@ -127,6 +129,15 @@ void NAME(float* restrict out, const float* restrict x, const unsigned char* res
 }
 """
 
+
+def avx2_kernels(device: str) -> bool:
+    """Whether device's decode matvecs run the kernels here: its renderer's `u8s8_pair_dot` (C for AVX2), unless
+    AVX2_MATVEC=0."""
+    from fusegrad.engine.realize import u8s8_pair_dot  # the engine entry point the tensor has loaded
+
+    return bool(AVX2_MATVEC.value) and u8s8_pair_dot(device)
+
+
 KERNELS = {8: ("q8_0", Q8_0_KERNEL, 32), 12: ("q4_k", Q4_K_KERNEL, 256)}  # ggml type -> (name, source, column step)
 
 
@@ -148,3 +159,44 @@ def avx2_matvec(ggml_type: int, planes: tuple[Tensor, ...], x: Tensor) -> Tensor
     # plane (or a reshape of one) as it is, where .contiguous() would copy it every launch
     inputs = (out, x.cast(dtypes.float32), *planes)
     return Tensor.custom_kernel(*inputs, fxn=lambda *_: raw)[0]
+
+
+# out (N, COLS) = x (N, K) @ W, W (K, COLS) float32 row-major (a float linear's weight kept (in, out)): each item is a
+# run of up to SPAN columns, whose sums stay in an L1 array while W's rows stream past it four at a time. A register
+# tile of columns instead reads one cache line of each of K rows 8 KB apart, which kept a decode step's float
+# matvecs at ~17 GB/s against ~25 GB/s for these sequential rows (768x2048, one thread, Zen 3)
+ROWS_KERNEL = r"""
+void NAME(float* restrict out, const float* restrict x, const float* restrict w, long long start, long long end) {
+  enum { N = %(n)d, K = %(k)d, COLS = %(cols)d, SPAN = %(span)d };
+  for (long long item = start; item < end; item++) {
+    const long long c0 = item * SPAN, width = COLS - c0 < SPAN ? COLS - c0 : SPAN;
+    float acc[N][SPAN] __attribute__((aligned(32)));
+    for (int r = 0; r < N; r++)
+      for (long long j = 0; j < width; j++) acc[r][j] = 0;
+    int i = 0;
+    for (; i + 4 <= K; i += 4) {
+      const float *w0 = w + (long long)i * COLS + c0, *w1 = w0 + COLS, *w2 = w1 + COLS, *w3 = w2 + COLS;
+      for (int r = 0; r < N; r++) {
+        const float x0 = x[r * K + i], x1 = x[r * K + i + 1], x2 = x[r * K + i + 2], x3 = x[r * K + i + 3];
+        for (long long j = 0; j < width; j++) acc[r][j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
+      }
+    }
+    for (; i < K; i++)
+      for (int r = 0; r < N; r++)
+        for (long long j = 0; j < width; j++) acc[r][j] += x[r * K + i] * w[(long long)i * COLS + c0 + j];
+    for (int r = 0; r < N; r++)
+      for (long long j = 0; j < width; j++) out[r * COLS + c0 + j] = acc[r][j];
+  }
+}
+"""
+SPAN = 512  # columns an item sums: 2 KB of each weight row read in sequence, the sums 2 KB of L1 a row of x
+
+
+def rows_matvec(x: Tensor, w: Tensor) -> Tensor:
+    """x (n, k) @ w (k, cols) -> (n, cols) float32 for a few rows of x (a decode step), w float32 (in, out)."""
+    (n, k), cols = x.shape, w.shape[1]
+    entry = f"fg_f32_rows_matvec_{n}_{k}_{cols}"
+    src = ROWS_KERNEL.replace("NAME", entry) % {"n": n, "k": k, "cols": cols, "span": SPAN}
+    raw = RawKernel(src, entry, items=-(-cols // SPAN), ops=2 * n * k * cols)
+    out = Tensor.empty(n, cols, dtype=dtypes.float32, device=x.device)
+    return Tensor.custom_kernel(out, x.cast(dtypes.float32), w.cast(dtypes.float32), fxn=lambda *_: raw)[0]

@@ -16,7 +16,7 @@ from fusegrad import GlobalCounters, Tensor  # noqa: E402
 from fusegrad.dtype import dtypes  # noqa: E402
 from fusegrad.engine.realize import u8s8_pair_dot  # noqa: E402
 from fusegrad.helpers import Context  # noqa: E402
-from fusegrad.nn.quantized_avx2 import KERNELS, PRELUDE  # noqa: E402
+from fusegrad.nn.quantized_avx2 import KERNELS, PRELUDE, SPAN, rows_matvec  # noqa: E402
 from fusegrad.runtime import ops_cpu  # noqa: E402
 from fusegrad.runtime.ops_cpu import find_compiler  # noqa: E402
 from fusegrad.uop.kernel import RawKernel  # noqa: E402
@@ -77,6 +77,18 @@ def test_the_avx2_matvec_is_one_kernel_right_when_split_over_threads(qtype):
     assert GlobalCounters.kernel_count == 1  # x quantized inside it: no kernels of its own
     want = x.astype(np.float64) @ meant.T.astype(np.float64)
     np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=2e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n, k, cols", [(1, 768, 2048), (3, 770, SPAN + 88), (8, 64, 3 * SPAN + 1), (2, 3, 5)])
+def test_the_float_rows_matvec_equals_numpy(n, k, cols, threads):
+    # spans of columns with a short last one, rows of w past the last four, several rows of x
+    rng = np.random.default_rng(k)
+    x, w = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, cols)).astype(np.float32)
+    with Context(NUM_CPU_THREADS=threads):
+        got = rows_matvec(Tensor(x), Tensor(w)).numpy()
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 # each item is written with the start of the chunk it was computed in

@@ -37,7 +37,7 @@ def _integer_matrix(
     raw, meant = _stored(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qt, rng)
     blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1]), device=device).realize()
     w = GGMLQuantized("w", int(qt), (rows, cols), blocks)
-    with Context(QUANT_DOT_AVX2=int(avx2)):
+    with Context(AVX2_MATVEC=int(avx2)):
         return QuantizedMatrix.from_ggml(w, int8=True, activations=activations), meant
 
 
