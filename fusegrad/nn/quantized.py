@@ -219,6 +219,15 @@ def _q4_k_planes(b: Tensor) -> tuple[Tensor, ...]:
     return b[:, 16:144].contiguous(), scale.contiguous(), offset.contiguous()
 
 
+def _q4_k_stored_scales(b: Tensor) -> tuple[Tensor, ...]:
+    """Q4_K's scales as stored, for a matvec that folds them into integer sums (the AVX2 kernel): the 6-bit scale and
+    min of each sub-block of 32 as bytes, and d and dmin of each block of 256 as float32."""
+    s = b[:, 4:16].cast(dtypes.int32)
+    sc = _cat_last(s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)).cast(dtypes.uint8)
+    mins = _cat_last(s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)).cast(dtypes.uint8)
+    return sc.contiguous(), mins.contiguous(), _f16_at(b, 0).contiguous(), _f16_at(b, 2).contiguous()
+
+
 def _q6_k_planes(b: Tensor) -> tuple[Tensor, ...]:
     # per 16 values: scale d*sc, exact in float32 (11-bit times 8-bit); stored in (half, k, l//16) order
     scale = _f16_at(b, 208) * b[:, 192:208].bitcast(dtypes.int8).cast(dtypes.float32)
@@ -466,6 +475,8 @@ class QuantizedMatrix:
         # on 16-bit activations (no 8-bit dot products) an AVX2 C target takes the hand-written kernel: its planes
         # are the int16 path's
         avx2 = integer and activations == dtypes.int16 and _avx2_kernel(blocks.device, w.ggml_type, w.shape[1])
+        if avx2 and w.ggml_type == 12:  # its kernel reads the stored scales (after the planes a prefill reads)
+            planes += tuple(p.reshape(rows, -1).realize() for p in _q4_k_stored_scales(blocks))
         return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer, activations, avx2)  # type: ignore[arg-type]
 
     @property

@@ -34,32 +34,33 @@ static inline int fg_hsum_i32(__m256i v) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
 }
-static void fg_quantize_x(const float* x, i8* xq, float* xs, float* xm, int blocks) {
+/* x (spans * span floats, span 32 or 256) -> xq and one scale a span (xs), rounded as quantize_blocks; sums (if
+   given): each 32 values' sum of xq */
+static void fg_quantize_x(const float* x, i8* xq, float* xs, short* sums, int spans, int span) {
   const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (int b = 0; b < blocks; b++) {
-    __m256 v[4], m = _mm256_setzero_ps();
-    for (int k = 0; k < 4; k++) {
-      v[k] = _mm256_loadu_ps(x + b * 32 + k * 8);
-      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
-    }
+  for (int b = 0; b < spans; b++) {
+    const float* v = x + b * span;
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < span / 8; k++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + k * 8)));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    float s = _mm_cvtss_f32(h) * (float)(1.0 / 127);
+    const float s = _mm_cvtss_f32(h) * (float)(1.0 / 127);
     xs[b] = s;
-    __m256i q[4];
-    for (int k = 0; k < 4; k++) {
-      __m256 scaled = s > 0 ? _mm256_div_ps(v[k], _mm256_set1_ps(s)) : _mm256_setzero_ps();
-      /* half away from zero: trunc(scaled + copysign(0.5, scaled)) */
-      q[k] = _mm256_cvttps_epi32(_mm256_add_ps(scaled, _mm256_or_ps(_mm256_and_ps(scaled, sign), half)));
-    }
-    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    packed = _mm256_permutevar8x32_epi32(packed, order);
-    _mm256_storeu_si256((__m256i*)(xq + b * 32), packed);
-    if (xm) {
-      __m256i wide = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-      xm[b] = s * (float)fg_hsum_i32(wide);
+    for (int g = 0; g < span / 32; g++) {
+      __m256i q[4];
+      for (int k = 0; k < 4; k++) {
+        __m256 val = _mm256_loadu_ps(v + g * 32 + k * 8);
+        __m256 scaled = s > 0 ? _mm256_div_ps(val, _mm256_set1_ps(s)) : _mm256_setzero_ps();
+        /* half away from zero: trunc(scaled + copysign(0.5, scaled)) */
+        q[k] = _mm256_cvttps_epi32(_mm256_add_ps(scaled, _mm256_or_ps(_mm256_and_ps(scaled, sign), half)));
+      }
+      __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      _mm256_storeu_si256((__m256i*)(xq + b * span + g * 32), _mm256_permutevar8x32_epi32(packed, order));
+      if (sums)
+        sums[b * (span / 32) + g] =
+            (short)fg_hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
     }
   }
 }
@@ -72,7 +73,7 @@ void NAME(float* restrict out, const float* restrict x, const i8* restrict w, co
   enum { N = %(n)d, ROWS = %(rows)d, COLS = %(cols)d, BLOCKS = COLS / 32 };
   i8 xq[N][COLS] __attribute__((aligned(32)));
   float xs[N][BLOCKS];
-  for (int i = 0; i < N; i++) fg_quantize_x(x + i * COLS, xq[i], xs[i], 0, BLOCKS);
+  for (int i = 0; i < N; i++) fg_quantize_x(x + i * COLS, xq[i], xs[i], 0, BLOCKS, 32);
   const __m256i ones = _mm256_set1_epi16(1);
   for (long long r = start; r < end; r++) {
     const i8* wr = w + r * COLS;
@@ -94,37 +95,52 @@ void NAME(float* restrict out, const float* restrict x, const i8* restrict w, co
 """
 
 # out (N, ROWS) = x (N, COLS) @ W.T, W's rows as COLS / 2 bytes: chunk c of 32 holds sub-block 2c in its low nibbles
-# and 2c + 1 in its high ones, value scale_s * q + offset_s (float32 planes per sub-block of 32)
+# and 2c + 1 in its high ones, value d * sc_s * q - dmin * m_s (Q4_K as stored: sc and m 6-bit bytes per sub-block,
+# d and dmin float32 per block of 256). x is quantized per 256 (llama.cpp's Q8_K), so vpmaddwd multiplies each
+# sub-block's pair sums by its sc and a block of 256 sums in integers: one convert and FMA a block of 256
 Q4_K_KERNEL = r"""
-void NAME(float* restrict out, const float* restrict x, const unsigned char* restrict w, const float* restrict scale,
-          const float* restrict offset, long long start, long long end) {
-  enum { N = %(n)d, ROWS = %(rows)d, COLS = %(cols)d, BLOCKS = COLS / 32 };
+void NAME(float* restrict out, const float* restrict x, const unsigned char* restrict w,
+          const unsigned char* restrict sc, const unsigned char* restrict mins, const float* restrict d,
+          const float* restrict dmin, long long start, long long end) {
+  enum { N = %(n)d, ROWS = %(rows)d, COLS = %(cols)d, BLOCKS = COLS / 32, SUPERS = COLS / 256 };
   i8 xq[N][COLS] __attribute__((aligned(32)));
-  float xs[N][BLOCKS] __attribute__((aligned(32))), xm[N][BLOCKS] __attribute__((aligned(32)));
-  for (int i = 0; i < N; i++) fg_quantize_x(x + i * COLS, xq[i], xs[i], xm[i], BLOCKS);
-  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(15);
+  float xs[N][SUPERS];
+  short sums[N][BLOCKS] __attribute__((aligned(16)));
+  for (int i = 0; i < N; i++) fg_quantize_x(x + i * COLS, xq[i], xs[i], sums[i], SUPERS, 256);
+  const __m256i low = _mm256_set1_epi8(15);
   for (long long r = start; r < end; r++) {
     const unsigned char* wr = w + r * (COLS / 2);
-    const float *sr = scale + r * BLOCKS, *orow = offset + r * BLOCKS;
     __m256 acc[N];
-    for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps();
-    for (int c = 0; c < BLOCKS / 2; c++) {
-      __m256i q = _mm256_loadu_si256((const __m256i*)(wr + c * 32));
-      __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+    float mins_sum[N];
+    for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps(), mins_sum[i] = 0;
+    for (int s = 0; s < SUPERS; s++) {
+      const long long at = r * BLOCKS + s * 8;
+      const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)(sc + at)));
+      const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)(mins + at)));
+      const __m256i scales = _mm256_broadcastsi128_si256(sc16);
+      const float dd = d[r * SUPERS + s], dm = dmin[r * SUPERS + s];
       for (int i = 0; i < N; i++) {
-        __m256i x0 = _mm256_load_si256((const __m256i*)(xq[i] + c * 64));
-        __m256i x1 = _mm256_load_si256((const __m256i*)(xq[i] + c * 64 + 32));
-        __m256i d0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), ones);
-        __m256i d1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), ones);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(sr[2 * c] * xs[i][2 * c]), acc[i]);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(sr[2 * c + 1] * xs[i][2 * c + 1]), acc[i]);
+        __m256i isum = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+          __m256i q = _mm256_loadu_si256((const __m256i*)(wr + s * 128 + c * 32));
+          __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+          const i8* xb = xq[i] + s * 256 + c * 64;
+          /* sub-block k's scale in every 16-bit lane: bytes 2k, 2k + 1 of the widened scales */
+          __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
+          __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+          __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i*)xb)), s0);
+          __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i*)(xb + 32))), s1);
+          isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+        }
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd * xs[i][s]), acc[i]);
+        /* the mins: dmin * xs * sum_k m_k * sum(xq_k) */
+        __m128i pm = _mm_madd_epi16(m16, _mm_load_si128((const __m128i*)(sums[i] + s * 8)));
+        pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, 0x4e));
+        pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, 0xb1));
+        mins_sum[i] += dm * xs[i][s] * (float)_mm_cvtsi128_si32(pm);
       }
     }
-    /* the offsets: sum over sub-blocks of offset_s * xs_s * sum(xq_s), eight sub-blocks a vector */
-    for (int i = 0; i < N; i++)
-      for (int b = 0; b < BLOCKS; b += 8)
-        acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(orow + b), _mm256_load_ps(xm[i] + b), acc[i]);
-    for (int i = 0; i < N; i++) out[i * ROWS + r] = fg_hsum(acc[i]);
+    for (int i = 0; i < N; i++) out[i * ROWS + r] = fg_hsum(acc[i]) - mins_sum[i];
   }
 }
 """
@@ -157,6 +173,8 @@ def avx2_matvec(ggml_type: int, planes: tuple[Tensor, ...], x: Tensor) -> Tensor
     out = Tensor.empty(n, rows, dtype=dtypes.float32, device=x.device)
     # no .contiguous(): the scheduler gives the kernel a lazy or strided input as a buffer of its own, and a realized
     # plane (or a reshape of one) as it is, where .contiguous() would copy it every launch
+    if ggml_type == 12:  # the packed nibbles and the stored scales (the float32 scale planes are prefill's)
+        planes = planes[:1] + planes[3:]
     inputs = (out, x.cast(dtypes.float32), *planes)
     return Tensor.custom_kernel(*inputs, fxn=lambda *_: raw)[0]
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("gguf", reason="the test extra installs gguf")
 
-from test_quant_dot import _integer_matrix, _numpy_blocks  # noqa: E402
+from test_quant_dot import _integer_matrix  # noqa: E402
 
 from fusegrad import GlobalCounters, Tensor  # noqa: E402
 from fusegrad.dtype import dtypes  # noqa: E402
@@ -22,6 +22,17 @@ from fusegrad.runtime.ops_cpu import find_compiler  # noqa: E402
 from fusegrad.uop.kernel import RawKernel  # noqa: E402
 
 needs_avx2 = pytest.mark.skipif(not u8s8_pair_dot("CPU"), reason="the CPU device's target has no AVX2")
+
+
+SPANS = {"Q8_0": 32, "Q4_K": 256}  # values of x sharing one scale in each kernel's quantized activations
+
+
+def _numpy_spans(x: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """x quantized to 8 bits with one scale per `span` values, rounded as _numpy_blocks does per 32."""
+    xb = x.reshape(x.shape[0], -1, span).astype(np.float32)
+    xs = np.abs(xb).max(-1) * np.float32(1 / 127)
+    scaled = np.divide(xb, xs[..., None], out=np.zeros_like(xb), where=xs[..., None] > 0)
+    return np.trunc(scaled + np.where(scaled < 0, -0.5, 0.5)).astype(np.int8), xs
 
 
 def _avx2_matrix(qtype: str, rows: int, cols: int, seed: int = 0):
@@ -41,12 +52,14 @@ def test_the_avx2_matvec_equals_numpy_on_the_dequantized_weights(qtype, n, rows,
     x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
     x[0, :32] = 0  # an all-zero block: scale 0, values 0
     got = q.matvec(Tensor(x)).numpy()
-    # the same activations quantized in numpy (llama.cpp's rounding): only float32 rounding apart
-    xq, xs = _numpy_blocks(x)
-    w = meant.astype(np.float64).reshape(rows, -1, 32)
+    # the same activations quantized in numpy (llama.cpp's rounding; Q4_K's x per 256, as llama.cpp's Q8_K): only
+    # float32 rounding apart
+    span = SPANS[qtype]
+    xq, xs = _numpy_spans(x, span)
+    w = meant.astype(np.float64).reshape(rows, -1, span)
     exact = np.einsum("nbl,rbl,nb->nr", xq.astype(np.float64), w, xs.astype(np.float64))
     np.testing.assert_allclose(got, exact, rtol=0, atol=1e-5 * np.abs(exact).max())
-    # against unquantized x: each value is off by at most half a step (scale / 2) of its block
+    # against unquantized x: each value is off by at most half a step (scale / 2) of its span
     want = x.astype(np.float64) @ meant.T.astype(np.float64)
     bound = np.einsum("rbl,nb->nr", np.abs(w), xs.astype(np.float64) / 2)
     assert np.all(np.abs(got - want) <= bound + 1e-5 * np.abs(want).max())
