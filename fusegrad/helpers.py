@@ -174,6 +174,9 @@ CUDA_ARCH = ContextVar("CUDA_ARCH", "")  # sm_XX the CUDA compiler targets when 
 NOOPT = ContextVar("NOOPT", 0)  # 1 applies no codegen opts
 # 0: a quantized matvec multiplies float activations even where the target has 8-bit dot products (exact weights)
 QUANT_DOT = ContextVar("QUANT_DOT", 1)
+# 0: on an AVX2 CPU, decode matvecs (Q8_0 / Q4_K without 8-bit dot products, float32) run the generated kernels,
+# not the hand-written ones of nn/quantized_avx2.py
+AVX2_MATVEC = ContextVar("AVX2_MATVEC", 1)
 AMD_SIM = ContextVar("AMD_SIM", 0)  # 1: DEV=AMD runs on the simulated MI350X VF
 AMD_SIM_TWIN = ContextVar("AMD_SIM_TWIN", 0)  # 1: each simulated dispatch also runs the kernel's PYTHON twin, compared
 AMD_PCI = ContextVar("AMD_PCI", "")  # PCI address of the AMD function DEV=AMD opens ("": the first AMD GPU)

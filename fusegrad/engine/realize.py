@@ -325,6 +325,12 @@ def int16_dot(device: str) -> bool:
     return device_capabilities(device).int16_dot
 
 
+def u8s8_pair_dot(device: str) -> bool:
+    """Whether device's kernels are C for x86 AVX2 (its renderer's `u8s8_pair_dot`): a quantized matvec may then run
+    as a raw C kernel of AVX2 intrinsics (vpmaddubsw)."""
+    return device_capabilities(device).u8s8_pair_dot
+
+
 def panel_columns(device: str, itemsize: int = 4) -> int:
     """Columns of a packed weight panel on device: two of its vectors of itemsize-byte elements (the register tile's
     width); 0 where the device's kernels do not gain from panels (its renderer's `weight_panels`). A plain matmul's

@@ -17,6 +17,7 @@ from fusegrad import Device, Tensor, TinyJit, dtypes, function
 from fusegrad.helpers import _Progress
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, quantize_blocks
+from fusegrad.nn.quantized_avx2 import avx2_kernels, rows_matvec
 from fusegrad.nn.state import gguf_load
 from fusegrad.uop.ops import UOp
 
@@ -125,17 +126,32 @@ class QuantLinear:
         else:
             w = weight.cast(dtypes.float32)
             self.weight = (w.T if self.transposed else w).contiguous().realize()
+        # a decode row's float matvec over (in, out) streams the weight's rows in the AVX2 target's C kernel
+        self.rows_kernel = isinstance(self.weight, Tensor) and self.transposed and avx2_kernels(self.weight.device)
 
     @property
     def integer_dot(self) -> bool:
         """Whether a decode row multiplies the weight in integer dot products (a sum of per-block sums)."""
         return isinstance(self.weight, QuantizedMatrix) and self.weight.integer
 
+    @property
+    def shares_blocks(self) -> bool:
+        """Whether a decode row's matvec takes x quantized once for every linear reading it (`shared_blocks`)."""
+        return isinstance(self.weight, QuantizedMatrix) and self.weight.shares_blocks
+
+    @property
+    def quantizes_x(self) -> bool:
+        """Whether a decode row's matvec is one hand-written kernel (nn/quantized_avx2.py) that reads x as its input
+        buffer (the quantized ones quantize it themselves)."""
+        return self.rows_kernel or (isinstance(self.weight, QuantizedMatrix) and self.weight.avx2)
+
     def __call__(self, x: Tensor, blocks: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """blocks: x quantized by `shared_blocks` for the linears that read the same x."""
         w = self.weight
         if isinstance(w, QuantizedMatrix):
             y = w.matvec(x, blocks) if x.shape[0] <= MATVEC_MAX_ROWS else w.matmul(x)
+        elif self.rows_kernel and x.shape[0] <= MATVEC_MAX_ROWS:
+            y = rows_matvec(x, w)
         else:
             y = x @ (w if self.transposed else w.T)
         return y if self.bias is None else y + self.bias.cast(dtypes.float32)
@@ -146,11 +162,21 @@ def shared_blocks(x: Tensor, *linears: QuantLinear) -> tuple[Tensor, Tensor, Ten
     products (each would otherwise quantize it again: its own kernels). Realized here: a KV-cache write realizes k
     and v before q is read, and a CONTIGUOUS realized on the way is not kept (a blocked attention's per-block
     intermediates would then all stay alive), so q's matvec would quantize x again."""
-    if x.shape[0] > MATVEC_MAX_ROWS or not all(lin.integer_dot for lin in linears):
+    if x.shape[0] > MATVEC_MAX_ROWS or not all(lin.shares_blocks for lin in linears):
         return None
     blocks = quantize_blocks(x, linears[0].weight.activations)  # type: ignore[union-attr]  (integer_dot: quantized)
     Tensor.realize(*blocks)
     return blocks
+
+
+def decode_input(x: Tensor, *linears: QuantLinear) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor] | None]:
+    """(x, its shared 8-bit blocks or None) for the linears reading x: where each matvec quantizes x itself, x is
+    realized here once (as for shared_blocks, a KV-cache write would otherwise have q's matvec compute x again)."""
+    if (blocks := shared_blocks(x, *linears)) is not None:
+        return x, blocks
+    if x.shape[0] <= MATVEC_MAX_ROWS and all(lin.quantizes_x for lin in linears):
+        return x.contiguous().realize(), None
+    return x, None
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -218,7 +244,7 @@ class Attention:
 
     def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
         cfg, t = self.cfg, x.shape[0]
-        blocks = shared_blocks(x, self.q, self.k, self.v)
+        x, blocks = decode_input(x, self.q, self.k, self.v)
         q = self.q(x, blocks).reshape(t, cfg.n_heads, cfg.head_dim)
         k = self.k(x, blocks).reshape(t, cfg.n_kv_heads, cfg.head_dim)
         v = self.v(x, blocks).reshape(t, cfg.n_kv_heads, cfg.head_dim)
@@ -242,9 +268,9 @@ class FeedForward:
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[0] <= MATVEC_MAX_ROWS:
-            blocks = shared_blocks(x, self.gate, self.up)
+            x, blocks = decode_input(x, self.gate, self.up)
             gate, up = self.gate(x, blocks), self.up(x, blocks)
-            if self.gate.integer_dot or self.up.integer_dot:  # two nested sums in one kernel would split apart
+            if self.gate.shares_blocks or self.up.shares_blocks:  # two nested sums in one kernel would split apart
                 gate, up = gate.contiguous(), up.contiguous()
             h = gate.silu() * up
             # realized once where down quantizes it: its scale and values kernels would each compute silu again
@@ -323,7 +349,9 @@ class Block:
     def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
         h = x + self.attn(rms_norm(x, self.attn_norm, self.cfg.norm_eps), cache, start, mask, cos, sin)
         dense = isinstance(self.ffn, FeedForward) and isinstance(self.ffn_norm, Tensor)
-        if dense and (weights := self.ffn.float_weights()) is not None:  # type: ignore[union-attr]
+        # float weights on the AVX2 target's row-streaming kernel: a decode step takes FeedForward, which calls it
+        rows = x.shape[0] <= MATVEC_MAX_ROWS and isinstance(self.ffn, FeedForward) and self.ffn.gate.rows_kernel
+        if dense and not rows and (weights := self.ffn.float_weights()) is not None:  # type: ignore[union-attr]
             return _ffn_residual(h, self.ffn_norm, *weights, self.cfg.norm_eps)
         return h + self.ffn(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
 
@@ -425,7 +453,9 @@ class Llama:
         """The last block's output for a chunk's token ids at position start (a bound Variable) with its rope
         angles: the same kernels for every start."""
         assert self._caches is not None
-        x = self.embed(ids).contiguous()  # one small kernel: fused, every matmul reading x would gather it again
+        # one small kernel: fused, every matmul reading x would gather it again; realized here, as a CONTIGUOUS on the
+        # way is not kept when a later kernel realizes the residual sum, which then gathered it again (twice a layer)
+        x = self.embed(ids).contiguous().realize()
         mask = causal_mask(start, x.shape[0], self.max_context)
         for block, cache in zip(self.blocks, self._caches):
             x = block(x, cache, start, mask, cos, sin)

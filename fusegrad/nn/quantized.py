@@ -219,6 +219,15 @@ def _q4_k_planes(b: Tensor) -> tuple[Tensor, ...]:
     return b[:, 16:144].contiguous(), scale.contiguous(), offset.contiguous()
 
 
+def _q4_k_stored_scales(b: Tensor) -> tuple[Tensor, ...]:
+    """Q4_K's scales as stored, for a matvec that folds them into integer sums (the AVX2 kernel): the 6-bit scale and
+    min of each sub-block of 32 as bytes, and d and dmin of each block of 256 as float32."""
+    s = b[:, 4:16].cast(dtypes.int32)
+    sc = _cat_last(s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)).cast(dtypes.uint8)
+    mins = _cat_last(s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)).cast(dtypes.uint8)
+    return sc.contiguous(), mins.contiguous(), _f16_at(b, 0).contiguous(), _f16_at(b, 2).contiguous()
+
+
 def _q6_k_planes(b: Tensor) -> tuple[Tensor, ...]:
     # per 16 values: scale d*sc, exact in float32 (11-bit times 8-bit); stored in (half, k, l//16) order
     scale = _f16_at(b, 208) * b[:, 192:208].bitcast(dtypes.int8).cast(dtypes.float32)
@@ -404,6 +413,13 @@ INT16_DOT_FORMATS: dict[int, DotFormat] = {
 }
 
 
+def _avx2_kernel(device: str, ggml_type: int, cols: int) -> bool:
+    """Whether device's matvec of this type and width runs nn/quantized_avx2.py's kernel (`u8s8_pair_dot`)."""
+    from fusegrad.nn.quantized_avx2 import avx2_kernels, has_avx2_matvec
+
+    return avx2_kernels(device) and has_avx2_matvec(ggml_type, cols)
+
+
 def _dot_format(ggml_type: int, activations: DType) -> DotFormat:
     return (INT16_DOT_FORMATS if activations == dtypes.int16 else {}).get(ggml_type, DOT_FORMATS[ggml_type])
 
@@ -427,11 +443,13 @@ class QuantizedMatrix:
         planes: tuple[Tensor, ...],
         integer: bool = False,
         activations: DType = dtypes.int8,
+        avx2: bool = False,
     ):
         """integer: the planes are DOT_FORMATS' (a decode row is multiplied in integer dot products); activations:
-        the dtype that matvec's quantized x is held in (dot_activations)."""
+        the dtype that matvec's quantized x is held in (dot_activations); avx2: that matvec is the AVX2 kernel of
+        nn/quantized_avx2.py, which quantizes x itself."""
         self.name, self.ggml_type, self.shape, self.planes, self.integer = name, ggml_type, shape, planes, integer
-        self.activations = activations
+        self.activations, self.avx2 = activations, avx2
         self.format = _format_of(ggml_type, integer, activations)
         self.groups = shape[1] // self.format.group
 
@@ -454,11 +472,22 @@ class QuantizedMatrix:
         fmt = _format_of(w.ggml_type, integer, activations)
         # each plane holds rows in order: the first dim of its (blocks, ...) shape splits into rows
         planes = tuple(p.reshape(rows, -1).realize() for p in fmt.planes(blocks))
-        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer, activations)  # type: ignore[arg-type]
+        # on 16-bit activations (no 8-bit dot products) an AVX2 C target takes the hand-written kernel: its planes
+        # are the int16 path's
+        avx2 = integer and activations == dtypes.int16 and _avx2_kernel(blocks.device, w.ggml_type, w.shape[1])
+        if avx2 and w.ggml_type == 12:  # its kernel reads the stored scales (after the planes a prefill reads)
+            planes += tuple(p.reshape(rows, -1).realize() for p in _q4_k_stored_scales(blocks))
+        return QuantizedMatrix(w.name, w.ggml_type, w.shape, planes, integer, activations, avx2)  # type: ignore[arg-type]
 
     @property
     def type_name(self) -> str:
         return GGML_TYPES[self.ggml_type][0]
+
+    @property
+    def shares_blocks(self) -> bool:
+        """Whether matvec takes x quantized by quantize_blocks (made once for the matrices reading the same x); the
+        AVX2 kernel quantizes x itself."""
+        return self.integer and not self.avx2
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.planes)
@@ -506,6 +535,10 @@ class QuantizedMatrix:
         quantized per block (quantize_blocks; `blocks` passes those of this x made once for several matrices)."""
         if x.ndim != 2 or x.shape[1] != self.shape[1]:
             raise ValueError(f"{self.name}: x of shape {x.shape} cannot multiply a weight of shape {self.shape}")
+        if self.avx2:
+            from fusegrad.nn.quantized_avx2 import avx2_matvec
+
+            return avx2_matvec(self.ggml_type, self.planes, x)
         if self.integer:
             dot = _dot_format(self.ggml_type, self.activations)
             return dot.matvec(self.planes, *(blocks or quantize_blocks(x, self.activations)))

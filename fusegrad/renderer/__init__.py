@@ -42,6 +42,10 @@ class Capabilities:
     # compiler finds in a plain sum of 8-bit by 16-bit products: without int8_dot, a quantized matvec then quantizes
     # its activations to 8-bit values held in 16 bits
     int16_dot: bool = False
+    # the target's kernels are C compiled for x86 AVX2, whose vpmaddubsw multiplies unsigned by signed 8-bit pairs into
+    # 16-bit sums: a quantized matvec then runs as a C kernel of AVX2 intrinsics (nn/quantized_avx2.py) that sums
+    # each block in lanes and scales it lane-wise, which GCC does not find in the plain sums
+    u8s8_pair_dot: bool = False
 
     def lanes(self, dtype: DType) -> int:
         """Elements of dtype in one vector register (at least 1)."""

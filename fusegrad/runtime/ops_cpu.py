@@ -161,6 +161,8 @@ def native_macros(cc: str) -> frozenset[str] | None:
 INT8_DOT_MACROS = ("__AVX512VNNI__", "__AVXVNNI__", "__ARM_FEATURE_DOTPROD")
 # 16-bit pair products summed into 32 bits on 32-byte vectors: AVX2 vpmaddwd (SSE2's 16-byte one is not measured)
 INT16_DOT_MACROS = ("__AVX2__",)
+# vpmaddubsw on 32-byte vectors, and the FMA the AVX2 matvec kernels use (every AVX2 x86 CPU but one VIA has FMA)
+U8S8_PAIR_DOT_MACROS = ("__AVX2__", "__FMA__")
 
 
 def vector_target(cc: str) -> tuple[int, int]:
@@ -186,7 +188,15 @@ def host_capabilities(base: Capabilities = CRenderer.capabilities) -> Capabiliti
     macros = native_macros(cc) or frozenset()
     int8_dot = base.loop_vectorizer and any(m in macros for m in INT8_DOT_MACROS)
     int16_dot = base.loop_vectorizer and any(m in macros for m in INT16_DOT_MACROS)
-    return base.replace(vector_bytes=vector_bytes, vector_registers=registers, int8_dot=int8_dot, int16_dot=int16_dot)
+    # raw C kernels of intrinsics: only the C dialect (the one with a loop vectorizer) compiles them
+    pair_dot = base.loop_vectorizer and all(m in macros for m in U8S8_PAIR_DOT_MACROS)
+    return base.replace(
+        vector_bytes=vector_bytes,
+        vector_registers=registers,
+        int8_dot=int8_dot,
+        int16_dot=int16_dot,
+        u8s8_pair_dot=pair_dot,
+    )
 
 
 class ClangCompiler:
@@ -438,8 +448,9 @@ class CpuDevice(Compiled):
         return proc.stdout
 
     def build_raw(self, raw: Any, nparams: int) -> CPUProgram:
-        """A user's C function (RawKernel) taking one pointer per buffer, called once per launch."""
+        """A user's C function (RawKernel) taking one pointer per buffer, called once per launch, or, with `items`,
+        on chunks of them split over the threads."""
         from fusegrad.runtime.raw_source import c_with_wrapper
 
-        src, name = c_with_wrapper(raw.src, raw.entry, nparams)
-        return CPUProgram(name, self.compiler.load(src, name), nparams, 1, 0)
+        src, name = c_with_wrapper(raw.src, raw.entry, nparams, split=raw.items > 0)
+        return CPUProgram(name, self.compiler.load(src, name), nparams, max(raw.items, 1), raw.ops)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 
 
-def c_with_wrapper(src: str, entry: str, nparams: int) -> tuple[str, str]:
-    """(C source, wrapper name): the user's C with a wrapper that calls `entry` on the buffers."""
+def c_with_wrapper(src: str, entry: str, nparams: int, split: bool = False) -> tuple[str, str]:
+    """(C source, wrapper name): the user's C with a wrapper that calls `entry` on the buffers (split: and on the
+    chunk [core_start, core_end) of its items)."""
     name = f"fg_raw_{entry}"
     params = ", ".join([f"void* p{i}" for i in range(nparams)] + ["long long core_start", "long long core_end"])
-    call = ", ".join(f"p{i}" for i in range(nparams))
+    call = ", ".join([f"p{i}" for i in range(nparams)] + (["core_start", "core_end"] if split else []))
     return f"{src}\nvoid {name}({params}) {{ {entry}({call}); }}\n", name
 
 

@@ -60,13 +60,17 @@ class CustomKernel:
 class RawKernel:
     """Device source a user wrote: `src` in the device's language (C for CPU, OpenCL C for CL, LLVM IR for LLVM),
     `entry` its function, `global_size` / `local_size` the launch (GPU devices), `written` the input slots it stores
-    into. The function takes one pointer per input, in order."""
+    into. The function takes one pointer per input, in order. `items` > 0 (C on CPU): it also takes `long long
+    start, long long end` after them and computes items [start, end) of `items`, which the CPU device splits over
+    its threads as it does its own kernels' outer loop (`ops`: the launch's work, which decides how many pieces)."""
 
     src: str
     entry: str
     global_size: tuple[int, ...] = (1, 1, 1)
     local_size: tuple[int, ...] = (1, 1, 1)
     written: tuple[int, ...] = (0,)
+    items: int = 0
+    ops: int = 0
 
     @property
     def name(self) -> str:

@@ -18,6 +18,7 @@ from gguf_models import _stored  # noqa: E402
 from fusegrad import GlobalCounters, Tensor  # noqa: E402
 from fusegrad.codegen import lower_to_linear  # noqa: E402
 from fusegrad.dtype import dtypes  # noqa: E402
+from fusegrad.helpers import Context  # noqa: E402
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, dot_activations, quantize_blocks  # noqa: E402
 from fusegrad.runtime.device import Device  # noqa: E402
 from fusegrad.runtime.ops_cpu import find_compiler, kernel_flags  # noqa: E402
@@ -26,16 +27,18 @@ from fusegrad.uop.ops import Ops  # noqa: E402
 
 
 def _integer_matrix(
-    rows: int, cols: int, device: str, seed: int = 0, qtype: str = "Q8_0", activations=dtypes.int8
+    rows: int, cols: int, device: str, seed: int = 0, qtype: str = "Q8_0", activations=dtypes.int8, avx2: bool = False
 ) -> tuple[QuantizedMatrix, np.ndarray]:
     """A matrix of random weights in qtype (Q8_0: quantized by gguf; K-quants: random blocks) on its integer planes,
-    its matvec's activations held in `activations`."""
+    its matvec's activations held in `activations`; avx2: its matvec the AVX2 kernel where the target has one (off:
+    the generated one, which these tests check on every target)."""
     qt = GGMLQuantizationType[qtype]
     rng = np.random.default_rng(seed)
     raw, meant = _stored(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qt, rng)
     blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1]), device=device).realize()
     w = GGMLQuantized("w", int(qt), (rows, cols), blocks)
-    return QuantizedMatrix.from_ggml(w, int8=True, activations=activations), meant
+    with Context(AVX2_MATVEC=int(avx2)):
+        return QuantizedMatrix.from_ggml(w, int8=True, activations=activations), meant
 
 
 def _numpy_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -121,6 +121,28 @@ def test_the_cpu_has_int16_dot_where_the_compiler_targets_avx2(tmp_path, monkeyp
     assert capabilities_under(tmp_path, monkeypatch, macros).int16_dot is expected
 
 
+@pytest.mark.parametrize(
+    "macros, expected",
+    [
+        (["__x86_64__", "__AVX__", "__AVX2__", "__FMA__"], True),
+        (["__x86_64__", "__AVX512F__", "__AVX2__", "__FMA__"], True),
+        (["__x86_64__", "__AVX__", "__AVX2__"], False),
+        (["__x86_64__", "__AVX__", "__FMA__"], False),
+        (["__aarch64__", "__ARM_FEATURE_DOTPROD"], False),
+    ],
+)
+def test_the_cpu_has_u8s8_pair_dot_where_the_compiler_targets_avx2_and_fma(tmp_path, monkeypatch, macros, expected):
+    assert capabilities_under(tmp_path, monkeypatch, macros).u8s8_pair_dot is expected
+
+
+def test_only_the_c_dialect_compiles_the_avx2_kernels(tmp_path, monkeypatch):
+    # the interpreter and the NULL device plan with the host's values but compile no C: no raw C kernel for them
+    cc = fake_compiler(tmp_path, "cc-avx2-fma", ["__x86_64__", "__AVX__", "__AVX2__", "__FMA__"])
+    monkeypatch.setattr(ops_cpu, "find_compiler", lambda: cc)
+    assert ops_cpu.host_capabilities(CRenderer.capabilities).u8s8_pair_dot
+    assert not ops_cpu.host_capabilities(CRenderer.capabilities.replace(loop_vectorizer=False)).u8s8_pair_dot
+
+
 def test_host_capabilities_keep_the_dialects_vector_math(monkeypatch):
     monkeypatch.setattr(ops_cpu, "vector_target", lambda cc: (64, 32))
     caps = ops_cpu.host_capabilities()

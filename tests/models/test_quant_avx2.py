@@ -1,0 +1,137 @@
+"""The AVX2 decode matvecs (nn/quantized_avx2.py) of Q8_0 and Q4_K weights: values against numpy over the
+dequantized weights, the instruction they rely on (vpmaddubsw, assembled for a named AVX2 CPU), the target choice
+(`Capabilities.u8s8_pair_dot`) and a raw kernel's rows split over threads."""
+
+import platform
+import subprocess
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf", reason="the test extra installs gguf")
+
+from test_quant_dot import _integer_matrix  # noqa: E402
+
+from fusegrad import GlobalCounters, Tensor  # noqa: E402
+from fusegrad.dtype import dtypes  # noqa: E402
+from fusegrad.engine.realize import u8s8_pair_dot  # noqa: E402
+from fusegrad.helpers import Context  # noqa: E402
+from fusegrad.nn.quantized_avx2 import KERNELS, PRELUDE, SPAN, rows_matvec  # noqa: E402
+from fusegrad.runtime import ops_cpu  # noqa: E402
+from fusegrad.runtime.ops_cpu import find_compiler  # noqa: E402
+from fusegrad.uop.kernel import RawKernel  # noqa: E402
+
+needs_avx2 = pytest.mark.skipif(not u8s8_pair_dot("CPU"), reason="the CPU device's target has no AVX2")
+
+
+SPANS = {"Q8_0": 32, "Q4_K": 256}  # values of x sharing one scale in each kernel's quantized activations
+
+
+def _numpy_spans(x: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """x quantized to 8 bits with one scale per `span` values, rounded as _numpy_blocks does per 32."""
+    xb = x.reshape(x.shape[0], -1, span).astype(np.float32)
+    xs = np.abs(xb).max(-1) * np.float32(1 / 127)
+    scaled = np.divide(xb, xs[..., None], out=np.zeros_like(xb), where=xs[..., None] > 0)
+    return np.trunc(scaled + np.where(scaled < 0, -0.5, 0.5)).astype(np.int8), xs
+
+
+def _avx2_matrix(qtype: str, rows: int, cols: int, seed: int = 0):
+    q, meant = _integer_matrix(rows, cols, "CPU", seed=seed, qtype=qtype, activations=dtypes.int16, avx2=True)
+    assert q.avx2 and not q.shares_blocks
+    return q, meant
+
+
+@needs_avx2
+@pytest.mark.parametrize(
+    "qtype, n, rows, cols",
+    [("Q8_0", 1, 48, 768), ("Q8_0", 3, 37, 64), ("Q8_0", 8, 5, 2048), ("Q4_K", 1, 48, 768), ("Q4_K", 3, 37, 256)]
+    + [("Q4_K", 8, 5, 2048), ("Q8_0", 1, 1000, 96)],
+)
+def test_the_avx2_matvec_equals_numpy_on_the_dequantized_weights(qtype, n, rows, cols):
+    q, meant = _avx2_matrix(qtype, rows, cols, seed=rows)
+    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+    x[0, :32] = 0  # an all-zero block: scale 0, values 0
+    got = q.matvec(Tensor(x)).numpy()
+    # the same activations quantized in numpy (llama.cpp's rounding; Q4_K's x per 256, as llama.cpp's Q8_K): only
+    # float32 rounding apart
+    span = SPANS[qtype]
+    xq, xs = _numpy_spans(x, span)
+    w = meant.astype(np.float64).reshape(rows, -1, span)
+    exact = np.einsum("nbl,rbl,nb->nr", xq.astype(np.float64), w, xs.astype(np.float64))
+    np.testing.assert_allclose(got, exact, rtol=0, atol=1e-5 * np.abs(exact).max())
+    # against unquantized x: each value is off by at most half a step (scale / 2) of its span
+    want = x.astype(np.float64) @ meant.T.astype(np.float64)
+    bound = np.einsum("rbl,nb->nr", np.abs(w), xs.astype(np.float64) / 2)
+    assert np.all(np.abs(got - want) <= bound + 1e-5 * np.abs(want).max())
+
+
+@needs_avx2
+def test_q8_0_weights_of_minus_128_do_not_saturate():
+    # |w| = 128 is what vpmaddubsw reads as unsigned: its pair sums still fit 16 bits against |xq| = 127
+    q, _ = _avx2_matrix("Q8_0", 8, 64)
+    w = np.full((8, 64), -128, np.int8)
+    scales = np.full((8, 2), 0.5, np.float32)
+    planes = (Tensor(w).realize(), Tensor(scales).realize())
+    x = np.full((1, 64), -3.0, np.float32)  # every block's values quantize to -127, scale 3/127
+    q.planes = planes
+    got = q.matvec(Tensor(x)).numpy()
+    np.testing.assert_allclose(got, np.full((1, 8), 64 * 128 * 127 * 0.5 * np.float32(3 / 127)), rtol=1e-6)
+
+
+@needs_avx2
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_the_avx2_matvec_is_one_kernel_right_when_split_over_threads(qtype):
+    q, meant = _avx2_matrix(qtype, 1024, 768)
+    x = np.random.default_rng(2).standard_normal((1, 768)).astype(np.float32)
+    xt = Tensor(x).realize()
+    GlobalCounters.reset()
+    with Context(NUM_CPU_THREADS=2):
+        out = q.matvec(xt).realize()
+    assert GlobalCounters.kernel_count == 1  # x quantized inside it: no kernels of its own
+    want = x.astype(np.float64) @ meant.T.astype(np.float64)
+    np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=2e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n, k, cols", [(1, 768, 2048), (3, 770, SPAN + 88), (8, 64, 3 * SPAN + 1), (2, 3, 5)])
+def test_the_float_rows_matvec_equals_numpy(n, k, cols, threads):
+    # spans of columns with a short last one, rows of w past the last four, several rows of x
+    rng = np.random.default_rng(k)
+    x, w = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, cols)).astype(np.float32)
+    with Context(NUM_CPU_THREADS=threads):
+        got = rows_matvec(Tensor(x), Tensor(w)).numpy()
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+# each item is written with the start of the chunk it was computed in
+CHUNK_STARTS = "void starts(float* o, long long s, long long e) { for (long long i = s; i < e; i++) o[i] = s; }"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_raw_kernel_with_items_computes_them_in_the_devices_chunks(threads):
+    raw = RawKernel(CHUNK_STARTS, "starts", items=4096, ops=1 << 20)
+    with Context(NUM_CPU_THREADS=threads):
+        (out,) = Tensor.custom_kernel(Tensor.empty(4096), fxn=lambda *_: raw)
+        got = out.numpy()
+    starts = np.unique(got)
+    assert starts[0] == 0 and (len(starts) > 1) is (threads > 1)
+    # every chunk is one run of items from its start
+    assert all(np.all(got[int(s) : int(s) + np.count_nonzero(got == s)] == s) for s in starts)
+
+
+def _assembly(src: str, x86_target: str) -> str:
+    cc = find_compiler()
+    flags = [f for f in ops_cpu.CFLAGS if not f.startswith("-march=")] + [f"-march={x86_target}"]
+    proc = subprocess.run([cc, *flags, "-S", "-x", "c", "-", "-o", "-"], input=src, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="AVX2 is an x86 instruction set")
+@pytest.mark.parametrize("ggml_type", sorted(KERNELS))
+def test_the_kernels_multiply_bytes_in_vpmaddubsw_for_haswell(ggml_type):
+    _, template, _ = KERNELS[ggml_type]
+    src = PRELUDE + template.replace("NAME", "k") % {"n": 2, "rows": 64, "cols": 512}
+    asm = _assembly(src, "haswell")  # AVX2 + FMA, no AVX-512: assembled only, so the host need not have it
+    assert "vpmaddubsw" in asm and "vpmaddwd" in asm and "vfmadd" in asm
