@@ -32,7 +32,6 @@ EXCLUDED: dict[str, str] = {
     r"test_causal_conv_with_state_.*(?<!_expanded)": NOT_YET + ": CausalConvWithState",
     r"test_gradient_of_.*": NOT_YET + ": Gradient (ai.onnx.preview.training)",
     r"test_scan_sum": NOT_YET + ": Scan before opset 9 (sequence_lens and a batch axis)",
-    r"test_resize_downsample_(scales|sizes)_(cubic|linear)_antialias": NOT_YET + ": Resize antialias",
     r"test_sequence_model3": "known failure: SequenceErase/SequenceInsert positions in this model give wrong values",
     r"test_attention_(3d_with_past_and_present|4d_with)_qk_matmul_softcap": SOFTCAP,
     r"test_attention_4d_(causal_)?fp16_expanded|test_causal_conv_with_state_silu_fp16_expanded": FP16,
