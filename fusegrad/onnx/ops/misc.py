@@ -106,19 +106,19 @@ def attention(n, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
     if keep is not None:
         allowed = keep.where(0.0, -np.inf)
         bias = allowed if bias is None else bias + allowed
-    masked = raw if bias is None else raw + bias
     cap = n.a("softcap", 0.0)
     # the softcap bounds the scores before the mask is added, so a -inf mask stays -inf
-    capped = masked if not cap else (raw / cap).tanh() * cap + (0 if bias is None else bias)
-    qk = capped
-    p = qk.softmax(-1)
+    soft = raw if not cap else (raw / cap).tanh() * cap
+    capped = soft if bias is None else soft + bias
+    p = capped.softmax(-1)
     p = p.isnan().where(0, p)  # a fully masked row attends to nothing
     y = p.matmul(v.cast(acc)).cast(T(v).dtype)
     if q3:
         B, H, S_, D = y.shape
         y = y.permute(0, 2, 1, 3).reshape(B, S_, H * D)
     mode = n.a("qk_matmul_output_mode", 0)
-    qk_out = [raw, masked, capped, p][mode].cast(T(v).dtype)
+    # modes: 0 the raw scores, 1 after the softcap (no mask), 2 softcap and mask, 3 the softmax
+    qk_out = [raw, soft, capped, p][mode].cast(T(v).dtype)
     return y, present_k, present_v, qk_out
 
 
