@@ -1,4 +1,4 @@
-"""Random ops (seeded through Tensor.manual_seed), Attention and RotaryEmbedding (opset 23)."""
+"""Random ops (seeded through Tensor.manual_seed), Attention, RotaryEmbedding, windows and MelWeightMatrix."""
 
 from __future__ import annotations
 
@@ -170,6 +170,33 @@ def hamming_window(n, size):
 @op("BlackmanWindow")
 def blackman_window(n, size):
     return _window(n, size, lambda k, d: 0.42 - 0.5 * np.cos(2 * np.pi * k / d) + 0.08 * np.cos(4 * np.pi * k / d))
+
+
+def _mel(hz):
+    return 2595 * np.log10(1 + hz / 700)
+
+
+@op("MelWeightMatrix")
+def mel_weight_matrix(n, num_mel_bins, dft_length, sample_rate, lower_hz, upper_hz):
+    """(dft_length // 2 + 1, num_mel_bins) triangles with peak 1, on whole spectrogram bins. The edges are
+    (upper - lower) / (num_mel_bins + 2) apart in mel and a frequency f falls in bin floor((dft_length + 1)·f /
+    sample_rate): the spacing and rounding the backend case's expected matrix pins down."""
+    mels, dft, rate = int(C(num_mel_bins)), int(C(dft_length)), float(C(sample_rate))
+    lo, hi = _mel(float(C(lower_hz))), _mel(float(C(upper_hz)))
+    edges_mel = lo + (hi - lo) / (mels + 2) * np.arange(mels + 2)
+    edges_hz = 700 * (10 ** (edges_mel / 2595) - 1)
+    bins = np.floor((dft + 1) * edges_hz / rate).astype(np.int64)
+    spec = dft // 2 + 1
+    W = np.zeros((spec, mels))
+    j = np.arange(spec)
+    for i in range(mels):
+        lo_b, mid, up = bins[i], bins[i + 1], bins[i + 2]
+        rise = (j - lo_b) / max(mid - lo_b, 1)
+        fall = (up - j) / max(up - mid, 1)
+        W[:, i] = np.where((j >= lo_b) & (j < mid), rise, np.where((j > mid) & (j <= up), fall, 0.0))
+        if mid < spec:
+            W[mid, i] = 1.0
+    return Tensor(W.astype(np.float32)).cast(onnx_dtype(n.a("output_datatype", 1), str(n)))
 
 
 @op("Adagrad", domain="ai.onnx.preview.training")
