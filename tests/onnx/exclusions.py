@@ -27,6 +27,5 @@ EXCLUDED: dict[str, str] = {
     r"test_flexattention.*(?<!_ver26)": NOT_YET + ": FlexAttention (ai.onnx.preview)",
     r"test_causal_conv_with_state_.*(?<!_expanded)": NOT_YET + ": CausalConvWithState",
     r"test_gradient_of_.*": NOT_YET + ": Gradient (ai.onnx.preview.training)",
-    r"test_scan_sum": NOT_YET + ": Scan before opset 9 (sequence_lens and a batch axis)",
     r"test_attention_4d_(causal_)?fp16_expanded|test_causal_conv_with_state_silu_fp16_expanded": FP16,
 }
