@@ -1,8 +1,9 @@
 """ONNX op paths the backend suite leaves out, on hand-built models against numpy: Scan before opset 9 with
-sequence_lens and a reversed input."""
+sequence_lens and a reversed input, TfIdfVectorizer's IDF and TFIDF modes on trigrams with skips."""
 
 import numpy as np
 import onnx.parser
+import pytest
 from onnx import TensorProto, helper
 
 from fusegrad.onnx import OnnxRunner
@@ -56,3 +57,51 @@ def test_scan8_sequence_lens_and_directions():
         y, z = _scan8_ref(lens, initial, x, reverse)
         np.testing.assert_allclose(out["y"].numpy(), y, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(out["z"].numpy(), z, rtol=1e-6, atol=1e-6)
+
+
+def _tfidf_ref(x, pools, lo, hi, max_skip, indexes, weights, mode):
+    """Counts by brute force over every start and skip, then IDF/TFIDF weighting and placement."""
+    counts = []
+    for length, grams in sorted(pools.items()):
+        for g in grams:
+            c = 0
+            if lo <= length <= hi:
+                for skip in range(max_skip + 1 if length > 1 else 1):
+                    for i in range(len(x)):
+                        idx = [i + j * (skip + 1) for j in range(length)]
+                        c += idx[-1] < len(x) and all(x[k] == v for k, v in zip(idx, g))
+            counts.append(c)
+    tf = np.array(counts, np.float32)
+    w = {"TF": tf, "IDF": np.minimum(tf, 1) * weights, "TFIDF": tf * weights}[mode]
+    out = np.zeros(max(indexes) + 1, np.float32)
+    out[indexes] = w
+    return out
+
+
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+def test_tfidf_trigrams_with_skips(mode):
+    pools = {1: [[3], [7]], 2: [[3, 7], [7, 7]], 3: [[3, 7, 3], [1, 3, 7]]}
+    flat = [v for length in (1, 2, 3) for g in pools[length] for v in g]
+    indexes, weights = [5, 0, 1, 3, 2, 4], [0.5, 2.0, 1.5, 3.0, 0.25, 1.0]
+    node = helper.make_node(
+        "TfIdfVectorizer", ["x"], ["y"], mode=mode, min_gram_length=1, max_gram_length=3, max_skip_count=2,
+        ngram_counts=[0, 2, 6], ngram_indexes=indexes, pool_int64s=flat, weights=weights,
+    )  # fmt: skip
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([node], "g", [vi("x", TensorProto.INT64, [12])], [vi("y", TensorProto.FLOAT, [6])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 9)])
+    x = np.array([1, 3, 7, 3, 7, 7, 3, 1, 3, 7, 7, 3], np.int64)
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    want = _tfidf_ref(x, pools, 1, 3, 2, indexes, np.array(weights, np.float32), mode)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_tfidf_strings_fail_at_load():
+    node = helper.make_node(
+        "TfIdfVectorizer", ["x"], ["y"], mode="TF", min_gram_length=1, max_gram_length=1, ngram_counts=[0],
+        ngram_indexes=[0], pool_strings=["a"],
+    )  # fmt: skip
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([node], "g", [vi("x", TensorProto.INT64, [3])], [vi("y", TensorProto.FLOAT, [1])])
+    with pytest.raises(NotImplementedError, match="TfIdfVectorizer pool_strings"):
+        OnnxRunner(helper.make_model(g, opset_imports=[helper.make_opsetid("", 9)]))
