@@ -1,5 +1,6 @@
-"""Sequence mixers of opset 27: LinearAttention (a recurrent state updated token by token) and CausalConvWithState
-(a depthwise causal conv that carries its last k - 1 inputs)."""
+"""Sequence mixers of opset 27: LinearAttention (a recurrent state updated token by token), CausalConvWithState
+(a depthwise causal conv that carries its last k - 1 inputs), and ai.onnx.preview's FlexAttention (attention with
+score and probability modifier subgraphs)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 
 from fusegrad import Tensor
 from fusegrad.dtype import dtypes
+from fusegrad.onnx.loader import onnx_dtype
 from fusegrad.onnx.registry import T, check, op
 
 _RULES = ("linear", "gated", "delta", "gated_delta")
@@ -94,3 +96,30 @@ def causal_conv_with_state(n, x, w, bias=None, past=None):
         y = y * y.sigmoid()
     state = full[:, :, full.shape[2] - (k - 1) :] if k > 1 else Tensor.zeros(B, ch, 0, dtype=acc)
     return y.cast(x.dtype), state.cast(x.dtype)
+
+
+def _modify(n, graph, x):
+    """x through a one-input, one-output modifier subgraph (score_mod / prob_mod)."""
+    env = dict(n.env)
+    env[graph.inputs[0]] = x
+    return T(n.runner.run_graph(graph, env)[0])
+
+
+@op("FlexAttention", domain="ai.onnx.preview")
+def flex_attention(n, q, k, v):
+    q, k, v = T(q), T(k), T(v)
+    hq, hk = q.shape[1], k.shape[1]
+    if q.ndim != 4 or hq % hk:
+        raise ValueError(f"{n}: Q {q.shape} must be rank 4 with a multiple of K's {hk} heads")
+    default = dtypes.float64 if q.dtype == dtypes.float64 else dtypes.float32
+    acc = onnx_dtype(n.a("softmax_precision"), str(n)) if n.a("softmax_precision") else default
+    if hq != hk:  # query head h reads kv head h // (hq / hk)
+        k, v = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
+    scale = n.a("scale") or 1 / math.sqrt(q.shape[-1])
+    scores = q.cast(acc).matmul(k.cast(acc).transpose(-1, -2)) * scale
+    if n.a("score_mod") is not None:
+        scores = _modify(n, n.a("score_mod"), scores)
+    probs = scores.softmax(-1)
+    if n.a("prob_mod") is not None:
+        probs = _modify(n, n.a("prob_mod"), probs)
+    return probs.matmul(v.cast(acc)).cast(v.dtype)
