@@ -22,6 +22,5 @@ EXCLUDED: dict[str, str] = {
     r"test_dft_inverse(_opset19)?": "reference noise: its float32 rounding leaves 2e-7 where the exact inverse is 0, "
     "above atol 1e-7",
     r"test_image_decoder_.*": "ImageDecoder: decoding image files (JPEG, PNG, ...) is not tensor math",
-    r"test_gradient_of_.*": NOT_YET + ": Gradient (ai.onnx.preview.training)",
     r"test_attention_4d_(causal_)?fp16_expanded|test_causal_conv_with_state_silu_fp16_expanded": FP16,
 }

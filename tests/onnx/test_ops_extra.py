@@ -1,5 +1,6 @@
 """ONNX op paths the backend suite leaves out, on hand-built models against numpy: Scan before opset 9 with
-sequence_lens and a reversed input, TfIdfVectorizer's IDF and TFIDF modes on trigrams with skips."""
+sequence_lens and a reversed input, TfIdfVectorizer's IDF and TFIDF modes on trigrams with skips, Gradient through
+several ops."""
 
 import numpy as np
 import onnx.parser
@@ -105,3 +106,28 @@ def test_tfidf_strings_fail_at_load():
     g = helper.make_graph([node], "g", [vi("x", TensorProto.INT64, [3])], [vi("y", TensorProto.FLOAT, [1])])
     with pytest.raises(NotImplementedError, match="TfIdfVectorizer pool_strings"):
         OnnxRunner(helper.make_model(g, opset_imports=[helper.make_opsetid("", 9)]))
+
+
+def test_gradient_of_matmul_tanh_sum():
+    """Gradient(xs=[x, w], y) of y = sum(tanh(x @ w)) against the closed form, and y itself unchanged."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Tanh", ["h"], ["t"]),
+        helper.make_node("ReduceSum", ["t"], ["y"], keepdims=0),
+        helper.make_node("Gradient", ["x", "w"], ["dx", "dw"], domain="ai.onnx.preview.training", xs=["x", "w"], y="y"),
+    ]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [vi("x", TensorProto.FLOAT, [3, 4]), vi("w", TensorProto.FLOAT, [4, 2])],
+        [vi("y", TensorProto.FLOAT, []), vi("dx", TensorProto.FLOAT, [3, 4]), vi("dw", TensorProto.FLOAT, [4, 2])],
+    )
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid("ai.onnx.preview.training", 1)]
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+    out = OnnxRunner(helper.make_model(g, opset_imports=opsets))({"x": x, "w": w})
+    t = np.tanh(x @ w)
+    np.testing.assert_allclose(out["y"].numpy(), t.sum(), rtol=1e-5)
+    np.testing.assert_allclose(out["dx"].numpy(), (1 - t * t) @ w.T, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["dw"].numpy(), x.T @ (1 - t * t), rtol=1e-5, atol=1e-6)

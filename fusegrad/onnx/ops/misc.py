@@ -269,3 +269,52 @@ def affine_grid(n, theta, size):
     base = np.stack(coords + [np.ones_like(coords[0])], -1).astype(np.float32)  # (P, nd+1)
     grid = Tensor(base).cast(theta.dtype).unsqueeze(0).matmul(theta.transpose(1, 2))  # (N, P, nd)
     return grid.reshape(N, *spatial, len(spatial))
+
+
+def _steps_of(graph, node):
+    """The step list of the (sub)graph that holds `node`, searched through every subgraph attribute."""
+    for st in graph.steps:
+        if st.node is node:
+            return graph.steps
+        for v in st.node.attrs.values():
+            if hasattr(v, "steps") and (found := _steps_of(v, node)) is not None:
+                return found
+    return None
+
+
+def _path_to(steps, y: str, leaves: set[str]) -> list:
+    """The steps that compute y from the leaves (and outer values), in their graph order."""
+    producer = {o: i for i, st in enumerate(steps) for o in st.outputs if o}
+    need, todo = set(), [y]
+    while todo:
+        name = todo.pop()
+        i = producer.get(name)
+        if name in leaves or i is None or i in need:
+            continue
+        need.add(i)
+        todo.extend(x for x in steps[i].inputs if x)
+    return [steps[i] for i in sorted(need)]
+
+
+@op("Gradient", domain="ai.onnx.preview.training")
+def gradient(n, *values):
+    """d y / d x for each x of `xs`: the subgraph from xs and zs to y is run again on this node's inputs (the point
+    where the gradient is taken), then differentiated; a non-scalar y is seeded with ones (the gradient of its sum)."""
+    xs, zs, y = list(n.a("xs")), list(n.a("zs") or []), n.a("y")
+    y = y.decode() if isinstance(y, bytes) else y
+    xs = [x.decode() if isinstance(x, bytes) else x for x in xs]
+    zs = [z.decode() if isinstance(z, bytes) else z for z in zs]
+    from fusegrad.onnx.runner import Graph
+
+    # the runner's graph, or the unfolded one it runs when a feed overrides an initializer
+    steps = _steps_of(n.runner.graph, n) or _steps_of(Graph(n.runner._unfolded[0], [], []), n)
+    if steps is None:
+        raise NotImplementedError(f"{n}: Gradient outside the graph the runner holds is not supported")
+    env = dict(n.env)
+    leaves = {}
+    for name, v in zip(xs + zs, values):
+        leaves[name] = T(v)
+        env[name] = leaves[name]
+    out = T(n.runner.run_graph(Graph(_path_to(steps, y, set(leaves)), [], [y]), env)[0])
+    seed = None if out.ndim == 0 else out.ones_like()
+    return tuple(out.gradient(*[leaves[x] for x in xs], gradient=seed))
