@@ -7,7 +7,6 @@ STRING = "strings: fusegrad has no string dtype"
 OPTIONAL = "optional types: fusegrad runs tensors and sequences only"
 RANDOM = "random values: the reference draws from numpy's generator; fusegrad's threefry stream differs"
 ML = "ai.onnx.ml domain (classical ML: trees, encoders) is not implemented"
-NOT_YET = "op not implemented yet"
 FP16 = "float16 rounding: fusegrad keeps float32 intermediates where the expanded reference rounds each op to half"
 
 EXCLUDED: dict[str, str] = {
