@@ -1,6 +1,6 @@
 """ONNX op paths the backend suite leaves out, on hand-built models against numpy: Scan before opset 9 with
 sequence_lens and a reversed input, TfIdfVectorizer's IDF and TFIDF modes on trigrams with skips, Gradient through
-several ops."""
+several ops, and the load-time errors for attribute values the opset-27 ops cannot run."""
 
 import numpy as np
 import onnx.parser
@@ -131,3 +131,20 @@ def test_gradient_of_matmul_tanh_sum():
     np.testing.assert_allclose(out["y"].numpy(), t.sum(), rtol=1e-5)
     np.testing.assert_allclose(out["dx"].numpy(), (1 - t * t) @ w.T, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["dw"].numpy(), x.T @ (1 - t * t), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "op, inputs, attrs, match",
+    [
+        ("LinearAttention", ["q", "k", "v"], {"q_num_heads": 1, "kv_num_heads": 1, "update_rule": "mamba"}, "mamba"),
+        ("LinearAttention", ["q", "k", "v"], {"q_num_heads": 3, "kv_num_heads": 2}, "multiple of kv_num_heads"),
+        ("CausalConvWithState", ["q", "k"], {"activation": "gelu"}, "activation 'gelu'"),
+    ],
+)
+def test_opset27_attributes_fail_at_load(op, inputs, attrs, match):
+    vi = helper.make_tensor_value_info
+    ins = [vi(name, TensorProto.FLOAT, [1, 2, 4]) for name in inputs]
+    node = helper.make_node(op, inputs, ["y"], **attrs)
+    g = helper.make_graph([node], "g", ins, [vi("y", TensorProto.FLOAT, None)])
+    with pytest.raises((NotImplementedError, ValueError), match=match):
+        OnnxRunner(helper.make_model(g, opset_imports=[helper.make_opsetid("", 27)]))
