@@ -15,6 +15,8 @@ OPS: dict[tuple[str, str], Callable[..., Any]] = {}
 # ops that run on numpy when every input is a small constant, so Shape → arithmetic → Reshape folds to constants
 FOLD: dict[tuple[str, str], Callable[..., Any]] = {}
 FOLD_LIMIT = 4096
+# load-time checks `check(node)` that raise NotImplementedError for attribute values an op cannot run
+CHECKS: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
 def op(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -30,6 +32,15 @@ def fold(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callab
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         for n in names:
             FOLD[(domain, n)] = fn
+        return fn
+
+    return deco
+
+
+def check(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for n in names:
+            CHECKS[(domain, n)] = fn
         return fn
 
     return deco

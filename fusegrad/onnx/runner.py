@@ -13,7 +13,7 @@ from fusegrad.dtype import DType, to_numpy_dtype
 from fusegrad.onnx import ops  # noqa: F401  (fills the op table)
 from fusegrad.onnx.loader import attr_value, onnx_dtype, opset_versions, parse_model, to_numpy, topo_order
 from fusegrad.onnx.replay import Replays
-from fusegrad.onnx.registry import FOLD, FOLD_LIMIT, HOST, OPS, Node, T, dtype_of, np_to_tensor
+from fusegrad.onnx.registry import CHECKS, FOLD, FOLD_LIMIT, HOST, OPS, Node, T, dtype_of, np_to_tensor
 
 
 RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"}
@@ -168,6 +168,11 @@ class OnnxRunner:
                 attrs[a.name] = v
             opset = self.opsets.get(domain, 1)
             node = Node(n, attrs, opset, self)
+            if (domain, n.op_type) in CHECKS:
+                try:
+                    CHECKS[(domain, n.op_type)](node)
+                except (NotImplementedError, ValueError) as e:
+                    raise type(e)(f"{where}: {e}") from None
             store = _stored_when_shared(n, readers)
             steps.append(Step(node, fn, FOLD.get((domain, n.op_type)), list(n.input), list(n.output), store))
             known |= set(n.output)

@@ -7,8 +7,6 @@ STRING = "strings: fusegrad has no string dtype"
 OPTIONAL = "optional types: fusegrad runs tensors and sequences only"
 RANDOM = "random values: the reference draws from numpy's generator; fusegrad's threefry stream differs"
 ML = "ai.onnx.ml domain (classical ML: trees, encoders) is not implemented"
-NOT_YET = "op not implemented yet"
-SOFTCAP = "known failure: Attention with a softcap gives other qk_matmul_output values than the reference"
 FP16 = "float16 rounding: fusegrad keeps float32 intermediates where the expanded reference rounds each op to half"
 
 EXCLUDED: dict[str, str] = {
@@ -22,18 +20,6 @@ EXCLUDED: dict[str, str] = {
     r"test_(bernoulli.*|training_dropout(_default)?(_mask)?)": RANDOM,
     r"test_dft_inverse(_opset19)?": "reference noise: its float32 rounding leaves 2e-7 where the exact inverse is 0, "
     "above atol 1e-7",
-    r"test_melweightmatrix": NOT_YET + ": MelWeightMatrix",
-    r"test_image_decoder_.*": NOT_YET + ": ImageDecoder (needs image codecs)",
-    r"test_tfidfvectorizer_.*": NOT_YET + ": TfIdfVectorizer",
-    r"test_maxunpool_export_with_output_shape": "known failure: MaxUnpool indices into an output_shape larger than "
-    "the pooled input's are placed differently from the reference",
-    r"test_linear_attention_.*(?<!_expanded)": NOT_YET + ": LinearAttention",
-    r"test_flexattention.*(?<!_ver26)": NOT_YET + ": FlexAttention (ai.onnx.preview)",
-    r"test_causal_conv_with_state_.*(?<!_expanded)": NOT_YET + ": CausalConvWithState",
-    r"test_gradient_of_.*": NOT_YET + ": Gradient (ai.onnx.preview.training)",
-    r"test_scan_sum": NOT_YET + ": Scan before opset 9 (sequence_lens and a batch axis)",
-    r"test_resize_downsample_(scales|sizes)_(cubic|linear)_antialias": NOT_YET + ": Resize antialias",
-    r"test_sequence_model3": "known failure: SequenceErase/SequenceInsert positions in this model give wrong values",
-    r"test_attention_(3d_with_past_and_present|4d_with)_qk_matmul_softcap": SOFTCAP,
+    r"test_image_decoder_.*": "ImageDecoder: decoding image files (JPEG, PNG, ...) is not tensor math",
     r"test_attention_4d_(causal_)?fp16_expanded|test_causal_conv_with_state_silu_fp16_expanded": FP16,
 }

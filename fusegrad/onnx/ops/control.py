@@ -52,7 +52,7 @@ def loop(n, trips=None, cond=None, *carried):
 @op("Scan")
 def scan(n, *args):
     if n.opset < 9:
-        raise NotImplementedError(f"{n}: Scan before opset 9 (with sequence_lens and a batch axis) is not supported")
+        return _scan8(n, *args)
     body = n.a("body")
     m = n.a("num_scan_inputs")
     states, xs = list(args[: len(args) - m]), [T(x) for x in args[len(args) - m :]]
@@ -78,3 +78,29 @@ def scan(n, *args):
             y = y.permute(*range(1, a + 1), 0, *range(a + 1, y.ndim))
         stacked.append(y.flip(a) if d else y)
     return tuple(states) + tuple(stacked)
+
+
+def _scan8(n, lens, *args):
+    """Scan before opset 9: axis 0 of every state and scan input is a batch, each sample scanned on its own along
+    axis 1 for its sequence_lens steps; its scan outputs are zero-padded to the longest sequence."""
+    body = n.a("body")
+    m = n.a("num_scan_inputs")
+    states, xs = [T(s) for s in args[: len(args) - m]], [T(x) for x in args[len(args) - m :]]
+    dirs = n.a("directions") or [0] * m
+    batch, longest = xs[0].shape[0], xs[0].shape[1]
+    steps = [int(v) for v in C(lens).reshape(-1)] if lens is not None else [longest] * batch
+    final: list[list] = [[] for _ in states]
+    scanned: list[list] = [[] for _ in range(n.num_outputs - len(states))]
+    for b in range(batch):
+        st, outs = [s[b] for s in states], [[] for _ in scanned]
+        for t in range(steps[b]):
+            res = _run(n, body, st + [x[b, steps[b] - 1 - t if d else t] for x, d in zip(xs, dirs)])
+            st = list(res[: len(st)])
+            for acc, v in zip(outs, res[len(st) :]):
+                acc.append(T(v))
+        for acc, v in zip(final, st):
+            acc.append(T(v))
+        for acc, parts in zip(scanned, outs):
+            y = _stack(parts, 0)
+            acc.append(y.pad(((0, longest - steps[b]),) + ((0, 0),) * (y.ndim - 1)))
+    return tuple(_stack(acc, 0) for acc in final) + tuple(_stack(acc, 0) for acc in scanned)

@@ -1,4 +1,4 @@
-"""Random ops (seeded through Tensor.manual_seed), Attention and RotaryEmbedding (opset 23)."""
+"""Random ops (seeded through Tensor.manual_seed), Attention, RotaryEmbedding, windows and MelWeightMatrix."""
 
 from __future__ import annotations
 
@@ -106,19 +106,19 @@ def attention(n, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
     if keep is not None:
         allowed = keep.where(0.0, -np.inf)
         bias = allowed if bias is None else bias + allowed
-    masked = raw if bias is None else raw + bias
     cap = n.a("softcap", 0.0)
     # the softcap bounds the scores before the mask is added, so a -inf mask stays -inf
-    capped = masked if not cap else (raw / cap).tanh() * cap + (0 if bias is None else bias)
-    qk = capped
-    p = qk.softmax(-1)
+    soft = raw if not cap else (raw / cap).tanh() * cap
+    capped = soft if bias is None else soft + bias
+    p = capped.softmax(-1)
     p = p.isnan().where(0, p)  # a fully masked row attends to nothing
     y = p.matmul(v.cast(acc)).cast(T(v).dtype)
     if q3:
         B, H, S_, D = y.shape
         y = y.permute(0, 2, 1, 3).reshape(B, S_, H * D)
     mode = n.a("qk_matmul_output_mode", 0)
-    qk_out = [raw, masked, capped, p][mode].cast(T(v).dtype)
+    # modes: 0 the raw scores, 1 after the softcap (no mask), 2 softcap and mask, 3 the softmax
+    qk_out = [raw, soft, capped, p][mode].cast(T(v).dtype)
     return y, present_k, present_v, qk_out
 
 
@@ -170,6 +170,33 @@ def hamming_window(n, size):
 @op("BlackmanWindow")
 def blackman_window(n, size):
     return _window(n, size, lambda k, d: 0.42 - 0.5 * np.cos(2 * np.pi * k / d) + 0.08 * np.cos(4 * np.pi * k / d))
+
+
+def _mel(hz):
+    return 2595 * np.log10(1 + hz / 700)
+
+
+@op("MelWeightMatrix")
+def mel_weight_matrix(n, num_mel_bins, dft_length, sample_rate, lower_hz, upper_hz):
+    """(dft_length // 2 + 1, num_mel_bins) triangles with peak 1, on whole spectrogram bins. The edges are
+    (upper - lower) / (num_mel_bins + 2) apart in mel and a frequency f falls in bin floor((dft_length + 1)·f /
+    sample_rate): the spacing and rounding the backend case's expected matrix pins down."""
+    mels, dft, rate = int(C(num_mel_bins)), int(C(dft_length)), float(C(sample_rate))
+    lo, hi = _mel(float(C(lower_hz))), _mel(float(C(upper_hz)))
+    edges_mel = lo + (hi - lo) / (mels + 2) * np.arange(mels + 2)
+    edges_hz = 700 * (10 ** (edges_mel / 2595) - 1)
+    bins = np.floor((dft + 1) * edges_hz / rate).astype(np.int64)
+    spec = dft // 2 + 1
+    W = np.zeros((spec, mels))
+    j = np.arange(spec)
+    for i in range(mels):
+        lo_b, mid, up = bins[i], bins[i + 1], bins[i + 2]
+        rise = (j - lo_b) / max(mid - lo_b, 1)
+        fall = (up - j) / max(up - mid, 1)
+        W[:, i] = np.where((j >= lo_b) & (j < mid), rise, np.where((j > mid) & (j <= up), fall, 0.0))
+        if mid < spec:
+            W[mid, i] = 1.0
+    return Tensor(W.astype(np.float32)).cast(onnx_dtype(n.a("output_datatype", 1), str(n)))
 
 
 @op("Adagrad", domain="ai.onnx.preview.training")
@@ -242,3 +269,52 @@ def affine_grid(n, theta, size):
     base = np.stack(coords + [np.ones_like(coords[0])], -1).astype(np.float32)  # (P, nd+1)
     grid = Tensor(base).cast(theta.dtype).unsqueeze(0).matmul(theta.transpose(1, 2))  # (N, P, nd)
     return grid.reshape(N, *spatial, len(spatial))
+
+
+def _steps_of(graph, node):
+    """The step list of the (sub)graph that holds `node`, searched through every subgraph attribute."""
+    for st in graph.steps:
+        if st.node is node:
+            return graph.steps
+        for v in st.node.attrs.values():
+            if hasattr(v, "steps") and (found := _steps_of(v, node)) is not None:
+                return found
+    return None
+
+
+def _path_to(steps, y: str, leaves: set[str]) -> list:
+    """The steps that compute y from the leaves (and outer values), in their graph order."""
+    producer = {o: i for i, st in enumerate(steps) for o in st.outputs if o}
+    need, todo = set(), [y]
+    while todo:
+        name = todo.pop()
+        i = producer.get(name)
+        if name in leaves or i is None or i in need:
+            continue
+        need.add(i)
+        todo.extend(x for x in steps[i].inputs if x)
+    return [steps[i] for i in sorted(need)]
+
+
+@op("Gradient", domain="ai.onnx.preview.training")
+def gradient(n, *values):
+    """d y / d x for each x of `xs`: the subgraph from xs and zs to y is run again on this node's inputs (the point
+    where the gradient is taken), then differentiated; a non-scalar y is seeded with ones (the gradient of its sum)."""
+    xs, zs, y = list(n.a("xs")), list(n.a("zs") or []), n.a("y")
+    y = y.decode() if isinstance(y, bytes) else y
+    xs = [x.decode() if isinstance(x, bytes) else x for x in xs]
+    zs = [z.decode() if isinstance(z, bytes) else z for z in zs]
+    from fusegrad.onnx.runner import Graph
+
+    # the runner's graph, or the unfolded one it runs when a feed overrides an initializer
+    steps = _steps_of(n.runner.graph, n) or _steps_of(Graph(n.runner._unfolded[0], [], []), n)
+    if steps is None:
+        raise NotImplementedError(f"{n}: Gradient outside the graph the runner holds is not supported")
+    env = dict(n.env)
+    leaves = {}
+    for name, v in zip(xs + zs, values):
+        leaves[name] = T(v)
+        env[name] = leaves[name]
+    out = T(n.runner.run_graph(Graph(_path_to(steps, y, set(leaves)), [], [y]), env)[0])
+    seed = None if out.ndim == 0 else out.ones_like()
+    return tuple(out.gradient(*[leaves[x] for x in xs], gradient=seed))

@@ -338,17 +338,22 @@ def max_unpool(n, x, idx, out_shape=None):
     kernel = n.a("kernel_shape")
     strides = n.a("strides") or [1] * nd
     pads = n.a("pads") or [0] * (2 * nd)
-    if out_shape is not None:
-        shape = [int(v) for v in C(out_shape).reshape(-1)]
-    else:
-        spatial = [
-            (i - 1) * s + k - pads[d] - pads[d + nd] for d, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel))
-        ]
-        shape = [*x.shape[:2], *spatial]
+    spatial = [
+        (i - 1) * s + k - pads[d] - pads[d + nd] for d, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel))
+    ]
+    shape = [*x.shape[:2], *spatial]
     total = int(np.prod(shape, dtype=np.int64))
     # ONNX indices count over the whole tensor (batch and channel included), so one flat scatter places every value
     flat = Tensor.zeros(total, dtype=x.dtype).scatter(0, T(idx).reshape(-1).cast(dtypes.int32), x.reshape(-1))
-    return flat.reshape(shape)
+    y = flat.reshape(shape)
+    if out_shape is None:
+        return y
+    # the indices count over the shape the attributes give; a larger output_shape pads at each axis's end
+    want = [int(v) for v in C(out_shape).reshape(-1)]
+    if want[:2] != shape[:2]:
+        raise ValueError(f"{n}: output_shape {want} does not keep the input's batch and channels {shape[:2]}")
+    y = y[(slice(None), slice(None)) + tuple(slice(0, min(w, s)) for w, s in zip(want[2:], spatial))]
+    return y.pad(((0, 0), (0, 0)) + tuple((0, max(w - s, 0)) for w, s in zip(want[2:], spatial)))
 
 
 def _stuff(x: Tensor, axis: int, stride: int) -> Tensor:

@@ -79,9 +79,10 @@ def weights(n, mode: str, out: int, size: int, scale: float, roi) -> tuple[np.nd
             d = (c - p) * (scale if antialias else 1.0)
             w = np.maximum(1 - np.abs(d), 0) if mode == "linear" else _cubic(d, a)
             inside = (p >= 0) & (p <= size - 1)
-            if n.a("exclude_outside", 0) or antialias:
+            if n.a("exclude_outside", 0):
                 w = np.where(inside, w, 0)
             np.add.at(W, (rows, np.clip(p, 0, size - 1).astype(np.int64)), w)
+        # the stretched antialias filter sums to about 1/scale; taps past the edge clamp to it unless excluded
         if n.a("exclude_outside", 0) or antialias:
             W = W / np.maximum(W.sum(1, keepdims=True), 1e-300)
     W[outside] = 0

@@ -9,10 +9,12 @@ from fusegrad.onnx.registry import C, T, axis_of, op
 
 
 def _pos(n, seq, pos, default: int) -> int:
+    """A position counted from the back when negative; SequenceInsert takes [-n, n] (n: before the end, -1: before
+    the last tensor), the others [-n, n - 1]."""
     p = int(C(pos).reshape(-1)[0]) if pos is not None else default
-    if not -len(seq) - (n.op_type == "SequenceInsert") <= p <= len(seq) - (n.op_type != "SequenceInsert"):
+    if not -len(seq) <= p <= len(seq) - (n.op_type != "SequenceInsert"):
         raise IndexError(f"{n}: position {p} is out of range for a sequence of {len(seq)}")
-    return p + len(seq) + (n.op_type == "SequenceInsert") if p < 0 else p
+    return p + len(seq) if p < 0 else p
 
 
 @op("SequenceConstruct")
