@@ -241,6 +241,15 @@ class OnnxRunner:
         self.run_graph(graph, env)
         return {name: _out(env[name]) for name in self.output_names}
 
+    def all_steps(self) -> list[Step]:
+        """Every step of the model as loaded, before constant folding (Gradient's subgraph may start at a folded
+        initializer that a feed overrides)."""
+        return self._unfolded[0]
+
+    def run_steps(self, steps: list[Step], outputs: list[str], env: dict[str, Any]) -> list[Any]:
+        """run_graph over some steps of a graph (a path through it), giving `outputs`."""
+        return self.run_graph(Graph(steps, [], outputs), env)
+
     def run_graph(self, graph: Graph, env: dict[str, Any]) -> list[Any]:
         """Runs the steps of `graph` in `env` (which holds its inputs and any outer-scope names); returns outputs."""
         env.update(graph.constants)

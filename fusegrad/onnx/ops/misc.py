@@ -271,13 +271,14 @@ def affine_grid(n, theta, size):
     return grid.reshape(N, *spatial, len(spatial))
 
 
-def _steps_of(graph, node):
-    """The step list of the (sub)graph that holds `node`, searched through every subgraph attribute."""
-    for st in graph.steps:
+def _steps_of(steps, node):
+    """The step list of the (sub)graph that holds `node` (`steps` or one below it, searched through every subgraph
+    attribute)."""
+    for st in steps:
         if st.node is node:
-            return graph.steps
+            return steps
         for v in st.node.attrs.values():
-            if hasattr(v, "steps") and (found := _steps_of(v, node)) is not None:
+            if hasattr(v, "steps") and (found := _steps_of(v.steps, node)) is not None:
                 return found
     return None
 
@@ -304,10 +305,8 @@ def gradient(n, *values):
     y = y.decode() if isinstance(y, bytes) else y
     xs = [x.decode() if isinstance(x, bytes) else x for x in xs]
     zs = [z.decode() if isinstance(z, bytes) else z for z in zs]
-    from fusegrad.onnx.runner import Graph
-
     # the runner's graph, or the unfolded one it runs when a feed overrides an initializer
-    steps = _steps_of(n.runner.graph, n) or _steps_of(Graph(n.runner._unfolded[0], [], []), n)
+    steps = _steps_of(n.runner.graph.steps, n) or _steps_of(n.runner.all_steps(), n)
     if steps is None:
         raise NotImplementedError(f"{n}: Gradient outside the graph the runner holds is not supported")
     env = dict(n.env)
@@ -315,6 +314,6 @@ def gradient(n, *values):
     for name, v in zip(xs + zs, values):
         leaves[name] = T(v)
         env[name] = leaves[name]
-    out = T(n.runner.run_graph(Graph(_path_to(steps, y, set(leaves)), [], [y]), env)[0])
+    out = T(n.runner.run_steps(_path_to(steps, y, set(leaves)), [y], env)[0])
     seed = None if out.ndim == 0 else out.ones_like()
     return tuple(out.gradient(*[leaves[x] for x in xs], gradient=seed))
