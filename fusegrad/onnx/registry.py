@@ -19,31 +19,24 @@ FOLD_LIMIT = 4096
 CHECKS: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
-def op(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for n in names:
-            OPS[(domain, n)] = fn
-        return fn
-
-    return deco
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-def fold(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for n in names:
-            FOLD[(domain, n)] = fn
-        return fn
+def _registrar(table: dict[tuple[str, str], Callable[..., Any]]) -> Callable[..., Decorator]:
+    """A decorator factory that files a function under (domain, name) in `table` for each name given."""
 
-    return deco
+    def register(*names: str, domain: str = "") -> Decorator:
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            for n in names:
+                table[(domain, n)] = fn
+            return fn
+
+        return deco
+
+    return register
 
 
-def check(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for n in names:
-            CHECKS[(domain, n)] = fn
-        return fn
-
-    return deco
+op, fold, check = _registrar(OPS), _registrar(FOLD), _registrar(CHECKS)
 
 
 class Node:
