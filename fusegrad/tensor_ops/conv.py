@@ -47,9 +47,9 @@ CONV_PHASE_WASTE, CONV_WINDOW_COLUMNS_MAX = 1.5, 2**22
 # a conv over several taps sums its input channels in blocks of this many, each block's taps and channels in turn: a
 # block's input rows and weights stay in L1 for all its taps, where walking every channel per tap streamed them from
 # L2 once per tap (AVX2, one thread, per kernel: 3x3 convs 256 -> 256 at 56x56 50 -> 76 GFLOPS, 128 -> 128 at
-# 112x112 54 -> 78, 512 -> 512 at 28x28 48 -> 75, 64 -> 64 at 224x224 67 -> 74, 128 -> 32 at 56x56 33 -> 43, a 5x5
-# 96 -> 128 at 28x28 34 -> 64; blocks of 16 ran as fast on the 3x3 convs of 128 or more channels, slower on the 5x5
-# and at 64 channels; 32 and 48 channels the same either way)
+# 112x112 54 -> 78, 512 -> 512 at 28x28 48 -> 75, 128 -> 32 at 56x56 33 -> 43, a 5x5 96 -> 128 at 28x28 34 -> 64;
+# 64 -> 64 at 224x224, 32 and 48 channels the same either way within the noise; blocks of 16 ran as fast on the 3x3
+# convs of 128 or more channels, slower on the 5x5 and at 64 channels)
 CONV_CHANNEL_BLOCK = 8
 # a stored one-tap conv (a 1x1 over flat positions, the window columns' matmul) summing at least this many inputs per
 # output sums chunks of this many into partials, chunk by chunk, then adds the partials: one chunk of the columns stays
@@ -208,9 +208,9 @@ def _windows_times_weight(
     n, (cout, cin_g), kernel = weight.ndim - 2, weight.shape[:2], weight.shape[2:]
     bs, outs = win.shape[0], win.shape[2 : win.ndim - n]
     m = len(outs)
-    if store and groups == 1 and prod(kernel) == 1 and cin_g >= CONV_CHUNKED_REDUCE_MIN:
-        if cin_g % CONV_REDUCE_CHUNK == 0:
-            return _chunked_reduce(win.reshape((bs, cin_g) + outs), weight.reshape((cout, cin_g)), acc_dtype, bias)
+    chunked = cin_g >= CONV_CHUNKED_REDUCE_MIN and cin_g % CONV_REDUCE_CHUNK == 0
+    if store and groups == 1 and prod(kernel) == 1 and chunked:
+        return _chunked_reduce(win.reshape((bs, cin_g) + outs), weight.reshape((cout, cin_g)), acc_dtype, bias)
     # the kernel taps before the input channels: the channels are the innermost reduce loop; over many taps, the
     # channels in blocks outside the taps (`_channel_blocks`)
     chans = _channel_blocks(cin_g, kernel)
