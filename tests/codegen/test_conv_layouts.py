@@ -156,6 +156,19 @@ def test_conv_over_taps_sums_its_channels_in_blocks(xs, ws, kw, name):
     run_case(xs, ws, kw, seed=5)
 
 
+@pytest.mark.parametrize(
+    "xs,ws,kw",
+    [
+        ((2, 32, 9, 9), (12, 16, 3, 3), {"groups": 2, "padding": 1}),  # flat, 16 channels a group: two blocks each
+        ((1, 48, 40, 40), (24, 16, 3, 3), {"groups": 3, "padding": 1}),  # windowed rows
+        ((1, 32, 9, 9), (16, 16, 3, 3), {"groups": 2, "padding": 2, "dilation": 2}),  # dilated
+    ],
+)
+def test_grouped_conv_with_channel_blocks_equals_torch(xs, ws, kw):
+    """Each group's input channels are summed in blocks (the blocks split the per-group channels)."""
+    run_case(xs, ws, kw, seed=9)
+
+
 @pytest.mark.parametrize("width", [32, 64])
 def test_rows_of_whole_tiles_keep_the_row_layout(width):
     """A conv whose output rows are whole 32-wide tiles keeps its rows (no crop pass)."""
