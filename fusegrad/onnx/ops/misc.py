@@ -301,10 +301,7 @@ def _path_to(steps, y: str, leaves: set[str]) -> list:
 def gradient(n, *values):
     """d y / d x for each x of `xs`: the subgraph from xs and zs to y is run again on this node's inputs (the point
     where the gradient is taken), then differentiated; a non-scalar y is seeded with ones (the gradient of its sum)."""
-    xs, zs, y = list(n.a("xs")), list(n.a("zs") or []), n.a("y")
-    y = y.decode() if isinstance(y, bytes) else y
-    xs = [x.decode() if isinstance(x, bytes) else x for x in xs]
-    zs = [z.decode() if isinstance(z, bytes) else z for z in zs]
+    xs, zs, y = list(n.a("xs")), list(n.a("zs") or []), n.a("y")  # names: the loader decodes string attributes
     # the runner's graph, or the unfolded one it runs when a feed overrides an initializer
     steps = _steps_of(n.runner.graph.steps, n) or _steps_of(n.runner.all_steps(), n)
     if steps is None:

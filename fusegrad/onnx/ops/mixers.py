@@ -15,13 +15,9 @@ _RULES = ("linear", "gated", "delta", "gated_delta")
 _ACTIVATIONS = ("none", "silu", "swish")
 
 
-def _text(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 @check("LinearAttention")
 def _check_linear_attention(n) -> None:
-    rule = _text(n.a("update_rule", "gated_delta"))
+    rule = n.a("update_rule", "gated_delta")
     if rule not in _RULES:
         raise NotImplementedError(f"{n}: LinearAttention update_rule {rule!r} is not one of {_RULES}")
     hq, hk = n.a("q_num_heads", 0), n.a("kv_num_heads", 0)
@@ -37,7 +33,7 @@ def _split_heads(x: Tensor, heads: int) -> Tensor:
 
 @op("LinearAttention")
 def linear_attention(n, q, k, v, past=None, decay=None, beta=None):
-    rule = _text(n.a("update_rule", "gated_delta"))
+    rule = n.a("update_rule", "gated_delta")
     hq, hk = n.a("q_num_heads"), n.a("kv_num_heads")
     out_dtype = T(q).dtype
     acc = dtypes.float64 if out_dtype == dtypes.float64 else dtypes.float32
@@ -71,7 +67,7 @@ def linear_attention(n, q, k, v, past=None, decay=None, beta=None):
 
 @check("CausalConvWithState")
 def _check_causal_conv(n) -> None:
-    act = _text(n.a("activation", "none"))
+    act = n.a("activation", "none")
     if act not in _ACTIVATIONS:
         raise NotImplementedError(f"{n}: CausalConvWithState activation {act!r} is not one of {_ACTIVATIONS}")
 
@@ -92,7 +88,7 @@ def causal_conv_with_state(n, x, w, bias=None, past=None):
         y = part if y is None else y + part
     if bias is not None:
         y = y + T(bias).cast(acc).reshape(1, ch, 1)
-    if _text(n.a("activation", "none")) in ("silu", "swish"):
+    if n.a("activation", "none") in ("silu", "swish"):
         y = y * y.sigmoid()
     state = full[:, :, full.shape[2] - (k - 1) :] if k > 1 else Tensor.zeros(B, ch, 0, dtype=acc)
     return y.cast(x.dtype), state.cast(x.dtype)

@@ -12,16 +12,12 @@ from fusegrad.onnx.registry import T, check, op
 _MODES = ("TF", "IDF", "TFIDF")
 
 
-def _text(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 @check("TfIdfVectorizer")
 def _check_tfidf(n) -> None:
     if n.a("pool_strings"):
         raise NotImplementedError(f"{n}: TfIdfVectorizer pool_strings: strings are not supported, only pool_int64s")
-    if _text(n.a("mode", "TF")) not in _MODES:
-        raise NotImplementedError(f"{n}: TfIdfVectorizer mode {_text(n.a('mode'))!r} is not one of {_MODES}")
+    if n.a("mode", "TF") not in _MODES:
+        raise NotImplementedError(f"{n}: TfIdfVectorizer mode {n.a('mode')!r} is not one of {_MODES}")
 
 
 def _pool(n) -> dict[int, np.ndarray]:
@@ -69,7 +65,7 @@ def tfidf_vectorizer(n, x):
             total = Tensor.zeros(*x.shape[:-1], len(grams), dtype=dtypes.float32)
         counts.append(total)
     tf = counts[0].cat(*counts[1:], dim=-1) if len(counts) > 1 else counts[0]
-    mode = _text(n.a("mode", "TF"))
+    mode = n.a("mode", "TF")
     scaled = tf if mode == "TF" else (tf.minimum(1) if mode == "IDF" else tf) * Tensor(weights)
     # the pooled n-gram i lands at output coordinate ngram_indexes[i]
     place = np.zeros((len(indexes), int(indexes.max()) + 1), np.float32)
