@@ -169,14 +169,17 @@ def avx2_matvec(ggml_type: int, planes: tuple[Tensor, ...], x: Tensor) -> Tensor
     (n, cols), rows = x.shape, planes[0].shape[0]
     entry = f"fg_{name}_matvec_{n}_{rows}_{cols}"
     src = PRELUDE + template.replace("NAME", entry) % {"n": n, "rows": rows, "cols": cols}
-    raw = RawKernel(src, entry, items=rows, ops=2 * n * rows * cols)
-    out = Tensor.empty(n, rows, dtype=dtypes.float32, device=x.device)
-    # no .contiguous(): the scheduler gives the kernel a lazy or strided input as a buffer of its own, and a realized
-    # plane (or a reshape of one) as it is, where .contiguous() would copy it every launch
     if ggml_type == 12:  # the packed nibbles and the stored scales (the float32 scale planes are prefill's)
         planes = planes[:1] + planes[3:]
-    inputs = (out, x.cast(dtypes.float32), *planes)
-    return Tensor.custom_kernel(*inputs, fxn=lambda *_: raw)[0]
+    # no .contiguous(): the scheduler gives the kernel a lazy or strided input as a buffer of its own, and a realized
+    # plane (or a reshape of one) as it is, where .contiguous() would copy it every launch
+    return _launch(RawKernel(src, entry, items=rows, ops=2 * n * rows * cols), (n, rows), x, *planes)
+
+
+def _launch(raw: RawKernel, shape: tuple[int, int], x: Tensor, *weights: Tensor) -> Tensor:
+    """The float32 (n, outputs) result of a raw matvec kernel over x (as float32) and the weight's tensors."""
+    out = Tensor.empty(*shape, dtype=dtypes.float32, device=x.device)
+    return Tensor.custom_kernel(out, x.cast(dtypes.float32), *weights, fxn=lambda *_: raw)[0]
 
 
 # out (N, COLS) = x (N, K) @ W, W (K, COLS) float32 row-major (a float linear's weight kept (in, out)): each item is a
@@ -216,5 +219,4 @@ def rows_matvec(x: Tensor, w: Tensor) -> Tensor:
     entry = f"fg_f32_rows_matvec_{n}_{k}_{cols}"
     src = ROWS_KERNEL.replace("NAME", entry) % {"n": n, "k": k, "cols": cols, "span": SPAN}
     raw = RawKernel(src, entry, items=-(-cols // SPAN), ops=2 * n * k * cols)
-    out = Tensor.empty(n, cols, dtype=dtypes.float32, device=x.device)
-    return Tensor.custom_kernel(out, x.cast(dtypes.float32), w.cast(dtypes.float32), fxn=lambda *_: raw)[0]
+    return _launch(raw, (n, cols), x, w.cast(dtypes.float32))
