@@ -12,7 +12,7 @@ from fusegrad.helpers import DEBUG
 
 # the buffer table lives with the buffers (runtime/buffers.py), where the front end reads it
 from fusegrad.runtime.buffers import base_buffer, buffer_of, buffer_uop
-from fusegrad.schedule.items import ScheduleItem
+from fusegrad.schedule.items import ScheduleItem, buffer_view
 from fusegrad.schedule.planner import KERNEL_DEPTH_LIMIT, Planner, reads_shifted
 from fusegrad.schedule.panels import PanelTarget, pack_weight_panels
 from fusegrad.schedule.split_reduce import split_long_reduces
@@ -153,16 +153,34 @@ def _find_realize_points(s: ScheduleState) -> None:
     }
 
 
+def _kept_point(s: ScheduleState, n: UOp) -> UOp | None:
+    """The kept point whose buffer holds n's value: n after the graph passes, or the point under reshapes a pass put
+    over it (the panels' (..., n/panel, panel) sum viewed as a matmul's (..., n)); a reshape keeps memory order."""
+    p = s.replaced.get(n, n)
+    while p not in s.kept and p.op is Ops.RESHAPE:
+        p = p.src[0]
+    return p if p in s.kept else None
+
+
 def _copy_on_write(s: ScheduleState) -> None:
     # the caller's nodes whose value a kept point computes (substitution rebuilt the nodes above realized values)
     if s.unchanged_by_multi:
-        s.kept_originals = {u: p for u, n in s.substituted.items() if (p := s.replaced.get(n, n)) in s.kept}
+        s.kept_originals = {u: p for u, n in s.substituted.items() if (p := _kept_point(s, n)) is not None}
     if s.readers is not None:
         s.planner.copy_on_write = s.readers.shared(set(s.kept_originals))  # type: ignore[union-attr]
 
 
 def _emit_kernels(s: ScheduleState) -> None:
     s.items = s.planner.plan()  # type: ignore[union-attr]
+
+
+def _seen_as(view: UOp, shape: tuple) -> UOp | None:
+    """A kept point's buffer view seen as one of the caller's nodes above it (a reshape of it), or None where the
+    view is not a plain buffer's (a symbolic one)."""
+    if view.shape == shape:
+        return view
+    base = view.src[0] if view.op is Ops.RESHAPE else view
+    return buffer_view(base, shape) if base.op is Ops.BUFFER else None
 
 
 @dataclass(frozen=True)
@@ -209,7 +227,9 @@ def plan_schedule(roots: list[UOp], devices: list, readers: VersionReaders | Non
     results = [u.replace(src=tuple(result(x) for x in u.src)) if u.op is Ops.MULTI else result(u) for u in s.graph]
     inner = {p: planner.result[p] for p in s.kept if any(planner.inputs[p])}
     # recorded for the caller's own nodes too: its graphs (a grad, a lazy loss) then read the kept values
-    inner.update({u: planner.result[p] for u, p in s.kept_originals.items() if any(planner.inputs[p])})
+    for u, p in s.kept_originals.items():
+        if any(planner.inputs[p]) and (view := _seen_as(planner.result[p], u.shape)) is not None:
+            inner[u] = view
     if DEBUG >= 3:
         print(f"scheduled {len(s.items)} kernel(s) for {len(roots)} tensor(s)")
     return Plan(s.items, results, inner, s.kept_originals, planner)

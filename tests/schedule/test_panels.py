@@ -79,3 +79,28 @@ def test_a_matmul_reading_an_earlier_packed_matmul_packs_too(any_size):
     assert copies(kernels(out)) == 2
     want = np.maximum(x.numpy() @ w1.numpy(), 0) @ w2.numpy()
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_packed_matmul_kept_for_a_later_realize_is_not_computed_again(any_size):
+    """The panels' sum is a new node ((..., n/panel, panel) viewed as (..., n)): the buffer it is kept in is recorded
+    for the caller's matmul too, so a later realize reading the matmul reads that buffer (a model whose every layer
+    realized its KV cache recomputed all earlier layers' matmuls)."""
+    n = 2 * any_size
+    x, w = Tensor(rand(8, n)).realize(), Tensor(rand(n, n, seed=5)).realize()
+    y = x @ w
+    first, second = y.relu() @ w, y.max()  # the second matmul reads y from a buffer
+    assert copies(kernels(first)) == 1
+    first.realize()
+    asts = kernels(second)
+    assert len(asts) == 1 and copies(asts) == 0  # only the max: y is read from the kept buffer
+    want = x.numpy() @ w.numpy()
+    np.testing.assert_allclose(first.numpy(), np.maximum(want, 0) @ w.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(second.numpy(), want.max(), rtol=1e-5)
+
+
+def test_narrow_vectors_take_panels_from_smaller_matmuls():
+    """8-lane tiles (AVX2) alias in L1 at smaller sizes than 16-lane ones: their matmuls take panels from 2^23
+    multiply-adds, 128 x 768 x 2048 (a LLaMA chunk's gate projection) included."""
+    narrow, wide = panels_pass.PanelTarget(32), panels_pass.PanelTarget(64)
+    assert narrow.min_macs() <= 128 * 128 * 512 < wide.min_macs()
+    assert 128 * 768 * 2048 >= narrow.min_macs() and 64 * 256 * 256 < narrow.min_macs()
