@@ -17,8 +17,12 @@ from fusegrad.uop.ops import Ops, UOp, elementwise_uop
 from fusegrad.uop.pattern import PatternMatcher, UPat, rewrite_once
 
 # a matmul this big reads its weight in panels: below, the copy costs more than the panels save (measured on one
-# thread: 1024^2 and up gain 10-20 %, 768^2 and smaller lose to the copy)
+# thread with 16-lane vectors: 1024^2 and up gain 10-20 %, 768^2 and smaller lose to the copy)
 PANEL_MIN_ROWS, PANEL_MIN_MACS = 64, 1 << 29
+# ... and with 8-lane vectors (AVX2), whose tiles of 16 columns alias in L1 more often: panels and their copy beat the
+# plain tile from 2^23 multiply-adds (one thread, CPU time with the copy: 128x128x512 0.22 -> 0.19 ms, 128x768x2048
+# 7.2 -> 4.6, 128x2048x768 6.2 -> 4.6, 512x768x2048 28 -> 17; 64x256x256 0.10 -> 0.105)
+NARROW_PANEL_MIN_MACS, NARROW_VECTOR_BYTES = 1 << 23, 32
 
 
 @dataclass
@@ -36,6 +40,11 @@ class PanelTarget:
 
     def columns(self, itemsize: int) -> int:
         return max(2 * self.vector_bytes // itemsize, 1)
+
+    def min_macs(self) -> int:
+        """The fewest multiply-adds of a matmul whose weight is worth copying into panels on this target."""
+        narrow = self.vector_bytes <= NARROW_VECTOR_BYTES
+        return min(PANEL_MIN_MACS, NARROW_PANEL_MIN_MACS) if narrow else PANEL_MIN_MACS
 
 
 def _weight(cols: UOp, n: int, k: int, ctx: PanelTarget) -> UOp | None:
@@ -81,7 +90,7 @@ def pack_weight(view: UOp, reduce: UOp, ctx: PanelTarget) -> UOp | None:
     else:
         return None
     panel, rows = ctx.columns(mul.dtype.itemsize), prod(lead)
-    if n % panel or n == panel or rows < PANEL_MIN_ROWS or rows * k * n < PANEL_MIN_MACS:
+    if n % panel or n == panel or rows < PANEL_MIN_ROWS or rows * k * n < ctx.min_macs():
         return None
     dt = mul.dtype
     packed = UOp(Ops.PERMUTE, dt, (UOp(Ops.RESHAPE, dt, (w,), (k, n // panel, panel)),), (1, 0, 2))
