@@ -396,6 +396,22 @@ def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks(avx512_target):
     assert opts == (opt("UPCAST", 0, 8), opt("UPCAST", 2, p), opt("TILE", 0, 64))
 
 
+def test_packed_matmul_reading_heads_as_columns_gets_a_row_tile():
+    """Attention's output (heads, rows, head_dim) read as (rows, heads * head_dim) by the output projection: the row
+    input walks the reduce through a division and a modulo, and still takes one value per reduce step, so the panel
+    tile keeps its rows (with one vector of columns only, a LLaMA chunk's projection ran at a third of the speed)."""
+    p = panel_columns()
+    rng = np.random.default_rng(4)
+    heads = rng.standard_normal((4, 48, 32), dtype=np.float32)
+    x_np, w_np = heads.transpose(1, 0, 2).reshape(48, 128), rng.standard_normal((128, 2 * p), dtype=np.float32)
+    with panels_for_any_size():
+        x = Tensor(heads).realize().permute(1, 0, 2).reshape(48, 128)
+        out = x @ Tensor(w_np).realize()
+        opts = lower_to_linear(ast_of(out), Device["CPU"].renderer).opts
+        assert any(o.op is OptOps.UPCAST and o.axis == 0 and o.amount >= 4 for o in opts), opts
+        np.testing.assert_allclose(out.numpy(), x_np @ w_np, rtol=1e-4, atol=1e-4)
+
+
 def test_matvec_over_panels_accumulates_both_vectors_of_a_panel_in_one_pass():
     """A decode step's x @ W over a PanelLinear weight: two vector accumulators walk each panel once, where one vector
     per pass read every other cache line of the panel twice."""

@@ -433,14 +433,14 @@ def _panel_tile(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) 
     panel_load, cols_per_panel = panel
     if inner.src[0].arg * cols_per_panel * value.dtype.itemsize > PANEL_MAX_BYTES:
         return None  # a panel past L2 is walked in reduce blocks (tile_opts)
+    # the row input may walk the reduce through a view that splits it (attention's heads x head_dim, read as x's
+    # columns by the output projection): each row still takes one value per reduce step
     rows_ok = [
         a
         for a in reversed(kept[:-1])
         if coefficient(panel_load, axis_range[a]) == 0
         and any(
-            coefficient(i, axis_range[a]) not in (0, None)
-            and coefficient(i, inner) not in (0, None)
-            and coefficient(i, col_r) == 0
+            coefficient(i, axis_range[a]) not in (0, None) and coefficient(i, inner) != 0 and coefficient(i, col_r) == 0
             for i in loads
         )
     ]
