@@ -260,3 +260,26 @@ def test_max_over_several_loops_keeps_a_nan_from_an_earlier_row(where):
             for fn, ref in ((lambda y: y.max(axes), t.double().amax(ax)), (lambda y: y.min(axes), t.double().amin(ax))):
                 got = fn(Tensor(x.astype(dtype))).numpy()
                 np.testing.assert_array_equal(got, ref.numpy().astype(dtype), err_msg=f"{dtype} {axes}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_float_select_over_arithmetic_is_a_bit_mask_blend_and_keeps_every_value(dtype):
+    """A scalar float where() with an arithmetic arm renders as fg_selectf/fg_select (bit masks: GCC sinks the arm into
+    a branch of ?: and keeps the loop scalar under trapping math), one of loaded values stays ?:; the chosen values pass
+    through bit for bit, NaN, infinities and -0.0 too."""
+    rng = np.random.default_rng(2)
+    a = np.array([*SPECIAL, *rng.standard_normal(200)], dtype)
+    b = np.array([*SPECIAL[::-1], *rng.standard_normal(200)], dtype)
+    cond = rng.integers(0, 2, a.size).astype(bool)
+    blend = "fg_selectf(" if dtype is np.float32 else "fg_select("
+    out = Tensor(cond).where(-Tensor(a), Tensor(b))
+    kernel = c_source(out).split("void k(")[1]
+    assert blend in kernel and "?" not in kernel
+    np.testing.assert_array_equal(out.numpy().view(np.uint8), np.where(cond, -a, b).view(np.uint8))
+    plain = Tensor(cond).where(Tensor(a), Tensor(b))
+    assert blend not in c_source(plain).split("void k(")[1]
+    np.testing.assert_array_equal(plain.numpy().view(np.uint8), np.where(cond, a, b).view(np.uint8))
+    # silu, whose stable form selects between two arms of exp(-|x|), equals torch
+    x = rng.standard_normal((64, 256)).astype(dtype) * 8
+    assert blend in c_source(Tensor(x).silu()).split("void k(")[1]
+    np.testing.assert_allclose(Tensor(x).silu().numpy(), torch.nn.functional.silu(torch.from_numpy(x)), rtol=1e-6)
