@@ -296,6 +296,20 @@ def fold_divmod_by_range(d: UOp, x: UOp, c: UOp) -> UOp | None:
     return build_sum(moved, m, x) if d.op is Ops.IDIV else build_sum(rest, const - cv * m, x)
 
 
+def _shared_factors(cv: int, coefficients: list[int], most: int = 1 << 12) -> list[int]:
+    """The factors g > 1 of cv that divide some coefficient, largest first (a factor dividing none leaves nothing to
+    move out of the division); of a gcd past most**2 only the gcd and its factors up to most (a randint's division
+    by 2**40 is not walked factor by factor)."""
+    found: set[int] = set()
+    for k in coefficients:
+        g = math.gcd(cv, k)
+        found.add(g)
+        for f in range(2, min(math.isqrt(g), most) + 1):
+            if g % f == 0:
+                found.update((f, g // f))
+    return sorted((g for g in found if g > 1), reverse=True)
+
+
 def fold_divmod_by_factor(d: UOp, x: UOp, c: UOp) -> UOp | None:
     """x // c and x % c for x >= 0 when, for a factor g of c, the terms whose coefficients g does not divide (with the
     constant) stay in [0, g): x // c = (x's multiples of g, over g) // (c / g), and x % c = that % (c / g) * g plus
@@ -304,14 +318,13 @@ def fold_divmod_by_factor(d: UOp, x: UOp, c: UOp) -> UOp | None:
     if cv <= 1 or x.vmin < 0:
         return None
     terms, const = linear_terms(x)
-    if len(terms) < 2 or any(t.vmin < 0 for _, t in terms):
+    if not terms or any(t.vmin < 0 for _, t in terms):
         return None
-    for g in range(cv, 1, -1):
-        if cv % g:
-            continue
+    for g in _shared_factors(cv, [k for k, _ in terms]):
         big = [(k // g, t) for k, t in terms if k % g == 0]
         small = [(k, t) for k, t in terms if k % g]
-        if not big or not small or any(k < 0 for k, _ in small):
+        # one term and a constant (an upcast lane's offset) too: (8*i + 3) % 32 is i % 4 * 8 + 3, (8*i) // 32 is i // 4
+        if not big or any(k < 0 for k, _ in small):
             continue
         rest = build_sum(small, const % g, x)
         if rest.vmin < 0 or rest.vmax >= g:

@@ -94,3 +94,38 @@ def test_split_index_recombines_when_it_can_be_negative():
         assert not [u for u in simple.toposort() if u.op in (Ops.IDIV, Ops.MOD)], simple
         for vg in range(0, 1000, 7):
             assert sym_eval(simple, {g: vg}) == sym_eval(expr, {g: vg}) == vg - offset
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(1, 300), coef=st.integers(1, 40), const=st.integers(0, 100), divisor=st.integers(2, 64))
+def test_one_scaled_loop_and_a_constant_fold_like_the_original(size, coef, const, divisor):
+    i = loop(0, size)
+    x = i * coef + const
+    for expr in (x // divisor, x % divisor, (x % divisor) // 4):
+        simple = simplify(expr)
+        for v in range(size):
+            assert sym_eval(simple, {i: v}) == sym_eval(expr, {i: v}), (expr, simple, v)
+
+
+def test_an_upcast_lanes_offset_leaves_the_division():
+    """An 8-lane upcast of k in a 4-bit dequantization reads byte (8*g + lane) % 32 + (8*g + lane) // 64 * 32: the
+    lane's constant comes out of the division, so the lanes are one contiguous run the renderer can pack."""
+    g = loop(0, 96)
+    for lane in range(8):
+        k = g * 8 + lane
+        assert simplify(k // 32) is simplify(g // 4)
+        rem = simplify(k % 32)
+        offset = [s.arg for s in rem.src if s.op is Ops.CONST] if rem.op is Ops.ADD else [0]
+        assert offset == [lane] and not [u for u in rem.toposort() if u.op is Ops.IDIV], rem
+        for v in range(96):
+            assert sym_eval(rem, {g: v}) == (8 * v + lane) % 32
+
+
+def test_a_huge_divisor_folds_without_walking_its_factors():
+    """A randint over 2**41 values divides by 2**40: the factors tried are those shared with a coefficient, not every
+    number below the divisor (that walk never ended)."""
+    i = loop(0, 1000)
+    for expr in ((i * 2**20) // 2**40, (i * 6 + 1) % (3 * 2**38), (i * 2**30 + 5) // 2**40):
+        simple = simplify(expr)
+        for v in (0, 1, 999):
+            assert sym_eval(simple, {i: v}) == sym_eval(expr, {i: v})
