@@ -9,7 +9,7 @@ from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.accumulators import INNER_BLOCK
 from fusegrad.codegen.opt import Opt, OptOps, check_opts, blockable_sum
 from fusegrad.codegen.opt.matrix_tile import match_matmul
-from fusegrad.uop.symbolic import linear_terms
+from fusegrad.uop.symbolic import linear_terms, sym_eval
 
 if TYPE_CHECKING:
     from fusegrad.renderer import Capabilities
@@ -159,7 +159,7 @@ def _transpose_tile(value: UOp, plain: UOp) -> list[Opt]:
             j
             for j in range(len(kept) - 1)
             if all(coefficient(i, ranges[j]) in (1, None) for i in moving)
-            and any(coefficient(i, ranges[j]) == 1 for i in moving)
+            and any(coefficient(i, ranges[j]) == 1 or _runs_of_tiles(i, ranges[j]) for i in moving)
         ),
         None,
     )
@@ -167,6 +167,23 @@ def _transpose_tile(value: UOp, plain: UOp) -> list[Opt]:
     if row is None or value.shape[kept[row]] % TRANSPOSE_TILE or value.shape[col] % TRANSPOSE_TILE:
         return []
     return [Opt(OptOps.UPCAST, kept[row], TRANSPOSE_TILE), Opt(OptOps.UPCAST, col, TRANSPOSE_TILE)]
+
+
+def _runs_of_tiles(index: UOp, r: UOp) -> bool:
+    """Whether index steps by one along loop r within each aligned run of TRANSPOSE_TILE steps, though not linearly
+    over all of r (a 4-bit dequantization's bytes: k % 32 + k // 64 * 32, each byte's nibble chosen by k // 32 % 2);
+    checked with the other loops at 0, on r's first 64 runs."""
+    if r.src[0].op is not Ops.CONST or r.src[0].arg % TRANSPOSE_TILE:
+        return False
+    env = {u: 0 for u in index.toposort() if u.op is Ops.RANGE}
+    for start in range(0, min(r.src[0].arg, 64 * TRANSPOSE_TILE), TRANSPOSE_TILE):
+        try:
+            run = [sym_eval(index, env | {r: start + lane}) for lane in range(TRANSPOSE_TILE)]
+        except ValueError:  # a variable or a load: not known here
+            return False
+        if run != [run[0] + lane for lane in range(TRANSPOSE_TILE)]:
+            return False
+    return True
 
 
 def _gated_row_vectors(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) -> list[Opt]:
