@@ -1,6 +1,6 @@
 """fusegrad against llama.cpp (through llama-cpp-python) on the same GGUF files, in one process:
-`python bench/bench_llamacpp.py [speed] [accuracy] [decode-cpu] [--formats F32,Q8_0,Q4_K]` (the first two without
-arguments).
+`python bench/bench_llamacpp.py [speed] [accuracy] [decode-cpu] [prefill-cpu] [--formats F32,Q8_0,Q4_K]` (the first
+two without arguments).
 
 - speed: a ~110M-parameter random LLaMA (12 layers of 768, SwiGLU 2048, 12 heads / 4 kv heads, vocabulary 32000)
   written once per format; prefill of 128 and 512 tokens (timed to the last token's logits) and greedy decode of
@@ -13,6 +13,7 @@ arguments).
 - decode-cpu: greedy decode of 32 tokens after a 4-token prompt on the speed files, 5 rounds in turns, medians of
   the process's CPU time (time.process_time: both sides' threads, none of the time the machine ran other work) and
   of wall time; steadier than speed's wall-clock rates on a loaded machine (run it with NUM_CPU_THREADS=1 there).
+- prefill-cpu: prefill of 128 and 512 tokens on the speed files, timed as decode-cpu is.
 Both sides run on NUM_CPU_THREADS threads (llama.cpp's n_threads and n_threads_batch). llama-cpp-python is a
 bench-only dependency: `pip install llama-cpp-python` builds llama.cpp from source (a few minutes on 2 cores).
 The files carry no tokenizer (`tokenizer.ggml.model = no_vocab`): both sides read token ids."""
@@ -94,32 +95,54 @@ def both_models(formats: list[str]):
             yield qtype, model, load_llamacpp(path)
 
 
-def bench_decode_cpu(formats: list[str]) -> None:
+def cpu_time_rates(sides: list[tuple[object, int]]) -> tuple[list[float], list[float]]:
+    """(tokens per CPU second, tokens per wall second) of each (case, tokens), CPU_ROUNDS rounds in turns, medians."""
     import statistics
     import time
 
+    for side, _ in sides:
+        side()  # warm-up: captures, first touches
+    cpu: list[list[float]] = [[] for _ in sides]
+    wall: list[list[float]] = [[] for _ in sides]
+    for _ in range(CPU_ROUNDS):
+        for i, (side, _) in enumerate(sides):
+            c, w = time.process_time(), time.perf_counter()
+            side()
+            cpu[i].append(time.process_time() - c)
+            wall[i].append(time.perf_counter() - w)
+    return (
+        [n / statistics.median(t) for (_, n), t in zip(sides, cpu)],
+        [n / statistics.median(t) for (_, n), t in zip(sides, wall)],
+    )
+
+
+def bench_cpu(formats: list[str], prefill: bool) -> None:
+    """decode-cpu, or prefill-cpu: each case's tokens per CPU second and per wall second, fusegrad and llama.cpp."""
     prompt = bench_prompt()
     head = f"{'CPU: fusegrad':>13s} {'llama.cpp':>10s} {'ratio':>6s} {'wall: fusegrad':>14s} {'llama.cpp':>10s}"
     print(f"{'case':24s} {head} {'ratio':>6s}")
     for qtype, model, llm in both_models(formats):
-        _, ours = fusegrad_cases(model, prompt, CPU_DECODE)
-        sides = [ours, lambda: llamacpp_decode(llm, prompt, CPU_DECODE)]
-        for side in sides:
-            side()  # warm-up: captures, first touches
-        cpu: list[list[float]] = [[], []]
-        wall: list[list[float]] = [[], []]
-        for _ in range(CPU_ROUNDS):
-            for i, side in enumerate(sides):
-                c, w = time.process_time(), time.perf_counter()
-                side()
-                cpu[i].append(time.process_time() - c)
-                wall[i].append(time.perf_counter() - w)
-        c0, c1, w0, w1 = (CPU_DECODE / statistics.median(t) for t in (*cpu, *wall))
-        print(
-            f"{'LLaMA 110M ' + qtype + ' decode':24s} {c0:13.1f} {c1:10.1f} {c0 / c1:5.2f}x {w0:14.1f} {w1:10.1f}"
-            f" {w0 / w1:5.2f}x",
-            flush=True,
-        )
+        ours_prefill, ours_decode = fusegrad_cases(model, prompt, CPU_DECODE)
+
+        def theirs_prefill(n: int):
+            llm.reset()
+            llm.eval(prompt[:n])
+            llamacpp_last_logits(llm)
+
+        if prefill:
+            names = [f"prefill {n}" for n in PROMPTS]
+            sides = [(lambda n=n, f=f: f(n), n) for n in PROMPTS for f in (ours_prefill, theirs_prefill)]
+        else:
+            names = [f"decode {CPU_DECODE}"]
+            sides = [(ours_decode, CPU_DECODE), (lambda: llamacpp_decode(llm, prompt, CPU_DECODE), CPU_DECODE)]
+        cpu, wall = cpu_time_rates(sides)
+        for i, name in enumerate(names):
+            c0, c1, w0, w1 = cpu[2 * i], cpu[2 * i + 1], wall[2 * i], wall[2 * i + 1]
+            print(
+                f"{'LLaMA 110M ' + qtype + ' ' + name:24s} {c0:13.1f} {c1:10.1f} {c0 / c1:5.2f}x {w0:14.1f} {w1:10.1f}"
+                f" {w0 / w1:5.2f}x",
+                flush=True,
+            )
 
 
 def bench_speed(formats: list[str]) -> None:
@@ -221,7 +244,12 @@ def main() -> None:
         sys.exit("this bench needs llama-cpp-python: pip install llama-cpp-python (builds llama.cpp from source)")
     torch.set_num_threads(NUM_CPU_THREADS.value)
     print(f"threads: {NUM_CPU_THREADS.value} each side, machine load average {os.getloadavg()[0]:.1f}")
-    cases = {"speed": bench_speed, "accuracy": bench_accuracy, "decode-cpu": bench_decode_cpu}
+    cases = {
+        "speed": bench_speed,
+        "accuracy": bench_accuracy,
+        "decode-cpu": lambda f: bench_cpu(f, prefill=False),
+        "prefill-cpu": lambda f: bench_cpu(f, prefill=True),
+    }
     for name in args or ["speed", "accuracy"]:
         if name not in cases:
             sys.exit(f"unknown case {name!r}; cases: {', '.join(cases)}")
