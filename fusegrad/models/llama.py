@@ -17,7 +17,7 @@ from fusegrad import Device, Tensor, TinyJit, dtypes, function
 from fusegrad.helpers import _Progress
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, quantize_blocks
-from fusegrad.nn.quantized_avx2 import avx2_kernels, rows_matvec
+from fusegrad.nn.quantized_avx2 import avx2_kernels, avx2_matvecs, rows_matvec, rows_matvecs
 from fusegrad.nn.state import gguf_load
 from fusegrad.uop.ops import UOp
 
@@ -157,6 +157,22 @@ class QuantLinear:
         return y if self.bias is None else y + self.bias.cast(dtypes.float32)
 
 
+def fused_matvec(x: Tensor, *linears: QuantLinear, swiglu: bool = False) -> Tensor | None:
+    """A decode row's matvecs of the linears reading x (bias aside) in one hand-written kernel that reads x once,
+    or None where they have no such kernel in common: (rows, each linear's outputs after the previous one's), or
+    with swiglu (gate, up) silu(gate(x)) * up(x). One launch instead of one per linear, which split over threads each
+    wake the workers and each quantize x again in every chunk."""
+    if x.shape[0] > MATVEC_MAX_ROWS:
+        return None
+    ws = [lin.weight for lin in linears]
+    if all(lin.rows_kernel for lin in linears):
+        return rows_matvecs(x, [w for w in ws if isinstance(w, Tensor)], swiglu)
+    quantized = [w for w in ws if isinstance(w, QuantizedMatrix) and w.avx2]
+    if len(quantized) == len(ws) and len({w.ggml_type for w in quantized}) == 1:
+        return avx2_matvecs(quantized[0].ggml_type, [w.planes for w in quantized], x, swiglu)
+    return None
+
+
 def shared_blocks(x: Tensor, *linears: QuantLinear) -> tuple[Tensor, Tensor, Tensor] | None:
     """x quantized to 8-bit blocks once for the linears reading it, when each multiplies a decode row in integer dot
     products (each would otherwise quantize it again: its own kernels). Realized here: a KV-cache write realizes k
@@ -244,10 +260,9 @@ class Attention:
 
     def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
         cfg, t = self.cfg, x.shape[0]
-        x, blocks = decode_input(x, self.q, self.k, self.v)
-        q = self.q(x, blocks).reshape(t, cfg.n_heads, cfg.head_dim)
-        k = self.k(x, blocks).reshape(t, cfg.n_kv_heads, cfg.head_dim)
-        v = self.v(x, blocks).reshape(t, cfg.n_kv_heads, cfg.head_dim)
+        q, k, v = self.projections(x)
+        q = q.reshape(t, cfg.n_heads, cfg.head_dim)
+        k, v = k.reshape(t, cfg.n_kv_heads, cfg.head_dim), v.reshape(t, cfg.n_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
             q = rms_norm(q, self.q_norm, cfg.norm_eps)
         if self.k_norm is not None:
@@ -259,6 +274,19 @@ class Attention:
         out = attention(q, keys, values, mask)
         return self.o(out[0].transpose(0, 1).reshape(t, cfg.n_heads * cfg.head_dim))
 
+    def projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v of x (chunk, dim): a decode row's in one kernel where the three share one (fused_matvec)."""
+        linears = (self.q, self.k, self.v)
+        if (qkv := fused_matvec(x, *linears)) is not None:
+            widths = [lin.weight.shape[1] if lin.rows_kernel else lin.weight.shape[0] for lin in linears]
+            q, k, v = (
+                y if lin.bias is None else y + lin.bias.cast(dtypes.float32)
+                for y, lin in zip(qkv.split(widths, dim=1), linears)
+            )
+            return q, k, v
+        x, blocks = decode_input(x, *linears)
+        return self.q(x, blocks), self.k(x, blocks), self.v(x, blocks)
+
 
 class FeedForward:
     """SwiGLU: down(silu(gate(x)) * up(x))."""
@@ -267,6 +295,8 @@ class FeedForward:
         self.gate, self.up, self.down = QuantLinear(gate), QuantLinear(up), QuantLinear(down)
 
     def __call__(self, x: Tensor) -> Tensor:
+        if (h := fused_matvec(x, self.gate, self.up, swiglu=True)) is not None:
+            return self.down(h)
         if x.shape[0] <= MATVEC_MAX_ROWS:
             x, blocks = decode_input(x, self.gate, self.up)
             gate, up = self.gate(x, blocks), self.up(x, blocks)
