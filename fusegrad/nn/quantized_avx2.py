@@ -115,8 +115,8 @@ static inline __attribute__((always_inline)) void fg_row(float* res, const i8 (*
   const __m256i low = _mm256_set1_epi8(15);
   const unsigned char* wr = w + r * (COLS / 2);
   __m256 acc[N];
-  float mins_sum[N];
-  for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps(), mins_sum[i] = 0;
+  __m128 mins_acc[N]; /* the mins' part, in four float lanes summed once a row (a sum a block cost ~10 ops) */
+  for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps(), mins_acc[i] = _mm_setzero_ps();
   for (int s = 0; s < SUPERS; s++) {
     const long long at = r * BLOCKS + s * 8;
     const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)(sc + at)));
@@ -125,6 +125,7 @@ static inline __attribute__((always_inline)) void fg_row(float* res, const i8 (*
     const float dd = d[r * SUPERS + s], dm = dmin[r * SUPERS + s];
     for (int i = 0; i < N; i++) {
       __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 4 /* constant shuffle controls: rolled, each chunk built its two in ~8 scalar ops */
       for (int c = 0; c < 4; c++) {
         __m256i q = _mm256_loadu_si256((const __m256i*)(wr + s * 128 + c * 32));
         __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
@@ -139,12 +140,10 @@ static inline __attribute__((always_inline)) void fg_row(float* res, const i8 (*
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd * xs[i][s]), acc[i]);
       /* the mins: dmin * xs * sum_k m_k * sum(xq_k) */
       __m128i pm = _mm_madd_epi16(m16, _mm_load_si128((const __m128i*)(sums[i] + s * 8)));
-      pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, 0x4e));
-      pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, 0xb1));
-      mins_sum[i] += dm * xs[i][s] * (float)_mm_cvtsi128_si32(pm);
+      mins_acc[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(pm), _mm_set1_ps(dm * xs[i][s]), mins_acc[i]);
     }
   }
-  for (int i = 0; i < N; i++) res[i] = fg_hsum(acc[i]) - mins_sum[i];
+  for (int i = 0; i < N; i++) res[i] = fg_hsum(_mm256_sub_ps(acc[i], _mm256_set_m128(_mm_setzero_ps(), mins_acc[i])));
 }
 """
 
