@@ -14,6 +14,10 @@ their weight rows over the CPU threads (RawKernel.items). Every other target kee
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import AVX2_MATVEC
 from fusegrad.tensor import Tensor
@@ -66,6 +70,63 @@ static void fg_quantize_x(const float* x, i8* xq, float* xs, short* sums, int sp
   }
 }
 """
+
+
+# Fusions a decode step's kernels take on (Fused): `norm` rms-normalizes x in the entry's prologue (x * rsqrt(mean(x^2)
+# + eps) * weight, the norm's weight an input after x), so the norm is no kernel of its own; `residual` adds an input
+# (n, outputs) to the outputs (the layer's residual sum: its add is no kernel either).
+@dataclass(frozen=True)
+class Fused:
+    swiglu: bool = False
+    norm_eps: float | None = None
+    residual: bool = False
+
+    def tag(self) -> str:
+        """The entry name's part that tells fused kernels apart."""
+        return (
+            ("swiglu" if self.swiglu else "matvec")
+            + ("_norm" if self.norm_eps is not None else "")
+            + ("_res" if self.residual else "")
+        )
+
+    def params(self) -> str:
+        """The entry's parameters after x for the fusions' inputs."""
+        norm = " const float* restrict nw," if self.norm_eps is not None else ""
+        return norm + (" const float* restrict res," if self.residual else "")
+
+    def prologue(self, width: str) -> str:
+        """C that makes `x` the entry's input rows (`x_in`, N rows of `width`), normalized where asked."""
+        if self.norm_eps is None:
+            return "  const float* restrict x = x_in;\n"
+        return (
+            f"  float xn[N * {width}] __attribute__((aligned(32)));\n"
+            f"  fg_rms_norm(x_in, nw, xn, N, {width}, {float(np.float32(self.norm_eps))!r}f);\n"
+            "  const float* restrict x = xn;\n"
+        )
+
+    def store(self, out: str, value: str) -> str:
+        """C that stores `value` at out[`out`] (adding the residual's element there where asked)."""
+        return f"out[{out}] = res[{out}] + {value};" if self.residual else f"out[{out}] = {value};"
+
+
+# x (n rows of width) -> out = x * (1 / sqrt(mean(x^2) + eps)) * w, as models' rms_norm (sums in eight lanes)
+RMS_NORM = r"""
+static inline void fg_rms_norm(const float* x, const float* w, float* out, int n, int width, float eps) {
+  for (int i = 0; i < n; i++) {
+    const float* v = x + (long long)i * width;
+    __m256 ss8 = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= width; j += 8) ss8 = _mm256_fmadd_ps(_mm256_loadu_ps(v + j), _mm256_loadu_ps(v + j), ss8);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(ss8), _mm256_extractf128_ps(ss8, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    float ss = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    for (; j < width; j++) ss += v[j] * v[j];
+    const float scale = 1.0f / sqrtf(ss / (float)width + eps);
+    for (j = 0; j < width; j++) out[(long long)i * width + j] = v[j] * scale * w[j];
+  }
+}
+"""
+
 
 # Each format's kernel is an entry that quantizes x once (file-scope N rows of COLS values), then runs its rows
 # through the format's row function (`fg_row`: row r of one matrix's planes -> its N dot products). An entry reads
@@ -157,33 +218,40 @@ QUANTIZE_X = r"""
 """
 
 
-def matvec_source(ggml_type: int, entry: str, n: int, cols: int, rows: tuple[int, ...], swiglu: bool = False) -> str:
+def matvec_source(ggml_type: int, entry: str, n: int, cols: int, rows: tuple[int, ...], fused: Fused = Fused()) -> str:
     """C source of `entry`: out = x (n, cols) @ W.T for each matrix W of `rows` rows (their planes in order after
-    out and x), items over the rows of all of them. One matrix: out (n, rows). Several: out (n, sum(rows)), each
-    matrix's columns after the previous ones'. swiglu (two matrices, gate then up): out (n, rows) = silu(gate) * up."""
+    out, x and the fusions' inputs), items over the rows of all of them. One matrix: out (n, rows). Several: out (n,
+    sum(rows)), each matrix's columns after the previous ones'. swiglu (two matrices, gate then up): out (n, rows) =
+    silu(gate) * up."""
     row = {8: Q8_0_ROW, 12: Q4_K_ROW}[ggml_type]
     planes = ", ".join(f"FG_PLANES({m})" for m in range(len(rows)))
-    head = f"void {entry}(float* restrict out, const float* restrict x, {planes}, long long start, long long end) {{"
-    if swiglu:
+    head = (
+        f"void {entry}(float* restrict out, const float* restrict x_in,{fused.params()} {planes}, long long start, "
+        "long long end) {\n"
+    )
+    if fused.swiglu:
         assert len(rows) == 2 and rows[0] == rows[1], "swiglu multiplies a gate and an up of one shape"
         body = f"""
   for (long long r = start; r < end; r++) {{
     float g[N], u[N];
     fg_row(g, xq, xs, sums, FG_ARGS(0), r);
     fg_row(u, xq, xs, sums, FG_ARGS(1), r);
-    for (int i = 0; i < N; i++) out[i * {rows[0]} + r] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (int i = 0; i < N; i++) {fused.store(f"i * {rows[0]} + r", "g[i] / (1.0f + expf(-g[i])) * u[i]")}
   }}"""
     else:
         ends = [sum(rows[: m + 1]) for m in range(len(rows))]
-        calls = [f"fg_row(res, xq, xs, sums, FG_ARGS({m}), r - {e - rows[m]});" for m, e in enumerate(ends)]
+        calls = [f"fg_row(res_, xq, xs, sums, FG_ARGS({m}), r - {e - rows[m]});" for m, e in enumerate(ends)]
         pick = " else ".join([f"if (r < {e}) {call}" for e, call in zip(ends, calls[:-1])] + calls[-1:])
         body = f"""
   for (long long r = start; r < end; r++) {{
-    float res[N];
+    float res_[N];
     {pick}
-    for (int i = 0; i < N; i++) out[i * {ends[-1]} + r] = res[i];
+    for (int i = 0; i < N; i++) {fused.store(f"i * {ends[-1]} + r", "res_[i]")}
   }}"""
-    return f"{PRELUDE}\nenum {{ N = {n}, COLS = {cols} }};\n{row}\n{head}{QUANTIZE_X}{body}\n}}\n"
+    return (
+        f"{PRELUDE}{RMS_NORM}\nenum {{ N = {n}, COLS = {cols} }};\n{row}\n{head}{fused.prologue('COLS')}{QUANTIZE_X}"
+        f"{body}\n}}\n"
+    )
 
 
 def avx2_kernels(device: str) -> bool:
@@ -213,19 +281,33 @@ def avx2_matvec(ggml_type: int, planes: tuple[Tensor, ...], x: Tensor) -> Tensor
     return avx2_matvecs(ggml_type, [planes], x)
 
 
-def avx2_matvecs(ggml_type: int, matrices: list[tuple[Tensor, ...]], x: Tensor, swiglu: bool = False) -> Tensor:
+def avx2_matvecs(
+    ggml_type: int,
+    matrices: list[tuple[Tensor, ...]],
+    x: Tensor,
+    swiglu: bool = False,
+    norm: tuple[Tensor, float] | None = None,
+    residual: Tensor | None = None,
+) -> Tensor:
     """One kernel for x (n, cols) @ W.T of each matrix (its planes, as avx2_matvec takes them), which reads x once:
     (n, sum of their rows), each matrix's outputs after the previous one's; swiglu (gate and up of one shape):
-    silu(x @ gate.T) * (x @ up.T), (n, rows)."""
+    silu(x @ gate.T) * (x @ up.T), (n, rows). norm (weight, eps): x rms-normalized first; residual (n, outputs):
+    added to the outputs."""
     (n, cols), rows = x.shape, tuple(planes[0].shape[0] for planes in matrices)
-    entry = f"fg_{KERNELS[ggml_type][0]}_{'swiglu' if swiglu else 'matvec'}_{n}_{'_'.join(map(str, rows))}_{cols}"
-    src = matvec_source(ggml_type, entry, n, cols, rows, swiglu)
+    fused = Fused(swiglu, None if norm is None else norm[1], residual is not None)
+    entry = f"fg_{KERNELS[ggml_type][0]}_{fused.tag()}_{n}_{'_'.join(map(str, rows))}_{cols}"
+    src = matvec_source(ggml_type, entry, n, cols, rows, fused)
     weights = [p for planes in matrices for p in _kernel_planes(ggml_type, planes)]
     out_rows = rows[0] if swiglu else sum(rows)
     # no .contiguous(): the scheduler gives the kernel a lazy or strided input as a buffer of its own, and a realized
     # plane (or a reshape of one) as it is, where .contiguous() would copy it every launch
     raw = RawKernel(src, entry, items=out_rows, ops=2 * n * sum(rows) * cols)
-    return _launch(raw, (n, out_rows), x, *weights)
+    return _launch(raw, (n, out_rows), x, *_fusion_inputs(norm, residual), *weights)
+
+
+def _fusion_inputs(norm: tuple[Tensor, float] | None, residual: Tensor | None) -> list[Tensor]:
+    """The fusions' inputs in the entry's order, as float32."""
+    return [t.cast(dtypes.float32) for t in ((None if norm is None else norm[0]), residual) if t is not None]
 
 
 def _launch(raw: RawKernel, shape: tuple[int, int], x: Tensor, *weights: Tensor) -> Tensor:
@@ -276,33 +358,39 @@ def rows_span(cols: tuple[int, ...]) -> int:
     return max(-(-span // 8) * 8, 8)
 
 
-def rows_source(entry: str, n: int, k: int, cols: tuple[int, ...], swiglu: bool = False) -> str:
-    """C source of `entry`: x (n, k) @ W for each W (k, cols[m]) (their pointers in order after out and x), items
-    over spans of the columns of all of them. One matrix: out (n, cols). Several: out (n, sum(cols)), each
-    matrix's columns after the previous one's. swiglu (gate and up of one shape): out (n, cols) = silu(gate) * up."""
+def rows_source(entry: str, n: int, k: int, cols: tuple[int, ...], fused: Fused = Fused()) -> str:
+    """C source of `entry`: x (n, k) @ W for each W (k, cols[m]) (their pointers in order after out, x and the
+    fusions' inputs), items over spans of the columns of all of them. One matrix: out (n, cols). Several: out (n,
+    sum(cols)), each matrix's columns after the previous one's. swiglu (gate and up of one shape): out (n, cols) =
+    silu(gate) * up."""
     span = rows_span(cols)
     items = [-(-c // span) for c in cols]
     weights = ", ".join(f"const float* restrict w{m}" for m in range(len(cols)))
-    head = f"void {entry}(float* restrict out, const float* restrict x, {weights}, long long start, long long end) {{"
-    if swiglu:
+    head = (
+        f"void {entry}(float* restrict out, const float* restrict x_in,{fused.params()} {weights}, long long start, "
+        "long long end) {\n"
+    )
+    if fused.swiglu:
         assert len(cols) == 2 and cols[0] == cols[1], "swiglu multiplies a gate and an up of one shape"
         c = cols[0]
+        store = fused.store(f"r * {c} + c0 + j", "acc[r][j] / (1.0f + expf(-acc[r][j])) * up[r][j]")
         body = f"""
     const long long c0 = item * SPAN, width = {c} - c0 < SPAN ? {c} - c0 : SPAN;
     float up[N][SPAN] __attribute__((aligned(32)));
     fg_span(acc, x, w0, {c}, c0, width);
     fg_span(up, x, w1, {c}, c0, width);
     for (int r = 0; r < N; r++)
-      for (long long j = 0; j < width; j++) out[r * {c} + c0 + j] = acc[r][j] / (1.0f + expf(-acc[r][j])) * up[r][j];"""
+      for (long long j = 0; j < width; j++) {store}"""
     else:
         total, branches, first_item, first_col = sum(cols), [], 0, 0
         for m, (c, it) in enumerate(zip(cols, items)):
+            store = fused.store(f"r * {total} + {first_col} + c0 + j", "acc[r][j]")
             branches.append(
                 f"if (item < {first_item + it}) {{\n"
                 f"      const long long c0 = (item - {first_item}) * SPAN, width = {c} - c0 < SPAN ? {c} - c0 : SPAN;\n"
                 f"      fg_span(acc, x, w{m}, {c}, c0, width);\n"
                 f"      for (int r = 0; r < N; r++)\n"
-                f"        for (long long j = 0; j < width; j++) out[r * {total} + {first_col} + c0 + j] = acc[r][j];\n"
+                f"        for (long long j = 0; j < width; j++) {store}\n"
                 f"    }}"
             )
             first_item, first_col = first_item + it, first_col + c
@@ -313,7 +401,14 @@ def rows_source(entry: str, n: int, k: int, cols: tuple[int, ...], swiglu: bool 
   }}
 }}
 """
-    return "#include <math.h>\n" + ROWS_SPAN % {"n": n, "k": k, "span": span} + head + loop
+    return (
+        "#include <immintrin.h>\n#include <math.h>\n"
+        + RMS_NORM
+        + ROWS_SPAN % {"n": n, "k": k, "span": span}
+        + head
+        + fused.prologue("K")
+        + loop
+    )
 
 
 def rows_items(cols: tuple[int, ...], swiglu: bool = False) -> int:
@@ -326,12 +421,21 @@ def rows_matvec(x: Tensor, w: Tensor) -> Tensor:
     return rows_matvecs(x, [w])
 
 
-def rows_matvecs(x: Tensor, ws: list[Tensor], swiglu: bool = False) -> Tensor:
+def rows_matvecs(
+    x: Tensor,
+    ws: list[Tensor],
+    swiglu: bool = False,
+    norm: tuple[Tensor, float] | None = None,
+    residual: Tensor | None = None,
+) -> Tensor:
     """One kernel for x (n, k) @ w of each w (k, cols) float32 (in, out), for a few rows of x: (n, sum of their
-    cols), each w's outputs after the previous one's; swiglu (gate and up of one shape): silu(x @ gate) * (x @ up)."""
+    cols), each w's outputs after the previous one's; swiglu (gate and up of one shape): silu(x @ gate) * (x @ up).
+    norm and residual as avx2_matvecs takes them."""
     (n, k), cols = x.shape, tuple(w.shape[1] for w in ws)
-    entry = f"fg_f32_rows_{'swiglu' if swiglu else 'matvec'}_{n}_{k}_{'_'.join(map(str, cols))}"
+    fused = Fused(swiglu, None if norm is None else norm[1], residual is not None)
+    entry = f"fg_f32_rows_{fused.tag()}_{n}_{k}_{'_'.join(map(str, cols))}"
     raw = RawKernel(
-        rows_source(entry, n, k, cols, swiglu), entry, items=rows_items(cols, swiglu), ops=2 * n * k * sum(cols)
+        rows_source(entry, n, k, cols, fused), entry, items=rows_items(cols, swiglu), ops=2 * n * k * sum(cols)
     )
-    return _launch(raw, (n, cols[0] if swiglu else sum(cols)), x, *(w.cast(dtypes.float32) for w in ws))
+    shape = (n, cols[0] if swiglu else sum(cols))
+    return _launch(raw, shape, x, *_fusion_inputs(norm, residual), *(w.cast(dtypes.float32) for w in ws))

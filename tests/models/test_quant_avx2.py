@@ -175,6 +175,48 @@ def test_the_swiglu_float_rows_matvec_equals_numpy(n, k, cols, threads):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+@needs_avx2
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "qtype, n, swiglu", [("Q8_0", 1, False), ("Q8_0", 3, True), ("Q4_K", 1, True), ("Q4_K", 2, False)]
+)
+def test_the_avx2_matvec_with_the_norm_and_the_residual_inside_equals_numpy(qtype, n, swiglu, threads):
+    # rms_norm(x) in the prologue, the residual added to the outputs: as the kernel of the normalized x plus it
+    mats = [_avx2_matrix(qtype, 64, 512, seed=s)[0] for s in (3, 4)[: 1 + swiglu]]
+    rng = np.random.default_rng(n)
+    x, w = rng.standard_normal((n, 512)).astype(np.float32) * 3, rng.random(512).astype(np.float32) + 0.5
+    res = rng.standard_normal((n, 64)).astype(np.float32)
+    planes = [m.planes for m in mats]
+    with Context(NUM_CPU_THREADS=threads):
+        got = avx2_matvecs(mats[0].ggml_type, planes, Tensor(x), swiglu, (Tensor(w), 1e-5), Tensor(res)).numpy()
+        normed = Tensor(_rms_norm(x, w, 1e-5).astype(np.float32))
+        want = avx2_matvecs(mats[0].ggml_type, planes, normed, swiglu).numpy() + res
+    # the normalized x apart by float32 rounding, which can move a value across a rounding step of its 8 bits
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "n, k, cols, swiglu", [(1, 768, (768, 256, 256), False), (3, 70, (100,), False)] + [(2, 66, (40, 40), True)]
+)
+def test_the_float_rows_matvec_with_the_norm_and_the_residual_inside_equals_numpy(n, k, cols, swiglu, threads):
+    rng = np.random.default_rng(k)
+    x, w = rng.standard_normal((n, k)).astype(np.float32), rng.random(k).astype(np.float32) + 0.5
+    ws = [rng.standard_normal((k, c)).astype(np.float32) for c in cols]
+    res = rng.standard_normal((n, cols[0] if swiglu else sum(cols))).astype(np.float32)
+    with Context(NUM_CPU_THREADS=threads):
+        got = rows_matvecs(Tensor(x), [Tensor(m) for m in ws], swiglu, (Tensor(w), 1e-6), Tensor(res)).numpy()
+    xn = _rms_norm(x, w, 1e-6)
+    ys = [xn @ m for m in ws]
+    want = (_silu(ys[0]) * ys[1] if swiglu else np.concatenate(ys, axis=1)) + res
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("cols", [(768,), (256,), (2048,), (768, 256, 256), (1280, 256), (1537,), (5,)])
 def test_float_rows_spans_are_equal_and_even(cols):
     # a decode step's widths (the 110M model's layers) in whole spans that two or four threads share evenly
