@@ -257,3 +257,31 @@ def test_the_kernels_multiply_bytes_in_vpmaddubsw_for_haswell(ggml_type):
     src = matvec_source(ggml_type, "k", 2, 512, (64,))
     asm = _assembly(src, "haswell")  # AVX2 + FMA, no AVX-512: assembled only, so the host need not have it
     assert "vpmaddubsw" in asm and "vpmaddwd" in asm and "vfmadd" in asm
+
+
+@needs_avx2
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_a_llama_decode_step_through_the_fused_kernels_equals_the_kernel_per_linear(tmp_path, monkeypatch, qtype):
+    # the q/k/v, gate/up and output matvecs with their norms, o and down with their residual adds: one kernel each,
+    # against the same model with a kernel per linear and the norms and adds their own (fused_matvec off): the norm's
+    # float rounding apart, which can move an activation across an 8-bit step
+    pytest.importorskip("transformers", reason="the test extra installs transformers")
+    from gguf_models import make_model, write_gguf
+
+    from fusegrad.models import llama
+
+    write_gguf(make_model("llama", hidden_size=256, intermediate_size=512), "llama", tmp_path / "m.gguf", qtype)
+    logits = {}
+    for fused in (False, True):
+        if not fused:
+            monkeypatch.setattr(llama, "fused_matvec", lambda *args, **kwargs: None)
+        else:
+            monkeypatch.undo()
+        model, _ = llama.Llama.from_gguf(tmp_path / "m.gguf", max_context=32, progress=False)
+        model.forward(np.array([3, 1, 4], np.int32), 0)
+        logits[fused] = [model.forward(np.array([t], np.int32), 3 + i).numpy() for i, t in enumerate([5, 9, 2])]
+        launches = model._steps[(1, False)].captured.launches
+        names = [la.runner.info.name for la in launches if la.runner is not None]
+        assert len([n for n in names if "_norm_" in n or "_res_" in n]) == (4 * len(model.blocks) + 1) * fused
+    for got, want in zip(logits[True], logits[False]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-2 * np.abs(want).max())
