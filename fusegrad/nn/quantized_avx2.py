@@ -10,16 +10,19 @@ sums, then one convert and one FMA a block into float lanes, summed across lanes
 block). No pair sum can saturate 16 bits: |w| <= 128 and |xq| <= 127 give at most 2 * 128 * 127 = 32512 (Q8_0), a
 nibble 0..15 at most 2 * 15 * 127 = 3810 (Q4_K). Each launch quantizes x itself (llama.cpp's 8-bit activations per
 block of 32, the same rounding as quantize_blocks), so a matvec is one kernel instead of four. The kernels split
-their weight rows over the CPU threads (RawKernel.items). Every other target keeps the generated matvec."""
+their weight rows over the CPU threads (RawKernel.items). Every other target keeps the generated matvec.
+
+A decode step's matvecs that read one x share a kernel (a layer's q, k and v; its gate and up, whose kernel gives
+silu(gate) * up), and a kernel takes the rms norm of x in its prologue and the residual add in its epilogue (Fused):
+a launch split over threads wakes the workers, and 244 launches a step (110M LLaMA) became 146."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import AVX2_MATVEC
+from fusegrad.lazy_numpy import np
 from fusegrad.tensor import Tensor
 from fusegrad.uop.kernel import RawKernel
 
