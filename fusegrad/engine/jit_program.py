@@ -180,11 +180,17 @@ class CapturedJit:
         if self._freed:
             self._allocate_intermediates()
         if var_vals and var_vals != self._last_vals:
+            # one value buffer (and its address) per variable and device: a decode step's position is read by ~7
+            # kernels a layer, each of whose slots asked the buffer cache again
+            fresh: dict[tuple[str, UOp], tuple[Buffer, int]] = {}
             for la, pos, var, graph, cell in self.var_slots:
                 if var in var_vals:
-                    la.buffers[pos] = var_buffer(la.runner.device, var, var_vals[var])
+                    if (got := fresh.get(key := (la.runner.device, var))) is None:
+                        buf = var_buffer(key[0], var, var_vals[var])
+                        got = fresh[key] = (buf, buf.address())
+                    la.buffers[pos] = got[0]
                     if graph is not None:
-                        graph.set_address([cell], la.buffers[pos].address())
+                        graph.set_address([cell], got[1])
             self._last_vals = {**self._last_vals, **var_vals}
             self._thunks = None
         if self.rng_calls:

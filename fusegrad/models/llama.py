@@ -17,7 +17,7 @@ from fusegrad import Device, Tensor, TinyJit, dtypes, function
 from fusegrad.helpers import _Progress
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, quantize_blocks
-from fusegrad.nn.quantized_avx2 import avx2_kernels, rows_matvec
+from fusegrad.nn.quantized_avx2 import avx2_kernels, avx2_matvecs, rows_matvec, rows_matvecs
 from fusegrad.nn.state import gguf_load
 from fusegrad.uop.ops import UOp
 
@@ -157,6 +157,29 @@ class QuantLinear:
         return y if self.bias is None else y + self.bias.cast(dtypes.float32)
 
 
+def fused_matvec(
+    x: Tensor,
+    *linears: QuantLinear,
+    swiglu: bool = False,
+    norm: tuple[Tensor, float] | None = None,
+    residual: Tensor | None = None,
+) -> Tensor | None:
+    """A decode row's matvecs of the linears reading x (bias aside) in one hand-written kernel that reads x once,
+    or None where they have no such kernel in common: (rows, each linear's outputs after the previous one's), or
+    with swiglu (gate, up) silu(gate(x)) * up(x); norm (weight, eps): of rms_norm(x) instead; residual: plus it.
+    One launch instead of one per linear (each split over threads wakes the workers and quantizes x again in every
+    chunk), and none for the norm and the residual add."""
+    if x.shape[0] > MATVEC_MAX_ROWS:
+        return None
+    ws = [lin.weight for lin in linears]
+    if all(lin.rows_kernel for lin in linears):
+        return rows_matvecs(x, [w for w in ws if isinstance(w, Tensor)], swiglu, norm, residual)
+    quantized = [w for w in ws if isinstance(w, QuantizedMatrix) and w.avx2]
+    if len(quantized) == len(ws) and len({w.ggml_type for w in quantized}) == 1:
+        return avx2_matvecs(quantized[0].ggml_type, [w.planes for w in quantized], x, swiglu, norm, residual)
+    return None
+
+
 def shared_blocks(x: Tensor, *linears: QuantLinear) -> tuple[Tensor, Tensor, Tensor] | None:
     """x quantized to 8-bit blocks once for the linears reading it, when each multiplies a decode row in integer dot
     products (each would otherwise quantize it again: its own kernels). Realized here: a KV-cache write realizes k
@@ -243,11 +266,28 @@ class Attention:
         self.q_norm, self.k_norm = w.get("attn_q_norm.weight"), w.get("attn_k_norm.weight")
 
     def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
-        cfg, t = self.cfg, x.shape[0]
-        x, blocks = decode_input(x, self.q, self.k, self.v)
-        q = self.q(x, blocks).reshape(t, cfg.n_heads, cfg.head_dim)
-        k = self.k(x, blocks).reshape(t, cfg.n_kv_heads, cfg.head_dim)
-        v = self.v(x, blocks).reshape(t, cfg.n_kv_heads, cfg.head_dim)
+        return self.o(self._attend(*self.projections(x), cache, start, mask, cos, sin))
+
+    def with_residual(
+        self, x: Tensor, norm: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor
+    ) -> Tensor:
+        """x + self(rms_norm(x, norm)), a decode row's norm inside the q/k/v kernel and its residual add inside o's
+        where the kernels take them (fused_matvec)."""
+        eps = self.cfg.norm_eps
+        if (qkv := self._fused_projections(x, (norm, eps))) is None:
+            return x + self(rms_norm(x, norm, eps), cache, start, mask, cos, sin)
+        out = self._attend(*qkv, cache, start, mask, cos, sin)
+        if (y := fused_matvec(out, self.o, residual=x)) is None:
+            return x + self.o(out)
+        return y if self.o.bias is None else y + self.o.bias.cast(dtypes.float32)
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor
+    ) -> Tensor:
+        """The attention's output (chunk, heads * head_dim) for the projections q, k, v (chunk, outputs)."""
+        cfg, t = self.cfg, q.shape[0]
+        q = q.reshape(t, cfg.n_heads, cfg.head_dim)
+        k, v = k.reshape(t, cfg.n_kv_heads, cfg.head_dim), v.reshape(t, cfg.n_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
             q = rms_norm(q, self.q_norm, cfg.norm_eps)
         if self.k_norm is not None:
@@ -257,7 +297,27 @@ class Attention:
         k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.rope_neox)
         keys, values = cache.write(k, v, start)
         out = attention(q, keys, values, mask)
-        return self.o(out[0].transpose(0, 1).reshape(t, cfg.n_heads * cfg.head_dim))
+        return out[0].transpose(0, 1).reshape(t, cfg.n_heads * cfg.head_dim)
+
+    def projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v of x (chunk, dim): a decode row's in one kernel where the three share one (fused_matvec)."""
+        if (qkv := self._fused_projections(x)) is not None:
+            return qkv
+        x, blocks = decode_input(x, self.q, self.k, self.v)
+        return self.q(x, blocks), self.k(x, blocks), self.v(x, blocks)
+
+    def _fused_projections(
+        self, x: Tensor, norm: tuple[Tensor, float] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        linears = (self.q, self.k, self.v)
+        if (qkv := fused_matvec(x, *linears, norm=norm)) is None:
+            return None
+        widths = [lin.weight.shape[1] if lin.rows_kernel else lin.weight.shape[0] for lin in linears]
+        q, k, v = (
+            y if lin.bias is None else y + lin.bias.cast(dtypes.float32)
+            for y, lin in zip(qkv.split(widths, dim=1), linears)
+        )
+        return q, k, v
 
 
 class FeedForward:
@@ -267,6 +327,8 @@ class FeedForward:
         self.gate, self.up, self.down = QuantLinear(gate), QuantLinear(up), QuantLinear(down)
 
     def __call__(self, x: Tensor) -> Tensor:
+        if (h := fused_matvec(x, self.gate, self.up, swiglu=True)) is not None:
+            return self.down(h)
         if x.shape[0] <= MATVEC_MAX_ROWS:
             x, blocks = decode_input(x, self.gate, self.up)
             gate, up = self.gate(x, blocks), self.up(x, blocks)
@@ -279,6 +341,15 @@ class FeedForward:
         # reduces share a kernel no tile serves, and the down matmul would recompute silu for every output panel)
         gate, up = self.gate(x).contiguous(), self.up(x).contiguous()
         return self.down((gate.silu() * up).contiguous())
+
+    def with_residual(self, h: Tensor, norm: Tensor, eps: float) -> Tensor:
+        """h + self(rms_norm(h, norm)), a decode row's norm inside the gate/up kernel and its residual add inside
+        down's where the kernels take them (fused_matvec)."""
+        if (g := fused_matvec(h, self.gate, self.up, swiglu=True, norm=(norm, eps))) is None:
+            return h + self(rms_norm(h, norm, eps))
+        if (y := fused_matvec(g, self.down, residual=h)) is None:
+            return h + self.down(g)
+        return y
 
     def float_weights(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """gate, up and down as (in, out) float tensors, when none is quantized."""
@@ -347,12 +418,14 @@ class Block:
             self.ffn = FeedForward(w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"])
 
     def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
-        h = x + self.attn(rms_norm(x, self.attn_norm, self.cfg.norm_eps), cache, start, mask, cos, sin)
+        h = self.attn.with_residual(x, self.attn_norm, cache, start, mask, cos, sin)
         dense = isinstance(self.ffn, FeedForward) and isinstance(self.ffn_norm, Tensor)
         # float weights on the AVX2 target's row-streaming kernel: a decode step takes FeedForward, which calls it
         rows = x.shape[0] <= MATVEC_MAX_ROWS and isinstance(self.ffn, FeedForward) and self.ffn.gate.rows_kernel
         if dense and not rows and (weights := self.ffn.float_weights()) is not None:  # type: ignore[union-attr]
             return _ffn_residual(h, self.ffn_norm, *weights, self.cfg.norm_eps)
+        if isinstance(self.ffn, FeedForward):
+            return self.ffn.with_residual(h, self.ffn_norm, self.cfg.norm_eps)
         return h + self.ffn(rms_norm(h, self.ffn_norm, self.cfg.norm_eps))
 
 
@@ -466,7 +539,10 @@ class Llama:
         return x
 
     def _logits(self, x: Tensor) -> Tensor:
-        return self.output(rms_norm(x, self.output_norm, self.cfg.norm_eps)).realize()
+        norm, eps = self.output_norm, self.cfg.norm_eps
+        if (y := fused_matvec(x, self.output, norm=(norm, eps))) is not None:  # the norm inside the matvec's kernel
+            return y.realize()
+        return self.output(rms_norm(x, norm, eps)).realize()
 
     def _step(self, ids: Tensor, start: UOp, cos: Tensor, sin: Tensor) -> Tensor:
         return self._logits(self._hidden(ids, start, cos, sin))

@@ -10,12 +10,19 @@ sums, then one convert and one FMA a block into float lanes, summed across lanes
 block). No pair sum can saturate 16 bits: |w| <= 128 and |xq| <= 127 give at most 2 * 128 * 127 = 32512 (Q8_0), a
 nibble 0..15 at most 2 * 15 * 127 = 3810 (Q4_K). Each launch quantizes x itself (llama.cpp's 8-bit activations per
 block of 32, the same rounding as quantize_blocks), so a matvec is one kernel instead of four. The kernels split
-their weight rows over the CPU threads (RawKernel.items). Every other target keeps the generated matvec."""
+their weight rows over the CPU threads (RawKernel.items). Every other target keeps the generated matvec.
+
+A decode step's matvecs that read one x share a kernel (a layer's q, k and v; its gate and up, whose kernel gives
+silu(gate) * up), and a kernel takes the rms norm of x in its prologue and the residual add in its epilogue (Fused):
+a launch split over threads wakes the workers, and 244 launches a step (110M LLaMA) became 146."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import AVX2_MATVEC
+from fusegrad.lazy_numpy import np
 from fusegrad.tensor import Tensor
 from fusegrad.uop.kernel import RawKernel
 
@@ -23,6 +30,7 @@ from fusegrad.uop.kernel import RawKernel
 # blocks) = xs * sum(xq). Rounding as quantize_blocks: xs = max|x| * (1/127) in float32, xq = trunc(x / xs +- 0.5).
 PRELUDE = r"""
 #include <immintrin.h>
+#include <math.h>
 typedef signed char i8;
 static inline float fg_hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -66,84 +74,187 @@ static void fg_quantize_x(const float* x, i8* xq, float* xs, short* sums, int sp
 }
 """
 
-# out (N, ROWS) = x (N, COLS) @ W.T, W's rows as COLS int8 values and a float32 scale per block of 32
-Q8_0_KERNEL = r"""
-void NAME(float* restrict out, const float* restrict x, const i8* restrict w, const float* restrict ws,
-          long long start, long long end) {
-  enum { N = %(n)d, ROWS = %(rows)d, COLS = %(cols)d, BLOCKS = COLS / 32 };
-  i8 xq[N][COLS] __attribute__((aligned(32)));
-  float xs[N][BLOCKS];
-  for (int i = 0; i < N; i++) fg_quantize_x(x + i * COLS, xq[i], xs[i], 0, BLOCKS, 32);
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (long long r = start; r < end; r++) {
-    const i8* wr = w + r * COLS;
-    const float* sr = ws + r * BLOCKS;
-    __m256 acc[N];
-    for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps();
-    for (int b = 0; b < BLOCKS; b++) {
-      __m256i wv = _mm256_loadu_si256((const __m256i*)(wr + b * 32));
-      __m256i aw = _mm256_sign_epi8(wv, wv); /* |w| as unsigned bytes (-128 -> 128), w's sign moved onto x */
-      for (int i = 0; i < N; i++) {
-        __m256i sx = _mm256_sign_epi8(_mm256_load_si256((const __m256i*)(xq[i] + b * 32)), wv);
-        __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sr[b] * xs[i][b]), acc[i]);
-      }
-    }
-    for (int i = 0; i < N; i++) out[i * ROWS + r] = fg_hsum(acc[i]);
+
+# Fusions a decode step's kernels take on (Fused): `norm` rms-normalizes x in the entry's prologue (x * rsqrt(mean(x^2)
+# + eps) * weight, the norm's weight an input after x), so the norm is no kernel of its own; `residual` adds an input
+# (n, outputs) to the outputs (the layer's residual sum: its add is no kernel either).
+@dataclass(frozen=True)
+class Fused:
+    swiglu: bool = False
+    norm_eps: float | None = None
+    residual: bool = False
+
+    def tag(self) -> str:
+        """The entry name's part that tells fused kernels apart."""
+        return (
+            ("swiglu" if self.swiglu else "matvec")
+            + ("_norm" if self.norm_eps is not None else "")
+            + ("_res" if self.residual else "")
+        )
+
+    def params(self) -> str:
+        """The entry's parameters after x for the fusions' inputs."""
+        norm = " const float* restrict nw," if self.norm_eps is not None else ""
+        return norm + (" const float* restrict res," if self.residual else "")
+
+    def prologue(self, width: str) -> str:
+        """C that makes `x` the entry's input rows (`x_in`, N rows of `width`), normalized where asked."""
+        if self.norm_eps is None:
+            return "  const float* restrict x = x_in;\n"
+        return (
+            f"  float xn[N * {width}] __attribute__((aligned(32)));\n"
+            f"  fg_rms_norm(x_in, nw, xn, N, {width}, {float(np.float32(self.norm_eps))!r}f);\n"
+            "  const float* restrict x = xn;\n"
+        )
+
+    def store(self, out: str, value: str) -> str:
+        """C that stores `value` at out[`out`] (adding the residual's element there where asked)."""
+        return f"out[{out}] = res[{out}] + {value};" if self.residual else f"out[{out}] = {value};"
+
+
+# x (n rows of width) -> out = x * (1 / sqrt(mean(x^2) + eps)) * w, as models' rms_norm (sums in eight lanes)
+RMS_NORM = r"""
+static inline void fg_rms_norm(const float* x, const float* w, float* out, int n, int width, float eps) {
+  for (int i = 0; i < n; i++) {
+    const float* v = x + (long long)i * width;
+    __m256 ss8 = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= width; j += 8) ss8 = _mm256_fmadd_ps(_mm256_loadu_ps(v + j), _mm256_loadu_ps(v + j), ss8);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(ss8), _mm256_extractf128_ps(ss8, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    float ss = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    for (; j < width; j++) ss += v[j] * v[j];
+    const float scale = 1.0f / sqrtf(ss / (float)width + eps);
+    for (j = 0; j < width; j++) out[(long long)i * width + j] = v[j] * scale * w[j];
   }
 }
 """
 
-# out (N, ROWS) = x (N, COLS) @ W.T, W's rows as COLS / 2 bytes: chunk c of 32 holds sub-block 2c in its low nibbles
-# and 2c + 1 in its high ones, value d * sc_s * q - dmin * m_s (Q4_K as stored: sc and m 6-bit bytes per sub-block,
-# d and dmin float32 per block of 256). x is quantized per 256 (llama.cpp's Q8_K), so vpmaddwd multiplies each
-# sub-block's pair sums by its sc and a block of 256 sums in integers: one convert and FMA a block of 256
-Q4_K_KERNEL = r"""
-void NAME(float* restrict out, const float* restrict x, const unsigned char* restrict w,
-          const unsigned char* restrict sc, const unsigned char* restrict mins, const float* restrict d,
-          const float* restrict dmin, long long start, long long end) {
-  enum { N = %(n)d, ROWS = %(rows)d, COLS = %(cols)d, BLOCKS = COLS / 32, SUPERS = COLS / 256 };
-  i8 xq[N][COLS] __attribute__((aligned(32)));
-  float xs[N][SUPERS];
-  short sums[N][BLOCKS] __attribute__((aligned(16)));
-  for (int i = 0; i < N; i++) fg_quantize_x(x + i * COLS, xq[i], xs[i], sums[i], SUPERS, 256);
-  const __m256i low = _mm256_set1_epi8(15);
-  for (long long r = start; r < end; r++) {
-    const unsigned char* wr = w + r * (COLS / 2);
-    __m256 acc[N];
-    float mins_sum[N];
-    for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps(), mins_sum[i] = 0;
-    for (int s = 0; s < SUPERS; s++) {
-      const long long at = r * BLOCKS + s * 8;
-      const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)(sc + at)));
-      const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)(mins + at)));
-      const __m256i scales = _mm256_broadcastsi128_si256(sc16);
-      const float dd = d[r * SUPERS + s], dm = dmin[r * SUPERS + s];
-      for (int i = 0; i < N; i++) {
-        __m256i isum = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-          __m256i q = _mm256_loadu_si256((const __m256i*)(wr + s * 128 + c * 32));
-          __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-          const i8* xb = xq[i] + s * 256 + c * 64;
-          /* sub-block k's scale in every 16-bit lane: bytes 2k, 2k + 1 of the widened scales */
-          __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
-          __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
-          __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i*)xb)), s0);
-          __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i*)(xb + 32))), s1);
-          isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
-        }
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd * xs[i][s]), acc[i]);
-        /* the mins: dmin * xs * sum_k m_k * sum(xq_k) */
-        __m128i pm = _mm_madd_epi16(m16, _mm_load_si128((const __m128i*)(sums[i] + s * 8)));
-        pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, 0x4e));
-        pm = _mm_add_epi32(pm, _mm_shuffle_epi32(pm, 0xb1));
-        mins_sum[i] += dm * xs[i][s] * (float)_mm_cvtsi128_si32(pm);
-      }
+
+# Each format's kernel is an entry that quantizes x once (file-scope N rows of COLS values), then runs its rows
+# through the format's row function (`fg_row`: row r of one matrix's planes -> its N dot products). An entry reads
+# one matrix, or several: `stacked`, their rows one after another in one output (a layer's q, k and v), or
+# `swiglu`, two of the same shape whose row results give silu(gate) * up (a layer's gate and up).
+
+# row r of W (COLS int8 values and a float32 scale per block of 32) against x quantized per 32
+Q8_0_ROW = r"""
+enum { BLOCKS = COLS / 32, XSPAN = 32 };
+#define FG_PLANES(m) const i8* restrict w##m, const float* restrict ws##m
+#define FG_ARGS(m) w##m, ws##m
+static inline __attribute__((always_inline)) void fg_row(float* res, const i8 (*xq)[COLS],
+    const float (*xs)[COLS / XSPAN], const short (*sums)[BLOCKS],
+    const i8* restrict w, const float* restrict ws, long long r) {
+  (void)sums;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const i8* wr = w + r * COLS;
+  const float* sr = ws + r * BLOCKS;
+  __m256 acc[N];
+  for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps();
+  for (int b = 0; b < BLOCKS; b++) {
+    __m256i wv = _mm256_loadu_si256((const __m256i*)(wr + b * 32));
+    __m256i aw = _mm256_sign_epi8(wv, wv); /* |w| as unsigned bytes (-128 -> 128), w's sign moved onto x */
+    for (int i = 0; i < N; i++) {
+      __m256i sx = _mm256_sign_epi8(_mm256_load_si256((const __m256i*)(xq[i] + b * 32)), wv);
+      __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sr[b] * xs[i][b]), acc[i]);
     }
-    for (int i = 0; i < N; i++) out[i * ROWS + r] = fg_hsum(acc[i]) - mins_sum[i];
   }
+  for (int i = 0; i < N; i++) res[i] = fg_hsum(acc[i]);
 }
 """
+
+# row r of W as COLS / 2 bytes: chunk c of 32 holds sub-block 2c in its low nibbles and 2c + 1 in its high ones,
+# value d * sc_s * q - dmin * m_s (Q4_K as stored: sc and m 6-bit bytes per sub-block, d and dmin float32 per block
+# of 256). x is quantized per 256 (llama.cpp's Q8_K), so vpmaddwd multiplies each sub-block's pair sums by its sc
+# and a block of 256 sums in integers: one convert and FMA a block of 256
+Q4_K_ROW = r"""
+enum { BLOCKS = COLS / 32, SUPERS = COLS / 256, XSPAN = 256 };
+#define FG_PLANES(m) const unsigned char* restrict w##m, const unsigned char* restrict sc##m, \
+    const unsigned char* restrict mins##m, const float* restrict d##m, const float* restrict dmin##m
+#define FG_ARGS(m) w##m, sc##m, mins##m, d##m, dmin##m
+static inline __attribute__((always_inline)) void fg_row(float* res, const i8 (*xq)[COLS],
+    const float (*xs)[COLS / XSPAN], const short (*sums)[BLOCKS],
+    const unsigned char* restrict w, const unsigned char* restrict sc,
+    const unsigned char* restrict mins, const float* restrict d, const float* restrict dmin, long long r) {
+  const __m256i low = _mm256_set1_epi8(15);
+  const unsigned char* wr = w + r * (COLS / 2);
+  __m256 acc[N];
+  __m128 mins_acc[N]; /* the mins' part, in four float lanes summed once a row (a sum a block cost ~10 ops) */
+  for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps(), mins_acc[i] = _mm_setzero_ps();
+  for (int s = 0; s < SUPERS; s++) {
+    const long long at = r * BLOCKS + s * 8;
+    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)(sc + at)));
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)(mins + at)));
+    const __m256i scales = _mm256_broadcastsi128_si256(sc16);
+    const float dd = d[r * SUPERS + s], dm = dmin[r * SUPERS + s];
+    for (int i = 0; i < N; i++) {
+      __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 4 /* constant shuffle controls: rolled, each chunk built its two in ~8 scalar ops */
+      for (int c = 0; c < 4; c++) {
+        __m256i q = _mm256_loadu_si256((const __m256i*)(wr + s * 128 + c * 32));
+        __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        const i8* xb = xq[i] + s * 256 + c * 64;
+        /* sub-block k's scale in every 16-bit lane: bytes 2k, 2k + 1 of the widened scales */
+        __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
+        __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+        __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256((const __m256i*)xb)), s0);
+        __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_load_si256((const __m256i*)(xb + 32))), s1);
+        isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+      }
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd * xs[i][s]), acc[i]);
+      /* the mins: dmin * xs * sum_k m_k * sum(xq_k) */
+      __m128i pm = _mm_madd_epi16(m16, _mm_load_si128((const __m128i*)(sums[i] + s * 8)));
+      mins_acc[i] = _mm_fmadd_ps(_mm_cvtepi32_ps(pm), _mm_set1_ps(dm * xs[i][s]), mins_acc[i]);
+    }
+  }
+  for (int i = 0; i < N; i++) res[i] = fg_hsum(_mm256_sub_ps(acc[i], _mm256_set_m128(_mm_setzero_ps(), mins_acc[i])));
+}
+"""
+
+# the entry's x quantized into arrays on its stack (with each 32's sum of xq for the formats that need it)
+QUANTIZE_X = r"""
+  i8 xq[N][COLS] __attribute__((aligned(32)));
+  float xs[N][COLS / XSPAN];
+  short sums[N][BLOCKS] __attribute__((aligned(16)));
+  for (int i = 0; i < N; i++)
+    fg_quantize_x(x + i * COLS, xq[i], xs[i], XSPAN == 256 ? sums[i] : 0, COLS / XSPAN, XSPAN);
+"""
+
+
+def matvec_source(ggml_type: int, entry: str, n: int, cols: int, rows: tuple[int, ...], fused: Fused = Fused()) -> str:
+    """C source of `entry`: out = x (n, cols) @ W.T for each matrix W of `rows` rows (their planes in order after
+    out, x and the fusions' inputs), items over the rows of all of them. One matrix: out (n, rows). Several: out (n,
+    sum(rows)), each matrix's columns after the previous ones'. swiglu (two matrices, gate then up): out (n, rows) =
+    silu(gate) * up."""
+    row = {8: Q8_0_ROW, 12: Q4_K_ROW}[ggml_type]
+    planes = ", ".join(f"FG_PLANES({m})" for m in range(len(rows)))
+    head = (
+        f"void {entry}(float* restrict out, const float* restrict x_in,{fused.params()} {planes}, long long start, "
+        "long long end) {\n"
+    )
+    if fused.swiglu:
+        assert len(rows) == 2 and rows[0] == rows[1], "swiglu multiplies a gate and an up of one shape"
+        body = f"""
+  for (long long r = start; r < end; r++) {{
+    float g[N], u[N];
+    fg_row(g, xq, xs, sums, FG_ARGS(0), r);
+    fg_row(u, xq, xs, sums, FG_ARGS(1), r);
+    for (int i = 0; i < N; i++) {fused.store(f"i * {rows[0]} + r", "g[i] / (1.0f + expf(-g[i])) * u[i]")}
+  }}"""
+    else:
+        ends = [sum(rows[: m + 1]) for m in range(len(rows))]
+        calls = [f"fg_row(res_, xq, xs, sums, FG_ARGS({m}), r - {e - rows[m]});" for m, e in enumerate(ends)]
+        pick = " else ".join([f"if (r < {e}) {call}" for e, call in zip(ends, calls[:-1])] + calls[-1:])
+        body = f"""
+  for (long long r = start; r < end; r++) {{
+    float res_[N];
+    {pick}
+    for (int i = 0; i < N; i++) {fused.store(f"i * {ends[-1]} + r", "res_[i]")}
+  }}"""
+    return (
+        f"{PRELUDE}{RMS_NORM}\nenum {{ N = {n}, COLS = {cols} }};\n{row}\n{head}{fused.prologue('COLS')}{QUANTIZE_X}"
+        f"{body}\n}}\n"
+    )
 
 
 def avx2_kernels(device: str) -> bool:
@@ -154,26 +265,52 @@ def avx2_kernels(device: str) -> bool:
     return bool(AVX2_MATVEC.value) and u8s8_pair_dot(device)
 
 
-KERNELS = {8: ("q8_0", Q8_0_KERNEL, 32), 12: ("q4_k", Q4_K_KERNEL, 256)}  # ggml type -> (name, source, column step)
+KERNELS = {8: ("q8_0", 32), 12: ("q4_k", 256)}  # ggml type -> (name, column step)
 
 
 def has_avx2_matvec(ggml_type: int, cols: int) -> bool:
     """Whether a kernel here multiplies this type at this width (whole blocks; Q4_K's offsets in eights)."""
-    return ggml_type in KERNELS and cols % KERNELS[ggml_type][2] == 0
+    return ggml_type in KERNELS and cols % KERNELS[ggml_type][1] == 0
+
+
+def _kernel_planes(ggml_type: int, planes: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """The planes a kernel reads: Q4_K's packed nibbles and stored scales (its float32 scale planes are prefill's)."""
+    return planes[:1] + planes[3:] if ggml_type == 12 else planes
 
 
 def avx2_matvec(ggml_type: int, planes: tuple[Tensor, ...], x: Tensor) -> Tensor:
     """x (n, cols) @ W.T -> (n, rows) float32, W as its planes: Q8_0's (int8 values, float32 scales), Q4_K's (packed
     nibbles, float32 scales, float32 offsets), each (rows, ...)."""
-    name, template, _ = KERNELS[ggml_type]
-    (n, cols), rows = x.shape, planes[0].shape[0]
-    entry = f"fg_{name}_matvec_{n}_{rows}_{cols}"
-    src = PRELUDE + template.replace("NAME", entry) % {"n": n, "rows": rows, "cols": cols}
-    if ggml_type == 12:  # the packed nibbles and the stored scales (the float32 scale planes are prefill's)
-        planes = planes[:1] + planes[3:]
+    return avx2_matvecs(ggml_type, [planes], x)
+
+
+def avx2_matvecs(
+    ggml_type: int,
+    matrices: list[tuple[Tensor, ...]],
+    x: Tensor,
+    swiglu: bool = False,
+    norm: tuple[Tensor, float] | None = None,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """One kernel for x (n, cols) @ W.T of each matrix (its planes, as avx2_matvec takes them), which reads x once:
+    (n, sum of their rows), each matrix's outputs after the previous one's; swiglu (gate and up of one shape):
+    silu(x @ gate.T) * (x @ up.T), (n, rows). norm (weight, eps): x rms-normalized first; residual (n, outputs):
+    added to the outputs."""
+    (n, cols), rows = x.shape, tuple(planes[0].shape[0] for planes in matrices)
+    fused = Fused(swiglu, None if norm is None else norm[1], residual is not None)
+    entry = f"fg_{KERNELS[ggml_type][0]}_{fused.tag()}_{n}_{'_'.join(map(str, rows))}_{cols}"
+    src = matvec_source(ggml_type, entry, n, cols, rows, fused)
+    weights = [p for planes in matrices for p in _kernel_planes(ggml_type, planes)]
+    out_rows = rows[0] if swiglu else sum(rows)
     # no .contiguous(): the scheduler gives the kernel a lazy or strided input as a buffer of its own, and a realized
     # plane (or a reshape of one) as it is, where .contiguous() would copy it every launch
-    return _launch(RawKernel(src, entry, items=rows, ops=2 * n * rows * cols), (n, rows), x, *planes)
+    raw = RawKernel(src, entry, items=out_rows, ops=2 * n * sum(rows) * cols)
+    return _launch(raw, (n, out_rows), x, *_fusion_inputs(norm, residual), *weights)
+
+
+def _fusion_inputs(norm: tuple[Tensor, float] | None, residual: Tensor | None) -> list[Tensor]:
+    """The fusions' inputs in the entry's order, as float32."""
+    return [t.cast(dtypes.float32) for t in ((None if norm is None else norm[0]), residual) if t is not None]
 
 
 def _launch(raw: RawKernel, shape: tuple[int, int], x: Tensor, *weights: Tensor) -> Tensor:
@@ -182,41 +319,126 @@ def _launch(raw: RawKernel, shape: tuple[int, int], x: Tensor, *weights: Tensor)
     return Tensor.custom_kernel(out, x.cast(dtypes.float32), *weights, fxn=lambda *_: raw)[0]
 
 
-# out (N, COLS) = x (N, K) @ W, W (K, COLS) float32 row-major (a float linear's weight kept (in, out)): each item is a
-# run of up to SPAN columns, whose sums stay in an L1 array while W's rows stream past it four at a time. A register
-# tile of columns instead reads one cache line of each of K rows 8 KB apart, which kept a decode step's float
-# matvecs at ~17 GB/s against ~25 GB/s for these sequential rows (768x2048, one thread, Zen 3)
-ROWS_KERNEL = r"""
-void NAME(float* restrict out, const float* restrict x, const float* restrict w, long long start, long long end) {
-  enum { N = %(n)d, K = %(k)d, COLS = %(cols)d, SPAN = %(span)d };
-  for (long long item = start; item < end; item++) {
-    const long long c0 = item * SPAN, width = COLS - c0 < SPAN ? COLS - c0 : SPAN;
-    float acc[N][SPAN] __attribute__((aligned(32)));
-    for (int r = 0; r < N; r++)
-      for (long long j = 0; j < width; j++) acc[r][j] = 0;
-    int i = 0;
-    for (; i + 4 <= K; i += 4) {
-      const float *w0 = w + (long long)i * COLS + c0, *w1 = w0 + COLS, *w2 = w1 + COLS, *w3 = w2 + COLS;
-      for (int r = 0; r < N; r++) {
-        const float x0 = x[r * K + i], x1 = x[r * K + i + 1], x2 = x[r * K + i + 2], x3 = x[r * K + i + 3];
-        for (long long j = 0; j < width; j++) acc[r][j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
-      }
+# x (N, K) @ W, W (K, COLS) float32 row-major (a float linear's weight kept (in, out)): each item is a run of up to
+# SPAN columns, whose sums stay in an L1 array while W's rows stream past it four at a time. A register tile of
+# columns instead reads one cache line of each of K rows 8 KB apart, which kept a decode step's float matvecs at
+# ~17 GB/s against ~25 GB/s for these sequential rows (768x2048, one thread, Zen 3)
+ROWS_SPAN = r"""
+enum { N = %(n)d, K = %(k)d, SPAN = %(span)d };
+/* acc (N rows, the first `width` of SPAN) = x @ w[:, c0 : c0 + width], w (K, cols) */
+static inline __attribute__((always_inline)) void fg_span(float (*acc)[SPAN], const float* restrict x,
+    const float* restrict w, long long cols, long long c0, long long width) {
+  for (int r = 0; r < N; r++)
+    for (long long j = 0; j < width; j++) acc[r][j] = 0;
+  int i = 0;
+  for (; i + 4 <= K; i += 4) {
+    const float *w0 = w + (long long)i * cols + c0, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+    for (int r = 0; r < N; r++) {
+      const float x0 = x[r * K + i], x1 = x[r * K + i + 1], x2 = x[r * K + i + 2], x3 = x[r * K + i + 3];
+      for (long long j = 0; j < width; j++) acc[r][j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
     }
-    for (; i < K; i++)
-      for (int r = 0; r < N; r++)
-        for (long long j = 0; j < width; j++) acc[r][j] += x[r * K + i] * w[(long long)i * COLS + c0 + j];
-    for (int r = 0; r < N; r++)
-      for (long long j = 0; j < width; j++) out[r * COLS + c0 + j] = acc[r][j];
   }
+  for (; i < K; i++)
+    for (int r = 0; r < N; r++)
+      for (long long j = 0; j < width; j++) acc[r][j] += x[r * K + i] * w[(long long)i * cols + c0 + j];
 }
 """
-SPAN = 512  # columns an item sums: 2 KB of each weight row read in sequence, the sums 2 KB of L1 a row of x
+MAX_SPAN = 512  # columns an item sums at most: 2 KB of each weight row read in sequence, 2 KB of L1 a row of x
+# items a matrix's columns are cut into at least: equal spans that two or four threads share evenly (768 columns in
+# two spans of 512 and 256 left one of two threads idle a third of the launch)
+EVEN_ITEMS = 4
+
+
+def rows_span(cols: tuple[int, ...]) -> int:
+    """The columns of an item of a rows kernel over matrices of these widths: one width for all (items of equal
+    work), at most MAX_SPAN, in multiples of 8 (whole vectors), and each matrix in a multiple of EVEN_ITEMS items
+    where that keeps spans of 64 columns or more."""
+    widest = max(cols)
+    items = max(EVEN_ITEMS, -(-widest // MAX_SPAN))
+    span = -(-widest // items)
+    for c in cols:  # a narrower matrix in EVEN_ITEMS spans of its own, if the widest allows such short ones
+        span = min(span, max(-(-c // EVEN_ITEMS), 64))
+    return max(-(-span // 8) * 8, 8)
+
+
+def rows_source(entry: str, n: int, k: int, cols: tuple[int, ...], fused: Fused = Fused()) -> str:
+    """C source of `entry`: x (n, k) @ W for each W (k, cols[m]) (their pointers in order after out, x and the
+    fusions' inputs), items over spans of the columns of all of them. One matrix: out (n, cols). Several: out (n,
+    sum(cols)), each matrix's columns after the previous one's. swiglu (gate and up of one shape): out (n, cols) =
+    silu(gate) * up."""
+    span = rows_span(cols)
+    items = [-(-c // span) for c in cols]
+    weights = ", ".join(f"const float* restrict w{m}" for m in range(len(cols)))
+    head = (
+        f"void {entry}(float* restrict out, const float* restrict x_in,{fused.params()} {weights}, long long start, "
+        "long long end) {\n"
+    )
+    if fused.swiglu:
+        assert len(cols) == 2 and cols[0] == cols[1], "swiglu multiplies a gate and an up of one shape"
+        c = cols[0]
+        store = fused.store(f"r * {c} + c0 + j", "acc[r][j] / (1.0f + expf(-acc[r][j])) * up[r][j]")
+        body = f"""
+    const long long c0 = item * SPAN, width = {c} - c0 < SPAN ? {c} - c0 : SPAN;
+    float up[N][SPAN] __attribute__((aligned(32)));
+    fg_span(acc, x, w0, {c}, c0, width);
+    fg_span(up, x, w1, {c}, c0, width);
+    for (int r = 0; r < N; r++)
+      for (long long j = 0; j < width; j++) {store}"""
+    else:
+        total, branches, first_item, first_col = sum(cols), [], 0, 0
+        for m, (c, it) in enumerate(zip(cols, items)):
+            store = fused.store(f"r * {total} + {first_col} + c0 + j", "acc[r][j]")
+            branches.append(
+                f"if (item < {first_item + it}) {{\n"
+                f"      const long long c0 = (item - {first_item}) * SPAN, width = {c} - c0 < SPAN ? {c} - c0 : SPAN;\n"
+                f"      fg_span(acc, x, w{m}, {c}, c0, width);\n"
+                f"      for (int r = 0; r < N; r++)\n"
+                f"        for (long long j = 0; j < width; j++) {store}\n"
+                f"    }}"
+            )
+            first_item, first_col = first_item + it, first_col + c
+        body = "\n    " + " else ".join(branches)
+    loop = f"""
+  for (long long item = start; item < end; item++) {{
+    float acc[N][SPAN] __attribute__((aligned(32)));{body}
+  }}
+}}
+"""
+    return (
+        "#include <immintrin.h>\n#include <math.h>\n"
+        + RMS_NORM
+        + ROWS_SPAN % {"n": n, "k": k, "span": span}
+        + head
+        + fused.prologue("K")
+        + loop
+    )
+
+
+def rows_items(cols: tuple[int, ...], swiglu: bool = False) -> int:
+    span = rows_span(cols)
+    return -(-cols[0] // span) if swiglu else sum(-(-c // span) for c in cols)
 
 
 def rows_matvec(x: Tensor, w: Tensor) -> Tensor:
     """x (n, k) @ w (k, cols) -> (n, cols) float32 for a few rows of x (a decode step), w float32 (in, out)."""
-    (n, k), cols = x.shape, w.shape[1]
-    entry = f"fg_f32_rows_matvec_{n}_{k}_{cols}"
-    src = ROWS_KERNEL.replace("NAME", entry) % {"n": n, "k": k, "cols": cols, "span": SPAN}
-    raw = RawKernel(src, entry, items=-(-cols // SPAN), ops=2 * n * k * cols)
-    return _launch(raw, (n, cols), x, w.cast(dtypes.float32))
+    return rows_matvecs(x, [w])
+
+
+def rows_matvecs(
+    x: Tensor,
+    ws: list[Tensor],
+    swiglu: bool = False,
+    norm: tuple[Tensor, float] | None = None,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """One kernel for x (n, k) @ w of each w (k, cols) float32 (in, out), for a few rows of x: (n, sum of their
+    cols), each w's outputs after the previous one's; swiglu (gate and up of one shape): silu(x @ gate) * (x @ up).
+    norm and residual as avx2_matvecs takes them."""
+    (n, k), cols = x.shape, tuple(w.shape[1] for w in ws)
+    fused = Fused(swiglu, None if norm is None else norm[1], residual is not None)
+    entry = f"fg_f32_rows_{fused.tag()}_{n}_{k}_{'_'.join(map(str, cols))}"
+    raw = RawKernel(
+        rows_source(entry, n, k, cols, fused), entry, items=rows_items(cols, swiglu), ops=2 * n * k * sum(cols)
+    )
+    shape = (n, cols[0] if swiglu else sum(cols))
+    return _launch(raw, shape, x, *_fusion_inputs(norm, residual), *(w.cast(dtypes.float32) for w in ws))

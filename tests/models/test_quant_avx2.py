@@ -16,7 +16,15 @@ from fusegrad import GlobalCounters, Tensor  # noqa: E402
 from fusegrad.dtype import dtypes  # noqa: E402
 from fusegrad.engine.realize import u8s8_pair_dot  # noqa: E402
 from fusegrad.helpers import Context  # noqa: E402
-from fusegrad.nn.quantized_avx2 import KERNELS, PRELUDE, SPAN, rows_matvec  # noqa: E402
+from fusegrad.nn.quantized_avx2 import (  # noqa: E402
+    KERNELS,
+    MAX_SPAN,
+    avx2_matvecs,
+    matvec_source,
+    rows_matvec,
+    rows_matvecs,
+    rows_span,
+)  # noqa: E402
 from fusegrad.runtime import ops_cpu  # noqa: E402
 from fusegrad.runtime.ops_cpu import find_compiler  # noqa: E402
 from fusegrad.uop.kernel import RawKernel  # noqa: E402
@@ -93,7 +101,7 @@ def test_the_avx2_matvec_is_one_kernel_right_when_split_over_threads(qtype):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n, k, cols", [(1, 768, 2048), (3, 770, SPAN + 88), (8, 64, 3 * SPAN + 1), (2, 3, 5)])
+@pytest.mark.parametrize("n, k, cols", [(1, 768, 2048), (3, 770, MAX_SPAN + 88), (8, 64, 3 * MAX_SPAN + 1), (2, 3, 5)])
 def test_the_float_rows_matvec_equals_numpy(n, k, cols, threads):
     # spans of columns with a short last one, rows of w past the last four, several rows of x
     rng = np.random.default_rng(k)
@@ -102,6 +110,121 @@ def test_the_float_rows_matvec_equals_numpy(n, k, cols, threads):
         got = rows_matvec(Tensor(x), Tensor(w)).numpy()
     want = x.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1 + np.exp(-x))
+
+
+@needs_avx2
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("qtype, n, cols", [("Q8_0", 1, 768), ("Q8_0", 3, 64), ("Q4_K", 1, 768), ("Q4_K", 2, 512)])
+def test_the_stacked_avx2_matvec_equals_each_matrix_own(qtype, n, cols, threads):
+    # q, k and v of one x in one kernel: each matrix's outputs after the previous one's, as its own kernel gives them
+    mats = [_avx2_matrix(qtype, rows, cols, seed=rows)[0] for rows in (96, 32, 40)]
+    x = Tensor(np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)).realize()
+    with Context(NUM_CPU_THREADS=threads):
+        out = avx2_matvecs(mats[0].ggml_type, [m.planes for m in mats], x)
+        GlobalCounters.reset()
+        got = out.realize().numpy()
+        assert GlobalCounters.kernel_count == 1
+        want = np.concatenate([m.matvec(x).numpy() for m in mats], axis=1)
+    np.testing.assert_array_equal(got, want)  # the same rounding of x and the same sums: the same floats
+
+
+@needs_avx2
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("qtype, n, cols", [("Q8_0", 1, 768), ("Q8_0", 4, 96), ("Q4_K", 1, 768), ("Q4_K", 3, 256)])
+def test_the_swiglu_avx2_matvec_equals_numpy(qtype, n, cols, threads):
+    (gate, gate_w), (up, up_w) = (_avx2_matrix(qtype, 200, cols, seed=s) for s in (1, 2))
+    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+    with Context(NUM_CPU_THREADS=threads):
+        got = avx2_matvecs(gate.ggml_type, [gate.planes, up.planes], Tensor(x), swiglu=True).numpy()
+        g, u = gate.matvec(Tensor(x)).numpy(), up.matvec(Tensor(x)).numpy()
+    # against the two kernels' own products: silu in float32 apart
+    np.testing.assert_allclose(got, _silu(g.astype(np.float64)) * u, rtol=1e-5, atol=1e-6 * np.abs(got).max())
+    # and against numpy on the dequantized weights (x quantized to 8 bits: a percent of the largest value)
+    want = _silu(x.astype(np.float64) @ gate_w.T.astype(np.float64)) * (x.astype(np.float64) @ up_w.T)
+    np.testing.assert_allclose(got, want, rtol=0, atol=3e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n, k, cols", [(1, 768, (768, 256, 256)), (3, 70, (100, 36)), (2, 9, (5,) * 3)])
+def test_the_stacked_float_rows_matvec_equals_numpy(n, k, cols, threads):
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    ws = [rng.standard_normal((k, c)).astype(np.float32) for c in cols]
+    xt, wts = Tensor(x).realize(), [Tensor(w).realize() for w in ws]
+    with Context(NUM_CPU_THREADS=threads):
+        GlobalCounters.reset()
+        got = rows_matvecs(xt, wts).realize().numpy()
+        assert GlobalCounters.kernel_count == 1
+    want = np.concatenate([x.astype(np.float64) @ w for w in ws], axis=1)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n, k, cols", [(1, 768, 2048), (2, 66, 700), (8, 5, 3)])
+def test_the_swiglu_float_rows_matvec_equals_numpy(n, k, cols, threads):
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    gate, up = (rng.standard_normal((k, cols)).astype(np.float32) for _ in range(2))
+    with Context(NUM_CPU_THREADS=threads):
+        got = rows_matvecs(Tensor(x), [Tensor(gate), Tensor(up)], swiglu=True).numpy()
+    want = _silu(x.astype(np.float64) @ gate) * (x.astype(np.float64) @ up)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+@needs_avx2
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "qtype, n, swiglu", [("Q8_0", 1, False), ("Q8_0", 3, True), ("Q4_K", 1, True), ("Q4_K", 2, False)]
+)
+def test_the_avx2_matvec_with_the_norm_and_the_residual_inside_equals_numpy(qtype, n, swiglu, threads):
+    # rms_norm(x) in the prologue, the residual added to the outputs: as the kernel of the normalized x plus it
+    mats = [_avx2_matrix(qtype, 64, 512, seed=s)[0] for s in (3, 4)[: 1 + swiglu]]
+    rng = np.random.default_rng(n)
+    x, w = rng.standard_normal((n, 512)).astype(np.float32) * 3, rng.random(512).astype(np.float32) + 0.5
+    res = rng.standard_normal((n, 64)).astype(np.float32)
+    planes = [m.planes for m in mats]
+    with Context(NUM_CPU_THREADS=threads):
+        got = avx2_matvecs(mats[0].ggml_type, planes, Tensor(x), swiglu, (Tensor(w), 1e-5), Tensor(res)).numpy()
+        normed = Tensor(_rms_norm(x, w, 1e-5).astype(np.float32))
+        want = avx2_matvecs(mats[0].ggml_type, planes, normed, swiglu).numpy() + res
+    # the normalized x apart by float32 rounding, which can move a value across a rounding step of its 8 bits
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "n, k, cols, swiglu", [(1, 768, (768, 256, 256), False), (3, 70, (100,), False)] + [(2, 66, (40, 40), True)]
+)
+def test_the_float_rows_matvec_with_the_norm_and_the_residual_inside_equals_numpy(n, k, cols, swiglu, threads):
+    rng = np.random.default_rng(k)
+    x, w = rng.standard_normal((n, k)).astype(np.float32), rng.random(k).astype(np.float32) + 0.5
+    ws = [rng.standard_normal((k, c)).astype(np.float32) for c in cols]
+    res = rng.standard_normal((n, cols[0] if swiglu else sum(cols))).astype(np.float32)
+    with Context(NUM_CPU_THREADS=threads):
+        got = rows_matvecs(Tensor(x), [Tensor(m) for m in ws], swiglu, (Tensor(w), 1e-6), Tensor(res)).numpy()
+    xn = _rms_norm(x, w, 1e-6)
+    ys = [xn @ m for m in ws]
+    want = (_silu(ys[0]) * ys[1] if swiglu else np.concatenate(ys, axis=1)) + res
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("cols", [(768,), (256,), (2048,), (768, 256, 256), (1280, 256), (1537,), (5,)])
+def test_float_rows_spans_are_equal_and_even(cols):
+    # a decode step's widths (the 110M model's layers) in whole spans that two or four threads share evenly
+    span = rows_span(cols)
+    assert span % 8 == 0 and span <= MAX_SPAN
+    items = [-(-c // span) for c in cols]
+    if all(c % 256 == 0 for c in cols):
+        assert all(c % span == 0 for c in cols) and sum(items) % 4 == 0
 
 
 # each item is written with the start of the chunk it was computed in
@@ -131,7 +254,34 @@ def _assembly(src: str, x86_target: str) -> str:
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="AVX2 is an x86 instruction set")
 @pytest.mark.parametrize("ggml_type", sorted(KERNELS))
 def test_the_kernels_multiply_bytes_in_vpmaddubsw_for_haswell(ggml_type):
-    _, template, _ = KERNELS[ggml_type]
-    src = PRELUDE + template.replace("NAME", "k") % {"n": 2, "rows": 64, "cols": 512}
+    src = matvec_source(ggml_type, "k", 2, 512, (64,))
     asm = _assembly(src, "haswell")  # AVX2 + FMA, no AVX-512: assembled only, so the host need not have it
     assert "vpmaddubsw" in asm and "vpmaddwd" in asm and "vfmadd" in asm
+
+
+@needs_avx2
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_a_llama_decode_step_through_the_fused_kernels_equals_the_kernel_per_linear(tmp_path, monkeypatch, qtype):
+    # the q/k/v, gate/up and output matvecs with their norms, o and down with their residual adds: one kernel each,
+    # against the same model with a kernel per linear and the norms and adds their own (fused_matvec off): the norm's
+    # float rounding apart, which can move an activation across an 8-bit step
+    pytest.importorskip("transformers", reason="the test extra installs transformers")
+    from gguf_models import make_model, write_gguf
+
+    from fusegrad.models import llama
+
+    write_gguf(make_model("llama", hidden_size=256, intermediate_size=512), "llama", tmp_path / "m.gguf", qtype)
+    logits = {}
+    for fused in (False, True):
+        if not fused:
+            monkeypatch.setattr(llama, "fused_matvec", lambda *args, **kwargs: None)
+        else:
+            monkeypatch.undo()
+        model, _ = llama.Llama.from_gguf(tmp_path / "m.gguf", max_context=32, progress=False)
+        model.forward(np.array([3, 1, 4], np.int32), 0)
+        logits[fused] = [model.forward(np.array([t], np.int32), 3 + i).numpy() for i, t in enumerate([5, 9, 2])]
+        launches = model._steps[(1, False)].captured.launches
+        names = [la.runner.info.name for la in launches if la.runner is not None]
+        assert len([n for n in names if "_norm_" in n or "_res_" in n]) == (4 * len(model.blocks) + 1) * fused
+    for got, want in zip(logits[True], logits[False]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-2 * np.abs(want).max())
