@@ -367,8 +367,14 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     shape = value.shape
     reduce = blockable_sum(value)
     block = check_reduce_block(opts, (reduce.src[0].shape, reduce.arg[1][0]) if reduce is not None else None)
+    own = bool(opts) and reads_own_output(lower_kernel(ast))
+    if block is not None and own:
+        raise OptError(
+            f"{block}: the kernel reads its own output (an assign adding into its storage), which the blocks' partial"
+            " sums would overwrite"
+        )
     # partial sums added in memory read the output, so no tile may overlap another
-    reads_output = bool(opts) and (block is not None or reads_own_output(lower_kernel(ast)))
+    reads_output = block is not None or own
     applied = check_opts(opts, shape, reads_output)
     up, tiles = applied.upcasts, applied.tiles
     reduces = [u for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL) if u.op is Ops.REDUCE_AXIS]

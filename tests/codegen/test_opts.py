@@ -501,3 +501,22 @@ def test_transposed_copies_run_in_8x8_tiles_and_equal_numpy(shape, perm):
     ).opts
     assert not lower_to_linear(ast_of(Tensor.empty(1024, 512).T + Tensor.empty(512, 1024)), Device["CPU"].renderer).opts
     assert not lower_to_linear(ast_of(Tensor.empty(32, 64).T.contiguous()), Device["CPU"].renderer).opts
+
+
+@pytest.mark.parametrize(
+    "rows, k, n, lo, hi", [(128, 2048, 64, 0, 128), (1024, 1024, 64, 96, 192), (96, 4096, 64, 0, 96)]
+)
+def test_a_sum_added_into_its_own_storage_is_never_blocked(rows, k, n, lo, hi):
+    """a[lo:hi] = a[lo:hi] + b @ c reads a through its output parameter: the partial sums of a blocked reduce would
+    overwrite the values the epilogue adds (the result was off by the whole sum). The heuristic never blocks such a
+    reduce, and the checker refuses a forced REDUCE_BLOCK (the kernel then runs without it); values equal numpy's."""
+    rng = np.random.default_rng(rows + k)
+    a_np = rng.standard_normal((rows, n)).astype(np.float32)
+    b_np, c_np = rng.standard_normal((hi - lo, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    want = a_np.copy()
+    want[lo:hi] += b_np.astype(np.float64) @ c_np
+    for forced in (None, [opt("REDUCE_BLOCK", 2, 256)]):
+        with forced_opts(forced) if forced else contextlib.nullcontext():
+            a = Tensor(a_np).realize()
+            a[lo:hi] = a[lo:hi] + Tensor(b_np) @ Tensor(c_np)
+            np.testing.assert_allclose(a.numpy(), want, rtol=1e-4, atol=1e-3)

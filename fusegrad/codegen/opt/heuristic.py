@@ -341,7 +341,8 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) ->
     # a symbolic reduce counts at its largest for the tile blocks, and is not blocked (its size is not known)
     reduce_size = prod(r.src[0].vmax for r in reduces)
     symbolic_reduce = any(r.src[0].op is not Ops.CONST for r in reduces)
-    if not symbolic_reduce and (block := _reduce_block(value, reduce_size)) is not None:
+    # partial sums in memory would overwrite what a kernel adding into its own storage reads
+    if not symbolic_reduce and not reads_output and (block := _reduce_block(value, reduce_size)) is not None:
         # partial sums added in memory read the output: only tiles that divide it
         opts = _register_tile(value, row, col, block.amount, True, caps, len(reduces) == 1)
         # the loop over blocks runs inside an output loop, which threads split: some axis needs more than one tile
