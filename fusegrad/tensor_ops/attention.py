@@ -252,24 +252,42 @@ def _forward_heads(p: _Problem, axis: int, keep: list[Tensor]) -> tuple[Tensor, 
     outs: list[Tensor] = []
     lses: list[Tensor] = []
     for h in range(count):
-        at = Variable("flash_head", 0, count - 1).bind(h)  # every head shares the kernels
-        ph = _Problem(
-            _head(p.q, axis, at),
-            _head(p.k, axis, at),
-            _head(p.v, axis, at),
-            _head(p.mask, axis, at),
-            p.scale,
-            p.causal,
-            _head(p.k_panels, axis, at),
-            p.panel,
-            positions=p.positions,
-        )
+        ph = _head_problem(p, axis, _head_index(count, h))
         blocks = _head_blocks(ph, budget)
         held: list[Tensor] = []  # the head's gathered groups, freed once the head's output is realized
         out, lse = _forward(ph, blocks, len(blocks) > 1, held)
         outs.append(_realized(out, keep))
         lses.append(_realized(lse, keep))
     return _cat_axis(outs, axis), _cat_axis(lses, axis)
+
+
+def _head_index(count: int, h: int) -> UOp:
+    """Head h of count as a bound Variable: every head's blocks share their kernels."""
+    return Variable("flash_head", 0, count - 1).bind(h)
+
+
+def _head_problem(p: _Problem, axis: int, at: sint) -> _Problem:
+    """p restricted to index `at` of its leading axis `axis` (the tensors that broadcast along it kept whole)."""
+    q, k, v, mask, panels = (_head(t, axis, at) for t in (p.q, p.k, p.v, p.mask, p.k_panels))
+    assert q is not None and k is not None and v is not None
+    return _Problem(q, k, v, mask, p.scale, p.causal, panels, p.panel, positions=p.positions)
+
+
+def _backward_heads(p: _Problem, axis: int, out: Tensor, lse: Tensor, g: Tensor):
+    """_backward_blocked one head (index of `axis`) at a time, as the forward (_forward_heads): a key block's
+    probabilities and score gradients are one head's. A gradient whose input broadcasts along the axis (one key head
+    for all) is the sum of the heads' parts, the others their cat."""
+    count = p.q.shape[axis]
+    parts = []
+    for h in range(count):
+        at = _head_index(count, h)
+        grads = _backward_blocked(_head_problem(p, axis, at), *(_head(t, axis, at) for t in (out, lse, g)))
+        parts.append([t.realize() for t in grads])
+    joined = []
+    for i, whole in enumerate((p.q, p.k, p.v)):
+        heads = [part[i] for part in parts]
+        joined.append(sum(heads[1:], heads[0]) if whole.shape[axis] == 1 else _cat_axis(heads, axis))
+    return tuple(joined)
 
 
 def _head_blocks(p: _Problem, budget: int) -> list[tuple[int, int]]:
@@ -357,7 +375,7 @@ def _packed_if(t: Tensor, held: list[Tensor]) -> tuple[Tensor | None, int]:
     return None, 0
 
 
-def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tensor, g: Tensor):
+def _backward_blocked(p: _Problem, out: Tensor, lse: Tensor, g: Tensor):
     """dq, dk, dv (float32, in p's layouts) past the block threshold, in one pass over key blocks (the problem
     transposed: a block of kᵀ's rows against all the queries it meets) that recompute the block probabilities from the
     saved logsumexp: each block stores its rows of dk = dSᵀ·Q and dv = Pᵀ·dO and adds dSᵀᵀ·K into dq in place, so
@@ -479,8 +497,10 @@ def flash_attention(
         assert out_uop is not None, "the attention output died before its gradient was asked for"
         grad = tensor_class(g, device=device).cast(dtypes.float32).reshape(out_uop.shape)
         out_t, lse_t = tensor_class(out_uop, device=device), tensor_class(lse_uop, device=device)
-        if each:
-            grads = _backward_blocked(problem, blocks, out_t, lse_t, grad)
+        if axis is not None:
+            grads = _backward_heads(problem, axis, out_t, lse_t, grad)
+        elif each:
+            grads = _backward_blocked(problem, out_t, lse_t, grad)
         else:
             grads = _backward(problem, blocks, out_t, lse_t, grad)
         _ = keep  # the realized blocks stay computed for as long as the gradient can be asked for
