@@ -141,12 +141,12 @@ def _packed(k: Tensor, panel: int) -> Tensor:
     )
 
 
-def _row_blocks(p: _Problem, heads: int, share: int = 8) -> tuple[list[tuple[int, int]], bool]:
-    """[start, end) row blocks and whether each is realized on its own: when all scores fit FLASH_SCORE_BYTES one
-    block (CAUSAL_BLOCKS when causal) computed with the rest, else blocks of FLASH_BLOCK_BYTES realized one by one,
-    each block's scores also under 1/share of the inputs."""
+def _row_blocks(p: _Problem, heads: int, share: int = 8, blocked: bool = False) -> tuple[list[tuple[int, int]], bool]:
+    """[start, end) row blocks and whether each is realized on its own: when all scores fit FLASH_SCORE_BYTES (and not
+    `blocked`) one block (CAUSAL_BLOCKS when causal) computed with the rest, else blocks of FLASH_BLOCK_BYTES realized
+    one by one, each block's scores also under 1/share of the inputs."""
     rows, keys = p.rows, p.k.shape[-2]
-    if heads * rows * keys * 4 <= FLASH_SCORE_BYTES:
+    if not blocked and heads * rows * keys * 4 <= FLASH_SCORE_BYTES:
         size, each = max(FLASH_MIN_BLOCK_ROWS, -(-rows // CAUSAL_BLOCKS)) if p.causal else rows, False
     else:
         # the forward: a block's scores and probabilities stay under a quarter of the inputs: with the output blocks
@@ -392,7 +392,10 @@ def _backward_blocked(p: _Problem, out: Tensor, lse: Tensor, g: Tensor):
     g_panels, g_panel = _packed_if(g, held)
     mask = None if p.mask is None else p.mask.transpose(-1, -2)
     pt = _Problem(p.k, p.q, p.v, mask, p.scale, p.causal, q_panels, q_panel, transposed=True, positions=p.positions)
-    key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]), BACKWARD_SHARE)[0]
+    # in blocks even where one head's scores are under the threshold (_backward_heads): one key block as long as all
+    # the queries made dq's in-place update a long reduce, which the code generator splits into chunks that each
+    # re-read dq (wrong: seq 1024 x 8 heads)
+    key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]), BACKWARD_SHARE, blocked=True)[0]
     lse_t, delta_t = lse.transpose(-1, -2), delta.transpose(-1, -2)
     dq, dk, dv = _zeros_like(p.q), _empty_like(p.k), _empty_like(p.v)
     for start, end in key_blocks:
