@@ -336,7 +336,7 @@ def test_the_axis_walked_one_head_at_a_time(q_shape, kv_shape, gqa, axis):
 
 def test_blocked_heads_backward_in_key_blocks(monkeypatch):
     # all heads' scores past the threshold, one head's under it: each head's backward still runs in key blocks. As one
-    # key block of 512 keys its dq update (dq + dSᵀ·K, reducing over the 512 keys, in place) ran in reduce chunks that
-    # each re-read dq (seq 1024 x 8 heads: dq ~10x off)
+    # key block of all 1024 keys its in-place dq update (dq + dSᵀ·K, a reduce over the 1024 keys) ran in reduce
+    # chunks that each re-read dq (seq 1024 x 8 heads: dq ~10x off)
     monkeypatch.setattr(attention, "FLASH_SCORE_BYTES", 2 * 1024 * 1024 * 4 - 1)
     check(*arrays([(1, 2, 1024, 64)] * 3))
