@@ -6,7 +6,8 @@ exists. The forward saves the output and each row's logsumexp; the backward reco
 the logsumexp (FlashAttention-2's formulation): past the block threshold one pass of key blocks (the problem transposed)
 stores each block's rows of dk and dv and adds its part of dq into dq in place, so training is O(N·d) in memory there.
 Grouped-query attention views the query heads as (kv heads, group) against key/value heads broadcast over the group: k
-and v are never repeated in memory."""
+and v are never repeated in memory. Past the threshold the blocks are also one head's (a key/value head with its group
+under GQA), so each block's scores, keys and values stay in cache between its kernels."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ FLASH_SCORE_BYTES = 2**24
 # the score bytes of one row block (all heads) at most: its scores and probabilities are the op's largest temporaries
 FLASH_BLOCK_BYTES = 2**24
 # the blocked forward walks one head at a time (_forward_heads) in row blocks of at most this many score bytes (a
-# block's scores and probabilities stay in L2: seq 4096, 24 rows), in whole multiples of HEAD_BLOCK_ROWS rows (a
+# block's scores stay in L2: seq 4096, 24 rows), in whole multiples of HEAD_BLOCK_ROWS rows (a
 # multiple of the register tile's rows: 16- and 32-row blocks ran 1.2x slower than 24 and 48 on AVX2's 6-row tiles)
 HEAD_BLOCK_BYTES = 2**19
 HEAD_BLOCK_ROWS = 24
@@ -226,9 +227,9 @@ def _forward(p: _Problem, blocks: list[tuple[int, int]], each: bool, keep: list[
 
 
 def _head_axis(p: _Problem) -> int | None:
-    """The leading axis of q that the blocked forward walks one index at a time (a head, or under GQA a key/value
-    head with its group): the innermost where k has q's size (each block then reads one head's keys and values), else
-    the innermost where q has more than one; None when every leading axis of q has size 1."""
+    """The leading axis of q that the blocked forward and backward walk one index at a time (a head, or under GQA a
+    key/value head with its group): the innermost where k has q's size (each block then reads one head's keys and
+    values), else the innermost where q has more than one; None when every leading axis of q has size 1."""
     leading = range(p.q.ndim - 2)
     own = [a for a in leading if p.q.shape[a] > 1 and p.k.shape[a] == p.q.shape[a]]
     shared = [a for a in leading if p.q.shape[a] > 1]
