@@ -30,10 +30,11 @@ if TYPE_CHECKING:
 FLASH_SCORE_BYTES = 2**24
 # the score bytes of one row block (all heads) at most: its scores and probabilities are the op's largest temporaries
 FLASH_BLOCK_BYTES = 2**24
-# the blocked forward walks one head at a time (_forward_heads) in row blocks of at most this many score bytes (a
-# block's scores stay in L2: seq 4096, 24 rows), in whole multiples of HEAD_BLOCK_ROWS rows (a
-# multiple of the register tile's rows: 16- and 32-row blocks ran 1.2x slower than 24 and 48 on AVX2's 6-row tiles)
-HEAD_BLOCK_BYTES = 2**19
+# the blocked forward walks one head at a time (_forward_heads) in row blocks of at most this many score bytes, in
+# whole multiples of HEAD_BLOCK_ROWS rows (a multiple of the register tile's rows: 16- and 32-row blocks ran 1.2x slower
+# than 24 and 48 on AVX2's 6-row tiles). Under TinyJit seq 4096 ran alike from 24 to 240 rows; without it each block's
+# realize costs ~4 ms of Python, so the longer blocks (120 rows there) cost 8 heads ~2 s less per call than 24 rows
+HEAD_BLOCK_BYTES = 2**21
 HEAD_BLOCK_ROWS = 24
 # a row block is never shorter than this (shorter blocks cost more launches than they save in memory)
 FLASH_MIN_BLOCK_ROWS = 16
