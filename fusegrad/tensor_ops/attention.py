@@ -6,7 +6,8 @@ exists. The forward saves the output and each row's logsumexp; the backward reco
 the logsumexp (FlashAttention-2's formulation): past the block threshold one pass of key blocks (the problem transposed)
 stores each block's rows of dk and dv and adds its part of dq into dq in place, so training is O(N·d) in memory there.
 Grouped-query attention views the query heads as (kv heads, group) against key/value heads broadcast over the group: k
-and v are never repeated in memory."""
+and v are never repeated in memory. Past the threshold the blocks are also one head's (a key/value head with its group
+under GQA), so each block's scores, keys and values stay in cache between its kernels."""
 
 from __future__ import annotations
 
@@ -24,10 +25,17 @@ if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
 # past this many score bytes (all heads) the scores are computed in row blocks, each realized on its own; below it one
-# block (the whole score matrix) is cheaper: fewer kernels and no realize inside the op
-FLASH_SCORE_BYTES = 2**25
+# block (the whole score matrix) is cheaper: fewer kernels and no realize inside the op (8 heads of 64 on AVX2: seq 512,
+# 8 MB, ran 1.1x faster in one block; seq 1024, 32 MB, 1.2x faster in blocks of one head)
+FLASH_SCORE_BYTES = 2**24
 # the score bytes of one row block (all heads) at most: its scores and probabilities are the op's largest temporaries
 FLASH_BLOCK_BYTES = 2**24
+# the blocked forward walks one head at a time (_forward_heads) in row blocks of at most this many score bytes, in
+# whole multiples of HEAD_BLOCK_ROWS rows (a multiple of the register tile's rows: 16- and 32-row blocks ran 1.2x slower
+# than 24 and 48 on AVX2's 6-row tiles). Under TinyJit seq 4096 ran alike from 24 to 240 rows; without it each block's
+# realize costs ~4 ms of Python, so the longer blocks (120 rows there) cost 8 heads ~2 s less per call than 24 rows
+HEAD_BLOCK_BYTES = 2**21
+HEAD_BLOCK_ROWS = 24
 # a row block is never shorter than this (shorter blocks cost more launches than they save in memory)
 FLASH_MIN_BLOCK_ROWS = 16
 # causal scores under FLASH_SCORE_BYTES still come in this many row blocks (computed together, not realized one by
@@ -135,12 +143,12 @@ def _packed(k: Tensor, panel: int) -> Tensor:
     )
 
 
-def _row_blocks(p: _Problem, heads: int, share: int = 8) -> tuple[list[tuple[int, int]], bool]:
-    """[start, end) row blocks and whether each is realized on its own: when all scores fit FLASH_SCORE_BYTES one
-    block (CAUSAL_BLOCKS when causal) computed with the rest, else blocks of FLASH_BLOCK_BYTES realized one by one,
-    each block's scores also under 1/share of the inputs."""
+def _row_blocks(p: _Problem, heads: int, share: int = 8, blocked: bool = False) -> tuple[list[tuple[int, int]], bool]:
+    """[start, end) row blocks and whether each is realized on its own: when all scores fit FLASH_SCORE_BYTES (and not
+    `blocked`) one block (CAUSAL_BLOCKS when causal) computed with the rest, else blocks of FLASH_BLOCK_BYTES realized
+    one by one, each block's scores also under 1/share of the inputs."""
     rows, keys = p.rows, p.k.shape[-2]
-    if heads * rows * keys * 4 <= FLASH_SCORE_BYTES:
+    if not blocked and heads * rows * keys * 4 <= FLASH_SCORE_BYTES:
         size, each = max(FLASH_MIN_BLOCK_ROWS, -(-rows // CAUSAL_BLOCKS)) if p.causal else rows, False
     else:
         # the forward: a block's scores and probabilities stay under a quarter of the inputs: with the output blocks
@@ -219,6 +227,85 @@ def _forward(p: _Problem, blocks: list[tuple[int, int]], each: bool, keep: list[
     return outs.result(), lses.result()
 
 
+def _head_axis(p: _Problem) -> int | None:
+    """The leading axis of q that the blocked forward and backward walk one index at a time (a head, or under GQA a
+    key/value head with its group): the innermost where k has q's size (each block then reads one head's keys and
+    values), else the innermost where q has more than one; None when every leading axis of q has size 1."""
+    leading = range(p.q.ndim - 2)
+    own = [a for a in leading if p.q.shape[a] > 1 and p.k.shape[a] == p.q.shape[a]]
+    shared = [a for a in leading if p.q.shape[a] > 1]
+    return (own or shared or [None])[-1]
+
+
+def _head(t: Tensor | None, axis: int, at: sint) -> Tensor | None:
+    """Index `at` of t's leading axis `axis` (kept, size 1); t itself where it broadcasts along it."""
+    if t is None or t.shape[axis] == 1:
+        return t
+    return t.shrink(tuple((at, at + 1) if a == axis else None for a in range(t.ndim)))
+
+
+def _forward_heads(p: _Problem, axis: int, keep: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The blocked forward one head (index of `axis`) at a time: a block's scores, probabilities, keys and values are
+    one head's (seq 4096, d 64: ~5 MB against ~22 MB for all 8 heads), so they stay in the last-level cache between
+    the block's kernels (P·V ran at 89 GFLOPS per head against 67 for 8 heads at once). Each head's row blocks are
+    gathered and realized, then the heads are joined (a cat of one source per head)."""
+    count = p.q.shape[axis]
+    # the scores' memory bound of _row_blocks (a block's scores under 1/8 of the inputs) holds here too
+    budget = min(HEAD_BLOCK_BYTES, FLASH_BLOCK_BYTES, 4 * (p.q.numel() + p.k.numel() + p.v.numel()) // 8)
+    outs: list[Tensor] = []
+    lses: list[Tensor] = []
+    for h in range(count):
+        ph = _head_problem(p, axis, _head_index(count, h))
+        blocks = _head_blocks(ph, budget)
+        held: list[Tensor] = []  # the head's gathered groups, freed once the head's output is realized
+        out, lse = _forward(ph, blocks, len(blocks) > 1, held)
+        outs.append(_realized(out, keep))
+        lses.append(_realized(lse, keep))
+    return _cat_axis(outs, axis), _cat_axis(lses, axis)
+
+
+def _head_index(count: int, h: int) -> UOp:
+    """Head h of count as a bound Variable: every head's blocks share their kernels."""
+    return Variable("flash_head", 0, count - 1).bind(h)
+
+
+def _head_problem(p: _Problem, axis: int, at: sint) -> _Problem:
+    """p restricted to index `at` of its leading axis `axis` (the tensors that broadcast along it kept whole)."""
+    q, k, v, mask, panels = (_head(t, axis, at) for t in (p.q, p.k, p.v, p.mask, p.k_panels))
+    assert q is not None and k is not None and v is not None
+    return _Problem(q, k, v, mask, p.scale, p.causal, panels, p.panel, positions=p.positions)
+
+
+def _backward_heads(p: _Problem, axis: int, out: Tensor, lse: Tensor, g: Tensor):
+    """_backward_blocked one head (index of `axis`) at a time, as the forward (_forward_heads): a key block's
+    probabilities and score gradients are one head's. A gradient whose input broadcasts along the axis (one key head
+    for all) is the sum of the heads' parts, the others their cat."""
+    count = p.q.shape[axis]
+    parts = []
+    for h in range(count):
+        at = _head_index(count, h)
+        grads = _backward_blocked(_head_problem(p, axis, at), *(_head(t, axis, at) for t in (out, lse, g)))
+        parts.append([t.realize() for t in grads])
+    joined = []
+    for i, whole in enumerate((p.q, p.k, p.v)):
+        heads = [part[i] for part in parts]
+        joined.append(sum(heads[1:], heads[0]) if whole.shape[axis] == 1 else _cat_axis(heads, axis))
+    return tuple(joined)
+
+
+def _head_blocks(p: _Problem, budget: int) -> list[tuple[int, int]]:
+    """One head's row blocks: as many rows as `budget` score bytes hold, rounded down to whole HEAD_BLOCK_ROWS steps
+    where one fits, and at least FLASH_MIN_BLOCK_ROWS."""
+    rows, keys = p.rows, p.k.shape[-2]
+    fit = budget // (math.prod(p.q.shape[:-2]) * keys * 4)
+    size = max(FLASH_MIN_BLOCK_ROWS, fit // HEAD_BLOCK_ROWS * HEAD_BLOCK_ROWS or fit)
+    return [(s, min(s + size, rows)) for s in range(0, rows, size)]
+
+
+def _cat_axis(parts: list[Tensor], axis: int) -> Tensor:
+    return parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=axis)
+
+
 class _Gathered:
     """Row blocks realized one by one, every ~√n of them gathered into one realized group whose blocks are then freed:
     a cat of all n blocks at once selects among n sources per element (seq 4096, 171 blocks: 1.8 s), two levels of
@@ -291,7 +378,7 @@ def _packed_if(t: Tensor, held: list[Tensor]) -> tuple[Tensor | None, int]:
     return None, 0
 
 
-def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, lse: Tensor, g: Tensor):
+def _backward_blocked(p: _Problem, out: Tensor, lse: Tensor, g: Tensor):
     """dq, dk, dv (float32, in p's layouts) past the block threshold, in one pass over key blocks (the problem
     transposed: a block of kᵀ's rows against all the queries it meets) that recompute the block probabilities from the
     saved logsumexp: each block stores its rows of dk = dSᵀ·Q and dv = Pᵀ·dO and adds dSᵀᵀ·K into dq in place, so
@@ -307,7 +394,10 @@ def _backward_blocked(p: _Problem, blocks: list[tuple[int, int]], out: Tensor, l
     g_panels, g_panel = _packed_if(g, held)
     mask = None if p.mask is None else p.mask.transpose(-1, -2)
     pt = _Problem(p.k, p.q, p.v, mask, p.scale, p.causal, q_panels, q_panel, transposed=True, positions=p.positions)
-    key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]), BACKWARD_SHARE)[0]
+    # in blocks even where one head's scores are under the threshold (_backward_heads): one key block as long as all
+    # the queries made dq's in-place update a long reduce, which the code generator splits into chunks that each
+    # re-read dq (wrong: seq 1024 x 8 heads)
+    key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]), BACKWARD_SHARE, blocked=True)[0]
     lse_t, delta_t = lse.transpose(-1, -2), delta.transpose(-1, -2)
     dq, dk, dv = _zeros_like(p.q), _empty_like(p.k), _empty_like(p.v)
     for start, end in key_blocks:
@@ -395,7 +485,11 @@ def flash_attention(
         positions = None if positions is None else _realized(positions, keep)
         k_panels, panel = _packed_if(k, panels_held)
         problem = _Problem(q, k, v, mask, problem.scale, is_causal, k_panels, panel, positions=positions)
-    out, lse = _forward(problem, blocks, each, keep)
+    axis = _head_axis(problem) if each else None
+    if axis is not None:
+        out, lse = _forward_heads(problem, axis, keep)
+    else:
+        out, lse = _forward(problem, blocks, each, keep)
     result = out.reshape(query.shape[:-1] + (value.shape[-1],)).cast(out_dtype)
     inputs = (query.uop, key.uop, value.uop)
     shapes = (query.shape, key.shape, value.shape)
@@ -409,8 +503,10 @@ def flash_attention(
         assert out_uop is not None, "the attention output died before its gradient was asked for"
         grad = tensor_class(g, device=device).cast(dtypes.float32).reshape(out_uop.shape)
         out_t, lse_t = tensor_class(out_uop, device=device), tensor_class(lse_uop, device=device)
-        if each:
-            grads = _backward_blocked(problem, blocks, out_t, lse_t, grad)
+        if axis is not None:
+            grads = _backward_heads(problem, axis, out_t, lse_t, grad)
+        elif each:
+            grads = _backward_blocked(problem, out_t, lse_t, grad)
         else:
             grads = _backward(problem, blocks, out_t, lse_t, grad)
         _ = keep  # the realized blocks stay computed for as long as the gradient can be asked for

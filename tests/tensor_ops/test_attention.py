@@ -291,3 +291,52 @@ def test_blocked_backward_sums_no_gradient_through_memory(blocks_of, monkeypatch
     # block)
     blocks_of(16)
     assert _full_size_allocations(128, monkeypatch) == _full_size_allocations(512, monkeypatch)
+
+
+# the blocked forward and backward walk one head at a time: key/value heads shared by every query head (their
+# gradients summed over the heads), a batch axis as the one walked, per-head masks sliced with their heads
+@pytest.mark.parametrize(
+    "q_shape,kv_shape,mask_shape,kw",
+    [
+        ((1, 3, 37, 16), (1, 1, 29, 16), None, {}),
+        ((1, 3, 37, 16), (1, 1, 37, 16), None, {"is_causal": True}),
+        ((3, 1, 37, 16), (3, 1, 29, 16), None, {}),
+        ((2, 3, 37, 16), (2, 3, 29, 16), (3, 37, 29), {}),
+    ],
+)
+def test_blocked_heads_one_at_a_time_against_torch(q_shape, kv_shape, mask_shape, kw, blocks_of):
+    blocks_of(16)
+    q, k, v = arrays([q_shape, kv_shape, kv_shape])
+    mask = None
+    if mask_shape is not None:
+        mask = np.random.default_rng(3).standard_normal(mask_shape) > -0.8
+        mask[..., 0] = True  # every row sees a key
+    check(q, k, v, mask, **kw)
+
+
+@pytest.mark.parametrize(
+    "q_shape,kv_shape,gqa,axis",
+    [
+        ((1, 8, 64, 16), (1, 8, 64, 16), False, 1),  # the heads
+        ((1, 8, 64, 16), (1, 1, 64, 16), False, 1),  # one key head for all: still the query heads
+        ((1, 8, 64, 16), (1, 2, 64, 16), True, 1),  # GQA: the key/value heads (each with its group), not the group
+        ((4, 1, 64, 16), (4, 1, 64, 16), False, 0),  # the batch where the heads are one
+        ((64, 16), (64, 16), False, None),  # no leading axis: the row blocks alone
+    ],
+)
+def test_the_axis_walked_one_head_at_a_time(q_shape, kv_shape, gqa, axis):
+    q, k = Tensor.empty(*q_shape), Tensor.empty(*kv_shape)
+    group = q_shape[-3] // kv_shape[-3] if gqa else 1
+    if group > 1:  # the problem's GQA layout: q as (kv heads, group), k as (kv heads, 1)
+        q = q.reshape(q_shape[:-3] + (kv_shape[-3], group) + q_shape[-2:])
+        k = k.reshape(kv_shape[:-3] + (kv_shape[-3], 1) + kv_shape[-2:])
+    problem = attention._Problem(q, k, k, None, 1.0, False)
+    assert attention._head_axis(problem) == axis
+
+
+def test_blocked_heads_backward_in_key_blocks(monkeypatch):
+    # all heads' scores past the threshold, one head's under it: each head's backward still runs in key blocks. As one
+    # key block of all 1024 keys its in-place dq update (dq + dSᵀ·K, a reduce over the 1024 keys) ran in reduce
+    # chunks that each re-read dq (seq 1024 x 8 heads: dq ~10x off)
+    monkeypatch.setattr(attention, "FLASH_SCORE_BYTES", 2 * 1024 * 1024 * 4 - 1)
+    check(*arrays([(1, 2, 1024, 64)] * 3))
