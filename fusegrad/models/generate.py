@@ -152,12 +152,12 @@ class CausalLM(Protocol):
 
 
 # prefill chunk sizes: each chunk reads every weight once (a quantized one is dequantized once per chunk), so long
-# prompts take large chunks; the smallest bounds the padding of a short prompt or a prompt's tail. Not 512: 512
-# tokens of the 110M model, 1 thread, with attention's scores as slots x queries: one chunk of 512 ran 0.9-1.0x as
-# fast as chunks of 128 in Q8_0, 0.5x in F32 (chunks of 256: 1.0-1.1x, within the noise). 8: a short prompt or tail
-# takes a quantized model's matvec (llama.MATVEC_MAX_ROWS) instead of dequantizing every weight into panels (a 4-token
-# prompt of the 110M model, 1 thread: Q4_K 88 ms against 387 ms padded to 32, Q8_0 76 against 208)
-PREFILL_CHUNKS = (128, 32, 8)
+# prompts take large chunks; the smallest bounds the padding of a short prompt or a prompt's tail. 256, not 512: 512
+# tokens of the 110M model on Zen 3, 2 threads, weights read in panels: chunks of 256 ran 1.04-1.10x as fast as
+# chunks of 128 (F32 704 -> 774 tok/s, Q8_0 812 -> 850, Q4_K 811 -> 842), one chunk of 512 0.98-1.10x. 8: a short
+# prompt or tail takes a quantized model's matvec (llama.MATVEC_MAX_ROWS) instead of dequantizing every weight into
+# panels (a 4-token prompt of the 110M model, 1 thread: Q4_K 88 ms against 387 ms padded to 32, Q8_0 76 against 208)
+PREFILL_CHUNKS = (256, 128, 32, 8)
 
 
 def prefill_chunks(n: int, sizes: tuple[int, ...] = PREFILL_CHUNKS) -> list[int]:
