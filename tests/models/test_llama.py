@@ -99,6 +99,7 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, case):
     assert list(generate(model, prompt.tolist(), 20)) == greedy
 
 
+@pytest.mark.slow  # ~8 s: CI's slow part
 def test_decode_replays_one_capture_for_every_position(tmp_path):
     """The position is a bound Variable: after the decode step is captured, later positions compile nothing and
     replay the same capture."""

@@ -260,7 +260,7 @@ def test_the_kernels_multiply_bytes_in_vpmaddubsw_for_haswell(ggml_type):
 
 
 @needs_avx2
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", [pytest.param("Q8_0", marks=pytest.mark.slow), "Q4_K"])  # Q8_0: CI's slow part
 def test_a_llama_decode_step_through_the_fused_kernels_equals_the_kernel_per_linear(tmp_path, monkeypatch, qtype):
     # the q/k/v, gate/up and output matvecs with their norms, o and down with their residual adds: one kernel each,
     # against the same model with a kernel per linear and the norms and adds their own (fused_matvec off): the norm's

@@ -260,6 +260,7 @@ def test_blocked_backward_odd_lengths_against_torch(qs, kv_len, kv_heads, kw, bl
     check(*_case_arrays(qs, kv_len, kv_heads, qs[-1]), **kw)
 
 
+@pytest.mark.slow  # ~7 s: CI's slow part
 def test_blocked_backward_keys_no_query_sees(blocks_of):
     # causal with 300 keys for 256 queries: the key blocks past the last query (whole causal steps of 256) are zeros
     blocks_of(32)
@@ -334,6 +335,7 @@ def test_the_axis_walked_one_head_at_a_time(q_shape, kv_shape, gqa, axis):
     assert attention._head_axis(problem) == axis
 
 
+@pytest.mark.slow  # ~6 s: CI's slow part
 def test_blocked_heads_backward_in_key_blocks(monkeypatch):
     # all heads' scores past the threshold, one head's under it: each head's backward still runs in key blocks. As one
     # key block of all 1024 keys its in-place dq update (dq + dSᵀ·K, a reduce over the 1024 keys) ran in reduce
