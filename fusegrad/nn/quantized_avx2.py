@@ -97,6 +97,21 @@ class Fused:
         norm = " const float* restrict nw," if self.norm_eps is not None else ""
         return norm + (" const float* restrict res," if self.residual else "")
 
+    def entry(self, name: str, weights: str, widths: tuple[int, ...]) -> str:
+        """The entry's signature and opening brace: out, x, the fusions' inputs, the weights' parameters (one matrix
+        of `widths` outputs each), the item range."""
+        if self.swiglu:
+            assert len(widths) == 2 and widths[0] == widths[1], "swiglu multiplies a gate and an up of one shape"
+        return (
+            f"void {name}(float* restrict out, const float* restrict x_in,{self.params()} {weights}, long long start, "
+            "long long end) {\n"
+        )
+
+    @classmethod
+    def of(cls, swiglu: bool, norm: tuple[Tensor, float] | None, residual: Tensor | None) -> Fused:
+        """The fusions asked of a launch by its norm (weight, eps) and residual inputs."""
+        return cls(swiglu, None if norm is None else norm[1], residual is not None)
+
     def prologue(self, width: str) -> str:
         """C that makes `x` the entry's input rows (`x_in`, N rows of `width`), normalized where asked."""
         if self.norm_eps is None:
@@ -227,13 +242,8 @@ def matvec_source(ggml_type: int, entry: str, n: int, cols: int, rows: tuple[int
     sum(rows)), each matrix's columns after the previous ones'. swiglu (two matrices, gate then up): out (n, rows) =
     silu(gate) * up."""
     row = {8: Q8_0_ROW, 12: Q4_K_ROW}[ggml_type]
-    planes = ", ".join(f"FG_PLANES({m})" for m in range(len(rows)))
-    head = (
-        f"void {entry}(float* restrict out, const float* restrict x_in,{fused.params()} {planes}, long long start, "
-        "long long end) {\n"
-    )
+    head = fused.entry(entry, ", ".join(f"FG_PLANES({m})" for m in range(len(rows))), rows)
     if fused.swiglu:
-        assert len(rows) == 2 and rows[0] == rows[1], "swiglu multiplies a gate and an up of one shape"
         body = f"""
   for (long long r = start; r < end; r++) {{
     float g[N], u[N];
@@ -297,7 +307,7 @@ def avx2_matvecs(
     silu(x @ gate.T) * (x @ up.T), (n, rows). norm (weight, eps): x rms-normalized first; residual (n, outputs):
     added to the outputs."""
     (n, cols), rows = x.shape, tuple(planes[0].shape[0] for planes in matrices)
-    fused = Fused(swiglu, None if norm is None else norm[1], residual is not None)
+    fused = Fused.of(swiglu, norm, residual)
     entry = f"fg_{KERNELS[ggml_type][0]}_{fused.tag()}_{n}_{'_'.join(map(str, rows))}_{cols}"
     src = matvec_source(ggml_type, entry, n, cols, rows, fused)
     weights = [p for planes in matrices for p in _kernel_planes(ggml_type, planes)]
@@ -368,13 +378,8 @@ def rows_source(entry: str, n: int, k: int, cols: tuple[int, ...], fused: Fused 
     silu(gate) * up."""
     span = rows_span(cols)
     items = [-(-c // span) for c in cols]
-    weights = ", ".join(f"const float* restrict w{m}" for m in range(len(cols)))
-    head = (
-        f"void {entry}(float* restrict out, const float* restrict x_in,{fused.params()} {weights}, long long start, "
-        "long long end) {\n"
-    )
+    head = fused.entry(entry, ", ".join(f"const float* restrict w{m}" for m in range(len(cols))), cols)
     if fused.swiglu:
-        assert len(cols) == 2 and cols[0] == cols[1], "swiglu multiplies a gate and an up of one shape"
         c = cols[0]
         store = fused.store(f"r * {c} + c0 + j", "acc[r][j] / (1.0f + expf(-acc[r][j])) * up[r][j]")
         body = f"""
@@ -435,7 +440,7 @@ def rows_matvecs(
     cols), each w's outputs after the previous one's; swiglu (gate and up of one shape): silu(x @ gate) * (x @ up).
     norm and residual as avx2_matvecs takes them."""
     (n, k), cols = x.shape, tuple(w.shape[1] for w in ws)
-    fused = Fused(swiglu, None if norm is None else norm[1], residual is not None)
+    fused = Fused.of(swiglu, norm, residual)
     entry = f"fg_f32_rows_{fused.tag()}_{n}_{k}_{'_'.join(map(str, cols))}"
     raw = RawKernel(
         rows_source(entry, n, k, cols, fused), entry, items=rows_items(cols, swiglu), ops=2 * n * k * sum(cols)
