@@ -394,9 +394,9 @@ def _backward_blocked(p: _Problem, out: Tensor, lse: Tensor, g: Tensor):
     g_panels, g_panel = _packed_if(g, held)
     mask = None if p.mask is None else p.mask.transpose(-1, -2)
     pt = _Problem(p.k, p.q, p.v, mask, p.scale, p.causal, q_panels, q_panel, transposed=True, positions=p.positions)
-    # in blocks even where one head's scores are under the threshold (_backward_heads): one key block as long as all
-    # the queries made dq's in-place update a long reduce, which the code generator splits into chunks that each
-    # re-read dq (wrong: seq 1024 x 8 heads)
+    # in blocks even where one head's scores are under the threshold (_backward_heads), as measured; a single key block
+    # as long as all the queries first met the blocked-sum bug of dq's in-place update (fixed in codegen since: a
+    # kernel reading its own output is never REDUCE_BLOCKed) and was not timed after the fix
     key_blocks = _row_blocks(pt, math.prod(p.q.shape[:-2]), BACKWARD_SHARE, blocked=True)[0]
     lse_t, delta_t = lse.transpose(-1, -2), delta.transpose(-1, -2)
     dq, dk, dv = _zeros_like(p.q), _empty_like(p.k), _empty_like(p.v)
