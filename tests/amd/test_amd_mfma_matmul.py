@@ -77,6 +77,7 @@ def test_transposed_inputs(device):
     np.testing.assert_allclose(out, want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
 
 
+@pytest.mark.slow
 def test_off_by_the_capability_and_for_sizes_off_the_tile(device, monkeypatch):
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal((64, 64)).astype(np.float32)
@@ -113,7 +114,7 @@ def test_the_matcher_wants_a_plain_product_of_two_buffers():
 @pytest.mark.parametrize(
     "dt",
     [
-        dtypes.float32,
+        pytest.param(dtypes.float32, marks=pytest.mark.slow),
         pytest.param(dtypes.float16, marks=pytest.mark.slow),
         pytest.param(dtypes.bfloat16, marks=pytest.mark.slow),
     ],

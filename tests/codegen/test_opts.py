@@ -367,6 +367,7 @@ def panel_columns() -> int:
     return 2 * Device["CPU"].renderer.capabilities.vector_bytes // 4
 
 
+@pytest.mark.slow
 def test_packed_matmul_gets_a_panel_tile_without_reduce_blocks(avx512_target):
     # 8 rows x 2 vectors: AVX-512's 32 registers (16 registers give 6-row tiles)
     p = panel_columns()

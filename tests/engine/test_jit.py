@@ -616,6 +616,7 @@ def scaled_tanh(x, w):
     return ((x @ w).tanh() * 2).contiguous(), (x.sum() + 1).contiguous()
 
 
+@pytest.mark.slow
 def test_pickled_capture_replays_in_a_fresh_process(tmp_path):
     import subprocess
     import sys

@@ -41,6 +41,7 @@ def encoder():
     return SentenceEncoder(minilm.get_model_path())
 
 
+@pytest.mark.slow
 def test_embeddings_match_sentence_transformers(encoder):
     from sentence_transformers import SentenceTransformer
 

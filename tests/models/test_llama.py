@@ -66,6 +66,7 @@ CASES = {
 # quantized-matrix tests below), mixtral-q4_0 (the MoE again; Q4_0's values below), the linear and
 # betas-yarn RoPE scalings (llama3 and yarn rope run fast) and qwen2-bias-q4_0 (qwen3's attention, Q4_0's values)
 SLOW_CASES = {
+    "qwen3-qknorm-q8_0",
     "llama-q4_k",
     "qwen3moe-q6_k",
     "mixtral-q4_0",
@@ -242,6 +243,7 @@ def test_yarn_variants_outside_these_models_raise():
         LlamaConfig.from_gguf({**kv, "llama.rope.scaling.type": "longrope"}, 10)
 
 
+@pytest.mark.slow
 def test_a_chunk_stores_its_residual_stream_once_a_layer(tmp_path):
     """Left lazy, each layer's norms would add up every earlier layer's outputs again: a kernel of the last layer
     read all of them. Stored once a layer, no kernel reads more buffers in a 3-layer model than in a 1-layer one; the

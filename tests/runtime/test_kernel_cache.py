@@ -75,6 +75,7 @@ def test_cache_without_checksums_is_rebuilt(cache_home, monkeypatch):
     assert compiler.load(SRC, "answer").answer() == 42 and len(calls) == 1
 
 
+@pytest.mark.slow
 def test_damaged_cache_end_to_end_in_fresh_processes(tmp_path):
     code = "from fusegrad import Tensor; print((Tensor([1.0, 2.0, 3.0]) * 7 + 1).tolist())"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}

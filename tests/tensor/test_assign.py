@@ -215,6 +215,7 @@ def _live_buffers() -> int:
     return sum(1 for o in gc.get_objects() if type(o) is Buffer)
 
 
+@pytest.mark.slow
 def test_raw_assign_training_loop_keeps_memory_constant():
     rng = np.random.default_rng(1)
     x = Tensor(rng.standard_normal((16, 8), dtype=np.float32))

@@ -3,6 +3,7 @@
 import gc
 
 import numpy as np
+import pytest
 import torch
 
 from fusegrad import GlobalCounters, Tensor
@@ -39,6 +40,7 @@ def test_backward_twice_adds_both_gradients():
     assert y.grad is None
 
 
+@pytest.mark.slow
 def test_reused_batch_grad_accumulates_and_memory_stays_flat():
     rng = np.random.default_rng(1)
     x_np = rng.standard_normal((16, 8), dtype=np.float32)

@@ -110,7 +110,9 @@ def test_half_sums_accumulate_in_float32(fg_dtype, dist):
     assert_sum_accurate(t.sum(dtype=dtypes.float32).item(), float(exact), float(abs_sum), n)
 
 
-@pytest.mark.parametrize("dist", ["const", "uniform", "mixed"])
+@pytest.mark.parametrize(
+    "dist", [pytest.param("const", marks=pytest.mark.slow), "uniform", pytest.param("mixed", marks=pytest.mark.slow)]
+)
 def test_matmul_large_k_float32(dist):
     k = 1 << 20
     a = distribution(dist, 2 * k, seed=5).reshape(2, k)
