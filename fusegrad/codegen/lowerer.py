@@ -325,14 +325,15 @@ pm_loads = PatternMatcher(
 )
 
 
-def _tile_start(r: UOp, amount: int, size: int) -> UOp:
+def _tile_start(r: UOp, amount: int, size: int | UOp) -> UOp:
     """First index of tile r of an axis cut into tiles of amount; a last partial tile is moved back to end at size,
     overlapping the one before it (its outputs are computed twice, to equal values)."""
     if amount == 1:
         return r
-    if size % amount == 0 or r.op is Ops.CONST:
+    if isinstance(size, int) and size % amount == 0 or r.op is Ops.CONST:
         return r * amount
-    return (r * amount < size - amount).where(r * amount, UOp.const(r.dtype, size - amount))
+    last = UOp.const(r.dtype, size - amount) if isinstance(size, int) else size - amount
+    return (r * amount < last).where(r * amount, last)
 
 
 def output_value(ast: UOp) -> UOp:
@@ -380,8 +381,8 @@ def lower_kernel(ast: UOp, opts: tuple[Opt, ...] = ()) -> UOp:
     reduces = [u for u in value.toposort(gate=lambda x: x.op is not Ops.DEFINE_GLOBAL) if u.op is Ops.REDUCE_AXIS]
     only = reduces[0] if len(reduces) == 1 else None
     ropts = check_reduce_opts(opts, (only.src[0].shape, only.arg[1]) if only else None, block is not None)
-    # check_opts cuts no symbolic axis
-    counts = [d if up.get(a, 1) == 1 else -(-d // up[a]) for a, d in enumerate(shape)]
+    # check_opts cuts a symbolic axis only by an UPCAST: its tile count is symbolic too
+    counts = [d if up.get(a, 1) == 1 else (d + (up[a] - 1)) // up[a] for a, d in enumerate(shape)]
     lowerer = Lowerer(idx_dtype)
     if only is not None and (ropts.unroll or ropts.padto):
         lowerer.reduce_opts = (only, ropts)

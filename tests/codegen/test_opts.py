@@ -12,9 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 import fusegrad.codegen as codegen
 import fusegrad.engine.realize as realize
-from fusegrad import Context, Tensor
+from fusegrad import Context, Tensor, Variable
 from fusegrad.codegen import lower_to_linear
-from fusegrad.codegen.opt import Opt, OptError, OptOps
+from fusegrad.codegen.opt import Opt, OptError, OptOps, check_opts
 from fusegrad.codegen.opt.beam import actions
 from fusegrad.runtime.device import Device
 from fusegrad.schedule import create_schedule
@@ -521,3 +521,36 @@ def test_a_sum_added_into_its_own_storage_is_never_blocked(rows, k, n, lo, hi):
             a = Tensor(a_np).realize()
             a[lo:hi] = a[lo:hi] + Tensor(b_np) @ Tensor(c_np)
             np.testing.assert_allclose(a.numpy(), want, rtol=1e-4, atol=1e-3)
+
+
+def scores_against_a_cache(n: int, lo: int = 8, hi: int = 500):
+    """keys[:, :n] @ q, n bound in lo..hi: a prefill chunk's attention scores against a KV cache that grows."""
+    rng = np.random.default_rng(n)
+    keys, q = rng.standard_normal((4, hi, 64)).astype(np.float32), rng.standard_normal((4, 64, 48)).astype(np.float32)
+    vb = Variable("n", lo, hi).bind(n)
+    out = (Tensor(keys)[:, :vb] @ Tensor(q)).contiguous()
+    return out, keys[:, :n] @ q, vb
+
+
+def test_a_symbolic_row_axis_gets_a_register_tile_and_equals_numpy():
+    """The rows of a matmul whose row count is a bound Variable take a register tile when the variable's smallest
+    value holds a tile; the last tile moves back to end at the run-time row count (recomputing equal outputs), for
+    every value, the smallest included. Before, such a kernel kept one row of scalar dot products per loop."""
+    out, _, _ = scores_against_a_cache(100)
+    opts = lower_to_linear(ast_of(out), Device["CPU"].renderer).opts
+    assert any(o.op is OptOps.UPCAST and o.axis == 1 for o in opts), opts
+    for n in (8, 9, 100, 257, 500):
+        out, want, vb = scores_against_a_cache(n)
+        got = out.realize().pad((None, (0, 500 - vb), None)).numpy()[:, :n]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_symbolic_axis_is_upcast_only_within_its_smallest_value():
+    """check_opts takes an UPCAST of a symbolic axis no larger than the variable's smallest value and refuses a TILE,
+    a larger UPCAST, and any cut of it in a kernel reading its own output, naming the axis."""
+    out, _, _ = scores_against_a_cache(100)
+    shape = ast_of(out).src[0].src[1].shape
+    check_opts([opt("UPCAST", 1, 8)], shape, reads_output=False)
+    for opts, reads in (([opt("UPCAST", 1, 9)], False), ([opt("TILE", 1, 2)], False), ([opt("UPCAST", 1, 4)], True)):
+        with pytest.raises(OptError, match="axis 1 has a symbolic size"):
+            check_opts(opts, shape, reads_output=reads)

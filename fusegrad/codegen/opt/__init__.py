@@ -74,11 +74,14 @@ def check_opts(opts: tuple[Opt, ...] | list[Opt], shape: tuple[int, ...], reads_
             continue  # check_reduce_block, check_reduce_opts
         if not isinstance(opt.axis, int) or not 0 <= opt.axis < len(shape):
             raise OptError(f"{opt}: axis {opt.axis!r} is not an axis of the output shape {shape}")
-        if isinstance(shape[opt.axis], UOp):
+        if isinstance(shape[opt.axis], UOp) and not _upcast_fits(opt, shape[opt.axis], reads_output):
             # a tile of a symbolic axis could end past the value the variable takes at run time
-            raise OptError(f"{opt}: axis {opt.axis} has a symbolic size; only axes of constant size are cut")
+            raise OptError(
+                f"{opt}: axis {opt.axis} has a symbolic size; only an UPCAST no larger than its smallest value "
+                f"({shape[opt.axis].vmin}) cuts it, in a kernel that does not read its own output"
+            )
         if opt.op is OptOps.UPCAST:
-            size = shape[opt.axis]
+            size = shape[opt.axis] if isinstance(shape[opt.axis], int) else shape[opt.axis].vmin
             if not isinstance(opt.amount, int) or opt.amount < 2:
                 raise OptError(f"{opt}: amount must be an int >= 2, got {opt.amount!r}")
             if opt.axis in upcasts:
@@ -123,6 +126,12 @@ def check_opts(opts: tuple[Opt, ...] | list[Opt], shape: tuple[int, ...], reads_
     if _lanes(upcasts) > MAX_LANES:
         raise OptError(f"{list(opts)}: {_lanes(upcasts)} outputs per iteration exceed the limit of {MAX_LANES}")
     return AppliedOpts(upcasts, tiles, thread)
+
+
+def _upcast_fits(opt: Opt, size: UOp, reads_output: bool) -> bool:
+    """An UPCAST of a symbolic axis: its tiles start at most amount before the axis's end (the last one moved back to
+    overlap the one before), so it needs the axis at least amount long, and outputs the kernel never reads back."""
+    return opt.op is OptOps.UPCAST and not reads_output and isinstance(opt.amount, int) and size.vmin >= opt.amount
 
 
 def check_reduce_opts(

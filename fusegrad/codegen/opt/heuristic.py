@@ -303,13 +303,17 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) ->
         if (r := ranges.get(len(axis_range))) is not None and r.arg[1] == "global":
             axis_range[axis] = r
         axis_range.setdefault(axis, None)  # type: ignore[arg-type]
-    for axis, d in enumerate(value.shape):
-        if isinstance(d, UOp):
-            axis_range[axis] = None  # type: ignore[assignment]  # a symbolic axis is never cut (check_opts refuses)
-    axes = [a for a, r in axis_range.items() if r is not None]
-    if not axes:
+    # a symbolic axis is cut only as a tile's rows (an UPCAST no longer than its smallest size, check_opts), in a
+    # kernel that does not read its own output: the scores of a prefill chunk against a growing KV cache
+    symbolic = {a for a, d in enumerate(value.shape) if isinstance(d, UOp)}
+    for axis in symbolic:
+        if reads_output or value.shape[axis].vmin < MAX_TILE_ROWS:
+            axis_range[axis] = None  # type: ignore[assignment]
+    columns = [a for a, r in axis_range.items() if r is not None and a not in symbolic]
+    if not columns:
         return []
-    col, inner = axes[-1], max(reduces, key=lambda r: r.arg[0])
+    col, inner = columns[-1], max(reduces, key=lambda r: r.arg[0])
+    axes = [a for a, r in axis_range.items() if r is not None and a <= col]
     col_r = axis_range[col]
     loads = _reduce_loads(nodes, reduces)
     contiguous = [i for i in loads if coefficient(i, col_r) == 1]
@@ -322,7 +326,7 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) ->
     rows_ok = [a for a in reversed(axes[:-1]) if _is_row_axis(axis_range[a], col_r, inner, contiguous, loads)]
     # the innermost row axis long enough for a register tile (a conv's weight gradient: the input channels, not the
     # 3 kernel taps)
-    row = next((a for a in rows_ok if value.shape[a] >= MIN_TILE_ROWS), rows_ok[0] if rows_ok else None)
+    row = next((a for a in rows_ok if _least(value.shape[a]) >= MIN_TILE_ROWS), rows_ok[0] if rows_ok else None)
     floats = value.dtype in (dtypes.float32, dtypes.float64)
     if row is None and floats and cols % width == 0 and width < cols <= 2 * width:
         # two vectors of columns (a matvec over a weight's panels): both accumulate in one pass down the panel;
@@ -338,6 +342,8 @@ def tile_opts(value: UOp, plain: UOp, reads_output: bool, caps: Capabilities) ->
         ups = [v * width for v in COLUMN_VECTORS if v * width <= COLUMN_MAX_LANES] + list(COLUMN_UPCASTS)
         amount = next((up for up in ups if cols % up == 0 and cols > up), None)
         return [Opt(OptOps.UPCAST, col, amount)] if amount else []
+    if row in symbolic:  # tiled rows, neither blocked (partial sums read the output) nor walked in TILE blocks
+        return _register_tile(value, row, col, prod(r.src[0].vmax for r in reduces), False, caps, len(reduces) == 1)
     # a symbolic reduce counts at its largest for the tile blocks, and is not blocked (its size is not known)
     reduce_size = prod(r.src[0].vmax for r in reduces)
     symbolic_reduce = any(r.src[0].op is not Ops.CONST for r in reduces)
@@ -371,7 +377,7 @@ def _register_tile(
     """Rows x vectors of columns of outputs in registers, row tiles walked in blocks whose rows of the row input
     (reduce_size elements each) stay in L2. one_axis: the reduce walks one loop (a 1x1 conv, a matmul)."""
     width = caps.vector_bytes // value.dtype.itemsize
-    cols, rows = value.shape[col], value.shape[row]
+    cols, rows = value.shape[col], _least(value.shape[row])
     worth: dict[int, float] = {}
     for amount, w in zip((2 * width, width, 8, 4, 2), TILE_WORTH):
         worth.setdefault(amount, w)  # with 8-lane vectors, 8 is worth a vector
@@ -393,9 +399,14 @@ def _register_tile(
         row_tiles // max(int(NUM_CPU_THREADS.value), 1),
     )
     per_block = _block_size(row_tiles, per_block, exact)
-    if cols > col_amount and per_block >= 2:
+    if cols > col_amount and per_block >= 2 and isinstance(value.shape[row], int):
         opts.append(Opt(OptOps.TILE, row, per_block))
     return opts
+
+
+def _least(size: int | UOp) -> int:
+    """An axis's size, a symbolic one at its smallest."""
+    return size if isinstance(size, int) else size.vmin
 
 
 def _row_worth(vectors: int, caps: Capabilities) -> dict[int, float]:
