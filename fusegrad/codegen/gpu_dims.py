@@ -93,6 +93,12 @@ def launch_dims(lin: tuple[UOp, ...], group_reduce: bool = True, group_size: int
     """The launch of `lin` on a GPU: a pure function of the kernel and the device's choice to split reductions over
     work groups, so renderer and runtime compute the same."""
     loops = global_loops(lin)
+    if any(r.src[0].op is not Ops.CONST for r in loops):
+        # a grid's size is fixed when the kernel is launched from its compiled form; no runtime size reaches it
+        raise NotImplementedError(
+            "a kernel over a symbolic shape (a bound Variable's size) does not run on GPU devices yet: its output loop "
+            "has no fixed trip count for the launch grid; run it on CPU or LLVM, or pad the tensor to a fixed shape"
+        )
     sizes = [int(r.src[0].arg) for r in loops]
     if group_reduce and (grouped := grouped_reduce(lin)) is not None:
         lanes = min(group_size, _pow2_at_least(int(grouped.src[0].arg)))

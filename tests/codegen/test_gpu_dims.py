@@ -1,7 +1,9 @@
 """codegen/gpu_dims.py: every iteration of a kernel's global loops is run by exactly one work item, within limits."""
 
 import itertools
+import numpy as np
 import pytest
+from fusegrad import Tensor, Variable
 from fusegrad.codegen.gpu_dims import GROUP_SIZE, MAX_GRID_YZ, launch_dims
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
@@ -87,3 +89,14 @@ def test_few_outputs_with_one_reduce_nest_split_the_reduce_over_a_work_group():
     # many outputs fill a GPU without splitting: no grouping
     (wide,) = lowered_kernels(lambda: Tensor(np.ones((5000, 40), np.float32), device="NULL").sum(axis=1))
     assert launch_dims(wide.lin).grouped is None
+
+
+def test_a_symbolic_shape_on_a_gpu_device_is_a_clear_error():
+    """A kernel over a bound Variable's size on CL raises NotImplementedError saying so (it was a TypeError from
+    deep in the launch-grid code); the same tensor still runs on CPU."""
+    rows = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    n = Variable("n", 1, 64).bind(5)
+    with pytest.raises(NotImplementedError, match="symbolic shape"):
+        Tensor(rows, device="CL")[:n].exp().contiguous().realize()
+    got = Tensor(rows)[:n].exp().contiguous().realize().pad(((0, 64 - n), None)).numpy()[:5]
+    np.testing.assert_allclose(got, np.exp(rows[:5]), rtol=1e-6)
