@@ -1,11 +1,11 @@
-"""A prefill chunk's Q8_0 weight dequantized into float32 panels by a raw C kernel of AVX2 intrinsics, for the targets
-that run nn/quantized_avx2.py's decode kernels.
+"""A prefill chunk's Q8_0 or Q4_K weight dequantized into float32 panels by a raw C kernel of AVX2 intrinsics, for
+the targets that run nn/quantized_avx2.py's decode kernels (QuantizedMatrix.panels; its planes are theirs).
 
 Why hand-written: a panel holds PANEL weight rows as columns, contiguous over the input dim, so the copy transposes
 the stored (rows, cols) values. The generated kernel (QuantizedMatrix.panels' graph) does it with 8x8 tiles of
 scalar loads, converts and stores (~2 cycles an element: ~1 ms for a 768x2048 weight, 8 % of a 512-token Q8_0
-prefill on one thread). Here each 8x8 tile is 8 loads of 8 bytes, a widening convert and one multiply by the block's
-scale per row, and an 8x8 transpose in registers (24 shuffles), stored as 8 whole vectors."""
+prefill on one thread). Here each 8x8 tile is 8 loads of 8 bytes, widened, scaled (Q4_K: a nibble of each byte and
+an FMA with its sub-block's scale and offset) and transposed in registers (24 shuffles), stored as 8 whole vectors."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from fusegrad.dtype import dtypes
 from fusegrad.tensor import Tensor
 from fusegrad.uop.kernel import RawKernel
 
-# out (rows / PANEL, COLS, PANEL) float32 from w (rows, COLS) int8 and ws (rows, COLS / 32) float32 scales; item p
-# writes panel p
-Q8_0_PANELS = r"""
+# out (rows / PANEL, COLS, PANEL) float32 from a weight's planes (rows first); item p writes panel p. A format gives
+# FG_PLANES (the planes' parameters) and fg_row8 (8 values of a row from column k, k a multiple of 8, scaled)
+PANELS = r"""
 #include <immintrin.h>
-enum { COLS = %(cols)d, PANEL = %(panel)d, BLOCKS = COLS / 32 };
+enum { COLS = %(cols)d, PANEL = %(panel)d };
+%(format)s
 /* the 8x8 floats of v (rows) as columns: v[i] becomes lane i of every output vector */
 static inline __attribute__((always_inline)) void fg_transpose8(__m256* v) {
   __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
@@ -33,20 +34,13 @@ static inline __attribute__((always_inline)) void fg_transpose8(__m256* v) {
   v[4] = _mm256_permute2f128_ps(s0, s4, 0x31), v[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
   v[6] = _mm256_permute2f128_ps(s2, s6, 0x31), v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
-void %(entry)s(float* restrict out, const signed char* restrict w, const float* restrict ws, long long start,
-    long long end) {
+void %(entry)s(float* restrict out, FG_PLANES, long long start, long long end) {
   for (long long p = start; p < end; p++) {
     float* panel = out + p * COLS * PANEL;
     for (int h = 0; h < PANEL; h += 8) {  /* 8 rows of the panel: 8 of its columns */
-      const signed char* rows = w + (p * PANEL + h) * (long long)COLS;
-      const float* scales = ws + (p * PANEL + h) * (long long)BLOCKS;
       for (int k = 0; k < COLS; k += 8) {
         __m256 v[8];
-        for (int i = 0; i < 8; i++) {
-          __m128i bytes = _mm_loadl_epi64((const __m128i*)(rows + i * COLS + k));
-          v[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
-                               _mm256_set1_ps(scales[i * BLOCKS + k / 32]));
-        }
+        for (int i = 0; i < 8; i++) v[i] = fg_row8(FG_ARGS, p * PANEL + h + i, k);
         fg_transpose8(v);
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(panel + (k + j) * PANEL + h, v[j]);
       }
@@ -55,20 +49,49 @@ void %(entry)s(float* restrict out, const signed char* restrict w, const float* 
 }
 """
 
+# int8 values (rows, COLS) and a float32 scale per block of 32 (rows, COLS / 32)
+Q8_0_ROW8 = r"""
+#define FG_PLANES const signed char* restrict w, const float* restrict ws
+#define FG_ARGS w, ws
+static inline __attribute__((always_inline)) __m256 fg_row8(FG_PLANES, long long r, int k) {
+  __m128i bytes = _mm_loadl_epi64((const __m128i*)(w + r * COLS + k));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), _mm256_set1_ps(ws[r * (COLS / 32) + k / 32]));
+}
+"""
 
-def q8_0_panels_fit(rows: int, cols: int, panel: int) -> bool:
-    """Whether the kernel writes these panels: whole panels of whole 8-row halves, whole blocks of 32."""
-    return panel % 8 == 0 and rows % panel == 0 and cols % 32 == 0
+# packed nibbles (rows, COLS / 2): chunk c of 32 bytes holds sub-block 2c in its low nibbles and 2c + 1 in its high
+# ones; a float32 scale and offset per sub-block of 32 (rows, COLS / 32): value = nibble * scale + offset
+Q4_K_ROW8 = r"""
+#define FG_PLANES const unsigned char* restrict w, const float* restrict ws, const float* restrict wo
+#define FG_ARGS w, ws, wo
+static inline __attribute__((always_inline)) __m256 fg_row8(FG_PLANES, long long r, int k) {
+  __m128i bytes = _mm_loadl_epi64((const __m128i*)(w + r * (COLS / 2) + k / 64 * 32 + k % 32));
+  __m128i nibbles = _mm_and_si128(k % 64 < 32 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
+  long long s = r * (COLS / 32) + k / 32;
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nibbles)), _mm256_set1_ps(ws[s]),
+                         _mm256_set1_ps(wo[s]));
+}
+"""
+
+# ggml type -> (name, its fg_row8, the planes of QuantizedMatrix it reads, the column step)
+FORMATS = {8: ("q8_0", Q8_0_ROW8, 2, 32), 12: ("q4_k", Q4_K_ROW8, 3, 64)}
 
 
-def q8_0_panels(values: Tensor, scales: Tensor, panel: int) -> Tensor:
-    """(rows / panel, cols, panel) float32 panels of the Q8_0 weight whose int8 values (rows, cols) and float32 block
-    scales (rows, cols / 32) are given: panel p holds rows p * panel .. p * panel + panel - 1 as its columns."""
-    (rows, cols), count = values.shape, values.shape[0] // panel
-    if not q8_0_panels_fit(rows, cols, panel) or scales.shape != (rows, cols // 32):
-        raise ValueError(f"no Q8_0 panels of {panel} for values {values.shape} and scales {scales.shape}")
-    entry = f"fg_q8_0_panels_{rows}_{cols}_{panel}"
-    src = Q8_0_PANELS % {"cols": cols, "panel": panel, "entry": entry}
+def panels_fit(ggml_type: int, rows: int, cols: int, panel: int) -> bool:
+    """Whether a kernel here writes these panels: a format it knows, whole panels of whole 8-row halves, whole
+    blocks."""
+    return ggml_type in FORMATS and panel % 8 == 0 and rows % panel == 0 and cols % FORMATS[ggml_type][3] == 0
+
+
+def avx2_panels(ggml_type: int, planes: tuple[Tensor, ...], shape: tuple[int, int], panel: int) -> Tensor:
+    """(rows / panel, cols, panel) float32 panels of the quantized weight of `shape` whose planes (QuantizedMatrix's,
+    rows first) are given: panel p holds rows p * panel .. p * panel + panel - 1 as its columns."""
+    (rows, cols), count = shape, shape[0] // panel
+    if not panels_fit(ggml_type, rows, cols, panel):
+        raise ValueError(f"no panels of {panel} for a weight of type {ggml_type} and shape {shape}")
+    name, row8, used, _ = FORMATS[ggml_type]
+    entry = f"fg_{name}_panels_{rows}_{cols}_{panel}"
+    src = PANELS % {"cols": cols, "panel": panel, "format": row8, "entry": entry}
     raw = RawKernel(src, entry, items=count, ops=rows * cols)
-    out = Tensor.empty(count, cols, panel, dtype=dtypes.float32, device=values.device)
-    return Tensor.custom_kernel(out, values, scales.cast(dtypes.float32), fxn=lambda *_: raw)[0]
+    out = Tensor.empty(count, cols, panel, dtype=dtypes.float32, device=planes[0].device)
+    return Tensor.custom_kernel(out, *planes[:used], fxn=lambda *_: raw)[0]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import QUANT_DOT
-from fusegrad.nn.panels_avx2 import q8_0_panels, q8_0_panels_fit
+from fusegrad.nn.panels_avx2 import avx2_panels, panels_fit
 from fusegrad.tensor import Tensor
 
 # ggml type -> (name, elements per block, bytes per block); plain types have 1-element blocks
@@ -513,8 +513,8 @@ class QuantizedMatrix:
         from fusegrad.engine.realize import panel_columns  # the engine entry point the tensor has loaded
 
         panel = panel_columns(self.planes[0].device) or 1  # 1: a target without panel tiles gets the plain Wᵀ
-        if self.avx2 and self.ggml_type == 8 and q8_0_panels_fit(*self.shape, panel):
-            return q8_0_panels(*self.planes[:2], panel)  # AVX2's decode planes: int8 values and float32 scales
+        if self.avx2 and panels_fit(self.ggml_type, *self.shape, panel):
+            return avx2_panels(self.ggml_type, self.planes, self.shape, panel)
         w = self.dequantize()
         if pad := -self.shape[0] % panel:
             w = w.pad(((0, pad), (0, 0)))

@@ -12,13 +12,12 @@ from gguf_models import _stored  # noqa: E402
 
 from fusegrad import Context, Tensor  # noqa: E402
 from fusegrad.codegen import lower_to_linear  # noqa: E402
-from fusegrad.dtype import dtypes  # noqa: E402
 from fusegrad.engine.realize import u8s8_pair_dot  # noqa: E402
 from fusegrad.codegen.opt import OptOps  # noqa: E402
 from fusegrad.models.generate import prefill_chunks  # noqa: E402
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix  # noqa: E402
 from fusegrad.runtime.device import Device  # noqa: E402
-from fusegrad.nn.panels_avx2 import q8_0_panels  # noqa: E402
+from fusegrad.nn.panels_avx2 import avx2_panels, panels_fit  # noqa: E402
 from fusegrad.schedule import create_schedule  # noqa: E402
 from fusegrad.uop.kernel import RawKernel  # noqa: E402
 
@@ -68,7 +67,7 @@ def test_panels_are_written_in_transposed_tiles(qtype, int8):
     blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1])).realize()
     q = QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (512, 768), blocks), int8=int8)
     items, _, _ = create_schedule([q.panels().uop], [Device["CPU"]])
-    if q.avx2 and qtype == "Q8_0":  # the AVX2 decode planes take the raw kernel, which transposes in registers
+    if q.avx2:  # the AVX2 decode planes take the raw kernel, which transposes in registers
         assert isinstance(items[-1].ast.arg, RawKernel) and items[-1].ast.arg.entry.startswith("fg_q8_0_panels")
     else:
         info = lower_to_linear(items[-1].ast, Device["CPU"].renderer)
@@ -78,23 +77,25 @@ def test_panels_are_written_in_transposed_tiles(qtype, int8):
 
 
 @pytest.mark.skipif(not u8s8_pair_dot("CPU"), reason="the CPU device's target has no AVX2")
-@pytest.mark.parametrize("rows, cols, panel", [(16, 32, 16), (48, 768, 16), (64, 96, 32), (2048, 768, 16)])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("rows, cols, panel", [(16, 256, 16), (48, 768, 16), (64, 512, 32), (2048, 768, 16)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_avx2_q8_0_panels_equal_gguf_dequantize(rows, cols, panel, threads):
-    """The raw AVX2 kernel's panels (QuantizedMatrix.panels on the AVX2 decode planes) hold gguf's dequantized rows
-    bit for bit, each panel written by one item of a launch split over the threads."""
-    qt = GGMLQuantizationType.Q8_0
+def test_avx2_panels_equal_gguf_dequantize(qtype, rows, cols, panel, threads):
+    """The raw AVX2 kernel's panels (QuantizedMatrix.panels of the AVX2 decode planes) hold gguf's dequantized rows
+    bit for bit (Q4_K's nibble times scale plus offset in one FMA: within an ulp), each panel written by one item of
+    a launch split over the threads."""
+    qt = GGMLQuantizationType[qtype]
     rng = np.random.default_rng(rows + cols)
     raw, meant = _stored(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qt, rng)
-    blocks = raw.reshape(-1, 34)  # a float16 scale, then 32 int8 values
-    scales = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(rows, cols // 32)
-    values = blocks[:, 2:].view(np.int8).reshape(rows, cols)
+    blocks = Tensor(raw.reshape(-1, GGML_QUANT_SIZES[qt][1])).realize()
+    q = QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (rows, cols), blocks), int8=True)
+    assert q.avx2 and panels_fit(int(qt), rows, cols, panel)
     with Context(NUM_CPU_THREADS=threads):
-        panels = q8_0_panels(Tensor(values), Tensor(scales), panel).numpy()
+        panels = avx2_panels(int(qt), q.planes, q.shape, panel).numpy()
     assert panels.shape == (rows // panel, cols, panel)
-    np.testing.assert_array_equal(panels.transpose(0, 2, 1).reshape(rows, cols), meant)
-    with pytest.raises(ValueError, match=r"no Q8_0 panels of 16 for values \(40, 64\)"):
-        q8_0_panels(Tensor.empty(40, 64, dtype=dtypes.int8), Tensor.empty(40, 2), 16)
+    np.testing.assert_allclose(panels.transpose(0, 2, 1).reshape(rows, cols), meant, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match=r"no panels of 16 for a weight of type \d+ and shape \(40, 256\)"):
+        avx2_panels(int(qt), q.planes, (40, 256), 16)
 
 
 def test_quantized_gemm_refuses_bad_shapes():
