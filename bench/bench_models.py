@@ -1,5 +1,6 @@
 """Model benchmarks against transformers / sentence-transformers on torch CPU, measured in one process:
-`python bench/bench_models.py [bert] [gpt2] [llama] [serve] [llama-steps]` (the first four without arguments).
+`python bench/bench_models.py [bert] [gpt2] [llama] [serve] [llama-steps] [llama-cpu]` (the first four without
+arguments; `llama-cpu`: the llama prefills in CPU time, for one thread on a loaded machine).
 
 - BERT (all-MiniLM-L6-v2): sentences/s for batches of 32; the two encoders run in turns, 7 rounds.
 - GPT-2 small-shaped random model (12 layers, 768 wide): prefill tokens/s (a 128-token prompt) and decode tokens/s;
@@ -190,6 +191,39 @@ def bench_llama_steps() -> None:
         print(f"{'LLaMA 125M ' + qtype + ' decode step':44s} {a * 1e3:10.1f} {b * 1e3:10.1f} {'ms':9s} {b / a:6.2f}x")
 
 
+def bench_llama_cpu() -> None:
+    """Prefill of 128 and 512 tokens timed in process CPU time, fusegrad and transformers in turns (5 rounds, medians):
+    on one thread (NUM_CPU_THREADS=1) a figure a loaded machine barely moves, where two threads' wall time does."""
+    from gguf_models import make_model, write_gguf
+
+    from fusegrad.models.llama import Llama
+
+    for qtype in ("Q8_0", "Q4_K"):
+        ref = make_model("llama", std=0.02, **LLAMA_SHAPE)
+        with tempfile.TemporaryDirectory() as d:
+            write_gguf(ref, "llama", Path(d) / "m.gguf", qtype)
+            model, _ = Llama.from_gguf(Path(d) / "m.gguf", progress=False)
+        prompt = np.random.default_rng(0).integers(0, LLAMA_SHAPE["vocab_size"], 512).tolist()
+        ours_prefill, _ = fusegrad_cases(model, prompt, DECODE)
+        ids = torch.tensor([prompt])
+
+        def ref_prefill(n: int):
+            with torch.no_grad():
+                ref(ids[:, :n], logits_to_keep=1)
+
+        for n in (128, 512):
+            times: list[list[float]] = [[], []]
+            for f in (ours_prefill, ref_prefill):
+                f(n)
+            for _ in range(5):
+                for i, f in enumerate((ours_prefill, ref_prefill)):
+                    st = time.process_time()
+                    f(n)
+                    times[i].append(time.process_time() - st)
+            a, b = (statistics.median(t) for t in times)
+            row(f"LLaMA 125M {qtype} prefill {n}, CPU time", "tok/s", n / a, n / b)
+
+
 def bench_serve() -> None:
     import threading
 
@@ -223,8 +257,9 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}, machine load average {os.getloadavg()[0]:.1f}")
     print(f"{'case':44s} {'fusegrad':>10s} {'reference':>10s} {'unit':9s} {'ratio':>7s}")
     cases = {"bert": bench_bert, "gpt2": bench_gpt2, "llama": bench_llama, "serve": bench_serve}
-    cases["llama-steps"] = bench_llama_steps  # not in the default run: a steadier decode figure on a loaded machine
-    for name in sys.argv[1:] or [c for c in cases if c != "llama-steps"]:
+    # not in the default run: steadier figures on a loaded machine
+    cases["llama-steps"], cases["llama-cpu"] = bench_llama_steps, bench_llama_cpu
+    for name in sys.argv[1:] or [c for c in cases if c not in ("llama-steps", "llama-cpu")]:
         if name not in cases:
             sys.exit(f"unknown case {name!r}; cases: {', '.join(cases)}")
         cases[name]()
