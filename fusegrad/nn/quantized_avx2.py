@@ -1,6 +1,6 @@
 """Decode matvecs of Q8_0 and Q4_K weights as raw C kernels of AVX2 intrinsics, for a target whose renderer has
-`u8s8_pair_dot` (the CPU device on an AVX2 x86 without 8-bit dot products), and of float32 weights kept (in, out)
-as a plain C kernel that streams the weight's rows (rows_matvec; measured on that target only, so chosen there).
+`u8s8_pair_dot` (the CPU device on an AVX2 x86 without 8-bit dot products), and of float32 weights kept (out, in)
+as dot products down contiguous rows (f32_matvecs; measured on that target only, so chosen there).
 
 Why hand-written: the generated matvec (nn/quantized.py's integer path) reduces each block of 32 products to one
 number before scaling it, so GCC ends every block with a horizontal add and scalar float work (~23 instructions a
@@ -332,10 +332,10 @@ def _launch(raw: RawKernel, shape: tuple[int, int], x: Tensor, *weights: Tensor)
 # x (N, K) @ W.T, W (rows, K) float32 row-major (a float linear's weight as the GGUF file stores it, (out, in)): each
 # output is a dot product down one contiguous row, R rows at a time against each row of x (the x vector loaded once
 # for R weight vectors; R * N accumulators, R weight and one x vector within AVX2's 16 registers). Rows that run past
-# the item range repeat its last row and are not stored. The kernel before read W (in, out) in 2 KB spans 8 KB
-# apart: ~21 GB/s on the vocabulary's 32000x768 matvec (one thread, Zen 3), where whole rows stream as llama.cpp's do
+# the item range repeat its last row and are not stored. Rows streamed whole, as llama.cpp's are, replaced a kernel
+# over W (in, out) that read each row in 2 KB spans 8 KB apart: a 110M F32 decode step on one thread (Zen 3) went
+# from ~26 to ~22 ms of CPU time (the layers' matvecs ~16 -> ~20 GB/s)
 F32_DOTS = r"""
-#define FG_PF %(pf)d
 enum { N = %(n)d, K = %(k)d, R = %(r)d };
 static inline float fg_hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -355,11 +355,6 @@ static inline __attribute__((always_inline)) void fg_dots(float (*res)[N], const
     __m256 wv[R];
 #pragma GCC unroll 16
     for (int j = 0; j < R; j++) wv[j] = _mm256_loadu_ps(w[j] + k);
-#if FG_PF
-    if ((k & 15) == 0)
-#pragma GCC unroll 16
-      for (int j = 0; j < R; j++) _mm_prefetch((const char*)(w[j] + k + FG_PF), _MM_HINT_T0);
-#endif
 #pragma GCC unroll 8
     for (int i = 0; i < N; i++) {
       const __m256 xv = _mm256_loadu_ps(x + i * K + k);
@@ -375,9 +370,10 @@ static inline __attribute__((always_inline)) void fg_dots(float (*res)[N], const
     }
 }
 """
-PF = 0
 VECTOR_REGISTERS = 16  # AVX2's: a step's R * N accumulators, R weight vectors and one of x
-MAX_DOT_ROWS = 4  # weight rows read at once: 4 streams run at the memory's rate (8 measured no faster)
+# weight rows read at once: 4 streams run at the memory's rate (a 110M F32 decode step on one thread: 6 and 8 rows
+# within noise of 4, a software prefetch 256 floats ahead 20 % slower)
+MAX_DOT_ROWS = 4
 
 
 def dot_rows(n: int, swiglu: bool = False) -> int:
@@ -423,7 +419,7 @@ def f32_source(entry: str, n: int, k: int, rows: tuple[int, ...], fused: Fused =
     return (
         "#include <immintrin.h>\n#include <math.h>\n"
         + RMS_NORM
-        + F32_DOTS % {"n": n, "k": k, "r": r, "pf": PF}
+        + F32_DOTS % {"n": n, "k": k, "r": r}
         + head
         + fused.prologue("K")
         + loop
