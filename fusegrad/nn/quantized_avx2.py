@@ -334,7 +334,7 @@ def _launch(raw: RawKernel, shape: tuple[int, int], x: Tensor, *weights: Tensor)
 # for R weight vectors; R * N accumulators, R weight and one x vector within AVX2's 16 registers). Rows that run past
 # the item range repeat its last row and are not stored. Rows streamed whole, as llama.cpp's are, replaced a kernel
 # over W (in, out) that read each row in 2 KB spans 8 KB apart: a 110M F32 decode step on one thread (Zen 3) went
-# from ~26 to ~22 ms of CPU time (the layers' matvecs ~16 -> ~20 GB/s)
+# from ~26 to ~22 ms of CPU time (the layers' matvecs ~18 -> ~21 GB/s)
 F32_DOTS = r"""
 enum { N = %(n)d, K = %(k)d, R = %(r)d };
 static inline float fg_hsum(__m256 v) {
