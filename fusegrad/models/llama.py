@@ -17,7 +17,7 @@ from fusegrad import Device, Tensor, TinyJit, dtypes, function
 from fusegrad.helpers import _Progress
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, quantize_blocks
-from fusegrad.nn.quantized_avx2 import avx2_kernels, avx2_matvecs, rows_matvec, rows_matvecs
+from fusegrad.nn.quantized_avx2 import avx2_kernels, avx2_matvecs, f32_matvec, f32_matvecs
 from fusegrad.nn.state import gguf_load
 from fusegrad.uop.ops import UOp
 
@@ -112,22 +112,27 @@ MATVEC_MAX_ROWS = 8
 class QuantLinear:
     """y = x @ W.T (+ b). A quantized W (out, in) becomes a QuantizedMatrix: a few rows of x (a decode step) read
     it in one kernel (matvec); a longer chunk (a prefill) dequantizes it into float panels once for all its rows and
-    runs the panel matmul (matmul). A float W is kept transposed, (in, out), which the C backend runs faster than
-    x @ W.T for a chunk; `rows_few` (a layer that multiplies a row or a few, as the output projection does for the
-    last token's logits) keeps it (out, in): each output is then a dot product down one contiguous row, where a
-    matvec over (in, out) reads each row of it a few cache lines at a time (the vocabulary's 32000x768 F32 matvec:
-    25 -> 15 ms, one thread, Zen 3)."""
+    runs the panel matmul (matmul). A float W stays (out, in), as the file stores it, where the AVX2 target's decode
+    kernel reads it (f32_matvecs: each output a dot product down one contiguous row), and for `rows_few` (a layer
+    that multiplies a row or a few, as the output projection does for the last token's logits); a chunk's x @ W.T
+    then reads it through the scheduler's panel copy, which transposes it in tiles (schedule/panels.py). Elsewhere
+    it is kept transposed, (in, out), which the generated kernels run faster for a chunk."""
 
     def __init__(self, weight: Weight, bias: Tensor | None = None, rows_few: bool = False):
-        self.bias, self.transposed = bias, not rows_few
+        self.bias = bias
         self.weight: Tensor | QuantizedMatrix
+        # a decode row's float matvec streams the weight's (out, in) rows in the AVX2 target's C kernel
+        self.rows_kernel = isinstance(weight, Tensor) and avx2_kernels(weight.device)
+        self.transposed = isinstance(weight, Tensor) and not (rows_few or self.rows_kernel)
         if isinstance(weight, GGMLQuantized):
             self.weight = QuantizedMatrix.from_ggml(weight)
         else:
             w = weight.cast(dtypes.float32)
             self.weight = (w.T if self.transposed else w).contiguous().realize()
-        # a decode row's float matvec over (in, out) streams the weight's rows in the AVX2 target's C kernel
-        self.rows_kernel = isinstance(self.weight, Tensor) and self.transposed and avx2_kernels(self.weight.device)
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[1] if self.transposed else self.weight.shape[0]
 
     @property
     def integer_dot(self) -> bool:
@@ -151,7 +156,7 @@ class QuantLinear:
         if isinstance(w, QuantizedMatrix):
             y = w.matvec(x, blocks) if x.shape[0] <= MATVEC_MAX_ROWS else w.matmul(x)
         elif self.rows_kernel and x.shape[0] <= MATVEC_MAX_ROWS:
-            y = rows_matvec(x, w)
+            y = f32_matvec(x, w)
         else:
             y = x @ (w if self.transposed else w.T)
         return y if self.bias is None else y + self.bias.cast(dtypes.float32)
@@ -173,7 +178,7 @@ def fused_matvec(
         return None
     ws = [lin.weight for lin in linears]
     if all(lin.rows_kernel for lin in linears):
-        return rows_matvecs(x, [w for w in ws if isinstance(w, Tensor)], swiglu, norm, residual)
+        return f32_matvecs(x, [w for w in ws if isinstance(w, Tensor)], swiglu, norm, residual)
     quantized = [w for w in ws if isinstance(w, QuantizedMatrix) and w.avx2]
     if len(quantized) == len(ws) and len({w.ggml_type for w in quantized}) == 1:
         return avx2_matvecs(quantized[0].ggml_type, [w.planes for w in quantized], x, swiglu, norm, residual)
@@ -315,7 +320,7 @@ class Attention:
         linears = (self.q, self.k, self.v)
         if (qkv := fused_matvec(x, *linears, norm=norm)) is None:
             return None
-        widths = [lin.weight.shape[1] if lin.rows_kernel else lin.weight.shape[0] for lin in linears]
+        widths = [lin.out_features for lin in linears]
         q, k, v = (
             y if lin.bias is None else y + lin.bias.cast(dtypes.float32)
             for y, lin in zip(qkv.split(widths, dim=1), linears)
@@ -354,16 +359,23 @@ class FeedForward:
             return h + self.down(g)
         return y
 
-    def float_weights(self) -> tuple[Tensor, Tensor, Tensor] | None:
-        """gate, up and down as (in, out) float tensors, when none is quantized."""
+    def float_weights(self) -> tuple[Tensor, Tensor, Tensor, bool] | None:
+        """gate, up and down as float tensors and whether they are stored (in, out) (else (out, in)), when none is
+        quantized."""
         ws = (self.gate.weight, self.up.weight, self.down.weight)
-        return ws if all(isinstance(w, Tensor) for w in ws) else None  # type: ignore[return-value]
+        if not all(isinstance(w, Tensor) for w in ws):
+            return None
+        return (*ws, self.gate.transposed)  # type: ignore[return-value]
 
 
 # traced once for all layers (same shapes): a layer's call replays the graph over its own weights
 @function
-def _ffn_residual(h: Tensor, norm: Tensor, gate: Tensor, up: Tensor, down: Tensor, eps: float) -> Tensor:
-    """h + FeedForward(rms_norm(h)) for float weights (QuantLinear's float matmul: x @ W, W (in, out))."""
+def _ffn_residual(
+    h: Tensor, norm: Tensor, gate: Tensor, up: Tensor, down: Tensor, transposed: bool, eps: float
+) -> Tensor:
+    """h + FeedForward(rms_norm(h)) for float weights, stored (in, out) if transposed, else (out, in)."""
+    if not transposed:  # a chunk's x @ W.T: the scheduler copies W.T's view into panels (schedule/panels.py)
+        gate, up, down = gate.T, up.T, down.T
     x = rms_norm(h, norm, eps)
     if h.shape[0] <= MATVEC_MAX_ROWS:
         return h + ((x @ gate).silu() * (x @ up)) @ down

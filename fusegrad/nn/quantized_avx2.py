@@ -1,6 +1,6 @@
 """Decode matvecs of Q8_0 and Q4_K weights as raw C kernels of AVX2 intrinsics, for a target whose renderer has
-`u8s8_pair_dot` (the CPU device on an AVX2 x86 without 8-bit dot products), and of float32 weights kept (in, out)
-as a plain C kernel that streams the weight's rows (rows_matvec; measured on that target only, so chosen there).
+`u8s8_pair_dot` (the CPU device on an AVX2 x86 without 8-bit dot products), and of float32 weights kept (out, in)
+as dot products down contiguous rows (f32_matvecs; measured on that target only, so chosen there).
 
 Why hand-written: the generated matvec (nn/quantized.py's integer path) reduces each block of 32 products to one
 number before scaling it, so GCC ends every block with a horizontal add and scalar float work (~23 instructions a
@@ -329,121 +329,121 @@ def _launch(raw: RawKernel, shape: tuple[int, int], x: Tensor, *weights: Tensor)
     return Tensor.custom_kernel(out, x.cast(dtypes.float32), *weights, fxn=lambda *_: raw)[0]
 
 
-# x (N, K) @ W, W (K, COLS) float32 row-major (a float linear's weight kept (in, out)): each item is a run of up to
-# SPAN columns, whose sums stay in an L1 array while W's rows stream past it four at a time. A register tile of
-# columns instead reads one cache line of each of K rows 8 KB apart, which kept a decode step's float matvecs at
-# ~17 GB/s against ~25 GB/s for these sequential rows (768x2048, one thread, Zen 3)
-ROWS_SPAN = r"""
-enum { N = %(n)d, K = %(k)d, SPAN = %(span)d };
-/* acc (N rows, the first `width` of SPAN) = x @ w[:, c0 : c0 + width], w (K, cols) */
-static inline __attribute__((always_inline)) void fg_span(float (*acc)[SPAN], const float* restrict x,
-    const float* restrict w, long long cols, long long c0, long long width) {
-  for (int r = 0; r < N; r++)
-    for (long long j = 0; j < width; j++) acc[r][j] = 0;
-  int i = 0;
-  for (; i + 4 <= K; i += 4) {
-    const float *w0 = w + (long long)i * cols + c0, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
-    for (int r = 0; r < N; r++) {
-      const float x0 = x[r * K + i], x1 = x[r * K + i + 1], x2 = x[r * K + i + 2], x3 = x[r * K + i + 3];
-      for (long long j = 0; j < width; j++) acc[r][j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
+# x (N, K) @ W.T, W (rows, K) float32 row-major (a float linear's weight as the GGUF file stores it, (out, in)): each
+# output is a dot product down one contiguous row, R rows at a time against each row of x (the x vector loaded once
+# for R weight vectors; R * N accumulators, R weight and one x vector within AVX2's 16 registers). Rows that run past
+# the item range repeat its last row and are not stored. Rows streamed whole, as llama.cpp's are, replaced a kernel
+# over W (in, out) that read each row in 2 KB spans 8 KB apart: a 110M F32 decode step on one thread (Zen 3) went
+# from ~26 to ~22 ms of CPU time (the layers' matvecs ~18 -> ~21 GB/s)
+F32_DOTS = r"""
+enum { N = %(n)d, K = %(k)d, R = %(r)d };
+static inline float fg_hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+/* res[j][i] = w[j] . x[i] for the R rows w[j] (K floats each) and the N rows of x */
+static inline __attribute__((always_inline)) void fg_dots(float (*res)[N], const float* restrict x,
+    const float* const* w) {
+  __m256 acc[R][N];
+#pragma GCC unroll 16
+  for (int j = 0; j < R; j++)
+#pragma GCC unroll 8
+    for (int i = 0; i < N; i++) acc[j][i] = _mm256_setzero_ps();
+  long long k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[R];
+#pragma GCC unroll 16
+    for (int j = 0; j < R; j++) wv[j] = _mm256_loadu_ps(w[j] + k);
+#pragma GCC unroll 8
+    for (int i = 0; i < N; i++) {
+      const __m256 xv = _mm256_loadu_ps(x + i * K + k);
+#pragma GCC unroll 16
+      for (int j = 0; j < R; j++) acc[j][i] = _mm256_fmadd_ps(wv[j], xv, acc[j][i]);
     }
   }
-  for (; i < K; i++)
-    for (int r = 0; r < N; r++)
-      for (long long j = 0; j < width; j++) acc[r][j] += x[r * K + i] * w[(long long)i * cols + c0 + j];
+  for (int j = 0; j < R; j++)
+    for (int i = 0; i < N; i++) {
+      float s = fg_hsum(acc[j][i]);
+      for (long long t = k; t < K; t++) s += w[j][t] * x[i * K + t];
+      res[j][i] = s;
+    }
 }
 """
-MAX_SPAN = 512  # columns an item sums at most: 2 KB of each weight row read in sequence, 2 KB of L1 a row of x
-# items a matrix's columns are cut into at least: equal spans that two or four threads share evenly (768 columns in
-# two spans of 512 and 256 left one of two threads idle a third of the launch)
-EVEN_ITEMS = 4
+VECTOR_REGISTERS = 16  # AVX2's: a step's R * N accumulators, R weight vectors and one of x
+# weight rows read at once: 4 streams run at the memory's rate (a 110M F32 decode step on one thread: 6 and 8 rows
+# within noise of 4, a software prefetch 256 floats ahead 20 % slower)
+MAX_DOT_ROWS = 4
 
 
-def rows_span(cols: tuple[int, ...]) -> int:
-    """The columns of an item of a rows kernel over matrices of these widths: one width for all (items of equal
-    work), at most MAX_SPAN, in multiples of 8 (whole vectors), and each matrix in a multiple of EVEN_ITEMS items
-    where that keeps spans of 64 columns or more."""
-    widest = max(cols)
-    items = max(EVEN_ITEMS, -(-widest // MAX_SPAN))
-    span = -(-widest // items)
-    for c in cols:  # a narrower matrix in EVEN_ITEMS spans of its own, if the widest allows such short ones
-        span = min(span, max(-(-c // EVEN_ITEMS), 64))
-    return max(-(-span // 8) * 8, 8)
+def dot_rows(n: int, swiglu: bool = False) -> int:
+    """Weight rows one step of an f32 kernel reads (R) for n rows of x: gate and up rows in pairs for swiglu."""
+    rows = max(1, min(MAX_DOT_ROWS, (VECTOR_REGISTERS - 1) // (n + 1)))
+    return 2 * max(1, rows // 2) if swiglu else rows
 
 
-def rows_source(entry: str, n: int, k: int, cols: tuple[int, ...], fused: Fused = Fused()) -> str:
-    """C source of `entry`: x (n, k) @ W for each W (k, cols[m]) (their pointers in order after out, x and the
-    fusions' inputs), items over spans of the columns of all of them. One matrix: out (n, cols). Several: out (n,
-    sum(cols)), each matrix's columns after the previous one's. swiglu (gate and up of one shape): out (n, cols) =
-    silu(gate) * up."""
-    span = rows_span(cols)
-    items = [-(-c // span) for c in cols]
-    head = fused.entry(entry, ", ".join(f"const float* restrict w{m}" for m in range(len(cols))), cols)
+def f32_source(entry: str, n: int, k: int, rows: tuple[int, ...], fused: Fused = Fused()) -> str:
+    """C source of `entry`: out = x (n, k) @ W.T for each W (rows[m], k) (their pointers in order after out, x and
+    the fusions' inputs), items over the rows of all of them. One matrix: out (n, rows). Several: out (n,
+    sum(rows)), each matrix's outputs after the previous one's. swiglu (gate and up of one shape): out (n, rows) =
+    silu(x @ gate.T) * (x @ up.T)."""
+    r = dot_rows(n, fused.swiglu)
+    head = fused.entry(entry, ", ".join(f"const float* restrict w{m}" for m in range(len(rows))), rows)
     if fused.swiglu:
-        c = cols[0]
-        store = fused.store(f"r * {c} + c0 + j", "acc[r][j] / (1.0f + expf(-acc[r][j])) * up[r][j]")
-        body = f"""
-    const long long c0 = item * SPAN, width = {c} - c0 < SPAN ? {c} - c0 : SPAN;
-    float up[N][SPAN] __attribute__((aligned(32)));
-    fg_span(acc, x, w0, {c}, c0, width);
-    fg_span(up, x, w1, {c}, c0, width);
-    for (int r = 0; r < N; r++)
-      for (long long j = 0; j < width; j++) {store}"""
+        half = r // 2
+        pick = f"w[j] = w0 + row * K, w[j + {half}] = w1 + row * K;"
+        step, total = half, rows[0]
+        value = f"dots[j][i] / (1.0f + expf(-dots[j][i])) * dots[j + {half}][i]"
     else:
-        total, branches, first_item, first_col = sum(cols), [], 0, 0
-        for m, (c, it) in enumerate(zip(cols, items)):
-            store = fused.store(f"r * {total} + {first_col} + c0 + j", "acc[r][j]")
-            branches.append(
-                f"if (item < {first_item + it}) {{\n"
-                f"      const long long c0 = (item - {first_item}) * SPAN, width = {c} - c0 < SPAN ? {c} - c0 : SPAN;\n"
-                f"      fg_span(acc, x, w{m}, {c}, c0, width);\n"
-                f"      for (int r = 0; r < N; r++)\n"
-                f"        for (long long j = 0; j < width; j++) {store}\n"
-                f"    }}"
-            )
-            first_item, first_col = first_item + it, first_col + c
-        body = "\n    " + " else ".join(branches)
+        ends = [sum(rows[: m + 1]) for m in range(len(rows))]
+        ptrs = [f"w{m} + (row - {e - c}) * K" for m, (e, c) in enumerate(zip(ends, rows))]
+        pick = "w[j] = " + "".join(f"row < {e} ? {p} : " for e, p in zip(ends[:-1], ptrs[:-1])) + ptrs[-1] + ";"
+        step, total, value = r, ends[-1], "dots[j][i]"
     loop = f"""
-  for (long long item = start; item < end; item++) {{
-    float acc[N][SPAN] __attribute__((aligned(32)));{body}
+  for (long long r0 = start; r0 < end; r0 += {step}) {{
+    const float* w[R];
+    for (int j = 0; j < {step}; j++) {{
+      const long long row = r0 + j < end ? r0 + j : end - 1;
+      {pick}
+    }}
+    float dots[R][N]; /* not `res`: the residual input's name */
+    fg_dots(dots, x, w);
+    for (int j = 0; j < {step} && r0 + j < end; j++)
+      for (int i = 0; i < N; i++) {{
+        const long long row = r0 + j;
+        {fused.store(f"i * {total} + row", value)}
+      }}
   }}
 }}
 """
     return (
         "#include <immintrin.h>\n#include <math.h>\n"
         + RMS_NORM
-        + ROWS_SPAN % {"n": n, "k": k, "span": span}
+        + F32_DOTS % {"n": n, "k": k, "r": r}
         + head
         + fused.prologue("K")
         + loop
     )
 
 
-def rows_items(cols: tuple[int, ...], swiglu: bool = False) -> int:
-    span = rows_span(cols)
-    return -(-cols[0] // span) if swiglu else sum(-(-c // span) for c in cols)
+def f32_matvec(x: Tensor, w: Tensor) -> Tensor:
+    """x (n, k) @ w.T -> (n, rows) float32 for a few rows of x (a decode step), w float32 (rows, k): (out, in)."""
+    return f32_matvecs(x, [w])
 
 
-def rows_matvec(x: Tensor, w: Tensor) -> Tensor:
-    """x (n, k) @ w (k, cols) -> (n, cols) float32 for a few rows of x (a decode step), w float32 (in, out)."""
-    return rows_matvecs(x, [w])
-
-
-def rows_matvecs(
+def f32_matvecs(
     x: Tensor,
     ws: list[Tensor],
     swiglu: bool = False,
     norm: tuple[Tensor, float] | None = None,
     residual: Tensor | None = None,
 ) -> Tensor:
-    """One kernel for x (n, k) @ w of each w (k, cols) float32 (in, out), for a few rows of x: (n, sum of their
-    cols), each w's outputs after the previous one's; swiglu (gate and up of one shape): silu(x @ gate) * (x @ up).
-    norm and residual as avx2_matvecs takes them."""
-    (n, k), cols = x.shape, tuple(w.shape[1] for w in ws)
+    """One kernel for x (n, k) @ w.T of each w (rows, k) float32 (out, in), for a few rows of x: (n, sum of their
+    rows), each w's outputs after the previous one's; swiglu (gate and up of one shape): silu(x @ gate.T) * (x @
+    up.T). norm and residual as avx2_matvecs takes them."""
+    (n, k), rows = x.shape, tuple(w.shape[0] for w in ws)
     fused = Fused.of(swiglu, norm, residual)
-    entry = f"fg_f32_rows_{fused.tag()}_{n}_{k}_{'_'.join(map(str, cols))}"
-    raw = RawKernel(
-        rows_source(entry, n, k, cols, fused), entry, items=rows_items(cols, swiglu), ops=2 * n * k * sum(cols)
-    )
-    shape = (n, cols[0] if swiglu else sum(cols))
-    return _launch(raw, shape, x, *_fusion_inputs(norm, residual), *(w.cast(dtypes.float32) for w in ws))
+    entry = f"fg_f32_dots_{fused.tag()}_{n}_{k}_{'_'.join(map(str, rows))}"
+    out_rows = rows[0] if swiglu else sum(rows)
+    raw = RawKernel(f32_source(entry, n, k, rows, fused), entry, items=out_rows, ops=2 * n * k * sum(rows))
+    return _launch(raw, (n, out_rows), x, *_fusion_inputs(norm, residual), *(w.cast(dtypes.float32) for w in ws))

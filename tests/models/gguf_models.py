@@ -160,6 +160,8 @@ def write_gguf(
     put("output_norm.weight", "model.norm.weight", sd["model.norm.weight"])
     if "lm_head.weight" in sd and not cfg.tie_word_embeddings:
         put("output.weight", "lm_head.weight", sd["lm_head.weight"])
+    elif "lm_head.weight" in sd:  # tied: the file has no output.weight, the reader multiplies by token_embd
+        new_sd["lm_head.weight"] = new_sd["model.embed_tokens.weight"]
     for i in range(cfg.num_hidden_layers):
         hf, gg = f"model.layers.{i}.", f"blk.{i}."
         put(gg + "attn_norm.weight", hf + "input_layernorm.weight", sd[hf + "input_layernorm.weight"])

@@ -9,10 +9,11 @@ pytest.importorskip("transformers", reason="the test extra installs transformers
 
 from gguf_models import make_model, write_gguf  # noqa: E402
 
-from fusegrad import Context, GlobalCounters, Tensor  # noqa: E402
+from fusegrad import Context, Device, GlobalCounters, Tensor  # noqa: E402
 from fusegrad.models.generate import generate  # noqa: E402
 from fusegrad.models.llama import MATVEC_MAX_ROWS, Llama, QuantLinear  # noqa: E402
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix  # noqa: E402
+from fusegrad.nn.quantized_avx2 import avx2_kernels  # noqa: E402
 
 CONTEXT = 64  # KV cache positions: past the 40-token prompt and the 6 + 20 of generation
 WIDE = dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=256, head_dim=64)  # K-quant rows: 256 wide
@@ -160,18 +161,23 @@ def test_quantized_matrix_values_match_gguf_dequantize(qtype, n):
     np.testing.assert_allclose(linear(Tensor(x)).numpy(), want, rtol=0, atol=tol * np.abs(want).max())
 
 
+@pytest.mark.parametrize("kernels", [1, 0])
 @pytest.mark.parametrize("rows_few", [False, True])
 @pytest.mark.parametrize("n", [1, 3, 40])
-def test_a_float_linear_in_either_layout_equals_numpy(rows_few, n):
-    """A float W kept (in, out) for chunks or as stored, (out, in), for a layer of a few rows (the output
-    projection): x @ W.T + b either way."""
+def test_a_float_linear_in_either_layout_equals_numpy(rows_few, n, kernels):
+    """A float W kept as stored, (out, in), where the AVX2 decode kernel reads it or for a layer of a few rows (the
+    output projection), else (in, out) for chunks: x @ W.T + b either way."""
     rng = np.random.default_rng(n)
     w, b = rng.standard_normal((96, 160)).astype(np.float32), rng.standard_normal(96).astype(np.float32)
-    linear = QuantLinear(Tensor(w), Tensor(b), rows_few=rows_few)
-    assert linear.weight.shape == ((96, 160) if rows_few else (160, 96))
-    x = rng.standard_normal((n, 160)).astype(np.float32)
+    with Context(AVX2_MATVEC=kernels):  # 0: the generated kernels, as on a target without the AVX2 ones
+        linear = QuantLinear(Tensor(w), Tensor(b), rows_few=rows_few)
+        stored = rows_few or avx2_kernels(Device.DEFAULT)
+        assert linear.transposed != stored and linear.weight.shape == ((96, 160) if stored else (160, 96))
+        assert linear.out_features == 96
+        x = rng.standard_normal((n, 160)).astype(np.float32)
+        got = linear(Tensor(x)).numpy()
     want = x.astype(np.float64) @ w.T.astype(np.float64) + b
-    np.testing.assert_allclose(linear(Tensor(x)).numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("qtype,cols", [("Q8_0", 1600), ("Q8_0", 2048), ("Q4_0", 1600), ("Q4_K", 2048)])
@@ -263,3 +269,22 @@ def test_a_chunk_stores_its_residual_stream_once_a_layer(tmp_path):
             want = ref(torch.tensor([ids.tolist()])).logits[0].numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert widest[1] == widest[0], widest
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_f32_decode_logits_match_transformers(tmp_path, tied):
+    """Each decode step's logits (one token at a time: the f32 dot-product kernels on an AVX2 target, the output
+    projection through the tied embedding's rows where the file has no output.weight) equal transformers' for the
+    whole sequence."""
+    ref = make_model("llama", tie_word_embeddings=tied, hidden_size=72, intermediate_size=100)
+    write_gguf(ref, "llama", tmp_path / "m.gguf", None)
+    model, _ = Llama.from_gguf(tmp_path / "m.gguf", max_context=CONTEXT, progress=False)
+    assert model.output.weight.shape == (128, 72)  # (out, in): the vocabulary's rows
+    assert model.output.rows_kernel == model.blocks[0].ffn.gate.rows_kernel == avx2_kernels(Device.DEFAULT)
+    if tied:
+        np.testing.assert_array_equal(model.output.weight.numpy(), model.token_embd.numpy())
+    ids = np.random.default_rng(2).integers(0, ref.config.vocab_size, 12)
+    with torch.no_grad():
+        want = ref(torch.tensor(ids[None])).logits[0].numpy()
+    got = [model.forward(ids[:4], 0).numpy()[-1]] + [model.forward(ids[i : i + 1], i).numpy()[0] for i in range(4, 12)]
+    np.testing.assert_allclose(np.stack(got), want[3:], atol=1e-4 * np.abs(want).max(), rtol=1e-4)

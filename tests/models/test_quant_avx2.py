@@ -18,12 +18,11 @@ from fusegrad.engine.realize import u8s8_pair_dot  # noqa: E402
 from fusegrad.helpers import Context  # noqa: E402
 from fusegrad.nn.quantized_avx2 import (  # noqa: E402
     KERNELS,
-    MAX_SPAN,
     avx2_matvecs,
+    dot_rows,
+    f32_matvec,
+    f32_matvecs,
     matvec_source,
-    rows_matvec,
-    rows_matvecs,
-    rows_span,
 )  # noqa: E402
 from fusegrad.runtime import ops_cpu  # noqa: E402
 from fusegrad.runtime.ops_cpu import find_compiler  # noqa: E402
@@ -100,16 +99,25 @@ def test_the_avx2_matvec_is_one_kernel_right_when_split_over_threads(qtype):
     np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=2e-2 * np.abs(want).max())
 
 
+@needs_avx2
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n, k, cols", [(1, 768, 2048), (3, 770, MAX_SPAN + 88), (8, 64, 3 * MAX_SPAN + 1), (2, 3, 5)])
-def test_the_float_rows_matvec_equals_numpy(n, k, cols, threads):
-    # spans of columns with a short last one, rows of w past the last four, several rows of x
+@pytest.mark.parametrize("n, k, rows", [(1, 768, 2048), (3, 770, 601), (8, 64, 1537), (2, 3, 5), (5, 17, 9), (1, 8, 3)])
+def test_the_f32_matvec_equals_numpy(n, k, rows, threads):
+    # w (out, in): rows past the last whole step of dot_rows, k past the last whole vector, several rows of x
     rng = np.random.default_rng(k)
-    x, w = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, cols)).astype(np.float32)
+    x, w = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((rows, k)).astype(np.float32)
     with Context(NUM_CPU_THREADS=threads):
-        got = rows_matvec(Tensor(x), Tensor(w)).numpy()
-    want = x.astype(np.float64) @ w.astype(np.float64)
+        got = f32_matvec(Tensor(x), Tensor(w)).numpy()
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_a_step_of_f32_dot_products_fits_the_registers(n):
+    # R rows * n accumulators, R weight vectors and one of x within AVX2's 16 (a spill would reload in the loop)
+    assert 1 <= dot_rows(n) and dot_rows(n) * (n + 1) + 1 <= 16
+    swiglu = dot_rows(n, swiglu=True)  # a gate row and its up row in each pair
+    assert swiglu >= 2 and swiglu % 2 == 0
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
@@ -148,30 +156,35 @@ def test_the_swiglu_avx2_matvec_equals_numpy(qtype, n, cols, threads):
     np.testing.assert_allclose(got, want, rtol=0, atol=3e-2 * np.abs(want).max())
 
 
+@needs_avx2
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n, k, cols", [(1, 768, (768, 256, 256)), (3, 70, (100, 36)), (2, 9, (5,) * 3)])
-def test_the_stacked_float_rows_matvec_equals_numpy(n, k, cols, threads):
+@pytest.mark.parametrize(
+    "n, k, rows", [(1, 768, (768, 256, 256)), (3, 70, (101, 37)), (2, 9, (5,) * 3), (1, 16, (1, 2))]
+)
+def test_the_stacked_f32_matvec_equals_numpy(n, k, rows, threads):
+    # a step of rows that straddles two matrices reads each row from its own
     rng = np.random.default_rng(k)
     x = rng.standard_normal((n, k)).astype(np.float32)
-    ws = [rng.standard_normal((k, c)).astype(np.float32) for c in cols]
+    ws = [rng.standard_normal((r, k)).astype(np.float32) for r in rows]
     xt, wts = Tensor(x).realize(), [Tensor(w).realize() for w in ws]
     with Context(NUM_CPU_THREADS=threads):
         GlobalCounters.reset()
-        got = rows_matvecs(xt, wts).realize().numpy()
+        got = f32_matvecs(xt, wts).realize().numpy()
         assert GlobalCounters.kernel_count == 1
-    want = np.concatenate([x.astype(np.float64) @ w for w in ws], axis=1)
+    want = np.concatenate([x.astype(np.float64) @ w.T for w in ws], axis=1)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
+@needs_avx2
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n, k, cols", [(1, 768, 2048), (2, 66, 700), (8, 5, 3)])
-def test_the_swiglu_float_rows_matvec_equals_numpy(n, k, cols, threads):
-    rng = np.random.default_rng(cols)
+@pytest.mark.parametrize("n, k, rows", [(1, 768, 2048), (2, 66, 701), (8, 5, 3), (3, 12, 1)])
+def test_the_swiglu_f32_matvec_equals_numpy(n, k, rows, threads):
+    rng = np.random.default_rng(rows)
     x = rng.standard_normal((n, k)).astype(np.float32)
-    gate, up = (rng.standard_normal((k, cols)).astype(np.float32) for _ in range(2))
+    gate, up = (rng.standard_normal((rows, k)).astype(np.float32) for _ in range(2))
     with Context(NUM_CPU_THREADS=threads):
-        got = rows_matvecs(Tensor(x), [Tensor(gate), Tensor(up)], swiglu=True).numpy()
-    want = _silu(x.astype(np.float64) @ gate) * (x.astype(np.float64) @ up)
+        got = f32_matvecs(Tensor(x), [Tensor(gate), Tensor(up)], swiglu=True).numpy()
+    want = _silu(x.astype(np.float64) @ gate.T) * (x.astype(np.float64) @ up.T)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
@@ -200,31 +213,23 @@ def test_the_avx2_matvec_with_the_norm_and_the_residual_inside_equals_numpy(qtyp
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * np.abs(want).max())
 
 
+@needs_avx2
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
-    "n, k, cols, swiglu", [(1, 768, (768, 256, 256), False), (3, 70, (100,), False)] + [(2, 66, (40, 40), True)]
+    "n, k, rows, swiglu",
+    [(1, 768, (768, 256, 256), False), (3, 70, (100,), False), (2, 66, (41, 41), True), (1, 768, (2048, 2048), True)],
 )
-def test_the_float_rows_matvec_with_the_norm_and_the_residual_inside_equals_numpy(n, k, cols, swiglu, threads):
+def test_the_f32_matvec_with_the_norm_and_the_residual_inside_equals_numpy(n, k, rows, swiglu, threads):
     rng = np.random.default_rng(k)
     x, w = rng.standard_normal((n, k)).astype(np.float32), rng.random(k).astype(np.float32) + 0.5
-    ws = [rng.standard_normal((k, c)).astype(np.float32) for c in cols]
-    res = rng.standard_normal((n, cols[0] if swiglu else sum(cols))).astype(np.float32)
+    ws = [rng.standard_normal((r, k)).astype(np.float32) for r in rows]
+    res = rng.standard_normal((n, rows[0] if swiglu else sum(rows))).astype(np.float32)
     with Context(NUM_CPU_THREADS=threads):
-        got = rows_matvecs(Tensor(x), [Tensor(m) for m in ws], swiglu, (Tensor(w), 1e-6), Tensor(res)).numpy()
+        got = f32_matvecs(Tensor(x), [Tensor(m) for m in ws], swiglu, (Tensor(w), 1e-6), Tensor(res)).numpy()
     xn = _rms_norm(x, w, 1e-6)
-    ys = [xn @ m for m in ws]
+    ys = [xn @ m.T for m in ws]
     want = (_silu(ys[0]) * ys[1] if swiglu else np.concatenate(ys, axis=1)) + res
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
-
-
-@pytest.mark.parametrize("cols", [(768,), (256,), (2048,), (768, 256, 256), (1280, 256), (1537,), (5,)])
-def test_float_rows_spans_are_equal_and_even(cols):
-    # a decode step's widths (the 110M model's layers) in whole spans that two or four threads share evenly
-    span = rows_span(cols)
-    assert span % 8 == 0 and span <= MAX_SPAN
-    items = [-(-c // span) for c in cols]
-    if all(c % 256 == 0 for c in cols):
-        assert all(c % span == 0 for c in cols) and sum(items) % 4 == 0
 
 
 # each item is written with the start of the chunk it was computed in
