@@ -22,10 +22,11 @@ from fusegrad.uop.trampoline import Step, run_steps
 # encoder 2.7x slower (8.2 -> 22 ms, one run each, same minute)
 RECOMPUTE_LIMIT = 1 << 22
 # ... unless the expression's value is small: storing at most this many elements costs one tiny kernel, so a lower
-# limit holds for it. An MLP's softmax gradient (128x10, 9 ops an element) broadcast over its two backward matmuls
-# cost 1.5M ops, 85 and 55 us a step on Zen 3, against about 2 us to store it and read it back
+# limit holds for it. An MLP's softmax gradient (batch 128 x 10 classes, 9 ops an element, one an exp) broadcast over
+# its two backward matmuls cost 1.5M ops, 85 and 55 us a step on Zen 3, against about 3 us to store it and read it back
+# (batch 64: 0.7M ops). The BERT ONNX encoder has no small value past this limit
 SMALL_VALUE_ELEMENTS = 4096
-SMALL_VALUE_RECOMPUTE_LIMIT = 1 << 20
+SMALL_VALUE_RECOMPUTE_LIMIT = 1 << 19
 # a kernel fuses chains of at most this many ops: a node this far above the last buffer is realized into a buffer of
 # its own. The C compiler's optimizer is superlinear in a function's statements (a 100k-statement kernel takes gcc
 # minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
