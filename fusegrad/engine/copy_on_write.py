@@ -29,7 +29,8 @@ class OldVersionReaders:
         self.held: set[UOp] = set()
         if target_bits:
             self.held = _held_readers(nodes, roots, refs_per_root, target_bits, root_set)
-        self.nodes, self.target_bits, self.root_set = nodes, target_bits, root_set
+        self.target_bits, self.root_set = target_bits, root_set
+        self.order = nodes[:-1]  # without the SINK of the roots: the graph's own nodes, sources first
         self._below_held: list[UOp] | None = None
 
     def shared(self, kept: set[UOp]) -> set[UOp]:
