@@ -349,7 +349,9 @@ class UOp(KernelBuilder, metaclass=UOpMeta):
     # ---- constructors
     @staticmethod
     def const(dtype: DType, value: Any) -> UOp:
-        return UOp(Ops.CONST, dtype, (), truncate(value, dtype))
+        u = UOp(Ops.CONST, dtype, (), truncate(value, dtype))
+        u._shape = ()  # 0-d: known now, where an op on it (a mean's division) would infer it through an exception
+        return u
 
     def const_like(self, value: Any) -> UOp:
         return UOp.const(self.dtype, value)
