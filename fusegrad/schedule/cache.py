@@ -38,6 +38,8 @@ class GraphShape:
         root_set = set(roots)
         index: dict[UOp, int] = {}
         rows = None if order is None else self._number(order, index, root_set, True)
+        if rows is not None and not all(r in index for r in roots):
+            rows = None  # the order is another realize's graph (one with the index checks' roots added, say)
         if rows is None:
             index.clear()
             if (rows := self._number(self._walk(roots, root_set, index), index, root_set, False)) is None:

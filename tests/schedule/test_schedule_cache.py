@@ -374,3 +374,20 @@ def test_readers_order_keys_tell_which_buffer_feeds_which_input():
             Tensor.realize(w, other)
             np.testing.assert_allclose(w.numpy(), w_np + a_np * b_np + (a_np, b_np)[pick], rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(other.numpy(), w_np * 2, rtol=1e-6)
+
+
+def test_an_order_missing_a_root_is_walked():
+    """The copy-on-write check's order covers its own roots: a realize that schedules more (the index checks' extremes
+    before the roots) walks its graph instead, and numbers it as the walk does."""
+    from fusegrad.engine.copy_on_write import OldVersionReaders
+
+    w, x = Tensor(f32(6)).realize(), Tensor(f32(6)).realize()
+    second = _assign_step(w, x)
+    extra = (x * 4.0).uop
+    order = OldVersionReaders([w.uop], 1).order
+    ordered, walked = (
+        GraphShape([extra, w.uop, second.uop], ["CPU"] * 3, order),
+        GraphShape([extra, w.uop, second.uop], ["CPU"] * 3),
+    )
+    for field in ("key", "nodes", "buffers", "versions", "consts"):
+        assert getattr(ordered, field) == getattr(walked, field), field
