@@ -40,12 +40,24 @@ class OldVersionReaders:
         # only the held nodes' bits are asked: the walk covers the nodes below them (a lazy `.grad` of the batch
         # reading a weight is a few nodes of a step's hundreds)
         if self._below_held is None:
-            self._below_held = UOp(Ops.SINK, src=tuple(self.held)).toposort()
+            self._below_held = _below(self.held, self.order)
         reads = _version_reads(self._below_held, self.target_bits, self.root_set, kept)
         bits = 0
         for u in self.held:
             bits |= reads[u]
         return {b for b, bit in self.target_bits.items() if bits & bit}
+
+
+def _below(held: set[UOp], order: list[UOp]) -> list[UOp]:
+    """The held nodes and every node under them, sources first: marked walking the graph's order backwards (users
+    come after their sources), without a toposort of their own. Every node of the realize but its SINK is in order."""
+    if any(u.op is Ops.SINK for u in held):
+        return UOp(Ops.SINK, src=tuple(held)).toposort()
+    marked = set(held)
+    for u in reversed(order):
+        if u in marked:
+            marked.update(u.src)
+    return [u for u in order if u in marked]
 
 
 def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp], kept: set[UOp]) -> dict[UOp, int]:
