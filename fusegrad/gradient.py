@@ -107,8 +107,29 @@ def without_layout_copy(u: UOp) -> UOp:
     return view_over(u, base.src[0]) if base.op is Ops.CONTIGUOUS and base.arg == "layout" else u
 
 
-def _mul_grad(n: UOp, g: UOp) -> tuple[UOp, UOp]:
-    return _alu(Ops.MUL, g, without_layout_copy(n.src[1])), _alu(Ops.MUL, g, without_layout_copy(n.src[0]))
+# ops whose sources' gradients are built one by one: only those of sources on a path to a target are (the constant 0
+# of a relu's or a picked log-probability's `where`, the count a mean divides by)
+SOURCE_RULES: dict[Ops, tuple[Callable[[UOp, UOp], UOp] | None, ...]] = {
+    Ops.MUL: (
+        lambda n, g: _alu(Ops.MUL, g, without_layout_copy(n.src[1])),
+        lambda n, g: _alu(Ops.MUL, g, without_layout_copy(n.src[0])),
+    ),
+    Ops.FDIV: (
+        lambda n, g: _alu(Ops.FDIV, g, n.src[1]),
+        lambda n, g: _alu(Ops.NEG, _alu(Ops.FDIV, _alu(Ops.MUL, g, n), n.src[1])),
+    ),
+    Ops.WHERE: (
+        None,
+        lambda n, g: UOp(Ops.WHERE, g.dtype, (n.src[0], g, _full(g, 0))),
+        lambda n, g: UOp(Ops.WHERE, g.dtype, (n.src[0], _full(g, 0), g)),
+    ),
+}
+
+
+def _all_sources(op: Ops) -> Callable[[UOp, UOp], tuple[UOp | None, ...]]:
+    """The rule of every source at once, from op's SOURCE_RULES."""
+    rules = SOURCE_RULES[op]
+    return lambda n, g: tuple(None if rule is None else rule(n, g) for rule in rules)
 
 
 def _inverse_permutation(order: tuple[int, ...]) -> tuple[int, ...]:
@@ -117,9 +138,9 @@ def _inverse_permutation(order: tuple[int, ...]) -> tuple[int, ...]:
 
 GRAD_RULES: dict[Ops, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {
     Ops.ADD: lambda n, g: (g, g),
-    Ops.MUL: _mul_grad,
+    Ops.MUL: _all_sources(Ops.MUL),
     Ops.NEG: lambda n, g: (_alu(Ops.NEG, g),),
-    Ops.FDIV: lambda n, g: (_alu(Ops.FDIV, g, n.src[1]), _alu(Ops.NEG, _alu(Ops.FDIV, _alu(Ops.MUL, g, n), n.src[1]))),
+    Ops.FDIV: _all_sources(Ops.FDIV),
     Ops.RECIPROCAL: lambda n, g: (_alu(Ops.NEG, _alu(Ops.MUL, g, _alu(Ops.MUL, n, n))),),
     Ops.SQRT: lambda n, g: (_alu(Ops.FDIV, g, _alu(Ops.MUL, n, _full(n, 2))),),
     Ops.EXP: lambda n, g: (_alu(Ops.MUL, g, n),),
@@ -131,11 +152,7 @@ GRAD_RULES: dict[Ops, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {
     Ops.TRUNC: lambda n, g: (None,),
     Ops.MAX: _max_grad,
     Ops.POW: _pow_grad,
-    Ops.WHERE: lambda n, g: (
-        None,
-        UOp(Ops.WHERE, g.dtype, (n.src[0], g, _full(g, 0))),
-        UOp(Ops.WHERE, g.dtype, (n.src[0], _full(g, 0), g)),
-    ),
+    Ops.WHERE: _all_sources(Ops.WHERE),
     Ops.CAST: lambda n, g: (g.cast(n.src[0].dtype),),
     Ops.RESHAPE: lambda n, g: (UOp(Ops.RESHAPE, g.dtype, (g,), n.src[0].shape),),
     Ops.PERMUTE: lambda n, g: (UOp(Ops.PERMUTE, g.dtype, (g,), _inverse_permutation(n.arg)),),
@@ -213,10 +230,17 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], nodes: list[U
                 if src in on_path and dtypes.is_float(src.dtype):
                     grads[src] = sg if src not in grads else _alu(Ops.ADD, grads[src], sg)
             continue
-        rule = GRAD_RULES.get(node.op)
-        if rule is None:
+        if (per_source := SOURCE_RULES.get(node.op)) is not None:
+            pairs = [
+                (src, rule(node, g))
+                for src, rule in zip(node.src, per_source)
+                if rule is not None and src in on_path and dtypes.is_float(src.dtype)
+            ]
+        elif (all_rule := GRAD_RULES.get(node.op)) is not None:
+            pairs = zip(node.src, all_rule(node, g))  # type: ignore[assignment]
+        else:
             raise NotImplementedError(f"no gradient rule for {node.op}")
-        for src, sg in zip(node.src, rule(node, g)):
+        for src, sg in pairs:
             if sg is None or src not in on_path or not dtypes.is_float(src.dtype):
                 continue
             grads[src] = sg = sg if src not in grads else _alu(Ops.ADD, grads[src], sg)

@@ -28,10 +28,9 @@ class OldVersionReaders:
         root_set = set(roots)
         self.held: set[UOp] = set()
         if target_bits:
-            reads = _version_reads(nodes, target_bits, root_set, frozenset())
-            refs = _references_within(nodes, roots, refs_per_root, target_bits, root_set, reads)
-            self.held = {u for u in nodes if reads[u] and sys.getrefcount(u) > refs[u] + _OWN_REFS}
-        self.nodes, self.target_bits, self.root_set = nodes, target_bits, root_set
+            self.held = _held_readers(nodes, roots, refs_per_root, target_bits, root_set)
+        self.target_bits, self.root_set = target_bits, root_set
+        self.order = nodes[:-1]  # without the SINK of the roots: the graph's own nodes, sources first
         self._below_held: list[UOp] | None = None
 
     def shared(self, kept: set[UOp]) -> set[UOp]:
@@ -41,12 +40,24 @@ class OldVersionReaders:
         # only the held nodes' bits are asked: the walk covers the nodes below them (a lazy `.grad` of the batch
         # reading a weight is a few nodes of a step's hundreds)
         if self._below_held is None:
-            self._below_held = UOp(Ops.SINK, src=tuple(self.held)).toposort()
+            self._below_held = _below(self.held, self.order)
         reads = _version_reads(self._below_held, self.target_bits, self.root_set, kept)
         bits = 0
         for u in self.held:
             bits |= reads[u]
         return {b for b, bit in self.target_bits.items() if bits & bit}
+
+
+def _below(held: set[UOp], order: list[UOp]) -> list[UOp]:
+    """The held nodes and every node under them, sources first: marked walking the graph's order backwards (users
+    come after their sources), without a toposort of their own. Every node of the realize but its SINK is in order."""
+    if any(u.op is Ops.SINK for u in held):
+        return UOp(Ops.SINK, src=tuple(held)).toposort()
+    marked = set(held)
+    for u in reversed(order):
+        if u in marked:
+            marked.update(u.src)
+    return [u for u in order if u in marked]
 
 
 def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp], kept: set[UOp]) -> dict[UOp, int]:
@@ -71,26 +82,38 @@ def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp
     return reads
 
 
+def _held_readers(nodes: list[UOp], roots: list[UOp], refs_per_root: int, target_bits: dict, root_set: set) -> set[UOp]:
+    """The nodes that read a target's old version and have a holder outside this realize: _version_reads (nothing
+    kept) and _references_within in one pass over the graph, whose every node is asked."""
+    reads: dict[UOp, int] = {}
+    refs = dict.fromkeys(nodes, 1)  # each node is a key of `reads`
+    buffer_op, assign_op, bits_of = Ops.BUFFER, Ops.ASSIGN, target_bits.get
+    for u in nodes:
+        src = u.src
+        for s in src:
+            refs[s] += 1
+        if (ref := u.realized_ref) is not None and isinstance(ref, UOp) and ref in refs:
+            refs[ref] += 1  # a value the realized map holds for a node of this graph belongs to this graph
+        if (op := u.op) is buffer_op:
+            bits = bits_of(u, 0)
+        elif ref is not None and u not in root_set and (value := realized_value(u)) is not None:
+            bits = bits_of(base_buffer(value), 0)  # computed already: its readers read the stored value
+        elif op is assign_op:
+            bits = 0  # computed by this realize: whoever holds it reads the new value
+        else:
+            bits = 0
+            for s in src:
+                bits |= reads[s]
+        reads[u] = bits
+    for r in roots:
+        refs[r] += refs_per_root
+    for u in (*target_bits, *root_set):
+        refs[u] += 1
+    # the loop's names would count as holders of the last nodes they named
+    u = s = r = ref = value = src = None  # type: ignore[assignment]
+    return {u for u in nodes if reads[u] and sys.getrefcount(u) > refs[u] + _OWN_REFS}
+
+
 def _assign_targets(nodes: list[UOp]) -> list[UOp]:
     assign = Ops.ASSIGN  # an Ops member lookup per node otherwise
     return [b for u in nodes if u.op is assign and (b := base_buffer(u.src[0])) is not None]
-
-
-def _references_within(
-    nodes: list[UOp], roots: list[UOp], refs_per_root: int, targets: dict, root_set: set, reads: dict
-) -> dict[UOp, int]:
-    """How many references to each node this realize's own graph, roots and bookkeeping hold (the `targets`, `reads`
-    and `root_set` containers); a function of its own, so no loop variable outlives it and counts as a holder."""
-    assert len(reads) == len(nodes)  # every node is a key of `reads`: counted by the initial 1 below
-    refs = dict.fromkeys(nodes, 1)
-    for u in nodes:
-        for s in u.src:
-            refs[s] += 1
-    for r in roots:
-        refs[r] += refs_per_root
-    for u in (*targets, *root_set):
-        refs[u] += 1
-    for u in nodes:  # a value the realized map holds for a node of this graph belongs to this graph
-        if isinstance(value := u.realized_ref, UOp) and value in refs:
-            refs[value] += 1
-    return refs

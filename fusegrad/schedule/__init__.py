@@ -67,6 +67,10 @@ class VersionReaders(Protocol):
     """Which assign targets (BUFFER versions) a live graph outside this realize still reads, when the schedule keeps
     the values of `kept`: those assigns copy on write. The engine answers it (engine/copy_on_write.py)."""
 
+    # every node of the realize's graph, sources first, when the reader walked it (None otherwise): the schedule
+    # cache numbers the graph in this order instead of walking it again
+    order: list[UOp] | None
+
     def shared(self, kept: set[UOp]) -> set[UOp]: ...
 
 

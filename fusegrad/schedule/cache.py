@@ -18,7 +18,7 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import NUM_CPU_THREADS, SCHEDULE_CACHE
 from fusegrad.runtime.device import Buffer
 from fusegrad.runtime.buffers import buffer_of, buffer_uop
-from fusegrad.schedule import ScheduleItem, VersionReaders, plan_schedule
+from fusegrad.schedule import ScheduleItem, VersionReaders, plan_schedule, realized_value
 from fusegrad.schedule.kernel_ast import const_buffer, is_liftable_const
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _hashable
 
@@ -32,25 +32,28 @@ class GraphShape:
 
     __slots__ = ("key", "nodes", "buffers", "versions", "_version_slot", "consts", "const_slot", "visits", "leaf")
 
-    def __init__(self, roots: list[UOp], devices: list):
+    def __init__(self, roots: list[UOp], devices: list, order: list[UOp] | None = None):
+        """`order`: every node of the graph, sources first (a walk the caller made already, such as the copy-on-write
+        check's), numbered as it is when no node of it stands for a realized value; else the graph is walked."""
         root_set = set(roots)
         index: dict[UOp, int] = {}
-        # the structure, flat: per node its op, dtype, arg, source count and sources' numbers. One tuple for the whole
-        # graph (not one per node): a realize's rows were hundreds of short-lived tuples the GC counted and promoted
-        rows: list = []
-        self.nodes: list[UOp] = []
-        buffer_slot: dict[Buffer, int] = {}
-        self.buffers: list[Buffer] = []
-        self._version_slot: dict[UOp, int] | None = {}
-        self.versions: list[UOp] = []
-        self.const_slot: dict[tuple[DType, float], int] = {}
-        self.consts: list[tuple[DType, float]] = []
-        self.key: tuple | None = None
-        self.visits = 0
-        self.leaf: list | None = None  # the leaf-op memo's entry for this graph (graph_shape sets it)
-        # the walk runs once per realize: names it reads per node are locals (an Ops member lookup is a Python call)
-        buffer_op, const_op, contiguous_op, special = Ops.BUFFER, Ops.CONST, Ops.CONTIGUOUS, (Ops.MULTI, Ops.COPY)
-        nodes, visits = self.nodes, 0
+        rows = None if order is None else self._number(order, index, root_set, True)
+        if rows is not None and not all(r in index for r in roots):
+            rows = None  # the order is another realize's graph (one with the index checks' roots added, say)
+        if rows is None:
+            index.clear()
+            if (rows := self._number(self._walk(roots, root_set, index), index, root_set, False)) is None:
+                return
+        if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):
+            return
+        self.key = (rows, tuple([index[r] for r in roots]), tuple(devices), int(NUM_CPU_THREADS.value))
+
+    def _walk(self, roots: list[UOp], root_set: set[UOp], index: dict[UOp, int]) -> list[UOp]:
+        """The nodes in the order they are numbered, each after its sources; a node computed already (not a root)
+        stands for its stored value, as substitute_realized makes it, and takes that value's number in `index`."""
+        buffer_op = Ops.BUFFER
+        order: list[UOp] = []
+        visits = 0
         # entries: (node, state) with state 0 = to visit, 1 = sources done, 2 = stands for its realized value
         stack: list[tuple[UOp, int, UOp | None]] = [(r, 0, None) for r in reversed(roots)]
         while stack:
@@ -60,16 +63,15 @@ class GraphShape:
             if state == 2:
                 index[u] = index[value]  # type: ignore[index]
                 continue
-            op, src = u.op, u.src
             if state == 0:
                 visits += 1
-                if (ref := u.realized_ref) is not None and op is not buffer_op and u not in root_set:
+                if (ref := u.realized_ref) is not None and u.op is not buffer_op and u not in root_set:
                     if (value := ref if isinstance(ref, UOp) else ref()) is not None:
                         # computed already: this graph reads the stored value, as substitute_realized makes it
                         stack.append((u, 2, value))
                         stack.append((value, 0, None))
                         continue
-                if src:  # a leaf (a buffer, a constant) is numbered at once, without a second trip on the stack
+                if src := u.src:  # a leaf (a buffer, a constant) is numbered at once, without a second trip
                     stack.append((u, 1, None))
                     # the last source is walked first: in a chain `x * 2 + 1 ...` that is the shared constant, numbered
                     # once and then skipped, rather than pushed by every op and found numbered on the way back
@@ -83,11 +85,40 @@ class GraphShape:
                         if s not in index:
                             stack.append((s, 0, None))
                     continue
-            arg = u.arg
+            index[u] = len(order)
+            order.append(u)
+        self.visits = visits
+        return order
+
+    def _number(self, order: list[UOp], index: dict[UOp, int], root_set: set[UOp], check: bool) -> tuple | None:
+        """The key's rows, with the buffers, versions and constants of the nodes in `order` (numbered here when
+        `check`, else by the walk); None for a graph no template re-binds (multi-device, DISK), or with `check` when
+        a node stands for a realized value (the walk handles it)."""
+        # the structure, flat: per node its op, dtype, arg, source count and sources' numbers. One tuple for the whole
+        # graph (not one per node): a realize's rows were hundreds of short-lived tuples the GC counted and promoted
+        rows: list = []
+        buffer_slot: dict[Buffer, int] = {}
+        self.buffers: list[Buffer] = []
+        self._version_slot: dict[UOp, int] | None = {}
+        self.versions: list[UOp] = []
+        self.const_slot: dict[tuple[DType, float], int] = {}
+        self.consts: list[tuple[DType, float]] = []
+        self.key: Any = None
+        self.leaf: list | None = None  # the leaf-op memo's entry for this graph (graph_shape sets it)
+        self.nodes = order
+        if check:
+            self.visits = len(order)
+        # the loop runs once per realize: names it reads per node are locals (an Ops member lookup is a Python call)
+        buffer_op, const_op, contiguous_op, special = Ops.BUFFER, Ops.CONST, Ops.CONTIGUOUS, (Ops.MULTI, Ops.COPY)
+        for i, u in enumerate(order):
+            op, arg, src = u.op, u.arg, u.src
+            if check and u.realized_ref is not None and op is not buffer_op and u not in root_set:
+                if realized_value(u) is not None:
+                    return None
             if op is buffer_op:
                 buf = u.buffer
                 if buf.device.startswith("DISK"):
-                    return  # a DISK slice is a view of a file, made by the planner: not re-bindable
+                    return None  # a DISK slice is a view of a file, made by the planner: not re-bindable
                 if (b := buffer_slot.get(buf)) is None:
                     b = buffer_slot[buf] = len(self.buffers)
                     self.buffers.append(buf)
@@ -105,8 +136,9 @@ class GraphShape:
             elif op is contiguous_op and type(arg) is int:
                 arg = "distinct"  # a per-call id that only keeps equal graphs apart
             elif op in special and (op is special[0] or arg.startswith("DISK")):
-                return  # multi-device and disk graphs are planned every time
-            index[u] = len(nodes)
+                return None  # multi-device and disk graphs are planned every time
+            if check:
+                index[u] = i
             # sources by count: a comprehension is a call of its own, and most nodes have one or two
             n = len(src)
             if n == 2:
@@ -115,11 +147,7 @@ class GraphShape:
                 rows += (op, u.dtype, arg, 1, index[src[0]])
             else:
                 rows += (op, u.dtype, arg, n, *[index[s] for s in src])
-            nodes.append(u)
-        self.visits = visits
-        if any(not isinstance(d, str) or d.startswith("DISK") for d in devices):
-            return
-        self.key = (tuple(rows), tuple([index[r] for r in roots]), tuple(devices), int(NUM_CPU_THREADS.value))
+        return tuple(rows)
 
     @property
     def version_slot(self) -> dict[UOp, int]:
@@ -180,12 +208,14 @@ def _leaf_hit(key: tuple, src: tuple[UOp, ...]) -> list | None:
     return hit
 
 
-def graph_shape(roots: list[UOp], devices: list, leaf_key: tuple | None = None) -> GraphShape:
-    """GraphShape(roots, devices), without the walk when the only root is one op on BUFFER nodes that an earlier
-    graph had too: a BUFFER node's storage never changes, so such a graph has the earlier one's structure.
+def graph_shape(
+    roots: list[UOp], devices: list, leaf_key: tuple | None = None, order: list[UOp] | None = None
+) -> GraphShape:
+    """GraphShape(roots, devices, order), without the walk when the only root is one op on BUFFER nodes that an
+    earlier graph had too: a BUFFER node's storage never changes, so such a graph has the earlier one's structure.
     `leaf_key` is _leaf_key(roots, devices) when the caller has it already."""
     if (key := leaf_key or _leaf_key(roots, devices)) is None:
-        return GraphShape(roots, devices)
+        return GraphShape(roots, devices, order)
     src = (root := roots[0]).src
     if (hit := _leaf_hit(key, src)) is not None:
         shape = GraphShape.of_leaf_op(root, hit[1], [src[i] for i in hit[2]], [src[i] for i in hit[3]])
@@ -359,7 +389,7 @@ def cached_schedule(
         if (hit := _leaf_hit(leaf_key, roots[0].src)) is not None and (template := hit[4]) is not None:
             ScheduleCacheStats.hits += 1
             return (*bind_leaf(template, hit, roots[0].src), template.launch_memo)
-    shape = graph_shape(roots, devices, leaf_key)
+    shape = graph_shape(roots, devices, leaf_key, None if readers is None else readers.order)
     key = shape.key
     if key is None:
         plan = plan_schedule(roots, devices, readers)

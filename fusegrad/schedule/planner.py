@@ -21,6 +21,12 @@ from fusegrad.uop.trampoline import Step, run_steps
 # 2^20 stored an MLP's softmax gradient (its two backward matmuls 76 -> 9 us and 68 -> 8 us) but made the BERT ONNX
 # encoder 2.7x slower (8.2 -> 22 ms, one run each, same minute)
 RECOMPUTE_LIMIT = 1 << 22
+# ... unless the expression's value is small: storing at most this many elements costs one tiny kernel, so a lower
+# limit holds for it. An MLP's softmax gradient (batch 128 x 10 classes, 9 ops an element, one an exp) broadcast over
+# its two backward matmuls cost 1.5M ops, 85 and 55 us a step on Zen 3, against about 3 us to store it and read it back
+# (batch 64: 0.7M ops). The BERT ONNX encoder has no small value past this limit
+SMALL_VALUE_ELEMENTS = 4096
+SMALL_VALUE_RECOMPUTE_LIMIT = 1 << 19
 # a kernel fuses chains of at most this many ops: a node this far above the last buffer is realized into a buffer of
 # its own. The C compiler's optimizer is superlinear in a function's statements (a 100k-statement kernel takes gcc
 # minutes) while a kernel boundary costs one memory pass, and the chunks of a uniform chain share one compiled kernel.
@@ -30,6 +36,11 @@ KERNEL_DEPTH_LIMIT = 1000
 # loop scalar (the BERT ONNX encoder's attention mask, gathered from the input mask and broadcast over 4 heads, was
 # recomputed per score by the softmax's three kernels: 0.5 ms each at 3.6 GFLOPS, one thread)
 GATHER_RECOMPUTE_COST = 256
+
+
+def _recompute_limit(value: UOp) -> int:
+    """The recompute cost (ALU ops) past which a broadcast value is stored once instead."""
+    return SMALL_VALUE_RECOMPUTE_LIMIT if value.size <= SMALL_VALUE_ELEMENTS else RECOMPUTE_LIMIT
 
 
 def new_buffer(device: str, size: int, dtype: DType) -> UOp:
@@ -201,7 +212,7 @@ class Planner:
                 yield self._mark_step(u, self.device_of[u] or device)
                 continue
             grows = u.op is Ops.EXPAND and u.size > u.src[0].size
-            if grows and self._recompute_cost(u.src[0]) * (u.size - u.src[0].size) >= RECOMPUTE_LIMIT:
+            if grows and self._recompute_cost(u.src[0]) * (u.size - u.src[0].size) >= _recompute_limit(u.src[0]):
                 # a broadcast would recompute this expression for every copy: compute it once into a buffer instead
                 yield self._mark_step(u.src[0], self.device_of[u.src[0]] or device)
                 continue

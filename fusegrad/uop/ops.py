@@ -176,8 +176,8 @@ class UOpMeta(type):
         ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
         ret._readers = [] if op is _BUFFER or op in _VIEW_OPS and src and src[0]._readers is not None else None
         ret.holders = ret.realized_ref = ret._buf = None
-        if op is _RESHAPE or op is _EXPAND:  # the shape is the arg: known now, where asking later costs an exception
-            ret._shape = tuple(arg)
+        if op is _RESHAPE or op is _EXPAND or op is _CONST:  # known now, where asking later costs an exception
+            ret._shape = () if op is _CONST else tuple(arg)  # a constant is 0-d (a mean's division asked it)
         # a dead entry under this key (its sources' ids reused, its callback not yet run) is replaced
         ref = cache[key] = _CacheRef(ret, _drop_dead_entry)
         ref.key = key
@@ -234,7 +234,7 @@ def _hashable(arg: Any) -> Any:
     return (type(arg), arg) if isinstance(arg, (bool, int)) else arg
 
 
-_BUFFER, _RESHAPE, _EXPAND = Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND
+_BUFFER, _RESHAPE, _EXPAND, _CONST = Ops.BUFFER, Ops.RESHAPE, Ops.EXPAND, Ops.CONST
 
 
 def elementwise_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], shape: tuple, arg: Any = None) -> UOp:

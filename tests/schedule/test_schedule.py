@@ -240,3 +240,28 @@ def test_gathered_mask_broadcast_over_many_scores_is_stored_once():
     masked = sn + np.where(keep[where] != 0, 0.0, -1e9).astype(np.float32)
     e = np.exp(masked - masked.max(-1, keepdims=True))
     np.testing.assert_allclose(probs.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_small_softmax_gradient_broadcast_into_two_matmuls_is_stored_once():
+    """An MLP's softmax-cross-entropy gradient (64x10, a few ops an element with its exp) read by the two backward
+    matmuls of the last layer, broadcast over 128 hidden units, is stored once (SMALL_VALUE_RECOMPUTE_LIMIT): only
+    the softmax's sum and that store evaluate an exp, not the matmuls; the gradients equal numpy's."""
+    from fusegrad.schedule import create_schedule
+    from fusegrad.runtime.device import Device
+    from fusegrad.uop.ops import Ops
+
+    rng = np.random.default_rng(4)
+    hn, wn = rng.standard_normal((64, 128), dtype=np.float32), rng.standard_normal((128, 10), dtype=np.float32)
+    labels = rng.integers(0, 10, 64).astype(np.int32)
+    h, w = Tensor(hn, requires_grad=True).realize(), Tensor(wn, requires_grad=True).realize()
+    (h @ w).sparse_categorical_crossentropy(Tensor(labels)).backward()
+    items, _, _ = create_schedule([h.grad.uop, w.grad.uop], [Device["CPU"]] * 2)
+    with_exp = [it for it in items if any(u.op in (Ops.EXP, Ops.EXP2) for u in it.ast.toposort())]
+    assert len(with_exp) == 2, [len(it.buffers) for it in with_exp]
+    logits = hn @ wn
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(64), labels] -= 1
+    dlogits = p / 64
+    np.testing.assert_allclose(h.grad.numpy(), dlogits @ wn.T, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(w.grad.numpy(), hn.T @ dlogits, rtol=1e-4, atol=1e-6)

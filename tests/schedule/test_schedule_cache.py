@@ -279,3 +279,115 @@ def test_template_keeps_programs_per_noopt_and_counts_every_launch():
         (x * y).realize()
     assert GlobalCounters.kernel_count == kernels + 3
     assert GlobalCounters.global_mem == mem + 3 * 3 * 33 * 4  # output and two inputs, float32
+
+
+def _assign_step(w: Tensor, x: Tensor) -> Tensor:
+    """An update like an optimizer's (w pending an assign); returns its step value as a second lazy root."""
+    g = (x * w).relu() + x.sum() * 0.5
+    w.assign(w - g * 0.1)
+    return g * 2.0
+
+
+def _numpy_step(w: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    g = np.maximum(x * w, 0) + x.sum() * x.dtype.type(0.5)
+    return w - g * x.dtype.type(0.1), g * x.dtype.type(2)
+
+
+def test_numbering_in_the_readers_order_tells_structures_apart():
+    """A realize with pending assigns numbers its graph in the copy-on-write check's order (no second walk): the
+    same nodes, buffers and versions as the walk's; equal structures get one key, another pattern of buffers (x
+    twice) or another shape another key; a graph where a node stands for a realized value is walked instead."""
+    from fusegrad.engine.copy_on_write import OldVersionReaders
+
+    def shapes(roots: list[UOp]) -> tuple[GraphShape, GraphShape]:
+        devices = ["CPU"] * len(roots)
+        return GraphShape(roots, devices, OldVersionReaders(roots, 1).order), GraphShape(roots, devices)
+
+    keys = []
+    for n, same in ((6, False), (6, False), (6, True), (7, False)):
+        w = Tensor(f32(n)).realize()
+        x = w if same else Tensor(f32(n)).realize()
+        second = _assign_step(w, x)
+        ordered, walked = shapes([w.uop, second.uop])
+        assert set(ordered.nodes) == set(walked.nodes) and len(ordered.nodes) == len(walked.nodes)
+        assert set(map(id, ordered.buffers)) == set(map(id, walked.buffers))
+        assert set(ordered.versions) == set(walked.versions) and set(ordered.consts) == set(walked.consts)
+        keys.append(ordered.key)
+    assert keys[0] == keys[1] and len({keys[1], keys[2], keys[3]}) == 3
+    # the sum s is kept by an earlier realize (its lazy reader lives): the graph reads its value, and is walked
+    w, x = Tensor(f32(6)).realize(), Tensor(f32(6)).realize()
+    s = x.exp().sum()
+    (x.exp() / s).realize()
+    lazy = s * 1.0
+    w.assign(w + lazy)
+    assert any(u.realized_ref is not None and u.op.name != "BUFFER" for u in w.uop.toposort())
+    ordered, walked = shapes([w.uop])
+    for field in ("key", "nodes", "buffers", "versions", "consts"):
+        assert getattr(ordered, field) == getattr(walked, field), field
+
+
+def test_assign_steps_with_readers_rebind_correctly():
+    """Steps of assigns realized with copy on write asked (pending assigns: the order-numbered path): a hit re-binds
+    to this step's buffers after the input was written in place, and freed and its memory reused, with and without
+    a lazy reader of the old weights; other shapes and dtypes miss. Every value equals numpy's."""
+    hits = ScheduleCacheStats.hits
+    w_np, x_np = f32(16), f32(16)
+    w, x = Tensor(w_np).realize(), Tensor(x_np).realize()
+    for step in range(8):
+        if step == 3:
+            x_np = f32(16)
+            x.assign(Tensor(x_np)).realize()  # the input written in place
+        if step == 5:
+            del x  # freed: its memory may serve this step's buffers
+            x_np = f32(16)
+            x = Tensor(x_np).realize()
+        held = w * 1.0 if step % 2 else None  # a lazy reader of the old weights: that assign copies on write
+        second = _assign_step(w, x)
+        Tensor.realize(w, second)
+        new_w, want_second = _numpy_step(w_np, x_np)
+        np.testing.assert_allclose(w.numpy(), new_w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(second.numpy(), want_second, rtol=1e-5, atol=1e-6)
+        if held is not None:
+            np.testing.assert_allclose(held.numpy(), w_np, rtol=1e-5, atol=1e-6)
+        w_np = new_w
+    assert ScheduleCacheStats.hits >= hits + 4
+    for shape, dtype in (((4, 4), np.float32), ((16,), np.float16)):
+        w_np, x_np = f32(*shape).astype(dtype), f32(*shape).astype(dtype)
+        w, x = Tensor(w_np).realize(), Tensor(x_np).realize()
+        second = _assign_step(w, x)
+        Tensor.realize(w, second)
+        new_w, want_second = _numpy_step(w_np, x_np)
+        tol = 1e-5 if dtype == np.float32 else 1e-2
+        np.testing.assert_allclose(w.numpy(), new_w.astype(np.float32), rtol=tol, atol=tol)
+        np.testing.assert_allclose(second.numpy(), want_second.astype(np.float32), rtol=tol, atol=tol)
+
+
+def test_readers_order_keys_tell_which_buffer_feeds_which_input():
+    """Two updates that differ only in which input a source reads (a * b + a, a * b + b), realized with pending
+    assigns (the order-numbered path) one after the other, each several times: neither takes the other's template."""
+    for _ in range(3):
+        for pick in (0, 1):
+            a_np, b_np, w_np = f32(8), f32(8), f32(8)
+            a, b, w = Tensor(a_np).realize(), Tensor(b_np).realize(), Tensor(w_np).realize()
+            other = w * 2.0  # a lazy reader of the old w, realized with the assign
+            w.assign(w + a * b + (a, b)[pick])
+            Tensor.realize(w, other)
+            np.testing.assert_allclose(w.numpy(), w_np + a_np * b_np + (a_np, b_np)[pick], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(other.numpy(), w_np * 2, rtol=1e-6)
+
+
+def test_an_order_missing_a_root_is_walked():
+    """The copy-on-write check's order covers its own roots: a realize that schedules more (the index checks' extremes
+    before the roots) walks its graph instead, and numbers it as the walk does."""
+    from fusegrad.engine.copy_on_write import OldVersionReaders
+
+    w, x = Tensor(f32(6)).realize(), Tensor(f32(6)).realize()
+    second = _assign_step(w, x)
+    extra = (x * 4.0).uop
+    order = OldVersionReaders([w.uop], 1).order
+    ordered, walked = (
+        GraphShape([extra, w.uop, second.uop], ["CPU"] * 3, order),
+        GraphShape([extra, w.uop, second.uop], ["CPU"] * 3),
+    )
+    for field in ("key", "nodes", "buffers", "versions", "consts"):
+        assert getattr(ordered, field) == getattr(walked, field), field
