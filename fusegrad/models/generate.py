@@ -43,18 +43,24 @@ class KVCache:
 # grouped query rows from which attention computes its scores with the slots as rows (slots x queries): the queries
 # are then the output's contiguous axis, which a register tile vectorizes; the slot count (symbolic) is never cut
 MIN_SLOT_ROWS_QUERIES = 16
+# a causal chunk's queries attend in blocks of this many, each against the slots up to its own last query's: of the
+# masked triangle above the diagonal only a block's part is scored
+QUERY_BLOCK = 128
 
 
-def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
     """softmax(q keys^T / sqrt(head_dim)) values for q (batch, heads, chunk, head_dim) and keys, values (batch,
     kv_heads, slots, head_dim), heads a multiple of kv_heads (query head h reads kv head h // (heads / kv_heads)),
-    mask (chunk, slots) bool or None. The query heads of a kv head become rows of one matmul, so the cache is read
-    as it is (repeating its heads would index it with divisions by the symbolic slot count)."""
+    mask (chunk, slots) bool or None; causal: mask is causal_mask's (query i sees the slots up to slots - chunk + i).
+    The query heads of a kv head become rows of one matmul, so the cache is read as it is (repeating its heads would
+    index it with divisions by the symbolic slot count)."""
     b, heads, t, hd = q.shape
     kv_heads = keys.shape[1]
     if heads % kv_heads:
         raise ValueError(f"query heads ({heads}) must be a multiple of the key/value heads ({kv_heads})")
     if heads // kv_heads * t >= MIN_SLOT_ROWS_QUERIES:
+        if causal and mask is not None and t > QUERY_BLOCK and t % QUERY_BLOCK == 0:
+            return _causal_query_blocks(q, keys, values, mask)
         return _attention_by_slots(q, keys, values, mask)
     rep, slots = heads // kv_heads, keys.shape[2]
     # realized once: fused into the scores, the query's rope would be recomputed for every slot
@@ -68,6 +74,25 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> T
     # realized once: fused into the product with the values, each exp would be recomputed for every head dim
     probs = scores.softmax(-1).contiguous()
     return (probs @ values).reshape(b, heads, t, hd)
+
+
+def _causal_query_blocks(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """A causal chunk's attention in blocks of QUERY_BLOCK queries, each against the slots up to its last query's
+    only: the masked slots past a block's end are never scored."""
+    t, slots = q.shape[2], keys.shape[2]
+    blocks = []
+    for end in range(QUERY_BLOCK, t + 1, QUERY_BLOCK):
+        seen = slots - (t - end)  # the block's last query's slot, plus one
+        rows, cols = (end - QUERY_BLOCK, end), (0, seen)
+        blocks.append(
+            _attention_by_slots(
+                q.shrink((None, None, rows, None)),
+                keys.shrink((None, None, cols, None)),
+                values.shrink((None, None, cols, None)),
+                mask.shrink((rows, cols)),
+            )
+        )
+    return blocks[0].cat(*blocks[1:], dim=2)
 
 
 def _attention_by_slots(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -152,12 +177,14 @@ class CausalLM(Protocol):
 
 
 # prefill chunk sizes: each chunk reads every weight once (a quantized one is dequantized once per chunk), so long
-# prompts take large chunks; the smallest bounds the padding of a short prompt or a prompt's tail. 256, not 512: 512
-# tokens of the 110M model on Zen 3, 2 threads, weights read in panels: chunks of 256 ran 1.04-1.10x as fast as
-# chunks of 128 (F32 704 -> 774 tok/s, Q8_0 812 -> 850, Q4_K 811 -> 842), one chunk of 512 0.98-1.10x. 8: a short
-# prompt or tail takes a quantized model's matvec (llama.MATVEC_MAX_ROWS) instead of dequantizing every weight into
-# panels (a 4-token prompt of the 110M model, 1 thread: Q4_K 88 ms against 387 ms padded to 32, Q8_0 76 against 208)
-PREFILL_CHUNKS = (256, 128, 32, 8)
+# prompts take large chunks; the smallest bounds the padding of a short prompt or a prompt's tail. 512 tokens of the
+# 110M model on Zen 3, 2 threads, weights read in panels, a causal chunk's queries attending in blocks of QUERY_BLOCK:
+# one chunk of 512 ran 1.03-1.04x as fast as two of 256 (Q8_0 521 -> 504 ms, Q4_K 535 -> 513, F32 578 -> 561: each
+# weight dequantized or copied into panels once); without the query blocks it scored every masked slot of its own
+# 512 x 512 block and was no faster. 8: a short prompt or tail takes a quantized model's matvec
+# (llama.MATVEC_MAX_ROWS) instead of dequantizing every weight into panels (a 4-token prompt of the 110M model, 1
+# thread: Q4_K 88 ms against 387 ms padded to 32, Q8_0 76 against 208)
+PREFILL_CHUNKS = (512, 256, 128, 32, 8)
 
 
 def prefill_chunks(n: int, sizes: tuple[int, ...] = PREFILL_CHUNKS) -> list[int]:

@@ -68,7 +68,7 @@ class Attention:
         # write is its own schedule, which would compute them again)
         q, k, v = (y.reshape(t, self.heads, self.head_dim).transpose(0, 1).unsqueeze(0) for y in qkv.split(d, -1))
         keys, values = cache.write(k, v, start)
-        return attention(q, keys, values, mask)
+        return attention(q, keys, values, mask, causal=True)
 
 
 class MLP:

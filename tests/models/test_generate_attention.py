@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fusegrad import Tensor, TinyJit
-from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
+from fusegrad.models.generate import QUERY_BLOCK, KVCache, attention, causal_mask, start_position
 
 
 def reference(q, k, v, start):
@@ -64,3 +64,32 @@ def test_attention_rejects_heads_that_do_not_group():
     x = Tensor.zeros(1, 3, 1, 4)
     with pytest.raises(ValueError, match=r"query heads \(3\).*key/value heads \(2\)"):
         attention(x, Tensor.zeros(1, 2, 2, 4), Tensor.zeros(1, 2, 2, 4), None)
+
+
+@pytest.mark.parametrize("chunk", [256, 384, 200])
+def test_a_causal_chunk_attends_in_query_blocks_over_a_growing_cache(chunk):
+    """causal=True: a chunk of whole QUERY_BLOCKs attends block by block, each block against the slots up to its own
+    last query's (200 queries are one block); the same values as the reference at each bound position, one capture."""
+    rng = np.random.default_rng(chunk)
+    heads, kv_heads, d, ctx = 6, 2, 16, 3 * chunk
+    cache = KVCache(1, kv_heads, ctx, d)
+
+    def step(q, k, v, start):
+        keys, values = cache.write(k, v, start)
+        return attention(q, keys, values, causal_mask(start, chunk, ctx), causal=True).realize()
+
+    jitted = TinyJit(step)
+    ks, vs = np.zeros((1, kv_heads, 0, d), np.float32), np.zeros((1, kv_heads, 0, d), np.float32)
+    for pos in range(0, 3 * chunk, chunk):
+        q = rng.standard_normal((1, heads, chunk, d)).astype(np.float32)
+        k = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)
+        v = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)
+        ks, vs = np.concatenate([ks, k], 2), np.concatenate([vs, v], 2)
+        got = jitted(Tensor(q), Tensor(k), Tensor(v), start_position(pos, chunk, ctx)).numpy()
+        np.testing.assert_allclose(got, reference(q, ks, vs, pos), rtol=1e-5, atol=1e-5)
+    assert jitted.captured is not None
+    blocks = chunk // QUERY_BLOCK if chunk % QUERY_BLOCK == 0 else 1
+    # each block's scores are a kernel of its own: (kv heads, slots, rep * QUERY_BLOCK) rows against its queries
+    names = [la.runner.info.name for la in jitted.captured.launches if hasattr(la.runner, "info")]
+    scores = [k for k in names if k.startswith("r_") and k.endswith(f"_{d}")]
+    assert len(scores) == blocks, names

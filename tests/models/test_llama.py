@@ -288,3 +288,19 @@ def test_f32_decode_logits_match_transformers(tmp_path, tied):
         want = ref(torch.tensor(ids[None])).logits[0].numpy()
     got = [model.forward(ids[:4], 0).numpy()[-1]] + [model.forward(ids[i : i + 1], i).numpy()[0] for i in range(4, 12)]
     np.testing.assert_allclose(np.stack(got), want[3:], atol=1e-4 * np.abs(want).max(), rtol=1e-4)
+
+
+@pytest.mark.slow  # ~12 s: CI's slow part (the blocks against numpy: test_generate_attention.py)
+@pytest.mark.parametrize("qtype", [None, "Q8_0"])
+def test_a_long_chunk_in_causal_query_blocks_matches_transformers(tmp_path, qtype):
+    """Chunks past QUERY_BLOCK queries attend block by block (generate.attention, causal): a 384-token chunk at
+    position 0 and a 256-token one after it (3 and 2 blocks over a growing cache) give transformers' logits."""
+    ref = make_model("llama", max_position_embeddings=640)
+    write_gguf(ref, "llama", tmp_path / "m.gguf", qtype)
+    model, _ = Llama.from_gguf(tmp_path / "m.gguf", max_context=640, progress=False)
+    ids = np.random.default_rng(2).integers(0, ref.config.vocab_size, 640)
+    with torch.no_grad():
+        want = ref(torch.tensor(ids[None])).logits[0].numpy()
+    got = np.concatenate([model.forward(ids[:384], 0).numpy(), model.forward(ids[384:], 384).numpy()])
+    tol = 1e-4 if qtype is None else 5e-4
+    np.testing.assert_allclose(got, want, atol=tol * np.abs(want).max(), rtol=1e-4)
