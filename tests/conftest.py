@@ -11,6 +11,8 @@ SPEC.value = int(os.environ["SPEC"])
 
 import pytest  # noqa: E402
 
+from tests.slow_cases import SLOW_CASES  # noqa: E402
+
 # .ci/run installs every toolchain the suite uses (PoCL, LLVM 19 + lld, llvmlite, nvcc is on the machine) and sets
 # FUSEGRAD_CI_NO_SKIPS=1: there a skip means a missing piece, so it fails, except skips that mean "more is installed"
 SKIPS_ALLOWED_IN_CI = ("the NVIDIA driver is installed", "the device has half")
@@ -56,6 +58,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # the cases slow_cases.py moves to the slow part
+        if item.nodeid in SLOW_CASES or item.nodeid.split("[")[0] in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)
     # slow tests are deselected (counted, never skipped) outside CI so a clone's test line stays within its budget
     if os.environ.get("CI") == "true" or os.environ.get("FUSEGRAD_SLOW") == "1":
         return
