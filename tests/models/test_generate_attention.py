@@ -38,25 +38,31 @@ def test_attention_matches_reference(heads, kv_heads, chunk):
     np.testing.assert_allclose(got, reference(q, k, v, start), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("chunk", [2, 8])
-def test_attention_over_a_cache_at_a_bound_position_replays_one_capture(chunk):
-    rng = np.random.default_rng(1)
-    heads, kv_heads, d, ctx = 4, 2, 8, 48
+def jitted_over_a_cache(chunk: int, steps: int, heads: int, kv_heads: int, d: int, ctx: int, seed: int, causal=False):
+    """A TinyJit step writing a chunk into a KV cache and attending over it, run at positions 0, chunk, ... and
+    checked against the reference at each; returns the TinyJit."""
+    rng = np.random.default_rng(seed)
     cache = KVCache(1, kv_heads, ctx, d)
 
     def step(q, k, v, start):
         keys, values = cache.write(k, v, start)
-        return attention(q, keys, values, causal_mask(start, chunk, ctx)).realize()
+        return attention(q, keys, values, causal_mask(start, chunk, ctx), causal=causal).realize()
 
     jitted = TinyJit(step)
     ks, vs = np.zeros((1, kv_heads, 0, d), np.float32), np.zeros((1, kv_heads, 0, d), np.float32)
-    for pos in range(0, 5 * chunk, chunk):
+    for pos in range(0, steps * chunk, chunk):
         q = rng.standard_normal((1, heads, chunk, d)).astype(np.float32)
         k = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)
         v = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)
         ks, vs = np.concatenate([ks, k], 2), np.concatenate([vs, v], 2)
         got = jitted(Tensor(q), Tensor(k), Tensor(v), start_position(pos, chunk, ctx)).numpy()
         np.testing.assert_allclose(got, reference(q, ks, vs, pos), rtol=1e-5, atol=1e-5)
+    return jitted
+
+
+@pytest.mark.parametrize("chunk", [2, 8])
+def test_attention_over_a_cache_at_a_bound_position_replays_one_capture(chunk):
+    jitted = jitted_over_a_cache(chunk, 5, heads=4, kv_heads=2, d=8, ctx=48, seed=1)
     assert jitted.cnt == 5 and jitted.captured is not None
 
 
@@ -70,23 +76,8 @@ def test_attention_rejects_heads_that_do_not_group():
 def test_a_causal_chunk_attends_in_query_blocks_over_a_growing_cache(chunk):
     """causal=True: a chunk of whole QUERY_BLOCKs attends block by block, each block against the slots up to its own
     last query's (200 queries are one block); the same values as the reference at each bound position, one capture."""
-    rng = np.random.default_rng(chunk)
-    heads, kv_heads, d, ctx = 6, 2, 16, 3 * chunk
-    cache = KVCache(1, kv_heads, ctx, d)
-
-    def step(q, k, v, start):
-        keys, values = cache.write(k, v, start)
-        return attention(q, keys, values, causal_mask(start, chunk, ctx), causal=True).realize()
-
-    jitted = TinyJit(step)
-    ks, vs = np.zeros((1, kv_heads, 0, d), np.float32), np.zeros((1, kv_heads, 0, d), np.float32)
-    for pos in range(0, 3 * chunk, chunk):
-        q = rng.standard_normal((1, heads, chunk, d)).astype(np.float32)
-        k = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)
-        v = rng.standard_normal((1, kv_heads, chunk, d)).astype(np.float32)
-        ks, vs = np.concatenate([ks, k], 2), np.concatenate([vs, v], 2)
-        got = jitted(Tensor(q), Tensor(k), Tensor(v), start_position(pos, chunk, ctx)).numpy()
-        np.testing.assert_allclose(got, reference(q, ks, vs, pos), rtol=1e-5, atol=1e-5)
+    d = 16
+    jitted = jitted_over_a_cache(chunk, 3, heads=6, kv_heads=2, d=d, ctx=3 * chunk, seed=chunk, causal=True)
     assert jitted.captured is not None
     blocks = chunk // QUERY_BLOCK if chunk % QUERY_BLOCK == 0 else 1
     # each block's scores are a kernel of its own: (kv heads, slots, rep * QUERY_BLOCK) rows against its queries
