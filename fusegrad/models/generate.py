@@ -41,7 +41,7 @@ class KVCache:
 
 
 # grouped query rows from which attention computes its scores with the slots as rows (slots x queries): the queries
-# are then the output's contiguous axis, which a register tile vectorizes; the slot count (symbolic) is never cut
+# are then the output's contiguous axis, which a register tile vectorizes, and the slots (symbolic) its rows
 MIN_SLOT_ROWS_QUERIES = 16
 # a causal chunk's queries attend in blocks of this many, each against the slots up to its own last query's: of the
 # masked triangle above the diagonal only a block's part is scored
