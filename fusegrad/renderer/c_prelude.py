@@ -35,27 +35,23 @@ static inline float fg_fp8_to_f32(unsigned char b, int mbits, int bias, int has_
   return sign * (e ? ldexpf((float)(m | (1 << mbits)), e - bias - mbits) : ldexpf((float)m, 1 - bias - mbits));
 }
 """,
-    "fg_selectf": """\
-/* c ? a : b by bit masks, both already computed: a ?: stays a branch under trapping math, and its loop scalar */
-static inline __attribute__((always_inline)) float fg_selectf(_Bool c, float a, float b) {
-  unsigned int m = -(unsigned int)c, x, y;
-  memcpy(&x, &a, 4);
-  memcpy(&y, &b, 4);
+    # c ? a : b by bit masks, both already computed: a ?: stays a branch under trapping math, and its loop scalar
+    **{
+        name: f"""\
+static inline __attribute__((always_inline)) {t} {name}(_Bool c, {t} a, {t} b) {{
+  {bits} m = -({bits})c, x, y;
+  memcpy(&x, &a, {size});
+  memcpy(&y, &b, {size});
   x = (x & m) | (y & ~m);
-  memcpy(&a, &x, 4);
+  memcpy(&a, &x, {size});
   return a;
-}
-""",
-    "fg_select": """\
-static inline __attribute__((always_inline)) double fg_select(_Bool c, double a, double b) {
-  unsigned long long m = -(unsigned long long)c, x, y;
-  memcpy(&x, &a, 8);
-  memcpy(&y, &b, 8);
-  x = (x & m) | (y & ~m);
-  memcpy(&a, &x, 8);
-  return a;
-}
-""",
+}}
+"""
+        for name, t, bits, size in (
+            ("fg_selectf", "float", "unsigned int", 4),
+            ("fg_select", "double", "unsigned long long", 8),
+        )
+    },
     "fg_expf": """\
 /* float exp as arithmetic (fg_exp_<vector type> below, lane by lane): libm's expf is a call that no loop vectorizes */
 static inline __attribute__((always_inline)) float fg_expf(float x) {
