@@ -126,21 +126,14 @@ SOURCE_RULES: dict[Ops, tuple[Callable[[UOp, UOp], UOp] | None, ...]] = {
 }
 
 
-def _all_sources(op: Ops) -> Callable[[UOp, UOp], tuple[UOp | None, ...]]:
-    """The rule of every source at once, from op's SOURCE_RULES."""
-    rules = SOURCE_RULES[op]
-    return lambda n, g: tuple(None if rule is None else rule(n, g) for rule in rules)
-
-
 def _inverse_permutation(order: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(range(len(order)), key=lambda i: order[i]))
 
 
+# the other ops' rules: every source's gradient at once (SOURCE_RULES' ops are looked up there first)
 GRAD_RULES: dict[Ops, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {
     Ops.ADD: lambda n, g: (g, g),
-    Ops.MUL: _all_sources(Ops.MUL),
     Ops.NEG: lambda n, g: (_alu(Ops.NEG, g),),
-    Ops.FDIV: _all_sources(Ops.FDIV),
     Ops.RECIPROCAL: lambda n, g: (_alu(Ops.NEG, _alu(Ops.MUL, g, _alu(Ops.MUL, n, n))),),
     Ops.SQRT: lambda n, g: (_alu(Ops.FDIV, g, _alu(Ops.MUL, n, _full(n, 2))),),
     Ops.EXP: lambda n, g: (_alu(Ops.MUL, g, n),),
@@ -152,7 +145,6 @@ GRAD_RULES: dict[Ops, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {
     Ops.TRUNC: lambda n, g: (None,),
     Ops.MAX: _max_grad,
     Ops.POW: _pow_grad,
-    Ops.WHERE: _all_sources(Ops.WHERE),
     Ops.CAST: lambda n, g: (g.cast(n.src[0].dtype),),
     Ops.RESHAPE: lambda n, g: (UOp(Ops.RESHAPE, g.dtype, (g,), n.src[0].shape),),
     Ops.PERMUTE: lambda n, g: (UOp(Ops.PERMUTE, g.dtype, (g,), _inverse_permutation(n.arg)),),
