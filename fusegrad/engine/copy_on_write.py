@@ -83,34 +83,21 @@ def _version_reads(nodes: list[UOp], target_bits: dict[UOp, int], roots: set[UOp
 
 
 def _held_readers(nodes: list[UOp], roots: list[UOp], refs_per_root: int, target_bits: dict, root_set: set) -> set[UOp]:
-    """The nodes that read a target's old version and have a holder outside this realize: _version_reads (nothing
-    kept) and _references_within in one pass over the graph, whose every node is asked."""
-    reads: dict[UOp, int] = {}
+    """The nodes that read a target's old version (_version_reads, nothing kept) and have a holder outside this
+    realize: more references than this realize's graph, roots and bookkeeping hold."""
+    reads = _version_reads(nodes, target_bits, root_set, frozenset())
     refs = dict.fromkeys(nodes, 1)  # each node is a key of `reads`
-    buffer_op, assign_op, bits_of = Ops.BUFFER, Ops.ASSIGN, target_bits.get
     for u in nodes:
-        src = u.src
-        for s in src:
+        for s in u.src:
             refs[s] += 1
-        if (ref := u.realized_ref) is not None and isinstance(ref, UOp) and ref in refs:
+        if isinstance(ref := u.realized_ref, UOp) and ref in refs:
             refs[ref] += 1  # a value the realized map holds for a node of this graph belongs to this graph
-        if (op := u.op) is buffer_op:
-            bits = bits_of(u, 0)
-        elif ref is not None and u not in root_set and (value := realized_value(u)) is not None:
-            bits = bits_of(base_buffer(value), 0)  # computed already: its readers read the stored value
-        elif op is assign_op:
-            bits = 0  # computed by this realize: whoever holds it reads the new value
-        else:
-            bits = 0
-            for s in src:
-                bits |= reads[s]
-        reads[u] = bits
     for r in roots:
         refs[r] += refs_per_root
     for u in (*target_bits, *root_set):
         refs[u] += 1
     # the loop's names would count as holders of the last nodes they named
-    u = s = r = ref = value = src = None  # type: ignore[assignment]
+    u = s = r = ref = None  # type: ignore[assignment]
     return {u for u in nodes if reads[u] and sys.getrefcount(u) > refs[u] + _OWN_REFS}
 
 
