@@ -26,17 +26,22 @@ from fusegrad.lazy_numpy import np
 from fusegrad.tensor import Tensor
 from fusegrad.uop.kernel import RawKernel
 
-# x (n, cols) float32 -> per block of 32: xq int8 (n, cols), xs (n, blocks) with x ~ xs * xq, and (Q4_K) xm (n,
-# blocks) = xs * sum(xq). Rounding as quantize_blocks: xs = max|x| * (1/127) in float32, xq = trunc(x / xs +- 0.5).
-PRELUDE = r"""
+# the headers and the float lane sum every kernel here starts with
+AVX2_HEAD = r"""
 #include <immintrin.h>
 #include <math.h>
-typedef signed char i8;
 static inline float fg_hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+"""
+
+# x (n, cols) float32 -> per block of 32: xq int8 (n, cols), xs (n, blocks) with x ~ xs * xq, and (Q4_K) xm (n,
+# blocks) = xs * sum(xq). Rounding as quantize_blocks: xs = max|x| * (1/127) in float32, xq = trunc(x / xs +- 0.5).
+PRELUDE = (
+    AVX2_HEAD
+    + r"""typedef signed char i8;
 static inline int fg_hsum_i32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -73,6 +78,7 @@ static void fg_quantize_x(const float* x, i8* xq, float* xs, short* sums, int sp
   }
 }
 """
+)
 
 
 # Fusions a decode step's kernels take on (Fused): `norm` rms-normalizes x in the entry's prologue (x * rsqrt(mean(x^2)
@@ -337,11 +343,6 @@ def _launch(raw: RawKernel, shape: tuple[int, int], x: Tensor, *weights: Tensor)
 # from ~26 to ~22 ms of CPU time (the layers' matvecs ~18 -> ~21 GB/s)
 F32_DOTS = r"""
 enum { N = %(n)d, K = %(k)d, R = %(r)d };
-static inline float fg_hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
 /* res[j][i] = w[j] . x[i] for the R rows w[j] (K floats each) and the N rows of x */
 static inline __attribute__((always_inline)) void fg_dots(float (*res)[N], const float* restrict x,
     const float* const* w) {
@@ -416,14 +417,7 @@ def f32_source(entry: str, n: int, k: int, rows: tuple[int, ...], fused: Fused =
   }}
 }}
 """
-    return (
-        "#include <immintrin.h>\n#include <math.h>\n"
-        + RMS_NORM
-        + F32_DOTS % {"n": n, "k": k, "r": r}
-        + head
-        + fused.prologue("K")
-        + loop
-    )
+    return AVX2_HEAD + RMS_NORM + F32_DOTS % {"n": n, "k": k, "r": r} + head + fused.prologue("K") + loop
 
 
 def f32_matvec(x: Tensor, w: Tensor) -> Tensor:
