@@ -68,7 +68,9 @@ def test_panels_are_written_in_transposed_tiles(qtype, int8):
     q = QuantizedMatrix.from_ggml(GGMLQuantized("w", int(qt), (512, 768), blocks), int8=int8)
     items, _, _ = create_schedule([q.panels().uop], [Device["CPU"]])
     if q.avx2:  # the AVX2 decode planes take the raw kernel, which transposes in registers
-        assert isinstance(items[-1].ast.arg, RawKernel) and items[-1].ast.arg.entry.startswith("fg_q8_0_panels")
+        assert isinstance(items[-1].ast.arg, RawKernel) and items[-1].ast.arg.entry.startswith(
+            f"fg_{qtype.lower()}_panels"
+        )
     else:
         info = lower_to_linear(items[-1].ast, Device["CPU"].renderer)
         assert [(o.op, o.amount) for o in info.opts if o.op is OptOps.UPCAST] == [(OptOps.UPCAST, 8)] * 2, info.opts
