@@ -112,3 +112,35 @@ def test_a_float32_kernel_builds_without_the_float16_probe(fresh_flags, monkeypa
     x = np.array([0.75, -1.5, 2.0], np.float32)
     np.testing.assert_array_equal((Tensor(x) * 1.4375 - 0.0625).numpy(), x * np.float32(1.4375) - np.float32(0.0625))
     assert "building the float16 probe" not in calls and any(c.startswith("compiling kernel") for c in calls)
+
+
+@pytest.fixture
+def fresh_link(tmp_path, monkeypatch):
+    """A cache directory of its own and no link decision in memory, before and after the test."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ops_cpu.link_flags.cache_clear()
+    yield tmp_path
+    ops_cpu.link_flags.cache_clear()
+
+
+def test_kernels_link_without_the_c_runtime_where_the_probe_loads(fresh_link, monkeypatch):
+    calls = fake_compiler(monkeypatch, lambda argv, stdin: None)
+    cc = ops_cpu.find_compiler()
+    assert ops_cpu.link_flags(cc) == ops_cpu.FAST_LINK
+    # a kernel calling libm (sin, log) and the float16 conversions builds with them, loads and computes
+    x = np.array([0.25, 1.5, 3.75, 7.0], np.float32)
+    got = (Tensor(x).sin() * Tensor(x).log()).cast(dtypes.float16).cast(dtypes.float32).numpy()
+    np.testing.assert_allclose(got, (np.sin(x) * np.log(x)).astype(np.float16).astype(np.float32), rtol=1e-3)
+    # kept on disk: a new process does not probe again
+    ops_cpu.link_flags.cache_clear()
+    calls.clear()
+    assert ops_cpu.link_flags(cc) == ops_cpu.FAST_LINK and "building the link probe" not in calls
+
+
+def test_kernels_link_plainly_where_the_fast_link_fails(fresh_link, monkeypatch):
+    # a platform without libgcc (macOS's clang): the probe's link fails, and kernels link with libm alone
+    fake_compiler(monkeypatch, lambda argv, stdin: "ld: library not found for -lgcc\n" if "-lgcc" in argv else None)
+    cc = ops_cpu.find_compiler()
+    assert ops_cpu.link_flags(cc) == ops_cpu.PLAIN_LINK
+    x = np.array([0.5, 2.0, 9.5], np.float32)
+    np.testing.assert_allclose((Tensor(x).exp() * 1.0625).numpy(), np.exp(x) * 1.0625, rtol=1e-6)
