@@ -16,6 +16,7 @@ import numpy as np
 from fusegrad import Device, Tensor, TinyJit, dtypes, function
 from fusegrad.helpers import _Progress
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
+from fusegrad.nn.decode_attention import decode_attention, decode_slot
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, quantize_blocks
 from fusegrad.nn.quantized_avx2 import avx2_kernels, avx2_matvecs, f32_matvec, f32_matvecs
 from fusegrad.nn.state import gguf_load
@@ -270,26 +271,46 @@ class Attention:
         self.o = QuantLinear(w["attn_output.weight"], w.get("attn_output.bias"))
         self.q_norm, self.k_norm = w.get("attn_q_norm.weight"), w.get("attn_k_norm.weight")
 
-    def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
-        return self.o(self._attend(*self.projections(x), cache, start, mask, cos, sin))
+    def __call__(
+        self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor, slot: Tensor | None
+    ) -> Tensor:
+        return self.o(self._attend(*self.projections(x), cache, start, mask, cos, sin, slot))
 
     def with_residual(
-        self, x: Tensor, norm: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor
+        self,
+        x: Tensor,
+        norm: Tensor,
+        cache: KVCache,
+        start: UOp,
+        mask: Tensor | None,
+        cos: Tensor,
+        sin: Tensor,
+        slot: Tensor | None,
     ) -> Tensor:
         """x + self(rms_norm(x, norm)), a decode row's norm inside the q/k/v kernel and its residual add inside o's
         where the kernels take them (fused_matvec)."""
         eps = self.cfg.norm_eps
         if (qkv := self._fused_projections(x, (norm, eps))) is None:
-            return x + self(rms_norm(x, norm, eps), cache, start, mask, cos, sin)
-        out = self._attend(*qkv, cache, start, mask, cos, sin)
+            return x + self(rms_norm(x, norm, eps), cache, start, mask, cos, sin, slot)
+        out = self._attend(*qkv, cache, start, mask, cos, sin, slot)
         if (y := fused_matvec(out, self.o, residual=x)) is None:
             return x + self.o(out)
         return y if self.o.bias is None else y + self.o.bias.cast(dtypes.float32)
 
     def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cache: KVCache,
+        start: UOp,
+        mask: Tensor | None,
+        cos: Tensor,
+        sin: Tensor,
+        slot: Tensor | None,
     ) -> Tensor:
-        """The attention's output (chunk, heads * head_dim) for the projections q, k, v (chunk, outputs)."""
+        """The attention's output (chunk, heads * head_dim) for the projections q, k, v (chunk, outputs); slot: a
+        decode row's position as a tensor (decode_slot), for the hand-written decode kernel."""
         cfg, t = self.cfg, q.shape[0]
         q = q.reshape(t, cfg.n_heads, cfg.head_dim)
         k, v = k.reshape(t, cfg.n_kv_heads, cfg.head_dim), v.reshape(t, cfg.n_kv_heads, cfg.head_dim)
@@ -301,6 +322,9 @@ class Attention:
         q = apply_rope(q, cos, sin, cfg.rope_dim, cfg.rope_neox)
         k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.rope_neox)
         keys, values = cache.write(k, v, start)
+        # a decode row: one hand-written kernel over the cache where the target has it (nn/decode_attention.py)
+        if slot is not None and (one := decode_attention(q, cache.k, cache.v, slot)) is not None:
+            return one
         out = attention(q, keys, values, mask, causal=True)
         out = out[0].transpose(0, 1).reshape(t, cfg.n_heads * cfg.head_dim)
         # a chunk's heads stored side by side per row: read through the view, the o projection's row tile walked one
@@ -432,8 +456,10 @@ class Block:
         else:
             self.ffn = FeedForward(w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"])
 
-    def __call__(self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor) -> Tensor:
-        h = self.attn.with_residual(x, self.attn_norm, cache, start, mask, cos, sin)
+    def __call__(
+        self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor, slot: Tensor | None
+    ) -> Tensor:
+        h = self.attn.with_residual(x, self.attn_norm, cache, start, mask, cos, sin, slot)
         dense = isinstance(self.ffn, FeedForward) and isinstance(self.ffn_norm, Tensor)
         # float weights on the AVX2 target's row-streaming kernel: a decode step takes FeedForward, which calls it
         rows = x.shape[0] <= MATVEC_MAX_ROWS and isinstance(self.ffn, FeedForward) and self.ffn.gate.rows_kernel
@@ -545,8 +571,9 @@ class Llama:
         # way is not kept when a later kernel realizes the residual sum, which then gathered it again (twice a layer)
         x = self.embed(ids).contiguous().realize()
         mask = causal_mask(start, x.shape[0], self.max_context)
+        slot = decode_slot(start, x.device) if x.shape[0] == 1 else None  # one kernel for every layer's attention
         for block, cache in zip(self.blocks, self._caches):
-            x = block(x, cache, start, mask, cos, sin)
+            x = block(x, cache, start, mask, cos, sin, slot)
             if x.shape[0] > MATVEC_MAX_ROWS:
                 # a chunk's residual stream stored once a layer: left lazy, each later layer's norms added up every
                 # earlier layer's outputs again (12 layers: 34 MB read again a 128-token chunk, ~8 % of its time)
