@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "models"))  # the GGUF model maker
 
-from bench_models import LLAMA_SHAPE, fusegrad_cases, interleaved_rates  # noqa: E402  (this script's folder is on the path)
+from bench_models import LLAMA_SHAPE, WARMUPS, fusegrad_cases, interleaved_rates  # noqa: E402  (this script's folder is on the path)
 from fusegrad.helpers import NUM_CPU_THREADS  # noqa: E402
 
 PROMPTS, DECODE, TEXT = (128, 512), 128, 512
@@ -100,8 +100,9 @@ def cpu_time_rates(sides: list[tuple[object, int]]) -> tuple[list[float], list[f
     import statistics
     import time
 
-    for side, _ in sides:
-        side()  # warm-up: captures, first touches
+    for _ in range(WARMUPS):  # captures, first replays, first touches
+        for side, _ in sides:
+            side()
     cpu: list[list[float]] = [[] for _ in sides]
     wall: list[list[float]] = [[] for _ in sides]
     for _ in range(CPU_ROUNDS):

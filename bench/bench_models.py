@@ -109,12 +109,20 @@ def decode_rates(
     return (*rates[0::2], *rates[1::2])
 
 
+# calls of each case before the timed rounds: fusegrad's first call of a chunk size runs its kernels one by one, the
+# second captures them (TinyJit) and the third is the first replay, which still ran ~1.6x a steady one in turn with
+# the other cases (Q8_0 prefill 128: 0.32 s against 0.16-0.17 s); with one warm-up the median of 3 rounds was that
+# third call's time
+WARMUPS = 3
+
+
 def interleaved_rates(cases, rounds: int) -> list[float]:
-    """Items/s of each (fn, items) case, median over rounds that run every case once in turn (after a warm-up), so
-    a change in the machine's load touches all cases alike."""
+    """Items/s of each (fn, items) case, median over rounds that run every case once in turn (after WARMUPS calls of
+    each), so a change in the machine's load touches all cases alike."""
     times: list[list[float]] = [[] for _ in cases]
-    for fn, _ in cases:
-        fn()
+    for _ in range(WARMUPS):
+        for fn, _ in cases:
+            fn()
     for _ in range(rounds):
         for i, (fn, _) in enumerate(cases):
             st = time.perf_counter()
