@@ -331,6 +331,14 @@ def u8s8_pair_dot(device: str) -> bool:
     return device_capabilities(device).u8s8_pair_dot
 
 
+def c_vector_exp(floats: str, ints: str) -> str:
+    """C source of `fg_exp_<floats>`: the C renderer's exp of float lanes, for raw C kernels computing what generated
+    kernels do (the same values); floats and ints name GCC vector types of one lane count the kernel defines."""
+    from fusegrad.renderer.c import GCC_VECTOR_EXP  # the renderer is loaded with the first kernel anyway
+
+    return GCC_VECTOR_EXP.format(t=floats, it=ints)
+
+
 def panel_columns(device: str, itemsize: int = 4) -> int:
     """Columns of a packed weight panel on device: two of its vectors of itemsize-byte elements (the register tile's
     width); 0 where the device's kernels do not gain from panels (its renderer's `weight_panels`). A plain matmul's

@@ -92,9 +92,9 @@ void %(entry)s(float* restrict out, const float* restrict q, const float* restri
 
 def decode_attention_source(entry: str, rep: int, head_dim: int, context: int) -> str:
     """C source of `entry`: one query token's attention over kv heads [start, end) (the item range)."""
-    from fusegrad.renderer.c import GCC_VECTOR_EXP  # the generated kernels' exp of float lanes, same values
+    from fusegrad.engine.realize import c_vector_exp  # the engine entry point the tensor has loaded
 
-    exp = GCC_VECTOR_EXP.format(t="fg_f8", it="fg_i8")
+    exp = c_vector_exp("fg_f8", "fg_i8")  # the generated kernels' exp of float lanes: the same values
     scale = 1 / math.sqrt(head_dim)
     fields = {"exp": exp, "rep": rep, "hd": head_dim, "ctx": context, "block": BLOCK, "entry": entry, "scale": scale}
     return AVX2_HEAD + SOURCE % fields
