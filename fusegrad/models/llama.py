@@ -264,6 +264,19 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, rope_dim: int, neox: bool) -
     return out if rest is None else out.cat(rest, dim=-1)
 
 
+@dataclass(frozen=True)
+class Positions:
+    """Where a step's tokens sit, as every layer reads it: the first position (a bound Variable), the causal mask
+    (None for one token), the rope angles (chunk, rope_dim/2), and a decode row's position as the tensor the
+    hand-written decode attention reads (decode_slot; None for a chunk)."""
+
+    start: UOp
+    mask: Tensor | None
+    cos: Tensor
+    sin: Tensor
+    slot: Tensor | None
+
+
 class Attention:
     def __init__(self, cfg: LlamaConfig, w: dict[str, Any]):
         self.cfg = cfg
@@ -271,46 +284,22 @@ class Attention:
         self.o = QuantLinear(w["attn_output.weight"], w.get("attn_output.bias"))
         self.q_norm, self.k_norm = w.get("attn_q_norm.weight"), w.get("attn_k_norm.weight")
 
-    def __call__(
-        self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor, slot: Tensor | None
-    ) -> Tensor:
-        return self.o(self._attend(*self.projections(x), cache, start, mask, cos, sin, slot))
+    def __call__(self, x: Tensor, cache: KVCache, at: Positions) -> Tensor:
+        return self.o(self._attend(*self.projections(x), cache, at))
 
-    def with_residual(
-        self,
-        x: Tensor,
-        norm: Tensor,
-        cache: KVCache,
-        start: UOp,
-        mask: Tensor | None,
-        cos: Tensor,
-        sin: Tensor,
-        slot: Tensor | None,
-    ) -> Tensor:
+    def with_residual(self, x: Tensor, norm: Tensor, cache: KVCache, at: Positions) -> Tensor:
         """x + self(rms_norm(x, norm)), a decode row's norm inside the q/k/v kernel and its residual add inside o's
         where the kernels take them (fused_matvec)."""
         eps = self.cfg.norm_eps
         if (qkv := self._fused_projections(x, (norm, eps))) is None:
-            return x + self(rms_norm(x, norm, eps), cache, start, mask, cos, sin, slot)
-        out = self._attend(*qkv, cache, start, mask, cos, sin, slot)
+            return x + self(rms_norm(x, norm, eps), cache, at)
+        out = self._attend(*qkv, cache, at)
         if (y := fused_matvec(out, self.o, residual=x)) is None:
             return x + self.o(out)
         return y if self.o.bias is None else y + self.o.bias.cast(dtypes.float32)
 
-    def _attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        cache: KVCache,
-        start: UOp,
-        mask: Tensor | None,
-        cos: Tensor,
-        sin: Tensor,
-        slot: Tensor | None,
-    ) -> Tensor:
-        """The attention's output (chunk, heads * head_dim) for the projections q, k, v (chunk, outputs); slot: a
-        decode row's position as a tensor (decode_slot), for the hand-written decode kernel."""
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache, at: Positions) -> Tensor:
+        """The attention's output (chunk, heads * head_dim) for the projections q, k, v (chunk, outputs)."""
         cfg, t = self.cfg, q.shape[0]
         q = q.reshape(t, cfg.n_heads, cfg.head_dim)
         k, v = k.reshape(t, cfg.n_kv_heads, cfg.head_dim), v.reshape(t, cfg.n_kv_heads, cfg.head_dim)
@@ -319,13 +308,13 @@ class Attention:
         if self.k_norm is not None:
             k = rms_norm(k, self.k_norm, cfg.norm_eps)
         q, k, v = (y.transpose(0, 1).unsqueeze(0) for y in (q, k, v))
-        q = apply_rope(q, cos, sin, cfg.rope_dim, cfg.rope_neox)
-        k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.rope_neox)
-        keys, values = cache.write(k, v, start)
+        q = apply_rope(q, at.cos, at.sin, cfg.rope_dim, cfg.rope_neox)
+        k = apply_rope(k, at.cos, at.sin, cfg.rope_dim, cfg.rope_neox)
+        keys, values = cache.write(k, v, at.start)
         # a decode row: one hand-written kernel over the cache where the target has it (nn/decode_attention.py)
-        if slot is not None and (one := decode_attention(q, cache.k, cache.v, slot)) is not None:
+        if at.slot is not None and (one := decode_attention(q, cache.k, cache.v, at.slot)) is not None:
             return one
-        out = attention(q, keys, values, mask, causal=True)
+        out = attention(q, keys, values, at.mask, causal=True)
         out = out[0].transpose(0, 1).reshape(t, cfg.n_heads * cfg.head_dim)
         # a chunk's heads stored side by side per row: read through the view, the o projection's row tile walked one
         # head's block after another 64 KB apart, all in the same L1 sets (256x768 @ 768x768 4.5 -> 3.1 ms + copy)
@@ -456,10 +445,8 @@ class Block:
         else:
             self.ffn = FeedForward(w["ffn_gate.weight"], w["ffn_up.weight"], w["ffn_down.weight"])
 
-    def __call__(
-        self, x: Tensor, cache: KVCache, start: UOp, mask: Tensor | None, cos: Tensor, sin: Tensor, slot: Tensor | None
-    ) -> Tensor:
-        h = self.attn.with_residual(x, self.attn_norm, cache, start, mask, cos, sin, slot)
+    def __call__(self, x: Tensor, cache: KVCache, at: Positions) -> Tensor:
+        h = self.attn.with_residual(x, self.attn_norm, cache, at)
         dense = isinstance(self.ffn, FeedForward) and isinstance(self.ffn_norm, Tensor)
         # float weights on the AVX2 target's row-streaming kernel: a decode step takes FeedForward, which calls it
         rows = x.shape[0] <= MATVEC_MAX_ROWS and isinstance(self.ffn, FeedForward) and self.ffn.gate.rows_kernel
@@ -570,10 +557,11 @@ class Llama:
         # one small kernel: fused, every matmul reading x would gather it again; realized here, as a CONTIGUOUS on the
         # way is not kept when a later kernel realizes the residual sum, which then gathered it again (twice a layer)
         x = self.embed(ids).contiguous().realize()
-        mask = causal_mask(start, x.shape[0], self.max_context)
-        slot = decode_slot(start, x.device) if x.shape[0] == 1 else None  # one kernel for every layer's attention
+        t = x.shape[0]
+        slot = decode_slot(start, x.device) if t == 1 else None  # realized once for every layer's attention
+        at = Positions(start, causal_mask(start, t, self.max_context), cos, sin, slot)
         for block, cache in zip(self.blocks, self._caches):
-            x = block(x, cache, start, mask, cos, sin, slot)
+            x = block(x, cache, at)
             if x.shape[0] > MATVEC_MAX_ROWS:
                 # a chunk's residual stream stored once a layer: left lazy, each later layer's norms added up every
                 # earlier layer's outputs again (12 layers: 34 MB read again a 128-token chunk, ~8 % of its time)
