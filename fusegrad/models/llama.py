@@ -16,7 +16,7 @@ import numpy as np
 from fusegrad import Device, Tensor, TinyJit, dtypes, function
 from fusegrad.helpers import _Progress
 from fusegrad.models.generate import KVCache, attention, causal_mask, start_position
-from fusegrad.nn.decode_attention import decode_attention, decode_slot
+from fusegrad.nn.decode_attention import decode_attention, decode_attention_serves, decode_slot
 from fusegrad.nn.quantized import GGMLQuantized, QuantizedMatrix, quantize_blocks
 from fusegrad.nn.quantized_avx2 import avx2_kernels, avx2_matvecs, f32_matvec, f32_matvecs
 from fusegrad.nn.state import gguf_load
@@ -558,7 +558,11 @@ class Llama:
         # way is not kept when a later kernel realizes the residual sum, which then gathered it again (twice a layer)
         x = self.embed(ids).contiguous().realize()
         t = x.shape[0]
-        slot = decode_slot(start, x.device) if t == 1 else None  # realized once for every layer's attention
+        # a decode row's position for the hand-written attention kernel, realized once for every layer; none (and no
+        # kernel for it) where that kernel does not serve
+        cfg = self.cfg
+        serves = t == 1 and decode_attention_serves(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, x.device)
+        slot = decode_slot(start, x.device) if serves else None
         at = Positions(start, causal_mask(start, t, self.max_context), cos, sin, slot)
         for block, cache in zip(self.blocks, self._caches):
             x = block(x, cache, at)

@@ -100,6 +100,11 @@ def decode_attention_source(entry: str, rep: int, head_dim: int, context: int) -
     return AVX2_HEAD + SOURCE % fields
 
 
+def decode_attention_serves(heads: int, kv_heads: int, head_dim: int, device: str) -> bool:
+    """Whether decode_attention runs one float32 token's attention of these heads and head dim on device."""
+    return head_dim % 8 == 0 and heads % kv_heads == 0 and avx2_kernels(device)
+
+
 def decode_slot(start: UOp, device: str) -> Tensor:
     """The query token's slot, start (a bound Variable), as the (1,) int32 tensor decode_attention reads: realized
     once, so the layers of a step share its one kernel (a replay under TinyJit computes it for the new value)."""
@@ -113,12 +118,16 @@ def decode_attention(q: Tensor, cache_k: Tensor, cache_v: Tensor, slot: Tensor) 
     (heads / kv_heads). None where this kernel does not serve (another device, dtype or shape): the caller then
     builds the attention from tensor ops."""
     b, heads, t, hd = q.shape
-    if not (b == 1 and t == 1 and cache_k.shape == cache_v.shape and cache_k.shape[0] == 1 and hd % 8 == 0):
+    if not (b == 1 and t == 1 and cache_k.shape == cache_v.shape and cache_k.shape[0] == 1):
         return None
     kv_heads, context = cache_k.shape[1], cache_k.shape[2]
-    if cache_k.shape[3] != hd or heads % kv_heads or not isinstance(context, int):
+    if (
+        cache_k.shape[3] != hd
+        or not isinstance(context, int)
+        or any(x.dtype != dtypes.float32 for x in (q, cache_k, cache_v))
+    ):
         return None
-    if not all(x.dtype == dtypes.float32 for x in (q, cache_k, cache_v)) or not avx2_kernels(q.device):
+    if not decode_attention_serves(heads, kv_heads, hd, q.device):
         return None
     rep = heads // kv_heads
     entry = f"fg_decode_attention_{rep}_{hd}_{context}"

@@ -8,7 +8,7 @@ import pytest
 from fusegrad import Context, GlobalCounters, Tensor, TinyJit, Variable
 from fusegrad.dtype import dtypes
 from fusegrad.engine.realize import u8s8_pair_dot
-from fusegrad.nn.decode_attention import BLOCK, decode_attention, decode_slot
+from fusegrad.nn.decode_attention import BLOCK, decode_attention, decode_attention_serves, decode_slot
 
 needs_avx2 = pytest.mark.skipif(not u8s8_pair_dot("CPU"), reason="the CPU device's target has no AVX2")
 CONTEXT = 3 * BLOCK + 11
@@ -103,3 +103,10 @@ def test_without_the_avx2_kernels_the_caller_builds_the_attention():
     slot = decode_slot(Variable("start_pos", 0, 31).bind(3), "CPU")
     with Context(AVX2_MATVEC=0):
         assert decode_attention(q, k, k, slot) is None
+        assert not decode_attention_serves(4, 2, 64, "CPU")  # so LLaMA makes no slot tensor (no kernel) for it
+
+
+@needs_avx2
+def test_the_serving_check_agrees_with_the_kernel():
+    assert decode_attention_serves(12, 4, 64, "CPU") and decode_attention_serves(6, 2, 80, "CPU")
+    assert not decode_attention_serves(4, 2, 36, "CPU") and not decode_attention_serves(5, 2, 64, "CPU")
