@@ -302,11 +302,15 @@ class UOp(KernelBuilder, metaclass=UOpMeta):
         return [u for r in self._readers or () if (u := r()) is not None]
 
     def add_holder(self, ref: weakref.ref) -> None:
-        if (holders := self.holders) is None:
-            self.holders = ref  # the usual case, one tensor per node: the reference alone, no list
+        holders = self.holders
+        if holders is None or type(holders) is not list and holders() is None:
+            self.holders = ref  # the usual case, one tensor per node (or its dead one's place): the reference alone
             return
         if type(holders) is not list:
             self.holders = holders = [holders]
+        elif holders and holders[-1]() is None:  # the last holder died (a replay's previous result): its place
+            holders[-1] = ref
+            return
         if len(holders) >= 16 and not len(holders) & (len(holders) - 1):
             holders[:] = [h for h in holders if (t := h()) is not None and getattr(t, "uop", None) is self]
         holders.append(ref)

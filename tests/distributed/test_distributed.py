@@ -1,6 +1,7 @@
 """fusegrad.distributed in one process (a group of one, as a program run without mpirun sees it): the API, its errors,
 the sampler's split, the gradient buckets and checkpoints. The multi-process runs are in test_distributed_mpi.py."""
 
+import itertools
 import sys
 
 import numpy as np
@@ -227,7 +228,10 @@ def test_collectives_over_comm_self_call_libmpi_and_match_numpy(monkeypatch):
     w = comm.World(MPI, MPI.COMM_SELF)
     assert w.lib is not None, "the libmpi mpi4py loaded was not found"
     monkeypatch.setattr(comm, "_world", [w])
-    for dt in (np.float32, np.float64, np.int32, np.int8, np.uint16):
+    shim = w.lib.shim
+    assert shim is not None, "the C shim of the bound calls did not build"
+    for dt, use_shim in itertools.product((np.float32, np.float64, np.int32, np.int8, np.uint16), (True, False)):
+        monkeypatch.setattr(w.lib, "shim", shim if use_shim else None)  # without it: ctypes calls libmpi itself
         x = np.arange(7, dtype=dt)
         for kind, op in (
             ("all_reduce", MPI.SUM),
@@ -237,8 +241,11 @@ def test_collectives_over_comm_self_call_libmpi_and_match_numpy(monkeypatch):
         ):
             out = x.copy() if kind == "broadcast" else np.zeros_like(x)  # (a root's input is its output)
             call = w.lib.bind(kind, w.data, op, 0, out, x)
-            assert call is not None and call() == 0, f"{kind} of {dt.__name__}"
-            np.testing.assert_array_equal(out, x, err_msg=f"{kind} of {dt.__name__}")
+            how = f"{kind} of {dt.__name__} {'through the shim' if use_shim else 'through ctypes'}"
+            assert call is not None and call() == 0, how
+            assert (call.func is shim) == use_shim, how
+            np.testing.assert_array_equal(out, x, err_msg=how)
+    monkeypatch.setattr(w.lib, "shim", shim)
     kept = []
     for i in range(5):
         y = dist.all_reduce(Tensor(np.full(3, i, np.float32)), "sum")

@@ -113,3 +113,25 @@ def test_replays_of_the_same_arguments_follow_new_inputs_values_and_freed_memory
         assert len({id(o) for o in outs}) == len(outs)  # a fresh Tensor per call, over the step's output buffer
         ta.assign(Tensor(b)).realize()  # new values in the same input buffer
         np.testing.assert_allclose(step_plain(ta).numpy(), np.maximum(b @ w, 0) + 1, rtol=1e-5, atol=1e-6)
+
+
+def test_steady_replays_of_one_argument_count_and_read_its_buffer_and_freed_memory():
+    """Calls with the very same tensor run the capture's prebuilt calls alone (the steady path): they still advance
+    the counters, read what the input's buffer holds now, and follow intermediates freed and allocated again."""
+    step, w1, w2 = _step_and_weights()
+    x_np = rng.standard_normal((16, 32), dtype=np.float32)
+    x = Tensor(x_np).realize()
+    for _ in range(3):
+        step(x)
+    cache = step.captured.jit_cache
+    before = GlobalCounters.kernel_count
+    for _ in range(4):
+        out = step(x)
+    assert GlobalCounters.kernel_count - before == 4 * len(cache)
+    np.testing.assert_allclose(out.numpy(), _ref(x_np, w1, w2), rtol=1e-4, atol=1e-3)
+    other = rng.standard_normal((16, 32), dtype=np.float32)
+    x.uop.buffer.copyin(other)  # new values in the same buffer, the same node
+    np.testing.assert_allclose(step(x).numpy(), _ref(other, w1, w2), rtol=1e-4, atol=1e-3)
+    step.captured.free_intermediates()
+    np.testing.assert_allclose(step(x).numpy(), _ref(other, w1, w2), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(step(x).numpy(), _ref(other, w1, w2), rtol=1e-4, atol=1e-3)

@@ -277,6 +277,28 @@ def test_a_nodes_holders_are_one_reference_until_a_second_tensor_holds_it():
     np.testing.assert_allclose(z.grad.numpy(), (2 * ty).detach().numpy())
 
 
+def test_a_dead_holders_place_is_taken_by_the_next_tensor_on_the_node():
+    # a TinyJit replay returns a new tensor on the same node each call: the list of holders must not grow with them
+    import numpy as np
+    from fusegrad import Tensor
+    from fusegrad.tensor import tensor_of_uop
+
+    x = Tensor(np.arange(3, dtype=np.float32)).realize()
+    u = x.uop
+    for _ in range(40):
+        t = tensor_of_uop(u, x.device)
+        assert {id(r()) for r in u.holder_refs() if r() is not None} == {id(x), id(t)}
+        del t
+    assert len(u.holder_refs()) == 2
+    kept = [Tensor(u) for _ in range(3)]  # live holders keep their places
+    assert {id(r()) for r in u.holder_refs() if r() is not None} == {id(x), *map(id, kept)}
+    y = Tensor(np.ones(2, np.float32))
+    node = y.uop
+    del y
+    z = tensor_of_uop(node, "CPU")  # the only holder died: the reference alone again, the new one's
+    assert node.holders is z._ref
+
+
 def _views_of_a_buffer() -> dict[str, UOp]:
     from fusegrad.runtime.buffers import Buffer, buffer_uop
     from fusegrad.uop.sint import Variable
