@@ -208,8 +208,7 @@ class UOpMeta(type):
 
     @staticmethod
     def sweep() -> None:
-        """Drop the entries of dead nodes that their callbacks missed; the next sweep comes when the table has doubled
-        again."""
+        """Drop the entries of dead nodes their callbacks missed; the next sweep comes when the table has doubled."""
         cache = UOpMeta.cache
         for key in [k for k, r in cache.items() if r() is None]:
             _remove_dead_weakref(cache, key)  # only if still dead: another thread may have made a live node since
@@ -272,8 +271,7 @@ class UOp(KernelBuilder, metaclass=UOpMeta):
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
         # what a node holds; UOpMeta.__call__ makes every node and sets these itself, the same way
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
-        # weak references to the live nodes built on a BUFFER or on a view of one, so a write into storage finds who
-        # still reads it without scanning every graph
+        # weak references to the live nodes built on a BUFFER or a view of one: a write into storage finds its readers
         tracked = op is Ops.BUFFER or op in _VIEW_OPS and bool(src) and src[0]._readers is not None
         self._readers: list[weakref.ref[UOp]] | None = [] if tracked else None
         # weak references to the objects (tensors) that registered as holding this node, some may have moved on: one
@@ -302,18 +300,16 @@ class UOp(KernelBuilder, metaclass=UOpMeta):
         return [u for r in self._readers or () if (u := r()) is not None]
 
     def add_holder(self, ref: weakref.ref) -> None:
-        holders = self.holders
-        if holders is None or type(holders) is not list and holders() is None:
+        if (holders := self.holders) is None or type(holders) is not list and holders() is None:
             self.holders = ref  # the usual case, one tensor per node (or its dead one's place): the reference alone
-            return
-        if type(holders) is not list:
-            self.holders = holders = [holders]
+        elif type(holders) is not list:
+            self.holders = [holders, ref]
         elif holders and holders[-1]() is None:  # the last holder died (a replay's previous result): its place
             holders[-1] = ref
-            return
-        if len(holders) >= 16 and not len(holders) & (len(holders) - 1):
-            holders[:] = [h for h in holders if (t := h()) is not None and getattr(t, "uop", None) is self]
-        holders.append(ref)
+        elif len(holders) >= 16 and not len(holders) & (len(holders) - 1):  # at powers of two: drop the moved on
+            holders[:] = [h for h in holders if (t := h()) is not None and getattr(t, "uop", None) is self] + [ref]
+        else:
+            holders.append(ref)
 
     def __reduce__(self):
         # the whole graph as one flat table: pickling node by node would recurse once per level of depth
