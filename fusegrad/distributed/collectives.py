@@ -126,18 +126,13 @@ class Collective:
         if bound is None or not bound[3] or bound[0] is not out._mem or bound[1] is not src._mem:
             return partial(self, buffers)
         out_mem, src_mem, call, w = bound[0], bound[1], bound[2], self.w
+        watched = w.watched
 
         def run() -> None:
             if out._mem is not out_mem or src._mem is not src_mem:
                 return self(buffers)  # memory moved: bind again
-            w.calls += 1  # call_blocking's work, inline: a small collective's replay is this call
-            w.busy = self
-            try:
-                err = call()
-            finally:
-                w.busy = None
-            if err:
-                raise w.mpi.Exception(err)
+            w.calls += 1  # call_blocking's work without its frame: a small collective's replay is this call
+            watched(self, call)
 
         return run
 
