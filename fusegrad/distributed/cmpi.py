@@ -133,7 +133,7 @@ def _shim(handle: Any) -> tuple[Any, Any]:
         lib = Device["CPU"].compiler.load(f"#define FG_HANDLE {c_type}\n" + SHIM, "fg_mpi_call")
         fn = lib.fg_mpi_call  # no argtypes: ctypes passes the byref as is, the fastest conversion it has
         fn.restype = ctypes.c_int
-    except (RuntimeError, AttributeError):  # no C compiler (CompileError is a RuntimeError), or no compiler at all
+    except (RuntimeError, AttributeError, OSError):  # no C compiler (CompileError is a RuntimeError), no cache to write
         fn = None
     _shims[handle] = (fn, Call)
     return _shims[handle]

@@ -261,3 +261,23 @@ def test_collectives_over_comm_self_call_libmpi_and_match_numpy(monkeypatch):
     for i in range(4):
         np.testing.assert_array_equal(jitted(Tensor(np.arange(4, dtype=np.int32) + i)).numpy(), np.arange(4) + i)
     assert dist.all_reduce(Tensor([True, False]), "max").numpy().tolist() == [True, False]
+
+
+def test_without_a_compiler_the_bound_calls_go_through_ctypes(monkeypatch):
+    # the shim does not build (no C compiler, or its cache unwritable): libmpi is called with the arguments themselves
+    MPI = pytest.importorskip("mpi4py.MPI")
+    from fusegrad.distributed import cmpi
+    from fusegrad.runtime.c_compiler import CompileError
+    from fusegrad.runtime.device import Device
+
+    def no_compiler(*_):
+        raise CompileError("no C compiler here")
+
+    monkeypatch.setattr(cmpi, "_shims", {})
+    monkeypatch.setattr(Device["CPU"].compiler, "load", no_compiler)
+    lib = cmpi.libmpi(MPI)
+    assert lib is not None and lib.shim is None
+    x, out = np.arange(5, dtype=np.float32), np.zeros(5, np.float32)
+    call = lib.bind("all_reduce", MPI.COMM_SELF, MPI.SUM, 0, out, x)
+    assert call is not None and call() == 0
+    np.testing.assert_array_equal(out, x)
