@@ -186,7 +186,9 @@ class UOpMeta(type):
         for s in src:
             if (readers := s._readers) is not None:
                 n = len(readers)
-                if n < 16 or n & (n - 1):  # add_reader without its pruning, which it does at powers of two only
+                if n and readers[-1]() is None:  # the last reader died (an eager op's, realized): its place
+                    readers[-1] = weakref.ref(ret)
+                elif n < 16 or n & (n - 1):  # add_reader without its pruning, which it does at powers of two only
                     readers.append(weakref.ref(ret))
                 else:
                     s.add_reader(ret)
@@ -194,8 +196,7 @@ class UOpMeta(type):
 
     @staticmethod
     def new_buffer(dtype: DType, arg: tuple, buf: Any) -> UOp:
-        """UOp(Ops.BUFFER, dtype, (), arg) holding buf, for a new version's arg, without __call__'s general steps (and
-        its sweep, which the nodes made with __call__ run): every realize makes one per result."""
+        """UOp(Ops.BUFFER, dtype, (), arg) holding buf, without __call__'s general steps: every realize makes one."""
         key, cache = (id(_BUFFER), id(dtype), (), arg), UOpMeta.cache
         if (ref := cache.get(key)) is None or (ret := ref()) is None:
             ret = object.__new__(UOp)
@@ -274,8 +275,7 @@ class UOp(KernelBuilder, metaclass=UOpMeta):
         # weak references to the live nodes built on a BUFFER or a view of one: a write into storage finds its readers
         tracked = op is Ops.BUFFER or op in _VIEW_OPS and bool(src) and src[0]._readers is not None
         self._readers: list[weakref.ref[UOp]] | None = [] if tracked else None
-        # weak references to the objects (tensors) that registered as holding this node, some may have moved on: one
-        # reference, or a list of them once a second registers (holder_refs reads either)
+        # weak references to the tensors that held this node (some moved on): one, or a list once a second registers
         self.holders: weakref.ref | list[weakref.ref] | None = None
         # the buffer view holding this node's computed value (a UOp or a weak reference to one): the scheduler's record
         # (schedule.record_realized), kept on the node so that it dies with it and every walk reads it without a lookup

@@ -299,6 +299,20 @@ def test_a_dead_holders_place_is_taken_by_the_next_tensor_on_the_node():
     assert node.holders is z._ref
 
 
+def test_a_dead_readers_place_is_taken_by_the_next_node_on_a_buffer():
+    # an eager loop makes and drops one node on x's buffer per op: its list of readers must not grow with them
+    import numpy as np
+    from fusegrad import Tensor
+
+    x = Tensor(np.arange(4, dtype=np.float32)).realize()
+    u = x.uop
+    for i in range(40):
+        np.testing.assert_array_equal((x + i).realize().numpy(), np.arange(4) + i)
+    assert len(u._readers) <= 2, len(u._readers)
+    lazy = [x * 2, x - 1]  # live readers are found
+    assert {id(t.uop) for t in lazy} <= {id(r) for r in u.live_readers()}
+
+
 def _views_of_a_buffer() -> dict[str, UOp]:
     from fusegrad.runtime.buffers import Buffer, buffer_uop
     from fusegrad.uop.sint import Variable
