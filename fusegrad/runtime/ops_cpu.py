@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 from fusegrad.helpers import CACHELEVEL, CCACHE, COMPILE_TIMEOUT, DEBUG, NUM_CPU_THREADS
 from fusegrad.renderer import Capabilities
 from fusegrad.renderer.c import CRenderer
@@ -119,41 +119,58 @@ def _build_id(cc: str) -> str:
     return f"{cc}|{version}|{platform.machine()}|{cpu}|{' '.join(CFLAGS)}"
 
 
+def _build_probe(
+    cc: str, flags: tuple[str, ...], src: str, what: str, tmp: str, libs: tuple[str, ...] = ()
+) -> str | None:
+    """The shared object of probe source src built cleanly with flags (libs after the source) in tmp, else None; a
+    compiler that hangs on it raises (the caller decides nothing then)."""
+    out = os.path.join(tmp, "probe.so")
+    proc = run_compiler([cc, *flags, "-x", "c", "-", "-o", out, *libs], src, what)
+    return out if proc.returncode == 0 and not proc.stderr.strip() and os.path.exists(out) else None
+
+
 def _probe_builds(cc: str, flags: tuple[str, ...]) -> bool:
-    """The probe builds cleanly with flags; a compiler that hangs on it raises (the caller decides nothing then)."""
+    """The float16 probe builds cleanly with flags."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "probe.so")
-        proc = run_compiler([cc, *flags, "-x", "c", "-", "-o", out], FP16_PROBE, "building the float16 probe")
-        return proc.returncode == 0 and not proc.stderr.strip() and os.path.exists(out)
+        return _build_probe(cc, flags, FP16_PROBE, "building the float16 probe", tmp) is not None
+
+
+def _kept_on_disk(what: str, cc: str, tried: str, decide: Callable[[], tuple[str, ...]]) -> tuple[str, ...] | None:
+    """The flags decide() probes for this compiler, kept on disk under its identity and what was tried, so a machine
+    probes once; None, and nothing kept, when the compiler ran past COMPILE_TIMEOUT."""
+    key = hashlib.sha256(f"{what}|{_build_id(cc)}|{tried}".encode()).hexdigest()
+    if (path := _flag_cache.lookup(key)) is not None:
+        with open(path) as f:
+            return tuple(f.read().split())
+    try:
+        flags = decide()
+    except CompileError:
+        return None
+    _flag_cache.store_if_writable(key, " ".join(flags).encode())
+    return flags
 
 
 @functools.cache
 def compiler_flags(cc: str) -> tuple[str, ...]:
     """CFLAGS plus what this compiler and assembler need to build float16 kernels, probed once per machine and kept
     on disk under the compiler's identity (version, CPU, flags)."""
-    tried = f"{OPTIONAL_FLAGS}|{FLAG_FALLBACKS}|{FP16_PROBE}"
-    key = hashlib.sha256(f"fp16-probe|{_build_id(cc)}|{tried}".encode()).hexdigest()
-    if (path := _flag_cache.lookup(key)) is not None:
-        with open(path) as f:
-            return CFLAGS + tuple(f.read().split())
-    try:
+
+    def decide() -> tuple[str, ...]:
         base = CFLAGS + tuple(f for f in OPTIONAL_FLAGS if _probe_builds(cc, CFLAGS + (f,)))
         extra = base[len(CFLAGS) :] + next((e for e in FLAG_FALLBACKS if _probe_builds(cc, base + e)), ())
-    except CompileError:
-        return CFLAGS  # a compiler past COMPILE_TIMEOUT: the kernel's own build then reports it, naming the kernel
-    if DEBUG >= 1 and extra:
-        print(f"C compiler {cc}: adding {' '.join(extra)} to {' '.join(CFLAGS)} for float16 kernels")
-    _flag_cache.store_if_writable(key, " ".join(extra).encode())
-    return CFLAGS + extra
+        if DEBUG >= 1 and extra:
+            print(f"C compiler {cc}: adding {' '.join(extra)} to {' '.join(CFLAGS)} for float16 kernels")
+        return extra
+
+    extra = _kept_on_disk("fp16-probe", cc, f"{OPTIONAL_FLAGS}|{FLAG_FALLBACKS}|{FP16_PROBE}", decide)
+    # a compiler past COMPILE_TIMEOUT: the kernel's own build then reports it, naming the kernel
+    return CFLAGS + (extra or ())
 
 
 def _probe_links(cc: str, link: tuple[str, ...]) -> bool:
     """The link probe builds cleanly with link and loads, and its function returns sin of its argument."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "probe.so")
-        argv = [cc, *CFLAGS, "-x", "c", "-", "-o", out, *link]
-        proc = run_compiler(argv, LINK_PROBE, "building the link probe")
-        if proc.returncode != 0 or proc.stderr.strip() or not os.path.exists(out):
+        if (out := _build_probe(cc, CFLAGS, LINK_PROBE, "building the link probe", tmp, link)) is None:
             return False
         try:
             fn = ctypes.CDLL(out).fg_link_probe
@@ -167,16 +184,12 @@ def _probe_links(cc: str, link: tuple[str, ...]) -> bool:
 def link_flags(cc: str) -> tuple[str, ...]:
     """FAST_LINK where this compiler's kernels build and load with it, else PLAIN_LINK; probed once per machine and
     kept on disk under the compiler's identity."""
-    key = hashlib.sha256(f"link-probe|{_build_id(cc)}|{FAST_LINK}|{LINK_PROBE}".encode()).hexdigest()
-    if (path := _flag_cache.lookup(key)) is not None:
-        with open(path) as f:
-            return tuple(f.read().split())
-    try:
-        link = FAST_LINK if _probe_links(cc, FAST_LINK) else PLAIN_LINK
-    except CompileError:
-        return PLAIN_LINK  # a compiler past COMPILE_TIMEOUT: the kernel's own build then reports it, naming the kernel
-    _flag_cache.store_if_writable(key, " ".join(link).encode())
-    return link
+
+    def decide() -> tuple[str, ...]:
+        return FAST_LINK if _probe_links(cc, FAST_LINK) else PLAIN_LINK
+
+    # a compiler past COMPILE_TIMEOUT: the kernel's own build then reports it, naming the kernel
+    return _kept_on_disk("link-probe", cc, f"{FAST_LINK}|{LINK_PROBE}", decide) or PLAIN_LINK
 
 
 @functools.cache
