@@ -10,6 +10,7 @@ each cached key and value row once for the query heads that share it (grouped-qu
 
 from __future__ import annotations
 
+import functools
 import math
 
 from fusegrad.dtype import dtypes
@@ -90,6 +91,7 @@ void %(entry)s(float* restrict out, const float* restrict q, const float* restri
 """
 
 
+@functools.cache  # every layer of every eager decode step asks for the same few
 def decode_attention_source(entry: str, rep: int, head_dim: int, context: int) -> str:
     """C source of `entry`: one query token's attention over kv heads [start, end) (the item range)."""
     from fusegrad.engine.realize import c_vector_exp  # the engine entry point the tensor has loaded
