@@ -120,26 +120,17 @@ class Collective:
 
     def thunk(self, buffers: list[Buffer]) -> Callable[[], None]:
         """This collective on these buffers as a call of no arguments (a TinyJit replay's step): a bound blocking call
-        on host memory runs in it directly, without __call__'s lookups, while the buffers keep that memory."""
+        on host memory is the watched call itself, without __call__'s lookups. Its memory stays bound: a replay's
+        buffers keep theirs (its batched kernels hold their addresses too) until it rebuilds its thunks."""
         out, src = buffers[0], buffers[1]
         bound = self.cache
         if bound is None or not bound[3] or bound[0] is not out._mem or bound[1] is not src._mem:
             return partial(self, buffers)
-        out_mem, src_mem, call, w = bound[0], bound[1], bound[2], self.w
-        watched = w.watched
-
-        def run() -> None:
-            if out._mem is not out_mem or src._mem is not src_mem:
-                return self(buffers)  # memory moved: bind again
-            w.calls += 1  # call_blocking's work without its frame: a small collective's replay is this call
-            watched(self, call)
-
-        return run
+        return partial(self.w.watched, self, bound[2], 1)
 
     def call_blocking(self, call: Callable[[], Any]) -> None:
         """Run a bound blocking call, watched: the watchdog ends the job if it outlasts self.timeout."""
-        self.w.calls += 1
-        self.w.watched(self, call)
+        self.w.watched(self, call, 1)
 
     def start(self, buffers: list[Buffer], bound: tuple | None = None) -> None:
         """Start the nonblocking call (`bound`: its binding, when the caller made it already)."""

@@ -57,9 +57,11 @@ class World:
         """Run one blocking MPI call, bounded by the timeout through the watchdog."""
         self.watched(Watched(what, float(DIST_TIMEOUT.value)), fn)
 
-    def watched(self, busy: Any, call: Callable[[], Any]) -> None:
+    def watched(self, busy: Any, call: Callable[[], Any], collectives: int = 0) -> None:
         """Run a blocking MPI call while the watchdog reads `busy` (what it names, its timeout); a nonzero return
-        (libmpi's error code; mpi4py's calls raise themselves and return None) raises as mpi4py would."""
+        (libmpi's error code; mpi4py's calls raise themselves and return None) raises as mpi4py would. `collectives`:
+        1 for a collective, which the count of calls includes (a metadata check is not one)."""
+        self.calls += collectives
         self.busy = busy
         try:
             err = call()

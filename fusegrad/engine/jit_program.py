@@ -91,10 +91,10 @@ class CapturedJit:
     # is then one call each; None when the steps, inputs or Variable buffers changed since
     _thunks: list[Callable[[], Any]] | None = None
     single_return: tuple[UOp, Any] | None = None  # the (uop, device) of the one tensor returned, when it never varies
-    # the last call's thunks while a call with the very same `inputs` and `var_vals` objects (TinyJit's KnownCall
-    # passes its own, never changed) needs nothing but them: no random stream to advance, no input to copy
-    _steady: list[Callable[[], Any]] | None = None
-    _steady_for: tuple[Any, Any] = (None, None)
+    # (thunks, inputs, var_vals): the last call's thunks while a call with the very same `inputs` and `var_vals`
+    # objects (TinyJit's KnownCall passes its own, never changed) needs nothing but them: no random stream to advance,
+    # no input to copy. A new tuple each time it is set, held, so its identity names one binding (TinyJit's lane)
+    _steady: tuple[list[Callable[[], Any]], Any, Any] | None = None
 
     def build_steps(self, use_graphs: bool) -> None:
         from fusegrad.runtime.cpu_graph import CPUGraph, GraphEntry
@@ -181,9 +181,9 @@ class CapturedJit:
         """Run every launch with `inputs` in place of the capture's input buffers and the bound Variables' values
         `var_vals` (bound Variables) in place of the capture's (each is a one-element buffer a kernel reads); `timed`
         prints each launch's time (DEBUG=2)."""
-        steady, given = self._steady, self._steady_for
-        if steady is not None and given[0] is inputs and given[1] is var_vals and not timed and Hooks.trace is None:
-            for fn in steady:  # the per-call path of a step called again as it was: its thunks, counted
+        steady = self._steady
+        if steady is not None and steady[1] is inputs and steady[2] is var_vals and not timed and Hooks.trace is None:
+            for fn in steady[0]:  # the per-call path of a step called again as it was: its thunks, counted
                 fn()
             GlobalCounters.kernel_count += len(self.launches)
             GlobalCounters.global_ops += self.ops
@@ -229,7 +229,7 @@ class CapturedJit:
                     self._run_python_step(step)
             self._thunks = [self._thunk(step) for step in self.steps]  # every buffer is allocated now
         if not self.rng_calls and not self._copied:
-            self._steady, self._steady_for = self._thunks, (inputs, var_vals)  # held: no id reused
+            self._steady = (self._thunks, inputs, var_vals)  # held: no id reused
         GlobalCounters.kernel_count += len(self.launches)
         GlobalCounters.global_ops += self.ops
         GlobalCounters.global_mem += self.mem

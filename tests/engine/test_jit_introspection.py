@@ -135,3 +135,59 @@ def test_steady_replays_of_one_argument_count_and_read_its_buffer_and_freed_memo
     step.captured.free_intermediates()
     np.testing.assert_allclose(step(x).numpy(), _ref(other, w1, w2), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(step(x).numpy(), _ref(other, w1, w2), rtol=1e-4, atol=1e-3)
+
+
+def test_steady_calls_hand_back_a_returned_tensor_only_when_nobody_holds_or_changed_it():
+    """A call repeated with the same tensor may return a tensor it returned before, but only one its caller let go of
+    unchanged: a tensor still held, or given requires_grad or an attribute, is never handed out again."""
+    step, w1, w2 = _step_and_weights()
+    x_np = rng.standard_normal((16, 32), dtype=np.float32)
+    x = Tensor(x_np).realize()
+    want = _ref(x_np, w1, w2)
+    outs = [step(x) for _ in range(6)]  # all held: six different tensors, each with the values
+    assert len({id(o) for o in outs}) == 6
+    for o in outs:
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=1e-3)
+    del outs
+    first = id(step(x))  # dropped at once: its object may come back
+    again = step(x)
+    assert id(again) == first and again.requires_grad is None and again.grad is None
+    again.requires_grad, again.note = True, "mine"
+    del again
+    fresh = step(x)
+    assert fresh.requires_grad is None and not hasattr(fresh, "note")
+    loss = step(x)
+    for _ in range(4):  # `loss = step(x)`: the previous one is still held while the next call runs
+        prev, loss = loss, step(x)
+        assert loss is not prev
+        np.testing.assert_allclose(loss.numpy(), want, rtol=1e-4, atol=1e-3)
+        del prev
+
+
+def test_steady_calls_follow_other_inputs_freed_memory_and_settings():
+    """The repeated-call path stops at anything that changes what a call must do: another tensor, the same tensor
+    assigned new values, intermediates freed, JIT=0 and DEBUG=2."""
+    from fusegrad import Context
+
+    step, w1, w2 = _step_and_weights()
+    a_np, b_np = (rng.standard_normal((16, 32), dtype=np.float32) for _ in range(2))
+    a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
+    for _ in range(4):
+        np.testing.assert_allclose(step(a).numpy(), _ref(a_np, w1, w2), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(step(b).numpy(), _ref(b_np, w1, w2), rtol=1e-4, atol=1e-3)
+    for _ in range(3):
+        np.testing.assert_allclose(step(a).numpy(), _ref(a_np, w1, w2), rtol=1e-4, atol=1e-3)
+    step.captured.free_intermediates()
+    np.testing.assert_allclose(step(a).numpy(), _ref(a_np, w1, w2), rtol=1e-4, atol=1e-3)
+    assert all(b.is_allocated for la in step.captured.jit_cache for b in la.bufs)  # the call allocated them again
+    a.assign(Tensor(b_np)).realize()
+    np.testing.assert_allclose(step(a).numpy(), _ref(b_np, w1, w2), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(step(a).numpy(), _ref(b_np, w1, w2), rtol=1e-4, atol=1e-3)
+    cnt = step.cnt
+    with Context(JIT=0):
+        np.testing.assert_allclose(step(a).numpy(), _ref(b_np, w1, w2), rtol=1e-4, atol=1e-3)
+    assert step.cnt == cnt + 1
+    before = GlobalCounters.kernel_count
+    with Context(DEBUG=2):
+        step(a)
+    assert GlobalCounters.kernel_count - before == len(step.captured.jit_cache)
