@@ -185,21 +185,23 @@ class TinyJit:
             if same:
                 cap = self.captured
                 lane = known.lane
-                if lane is not None and cap._steady is lane.steady and DEBUG.value < 2 and Hooks.trace is None:
-                    # the same inputs again, nothing else changed: the step's thunks, then the returned tensor
+                if lane is not None and DEBUG.value < 2 and Hooks.trace is None:
                     _acquire()
                     try:
-                        for fn in lane.steady[0]:
-                            fn()
-                        counters = GlobalCounters
-                        counters.kernel_count += lane.counts[0]
-                        counters.global_ops += lane.counts[1]
-                        counters.global_mem += lane.counts[2]
-                        self.cnt += 1
-                        t = lane.held[0]
-                        if getrefcount(t) == _ALONE and t.__dict__ == lane.fresh[0]:
-                            return t
-                        return lane.hand_out()
+                        # the same inputs again and the replay bound as it was (checked under the lock: another
+                        # thread's call may rebind it): the step's thunks, then the returned tensor
+                        if cap._steady is lane.steady:
+                            for fn in lane.steady[0]:
+                                fn()
+                            counters = GlobalCounters
+                            counters.kernel_count += lane.counts[0]
+                            counters.global_ops += lane.counts[1]
+                            counters.global_mem += lane.counts[2]
+                            self.cnt += 1
+                            t = lane.held[0]
+                            if getrefcount(t) == _ALONE and t.__dict__ == lane.fresh[0]:
+                                return t
+                            return lane.hand_out()
                     finally:
                         _release()
                 with realize_lock:
