@@ -208,7 +208,8 @@ class TinyJit:
                     if (one := cap.single_return) is not None and DEBUG.value < 2:  # type: ignore[union-attr]
                         cap(known.inputs, known.var_vals)  # type: ignore[misc]
                         ret = tensor_of_uop(one[0], one[1])
-                        if (steady := cap._steady) is not None and steady[1] is known.inputs:  # type: ignore[union-attr]
+                        steady = cap._steady  # type: ignore[union-attr]
+                        if steady is not None and steady[1] is known.inputs and steady[2] is known.var_vals:
                             known.lane = SteadyLane.of(cap, ret)  # type: ignore[arg-type]
                     else:
                         ret = self._run_captured(known.inputs, known.bases, known.var_vals)
