@@ -178,8 +178,11 @@ class TinyJit:
         if known is not None and not kwargs and not capturing and JIT.value:
             # the per-call path: one identity check per argument, then the replay
             uops = known.uops
-            if len(args) == 1 == len(uops):  # one tensor argument, the usual case, without a loop
+            if len(args) == 1 == len(uops):  # one or two tensor arguments, the usual cases, without a loop
                 same = type(a := args[0]) is Tensor and a._uop is uops[0]
+            elif len(args) == 2 == len(uops):
+                a, b = args
+                same = type(a) is Tensor and type(b) is Tensor and a._uop is uops[0] and b._uop is uops[1]
             else:
                 same = len(args) == len(uops) and all(type(a) is Tensor and a._uop is u for a, u in zip(args, uops))
             if same:

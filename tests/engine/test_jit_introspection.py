@@ -191,3 +191,19 @@ def test_steady_calls_follow_other_inputs_freed_memory_and_settings():
     with Context(DEBUG=2):
         step(a)
     assert GlobalCounters.kernel_count - before == len(step.captured.jit_cache)
+
+
+def test_steady_calls_of_two_arguments_check_each_in_its_place():
+    """The repeated-call path of a two-argument step: the same two tensors again replay; the two swapped, or one
+    replaced, go through the checks and compute with the tensors given."""
+    sub = TinyJit(lambda p, q: (p - 2 * q).realize())
+    p_np, q_np = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+    p, q = Tensor(p_np).realize(), Tensor(q_np).realize()
+    for _ in range(4):
+        np.testing.assert_allclose(sub(p, q).numpy(), p_np - 2 * q_np, rtol=1e-6)
+    np.testing.assert_allclose(sub(q, p).numpy(), q_np - 2 * p_np, rtol=1e-6)
+    np.testing.assert_allclose(sub(q, p).numpy(), q_np - 2 * p_np, rtol=1e-6)
+    r = Tensor(r_np := rng.standard_normal(16, dtype=np.float32)).realize()
+    np.testing.assert_allclose(sub(p, r).numpy(), p_np - 2 * r_np, rtol=1e-6)
+    np.testing.assert_allclose(sub(p, r).numpy(), p_np - 2 * r_np, rtol=1e-6)
+    np.testing.assert_allclose(sub(p, q).numpy(), p_np - 2 * q_np, rtol=1e-6)
