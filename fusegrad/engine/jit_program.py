@@ -224,7 +224,7 @@ class CapturedJit:
         else:
             for step in self.steps:
                 if type(step) is GraphStep:
-                    step.graph()
+                    step.graph.run()
                 else:
                     self._run_python_step(step)
             self._thunks = [self._thunk(step) for step in self.steps]  # every buffer is allocated now
@@ -253,7 +253,7 @@ class CapturedJit:
     def _thunk(self, step: Any) -> Callable[[], Any]:
         """The step as a call of no arguments on the buffers it reads now (allocated, this call's inputs in place)."""
         if type(step) is GraphStep:
-            return step.graph
+            return step.graph.run  # one C call of one argument
         bufs = list(step.launch.buffers)
         for p, i in step.input_slots:
             bufs[p] = self._last[i]

@@ -9,6 +9,7 @@ split run at a time."""
 from __future__ import annotations
 import ctypes
 import threading
+from functools import partial
 from dataclasses import dataclass
 from fusegrad.helpers import NUM_CPU_THREADS
 from fusegrad.runtime import cpu_runner
@@ -30,6 +31,16 @@ class GraphEntry:
 
 def batchable(program: object, nbuffers: int) -> bool:
     return isinstance(program, CPUProgram) and nbuffers <= MAX_KERNEL_ARGS and cpu_runner.graph_library() is not None
+
+
+class GraphCall(ctypes.Structure):
+    """fg_run_packed's argument: fg_run_graph's untimed arguments, the tables' addresses."""
+
+    _fields_ = (
+        [("count", ctypes.c_int)]
+        + [(name, ctypes.c_void_p) for name in ("fns", "nargs", "args", "arg_off", "bounds", "bound_off", "chunks")]
+        + [("threads", ctypes.c_int)]
+    )
 
 
 class CPUGraph:
@@ -82,6 +93,9 @@ class CPUGraph:
             ctypes.addressof(a)
             for a in (self.fns, self.nargs, self.args, self.arg_off, self.bounds, self.bound_off, self.chunks)
         )
+        self._packed = GraphCall(self.count, *self._call_args, self.threads)
+        # the batch's run as one C call of one argument (a replay's thunk): the tables it points at stay these arrays
+        self.run = partial(self.lib.fg_run_packed, ctypes.byref(self._packed))
 
     def forget_buffers(self) -> None:
         """Drop the buffers the batch was built with (a graph every run rebinds whole, with `bind_all`)."""
@@ -96,7 +110,7 @@ class CPUGraph:
             self.args[i] = address
 
     def __call__(self) -> None:
-        self.lib.fg_run_graph(self.count, *self._call_args, self.threads, None, None)
+        self.run()
 
     def timed(self) -> None:
         """Run the batch as __call__ does, recording each entry's start and end and each split entry's thread spans

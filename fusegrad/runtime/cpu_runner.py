@@ -173,6 +173,15 @@ void fg_run_graph(int count, void **fns, int *nargs, void **args, int *arg_off, 
     if (times) times[2 * i + 1] = fg_now();
   }}
 }}
+
+/* fg_run_graph untimed with its arguments in one struct: a replay's call converts one pointer, not nine arguments */
+struct fg_graph_call {{
+  int count; void **fns; int *nargs; void **args; int *arg_off; long long *bounds; int *bound_off; int *chunks;
+  int threads;
+}};
+void fg_run_packed(const struct fg_graph_call *c) {{
+  fg_run_graph(c->count, c->fns, c->nargs, c->args, c->arg_off, c->bounds, c->bound_off, c->chunks, c->threads, 0, 0);
+}}
 """
 
 
@@ -223,6 +232,8 @@ def _build_runner() -> ctypes.CDLL | None:
         return None
     lib.fg_run_graph.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] + [ctypes.c_void_p] * 2
     lib.fg_run_graph.restype = None
+    lib.fg_run_packed.argtypes = None  # its one argument is always a byref of a GraphCall: no per-call conversion
+    lib.fg_run_packed.restype = None
     lib.fg_start_workers.argtypes = [ctypes.c_int]
     lib.fg_start_workers.restype = ctypes.c_int
     lib.fg_run_one.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 2
