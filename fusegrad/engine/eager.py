@@ -27,6 +27,8 @@ class EagerLaunch:
         "mem",
         "allocator",
         "spare",
+        "packed",
+        "pack_pending",
     )
     # outputs up to this size keep their memory for the next call's (Buffer.allocate_spare): one block per eager op
     # form, outside the host cache's bound, so a small one
@@ -43,6 +45,16 @@ class EagerLaunch:
         launch = direct() if direct is not None else None
         self.call: Callable | None
         self.call, self.tail = launch if launch is not None else (None, ())
+        # the same call through the C runner with one argument, once it is built (asked again while it is building)
+        self.packed: Any = None
+        self.pack_pending = launch is not None
+
+    def _pack(self) -> None:
+        from fusegrad.runtime.cpu_graph import packed_launch  # the runner's module, loaded once a kernel has run
+
+        got = packed_launch(self.program)
+        if got is not True:  # True: the runner is still building
+            self.packed, self.pack_pending = got or None, False
 
     def run(self, inputs: list[Buffer]) -> UOp:
         """Launch on `inputs` (the template's input buffers in slot order; the new buffer is appended) and count it."""
@@ -56,7 +68,15 @@ class EagerLaunch:
         st = _clock()
         if (call := self.call) is not None:
             # each buffer's remembered address (Buffer.address's first case) without a call per buffer
-            call(*[c[1] if (c := b._address) is not None and c[0] is b._mem else b.address() for b in args], *self.tail)
+            addrs = [c[1] if (c := b._address) is not None and c[0] is b._mem else b.address() for b in args]
+            if (packed := self.packed) is not None:
+                if addrs != packed.addrs:  # an op on the same tensors whose output took the spare block: the same
+                    packed.table[:] = packed.addrs = addrs
+                packed.call()
+            else:
+                call(*addrs, *self.tail)
+                if self.pack_pending:
+                    self._pack()
         else:
             for b in args:
                 if b._mem is None:

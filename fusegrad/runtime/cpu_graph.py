@@ -43,6 +43,43 @@ class GraphCall(ctypes.Structure):
     )
 
 
+class KernelCall(ctypes.Structure):
+    """fg_call_packed's argument: a kernel, its argument count, its table of buffer addresses and its loop bounds."""
+
+    _fields_ = [
+        ("fn", ctypes.c_void_p),
+        ("nargs", ctypes.c_int),
+        ("args", ctypes.c_void_p),
+        ("start", ctypes.c_longlong),
+        ("end", ctypes.c_longlong),
+    ]
+
+
+class PackedLaunch:
+    """A one-chunk CPU kernel's launch as one C call of one argument (the runner's fg_call_packed): an eager op called
+    again writes its buffers' addresses into `table` only when they differ from the last call's (`addrs`)."""
+
+    __slots__ = ("table", "addrs", "call", "_args")
+
+    def __init__(self, lib: ctypes.CDLL, program: CPUProgram):
+        self.table = (ctypes.c_void_p * program.nparams)()
+        self.addrs: list[int] | None = None
+        table = ctypes.addressof(self.table)
+        self._args = KernelCall(program.fn_address, program.nparams, table, 0, program.outer_size)
+        self.call = partial(lib.fg_call_packed, ctypes.byref(self._args))
+
+
+def packed_launch(program: object) -> PackedLaunch | bool:
+    """The PackedLaunch of a kernel that runs as one call on this thread (`address_launch`), once the runner is built;
+    True while it is still building (ask again), False where there will be none."""
+    if not isinstance(program, CPUProgram) or program.address_launch() is None or program.nparams > MAX_KERNEL_ARGS:
+        return False
+    if not cpu_runner.runner_built():
+        return True
+    lib = cpu_runner.graph_library()
+    return PackedLaunch(lib, program) if lib is not None else False
+
+
 class CPUGraph:
     """A batch of launches compiled into argument tables once; `slots` says where each buffer's address sits, so a
     replay swaps buffers (new inputs) by rewriting table cells and runs the batch in one call."""

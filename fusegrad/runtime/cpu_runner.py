@@ -174,6 +174,10 @@ void fg_run_graph(int count, void **fns, int *nargs, void **args, int *arg_off, 
   }}
 }}
 
+/* one launch on this thread with its arguments in a struct (an eager op called again): a call converts one pointer */
+struct fg_kernel_call {{ void *fn; int nargs; void **args; long long start, end; }};
+void fg_call_packed(const struct fg_kernel_call *c) {{ fg_call(c->fn, c->nargs, c->args, c->start, c->end); }}
+
 /* fg_run_graph untimed with its arguments in one struct: a replay's call converts one pointer, not nine arguments */
 struct fg_graph_call {{
   int count; void **fns; int *nargs; void **args; int *arg_off; long long *bounds; int *bound_off; int *chunks;
@@ -234,6 +238,8 @@ def _build_runner() -> ctypes.CDLL | None:
     lib.fg_run_graph.restype = None
     lib.fg_run_packed.argtypes = None  # its one argument is always a byref of a GraphCall: no per-call conversion
     lib.fg_run_packed.restype = None
+    lib.fg_call_packed.argtypes = None  # a byref of a KernelCall
+    lib.fg_call_packed.restype = None
     lib.fg_start_workers.argtypes = [ctypes.c_int]
     lib.fg_start_workers.restype = ctypes.c_int
     lib.fg_run_one.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 2

@@ -147,3 +147,28 @@ def test_shapes_recorded_by_an_eager_training_step_are_the_inferred_ones(monkeyp
         if hasattr(u, "_shape"):
             assert infer(u) == u._shape, u.op
     assert losses[1] < losses[0]
+
+
+def test_a_repeated_eager_op_launches_through_the_runners_packed_call():
+    """Once the C runner is built, an eager op called again launches through its one-argument entry with a table of
+    addresses: rewritten when an output is still held (new memory), kept when the output's spare block comes back;
+    the values are numpy's either way, and a kernel in another eager op keeps its own table."""
+    import gc as gc_module
+
+    from fusegrad.engine.eager import EagerLaunch
+    from fusegrad.runtime import cpu_runner
+    from fusegrad.runtime.cpu_graph import PackedLaunch
+
+    assert cpu_runner.graph_library() is not None, "the runner builds where the CPU device compiles"
+    x_np, y_np = f32(16), f32(16)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    for _ in range(3):
+        (x * y).realize()
+    launches = [o for o in gc_module.get_objects() if type(o) is EagerLaunch and type(o.packed) is PackedLaunch]
+    assert launches, "no eager launch took the packed call"
+    held = [(x * y).realize() for _ in range(3)]  # each output new memory: the table rewritten each time
+    for out in held:
+        np.testing.assert_allclose(out.numpy(), x_np * y_np, rtol=1e-6)
+    for _ in range(3):  # outputs dying at once: the spare block, the same table
+        np.testing.assert_allclose((x * y).realize().numpy(), x_np * y_np, rtol=1e-6)
+        np.testing.assert_allclose((x + y).realize().numpy(), x_np + y_np, rtol=1e-6)
