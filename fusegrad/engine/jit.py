@@ -87,25 +87,36 @@ class SteadyLane:
     uop: UOp  # the returned tensor's node and device
     device: Any
     held: list[Tensor]  # the tensors returned last, newest first
-    fresh: list[dict]  # each one's __dict__ as tensor_of_uop made it
+    attrs: int  # how many attributes tensor_of_uop gives a tensor
 
     @staticmethod
     def of(cap: CapturedJit, ret: Tensor) -> SteadyLane:
         counts = (len(cap.launches), cap.ops, cap.mem)
-        return SteadyLane(cap._steady, counts, ret.uop, ret.device, [ret], [dict(ret.__dict__)])  # type: ignore[arg-type]
+        return SteadyLane(cap._steady, counts, ret.uop, ret.device, [ret], len(ret.__dict__))  # type: ignore[arg-type]
+
+    def unchanged(self, t: Tensor) -> bool:
+        """Whether t's attributes are as tensor_of_uop made them: compared by identity, since a value its user set may
+        be a tensor, whose == is elementwise (a new attribute changes the count)."""
+        d = t.__dict__
+        return (
+            len(d) == self.attrs
+            and d["_uop"] is self.uop
+            and d["grad"] is None
+            and d["requires_grad"] is None
+            and d["is_param"] is True
+            and d["device"] is self.device
+        )
 
     def hand_out(self) -> Tensor:
         """The older held tensor if it is free and unchanged, else a new one; either becomes the newest."""
-        held, fresh = self.held, self.fresh
+        held = self.held
         if len(held) == 2:
             t = held[1]
-            if getrefcount(t) == _ALONE and t.__dict__ == fresh[1]:
+            if getrefcount(t) == _ALONE and self.unchanged(t):
                 held.reverse()
-                fresh.reverse()
                 return t
         t = tensor_of_uop(self.uop, self.device)
         held[:] = [t, held[0]]
-        fresh[:] = [dict(t.__dict__), fresh[0]]
         return t
 
 
@@ -202,7 +213,7 @@ class TinyJit:
                             counters.global_mem += lane.counts[2]
                             self.cnt += 1
                             t = lane.held[0]
-                            if getrefcount(t) == _ALONE and t.__dict__ == lane.fresh[0]:
+                            if getrefcount(t) == _ALONE and lane.unchanged(t):
                                 return t
                             return lane.hand_out()
                     finally:

@@ -139,7 +139,7 @@ def test_steady_replays_of_one_argument_count_and_read_its_buffer_and_freed_memo
 
 def test_steady_calls_hand_back_a_returned_tensor_only_when_nobody_holds_or_changed_it():
     """A call repeated with the same tensor may return a tensor it returned before, but only one its caller let go of
-    unchanged: a tensor still held, or given requires_grad or an attribute, is never handed out again."""
+    unchanged: a tensor still held, or given requires_grad, a gradient or an attribute, is never handed out again."""
     step, w1, w2 = _step_and_weights()
     x_np = rng.standard_normal((16, 32), dtype=np.float32)
     x = Tensor(x_np).realize()
@@ -156,6 +156,9 @@ def test_steady_calls_hand_back_a_returned_tensor_only_when_nobody_holds_or_chan
     del again
     fresh = step(x)
     assert fresh.requires_grad is None and not hasattr(fresh, "note")
+    fresh.grad = Tensor(np.ones(16, np.float32))  # a tensor where None was: compared by identity, not elementwise
+    del fresh
+    assert step(x).grad is None
     loss = step(x)
     for _ in range(4):  # `loss = step(x)`: the previous one is still held while the next call runs
         prev, loss = loss, step(x)
