@@ -178,7 +178,7 @@ void fg_run_graph(int count, void **fns, int *nargs, void **args, int *arg_off, 
 struct fg_kernel_call {{ void *fn; int nargs; void **args; long long start, end; }};
 void fg_call_packed(const struct fg_kernel_call *c) {{ fg_call(c->fn, c->nargs, c->args, c->start, c->end); }}
 
-/* fg_run_graph untimed with its arguments in one struct: a replay's call converts one pointer, not nine arguments */
+/* fg_run_graph untimed with its arguments in one struct: a replay's call converts one pointer, not eleven arguments */
 struct fg_graph_call {{
   int count; void **fns; int *nargs; void **args; int *arg_off; long long *bounds; int *bound_off; int *chunks;
   int threads;
