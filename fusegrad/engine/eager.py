@@ -33,6 +33,7 @@ class EagerLaunch:
     # outputs up to this size keep their memory for the next call's (Buffer.allocate_spare): one block per eager op
     # form, outside the host cache's bound, so a small one
     MAX_SPARE_BYTES = 1 << 16
+    PACK_AFTER = 64  # launches of one op form before it asks for the runner's packed call
 
     def __init__(self, one_kernel: tuple, program: Any, ops: int, mem: int):
         self.gather, (self.device, self.size, self.dtype), self.chain = one_kernel
@@ -45,16 +46,19 @@ class EagerLaunch:
         launch = direct() if direct is not None else None
         self.call: Callable | None
         self.call, self.tail = launch if launch is not None else (None, ())
-        # the same call through the C runner with one argument, once it is built (asked again while it is building)
+        # the same call through the C runner with one argument (PackedLaunch), asked for after PACK_AFTER launches:
+        # a loop, not a script's few ops, is worth the runner's build (a second and a half of compiling when cold)
         self.packed: Any = None
-        self.pack_pending = launch is not None
+        self.pack_pending = self.PACK_AFTER if launch is not None else 0
 
     def _pack(self) -> None:
         from fusegrad.runtime.cpu_graph import packed_launch  # the runner's module, loaded once a kernel has run
 
         got = packed_launch(self.program)
-        if got is not True:  # True: the runner is still building
-            self.packed, self.pack_pending = got or None, False
+        if got is True:  # the runner is building (on a background thread): ask again later
+            self.pack_pending = self.PACK_AFTER
+        else:
+            self.packed = got or None
 
     def run(self, inputs: list[Buffer]) -> UOp:
         """Launch on `inputs` (the template's input buffers in slot order; the new buffer is appended) and count it."""
@@ -76,7 +80,9 @@ class EagerLaunch:
             else:
                 call(*addrs, *self.tail)
                 if self.pack_pending:
-                    self._pack()
+                    self.pack_pending -= 1
+                    if not self.pack_pending:
+                        self._pack()
         else:
             for b in args:
                 if b._mem is None:

@@ -150,9 +150,9 @@ def test_shapes_recorded_by_an_eager_training_step_are_the_inferred_ones(monkeyp
 
 
 def test_a_repeated_eager_op_launches_through_the_runners_packed_call():
-    """Once the C runner is built, an eager op called again launches through its one-argument entry with a table of
-    addresses: rewritten when an output is still held (new memory), kept when the output's spare block comes back;
-    the values are numpy's either way, and a kernel in another eager op keeps its own table."""
+    """An eager op called in a loop (PACK_AFTER times; a script's few ops never ask for the runner's build) launches
+    through the runner's one-argument entry with a table of addresses: rewritten when an output is still held (new
+    memory), kept when the output's spare block comes back; the values are numpy's either way."""
     import gc as gc_module
 
     from fusegrad.engine.eager import EagerLaunch
@@ -160,12 +160,20 @@ def test_a_repeated_eager_op_launches_through_the_runners_packed_call():
     from fusegrad.runtime.cpu_graph import PackedLaunch
 
     assert cpu_runner.graph_library() is not None, "the runner builds where the CPU device compiles"
-    x_np, y_np = f32(16), f32(16)
+
+    def launches() -> list:
+        return [o for o in gc_module.get_objects() if type(o) is EagerLaunch]
+
+    before = {id(o) for o in launches()}
+    x_np, y_np = f32(63), f32(63)  # a size no other test gives an eager op: its own launch
     x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
     for _ in range(3):
         (x * y).realize()
-    launches = [o for o in gc_module.get_objects() if type(o) is EagerLaunch and type(o.packed) is PackedLaunch]
-    assert launches, "no eager launch took the packed call"
+    (mine,) = [o for o in launches() if id(o) not in before and o.size == 63]
+    assert mine.packed is None  # a few ops: no packed call asked for yet
+    for _ in range(EagerLaunch.PACK_AFTER):  # a loop: now worth it
+        (x * y).realize()
+    assert type(mine.packed) is PackedLaunch
     held = [(x * y).realize() for _ in range(3)]  # each output new memory: the table rewritten each time
     for out in held:
         np.testing.assert_allclose(out.numpy(), x_np * y_np, rtol=1e-6)
