@@ -680,10 +680,8 @@ def tensor_of_uop(u: UOp, device: str | tuple[str, ...]) -> Tensor:
     t.device, t.grad, t.requires_grad, t.is_param = device, None, None, True
     t._ref = ref = weakref.ref(t)
     t._uop = u  # the uop setter's work, inline: every op builds one
-    if (held := u.holders) is None or type(held) is not list and held() is None:  # add_holder's first cases
+    if u.holders is None:  # a new node (add_holder's first case)
         u.holders = ref
-    elif type(held) is list and held and held[-1]() is None:
-        held[-1] = ref
     else:
         u.add_holder(ref)
     return t
