@@ -76,5 +76,6 @@ def main() -> None:
     lane = got["TinyJit call, whole"] - got["replay step (the bound call, watched)"]
     print(f"  {'TinyJit steady lane around the step (whole - step)':42s} {lane:7.3f} us")
 
+
 if __name__ == "__main__":
     main()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from contextlib import nullcontext
 from typing import Any, Callable
 from sys import getrefcount
-from fusegrad.helpers import DEBUG, JIT, JITBEAM, NO_MEMORY_PLANNER, Context, GlobalCounters, Hooks
+from fusegrad.helpers import DEBUG, JIT, JITBEAM, NO_MEMORY_PLANNER, Context, Hooks
 from fusegrad.engine.jit_capture import (
     Recorder,
     drop_input_grads,
@@ -83,7 +83,6 @@ class SteadyLane:
     the last one while the next call runs."""
 
     steady: tuple  # CapturedJit._steady as it was: (thunks, inputs, var_vals); another tuple once that changed
-    counts: tuple[int, int, int]  # kernel launches, ops and bytes one replay adds to GlobalCounters
     uop: UOp  # the returned tensor's node and device
     device: Any
     held: list[Tensor]  # the tensors returned last, newest first
@@ -91,8 +90,7 @@ class SteadyLane:
 
     @staticmethod
     def of(cap: CapturedJit, ret: Tensor) -> SteadyLane:
-        counts = (len(cap.launches), cap.ops, cap.mem)
-        return SteadyLane(cap._steady, counts, ret.uop, ret.device, [ret], len(ret.__dict__))  # type: ignore[arg-type]
+        return SteadyLane(cap._steady, ret.uop, ret.device, [ret], len(ret.__dict__))  # type: ignore[arg-type]
 
     def unchanged(self, t: Tensor) -> bool:
         """Whether t's attributes are as tensor_of_uop made them: compared by identity, since a value its user set may
@@ -207,10 +205,7 @@ class TinyJit:
                         if cap._steady is lane.steady:
                             for fn in lane.steady[0]:
                                 fn()
-                            counters = GlobalCounters
-                            counters.kernel_count += lane.counts[0]
-                            counters.global_ops += lane.counts[1]
-                            counters.global_mem += lane.counts[2]
+                            cap.count_launches()
                             self.cnt += 1
                             t = lane.held[0]
                             if getrefcount(t) == _ALONE and lane.unchanged(t):

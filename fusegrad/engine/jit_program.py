@@ -185,9 +185,7 @@ class CapturedJit:
         if steady is not None and steady[1] is inputs and steady[2] is var_vals and not timed and Hooks.trace is None:
             for fn in steady[0]:  # the per-call path of a step called again as it was: its thunks, counted
                 fn()
-            GlobalCounters.kernel_count += len(self.launches)
-            GlobalCounters.global_ops += self.ops
-            GlobalCounters.global_mem += self.mem
+            self.count_launches()
             return
         self._steady = None
         if self._freed:
@@ -230,9 +228,14 @@ class CapturedJit:
             self._thunks = [self._thunk(step) for step in self.steps]  # every buffer is allocated now
         if not self.rng_calls and not self._copied:
             self._steady = (self._thunks, inputs, var_vals)  # held: no id reused
-        GlobalCounters.kernel_count += len(self.launches)
-        GlobalCounters.global_ops += self.ops
-        GlobalCounters.global_mem += self.mem
+        self.count_launches()
+
+    def count_launches(self) -> None:
+        """Add one replay's launches, ops and bytes to GlobalCounters, as an eager run counts them."""
+        counters = GlobalCounters
+        counters.kernel_count += len(self.launches)
+        counters.global_ops += self.ops
+        counters.global_mem += self.mem
 
     def _bind_inputs(self, given: list[Buffer]) -> None:
         """Point the launches at this call's input buffers, rewriting only the graph table cells that change."""
