@@ -41,6 +41,7 @@ from fusegrad.engine.jit_inputs import (
 )
 from fusegrad.engine import jit_pickle  # noqa: F401  (registers how a captured step pickles)
 from fusegrad.engine.jit_program import CapturedJit, Launch, freeze, is_frozen_tensor, thaw
+from fusegrad.engine.native_lane import NATIVE_AFTER, lane_state, native_class
 from fusegrad.engine.realize import capturing, realize_lock
 from fusegrad.runtime.buffers import buffer_of
 from fusegrad.schedule.variables import var_params
@@ -87,6 +88,7 @@ class SteadyLane:
     device: Any
     held: list[Tensor]  # the tensors returned last, newest first
     attrs: int  # how many attributes tensor_of_uop gives a tensor
+    countdown: int = NATIVE_AFTER  # runs left before the TinyJit asks for the C lane (native_lane.py); 0: never
 
     @staticmethod
     def of(cap: CapturedJit, ret: Tensor) -> SteadyLane:
@@ -207,6 +209,10 @@ class TinyJit:
                                 fn()
                             cap.count_launches()
                             self.cnt += 1
+                            if lane.countdown:
+                                lane.countdown -= 1
+                                if not lane.countdown:
+                                    self._go_native(known, cap, lane)  # type: ignore[arg-type]
                             t = lane.held[0]
                             if getrefcount(t) == _ALONE and lane.unchanged(t):
                                 return t
@@ -219,7 +225,9 @@ class TinyJit:
                         ret = tensor_of_uop(one[0], one[1])
                         steady = cap._steady  # type: ignore[union-attr]
                         if steady is not None and steady[1] is known.inputs and steady[2] is known.var_vals:
-                            known.lane = SteadyLane.of(cap, ret)  # type: ignore[arg-type]
+                            known.lane = lane = SteadyLane.of(cap, ret)  # type: ignore[arg-type]
+                            if type(self).native_lane:
+                                lane.countdown = 1  # on the C lane already: its next run hands this lane over
                     else:
                         ret = self._run_captured(known.inputs, known.bases, known.var_vals)
                 self.cnt += 1
@@ -251,6 +259,19 @@ class TinyJit:
                 self._known = KnownCall(*self._last_checked)
         self.cnt += 1
         return ret
+
+    native_lane = False  # True on native_lane's subclass, whose call is the C lane
+
+    def _go_native(self, known: KnownCall, cap: CapturedJit, lane: SteadyLane) -> None:
+        """The lane's later runs in C (the instance switches to native_lane's subclass), once it is built; while it
+        builds, ask again after NATIVE_AFTER more runs. A subclass of TinyJit keeps its class and the Python lane."""
+        if type(self) is not TinyJit and not type(self).native_lane:
+            return
+        if (cls := native_class(TinyJit)) is None:
+            lane.countdown = NATIVE_AFTER
+            return
+        self._c_lane = lane_state(known, cap, lane)
+        self.__class__ = cls
 
     def _name(self) -> str:
         return getattr(self.fxn, "__qualname__", repr(self.fxn))
