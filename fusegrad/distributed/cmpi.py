@@ -91,7 +91,10 @@ class LibMPI:
                 self.fns[fn], inp.ctypes.data, dst.ctypes.data, handle(mpi_type), 0 if op is None else handle(op),
                 handle(comm), code, count, root,
             )  # fmt: skip
-            return partial(self.shim, ctypes.byref(args))  # the byref keeps the struct alive
+            call = partial(self.shim, ctypes.byref(args))  # the byref keeps the struct alive
+            # described for a caller in C (TinyJit's C lane): the shim's address and its argument's
+            call.c_call = (ctypes.cast(self.shim, ctypes.c_void_p).value, ctypes.addressof(args))
+            return call
         lib, c, dtype, ptr = self.lib, self.h(comm), self.h(mpi_type), ctypes.c_void_p
         send, recv, n = ptr(inp.ctypes.data), ptr(dst.ctypes.data), ctypes.c_int(count)
         if kind == "all_reduce":

@@ -126,7 +126,10 @@ class Collective:
         bound = self.cache
         if bound is None or not bound[3] or bound[0] is not out._mem or bound[1] is not src._mem:
             return partial(self, buffers)
-        return partial(self.w.watched, self, bound[2], 1)
+        thunk = partial(self.w.watched, self, bound[2], 1)
+        if (c_call := getattr(bound[2], "c_call", None)) is not None:  # the shim: a C caller can watch it alike
+            thunk.c_call = (*c_call, self.w, self, 1, self.w.raise_mpi_error)
+        return thunk
 
     def call_blocking(self, call: Callable[[], Any]) -> None:
         """Run a bound blocking call, watched: the watchdog ends the job if it outlasts self.timeout."""

@@ -68,7 +68,11 @@ class World:
         finally:
             self.busy = None
         if err:
-            raise self.mpi.Exception(err)
+            self.raise_mpi_error(err)
+
+    def raise_mpi_error(self, err: int) -> None:
+        """Raise libmpi's error code `err` as mpi4py raises its own."""
+        raise self.mpi.Exception(err)
 
     def _watch(self) -> None:
         """The watchdog: a blocking MPI call cannot be interrupted, so when one outlasts its timeout (the same call,

@@ -133,6 +133,8 @@ class CPUGraph:
         self._packed = GraphCall(self.count, *self._call_args, self.threads)
         # the batch's run as one C call of one argument (a replay's thunk): the tables it points at stay these arrays
         self.run = partial(self.lib.fg_run_packed, ctypes.byref(self._packed))
+        # the same call described for a caller in C (TinyJit's C lane): the function's address and its argument's
+        self.run.c_call = (ctypes.cast(self.lib.fg_run_packed, ctypes.c_void_p).value, ctypes.addressof(self._packed))
 
     def forget_buffers(self) -> None:
         """Drop the buffers the batch was built with (a graph every run rebinds whole, with `bind_all`)."""

@@ -263,6 +263,31 @@ def test_collectives_over_comm_self_call_libmpi_and_match_numpy(monkeypatch):
     assert dist.all_reduce(Tensor([True, False]), "max").numpy().tolist() == [True, False]
 
 
+def test_a_jitted_allreduce_on_the_c_lane_calls_the_shim_watched(monkeypatch):
+    # TinyJit's C lane calls the shim's function itself (the thunk's c_call), keeping World.watched's books
+    MPI = pytest.importorskip("mpi4py.MPI")
+    from fusegrad import TinyJit
+    from fusegrad.engine import native_lane
+
+    if native_lane.built_class(TinyJit) is None:
+        pytest.skip("the C lane does not build on this machine (no compiler or no Python headers)")
+    w = comm.World(MPI, MPI.COMM_SELF)
+    monkeypatch.setattr(comm, "_world", [w])
+    x = Tensor(np.arange(5, dtype=np.float32)).realize()
+    jitted = TinyJit(lambda t: dist.all_reduce(t, "sum") * 2)
+    for _ in range(3):
+        jitted(x)
+    jitted._known.lane.countdown = 1
+    jitted(x)
+    assert type(jitted).native_lane, "the repeated call did not switch to the C lane"
+    assert any(type(t) is tuple and len(t) == 6 for t in jitted._c_lane[4]), "the collective's thunk is not a c_call"
+    calls = w.calls
+    for i in range(5):
+        x.assign(Tensor(np.full(5, i, np.float32))).realize()
+        np.testing.assert_array_equal(jitted(x).numpy(), np.full(5, 2 * i, np.float32))
+    assert w.calls == calls + 5 and w.busy is None
+
+
 def test_without_a_compiler_the_bound_calls_go_through_ctypes(monkeypatch):
     # the shim does not build (no C compiler, or its cache unwritable): libmpi is called with the arguments themselves
     MPI = pytest.importorskip("mpi4py.MPI")
