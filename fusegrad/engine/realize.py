@@ -362,9 +362,12 @@ def realize_leaf(root: UOp, device: str | tuple[str, ...]) -> UOp | None:
     """realize_uops([root], [device]) for an eager op on realized tensors whose schedule the leaf-op memo holds (an
     eager `x + y` in a loop), without the general path's steps that have nothing to do there (no tracer, profiler,
     index check or copy on write); None, having done nothing, for any other root. The caller holds realize_lock."""
-    # index_checks' own dict: a WeakKeyDictionary's len() is a Python call (an entry dying now only costs the fast path)
-    if root.op is Ops.MULTI or tracing or Hooks.trace is not None or index_checks.data:
+    if root.op is Ops.MULTI or tracing or Hooks.trace is not None:
         return None  # a MULTI of buffers is realized already; the others need the general path's steps
+    # index_checks' own dict first (a WeakKeyDictionary's len() is a Python call); a check pending elsewhere (another
+    # lazy graph, a dead one the collector has not reached) is not this op's: only the op and its buffers can hold one
+    if index_checks.data and (root in index_checks or any(s in index_checks for s in root.src)):
+        return None
     if (leaf := leaf_template(root, device)) is None:
         return None
     template, hit = leaf

@@ -4,6 +4,7 @@ counters, DEBUG lines and TinyJit captures stay those of the general path."""
 
 import gc
 import numpy as np
+import pytest
 from fusegrad import Context, GlobalCounters, Tensor, TinyJit
 from fusegrad.runtime.buffers import base_buffer, buffer_of
 from fusegrad.runtime.device import HostAllocator
@@ -181,3 +182,24 @@ def test_a_repeated_eager_op_launches_through_the_runners_packed_call():
     for _ in range(3):  # outputs dying at once: the spare block, the same table
         np.testing.assert_allclose((x * y).realize().numpy(), x_np * y_np, rtol=1e-6)
         np.testing.assert_allclose((x + y).realize().numpy(), x_np + y_np, rtol=1e-6)
+
+
+def test_a_check_pending_in_another_graph_leaves_eager_ops_their_fast_path():
+    """An index check waiting in some other lazy graph (or a dead one the collector has not reached) is not an eager
+    op's: the op on realized buffers still launches through its EagerLaunch, and the pending check still runs."""
+    import gc as gc_module
+
+    from fusegrad.engine.checks import index_checks
+    from fusegrad.engine.eager import EagerLaunch
+
+    with Context(CHECK_OOB=1):
+        x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize()
+        pending = x.gather(1, Tensor([[0, 3], [1, 2], [2, 9]]).realize())  # lazy, and out of range
+    assert len(index_checks) > 0
+    a_np, b_np = f32(61), f32(61)  # a size no other test gives an eager op: its own launch
+    a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
+    for _ in range(3):
+        np.testing.assert_allclose((a * b).realize().numpy(), a_np * b_np, rtol=1e-6)
+    assert [o for o in gc_module.get_objects() if type(o) is EagerLaunch and o.size == 61]
+    with pytest.raises(IndexError):
+        pending.realize()
