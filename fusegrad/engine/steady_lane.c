@@ -10,6 +10,10 @@
 #include <Python.h>
 #include <structmember.h>
 
+#ifdef Py_GIL_DISABLED
+#error "the lane's reference counts and unlocked reads assume the GIL: free-threaded builds keep the Python lane"
+#endif
+
 /* set once by configure() */
 static PyObject *tensor_type, *capturing, *jit_var, *jit_override, *debug_var, *debug_override, *unset, *hooks,
     *counters, *python_call, *lock_acquire, *lock_release;
