@@ -61,6 +61,7 @@ class KnownCall:
     # once a replay for these inputs ran steady (CapturedJit._steady) and returned one tensor: what the next call with
     # them runs and returns, without CapturedJit's call
     lane: SteadyLane | None = None
+    c_lane: tuple | None = None  # the lane as the C call reads it (native_lane.lane_state), once switched
 
 
 def _alone() -> int:
@@ -270,7 +271,7 @@ class TinyJit:
         if (cls := native_class(TinyJit)) is None:
             lane.countdown = NATIVE_AFTER
             return
-        self._c_lane = lane_state(known, cap, lane)
+        known.c_lane = lane_state(known, cap, lane)
         self.__class__ = cls
 
     def _name(self) -> str:

@@ -54,12 +54,12 @@ def built_class(base: type) -> type | None:
 
 
 def lane_state(known: Any, cap: Any, lane: Any) -> tuple:
-    """The tuple steady_lane.c reads as `jit._c_lane` (its enum L_* gives the order): what the Python lane compares and
-    runs, with the replay's counts. A thunk that calls one C function says so in its `c_call` attribute (its address,
-    its argument's address, and for a watched MPI call the World.watched bookkeeping: see run_thunk in the C), and the
-    lane calls that function itself; the thunks stay held by lane.steady, and with them what the addresses point at."""
+    """The tuple steady_lane.c reads as the known call's `c_lane` (its enum L_* gives the order): what the Python lane
+    compares and runs, with the replay's counts; held by the known call, it goes when that goes, as the lane does. A
+    thunk that calls one C function says so in its `c_call` attribute (its address, its argument's address, and for a
+    watched MPI call World.watched's bookkeeping: see run_thunk in the C), and the lane calls that function itself;
+    the thunks stay held by lane.steady, and with them what the addresses point at."""
     return (
-        known,
         lane,
         cap,
         lane.steady,

@@ -3,8 +3,8 @@
  * costs more than that; this one costs a few dictionary lookups.
  *
  * LaneBase adds no fields, so a TinyJit instance can switch to a subclass with it among its bases (native_lane.py)
- * and keep its layout. Its call reads the instance's `_c_lane`, a tuple native_lane.py makes from a SteadyLane;
- * anything it does not handle (another argument, a setting, a capture, a changed binding) goes to the Python
+ * and keep its layout. Its call reads `c_lane` of the instance's known call, a tuple native_lane.py makes from a
+ * SteadyLane (held there, it goes when the known call goes); anything it does not handle (another argument, a setting, a capture, a changed binding) goes to the Python
  * __call__ it was configured with, which handles every case. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -43,8 +43,8 @@ static void put_back(pending_t p) { PyErr_Restore(p.type, p.value, p.tb); }
 static void drop(pending_t p) { Py_XDECREF(p.type), Py_XDECREF(p.value), Py_XDECREF(p.tb); }
 #endif
 
-/* the fields of a `_c_lane` tuple, in order */
-enum { L_KNOWN, L_LANE, L_CAP, L_STEADY, L_THUNKS, L_UOPS, L_LAUNCHES, L_OPS, L_MEM, L_UOP, L_DEVICE, L_ATTRS, L_HELD,
+/* the fields of a `c_lane` tuple, in order */
+enum { L_LANE, L_CAP, L_STEADY, L_THUNKS, L_UOPS, L_LAUNCHES, L_OPS, L_MEM, L_UOP, L_DEVICE, L_ATTRS, L_HELD,
        L_FIELDS };
 
 /* a setting's value as ContextVar.value reads it: the thread's override, else the default; a new reference */
@@ -204,16 +204,18 @@ static PyObject *run_lane(PyObject *d, PyObject *lane) {
     return PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(lane, L_LANE), s_hand_out);
 }
 
-/* 1 when the lane tuple still describes this instance's call: its known call, lane and capture are the current ones */
-static int lane_current(PyObject *d, PyObject *lane) {
+/* the known call's lane tuple (borrowed, from the known call's dictionary) when it is still the known call's lane and
+ * the instance's capture is the one it was made for; NULL when not (or on an error: PyErr_Occurred says) */
+static PyObject *current_lane(PyObject *d) {
     PyObject *known = item(d, s_known);
-    if (known != PyTuple_GET_ITEM(lane, L_KNOWN)) return PyErr_Occurred() ? -1 : 0;
-    if (item(d, s_captured) != PyTuple_GET_ITEM(lane, L_CAP)) return PyErr_Occurred() ? -1 : 0;
+    if (known == NULL || known == Py_None) return NULL;
     PyObject *kd = PyObject_GenericGetDict(known, NULL);
-    if (!kd) return -1;
-    int ok = item(kd, s_lane) == PyTuple_GET_ITEM(lane, L_LANE);
-    Py_DECREF(kd);
-    return PyErr_Occurred() ? -1 : ok;
+    if (!kd) return NULL;
+    PyObject *lane = item(kd, s_c_lane);
+    int ok = lane != NULL && PyTuple_CheckExact(lane) && PyTuple_GET_SIZE(lane) == L_FIELDS &&
+             item(kd, s_lane) == PyTuple_GET_ITEM(lane, L_LANE) && item(d, s_captured) == PyTuple_GET_ITEM(lane, L_CAP);
+    Py_DECREF(kd);  /* the instance holds the known call, which holds the tuple */
+    return ok && !PyErr_Occurred() ? lane : NULL;
 }
 
 static PyObject *python_path(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -227,13 +229,9 @@ static PyObject *python_path(PyObject *self, PyObject *args, PyObject *kwargs) {
     return r;
 }
 
-/* 1 when the lane may run this call: the instance's lane is current, the arguments are its inputs, the settings
- * allow it; -1 on an error */
-static int lane_applies(PyObject *d, PyObject *lane, PyObject *args) {
-    if (lane == NULL || !PyTuple_CheckExact(lane) || PyTuple_GET_SIZE(lane) != L_FIELDS)
-        return PyErr_Occurred() ? -1 : 0;
-    int ok = lane_current(d, lane);
-    if (ok > 0) ok = same_inputs(args, PyTuple_GET_ITEM(lane, L_UOPS));
+/* 1 when the lane may run this call: the arguments are its inputs and the settings allow it; -1 on an error */
+static int lane_applies(PyObject *lane, PyObject *args) {
+    int ok = same_inputs(args, PyTuple_GET_ITEM(lane, L_UOPS));
     if (ok > 0) ok = settings_allow();
     return ok;
 }
@@ -268,9 +266,9 @@ static PyObject *lane_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (python_call == NULL || (kwargs && PyDict_GET_SIZE(kwargs))) return python_path(self, args, kwargs);
     PyObject *d = PyObject_GenericGetDict(self, NULL);
     if (!d) return NULL;
-    PyObject *lane = item(d, s_c_lane);
-    Py_XINCREF(lane);  /* held: a thunk's Python code may rebind `_c_lane` */
-    int ok = lane_applies(d, lane, args);
+    PyObject *lane = current_lane(d);
+    Py_XINCREF(lane);  /* held: a thunk's Python code may replace the known call */
+    int ok = lane == NULL ? (PyErr_Occurred() ? -1 : 0) : lane_applies(lane, args);
     PyObject *ret = ok > 0 ? locked_run(d, lane) : NULL;
     Py_XDECREF(lane);
     Py_DECREF(d);
@@ -330,7 +328,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fusegrad_steady_lane", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit_fusegrad_steady_lane(void) {
-    const char *names[] = {"_c_lane", "_known",     "lane",       "captured",   "_steady",  "cnt",           "_uop",
+    const char *names[] = {"c_lane",  "_known",     "lane",       "captured",   "_steady",  "cnt",           "_uop",
                            "default", "trace",      "kernel_count", "global_ops", "global_mem", "hand_out", "grad",
                            "requires_grad", "is_param", "device", "calls", "busy"};
     PyObject **slots[] = {&s_c_lane,  &s_known,      &s_lane,       &s_captured,     &s_steady,     &s_cnt,

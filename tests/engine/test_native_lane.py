@@ -3,8 +3,10 @@ switches the TinyJit to the C call, which must behave as the Python lane does: t
 hand-outs, and every other call (other inputs, settings, keywords, errors) on TinyJit's own path."""
 
 import ctypes
+import gc
 import pickle
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -92,7 +94,7 @@ def test_other_inputs_settings_and_keywords_take_the_python_path(native_class, c
         jit(y)
     jit._known.lane.countdown = 1
     jit(y)
-    assert jit._c_lane[1] is jit._known.lane  # the new lane was handed to C
+    assert jit._known.c_lane[0] is jit._known.lane  # the new lane was handed to C
     np.testing.assert_array_equal(jit(y).numpy(), [6, 6])
     with Context(JIT=0):
         n = len(runs)
@@ -108,6 +110,16 @@ def test_other_inputs_settings_and_keywords_take_the_python_path(native_class, c
     n = len(runs)
     jit(y)
     assert len(runs) == n + 1  # reset: the C lane sees no known call and warms up again through Python
+
+
+def test_the_c_lane_goes_with_its_known_call(native_class):
+    # other inputs replace the known call: its lane (and the buffers the C lane's tuple names) are not kept alive
+    x, y = Tensor(np.ones(2, np.float32)).realize(), Tensor(np.full(2, 3, np.float32)).realize()
+    jit = on_c_lane(TinyJit(lambda a: a * 2), x)
+    lane = weakref.ref(jit._known.c_lane[0])
+    np.testing.assert_array_equal(jit(y).numpy(), [6, 6])
+    gc.collect()
+    assert lane() is None
 
 
 def test_a_switched_tinyjit_pickles_and_copies_as_a_plain_one(native_class):
@@ -176,8 +188,8 @@ def test_a_watched_c_call_keeps_the_books_and_raises_its_error_with_the_lock_rel
         1,
         owner.failed,
     )
-    lane = jit._c_lane
-    jit._c_lane = (*lane[:4], (call, *lane[4]), *lane[5:])
+    lane = jit._known.c_lane
+    jit._known.c_lane = (*lane[:3], (call, *lane[3]), *lane[4:])
     jit(x)
     assert owner.calls == 1 and owner.busy is None
     code.value = 7
