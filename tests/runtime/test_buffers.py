@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fusegrad import Context, Tensor, dtypes
 from fusegrad.helpers import GlobalCounters
-from fusegrad.runtime.device import HUGE_PAGE, HostAllocator, host_cache_limit
+from fusegrad.runtime.device import HUGE_COLOR_STEP, HUGE_COLORS, HUGE_PAGE, HostAllocator, host_cache_limit
 from fusegrad.schedule import base_buffer, buffer_of
 
 cache = HostAllocator.cache
@@ -66,11 +66,12 @@ def test_reused_block_keeps_its_address_and_a_new_buffer_over_it_reads_its_own_v
     assert other.address() == other._mem.ctypes.data != address
 
 
-def test_huge_buffers_are_reused_and_huge_page_aligned():
+def test_huge_buffers_are_reused_and_start_at_a_color_of_their_huge_page():
     a = Tensor(np.arange(HUGE_PAGE // 4 + 3, dtype=np.float32)).realize()
     x = (a + 1).realize()
     address = buffer(x).address()
-    assert address % HUGE_PAGE == 0
+    assert address % HUGE_PAGE % HUGE_COLOR_STEP == 0 and address % HUGE_PAGE < HUGE_COLORS * HUGE_COLOR_STEP
+    assert address % 64 == 0
     del x
     y = (a - 1).realize()
     assert buffer(y).address() == address
@@ -87,13 +88,24 @@ def test_huge_blocks_ask_for_huge_pages_over_whole_pages_only(monkeypatch):
 
     monkeypatch.setattr(mmap, "mmap", RecordingMap)
     nbytes = 3 * HUGE_PAGE + 100
-    block = HostAllocator._fresh(nbytes)
-    block[:] = 7
-    assert block.ctypes.data % HUGE_PAGE == 0 and block.nbytes == nbytes
-    assert len(advice) == 1
-    option, start, length = advice[0]
-    assert option == mmap.MADV_HUGEPAGE and length == 3 * HUGE_PAGE
-    assert np.frombuffer(block.base, np.uint8)[start : start + 4].tolist() == [7, 7, 7, 7]
+    for _ in range(HUGE_COLORS):  # each color once: the last huge page the block fills whole is the last advised
+        advice.clear()
+        block = HostAllocator._fresh(nbytes)
+        block[:] = 7
+        color = block.ctypes.data % HUGE_PAGE
+        assert color % HUGE_COLOR_STEP == 0 and color < HUGE_COLORS * HUGE_COLOR_STEP and block.nbytes == nbytes
+        assert len(advice) == 1
+        option, start, length = advice[0]
+        whole = np.frombuffer(block.base, np.uint8)
+        assert option == mmap.MADV_HUGEPAGE and (whole.ctypes.data + start) % HUGE_PAGE == 0
+        assert length == (color + nbytes) // HUGE_PAGE * HUGE_PAGE == 3 * HUGE_PAGE
+        assert whole[start + color : start + color + 4].tolist() == [7, 7, 7, 7]
+
+
+def test_huge_blocks_in_turn_start_at_different_colors():
+    # two blocks an operation reads together (MPI's reduction, an elementwise kernel) do not share cache sets
+    colors = {HostAllocator._fresh(HUGE_PAGE + 64).ctypes.data % HUGE_PAGE for _ in range(HUGE_COLORS)}
+    assert len(colors) == HUGE_COLORS
 
 
 def test_different_sizes_are_not_mixed():
