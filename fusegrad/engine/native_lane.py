@@ -79,9 +79,10 @@ class _Build:
     """The compiler command and cache key of the extension for this interpreter and compiler."""
 
     def __init__(self):
-        import sysconfig  # this module's imports beyond the interpreter's own wait for a build: `import fusegrad` is
-        from fusegrad.runtime.c_compiler import find_compiler  # timed
-        from fusegrad.runtime.ops_cpu import CFLAGS, compiler_identity
+        # imported here, as the build needs them: `import fusegrad` loads none of them (its time is a target)
+        import sysconfig
+        from fusegrad.runtime.c_compiler import find_compiler
+        from fusegrad.runtime.ops_cpu import CFLAGS, build_id
         from fusegrad.runtime.kernel_cache import KernelCache
 
         paths = sysconfig.get_paths()
@@ -93,7 +94,7 @@ class _Build:
             self.src = f.read()
         undefined = ("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ()
         self.flags = (*CFLAGS, *[f"-I{d}" for d in includes], *undefined)
-        ident = f"{compiler_identity(self.cc)}|{sys.version}|{sys.implementation.cache_tag}|{' '.join(self.flags)}"
+        ident = f"{build_id(self.cc)}|{sys.version}|{sys.implementation.cache_tag}|{' '.join(self.flags)}"
         self.key = hashlib.sha256(f"{ident}\n{self.src}".encode()).hexdigest()
         self.cache = KernelCache("cpu-ext", ".so")
 

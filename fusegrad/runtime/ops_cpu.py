@@ -111,7 +111,8 @@ float fg_link_probe(float x) {
 
 
 @functools.cache
-def _build_id(cc: str) -> str:
+def build_id(cc: str) -> str:
+    """What a binary built by `cc` with CFLAGS depends on besides its source: the compiler, its version, the CPU."""
     version = run_compiler([cc, "--version"], "", "reporting its version").stdout.splitlines()[:1]
     cpu = ""
     if os.path.exists("/proc/cpuinfo"):
@@ -138,7 +139,7 @@ def _probe_builds(cc: str, flags: tuple[str, ...]) -> bool:
 def _kept_on_disk(what: str, cc: str, tried: str, decide: Callable[[], tuple[str, ...]]) -> tuple[str, ...] | None:
     """The flags decide() probes for this compiler, kept on disk under its identity and what was tried, so a machine
     probes once; None, and nothing kept, when the compiler ran past COMPILE_TIMEOUT."""
-    key = hashlib.sha256(f"{what}|{_build_id(cc)}|{tried}".encode()).hexdigest()
+    key = hashlib.sha256(f"{what}|{build_id(cc)}|{tried}".encode()).hexdigest()
     if (path := _flag_cache.lookup(key)) is not None:
         with open(path) as f:
             return tuple(f.read().split())
@@ -194,7 +195,7 @@ def link_flags(cc: str) -> tuple[str, ...]:
 
 @functools.cache
 def compiler_identity(cc: str) -> str:
-    return f"{_build_id(cc)}|{' '.join(compiler_flags(cc))}"
+    return f"{build_id(cc)}|{' '.join(compiler_flags(cc))}"
 
 
 def kernel_flags(cc: str, src: str) -> tuple[str, ...]:
@@ -204,7 +205,7 @@ def kernel_flags(cc: str, src: str) -> tuple[str, ...]:
 
 
 def _source_key(cc: str, flags: tuple[str, ...], src: str) -> str:
-    return hashlib.sha256(f"{_build_id(cc)}|{' '.join(flags)}{src}".encode()).hexdigest()
+    return hashlib.sha256(f"{build_id(cc)}|{' '.join(flags)}{src}".encode()).hexdigest()
 
 
 @functools.cache
