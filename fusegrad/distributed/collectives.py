@@ -58,6 +58,7 @@ class Collective:
         self.timeout = float(DIST_TIMEOUT.value)  # read once: the watchdog bounds a blocking call by it
         self.block_bytes = int(DIST_BLOCKING.value) if w.can_block else 0
         self.pending: Any = None  # the MPI request in flight
+        self.pending_bytes = 0  # its bytes per rank
         # (output memory, input memory, the bound MPI call, whether it blocks): a replay's whole path
         self.cache: tuple[Any, Any, Callable[[], Any], bool] | None = None
         self.back: tuple[Buffer, np.ndarray] | None = None  # a device output: its host copy, copied in after the wait
@@ -138,6 +139,7 @@ class Collective:
     def start(self, buffers: list[Buffer], bound: tuple | None = None) -> None:
         """Start the nonblocking call (`bound`: its binding, when the caller made it already)."""
         out, src = buffers[0], buffers[1]
+        self.pending_bytes = max(out.nbytes, src.nbytes)  # how long finish() may expect to wait
         p = self.persistent
         if p is None or p[0] is not out._mem or p[1] is not src._mem:
             p = self.persist(out, src) if self.may_persist else None
@@ -162,7 +164,7 @@ class Collective:
         req = self.pending
         assert req is not None, f"{self.what}: finish() without start()"
         if not req.Test():
-            self.w.wait([req], f"{self.what} (collective #{self.w.calls})")
+            self.w.wait([req], f"{self.what} (collective #{self.w.calls})", self.pending_bytes)
         if self.back is not None:
             store(*self.back)
         self.pending = None

@@ -14,6 +14,9 @@ from fusegrad.distributed.cmpi import libmpi
 PROBE_TAG = 7301  # the tag of the "where are you" messages ranks exchange after a timeout
 SPIN_S = 5e-5  # a wait tests without pause this long (a peer a few microseconds behind)
 YIELD_S = 2e-4  # then yields the core between tests up to this long (a message's protocol needs both sides' tests)
+# or, for a message of n bytes, up to n / YIELD_BYTES_PER_S seconds (at most MAX_YIELD_S): its transfer takes about
+# that long, and MPI moves it only while we test; napping through it made a 4 MB allreduce 0.48x-0.74x mpi4py's
+YIELD_BYTES_PER_S, MAX_YIELD_S = 1e9, 2e-2
 NAP_S = 2e-4  # then sleeps between tests a quarter of the time waited so far, up to this long
 WATCH_S = 0.5  # the watchdog looks at the blocking call in progress this often (or 8 times per timeout, if shorter)
 
@@ -95,24 +98,25 @@ class World:
         sys.stderr.flush()
         self.mpi.COMM_WORLD.Abort(1)
 
-    def wait(self, requests: list[Any], what: str) -> None:
-        """Complete `requests`, or raise DistributedError naming the ranks that never arrived within the timeout."""
+    def wait(self, requests: list[Any], what: str, nbytes: int = 0) -> None:
+        """Complete `requests` (moving `nbytes` per rank), or raise DistributedError naming the ranks that never
+        arrived within the timeout."""
         clock = time.perf_counter
         st = clock()
         test = requests[0].Test if len(requests) == 1 else lambda: self.mpi.Request.Testall(requests)
         if not test():
             self.where = what
-            self._wait_slowly(test, what, st)
+            self._wait_slowly(test, what, st, max(YIELD_S, min(MAX_YIELD_S, nbytes / YIELD_BYTES_PER_S)))
             self.where = ""
         self.waited_s += clock() - st
 
-    def _wait_slowly(self, test: Callable[[], bool], what: str, st: float) -> None:
-        """Spin for SPIN_S, yield the core between tests until YIELD_S, then sleep between them: a peer descheduled
+    def _wait_slowly(self, test: Callable[[], bool], what: str, st: float, yield_s: float) -> None:
+        """Spin for SPIN_S, yield the core between tests until yield_s, then sleep between them: a peer descheduled
         on a loaded or oversubscribed machine needs the core, and a rendezvous message needs our tests to move."""
         clock, deadline = time.perf_counter, st + float(DIST_TIMEOUT.value)
         while not test():
             waited = clock() - st
-            if waited > YIELD_S:
+            if waited > yield_s:
                 time.sleep(min(NAP_S, 0.25 * waited))
                 if waited > deadline - st:
                     raise self.stuck(what, float(DIST_TIMEOUT.value))

@@ -307,3 +307,25 @@ def test_without_a_compiler_the_bound_calls_go_through_ctypes(monkeypatch):
     call = lib.bind("all_reduce", MPI.COMM_SELF, MPI.SUM, 0, out, x)
     assert call is not None and call() == 0
     np.testing.assert_array_equal(out, x)
+
+
+@pytest.mark.parametrize("nbytes, naps", [(0, True), (8 << 20, False)])
+def test_a_wait_yields_through_its_messages_transfer_time_before_napping(monkeypatch, nbytes, naps):
+    # a request completing after ~3 ms: an 8 MB message's wait (8 ms of yielding) never sleeps; a small one's naps
+    MPI = pytest.importorskip("mpi4py.MPI")
+    import time
+
+    w = comm.World(MPI, MPI.COMM_SELF)
+    slept, yielded = [], []
+    monkeypatch.setattr(comm.time, "sleep", lambda s: slept.append(s) or time.perf_counter())
+    monkeypatch.setattr(comm.os, "sched_yield", lambda: yielded.append(1))
+
+    class Request:
+        done_at = time.perf_counter() + 3e-3
+
+        def Test(self):
+            return time.perf_counter() >= self.done_at
+
+    w.wait([Request()], "a test request", nbytes)
+    assert bool(slept) == naps and yielded
+    assert w.where == "" and w.waited_s > 0
