@@ -57,4 +57,15 @@ SLOW_CASES = {
     "tests/codegen/test_conv_layouts.py::test_conv_output_is_stored_before_a_pool[max_pool2d]",
     # the server's completion, streaming, error and cancel tests stay; this one times a first token
     "tests/models/test_llm_server.py::test_usage_reports_the_time_to_first_token",
+    # the longest cold cases of tests with cases left (a fresh clone's line measured 552 to 624 s): the 4-head odd
+    # backward, the 129-length realized blocks, the other SVD shapes, three Keccak variants, the two-thread Q8_0
+    # stacks, the 5-step scan and the CPU and LLVM gram matrices stay
+    "tests/tensor_ops/test_attention.py::test_blocked_backward_odd_lengths_against_torch[qs1-129-2-kw1]",
+    "tests/tensor_ops/test_attention.py::test_sdpa_in_realized_blocks_against_torch[qs6-23-None-32-kw6]",
+    "tests/tensor_ops/test_linalg.py::test_svd[shape5-True]",
+    "tests/tensor_ops/test_sorting.py::test_keccak_against_hashlib[sha3_256]",
+    "tests/models/test_quant_avx2.py::test_the_stacked_avx2_matvec_equals_each_matrix_own[Q8_0-1-768-1]",
+    "tests/models/test_quant_avx2.py::test_the_stacked_avx2_matvec_equals_each_matrix_own[Q8_0-3-64-1]",
+    "tests/tensor_ops/test_reduce.py::test_scan_gradients[300]",
+    "tests/codegen/test_opt_regressions.py::test_gram_matrix_sum_of_a_narrow_input[CL]",
 }
