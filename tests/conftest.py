@@ -11,7 +11,7 @@ SPEC.value = int(os.environ["SPEC"])
 
 import pytest  # noqa: E402
 
-from tests.slow_cases import SLOW_CASES  # noqa: E402
+from tests.slow_cases import SAMPLE_EVERY, SAMPLED, SLOW_CASES  # noqa: E402
 
 # .ci/run installs every toolchain the suite uses (PoCL, LLVM 19 + lld, llvmlite, nvcc is on the machine) and sets
 # FUSEGRAD_CI_NO_SKIPS=1: there a skip means a missing piece, so it fails, except skips that mean "more is installed"
@@ -57,10 +57,23 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long test (multi-process, conformance suites); CI or FUSEGRAD_SLOW=1")
 
 
+def _sample_key(nodeid: str) -> str | None:
+    """The SAMPLED key a case belongs to: a prefix of its case id, else its test's node id."""
+    if "[" not in nodeid:
+        return None
+    test = nodeid.split("[")[0]
+    return next((k for k in SAMPLED if "[" in k and nodeid.startswith(k)), test if test in SAMPLED else None)
+
+
 def pytest_collection_modifyitems(config, items):
+    seen: dict[str, int] = {}  # cases of each SAMPLED key met so far, in collection order
     for item in items:  # the cases slow_cases.py moves to the slow part
         if item.nodeid in SLOW_CASES or item.nodeid.split("[")[0] in SLOW_CASES:
             item.add_marker(pytest.mark.slow)
+        elif (key := _sample_key(item.nodeid)) is not None:
+            seen[key] = (n := seen.get(key, 0)) + 1
+            if n % SAMPLE_EVERY:
+                item.add_marker(pytest.mark.slow)
     # slow tests are deselected (counted, never skipped) outside CI so a clone's test line stays within its budget
     if os.environ.get("CI") == "true" or os.environ.get("FUSEGRAD_SLOW") == "1":
         return

@@ -1,7 +1,11 @@
 """Test cases that run in the slow part (CI's second run, or FUSEGRAD_SLOW=1) rather than a clone's test line, which
 must stay within 10 minutes on 2 cores with an empty kernel cache: the longest cases of tests whose other cases, or
 other tests named here, still cover the same code in the fast part. Node ids, or their prefix up to a '[' (every
-case of that test). conftest.py marks them slow; each group's comment says what stays in the fast part."""
+case of that test). conftest.py marks them slow; each group's comment says what stays in the fast part.
+
+SAMPLED names parametrized tests whose cases the fast part samples: of the cases not named in SLOW_CASES, in collection
+order, the first and every fourth after it stay; the rest run in the slow part. A key is a test's node id up to its
+'[', or a longer prefix of its case ids (one backend's cases)."""
 
 SLOW_CASES = {
     # a whole decode step per format; the fused kernels each against numpy stay (test_quant_avx2's other tests)
@@ -69,3 +73,99 @@ SLOW_CASES = {
     "tests/tensor_ops/test_reduce.py::test_scan_gradients[300]",
     "tests/codegen/test_opt_regressions.py::test_gram_matrix_sum_of_a_narrow_input[CL]",
 }
+
+# every case of these compiles kernels of its own shape or dtype: a fresh clone's test line measured 590 and 631 s on
+# 2 cores with an empty kernel cache (2026-12-07), ~1170 worker-seconds, a third of them in the C compiler. A quarter
+# of each test's cases keeps every test (and every dtype and shape family, spread by the stride) in the fast part
+SAMPLE_EVERY = 4
+SAMPLED = (
+    # the op suite on the backends whose compiles are slowest (PoCL, LLVM); its CPU cases all stay
+    "tests/runtime/test_backend_ops.py::test_op[CL-",
+    "tests/runtime/test_backend_ops.py::test_op[LLVM-",
+    "tests/codegen/test_conv_kernels.py::test_conv_forward_and_backward_equal_torch",
+    "tests/codegen/test_conv_kernels.py::test_conv_kernels_have_no_division_in_the_innermost_loop",
+    "tests/codegen/test_conv_kernels.py::test_small_convnet_forward_and_backward_equal_torch",
+    "tests/codegen/test_conv_kernels.py::test_strided_conv_input_gradient_kernels_never_divide",
+    "tests/codegen/test_conv_kernels.py::test_strided_conv_transpose_equals_torch_and_never_divides",
+    "tests/codegen/test_conv_layouts.py::test_conv_over_taps_sums_its_channels_in_blocks",
+    "tests/codegen/test_conv_layouts.py::test_relaid_conv_forward_and_backward_equal_torch",
+    "tests/codegen/test_conv_layouts.py::test_window_columns_forward_and_backward_equal_torch",
+    "tests/codegen/test_depthwise.py::test_window_is_unrolled_and_the_row_left_to_the_compiler",
+    "tests/codegen/test_lane_sums.py::test_lane_column_sums_match_float64_and_noopt",
+    "tests/codegen/test_matmul_grad_opts.py::test_matmul_forward_backward_equal_noopt_and_torch",
+    "tests/codegen/test_opt_regressions.py::test_matmul_of_an_exp_has_torchs_weight_gradient",
+    "tests/codegen/test_opt_regressions.py::test_relu_of_square_matmul_sum",
+    "tests/codegen/test_opt_regressions.py::test_short_reduce_tile_with_a_fused_row_operand",
+    "tests/codegen/test_opts.py::test_transposed_copies_run_in_8x8_tiles_and_equal_numpy",
+    "tests/codegen/test_tile_blocks.py::test_one_axis_reduce_tiles_one_vector_of_long_rows_and_equal_torch",
+    "tests/engine/test_jit.py::test_jitted_training_matches_eager_and_torch",
+    "tests/models/test_generate_attention.py::test_attention_matches_reference",
+    "tests/models/test_llama.py::test_quantized_matmul_is_one_kernel_over_the_blocks",
+    "tests/models/test_llama.py::test_quantized_matrix_values_match_gguf_dequantize",
+    "tests/models/test_quant_avx2.py::test_the_avx2_matvec_equals_numpy_on_the_dequantized_weights",
+    "tests/models/test_quant_avx2.py::test_the_avx2_matvec_with_the_norm_and_the_residual_inside_equals_numpy",
+    "tests/models/test_quant_avx2.py::test_the_f32_matvec_equals_numpy",
+    "tests/models/test_quant_avx2.py::test_the_swiglu_avx2_matvec_equals_numpy",
+    "tests/models/test_quant_dot.py::test_integer_matvec_equals_dequantized_float_math_within_the_activation_error",
+    "tests/models/test_quant_gemm.py::test_avx2_panels_equal_gguf_dequantize",
+    "tests/models/test_quant_gemm.py::test_quantized_gemm_equals_numpy_dequantize_then_matmul",
+    "tests/nn/test_decode_attention.py::test_decode_attention_equals_a_float64_softmax_at_every_position",
+    "tests/nn/test_layers.py::test_conv2d",
+    "tests/nn/test_layers.py::test_norm_layers",
+    "tests/nn/test_optim.py::test_placed_parameters_match_single_device",
+    "tests/nn/test_state_fuzz.py::test_fuzz_loaders_never_crash_or_change_globals",
+    "tests/onnx/test_ops_detection.py::test_roi_align_matches_onnxruntime",
+    "tests/renderer/test_vector_math.py::test_vector_max_and_min_equal_torch_and_noopt",
+    "tests/runtime/test_backend_ops.py::test_cast",
+    "tests/runtime/test_buffers.py::test_values_correct_whatever_the_memory_held",
+    "tests/runtime/test_cpu_flags.py::test_casts_between_every_pair_of_dtypes_run_on_cpu",
+    "tests/runtime/test_emulated_ops.py::test_fp8_arithmetic_emulated_matches_native",
+    "tests/runtime/test_emulated_ops.py::test_op_suite_emulated_matches_native",
+    "tests/runtime/test_emulated_ops.py::test_op_suite_in_int64_emulated_matches_native",
+    "tests/runtime/test_emulated_wide_ints.py::test_int64_emulated_matches_native",
+    "tests/runtime/test_emulated_wide_ints.py::test_uint64_emulated_matches_native",
+    "tests/schedule/test_multi.py::test_reduce_over_and_across_shard_axis",
+    "tests/tensor/test_ops_core.py::test_dtype_cast",
+    "tests/tensor/test_ops_core.py::test_dtype_max_reduce",
+    "tests/tensor/test_ops_core.py::test_int_floordiv_mod",
+    "tests/tensor/test_ops_core.py::test_unary_dtypes",
+    "tests/tensor_ops/test_attention.py::test_sdpa_against_torch",
+    "tests/tensor_ops/test_custom_kernel.py::test_blocked_gemm",
+    "tests/tensor_ops/test_elementwise.py::test_bitcast",
+    "tests/tensor_ops/test_elementwise.py::test_bitwise",
+    "tests/tensor_ops/test_elementwise.py::test_shifts",
+    "tests/tensor_ops/test_elementwise.py::test_unary_dtypes",
+    "tests/tensor_ops/test_elementwise.py::test_unary_forward_and_grad",
+    "tests/tensor_ops/test_elementwise.py::test_unary_special_values",
+    "tests/tensor_ops/test_elementwise.py::test_unary_views_and_edge_shapes",
+    "tests/tensor_ops/test_indexing.py::test_scatter_reduce_dtypes",
+    "tests/tensor_ops/test_linalg.py::test_panel_matmul_values_and_gradients",
+    "tests/tensor_ops/test_linalg.py::test_qr",
+    "tests/tensor_ops/test_linalg.py::test_svd",
+    "tests/tensor_ops/test_max_pool_dim_by_dim.py::test_values_and_gradient_equal_torch",
+    "tests/tensor_ops/test_movement.py::test_diagonal",
+    "tests/tensor_ops/test_movement.py::test_pad_modes",
+    "tests/tensor_ops/test_movement.py::test_pad_modes_views",
+    "tests/tensor_ops/test_movement.py::test_roll",
+    "tests/tensor_ops/test_movement.py::test_split",
+    "tests/tensor_ops/test_movement.py::test_triangle",
+    "tests/tensor_ops/test_movement.py::test_unfold",
+    "tests/tensor_ops/test_nn.py::test_avg_pool",
+    "tests/tensor_ops/test_nn.py::test_conv",
+    "tests/tensor_ops/test_nn.py::test_conv_transpose",
+    "tests/tensor_ops/test_nn.py::test_interpolate_2d",
+    "tests/tensor_ops/test_nn.py::test_max_pool_with_indices",
+    "tests/tensor_ops/test_nn.py::test_sdpa",
+    "tests/tensor_ops/test_nn.py::test_sparse_categorical_crossentropy",
+    "tests/tensor_ops/test_nn.py::test_tiled_max_pool_gradient_goes_to_the_tap_torch_picks",
+    "tests/tensor_ops/test_reduce.py::test_argmax_argmin_first_occurrence",
+    "tests/tensor_ops/test_reduce.py::test_max_min_every_dtype",
+    "tests/tensor_ops/test_reduce.py::test_mean_var_std_dtypes",
+    "tests/tensor_ops/test_reduce.py::test_reductions_of_views",
+    "tests/tensor_ops/test_reduce.py::test_scans_of_views",
+    "tests/tensor_ops/test_sorting.py::test_sort_every_dtype_is_stable",
+    "tests/test_dtype_fp8.py::test_elementwise_in_float32_rounded_back",
+    "tests/test_dtype_fp8.py::test_gradients_run_like_half",
+    "tests/test_dtype_fp8.py::test_kernel_cast_float32_to_fp8_bit_exact",
+    "tests/test_dtype_fp8.py::test_kernel_cast_fp8_to_every_dtype",
+)
