@@ -11,7 +11,7 @@ SPEC.value = int(os.environ["SPEC"])
 
 import pytest  # noqa: E402
 
-from tests.slow_cases import SAMPLE_EVERY, SAMPLED, SLOW_CASES  # noqa: E402
+from tests.slow_cases import SAMPLE_EVERY, SAMPLED, SLOW_CASES, UNMATCHED  # noqa: E402
 
 # .ci/run installs every toolchain the suite uses (PoCL, LLVM 19 + lld, llvmlite, nvcc is on the machine) and sets
 # FUSEGRAD_CI_NO_SKIPS=1: there a skip means a missing piece, so it fails, except skips that mean "more is installed"
@@ -57,23 +57,40 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long test (multi-process, conformance suites); CI or FUSEGRAD_SLOW=1")
 
 
+_SAMPLED_TESTS = frozenset(k for k in SAMPLED if "[" not in k)
+_SAMPLED_PREFIXES = tuple(k for k in SAMPLED if "[" in k)
+
+
 def _sample_key(nodeid: str) -> str | None:
     """The SAMPLED key a case belongs to: a prefix of its case id, else its test's node id."""
     if "[" not in nodeid:
         return None
+    if nodeid.startswith(_SAMPLED_PREFIXES):
+        return next(k for k in _SAMPLED_PREFIXES if nodeid.startswith(k))
     test = nodeid.split("[")[0]
-    return next((k for k in SAMPLED if "[" in k and nodeid.startswith(k)), test if test in SAMPLED else None)
+    return test if test in _SAMPLED_TESTS else None
+
+
+def _whole_suite(config) -> bool:
+    args = [os.path.realpath(os.path.join(config.invocation_params.dir, a)) for a in config.args]
+    # -k, -m and --deselect narrow the items after this hook (pytest's own hooks run after a conftest's)
+    return args == [os.path.dirname(os.path.realpath(__file__))]
 
 
 def pytest_collection_modifyitems(config, items):
     seen: dict[str, int] = {}  # cases of each SAMPLED key met so far, in collection order
+    named: set[str] = set()  # SLOW_CASES entries met
     for item in items:  # the cases slow_cases.py moves to the slow part
-        if item.nodeid in SLOW_CASES or item.nodeid.split("[")[0] in SLOW_CASES:
+        nodeid = item.nodeid
+        if nodeid in SLOW_CASES or (test := nodeid.split("[")[0]) in SLOW_CASES:
+            named.add(nodeid if nodeid in SLOW_CASES else test)
             item.add_marker(pytest.mark.slow)
-        elif (key := _sample_key(item.nodeid)) is not None:
+        elif (key := _sample_key(nodeid)) is not None:
             seen[key] = (n := seen.get(key, 0)) + 1
             if n % SAMPLE_EVERY:
                 item.add_marker(pytest.mark.slow)
+    if _whole_suite(config):
+        config.stash[UNMATCHED] = sorted((SLOW_CASES - named) | (set(SAMPLED) - set(seen)))
     # slow tests are deselected (counted, never skipped) outside CI so a clone's test line stays within its budget
     if os.environ.get("CI") == "true" or os.environ.get("FUSEGRAD_SLOW") == "1":
         return

@@ -7,6 +7,11 @@ SAMPLED names parametrized tests whose cases the fast part samples: of the cases
 order, the first and every fourth after it stay; the rest run in the slow part. A key is a test's node id up to its
 '[', or a longer prefix of its case ids (one backend's cases)."""
 
+import pytest
+
+# what this file names that a collection of the whole suite did not find (conftest.py sets it; test_slow_cases.py asks)
+UNMATCHED = pytest.StashKey[list]()
+
 SLOW_CASES = {
     # a whole decode step per format; the fused kernels each against numpy stay (test_quant_avx2's other tests)
     "tests/models/test_quant_avx2.py::test_a_llama_decode_step_through_the_fused_kernels_equals_the_kernel_per_linear[Q4_K]",
