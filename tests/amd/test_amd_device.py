@@ -66,7 +66,8 @@ def test_full_vf_probe_follows_the_oracle_sequence():
         gc.collect()
         assert sent(pci) == INIT + RELEASE
         assert_protocol_invariants(pci)
-        deadline = time.monotonic() + 2  # the release is fire-and-forget: the PF handles it after its event latency
+        # the release is fire-and-forget: the PF handles it after its event latency (a hang guard, not a timing)
+        deadline = time.monotonic() + 30
         while "REL_INIT_ACCESS: full access ended, MMIO writes disabled" not in pci.sim.pf_log:
             assert time.monotonic() < deadline, pci.sim.pf_log
             time.sleep(0.005)
