@@ -1,7 +1,8 @@
 """Eager (non-JIT) Python overhead against torch CPU, measured in one process: `python bench/bench_overhead.py`.
 
 Three cases, each timed as the median of several runs: a tiny op realized per call (`(x + y).realize()` on 16
-float32 elements, x and y realized), a chain of 100 tiny ops realized once (per op), and one SGD training step of a
+float32 elements, x and y realized; then, CPU time only, ops whose graph is more than one op: `x - y`, `x * 2`,
+`x.relu()`, `(x * y).sum()`, `x.max()`), a chain of 100 tiny ops realized once (per op), and one SGD training step of a
 784-128-10 MLP at batch 128 without a JIT (steps/s), each step on a fresh batch drawn from a 4096-row dataset as a
 training loop does: on two threads and on one thread (torch's two threads spin against the machine's other work, so on
 a loaded machine only the latter compares the steps). A last case reuses one unmarked batch tensor every step: fusegrad
@@ -46,6 +47,26 @@ def tiny_op() -> tuple[tuple[float, float], ...]:
     return tuple(
         (median_seconds(fg, repeat=200, clock=clock), median_seconds(th, repeat=2000, clock=clock)) for clock in CLOCKS
     )
+
+
+def other_tiny_ops() -> list[tuple[str, float, float]]:
+    """(name, fusegrad, torch) CPU seconds per realized op for eager ops whose graph is more than one op on realized
+    tensors: a constant operand, `x - y` (x + -y), relu, reductions."""
+    x, y = Tensor(np.arange(16, dtype=np.float32)).realize(), Tensor(np.ones(16, np.float32)).realize()
+    tx, ty = torch.arange(16, dtype=torch.float32), torch.ones(16)
+    cases = [
+        ("x - y", lambda a, b: a - b),
+        ("x * 2", lambda a, b: a * 2),
+        ("x.relu()", lambda a, b: a.relu()),
+        ("(x * y).sum()", lambda a, b: (a * b).sum()),
+        ("x.max()", lambda a, b: a.max()),
+    ]
+    out = []
+    for name, op in cases:
+        fg = median_seconds(lambda: op(x, y).realize(), repeat=200, clock=time.process_time)
+        th = median_seconds(lambda: op(tx, ty), repeat=2000, clock=time.process_time)
+        out.append((name, fg, th))
+    return out
 
 
 def chain_of_100() -> tuple[tuple[float, float], ...]:
@@ -116,7 +137,7 @@ def main() -> None:
         return
     torch.set_num_threads(2)
     us = 1e6
-    tiny, chain = tiny_op(), chain_of_100()
+    tiny, others, chain = tiny_op(), other_tiny_ops(), chain_of_100()
     mlps = [
         ("2 threads", mlp_step(2)),
         ("1 thread", mlp_step(1)),
@@ -125,6 +146,11 @@ def main() -> None:
     for (fg, th), clock in zip(tiny, ("wall", "cpu")):
         print(
             f"tiny op (x + y on 16), per realize, {clock}: fusegrad {fg * us:6.1f} us, torch {th * us:5.2f} us"
+            f" ({fg / th:.1f}x torch's time)"
+        )
+    for name, fg, th in others:
+        print(
+            f"tiny op ({name} on 16), per realize, cpu: fusegrad {fg * us:6.1f} us, torch {th * us:5.2f} us"
             f" ({fg / th:.1f}x torch's time)"
         )
     for (fg, th), clock in zip(chain, ("wall", "cpu")):

@@ -370,8 +370,10 @@ def realize_leaf(root: UOp, device: str | tuple[str, ...]) -> UOp | None:
         return None
     if (leaf := leaf_template(root, device)) is None:
         return None
-    template, hit = leaf
-    src, memo = root.src, template.launch_memo
+    template, hit, src = leaf
+    if src is not root.src and index_checks.data:
+        return None  # a small graph's inner nodes: only the general path asks all of them
+    memo = template.launch_memo
     debug = DEBUG.value
     if (prep := memo.get(_prepared_key())) is not None and (fast := prep.eager) and debug < 2 and not capturing:
         result = fast.run([src[i]._buf for i in hit[3]])  # one kernel: launched without schedule items

@@ -157,38 +157,48 @@ class GraphShape:
         return slots
 
     @staticmethod
-    def of_leaf_op(root: UOp, key: tuple, versions: list[UOp], buffer_nodes: list[UOp]) -> GraphShape:
-        """The walk of a graph that is `root` on BUFFER nodes, from what an earlier walk of that form found."""
+    def of_leaf_op(root: UOp, key: tuple, versions: list[UOp], buffer_nodes: list[UOp], consts: list) -> GraphShape:
+        """The walk of a graph of a leaf form (root on BUFFER nodes and constants), from what an earlier walk of that
+        form found."""
         shape = GraphShape.__new__(GraphShape)
-        shape.key, shape.versions, shape.consts, shape.const_slot, shape._version_slot = key, versions, [], {}, None
+        shape.key, shape.versions, shape.consts, shape._version_slot = key, versions, consts, None
+        shape.const_slot = {c: i for i, c in enumerate(consts)} if consts else {}
         shape.buffers = [u.buffer for u in buffer_nodes]
         shape.nodes = [*versions, root]
         shape.visits, shape.leaf = 1, None
         return shape
 
 
-# one op straight on BUFFER nodes (an eager `x + y`): (op, dtype, arg, source ids, devices, threads) -> [weak refs to
-# the sources, the walk's key, which sources are its versions and buffers, the template that schedules it when no
-# copy on write is asked (None until one is known)]; its root is new each time, its sources not
+# eager ops on realized tensors (an `x + y`, an `x * 2`, an `x - y`, an `x.relu()`): (the graph's form, devices,
+# threads) -> [weak refs to its BUFFER leaves, the walk's key, which leaves are its versions and buffers, the template
+# that schedules it when no copy on write is asked (None until one is known), its lifted constants]; its root is new
+# each time, its leaves not
 _leaf_op_shapes: dict[tuple, list] = {}
 MAX_LEAF_OP_SHAPES = 256
+# a small graph the memo takes: at most this many nodes that are not BUFFERs, each one of these ops
+MAX_FORM_NODES = 12
+_FORM_OPS = frozenset({*GroupOp.Elementwise, *GroupOp.Movement, Ops.REDUCE_AXIS, Ops.CONST})
+
+LeafForm = tuple  # (the memo's key, the BUFFER leaves in order of first sight)
 
 
-def _leaf_key(roots: list[UOp], devices: list) -> tuple | None:
-    """The leaf-op memo's key when the only root is one op straight on BUFFER nodes, else None."""
-    return _leaf_key_of(roots[0], tuple(devices)) if len(roots) == 1 else None
+def _leaf_form(roots: list[UOp], devices: list) -> LeafForm | None:
+    """The leaf-op memo's form of the graph when there is one root, else None."""
+    return leaf_form(roots[0], tuple(devices)) if len(roots) == 1 else None
 
 
-def _leaf_key_of(root: UOp, devices: tuple) -> tuple | None:
-    """_leaf_key of the one root, its devices given as a tuple (the eager fast path builds no lists)."""
+def leaf_form(root: UOp, devices: tuple) -> LeafForm | None:
+    """(key, leaves) when root is one op straight on BUFFER nodes (its sources are the leaves) or a small graph of
+    elementwise, movement and reduce ops over BUFFER nodes and constants, none of its inner nodes computed already;
+    else None. Devices given as a tuple (the eager fast path builds no lists)."""
     if not (src := root.src):
         return None
     buffer_op = Ops.BUFFER
     for s in src:
         if s.op is not buffer_op:
-            return None
+            return _small_form(root, devices)
     arg = root.arg
-    return (
+    key = (
         root.op,
         root.dtype,
         None if arg is None else _hashable(arg),
@@ -196,40 +206,74 @@ def _leaf_key_of(root: UOp, devices: tuple) -> tuple | None:
         devices,
         NUM_CPU_THREADS.value,
     )
+    return key, src
 
 
-def _leaf_hit(key: tuple, src: tuple[UOp, ...]) -> list | None:
-    """The memo's entry for key when its sources are still these nodes (an id may have been reused since)."""
+def _small_form(root: UOp, devices: tuple) -> LeafForm | None:
+    """leaf_form of a graph that is not one op on BUFFER nodes: its key spells the whole graph (BUFFER nodes by id,
+    constants by value), so equal keys are graphs of one structure over the same leaves."""
+    leaves: list[UOp] = []
+    if (word := _spell(root, root, {}, leaves)) is None or not leaves:
+        return None
+    return (word, devices, NUM_CPU_THREADS.value), tuple(leaves)
+
+
+def _spell(u: UOp, root: UOp, spelled: dict[UOp, tuple], leaves: list[UOp]) -> tuple | None:
+    """u's part of a small form's key, its BUFFER nodes added to leaves; None where u is not of a small form. (A
+    function of its own, not a closure: a recursive closure is a reference cycle, and the nodes it names would stay
+    alive until the collector ran, each one a reader that makes the next assign copy on write.)"""
+    if (done := spelled.get(u)) is not None:
+        return done
+    if u.op is Ops.BUFFER:
+        leaves.append(u)
+        word: tuple = ("b", id(u))
+    elif u.op not in _FORM_OPS or len(spelled) >= MAX_FORM_NODES or (u is not root and u.realized_ref is not None):
+        return None  # another op, a large graph, or a value computed already (the walk reads it from its buffer)
+    else:
+        parts = [_spell(s, root, spelled, leaves) for s in u.src]
+        if None in parts:
+            return None
+        arg = u.arg
+        word = (u.op, u.dtype, None if arg is None else _hashable(arg), *parts)
+    spelled[u] = word
+    return word
+
+
+def _leaf_hit(key: tuple, leaves: tuple[UOp, ...]) -> list | None:
+    """The memo's entry for key when its leaves are still these nodes (an id may have been reused since)."""
     if (hit := _leaf_op_shapes.get(key)) is None:
         return None
-    for r, s in zip(hit[0], src):
+    for r, s in zip(hit[0], leaves):
         if r() is not s:
             return None
     return hit
 
 
 def graph_shape(
-    roots: list[UOp], devices: list, leaf_key: tuple | None = None, order: list[UOp] | None = None
+    roots: list[UOp], devices: list, form: LeafForm | None = None, order: list[UOp] | None = None
 ) -> GraphShape:
-    """GraphShape(roots, devices, order), without the walk when the only root is one op on BUFFER nodes that an
-    earlier graph had too: a BUFFER node's storage never changes, so such a graph has the earlier one's structure.
-    `leaf_key` is _leaf_key(roots, devices) when the caller has it already."""
-    if (key := leaf_key or _leaf_key(roots, devices)) is None:
+    """GraphShape(roots, devices, order), without the walk when the graph has a leaf form an earlier graph had too:
+    a BUFFER node's storage never changes, so such a graph has the earlier one's structure. `form` is
+    _leaf_form(roots, devices) when the caller has it already."""
+    if (form := form or _leaf_form(roots, devices)) is None:
         return GraphShape(roots, devices, order)
-    src = (root := roots[0]).src
-    if (hit := _leaf_hit(key, src)) is not None:
-        shape = GraphShape.of_leaf_op(root, hit[1], [src[i] for i in hit[2]], [src[i] for i in hit[3]])
+    key, leaves = form
+    root = roots[0]
+    if (hit := _leaf_hit(key, leaves)) is not None:
+        versions, buffer_nodes = [leaves[i] for i in hit[2]], [leaves[i] for i in hit[3]]
+        shape = GraphShape.of_leaf_op(root, hit[1], versions, buffer_nodes, hit[5])
         shape.leaf = hit
         return shape
     shape = GraphShape(roots, devices)
-    if shape.key is not None and not shape.consts:
+    if shape.key is not None:
         if len(_leaf_op_shapes) >= MAX_LEAF_OP_SHAPES:
             _leaf_op_shapes.clear()
         # weak references and positions: the memo keeps no node and no buffer alive
-        where = {s: i for i, s in reversed(list(enumerate(src)))}
+        where = {s: i for i, s in reversed(list(enumerate(leaves)))}
         buffer_first = [where[next(v for v in shape.versions if buffer_of[v] is b)] for b in shape.buffers]
-        refs = tuple(weakref.ref(s) for s in src)
-        entry = [refs, shape.key, tuple(where[v] for v in shape.versions), tuple(buffer_first), None]
+        refs = tuple(weakref.ref(s) for s in leaves)
+        versions = tuple(where[v] for v in shape.versions)
+        entry = [refs, shape.key, versions, tuple(buffer_first), None, list(shape.consts)]
         shape.leaf = _leaf_op_shapes[key] = entry
     return shape
 
@@ -384,12 +428,12 @@ def cached_schedule(
     if not SCHEDULE_CACHE.value:
         plan = plan_schedule(roots, devices, readers)
         return plan.items, plan.results, plan.inner, None
-    if (leaf_key := _leaf_key(roots, devices)) is not None and readers is None:
-        # an eager op on realized tensors seen before: its sources and template straight from the memo, no GraphShape
-        if (hit := _leaf_hit(leaf_key, roots[0].src)) is not None and (template := hit[4]) is not None:
+    if (form := _leaf_form(roots, devices)) is not None and readers is None:
+        # an eager op on realized tensors seen before: its leaves and template straight from the memo, no GraphShape
+        if (hit := _leaf_hit(*form)) is not None and (template := hit[4]) is not None:
             ScheduleCacheStats.hits += 1
-            return (*bind_leaf(template, hit, roots[0].src), template.launch_memo)
-    shape = graph_shape(roots, devices, leaf_key, None if readers is None else readers.order)
+            return (*bind_leaf(template, hit, form[1]), template.launch_memo)
+    shape = graph_shape(roots, devices, form, None if readers is None else readers.order)
     key = shape.key
     if key is None:
         plan = plan_schedule(roots, devices, readers)
@@ -420,30 +464,31 @@ def cached_schedule(
     return plan.items, plan.results, plan.inner, None
 
 
-def leaf_template(root: UOp, device: str | tuple[str, ...]) -> tuple[ScheduleTemplate, list] | None:
+def leaf_template(root: UOp, device: str | tuple[str, ...]) -> tuple[ScheduleTemplate, list, tuple] | None:
     """When root is an eager op on realized tensors whose template (without copy on write) the leaf-op memo holds: that
-    template and the memo's entry, whose [3] says which of root's sources are the template's input buffers, in slot
-    order. Counted as a schedule cache hit: the caller binds it. Else None."""
-    if not SCHEDULE_CACHE.value or (key := _leaf_key_of(root, (device,))) is None:
+    template, the memo's entry, whose [3] says which leaves are the template's input buffers in slot order, and the
+    leaves (root's sources when it is one op on BUFFER nodes). Counted as a schedule cache hit: the caller binds it.
+    Else None."""
+    if not SCHEDULE_CACHE.value or (form := leaf_form(root, (device,))) is None:
         return None
-    if (hit := _leaf_hit(key, root.src)) is None or (template := hit[4]) is None:
+    if (hit := _leaf_hit(*form)) is None or (template := hit[4]) is None:
         return None
     ScheduleCacheStats.hits += 1
-    return template, hit
+    return template, hit, form[1]
 
 
 def bind_leaf(
-    template: ScheduleTemplate, hit: list, src: tuple[UOp, ...]
+    template: ScheduleTemplate, hit: list, leaves: tuple[UOp, ...]
 ) -> tuple[list[ScheduleItem], list[UOp], dict]:
-    """The leaf-op memo's template bound to this op's sources (its versions and buffers by position)."""
+    """The leaf-op memo's template bound to this graph's leaves (its versions and buffers by position)."""
     versions, buffer_nodes = hit[2], hit[3]
-    if len(src) == 2 and len(versions) == 2 and len(buffer_nodes) == 2:  # `x + y`: no comprehensions
-        a, b = src[versions[0]], src[versions[1]]
+    if len(leaves) == 2 and len(versions) == 2 and len(buffer_nodes) == 2:  # `x + y`: no comprehensions
+        a, b = leaves[versions[0]], leaves[versions[1]]
         old = [a, b]
-        buffers = [a.buffer, b.buffer] if buffer_nodes == versions else [src[i].buffer for i in buffer_nodes]
+        buffers = [a.buffer, b.buffer] if buffer_nodes == versions else [leaves[i].buffer for i in buffer_nodes]
     else:
-        old, buffers = [src[i] for i in versions], [src[i].buffer for i in buffer_nodes]
-    return template.bind_parts(buffers, old, [], None)
+        old, buffers = [leaves[i] for i in versions], [leaves[i].buffer for i in buffer_nodes]
+    return template.bind_parts(buffers, old, hit[5], None)
 
 
 def _remember_leaf_template(shape: GraphShape, template: ScheduleTemplate, readers: VersionReaders | None) -> None:

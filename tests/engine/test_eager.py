@@ -203,3 +203,82 @@ def test_a_check_pending_in_another_graph_leaves_eager_ops_their_fast_path():
     assert [o for o in gc_module.get_objects() if type(o) is EagerLaunch and o.size == 61]
     with pytest.raises(IndexError):
         pending.realize()
+
+
+def _walks(monkeypatch) -> list:
+    """GraphShape walks made from now on (each realize the leaf-op memo does not serve makes one)."""
+    from fusegrad.schedule import cache
+
+    walks: list = []
+    real = cache.GraphShape.__init__
+
+    def counted(self, *args, **kwargs):
+        walks.append(args[0])
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cache.GraphShape, "__init__", counted)
+    return walks
+
+
+@pytest.mark.parametrize(
+    "name, op, ref",
+    [
+        ("x - y", lambda x, y: x - y, lambda x, y: x - y),
+        ("x * 2", lambda x, y: x * 2, lambda x, y: x * 2),
+        ("x + 1 - y", lambda x, y: x + 1 - y, lambda x, y: x + 1 - y),
+        ("relu", lambda x, y: x.relu(), lambda x, y: np.maximum(x, 0)),
+        ("sum", lambda x, y: (x * y).sum(), lambda x, y: (x * y).sum()),
+        ("max of a view", lambda x, y: x.reshape(4, 4).max(1), lambda x, y: x.reshape(4, 4).max(1)),
+        ("x - x", lambda x, y: x - x, lambda x, y: x - x),
+    ],
+)
+def test_small_graphs_over_realized_tensors_are_served_by_the_memo(monkeypatch, name, op, ref):
+    """Eager ops whose graph is a few nodes over realized tensors and constants (`x - y` is ADD(x, NEG(y)), `x * 2`
+    reads a constant): after the first, no graph walk, and the values of the general path."""
+    x_np, y_np = f32(16), f32(16)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    np.testing.assert_allclose(op(x, y).realize().numpy(), ref(x_np, y_np), rtol=1e-6)  # planned
+    walks = _walks(monkeypatch)
+    for _ in range(3):
+        np.testing.assert_allclose(op(x, y).realize().numpy(), ref(x_np, y_np), rtol=1e-6)
+    assert walks == [], f"{name}: the memo did not serve it"
+
+
+def test_a_small_graph_with_another_constant_or_other_tensors_gets_its_own_values(monkeypatch):
+    x_np, y_np = f32(16), f32(16)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    for c in (2.0, 3.0, -0.0, 2.0):  # the constant is part of the memo's key
+        np.testing.assert_array_equal((x * c).realize().numpy(), x_np * np.float32(c))
+    for a, b, a_np, b_np in ((x, y, x_np, y_np), (y, x, y_np, x_np), (x, x, x_np, x_np)):
+        for _ in range(2):
+            np.testing.assert_array_equal((a - b).realize().numpy(), a_np - b_np)
+    y.assign(Tensor(x_np * 4)).realize()  # a new version of y: a new leaf, so a new key
+    np.testing.assert_array_equal((x - y).realize().numpy(), x_np - x_np * 4)
+
+
+def test_an_inner_node_computed_already_sends_the_graph_down_the_general_path(monkeypatch):
+    """-y realized by itself: the same NEG node (hash-consed) in `x + -y` stands for its stored value, which only the
+    general path's walk reads; the memo must not serve a graph with it."""
+    x_np, y_np = f32(16), f32(16)
+    x, y = Tensor(x_np).realize(), Tensor(y_np).realize()
+    for _ in range(2):
+        (x - y).realize()
+    neg = -y
+    node = neg.uop  # held, so `-y` below is this node, which the realize marks as computed
+    neg.realize()
+    assert (-y).uop is node and node.realized_ref is not None
+    walks = _walks(monkeypatch)
+    np.testing.assert_array_equal((x + -y).realize().numpy(), x_np - y_np)
+    np.testing.assert_array_equal((x - y).realize().numpy(), x_np - y_np)
+    assert len(walks) == 2
+
+
+def test_a_small_graph_leaves_nothing_alive_that_makes_an_assign_copy(monkeypatch):
+    """The memo keeps no node: after `(b * 10).realize()` an assign to b writes its storage in place."""
+    b = Tensor(np.array([1.0, 2.0], np.float32)).realize()
+    for _ in range(3):
+        y = (b * 10).realize()
+    storage = buffer_of[base_buffer(b.uop)]
+    b.assign(b + 1).realize()
+    assert buffer_of[base_buffer(b.uop)] is storage
+    assert y.tolist() == [10.0, 20.0] and b.tolist() == [2.0, 3.0]
