@@ -175,7 +175,7 @@ class GraphShape:
 # each time, its leaves not
 _leaf_op_shapes: dict[tuple, list] = {}
 MAX_LEAF_OP_SHAPES = 256
-# a small graph the memo takes: at most this many nodes that are not BUFFERs, each one of these ops
+# a small graph the memo takes: at most this many nodes (its BUFFER leaves too), each other one of these ops
 MAX_FORM_NODES = 12
 _FORM_OPS = frozenset({*GroupOp.Elementwise, *GroupOp.Movement, Ops.REDUCE_AXIS, Ops.CONST})
 
