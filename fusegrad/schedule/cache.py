@@ -182,7 +182,7 @@ _FORM_OPS = frozenset({*GroupOp.Elementwise, *GroupOp.Movement, Ops.REDUCE_AXIS,
 LeafForm = tuple  # (the memo's key, the BUFFER leaves in order of first sight)
 
 
-def _leaf_form(roots: list[UOp], devices: list) -> LeafForm | None:
+def _single_root_form(roots: list[UOp], devices: list) -> LeafForm | None:
     """The leaf-op memo's form of the graph when there is one root, else None."""
     return leaf_form(roots[0], tuple(devices)) if len(roots) == 1 else None
 
@@ -213,24 +213,29 @@ def _small_form(root: UOp, devices: tuple) -> LeafForm | None:
     """leaf_form of a graph that is not one op on BUFFER nodes: its key spells the whole graph (BUFFER nodes by id,
     constants by value), so equal keys are graphs of one structure over the same leaves."""
     leaves: list[UOp] = []
-    if (word := _spell(root, root, {}, leaves)) is None or not leaves:
+    if (word := _spell(root, root, {}, leaves, [MAX_FORM_NODES])) is None or not leaves:
         return None
     return (word, devices, NUM_CPU_THREADS.value), tuple(leaves)
 
 
-def _spell(u: UOp, root: UOp, spelled: dict[UOp, tuple], leaves: list[UOp]) -> tuple | None:
-    """u's part of a small form's key, its BUFFER nodes added to leaves; None where u is not of a small form. (A
-    function of its own, not a closure: a recursive closure is a reference cycle, and the nodes it names would stay
-    alive until the collector ran, each one a reader that makes the next assign copy on write.)"""
+def _spell(u: UOp, root: UOp, spelled: dict[UOp, tuple], leaves: list[UOp], budget: list[int]) -> tuple | None:
+    """u's part of a small form's key, its BUFFER nodes added to leaves; None where u is not of a small form. Each
+    node met spends one of `budget` before its sources are looked at, so a large graph (a chain of thousands of ops)
+    is given up after MAX_FORM_NODES nodes, not walked to its bottom. (A function of its own, not a closure: a
+    recursive closure is a reference cycle, and the nodes it names would stay alive until the collector ran, each one
+    a reader that makes the next assign copy on write.)"""
     if (done := spelled.get(u)) is not None:
         return done
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
     if u.op is Ops.BUFFER:
         leaves.append(u)
         word: tuple = ("b", id(u))
-    elif u.op not in _FORM_OPS or len(spelled) >= MAX_FORM_NODES or (u is not root and u.realized_ref is not None):
-        return None  # another op, a large graph, or a value computed already (the walk reads it from its buffer)
+    elif u.op not in _FORM_OPS or (u is not root and u.realized_ref is not None):
+        return None  # another op, or a value computed already (the walk reads it from its buffer)
     else:
-        parts = [_spell(s, root, spelled, leaves) for s in u.src]
+        parts = [_spell(s, root, spelled, leaves, budget) for s in u.src]
         if None in parts:
             return None
         arg = u.arg
@@ -254,8 +259,8 @@ def graph_shape(
 ) -> GraphShape:
     """GraphShape(roots, devices, order), without the walk when the graph has a leaf form an earlier graph had too:
     a BUFFER node's storage never changes, so such a graph has the earlier one's structure. `form` is
-    _leaf_form(roots, devices) when the caller has it already."""
-    if (form := form or _leaf_form(roots, devices)) is None:
+    _single_root_form(roots, devices) when the caller has it already."""
+    if (form := form or _single_root_form(roots, devices)) is None:
         return GraphShape(roots, devices, order)
     key, leaves = form
     root = roots[0]
@@ -428,7 +433,7 @@ def cached_schedule(
     if not SCHEDULE_CACHE.value:
         plan = plan_schedule(roots, devices, readers)
         return plan.items, plan.results, plan.inner, None
-    if (form := _leaf_form(roots, devices)) is not None and readers is None:
+    if (form := _single_root_form(roots, devices)) is not None and readers is None:
         # an eager op on realized tensors seen before: its leaves and template straight from the memo, no GraphShape
         if (hit := _leaf_hit(*form)) is not None and (template := hit[4]) is not None:
             ScheduleCacheStats.hits += 1

@@ -282,3 +282,14 @@ def test_a_small_graph_leaves_nothing_alive_that_makes_an_assign_copy(monkeypatc
     b.assign(b + 1).realize()
     assert buffer_of[base_buffer(b.uop)] is storage
     assert y.tolist() == [10.0, 20.0] and b.tolist() == [2.0, 3.0]
+
+
+def test_a_long_eager_chain_is_not_spelled_to_its_bottom():
+    """The memo gives a graph up after MAX_FORM_NODES nodes: a chain of 5,000 ops realizes (the spelling once recursed
+    down the whole chain and raised RecursionError) and equals numpy."""
+    x_np = f32(16)
+    out = Tensor(x_np).realize()
+    ref = x_np.astype(np.float64)
+    for i in range(5000):
+        out, ref = (out * 1.0001, ref * 1.0001) if i % 2 else (out + 0.001, ref + 0.001)
+    np.testing.assert_allclose(out.realize().numpy(), ref, rtol=1e-4, atol=1e-3)  # 5,000 float32 roundings
